@@ -1,0 +1,554 @@
+// zero-bench-collectives: our MPI Communicator against the raw MPI calls it wraps, side by
+// side, on the same buffers, reported the way nccl-tests reports (size, count, type, then per
+// backend time, algbw, busbw, #wrong). Run under mpirun:
+//
+//   mpirun -np 2 zero-bench-collectives -b 16M -e 128M -f 2 -o all
+//
+// Definitions (as nccl-tests uses them):
+//   size     bytes of the whole buffer: for all_gather the gathered output, for reduce_scatter
+//            the input; for all_reduce and broadcast the buffer itself.
+//   time     mean time per op, the maximum over ranks (the slowest rank sets the pace).
+//   algbw    size / time.
+//   busbw    algbw times the share of the buffer that crosses each rank's link in a ring:
+//            all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n, broadcast 1. It is the
+//            number to compare against the hardware's bandwidth, whatever n is.
+//   #wrong   elements that differ from the exact result, summed over ranks. Inputs are small
+//            integers, so sums are exact in every dtype and every reduction order.
+//
+// The "zero" backend enqueues ops on the communicator's stream and waits for the last; the
+// "mpi" backend makes the same calls directly on the calling thread, on its own duplicate of
+// MPI_COMM_WORLD. The two alternate in blocks of iterations (see Bench::measure). MPI cannot sum
+// 16-bit floats, so for half/bfloat16 reductions the mpi column is what a program without our
+// communicator would write: cast to fp32, the fp32 MPI reduction, cast back, all on the calling
+// thread (the same work our worker does). Moving 16-bit data (all_gather, broadcast) is a plain
+// MPI_UINT16_T call in both.
+#include <mpi.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "zero/collectives/mpi_communicator.h"
+#include "zero/kernels/check.h"
+#include "zero/kernels/cpu_kernels.h"
+
+#define BENCH_MPI_CHECK(call)                                                  \
+  do {                                                                         \
+    int bench_rc_ = (call);                                                    \
+    if (bench_rc_ != MPI_SUCCESS) {                                            \
+      char bench_text_[MPI_MAX_ERROR_STRING];                                  \
+      int bench_len_ = 0;                                                      \
+      MPI_Error_string(bench_rc_, bench_text_, &bench_len_);                   \
+      ZERO_FAIL(#call << " failed: " << std::string(bench_text_, bench_len_)); \
+    }                                                                          \
+  } while (0)
+
+namespace {
+
+using zero::CollectiveOp;
+using zero::DType;
+
+// --- command line ----------------------------------------------------------------------------
+
+struct Options {
+  size_t min_bytes = 1 << 20;
+  size_t max_bytes = 64 << 20;
+  size_t factor = 2;
+  std::vector<CollectiveOp> ops{CollectiveOp::kAllReduce};
+  DType dtype = DType::kFloat32;
+  int iters = 20;
+  int warmup = 5;
+  bool check = true;
+  std::string json_path;
+};
+
+const char* kUsage =
+    "usage: zero-bench-collectives [-b MINBYTES] [-e MAXBYTES] [-f FACTOR] [-o OP] [-d DTYPE]\n"
+    "                              [-n ITERS] [-w WARMUP] [-c 0|1] [--json FILE]\n"
+    "  -b, -e   smallest and largest size in bytes; K, M, G suffixes are powers of 1024\n"
+    "           (default 1M to 64M)\n"
+    "  -f       multiply the size by this integer >= 2 each step (default 2)\n"
+    "  -o       all_gather, reduce_scatter, all_reduce, broadcast, or all (default all_reduce)\n"
+    "  -d       float, half, bfloat16 (also fp32, fp16, bf16; default float)\n"
+    "  -n, -w   timed and warm-up iterations per size (default 20 and 5)\n"
+    "  -c       check results (default 1)\n"
+    "  --json   also write every measurement to FILE as one JSON array\n";
+
+// Parses a non-negative integer with an optional K/M/G suffix (powers of 1024).
+bool parse_bytes(const std::string& text, size_t* out) {
+  if (text.empty() || text[0] == '-') return false;
+  char* end = nullptr;
+  errno = 0;
+  unsigned long long value = std::strtoull(text.c_str(), &end, 10);
+  if (end == text.c_str() || errno != 0) return false;
+  unsigned long long unit = 1;
+  std::string suffix(end);
+  if (suffix == "K" || suffix == "k") unit = 1ull << 10;
+  if (suffix == "M" || suffix == "m") unit = 1ull << 20;
+  if (suffix == "G" || suffix == "g") unit = 1ull << 30;
+  if (unit == 1 && !suffix.empty()) return false;
+  if (value > SIZE_MAX / unit) return false;
+  *out = static_cast<size_t>(value * unit);
+  return true;
+}
+
+bool parse_int(const std::string& text, int min, int* out) {
+  char* end = nullptr;
+  errno = 0;
+  long value = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno != 0 || value < min || value > INT_MAX) return false;
+  *out = static_cast<int>(value);
+  return true;
+}
+
+bool parse_ops(const std::string& text, std::vector<CollectiveOp>* out) {
+  const CollectiveOp all[] = {CollectiveOp::kAllGather, CollectiveOp::kReduceScatter,
+                              CollectiveOp::kAllReduce, CollectiveOp::kBroadcast};
+  if (text == "all") {
+    out->assign(std::begin(all), std::end(all));
+    return true;
+  }
+  for (CollectiveOp op : all) {
+    if (text == zero::collective_op_name(op)) {
+      out->assign(1, op);
+      return true;
+    }
+  }
+  return false;
+}
+
+// Returns an empty string on success, "help" for -h/--help, else what is wrong.
+std::string parse_options(int argc, char** argv, Options* opt) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "-h" || flag == "--help") return "help";
+    if (i + 1 >= argc) return "missing value after " + flag;
+    const std::string value = argv[++i];
+    bool ok = true;
+    if (flag == "-b") {
+      ok = parse_bytes(value, &opt->min_bytes);
+    } else if (flag == "-e") {
+      ok = parse_bytes(value, &opt->max_bytes);
+    } else if (flag == "-f") {
+      int factor = 0;
+      ok = parse_int(value, 2, &factor);
+      opt->factor = static_cast<size_t>(factor);
+    } else if (flag == "-o") {
+      ok = parse_ops(value, &opt->ops);
+    } else if (flag == "-d") {
+      ok = zero::parse_dtype(value, &opt->dtype);
+    } else if (flag == "-n") {
+      ok = parse_int(value, 1, &opt->iters);
+    } else if (flag == "-w") {
+      ok = parse_int(value, 0, &opt->warmup);
+    } else if (flag == "-c") {
+      int check = 0;
+      ok = (value == "0" || value == "1") && parse_int(value, 0, &check);
+      opt->check = check == 1;
+    } else if (flag == "--json") {
+      opt->json_path = value;
+    } else {
+      return "unknown flag " + flag;
+    }
+    if (!ok) return "bad value '" + value + "' for " + flag;
+  }
+  if (opt->min_bytes == 0) return "-b must be at least 1 byte";
+  if (opt->min_bytes > opt->max_bytes) return "-b is larger than -e";
+  return "";
+}
+
+// --- one measurement -------------------------------------------------------------------------
+
+// Element i of rank r's input: an integer in [-4, 4], so every sum is exact.
+float value(int rank, size_t i) {
+  return static_cast<float>((rank * 5 + i * 3) % 9) - 4.0f;
+}
+
+double bus_factor(CollectiveOp op, int n) {
+  switch (op) {
+    case CollectiveOp::kAllReduce:
+      return 2.0 * (n - 1) / n;
+    case CollectiveOp::kAllGather:
+    case CollectiveOp::kReduceScatter:
+      return static_cast<double>(n - 1) / n;
+    default:
+      return 1.0;
+  }
+}
+
+// The timed iterations of each backend are split into this many blocks, alternating.
+constexpr int kTimingBlocks = 4;
+
+struct Result {
+  double time_us = 0;
+  double algbw = 0;
+  double busbw = 0;
+  uint64_t wrong = 0;
+  bool checked = false;
+};
+
+struct Record {
+  CollectiveOp op;
+  const char* backend;
+  size_t bytes;
+  Result result;
+};
+
+class Bench {
+ public:
+  Bench(const Options& opt, zero::Communicator& comm) : opt_(opt), comm_(comm) {
+    rank_ = comm.rank();
+    n_ = comm.world_size();
+    BENCH_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &raw_comm_));
+  }
+  ~Bench() { MPI_Comm_free(&raw_comm_); }
+
+  // Count argument of the op for a size in bytes (per rank for all_gather/reduce_scatter).
+  size_t count_for(CollectiveOp op, size_t bytes) const {
+    const size_t per = zero::dtype_size(opt_.dtype) * (sharded(op) ? n_ : 1);
+    return bytes / per;
+  }
+  size_t bytes_for(CollectiveOp op, size_t count) const {
+    return count * zero::dtype_size(opt_.dtype) * (sharded(op) ? n_ : 1);
+  }
+
+  void allocate(CollectiveOp op, size_t max_count) {
+    const size_t elem = zero::dtype_size(opt_.dtype);
+    send_.assign(send_elems(op, max_count) * elem, 0);
+    recv_.assign(recv_elems(op, max_count) * elem, 0);
+    if (opt_.dtype != DType::kFloat32) staged_.assign(send_elems(op, max_count), 0.0f);
+  }
+
+  // Times both backends on one size; [0] is zero, [1] is mpi. The timed iterations alternate
+  // between the backends in blocks, so a burst of load from other processes on a shared
+  // machine lands on both alike instead of on whichever ran during it.
+  std::array<Result, 2> measure(CollectiveOp op, size_t count) {
+    fill_inputs(op, count);  // also touches every page before timing
+    for (int backend = 0; backend < 2; ++backend) {
+      for (int i = 0; i < opt_.warmup; ++i) run(op, count, backend == 0);
+    }
+    double seconds[2] = {0, 0};
+    const int block = (opt_.iters + kTimingBlocks - 1) / kTimingBlocks;
+    for (int first = 0; first < opt_.iters; first += block) {
+      const int iters = std::min(block, opt_.iters - first);
+      for (int backend = 0; backend < 2; ++backend) {
+        seconds[backend] += time_block(op, count, backend == 0, iters);
+      }
+    }
+    BENCH_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, seconds, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+
+    std::array<Result, 2> results;
+    for (int backend = 0; backend < 2; ++backend) {
+      Result& r = results[backend];
+      const double per_op = seconds[backend] / opt_.iters;
+      r.time_us = per_op * 1e6;
+      r.algbw = static_cast<double>(bytes_for(op, count)) / per_op / 1e9;
+      r.busbw = r.algbw * bus_factor(op, n_);
+      if (opt_.check) {
+        fill_inputs(op, count);
+        run(op, count, backend == 0);
+        r.wrong = count_wrong(op, count);
+        r.checked = true;
+      }
+    }
+    return results;
+  }
+
+ private:
+  static bool sharded(CollectiveOp op) {
+    return op == CollectiveOp::kAllGather || op == CollectiveOp::kReduceScatter;
+  }
+  size_t send_elems(CollectiveOp op, size_t count) const {
+    return op == CollectiveOp::kReduceScatter ? count * n_ : count;
+  }
+  size_t recv_elems(CollectiveOp op, size_t count) const {
+    if (op == CollectiveOp::kBroadcast) return 0;  // in place in the send buffer
+    return op == CollectiveOp::kAllGather ? count * n_ : count;
+  }
+  void* output() { return recv_.empty() ? send_.data() : recv_.data(); }
+
+  // Inputs are this rank's values; the output starts as a value no result can have.
+  void fill_inputs(CollectiveOp op, size_t count) {
+    for (size_t i = 0; i < send_elems(op, count); ++i) {
+      zero::store_from_float(send_.data(), opt_.dtype, i, value(rank_, i));
+    }
+    for (size_t i = 0; i < recv_elems(op, count); ++i) {
+      zero::store_from_float(recv_.data(), opt_.dtype, i, 100.0f);
+    }
+  }
+
+  // Seconds this rank spends on `iters` back-to-back ops, started together on all ranks. Ours
+  // are all enqueued at once and only the last is waited for, as the engine uses them.
+  double time_block(CollectiveOp op, size_t count, bool ours, int iters) {
+    BENCH_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+    const double start = MPI_Wtime();
+    if (ours) {
+      zero::Event last;
+      for (int i = 0; i < iters; ++i) last = issue(op, count);
+      last.wait();
+    } else {
+      for (int i = 0; i < iters; ++i) raw(op, count);
+    }
+    return MPI_Wtime() - start;
+  }
+
+  void run(CollectiveOp op, size_t count, bool ours) {
+    if (ours) {
+      issue(op, count).wait();
+    } else {
+      raw(op, count);
+    }
+  }
+
+  zero::Event issue(CollectiveOp op, size_t count) {
+    switch (op) {
+      case CollectiveOp::kAllGather:
+        return comm_.all_gather(send_.data(), recv_.data(), count, opt_.dtype);
+      case CollectiveOp::kReduceScatter:
+        return comm_.reduce_scatter(send_.data(), recv_.data(), count, opt_.dtype);
+      case CollectiveOp::kAllReduce:
+        return comm_.all_reduce(send_.data(), recv_.data(), count, opt_.dtype);
+      case CollectiveOp::kBroadcast:
+        return comm_.broadcast(send_.data(), count, opt_.dtype, 0);
+      case CollectiveOp::kBarrier:
+        break;
+    }
+    return comm_.barrier();
+  }
+
+  // The same collective as plain MPI on the calling thread (see the file comment for 16-bit
+  // reductions).
+  void raw(CollectiveOp op, size_t count) {
+    const int c = static_cast<int>(count);
+    const bool fp32 = opt_.dtype == DType::kFloat32;
+    const MPI_Datatype moved = fp32 ? MPI_FLOAT : MPI_UINT16_T;
+    switch (op) {
+      case CollectiveOp::kAllGather:
+        BENCH_MPI_CHECK(MPI_Allgather(send_.data(), c, moved, recv_.data(), c, moved, raw_comm_));
+        return;
+      case CollectiveOp::kBroadcast:
+        BENCH_MPI_CHECK(MPI_Bcast(send_.data(), c, moved, 0, raw_comm_));
+        return;
+      case CollectiveOp::kReduceScatter:
+        if (fp32) {
+          BENCH_MPI_CHECK(MPI_Reduce_scatter_block(send_.data(), recv_.data(), c, MPI_FLOAT,
+                                                   MPI_SUM, raw_comm_));
+        } else {
+          zero::kernels::cast(send_.data(), opt_.dtype, staged_.data(), DType::kFloat32,
+                              count * n_);
+          BENCH_MPI_CHECK(MPI_Reduce_scatter_block(MPI_IN_PLACE, staged_.data(), c, MPI_FLOAT,
+                                                   MPI_SUM, raw_comm_));
+          zero::kernels::cast(staged_.data(), DType::kFloat32, recv_.data(), opt_.dtype, count);
+        }
+        return;
+      case CollectiveOp::kAllReduce:
+        if (fp32) {
+          BENCH_MPI_CHECK(
+              MPI_Allreduce(send_.data(), recv_.data(), c, MPI_FLOAT, MPI_SUM, raw_comm_));
+        } else {
+          zero::kernels::cast(send_.data(), opt_.dtype, staged_.data(), DType::kFloat32, count);
+          BENCH_MPI_CHECK(
+              MPI_Allreduce(MPI_IN_PLACE, staged_.data(), c, MPI_FLOAT, MPI_SUM, raw_comm_));
+          zero::kernels::cast(staged_.data(), DType::kFloat32, recv_.data(), opt_.dtype, count);
+        }
+        return;
+      case CollectiveOp::kBarrier:
+        break;
+    }
+    BENCH_MPI_CHECK(MPI_Barrier(raw_comm_));
+  }
+
+  // Exact expected output element i, summed over ranks in fp32 and rounded once to the dtype.
+  float expected(CollectiveOp op, size_t count, size_t i) const {
+    float v = 0;
+    switch (op) {
+      case CollectiveOp::kAllGather:
+        v = value(static_cast<int>(i / count), i % count);
+        break;
+      case CollectiveOp::kBroadcast:
+        v = value(0, i);
+        break;
+      case CollectiveOp::kReduceScatter:
+        for (int r = 0; r < n_; ++r) v += value(r, rank_ * count + i);
+        break;
+      case CollectiveOp::kAllReduce:
+        for (int r = 0; r < n_; ++r) v += value(r, i);
+        break;
+      case CollectiveOp::kBarrier:
+        break;
+    }
+    return v;
+  }
+
+  uint64_t count_wrong(CollectiveOp op, size_t count) {
+    const size_t out_elems = op == CollectiveOp::kBroadcast ? count : recv_elems(op, count);
+    const void* out = output();
+    uint64_t wrong = 0;
+    for (size_t i = 0; i < out_elems; ++i) {
+      if (zero::load_as_float(out, opt_.dtype, i) != expected(op, count, i)) ++wrong;
+    }
+    BENCH_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD));
+    return wrong;
+  }
+
+  const Options& opt_;
+  zero::Communicator& comm_;
+  MPI_Comm raw_comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int n_ = 1;
+  std::vector<unsigned char> send_, recv_;
+  std::vector<float> staged_;  // fp32 copy for the raw 16-bit reductions
+};
+
+// --- report ----------------------------------------------------------------------------------
+
+void print_header(const Options& opt, int n) {
+  std::printf("# zero-bench-collectives: %d ranks, dtype %s, iters %d, warmup %d, check %s\n", n,
+              zero::dtype_name(opt.dtype), opt.iters, opt.warmup, opt.check ? "on" : "off");
+  std::printf("# time: mean per op, max over ranks. algbw = size/time. busbw = algbw * factor.\n");
+  if (opt.dtype != DType::kFloat32) {
+    std::printf(
+        "# mpi column for 16-bit reductions: cast to fp32 + fp32 MPI call + cast back on "
+        "the calling thread (MPI has no 16-bit float sum)\n");
+  }
+}
+
+void print_op_header(CollectiveOp op, int n) {
+  std::printf("#\n# %s, busbw factor %.3f\n", zero::collective_op_name(op), bus_factor(op, n));
+  std::printf("# %36s %-38s %-38s %s\n", "", "zero", "mpi", "busbw");
+  std::printf("# %10s %12s %6s   %9s %8s %8s %8s   %9s %8s %8s %8s   %s\n", "size(B)", "count",
+              "type", "time(us)", "algbw", "busbw", "#wrong", "time(us)", "algbw", "busbw",
+              "#wrong", "zero/mpi");
+}
+
+void print_result(const Result& r) {
+  std::printf("   %9.1f %8.2f %8.2f", r.time_us, r.algbw, r.busbw);
+  if (r.checked) {
+    std::printf(" %8llu", static_cast<unsigned long long>(r.wrong));
+  } else {
+    std::printf(" %8s", "N/A");
+  }
+}
+
+bool write_json(const std::string& path, const std::vector<Record>& records, DType dtype) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) return false;
+  std::fprintf(f, "[\n");
+  for (size_t i = 0; i < records.size(); ++i) {
+    const Record& rec = records[i];
+    std::fprintf(f,
+                 "  {\"op\": \"%s\", \"backend\": \"%s\", \"dtype\": \"%s\", \"bytes\": %zu, "
+                 "\"time_us\": %.3f, \"algbw_GBps\": %.4f, \"busbw_GBps\": %.4f, \"wrong\": ",
+                 zero::collective_op_name(rec.op), rec.backend, zero::dtype_name(dtype), rec.bytes,
+                 rec.result.time_us, rec.result.algbw, rec.result.busbw);
+    if (rec.result.checked) {
+      std::fprintf(f, "%llu}", static_cast<unsigned long long>(rec.result.wrong));
+    } else {
+      std::fprintf(f, "null}");
+    }
+    std::fprintf(f, "%s\n", i + 1 < records.size() ? "," : "");
+  }
+  std::fprintf(f, "]\n");
+  return std::fclose(f) == 0;
+}
+
+// min, min*f, min*f^2, ... up to max (never overflowing).
+std::vector<size_t> sizes_to_run(const Options& opt) {
+  std::vector<size_t> sizes;
+  for (size_t bytes = opt.min_bytes;; bytes *= opt.factor) {
+    sizes.push_back(bytes);
+    if (bytes > opt.max_bytes / opt.factor) break;
+  }
+  return sizes;
+}
+
+int run_bench(const Options& opt, int rank, int n) {
+  auto comm = zero::make_mpi_communicator();
+  Bench bench(opt, *comm);
+  std::vector<Record> records;
+  uint64_t total_wrong = 0;
+  if (rank == 0) print_header(opt, n);
+  for (CollectiveOp op : opt.ops) {
+    if (bench.count_for(op, opt.max_bytes) > static_cast<size_t>(INT_MAX)) {
+      if (rank == 0) {
+        std::fprintf(stderr, "zero-bench-collectives: -e %zu is too large for one raw MPI call\n",
+                     opt.max_bytes);
+      }
+      return 2;
+    }
+    bench.allocate(op, bench.count_for(op, opt.max_bytes));
+    if (rank == 0) print_op_header(op, n);
+    double zero_busbw_sum = 0, mpi_busbw_sum = 0;
+    int sizes = 0;
+    for (size_t bytes : sizes_to_run(opt)) {
+      const size_t count = bench.count_for(op, bytes);
+      if (count == 0) continue;  // less than one element per rank
+      const std::array<Result, 2> both = bench.measure(op, count);
+      const Result& ours = both[0];
+      const Result& theirs = both[1];
+      const size_t size = bench.bytes_for(op, count);
+      records.push_back({op, "zero", size, ours});
+      records.push_back({op, "mpi", size, theirs});
+      total_wrong += ours.wrong + theirs.wrong;
+      zero_busbw_sum += ours.busbw;
+      mpi_busbw_sum += theirs.busbw;
+      ++sizes;
+      if (rank == 0) {
+        std::printf("  %10zu %12zu %6s", size, size / zero::dtype_size(opt.dtype),
+                    zero::dtype_name(opt.dtype));
+        print_result(ours);
+        print_result(theirs);
+        std::printf("   %8.3f\n", theirs.busbw > 0 ? ours.busbw / theirs.busbw : 0.0);
+        std::fflush(stdout);
+      }
+    }
+    if (rank == 0 && sizes > 0) {
+      std::printf("# %s avg busbw: zero %.3f GB/s, mpi %.3f GB/s, zero/mpi %.3f\n",
+                  zero::collective_op_name(op), zero_busbw_sum / sizes, mpi_busbw_sum / sizes,
+                  mpi_busbw_sum > 0 ? zero_busbw_sum / mpi_busbw_sum : 0.0);
+    }
+  }
+  if (rank == 0) {
+    std::printf("# total #wrong: %llu\n", static_cast<unsigned long long>(total_wrong));
+    if (!opt.json_path.empty() && !write_json(opt.json_path, records, opt.dtype)) {
+      std::fprintf(stderr, "zero-bench-collectives: cannot write %s: %s\n", opt.json_path.c_str(),
+                   std::strerror(errno));
+      return 1;
+    }
+  }
+  return total_wrong == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  zero::MpiSession mpi(&argc, &argv);
+  const int rank = mpi.world_rank();
+  Options opt;
+  // Every rank parses the same command line, so they all agree on whether it is bad.
+  const std::string error = parse_options(argc, argv, &opt);
+  if (error == "help") {
+    if (rank == 0) std::printf("%s", kUsage);
+    return 0;
+  }
+  if (!error.empty()) {
+    if (rank == 0) std::fprintf(stderr, "zero-bench-collectives: %s\n%s", error.c_str(), kUsage);
+    return 2;
+  }
+  try {
+    return run_bench(opt, rank, mpi.world_size());
+  } catch (const std::exception& e) {
+    // Other ranks may be inside a collective this rank will never join: end the whole job.
+    std::fprintf(stderr, "zero-bench-collectives: rank %d: %s\n", rank, e.what());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    return 1;
+  }
+}

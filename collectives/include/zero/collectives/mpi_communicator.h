@@ -1,0 +1,41 @@
+// The MPI backend of the Communicator, on host memory, and the process's MPI session.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "zero/collectives/communicator.h"
+
+namespace zero {
+
+// Initializes MPI (MPI_THREAD_MULTIPLE: the communication stream's worker calls MPI while the
+// watchdog may abort) and finalizes it on destruction. One per process, created first in main.
+class MpiSession {
+ public:
+  MpiSession(int* argc, char*** argv);
+  ~MpiSession();
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+
+  int world_rank() const;
+  int world_size() const;
+  // Rank among the ranks on this node (MPI_Comm_split_type shared): picks the local GPU.
+  int local_rank() const;
+
+ private:
+  bool owns_mpi_ = false;  // false when MPI was initialized before us: then we never finalize
+  int world_rank_ = 0;
+  int world_size_ = 1;
+  int local_rank_ = 0;
+};
+
+// Creates the MPI communicator over MPI_COMM_WORLD (duplicated, so our traffic never matches a
+// user's). Timeout from the environment ZERO_COLLECTIVE_TIMEOUT_S when set, else 300 s.
+std::unique_ptr<Communicator> make_mpi_communicator();
+
+// Same, with every MPI call limited to `max_elements_per_call` elements (1 to INT_MAX; the
+// default is INT_MAX, the most an MPI count can hold): longer collectives are split into
+// pieces. Tests pass a small limit to exercise the split path without gigabyte buffers.
+std::unique_ptr<Communicator> make_mpi_communicator(size_t max_elements_per_call);
+
+}  // namespace zero

@@ -1,0 +1,499 @@
+// The MPI backend of the Communicator (host memory) and the process's MPI session.
+//
+// Each collective is validated and counted on the calling thread, then enqueued on the
+// communicator's stream, whose worker makes the blocking MPI call. A watchdog thread aborts
+// the job when one collective runs longer than the timeout, so a rank that never joins a
+// collective shows up as a message naming the op instead of a silent hang.
+#include "zero/collectives/mpi_communicator.h"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "zero/kernels/check.h"
+#include "zero/kernels/cpu_kernels.h"
+
+// ZERO_MPI_CHECK(MPI_Xxx(...)): throws zero::Error naming the call, MPI's error text, file, line.
+#define ZERO_MPI_CHECK(call)                                                         \
+  do {                                                                               \
+    int zero_mpi_rc_ = (call);                                                       \
+    if (zero_mpi_rc_ != MPI_SUCCESS) {                                               \
+      char zero_mpi_text_[MPI_MAX_ERROR_STRING];                                     \
+      int zero_mpi_len_ = 0;                                                         \
+      MPI_Error_string(zero_mpi_rc_, zero_mpi_text_, &zero_mpi_len_);                \
+      ZERO_FAIL(#call << " failed: " << std::string(zero_mpi_text_, zero_mpi_len_)); \
+    }                                                                                \
+  } while (0)
+
+namespace zero {
+
+// ---------------------------------------------------------------------------------------------
+// MpiSession
+
+namespace {
+
+const char* thread_level_name(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE:
+      return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED:
+      return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED:
+      return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE:
+      return "MPI_THREAD_MULTIPLE";
+  }
+  return "an unknown thread level";
+}
+
+}  // namespace
+
+MpiSession::MpiSession(int* argc, char*** argv) {
+  int initialized = 0;
+  ZERO_MPI_CHECK(MPI_Initialized(&initialized));
+  int provided = MPI_THREAD_SINGLE;
+  if (initialized) {
+    // Someone else owns MPI (a host program that initialized it): use it, never finalize it.
+    ZERO_MPI_CHECK(MPI_Query_thread(&provided));
+  } else {
+    ZERO_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
+    owns_mpi_ = true;
+  }
+  if (provided < MPI_THREAD_MULTIPLE) {
+    if (owns_mpi_) MPI_Finalize();
+    ZERO_FAIL("the MPI library provides only " << thread_level_name(provided)
+                                               << "; zero needs MPI_THREAD_MULTIPLE (the "
+                                                  "communication stream's worker thread calls "
+                                                  "MPI while the main thread may too)");
+  }
+  ZERO_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_));
+  ZERO_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_size_));
+  MPI_Comm node = MPI_COMM_NULL;
+  ZERO_MPI_CHECK(
+      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank_, MPI_INFO_NULL, &node));
+  ZERO_MPI_CHECK(MPI_Comm_rank(node, &local_rank_));
+  ZERO_MPI_CHECK(MPI_Comm_free(&node));
+}
+
+MpiSession::~MpiSession() {
+  if (!owns_mpi_) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+int MpiSession::world_rank() const {
+  return world_rank_;
+}
+int MpiSession::world_size() const {
+  return world_size_;
+}
+int MpiSession::local_rank() const {
+  return local_rank_;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The communicator
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr std::chrono::milliseconds kDefaultTimeout{300 * 1000};
+// Longer timeouts are cut to this (about 31 years), so deadlines never overflow the clock.
+constexpr std::chrono::milliseconds kLongestTimeout{1000LL * 1000 * 1000 * 1000};
+
+std::chrono::milliseconds timeout_from_environment() {
+  const char* text = std::getenv("ZERO_COLLECTIVE_TIMEOUT_S");
+  if (text == nullptr || *text == '\0') return kDefaultTimeout;
+  char* end = nullptr;
+  errno = 0;
+  double seconds = std::strtod(text, &end);
+  ZERO_CHECK(
+      end != text && *end == '\0' && errno == 0 && std::isfinite(seconds) && seconds > 0,
+      "ZERO_COLLECTIVE_TIMEOUT_S must be a positive number of seconds, got '" << text << "'");
+  const double ms = std::min(seconds * 1000.0, static_cast<double>(kLongestTimeout.count()));
+  return std::max(std::chrono::milliseconds(1), std::chrono::milliseconds(std::llround(ms)));
+}
+
+// The MPI type that moves elements of `dtype` unchanged: 16-bit floats travel as 16-bit
+// integers, since only the reductions need to know what they mean.
+MPI_Datatype transport_type(DType dtype) {
+  return dtype == DType::kFloat32 ? MPI_FLOAT : MPI_UINT16_T;
+}
+
+// Converts between element types; a plain copy when they are the same.
+void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n) {
+  if (src_dtype == dst_dtype) {
+    std::memcpy(dst, src, n * dtype_size(src_dtype));
+  } else {
+    kernels::cast(src, src_dtype, dst, dst_dtype, n);
+  }
+}
+
+// A derived MPI datatype, freed when it goes out of scope (also when the call using it throws).
+struct OwnedDatatype {
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  OwnedDatatype() = default;
+  OwnedDatatype(const OwnedDatatype&) = delete;
+  OwnedDatatype& operator=(const OwnedDatatype&) = delete;
+  ~OwnedDatatype() {
+    if (type != MPI_DATATYPE_NULL) MPI_Type_free(&type);
+  }
+};
+
+const char* bytes_at(const void* p, size_t offset) {
+  return static_cast<const char*>(p) + offset;
+}
+char* bytes_at(void* p, size_t offset) {
+  return static_cast<char*>(p) + offset;
+}
+
+// True when the byte ranges [a, a + a_bytes) and [b, b + b_bytes) share a byte.
+bool overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  auto a0 = reinterpret_cast<uintptr_t>(a), b0 = reinterpret_cast<uintptr_t>(b);
+  return a_bytes > 0 && b_bytes > 0 && a0 < b0 + b_bytes && b0 < a0 + a_bytes;
+}
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(std::chrono::milliseconds timeout, size_t max_elements_per_call)
+      : max_elements_per_call_(max_elements_per_call), timeout_(timeout) {
+    int initialized = 0;
+    ZERO_MPI_CHECK(MPI_Initialized(&initialized));
+    ZERO_CHECK(initialized, "MPI is not initialized: create a zero::MpiSession first");
+    ZERO_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
+    // Errors on our communicator come back as codes, so they become zero::Error with context.
+    ZERO_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    ZERO_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+    ZERO_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+    stream_ = std::make_unique<Stream>("comm");
+    watchdog_ = std::thread([this] { watch(); });
+  }
+
+  ~MpiCommunicator() override {
+    // Drain first, with the watchdog still on guard: a queued collective that never finishes
+    // aborts the job instead of hanging the destructor.
+    stream_.reset();
+    {
+      std::lock_guard<std::mutex> lock(watch_mutex_);
+      watch_stop_ = true;
+    }
+    watch_changed_.notify_one();
+    watchdog_.join();
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized && MPI_Comm_free(&comm_) != MPI_SUCCESS) {
+      std::fprintf(stderr, "zero: rank %d: MPI_Comm_free failed in ~MpiCommunicator\n", rank_);
+    }
+  }
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return size_; }
+  Stream& stream() override { return *stream_; }
+  const CommCounters& counters() const override { return counters_; }
+
+  void set_timeout(std::chrono::milliseconds timeout) override {
+    ZERO_CHECK(timeout.count() > 0,
+               "collective timeout must be positive, got " << timeout.count() << " ms");
+    {
+      std::lock_guard<std::mutex> lock(watch_mutex_);
+      timeout_ = std::min(timeout, kLongestTimeout);
+    }
+    watch_changed_.notify_one();  // a shorter timeout may already have passed
+  }
+
+  Event all_gather(const void* send, void* recv, size_t count, DType dtype) override {
+    const size_t elem = dtype_size(dtype);
+    check_size(count, elem, "all_gather");
+    check_buffers(send, recv, count, "all_gather");
+    const size_t block_bytes = count * elem;
+    const bool in_place = send == bytes_at(recv, rank_ * block_bytes);
+    ZERO_CHECK(in_place || !overlap(send, block_bytes, recv, block_bytes * size_),
+               "all_gather: send overlaps recv; the only overlap allowed is send == recv + rank "
+               "* count (in place)");
+    return launch(CollectiveOp::kAllGather, count, dtype, block_bytes * size_,
+                  [=] { run_all_gather(in_place ? nullptr : send, recv, count, dtype); });
+  }
+
+  Event reduce_scatter(const void* send, void* recv, size_t count, DType dtype) override {
+    const size_t elem = dtype_size(dtype);
+    check_size(count, elem, "reduce_scatter");
+    check_buffers(send, recv, count, "reduce_scatter");
+    const size_t block_bytes = count * elem;
+    const bool in_place = recv == bytes_at(send, rank_ * block_bytes);
+    ZERO_CHECK(in_place || !overlap(send, block_bytes * size_, recv, block_bytes),
+               "reduce_scatter: recv overlaps send; the only overlap allowed is recv == send + "
+               "rank * count (in place)");
+    return launch(CollectiveOp::kReduceScatter, count, dtype, block_bytes * size_,
+                  [=] { run_reduce_scatter(send, recv, count, dtype, in_place); });
+  }
+
+  Event all_reduce(const void* send, void* recv, size_t count, DType dtype) override {
+    const size_t elem = dtype_size(dtype);
+    check_size(count, elem, "all_reduce");
+    check_buffers(send, recv, count, "all_reduce");
+    const bool in_place = send == recv;
+    ZERO_CHECK(
+        in_place || !overlap(send, count * elem, recv, count * elem),
+        "all_reduce: send and recv partially overlap; they must be disjoint or equal (in place)");
+    return launch(CollectiveOp::kAllReduce, count, dtype, count * elem,
+                  [=] { run_all_reduce(in_place ? nullptr : send, recv, count, dtype); });
+  }
+
+  Event broadcast(void* buffer, size_t count, DType dtype, int root) override {
+    const size_t elem = dtype_size(dtype);
+    check_size(count, elem, "broadcast");
+    check_buffers(buffer, buffer, count, "broadcast");
+    ZERO_CHECK(root >= 0 && root < size_,
+               "broadcast: root " << root << " is not a rank of this communicator (0 to "
+                                  << size_ - 1 << ")");
+    return launch(CollectiveOp::kBroadcast, count, dtype, count * elem,
+                  [=] { run_broadcast(buffer, count, dtype, root); });
+  }
+
+  Event barrier() override {
+    return launch(CollectiveOp::kBarrier, 0, DType::kFloat32, 0,
+                  [this] { ZERO_MPI_CHECK(MPI_Barrier(comm_)); });
+  }
+
+ private:
+  // What the watchdog watches: the collective the worker is inside, if any.
+  struct Running {
+    bool active = false;
+    CollectiveOp op = CollectiveOp::kBarrier;
+    uint64_t sequence = 0;
+    size_t count = 0;
+    DType dtype = DType::kFloat32;
+    Clock::time_point start;
+  };
+
+  void check_size(size_t count, size_t elem, const char* op) const {
+    ZERO_CHECK(count <= SIZE_MAX / elem / static_cast<size_t>(size_),
+               op << ": count " << count << " times " << size_ << " ranks overflows size_t");
+  }
+
+  static void check_buffers(const void* send, const void* recv, size_t count, const char* op) {
+    ZERO_CHECK(count == 0 || (send != nullptr && recv != nullptr),
+               op << ": null buffer with count " << count);
+  }
+
+  // Counts the op (here, on the enqueueing thread, so counters() needs no lock), gives it the
+  // next sequence number and enqueues `body` between the watchdog's start and stop marks.
+  template <typename Body>
+  Event launch(CollectiveOp op, size_t count, DType dtype, uint64_t buffer_bytes, Body body) {
+    const auto index = static_cast<size_t>(op);
+    counters_.calls[index] += 1;
+    counters_.bytes[index] += bytes_sent(op, buffer_bytes);
+    const uint64_t sequence = next_sequence_++;
+    return stream_->enqueue([this, op, sequence, count, dtype, body] {
+      start_watch(op, sequence, count, dtype);
+      struct StopWatch {
+        MpiCommunicator* self;
+        ~StopWatch() { self->stop_watch(); }
+      } stop_on_exit{this};
+      body();
+    });
+  }
+
+  // Ring-algorithm bytes this rank sends for a buffer of S bytes (see CommCounters).
+  uint64_t bytes_sent(CollectiveOp op, uint64_t buffer_bytes) const {
+    const auto n = static_cast<uint64_t>(size_);
+    switch (op) {
+      case CollectiveOp::kAllReduce:
+        return buffer_bytes * 2 * (n - 1) / n;
+      case CollectiveOp::kAllGather:
+      case CollectiveOp::kReduceScatter:
+        return buffer_bytes * (n - 1) / n;
+      case CollectiveOp::kBroadcast:
+        return buffer_bytes;
+      case CollectiveOp::kBarrier:
+        return 0;
+    }
+    return 0;
+  }
+
+  // Largest piece of `remaining` elements one MPI call may carry (MPI counts are int).
+  size_t piece(size_t remaining) const { return std::min(remaining, max_elements_per_call_); }
+
+  // A reusable fp32 buffer of at least n elements, owned by the worker thread.
+  float* scratch(size_t n) {
+    if (scratch_.size() < n) scratch_.resize(n);
+    return scratch_.data();
+  }
+
+  // send == nullptr: in place (this rank's block of recv already holds its contribution).
+  void run_all_gather(const void* send, void* recv, size_t count, DType dtype) {
+    if (count == 0) return;
+    const MPI_Datatype type = transport_type(dtype);
+    const size_t elem = dtype_size(dtype);
+    if (count <= max_elements_per_call_) {
+      const int n = static_cast<int>(count);
+      ZERO_MPI_CHECK(MPI_Allgather(send ? send : MPI_IN_PLACE, n, type, recv, n, type, comm_));
+      return;
+    }
+    // Split: one call moves elements [offset, offset + n) of every rank's block. The receive
+    // type is n elements stretched to the extent of a whole block, so rank r's piece lands at
+    // recv + (r * count + offset) elements, and MPI_IN_PLACE finds this rank's piece there too.
+    for (size_t offset = 0; offset < count;) {
+      const size_t n = piece(count - offset);
+      OwnedDatatype contiguous, block;
+      ZERO_MPI_CHECK(MPI_Type_contiguous(static_cast<int>(n), type, &contiguous.type));
+      ZERO_MPI_CHECK(MPI_Type_create_resized(contiguous.type, 0,
+                                             static_cast<MPI_Aint>(count * elem), &block.type));
+      ZERO_MPI_CHECK(MPI_Type_commit(&block.type));
+      const void* piece_send = send ? bytes_at(send, offset * elem) : MPI_IN_PLACE;
+      ZERO_MPI_CHECK(MPI_Allgather(piece_send, static_cast<int>(n), type,
+                                   bytes_at(recv, offset * elem), 1, block.type, comm_));
+      offset += n;
+    }
+  }
+
+  void run_reduce_scatter(const void* send, void* recv, size_t count, DType dtype, bool in_place) {
+    if (count == 0) return;
+    if (dtype == DType::kFloat32 && count <= max_elements_per_call_) {
+      // In place, recv lies inside send, which MPI forbids: reduce into scratch, then copy.
+      float* out = in_place ? scratch(count) : static_cast<float*>(recv);
+      ZERO_MPI_CHECK(
+          MPI_Reduce_scatter_block(send, out, static_cast<int>(count), MPI_FLOAT, MPI_SUM, comm_));
+      if (in_place) std::memcpy(recv, out, count * sizeof(float));
+      return;
+    }
+    // Staged through fp32 scratch, because MPI cannot sum 16-bit floats and because a count
+    // above the per-call limit must be split: each pass gathers elements [offset, offset + n)
+    // of every rank's block into scratch (converting to fp32), sums them in place, and converts
+    // this rank's sum (left at the front of scratch) back into recv. In place, a pass writes
+    // only the range of this rank's block that it has already read.
+    const size_t elem = dtype_size(dtype);
+    float* staged = scratch(piece(count) * static_cast<size_t>(size_));
+    for (size_t offset = 0; offset < count;) {
+      const size_t n = piece(count - offset);
+      for (int r = 0; r < size_; ++r) {
+        convert(bytes_at(send, (r * count + offset) * elem), dtype, staged + r * n, DType::kFloat32,
+                n);
+      }
+      ZERO_MPI_CHECK(MPI_Reduce_scatter_block(MPI_IN_PLACE, staged, static_cast<int>(n), MPI_FLOAT,
+                                              MPI_SUM, comm_));
+      convert(staged, DType::kFloat32, bytes_at(recv, offset * elem), dtype, n);
+      offset += n;
+    }
+  }
+
+  // send == nullptr: in place.
+  void run_all_reduce(const void* send, void* recv, size_t count, DType dtype) {
+    const size_t elem = dtype_size(dtype);
+    for (size_t offset = 0; offset < count;) {
+      const size_t n = piece(count - offset);
+      void* piece_recv = bytes_at(recv, offset * elem);
+      const void* piece_send = send ? bytes_at(send, offset * elem) : piece_recv;
+      if (dtype == DType::kFloat32) {
+        ZERO_MPI_CHECK(MPI_Allreduce(send ? piece_send : MPI_IN_PLACE, piece_recv,
+                                     static_cast<int>(n), MPI_FLOAT, MPI_SUM, comm_));
+      } else {
+        // MPI cannot sum 16-bit floats: sum in fp32 and round once, as the interface promises.
+        float* staged = scratch(n);
+        convert(piece_send, dtype, staged, DType::kFloat32, n);
+        ZERO_MPI_CHECK(
+            MPI_Allreduce(MPI_IN_PLACE, staged, static_cast<int>(n), MPI_FLOAT, MPI_SUM, comm_));
+        convert(staged, DType::kFloat32, piece_recv, dtype, n);
+      }
+      offset += n;
+    }
+  }
+
+  void run_broadcast(void* buffer, size_t count, DType dtype, int root) {
+    const size_t elem = dtype_size(dtype);
+    for (size_t offset = 0; offset < count;) {
+      const size_t n = piece(count - offset);
+      ZERO_MPI_CHECK(MPI_Bcast(bytes_at(buffer, offset * elem), static_cast<int>(n),
+                               transport_type(dtype), root, comm_));
+      offset += n;
+    }
+  }
+
+  // --- watchdog -------------------------------------------------------------------------------
+
+  void start_watch(CollectiveOp op, uint64_t sequence, size_t count, DType dtype) {
+    std::lock_guard<std::mutex> lock(watch_mutex_);
+    running_ = {true, op, sequence, count, dtype, Clock::now()};
+  }
+
+  void stop_watch() {
+    std::lock_guard<std::mutex> lock(watch_mutex_);
+    running_.active = false;
+  }
+
+  // The watchdog needs no wake-up per collective: when idle it sleeps a whole timeout (a
+  // collective starting later has a later deadline), when one is running it sleeps until that
+  // one's deadline, then looks again. Only stop and set_timeout notify it.
+  void watch() {
+    std::unique_lock<std::mutex> lock(watch_mutex_);
+    while (!watch_stop_) {
+      const Clock::time_point now = Clock::now();
+      if (running_.active && now - running_.start >= timeout_) abort_job(now - running_.start);
+      const Clock::time_point wake = running_.active ? running_.start + timeout_ : now + timeout_;
+      watch_changed_.wait_until(lock, wake);
+    }
+  }
+
+  [[noreturn]] void abort_job(Clock::duration elapsed) const {
+    const double seconds = std::chrono::duration<double>(elapsed).count();
+    std::fprintf(stderr,
+                 "zero: rank %d: collective %s #%llu (%zu elements of %s, %zu bytes) has not "
+                 "finished after %.1f s; aborting the job\n",
+                 rank_, collective_op_name(running_.op),
+                 static_cast<unsigned long long>(running_.sequence), running_.count,
+                 dtype_name(running_.dtype), running_.count * dtype_size(running_.dtype), seconds);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    std::abort();  // MPI_Abort does not return; if an implementation did, still stop here
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  const size_t max_elements_per_call_;
+
+  // Enqueueing thread only.
+  CommCounters counters_;
+  uint64_t next_sequence_ = 1;
+
+  // Worker thread only.
+  std::vector<float> scratch_;
+
+  // Shared between the worker and the watchdog, under watch_mutex_.
+  std::mutex watch_mutex_;
+  std::condition_variable watch_changed_;
+  bool watch_stop_ = false;
+  std::chrono::milliseconds timeout_;
+  Running running_;
+  std::thread watchdog_;
+
+  std::unique_ptr<Stream> stream_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_mpi_communicator() {
+  return make_mpi_communicator(static_cast<size_t>(INT_MAX));
+}
+
+std::unique_ptr<Communicator> make_mpi_communicator(size_t max_elements_per_call) {
+  ZERO_CHECK(max_elements_per_call >= 1 && max_elements_per_call <= static_cast<size_t>(INT_MAX),
+             "max_elements_per_call must be 1 to INT_MAX, got " << max_elements_per_call);
+  return std::make_unique<MpiCommunicator>(timeout_from_environment(), max_elements_per_call);
+}
+
+}  // namespace zero

@@ -1,0 +1,49 @@
+// The two implementations dispatch.cpp chooses between: plain scalar loops (kernels_scalar.cpp)
+// and AVX2/F16C loops (kernels_avx2.cpp). Each entry works on one contiguous range whose
+// pointers are already offset; argument checks and threading live in dispatch.cpp only.
+#pragma once
+
+#include <cstddef>
+
+#include "zero/kernels/dtype.h"
+#include "zero/kernels/optimizer_math.h"
+
+namespace zero::kernels::detail {
+
+struct KernelPath {
+  void (*adamw)(float* master, float* m, float* v, const void* grad, DType grad_dtype,
+                float grad_scale, void* param_out, DType param_dtype, size_t n,
+                const AdamWStepConstants& c);
+  void (*sgd)(float* master, float* momentum_buf, const void* grad, DType grad_dtype,
+              float grad_scale, void* param_out, DType param_dtype, size_t n,
+              const SgdStepConstants& c);
+  // src_dtype != dst_dtype (equal dtypes are a memcpy in the dispatcher).
+  void (*cast)(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n);
+  // One block of at most kSumSquaresBlock elements; see sum_squares_lane below.
+  double (*sum_squares_block)(const void* x, DType dtype, size_t n);
+  bool (*all_finite)(const void* x, DType dtype, size_t n);
+  void (*accumulate)(float* dst, const float* src, size_t n);
+  void (*scale)(void* x, DType dtype, float alpha, size_t n);
+};
+
+extern const KernelPath kScalarPath;
+extern const KernelPath kAvx2Path;
+
+// sum_squares is defined by its summation order so that every path and every thread count
+// returns the same bits: the input is cut into blocks of kSumSquaresBlock elements (threads
+// take whole blocks, block sums are added in order); inside a block, element i adds its exact
+// square (a float squared fits in a double) into lane i % kSumSquaresLanes, and the lanes are
+// combined by the fixed tree in reduce_sum_squares_lanes. The AVX2 loop keeps the 16 lanes in
+// four registers; the scalar loop keeps them in an array.
+constexpr size_t kSumSquaresBlock = size_t{1} << 16;
+constexpr size_t kSumSquaresLanes = 16;
+
+inline double reduce_sum_squares_lanes(const double* lanes) {
+  double quarter[4];
+  for (size_t q = 0; q < 4; ++q) {
+    quarter[q] = (lanes[q] + lanes[q + 4]) + (lanes[q + 8] + lanes[q + 12]);
+  }
+  return (quarter[0] + quarter[1]) + (quarter[2] + quarter[3]);
+}
+
+}  // namespace zero::kernels::detail

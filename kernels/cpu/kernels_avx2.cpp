@@ -1,0 +1,295 @@
+// AVX2/F16C loops, 8 floats per step. This file alone is compiled with -mavx2 -mf16c -mfma,
+// so it calls none of the inline functions of dtype.h and optimizer_math.h: an out-of-line
+// copy of one compiled here could be picked by the linker for the whole program and then run
+// AVX instructions on a CPU without them. Tails of fewer than 8 elements go to the scalar path
+// (compiled without those flags), which is the reference these loops match bit for bit.
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "kernel_paths.h"
+
+namespace zero::kernels::detail {
+namespace {
+
+constexpr size_t kWidth = 8;
+
+size_t bytes_of(DType t) {
+  return t == DType::kFloat32 ? 4 : 2;
+}
+
+const void* advance(const void* p, DType t, size_t i) {
+  return static_cast<const char*>(p) + i * bytes_of(t);
+}
+
+void* advance(void* p, DType t, size_t i) {
+  return static_cast<char*>(p) + i * bytes_of(t);
+}
+
+// Calls fn with the dtype as a compile-time constant, so each loop is built per dtype and the
+// element conversions inline into it.
+template <typename Fn>
+void with_dtype(DType t, Fn&& fn) {
+  switch (t) {
+    case DType::kFloat32:
+      fn(std::integral_constant<DType, DType::kFloat32>{});
+      return;
+    case DType::kBFloat16:
+      fn(std::integral_constant<DType, DType::kBFloat16>{});
+      return;
+    case DType::kFloat16:
+      fn(std::integral_constant<DType, DType::kFloat16>{});
+      return;
+  }
+}
+
+__m128i load_halves(const void* data, size_t i) {
+  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(data) + i));
+}
+
+// 8 elements of dtype T from element i, widened to fp32 exactly.
+template <DType T>
+__m256 load8(const void* data, size_t i) {
+  if constexpr (T == DType::kFloat32) {
+    return _mm256_loadu_ps(static_cast<const float*>(data) + i);
+  } else if constexpr (T == DType::kBFloat16) {
+    __m256i wide = _mm256_cvtepu16_epi32(load_halves(data, i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+  } else {
+    return _mm256_cvtph_ps(load_halves(data, i));
+  }
+}
+
+// fp32 -> bf16 exactly as float_to_bf16: add 0x7fff plus the lowest kept bit, keep the high
+// half; NaNs keep their high half with the quiet bit set.
+__m128i float8_to_bf16(__m256 x) {
+  __m256i bits = _mm256_castps_si256(x);
+  __m256i magnitude = _mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff));
+  __m256i is_nan = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7f800000));
+  __m256i high = _mm256_srli_epi32(bits, 16);
+  __m256i rounding =
+      _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(high, _mm256_set1_epi32(1)));
+  __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, rounding), 16);
+  __m256i quiet_nan = _mm256_or_si256(high, _mm256_set1_epi32(0x40));
+  __m256i result = _mm256_blendv_epi8(rounded, quiet_nan, is_nan);
+  // Every lane holds a value below 0x10000, so the unsigned-saturating pack only narrows.
+  return _mm_packus_epi32(_mm256_castsi256_si128(result), _mm256_extracti128_si256(result, 1));
+}
+
+// Stores 8 floats as dtype T at element i, rounding to nearest even when narrowing.
+template <DType T>
+void store8(void* data, size_t i, __m256 x) {
+  if constexpr (T == DType::kFloat32) {
+    _mm256_storeu_ps(static_cast<float*>(data) + i, x);
+  } else {
+    __m128i halves =
+        T == DType::kBFloat16 ? float8_to_bf16(x) : _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(data) + i), halves);
+  }
+}
+
+// --- AdamW ---------------------------------------------------------------------------------
+
+// The operations of adamw_update, in its order and without FMA, so that every element rounds
+// exactly as the scalar definition does.
+template <DType G, DType P, bool kWriteParam>
+void adamw_typed(float* master, float* m, float* v, const void* grad, float grad_scale,
+                 void* param_out, size_t n, const AdamWStepConstants& c) {
+  const __m256 scale = _mm256_set1_ps(grad_scale);
+  const __m256 l2 = _mm256_set1_ps(c.l2);
+  const __m256 decay = _mm256_set1_ps(c.decay_factor);
+  const __m256 beta1 = _mm256_set1_ps(c.beta1);
+  const __m256 one_minus_beta1 = _mm256_set1_ps(c.one_minus_beta1);
+  const __m256 beta2 = _mm256_set1_ps(c.beta2);
+  const __m256 one_minus_beta2 = _mm256_set1_ps(c.one_minus_beta2);
+  const __m256 inv_sqrt_bias2 = _mm256_set1_ps(c.inv_sqrt_bias2);
+  const __m256 eps = _mm256_set1_ps(c.eps);
+  const __m256 step_size = _mm256_set1_ps(c.step_size);
+  for (size_t i = 0; i + kWidth <= n; i += kWidth) {
+    __m256 g = _mm256_mul_ps(load8<G>(grad, i), scale);
+    __m256 p = _mm256_loadu_ps(master + i);
+    __m256 mi = _mm256_loadu_ps(m + i);
+    __m256 vi = _mm256_loadu_ps(v + i);
+    g = _mm256_add_ps(g, _mm256_mul_ps(l2, p));
+    p = _mm256_mul_ps(p, decay);
+    mi = _mm256_add_ps(_mm256_mul_ps(beta1, mi), _mm256_mul_ps(one_minus_beta1, g));
+    vi = _mm256_add_ps(_mm256_mul_ps(beta2, vi),
+                       _mm256_mul_ps(_mm256_mul_ps(one_minus_beta2, g), g));
+    __m256 denom = _mm256_add_ps(_mm256_mul_ps(_mm256_sqrt_ps(vi), inv_sqrt_bias2), eps);
+    p = _mm256_sub_ps(p, _mm256_mul_ps(step_size, _mm256_div_ps(mi, denom)));
+    _mm256_storeu_ps(master + i, p);
+    _mm256_storeu_ps(m + i, mi);
+    _mm256_storeu_ps(v + i, vi);
+    if constexpr (kWriteParam) store8<P>(param_out, i, p);
+  }
+}
+
+void adamw_avx2(float* master, float* m, float* v, const void* grad, DType grad_dtype,
+                float grad_scale, void* param_out, DType param_dtype, size_t n,
+                const AdamWStepConstants& c) {
+  with_dtype(grad_dtype, [&](auto g) {
+    constexpr DType G = decltype(g)::value;
+    if (!param_out) {
+      adamw_typed<G, DType::kFloat32, false>(master, m, v, grad, grad_scale, nullptr, n, c);
+      return;
+    }
+    with_dtype(param_dtype, [&](auto p) {
+      adamw_typed<G, decltype(p)::value, true>(master, m, v, grad, grad_scale, param_out, n, c);
+    });
+  });
+  size_t done = n - n % kWidth;
+  kScalarPath.adamw(master + done, m + done, v + done, advance(grad, grad_dtype, done), grad_dtype,
+                    grad_scale, param_out ? advance(param_out, param_dtype, done) : nullptr,
+                    param_dtype, n - done, c);
+}
+
+// --- SGD -----------------------------------------------------------------------------------
+
+// The operations of sgd_update, in its order and without FMA.
+template <DType G, DType P, bool kWriteParam>
+void sgd_typed(float* master, float* momentum_buf, const void* grad, float grad_scale,
+               void* param_out, size_t n, const SgdStepConstants& c) {
+  const __m256 scale = _mm256_set1_ps(grad_scale);
+  const __m256 weight_decay = _mm256_set1_ps(c.weight_decay);
+  const __m256 momentum = _mm256_set1_ps(c.momentum);
+  const __m256 lr = _mm256_set1_ps(c.lr);
+  const bool use_momentum = c.momentum != 0.0f;
+  for (size_t i = 0; i + kWidth <= n; i += kWidth) {
+    __m256 g = _mm256_mul_ps(load8<G>(grad, i), scale);
+    __m256 p = _mm256_loadu_ps(master + i);
+    g = _mm256_add_ps(g, _mm256_mul_ps(weight_decay, p));
+    if (use_momentum) {
+      if (!c.first_step) {
+        g = _mm256_add_ps(_mm256_mul_ps(momentum, _mm256_loadu_ps(momentum_buf + i)), g);
+      }
+      _mm256_storeu_ps(momentum_buf + i, g);
+    }
+    p = _mm256_sub_ps(p, _mm256_mul_ps(lr, g));
+    _mm256_storeu_ps(master + i, p);
+    if constexpr (kWriteParam) store8<P>(param_out, i, p);
+  }
+}
+
+void sgd_avx2(float* master, float* momentum_buf, const void* grad, DType grad_dtype,
+              float grad_scale, void* param_out, DType param_dtype, size_t n,
+              const SgdStepConstants& c) {
+  with_dtype(grad_dtype, [&](auto g) {
+    constexpr DType G = decltype(g)::value;
+    if (!param_out) {
+      sgd_typed<G, DType::kFloat32, false>(master, momentum_buf, grad, grad_scale, nullptr, n, c);
+      return;
+    }
+    with_dtype(param_dtype, [&](auto p) {
+      sgd_typed<G, decltype(p)::value, true>(master, momentum_buf, grad, grad_scale, param_out, n,
+                                             c);
+    });
+  });
+  size_t done = n - n % kWidth;
+  kScalarPath.sgd(master + done, momentum_buf ? momentum_buf + done : nullptr,
+                  advance(grad, grad_dtype, done), grad_dtype, grad_scale,
+                  param_out ? advance(param_out, param_dtype, done) : nullptr, param_dtype,
+                  n - done, c);
+}
+
+// --- Element-wise helpers --------------------------------------------------------------------
+
+void cast_avx2(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n) {
+  with_dtype(src_dtype, [&](auto s) {
+    with_dtype(dst_dtype, [&](auto d) {
+      for (size_t i = 0; i + kWidth <= n; i += kWidth) {
+        store8<decltype(d)::value>(dst, i, load8<decltype(s)::value>(src, i));
+      }
+    });
+  });
+  size_t done = n - n % kWidth;
+  kScalarPath.cast(advance(src, src_dtype, done), src_dtype, advance(dst, dst_dtype, done),
+                   dst_dtype, n - done);
+}
+
+// Adds 16 exact squares to the 16 lanes (see kernel_paths.h): lanes 0-3 in acc[0], 4-7 in
+// acc[1], and so on.
+template <DType T>
+void add_squares16(const void* x, size_t i, __m256d* acc) {
+  for (size_t half = 0; half < 2; ++half) {
+    __m256 values = load8<T>(x, i + half * kWidth);
+    __m256d low = _mm256_cvtps_pd(_mm256_castps256_ps128(values));
+    __m256d high = _mm256_cvtps_pd(_mm256_extractf128_ps(values, 1));
+    acc[2 * half] = _mm256_add_pd(acc[2 * half], _mm256_mul_pd(low, low));
+    acc[2 * half + 1] = _mm256_add_pd(acc[2 * half + 1], _mm256_mul_pd(high, high));
+  }
+}
+
+double sum_squares_block_avx2(const void* x, DType dtype, size_t n) {
+  __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(),
+                    _mm256_setzero_pd()};
+  with_dtype(dtype, [&](auto t) {
+    constexpr DType T = decltype(t)::value;
+    size_t i = 0;
+    for (; i + kSumSquaresLanes <= n; i += kSumSquaresLanes) add_squares16<T>(x, i, acc);
+    // The tail runs through the same lanes from a zero-padded copy: adding +0.0 to a lane
+    // (a sum of squares, never -0.0) leaves it unchanged, so the result matches the scalar loop.
+    if (i < n) {
+      alignas(32) float padded[kSumSquaresLanes] = {};
+      memcpy(padded, advance(x, dtype, i), (n - i) * bytes_of(dtype));
+      add_squares16<T>(padded, 0, acc);
+    }
+  });
+  // reduce_sum_squares_lanes's tree, written with vectors: quarter q = (l[q] + l[q+4]) +
+  // (l[q+8] + l[q+12]), then (q0 + q1) + (q2 + q3).
+  __m256d quarters = _mm256_add_pd(_mm256_add_pd(acc[0], acc[1]), _mm256_add_pd(acc[2], acc[3]));
+  alignas(32) double q[4];
+  _mm256_store_pd(q, quarters);
+  return (q[0] + q[1]) + (q[2] + q[3]);
+}
+
+bool all_finite_avx2(const void* x, DType dtype, size_t n) {
+  size_t i = 0;
+  if (dtype == DType::kFloat32) {
+    // A float is NaN or infinite exactly when its exponent bits are all ones.
+    const __m256i exponent = _mm256_set1_epi32(0x7f800000);
+    const float* data = static_cast<const float*>(x);
+    for (; i + kWidth <= n; i += kWidth) {
+      __m256i bits = _mm256_castps_si256(_mm256_loadu_ps(data + i));
+      __m256i bad = _mm256_cmpeq_epi32(_mm256_and_si256(bits, exponent), exponent);
+      if (!_mm256_testz_si256(bad, bad)) return false;
+    }
+  } else {
+    const __m256i exponent = _mm256_set1_epi16(dtype == DType::kBFloat16 ? 0x7f80 : 0x7c00);
+    const uint16_t* data = static_cast<const uint16_t*>(x);
+    for (; i + 2 * kWidth <= n; i += 2 * kWidth) {
+      __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(data + i));
+      __m256i bad = _mm256_cmpeq_epi16(_mm256_and_si256(bits, exponent), exponent);
+      if (!_mm256_testz_si256(bad, bad)) return false;
+    }
+  }
+  return kScalarPath.all_finite(advance(x, dtype, i), dtype, n - i);
+}
+
+void accumulate_avx2(float* dst, const float* src, size_t n) {
+  for (size_t i = 0; i + kWidth <= n; i += kWidth) {
+    _mm256_storeu_ps(dst + i, _mm256_add_ps(_mm256_loadu_ps(dst + i), _mm256_loadu_ps(src + i)));
+  }
+  size_t done = n - n % kWidth;
+  kScalarPath.accumulate(dst + done, src + done, n - done);
+}
+
+void scale_avx2(void* x, DType dtype, float alpha, size_t n) {
+  const __m256 factor = _mm256_set1_ps(alpha);
+  with_dtype(dtype, [&](auto t) {
+    constexpr DType T = decltype(t)::value;
+    for (size_t i = 0; i + kWidth <= n; i += kWidth) {
+      store8<T>(x, i, _mm256_mul_ps(load8<T>(x, i), factor));
+    }
+  });
+  size_t done = n - n % kWidth;
+  kScalarPath.scale(advance(x, dtype, done), dtype, alpha, n - done);
+}
+
+}  // namespace
+
+const KernelPath kAvx2Path = {adamw_avx2,      sgd_avx2,        cast_avx2, sum_squares_block_avx2,
+                              all_finite_avx2, accumulate_avx2, scale_avx2};
+
+}  // namespace zero::kernels::detail

@@ -1,0 +1,68 @@
+// Scalar loops: the fallback on CPUs without AVX2/F16C/FMA and the path ZERO_KERNELS_SCALAR=1
+// selects. Every element goes through the shared definitions in dtype.h and optimizer_math.h,
+// so these loops are the reference the vectorized path must match.
+#include <cmath>
+
+#include "kernel_paths.h"
+
+namespace zero::kernels::detail {
+namespace {
+
+void adamw_scalar(float* master, float* m, float* v, const void* grad, DType grad_dtype,
+                  float grad_scale, void* param_out, DType param_dtype, size_t n,
+                  const AdamWStepConstants& c) {
+  for (size_t i = 0; i < n; ++i) {
+    float g = load_as_float(grad, grad_dtype, i) * grad_scale;
+    adamw_update(master[i], m[i], v[i], g, c);
+    if (param_out) store_from_float(param_out, param_dtype, i, master[i]);
+  }
+}
+
+void sgd_scalar(float* master, float* momentum_buf, const void* grad, DType grad_dtype,
+                float grad_scale, void* param_out, DType param_dtype, size_t n,
+                const SgdStepConstants& c) {
+  // sgd_update ignores the buffer when momentum is 0, and the buffer may then be null.
+  float unused_buf = 0.0f;
+  for (size_t i = 0; i < n; ++i) {
+    float g = load_as_float(grad, grad_dtype, i) * grad_scale;
+    sgd_update(master[i], momentum_buf ? momentum_buf[i] : unused_buf, g, c);
+    if (param_out) store_from_float(param_out, param_dtype, i, master[i]);
+  }
+}
+
+void cast_scalar(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    store_from_float(dst, dst_dtype, i, load_as_float(src, src_dtype, i));
+}
+
+double sum_squares_block_scalar(const void* x, DType dtype, size_t n) {
+  double lanes[kSumSquaresLanes] = {};
+  for (size_t i = 0; i < n; ++i) {
+    double value = load_as_float(x, dtype, i);
+    lanes[i % kSumSquaresLanes] += value * value;
+  }
+  return reduce_sum_squares_lanes(lanes);
+}
+
+bool all_finite_scalar(const void* x, DType dtype, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(load_as_float(x, dtype, i))) return false;
+  }
+  return true;
+}
+
+void accumulate_scalar(float* dst, const float* src, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+void scale_scalar(void* x, DType dtype, float alpha, size_t n) {
+  for (size_t i = 0; i < n; ++i) store_from_float(x, dtype, i, load_as_float(x, dtype, i) * alpha);
+}
+
+}  // namespace
+
+const KernelPath kScalarPath = {
+    adamw_scalar,      sgd_scalar,        cast_scalar, sum_squares_block_scalar,
+    all_finite_scalar, accumulate_scalar, scale_scalar};
+
+}  // namespace zero::kernels::detail

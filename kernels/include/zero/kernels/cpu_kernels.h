@@ -1,0 +1,77 @@
+// Vectorized CPU kernels on local memory: no communication, no ownership. Each function picks
+// the AVX2/F16C path when the CPU has it (checked once at run time) and a scalar loop
+// otherwise; both produce the same results as the scalar reference built on dtype.h and
+// optimizer_math.h. Pointers need no particular alignment.
+#pragma once
+
+#include <cstddef>
+
+#include "zero/kernels/dtype.h"
+#include "zero/kernels/optimizer_math.h"
+
+namespace zero::kernels {
+
+// Intra-rank parallelism: the range is split into `threads` contiguous chunks (1 = the calling
+// thread only), each starting on a multiple of 64 elements and run on its own std::thread.
+// Ranges below 65536 elements per thread use fewer threads, down to the calling thread alone.
+// Every kernel returns the same bits for any thread count (sum_squares included: it sums in
+// fixed blocks, see kernels/cpu/kernel_paths.h).
+struct KernelOptions {
+  int threads = 1;
+};
+
+// True when the AVX2+F16C+FMA path is in use. ZERO_KERNELS_SCALAR=1 in the environment (read
+// once, at the first kernel call) forces the scalar path.
+bool cpu_has_avx2();
+
+// Tests only: forces the scalar path (true) or returns to the normal choice (false) at any
+// time, so one test binary can compare both paths. Not for use while kernels run on other
+// threads.
+void force_scalar_for_testing(bool force);
+
+// Fused AdamW over n elements of a flat shard. master, m, v: fp32 state, updated in place.
+// grad: n elements of grad_dtype, multiplied by grad_scale before use (folds loss-scale
+// removal, averaging and clipping into the same pass). param_out: when non-null, receives the
+// updated master rounded to param_dtype (the working copy), in the same pass.
+void fused_adamw(float* master, float* m, float* v, const void* grad, DType grad_dtype,
+                 float grad_scale, void* param_out, DType param_dtype, size_t n,
+                 const AdamWStepConstants& c, const KernelOptions& opt = {});
+
+// Fused SGD with momentum, same conventions as fused_adamw (momentum_buf may be null when
+// momentum is 0).
+void fused_sgd(float* master, float* momentum_buf, const void* grad, DType grad_dtype,
+               float grad_scale, void* param_out, DType param_dtype, size_t n,
+               const SgdStepConstants& c, const KernelOptions& opt = {});
+
+// Converts n elements from src_dtype to dst_dtype (round to nearest even when narrowing).
+void cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n,
+          const KernelOptions& opt = {});
+
+// Sum of squares of n elements, accumulated in double (the local part of a global norm).
+double sum_squares(const void* x, DType dtype, size_t n, const KernelOptions& opt = {});
+
+// True when none of the n elements is NaN or infinite.
+bool all_finite(const void* x, DType dtype, size_t n, const KernelOptions& opt = {});
+
+// dst[i] += src[i] for n elements (fp32 accumulation of gradients across micro-batches).
+void accumulate(float* dst, const float* src, size_t n, const KernelOptions& opt = {});
+
+// x[i] *= alpha.
+void scale(void* x, DType dtype, float alpha, size_t n, const KernelOptions& opt = {});
+
+// One tensor's place in a flat buffer: `numel` elements at element offset `offset`.
+struct TensorSlot {
+  void* data;
+  size_t offset;
+  size_t numel;
+};
+
+// Copies each tensor into flat at its offset (gaps between tensors are left untouched).
+void flatten(const TensorSlot* tensors, size_t count, void* flat, DType dtype,
+             const KernelOptions& opt = {});
+
+// Copies each tensor's slice of flat back out into the tensor.
+void unflatten(const void* flat, const TensorSlot* tensors, size_t count, DType dtype,
+               const KernelOptions& opt = {});
+
+}  // namespace zero::kernels

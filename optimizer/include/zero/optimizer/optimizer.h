@@ -1,0 +1,109 @@
+// Optimizers over one rank's flat fp32 shard. The optimizer owns hyperparameters and the step
+// counter; the state arrays (master, moments) are owned by the caller (the engine allocates
+// them through its tagged allocator), so the optimizer can be applied to any set of shards.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "zero/kernels/cpu_kernels.h"
+#include "zero/kernels/dtype.h"
+
+namespace zero {
+
+enum class OptimizerType { kAdamW, kAdam, kSgd };
+
+struct OptimizerConfig {
+  OptimizerType type = OptimizerType::kAdamW;
+  float lr = 1e-3f;
+  // Betas are double so that 1 - beta can be rounded once from the decimal value, as PyTorch
+  // does: 1.0f - 0.999f is 0.00099998713, 1.3e-5 away from 0.001f.
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  float eps = 1e-8f;
+  float weight_decay = 0.01f;  // decoupled for AdamW; coupled (added to the gradient) for SGD
+  float momentum = 0.0f;       // SGD only
+};
+
+// One shard's arrays, all of n elements. state_count() of them are optimizer state
+// (AdamW: m and v; SGD with momentum: the momentum buffer; plain SGD: none).
+struct ShardState {
+  float* master = nullptr;
+  float* state[2] = {nullptr, nullptr};
+  size_t n = 0;
+};
+
+class Optimizer {
+ public:
+  // Throws zero::Error naming the first hyperparameter out of range.
+  explicit Optimizer(const OptimizerConfig& config);
+
+  // Number of fp32 state arrays per element (2 for Adam/AdamW, 1 for SGD with momentum, else 0).
+  int state_count() const;
+
+  // Starts a step: increments the step counter; every apply() until the next begin_step()
+  // uses this step's constants (bias corrections) with learning rate lr.
+  void begin_step(float lr);
+
+  // Updates one shard with its gradient (grad_dtype, scaled by grad_scale); writes the
+  // working copy to param_out (param_dtype) when param_out is non-null. Throws zero::Error
+  // before the first begin_step() or when a pointer the update needs is null.
+  void apply(const ShardState& shard, const void* grad, DType grad_dtype, float grad_scale,
+             void* param_out, DType param_dtype, const kernels::KernelOptions& opt = {}) const;
+
+  long step() const { return step_; }
+  // Restores the counter (checkpoint resume).
+  void set_step(long step) { step_ = step; }
+  const OptimizerConfig& config() const { return config_; }
+
+ private:
+  OptimizerConfig config_;
+  long step_ = 0;
+  float lr_ = 0.0f;
+};
+
+// Learning-rate schedules with DeepSpeed's meanings (deepspeed.runtime.lr_schedules), written
+// for 1-based steps: lr_at(s) is DeepSpeed's get_lr() at last_batch_iteration = s - 1, so the
+// first step sees the schedule at index 0 as in PyTorch's schedulers. (DeepSpeed's engine steps
+// its scheduler after the optimizer, so its own first step runs with the optimizer's base lr and
+// step s >= 2 with index s - 2; we do not copy that offset.) With W = warmup_steps and
+// T = total_steps:
+//   kConstant          lr = max_lr.
+//   kWarmup            WarmupLR: lr = min_lr + (max_lr - min_lr) * (s - 1) / W for s <= W, then
+//                      max_lr from step W + 1 on.
+//   kWarmupLinearDecay WarmupDecayLR: the same warm-up, then
+//                      lr = min_lr + (max_lr - min_lr) * (T - s + 1) / (T - W), reaching min_lr
+//                      at step T + 1 (DeepSpeed's iteration T) and staying there.
+//   kWarmupCosine      WarmupCosineLR: the same warm-up, then
+//                      lr = max_lr * (r + (1 - r) * (1 + cos(pi * (s - W) / (T - W))) / 2) with
+//                      r = cos_min_ratio, reaching max_lr * r at step T and staying there.
+// Deviations from DeepSpeed, on purpose: warm-up is linear only (DeepSpeed's default
+// warmup_type is "log"); warmup_steps is used as given (DeepSpeed raises it to at least 2, which
+// only its log warm-up needs), so 0 means no warm-up; past step T the cosine schedule holds its
+// floor (DeepSpeed's formula climbs back up).
+enum class LrScheduleType { kConstant, kWarmup, kWarmupLinearDecay, kWarmupCosine };
+
+struct LrScheduleConfig {
+  LrScheduleType type = LrScheduleType::kConstant;
+  float max_lr = 1e-3f;         // warmup_max_lr; for WarmupCosineLR the optimizer's lr
+  float min_lr = 0.0f;          // warmup_min_lr (start of warm-up, end of linear decay); for
+                                // WarmupCosineLR warmup_min_ratio * the optimizer's lr
+  long warmup_steps = 0;        // warmup_num_steps
+  long total_steps = 0;         // total_num_steps (decay schedules only)
+  float cos_min_ratio = 1e-4f;  // WarmupCosineLR's floor as a fraction of max_lr (its default)
+};
+
+class LrSchedule {
+ public:
+  // Throws zero::Error naming the bad field.
+  explicit LrSchedule(const LrScheduleConfig& config);
+  // Learning rate of step `step` (1-based; step < 1 is an error).
+  float lr_at(long step) const;
+  const LrScheduleConfig& config() const { return config_; }
+
+ private:
+  LrScheduleConfig config_;
+};
+
+}  // namespace zero

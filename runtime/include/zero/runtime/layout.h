@@ -1,0 +1,83 @@
+// The flat layout: where every parameter lives. Parameters are registered in order, each
+// belonging to a module; modules become units (small neighbours merge up to a byte threshold).
+// A unit is one contiguous flat buffer in which every parameter starts aligned, padded so it
+// splits into world_size equal shards; rank r owns shard r of every unit. The layout is a pure
+// function of the registered shapes, the world size, the dtype and the thresholds, so every
+// rank computes the same one and a checkpoint can describe it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "zero/kernels/dtype.h"
+
+namespace zero {
+
+struct ParamSpec {
+  std::string name;
+  std::vector<int64_t> shape;  // may contain 0 (an empty parameter)
+  int module = 0;              // index of the wrapped module; non-decreasing in registration order
+};
+
+struct LayoutOptions {
+  int world_size = 1;
+  DType dtype = DType::kFloat32;  // working dtype of parameters and gradients
+  size_t alignment_bytes = 64;    // every parameter (and every shard) starts at this alignment
+  // Neighbouring modules merge into one unit while the unit stays at or below this many bytes;
+  // 0 keeps one unit per module. A module larger than the threshold is a unit of its own.
+  size_t merge_bytes = 0;
+};
+
+struct ParamPlacement {
+  std::string name;
+  std::vector<int64_t> shape;
+  size_t numel = 0;
+  int module = 0;
+  int unit = 0;
+  size_t offset = 0;  // element offset inside the unit's flat buffer
+};
+
+struct Unit {
+  std::vector<int> params;  // indices into Layout::params(), in order
+  int first_module = 0;
+  int last_module = 0;
+  size_t used = 0;   // elements up to the end of the last parameter
+  size_t numel = 0;  // padded: a multiple of world_size * alignment elements
+  size_t shard = 0;  // numel / world_size
+};
+
+class Layout {
+ public:
+  // Throws zero::Error for bad specs (decreasing module index, negative dimension, empty name,
+  // duplicate name) or options (world_size < 1, alignment not a multiple of the element size).
+  static Layout build(const std::vector<ParamSpec>& specs, const LayoutOptions& options);
+
+  const std::vector<ParamPlacement>& params() const { return params_; }
+  const std::vector<Unit>& units() const { return units_; }
+  const LayoutOptions& options() const { return options_; }
+  int world_size() const { return options_.world_size; }
+  // Unit holding a module's parameters, or -1 for a module without parameters.
+  int unit_of_module(int module) const;
+  int num_modules() const { return static_cast<int>(unit_of_module_.size()); }
+
+  size_t numel() const;         // sum of parameter sizes (Ψ unpadded)
+  size_t padded_numel() const;  // sum of unit sizes (Ψ padded)
+  size_t max_unit_numel() const;
+
+  // 64-bit FNV-1a of one parameter's name, shape, dtype and module, and of the whole layout
+  // (every parameter in order, the world size and the extra value, e.g. the ZeRO stage).
+  uint64_t param_fingerprint(size_t index) const;
+  uint64_t fingerprint(uint64_t extra) const;
+  // "name [d0, d1] fp32" for messages.
+  std::string describe_param(size_t index) const;
+
+ private:
+  LayoutOptions options_;
+  std::vector<ParamPlacement> params_;
+  std::vector<Unit> units_;
+  std::vector<int> unit_of_module_;
+};
+
+}  // namespace zero

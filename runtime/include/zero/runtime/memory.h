@@ -1,0 +1,100 @@
+// Memory accounting. Every buffer the runtime allocates comes from one Allocator and carries a
+// category, so the runtime can print what it holds and the tests can compare measured bytes
+// with the ZeRO formulas. Buffers are 64-byte aligned (a cache line; an AVX-512 vector; what
+// NCCL and cudaMalloc give) and zero-filled.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace zero {
+
+enum class MemoryCategory : uint8_t {
+  kParamsFull,      // whole working-precision parameters (stages 0-2; gathered copies at 3 are
+                    // kPrefetch)
+  kParamsShard,     // this rank's slice of the parameters (stage 3)
+  kGrads,           // gradients kept across the step: full (0-1) or the shard (2-3)
+  kMaster,          // fp32 master weights when the working dtype is not fp32
+  kOptimizerState,  // Adam moments / momentum
+  kCommBuffer,      // fixed-size scratch for collectives (full-unit gradient buckets)
+  kPrefetch,        // gathered full parameters of live units at stage 3
+  kActivation,
+  kOther,
+};
+constexpr int kNumMemoryCategories = 9;
+
+const char* memory_category_name(MemoryCategory c);
+
+// True for the categories that make up "model state" in the ZeRO paper's formulas.
+bool is_model_state(MemoryCategory c);
+
+class Allocator;
+
+// An owned, aligned, zero-filled allocation. Moving transfers ownership; destruction returns
+// the bytes to the allocator's accounting.
+class Buffer {
+ public:
+  Buffer() = default;
+  ~Buffer();
+  Buffer(Buffer&& other) noexcept;
+  Buffer& operator=(Buffer&& other) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  void* data() const { return data_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+  size_t bytes() const { return bytes_; }
+  bool empty() const { return data_ == nullptr; }
+  MemoryCategory category() const { return category_; }
+  // Frees now (same as assigning an empty Buffer).
+  void reset();
+
+ private:
+  friend class Allocator;
+  Buffer(Allocator* owner, void* data, size_t bytes, MemoryCategory category)
+      : owner_(owner), data_(data), bytes_(bytes), category_(category) {}
+  Allocator* owner_ = nullptr;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  MemoryCategory category_ = MemoryCategory::kOther;
+};
+
+struct MemoryStats {
+  std::array<uint64_t, kNumMemoryCategories> current{};
+  std::array<uint64_t, kNumMemoryCategories> peak{};
+  uint64_t current_total = 0;
+  uint64_t peak_total = 0;
+  // Sum of current bytes over the model-state categories.
+  uint64_t model_state() const;
+  // Sum of current bytes over kCommBuffer and kPrefetch.
+  uint64_t buffers() const;
+};
+
+// Host allocator (the CUDA device allocator will implement the same accounting). Not
+// thread-safe: the engine allocates from the main thread only.
+class Allocator {
+ public:
+  Allocator() = default;
+  Allocator(const Allocator&) = delete;
+  Allocator& operator=(const Allocator&) = delete;
+
+  // bytes may be 0 (gives an empty Buffer). Throws zero::Error naming the category when the
+  // allocation fails.
+  Buffer allocate(size_t bytes, MemoryCategory category);
+
+  const MemoryStats& stats() const { return stats_; }
+  // A table of current and peak bytes per category, for logs.
+  std::string summary() const;
+
+ private:
+  friend class Buffer;
+  void release(void* data, size_t bytes, MemoryCategory category);
+  MemoryStats stats_;
+};
+
+}  // namespace zero

@@ -1,0 +1,148 @@
+#include "zero/runtime/memory.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <iomanip>
+#include <sstream>
+#include <utility>
+
+#include "zero/kernels/check.h"
+
+namespace zero {
+
+namespace {
+constexpr size_t kAlignment = 64;
+
+size_t index_of(MemoryCategory c) {
+  return static_cast<size_t>(c);
+}
+
+std::string human_bytes(uint64_t bytes) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(2);
+  if (bytes >= (1ull << 30)) {
+    out << static_cast<double>(bytes) / (1ull << 30) << " GiB";
+  } else if (bytes >= (1ull << 20)) {
+    out << static_cast<double>(bytes) / (1ull << 20) << " MiB";
+  } else if (bytes >= (1ull << 10)) {
+    out << static_cast<double>(bytes) / (1ull << 10) << " KiB";
+  } else {
+    out << bytes << " B";
+  }
+  return out.str();
+}
+}  // namespace
+
+const char* memory_category_name(MemoryCategory c) {
+  switch (c) {
+    case MemoryCategory::kParamsFull:
+      return "params-full";
+    case MemoryCategory::kParamsShard:
+      return "params-shard";
+    case MemoryCategory::kGrads:
+      return "grads";
+    case MemoryCategory::kMaster:
+      return "master";
+    case MemoryCategory::kOptimizerState:
+      return "optimizer-state";
+    case MemoryCategory::kCommBuffer:
+      return "comm-buffer";
+    case MemoryCategory::kPrefetch:
+      return "prefetch";
+    case MemoryCategory::kActivation:
+      return "activation";
+    case MemoryCategory::kOther:
+      return "other";
+  }
+  return "?";
+}
+
+bool is_model_state(MemoryCategory c) {
+  return c == MemoryCategory::kParamsFull || c == MemoryCategory::kParamsShard ||
+         c == MemoryCategory::kGrads || c == MemoryCategory::kMaster ||
+         c == MemoryCategory::kOptimizerState;
+}
+
+uint64_t MemoryStats::model_state() const {
+  uint64_t total = 0;
+  for (int i = 0; i < kNumMemoryCategories; ++i) {
+    if (is_model_state(static_cast<MemoryCategory>(i))) total += current[i];
+  }
+  return total;
+}
+
+uint64_t MemoryStats::buffers() const {
+  return current[index_of(MemoryCategory::kCommBuffer)] +
+         current[index_of(MemoryCategory::kPrefetch)];
+}
+
+Buffer::~Buffer() {
+  reset();
+}
+
+Buffer::Buffer(Buffer&& other) noexcept
+    : owner_(std::exchange(other.owner_, nullptr)),
+      data_(std::exchange(other.data_, nullptr)),
+      bytes_(std::exchange(other.bytes_, 0)),
+      category_(other.category_) {}
+
+Buffer& Buffer::operator=(Buffer&& other) noexcept {
+  if (this != &other) {
+    reset();
+    owner_ = std::exchange(other.owner_, nullptr);
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+    category_ = other.category_;
+  }
+  return *this;
+}
+
+void Buffer::reset() {
+  if (data_ != nullptr) owner_->release(data_, bytes_, category_);
+  owner_ = nullptr;
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
+Buffer Allocator::allocate(size_t bytes, MemoryCategory category) {
+  if (bytes == 0) return Buffer();
+  // aligned_alloc wants a multiple of the alignment; the padding is not counted as used.
+  size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  void* data = std::aligned_alloc(kAlignment, rounded);
+  ZERO_CHECK(data != nullptr, "out of host memory: allocating " << human_bytes(bytes) << " for "
+                                                                << memory_category_name(category)
+                                                                << "\n"
+                                                                << summary());
+  std::memset(data, 0, rounded);
+  size_t i = index_of(category);
+  stats_.current[i] += bytes;
+  stats_.current_total += bytes;
+  if (stats_.current[i] > stats_.peak[i]) stats_.peak[i] = stats_.current[i];
+  if (stats_.current_total > stats_.peak_total) stats_.peak_total = stats_.current_total;
+  return Buffer(this, data, bytes, category);
+}
+
+void Allocator::release(void* data, size_t bytes, MemoryCategory category) {
+  std::free(data);
+  stats_.current[index_of(category)] -= bytes;
+  stats_.current_total -= bytes;
+}
+
+std::string Allocator::summary() const {
+  std::ostringstream out;
+  out << std::left << std::setw(18) << "category" << std::right << std::setw(14) << "current"
+      << std::setw(14) << "peak"
+      << "\n";
+  for (int i = 0; i < kNumMemoryCategories; ++i) {
+    if (stats_.peak[i] == 0) continue;
+    out << std::left << std::setw(18) << memory_category_name(static_cast<MemoryCategory>(i))
+        << std::right << std::setw(14) << human_bytes(stats_.current[i]) << std::setw(14)
+        << human_bytes(stats_.peak[i]) << "\n";
+  }
+  out << std::left << std::setw(18) << "total" << std::right << std::setw(14)
+      << human_bytes(stats_.current_total) << std::setw(14) << human_bytes(stats_.peak_total)
+      << "\n";
+  return out.str();
+}
+
+}  // namespace zero

@@ -1,0 +1,334 @@
+// The MPI communicator on 1-4 ranks: every op on every dtype, out of place and in place, at
+// sizes from 0 up, whole and split into pieces; counters; async sequences; argument checks.
+//
+// Inputs are small integers, so every sum is exact in fp32, bf16 and fp16 whatever the order
+// of reduction, and the expected result is known exactly.
+#include "zero/collectives/mpi_communicator.h"
+
+#include <gtest/gtest.h>
+
+#include <climits>
+#include <cstdlib>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "zero/kernels/check.h"
+
+namespace zero {
+namespace {
+
+// Element i of rank r's contribution: an integer in [-4, 4].
+float value(int rank, size_t i) {
+  return static_cast<float>((rank * 5 + i * 3) % 9) - 4.0f;
+}
+
+// A host buffer of `n` elements of one dtype, read and written as float through dtype.h.
+class Buffer {
+ public:
+  Buffer(DType dtype, size_t n) : dtype_(dtype), bytes_(n * dtype_size(dtype)) {}
+  void* data() { return bytes_.empty() ? nullptr : bytes_.data(); }
+  void* at(size_t i) { return bytes_.data() + i * dtype_size(dtype_); }
+  float get(size_t i) const { return load_as_float(bytes_.data(), dtype_, i); }
+  void set(size_t i, float v) { store_from_float(bytes_.data(), dtype_, i, v); }
+
+ private:
+  DType dtype_;
+  std::vector<unsigned char> bytes_;
+};
+
+// Compares n elements against expected(i); reports how many differ and the first one.
+template <typename Expected>
+::testing::AssertionResult matches(const Buffer& got, size_t n, Expected expected) {
+  size_t wrong = 0, first = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (got.get(i) != expected(i)) {
+      if (wrong == 0) first = i;
+      ++wrong;
+    }
+  }
+  if (wrong == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << wrong << " of " << n << " elements wrong; first at " << first << ": got "
+         << got.get(first) << ", expected " << expected(first);
+}
+
+const size_t kCounts[] = {0, 1, 7, 1001, 65537};
+
+// Parameter: element type, and the most elements one MPI call may carry (INT_MAX: whole;
+// small: every larger collective is split into pieces).
+class CommTest : public ::testing::TestWithParam<std::tuple<DType, size_t>> {
+ protected:
+  void SetUp() override {
+    dtype = std::get<0>(GetParam());
+    comm = make_mpi_communicator(std::get<1>(GetParam()));
+    rank = comm->rank();
+    n = comm->world_size();
+  }
+
+  // Sum over ranks of value(r, i).
+  float sum(size_t i) const {
+    float s = 0;
+    for (int r = 0; r < n; ++r) s += value(r, i);
+    return s;
+  }
+
+  DType dtype = DType::kFloat32;
+  std::unique_ptr<Communicator> comm;
+  int rank = 0;
+  int n = 1;
+};
+
+TEST_P(CommTest, AllReduce) {
+  for (size_t count : kCounts) {
+    Buffer send(dtype, count), recv(dtype, count);
+    for (size_t i = 0; i < count; ++i) send.set(i, value(rank, i));
+    comm->all_reduce(send.data(), recv.data(), count, dtype).wait();
+    EXPECT_TRUE(matches(recv, count, [&](size_t i) { return sum(i); })) << "count " << count;
+    EXPECT_TRUE(matches(send, count, [&](size_t i) { return value(rank, i); }))
+        << "send changed, count " << count;
+  }
+}
+
+TEST_P(CommTest, AllReduceInPlace) {
+  for (size_t count : kCounts) {
+    Buffer buf(dtype, count);
+    for (size_t i = 0; i < count; ++i) buf.set(i, value(rank, i));
+    comm->all_reduce(buf.data(), buf.data(), count, dtype).wait();
+    EXPECT_TRUE(matches(buf, count, [&](size_t i) { return sum(i); })) << "count " << count;
+  }
+}
+
+TEST_P(CommTest, AllReduceSumsInFp32AndRoundsOnce) {
+  // 2^p + 1 + 1 + ...: adding the ones one at a time in 16 bits would round each away (the
+  // spacing at 2^p is 2). Summed in fp32 and rounded once, 3 ranks give 2^p + 2 and 4 ranks
+  // 2^p + 4 (the tie 2^p + 3 rounds to even).
+  const float big = dtype == DType::kFloat16 ? 2048.0f : 256.0f;
+  Buffer buf(dtype, 3);
+  for (size_t i = 0; i < 3; ++i) buf.set(i, rank == 0 ? big : 1.0f);
+  comm->all_reduce_sync(buf.data(), buf.data(), 3, dtype);
+  Buffer expected(dtype, 1);
+  expected.set(0, big + static_cast<float>(n - 1));
+  EXPECT_TRUE(matches(buf, 3, [&](size_t) { return expected.get(0); }));
+}
+
+TEST_P(CommTest, AllGather) {
+  for (size_t count : kCounts) {
+    Buffer send(dtype, count), recv(dtype, count * n);
+    for (size_t i = 0; i < count; ++i) send.set(i, value(rank, i));
+    comm->all_gather(send.data(), recv.data(), count, dtype).wait();
+    EXPECT_TRUE(matches(recv, count * n,
+                        [&](size_t i) { return value(static_cast<int>(i / count), i % count); }))
+        << "count " << count;
+  }
+}
+
+TEST_P(CommTest, AllGatherInPlace) {
+  for (size_t count : kCounts) {
+    // The engine's form: this rank's shard already sits in its slot of the full buffer.
+    Buffer buf(dtype, count * n);
+    for (size_t i = 0; i < count * n; ++i) buf.set(i, 99.0f);
+    for (size_t i = 0; i < count; ++i) buf.set(rank * count + i, value(rank, i));
+    const void* slot = count == 0 ? nullptr : buf.at(rank * count);
+    comm->all_gather(slot, buf.data(), count, dtype).wait();
+    EXPECT_TRUE(matches(buf, count * n,
+                        [&](size_t i) { return value(static_cast<int>(i / count), i % count); }))
+        << "count " << count;
+  }
+}
+
+TEST_P(CommTest, ReduceScatter) {
+  for (size_t count : kCounts) {
+    Buffer send(dtype, count * n), recv(dtype, count);
+    for (size_t i = 0; i < count * n; ++i) send.set(i, value(rank, i));
+    comm->reduce_scatter(send.data(), recv.data(), count, dtype).wait();
+    EXPECT_TRUE(matches(recv, count, [&](size_t i) { return sum(rank * count + i); }))
+        << "count " << count;
+    EXPECT_TRUE(matches(send, count * n, [&](size_t i) { return value(rank, i); }))
+        << "send changed, count " << count;
+  }
+}
+
+TEST_P(CommTest, ReduceScatterInPlace) {
+  for (size_t count : kCounts) {
+    Buffer buf(dtype, count * n);
+    for (size_t i = 0; i < count * n; ++i) buf.set(i, value(rank, i));
+    void* slot = count == 0 ? nullptr : buf.at(rank * count);
+    comm->reduce_scatter(buf.data(), slot, count, dtype).wait();
+    EXPECT_TRUE(matches(buf, count * n,
+                        [&](size_t i) {
+                          const bool mine = i / count == static_cast<size_t>(rank);
+                          return mine ? sum(i)
+                                      : value(rank, i);  // the rest of send is left as it was
+                        }))
+        << "count " << count;
+  }
+}
+
+TEST_P(CommTest, BroadcastFromEveryRoot) {
+  for (int root = 0; root < n; ++root) {
+    for (size_t count : kCounts) {
+      Buffer buf(dtype, count);
+      for (size_t i = 0; i < count; ++i) buf.set(i, value(rank, i));
+      comm->broadcast(buf.data(), count, dtype, root).wait();
+      EXPECT_TRUE(matches(buf, count, [&](size_t i) { return value(root, i); }))
+          << "root " << root << " count " << count;
+    }
+  }
+}
+
+TEST_P(CommTest, ManyAsyncOpsThenWaitOnTheLast) {
+  const size_t count = 257;
+  std::vector<Buffer> sends, recvs;
+  for (int k = 0; k < 40; ++k) {
+    sends.emplace_back(dtype, count);
+    recvs.emplace_back(dtype, count * n);
+    for (size_t i = 0; i < count; ++i) sends.back().set(i, value(rank + k, i));
+  }
+  std::vector<Event> events;
+  for (int k = 0; k < 40; ++k) {
+    // Alternate ops so the stream interleaves different MPI calls in one order on all ranks.
+    if (k % 2 == 0) {
+      events.push_back(comm->all_reduce(sends[k].data(), recvs[k].data(), count, dtype));
+    } else {
+      events.push_back(comm->all_gather(sends[k].data(), recvs[k].data(), count, dtype));
+    }
+  }
+  events.back().wait();
+  for (int k = 0; k < 40; ++k) {
+    EXPECT_TRUE(events[k].done()) << "op " << k;  // in order: done before the last one
+    if (k % 2 == 0) {
+      EXPECT_TRUE(matches(recvs[k], count,
+                          [&](size_t i) {
+                            float s = 0;
+                            for (int r = 0; r < n; ++r) s += value(r + k, i);
+                            return s;
+                          }))
+          << "all_reduce " << k;
+    } else {
+      EXPECT_TRUE(
+          matches(recvs[k], count * n,
+                  [&](size_t i) { return value(static_cast<int>(i / count) + k, i % count); }))
+          << "all_gather " << k;
+    }
+  }
+}
+
+TEST_P(CommTest, WaitsForComputeStreamBeforeReading) {
+  // The compute stream is slowed down: without the cross-stream wait the all-reduce would read
+  // the buffer before compute filled it.
+  const size_t count = 1001;
+  Buffer buf(dtype, count);
+  Stream compute("compute");
+  compute.set_delay_for_testing(std::chrono::milliseconds(20));
+  compute.enqueue([&] {
+    for (size_t i = 0; i < count; ++i) buf.set(i, value(rank, i));
+  });
+  comm->stream().wait(compute.record());
+  comm->all_reduce(buf.data(), buf.data(), count, dtype).wait();
+  EXPECT_TRUE(matches(buf, count, [&](size_t i) { return sum(i); }));
+}
+
+std::string param_name(const ::testing::TestParamInfo<std::tuple<DType, size_t>>& info) {
+  const size_t limit = std::get<1>(info.param);
+  return std::string(dtype_name(std::get<0>(info.param))) +
+         (limit == static_cast<size_t>(INT_MAX) ? "_whole" : "_split" + std::to_string(limit));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllDtypes, CommTest,
+    ::testing::Combine(::testing::Values(DType::kFloat32, DType::kBFloat16, DType::kFloat16),
+                       ::testing::Values(static_cast<size_t>(INT_MAX), static_cast<size_t>(1000))),
+    param_name);
+
+TEST(Communicator, Barrier) {
+  auto comm = make_mpi_communicator();
+  for (int i = 0; i < 5; ++i) comm->barrier_sync();
+  EXPECT_EQ(comm->counters().calls[static_cast<size_t>(CollectiveOp::kBarrier)], 5u);
+  EXPECT_EQ(comm->counters().bytes[static_cast<size_t>(CollectiveOp::kBarrier)], 0u);
+}
+
+TEST(Communicator, CountersFollowTheRingFormulas) {
+  auto comm = make_mpi_communicator();
+  const int n = comm->world_size();
+  const uint64_t m = static_cast<uint64_t>(n - 1);  // ring steps
+  std::vector<float> a(1000 * n), b(1000 * n);
+  std::vector<uint16_t> h(64 * n), g(64 * n);
+
+  comm->all_reduce(a.data(), b.data(), 1000, DType::kFloat32);   // S = 4000
+  comm->all_reduce(h.data(), h.data(), 1, DType::kFloat16);      // S = 2: rounds down
+  comm->all_gather(h.data(), g.data(), 10, DType::kBFloat16);    // S = 20 n
+  comm->reduce_scatter(a.data(), b.data(), 6, DType::kFloat32);  // S = 24 n
+  comm->broadcast(a.data(), 7, DType::kFloat32, 0);              // S = 28
+  comm->broadcast(a.data(), 0, DType::kFloat32, 0);              // S = 0
+  comm->barrier().wait();
+
+  const CommCounters& c = comm->counters();
+  auto at = [](CollectiveOp op) { return static_cast<size_t>(op); };
+  // 2 * 2 * (n - 1) / n rounded down for the one-element fp16 all-reduce: 0, 2, 2, 3.
+  const uint64_t tiny_all_reduce[] = {0, 2, 2, 3};
+  EXPECT_EQ(c.bytes[at(CollectiveOp::kAllReduce)], 8000 * m / n + tiny_all_reduce[n - 1]);
+  EXPECT_EQ(c.bytes[at(CollectiveOp::kAllGather)], 20 * m);
+  EXPECT_EQ(c.bytes[at(CollectiveOp::kReduceScatter)], 24 * m);
+  EXPECT_EQ(c.bytes[at(CollectiveOp::kBroadcast)], 28u);
+  EXPECT_EQ(c.bytes[at(CollectiveOp::kBarrier)], 0u);
+  EXPECT_EQ(c.calls[at(CollectiveOp::kAllReduce)], 2u);
+  EXPECT_EQ(c.calls[at(CollectiveOp::kAllGather)], 1u);
+  EXPECT_EQ(c.calls[at(CollectiveOp::kReduceScatter)], 1u);
+  EXPECT_EQ(c.calls[at(CollectiveOp::kBroadcast)], 2u);
+  EXPECT_EQ(c.calls[at(CollectiveOp::kBarrier)], 1u);
+  EXPECT_EQ(c.total_bytes(), 8000 * m / n + tiny_all_reduce[n - 1] + 44 * m + 28);
+}
+
+TEST(Communicator, RejectsBadArguments) {
+  auto comm = make_mpi_communicator();
+  const int n = comm->world_size();
+  std::vector<float> a(16 * n), b(16 * n);
+  EXPECT_THROW(comm->broadcast(a.data(), 4, DType::kFloat32, n), Error);
+  EXPECT_THROW(comm->broadcast(a.data(), 4, DType::kFloat32, -1), Error);
+  EXPECT_THROW(comm->broadcast(nullptr, 4, DType::kFloat32, 0), Error);
+  EXPECT_THROW(comm->all_reduce(nullptr, b.data(), 4, DType::kFloat32), Error);
+  EXPECT_THROW(comm->all_gather(a.data(), nullptr, 4, DType::kFloat32), Error);
+  EXPECT_THROW(comm->reduce_scatter(nullptr, b.data(), 4, DType::kBFloat16), Error);
+  // Partial overlaps that are not the in-place forms.
+  EXPECT_THROW(comm->all_reduce(a.data(), a.data() + 1, 4, DType::kFloat32), Error);
+  if (n > 1) {
+    const int other = (comm->rank() + 1) % n;
+    EXPECT_THROW(comm->all_gather(a.data() + other * 4, a.data(), 4, DType::kFloat32), Error);
+    EXPECT_THROW(comm->reduce_scatter(a.data(), a.data() + other * 4, 4, DType::kFloat32), Error);
+  }
+  EXPECT_THROW(comm->set_timeout(std::chrono::milliseconds(0)), Error);
+  try {
+    comm->broadcast(a.data(), 4, DType::kFloat32, n + 3);
+    ADD_FAILURE() << "accepted root " << n + 3;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("root"), std::string::npos) << e.what();
+  }
+  // Rejected calls were never enqueued: nothing counted, and the stream still works.
+  EXPECT_EQ(comm->counters().total_bytes(), 0u);
+  for (uint64_t calls : comm->counters().calls) EXPECT_EQ(calls, 0u);
+  comm->all_reduce_sync(a.data(), b.data(), 4, DType::kFloat32);
+}
+
+TEST(Communicator, RejectsMalformedTimeoutVariable) {
+  const char* saved = std::getenv("ZERO_COLLECTIVE_TIMEOUT_S");
+  const std::string restore = saved ? saved : "";
+  for (const char* bad : {"soon", "-3", "0", "5s"}) {
+    setenv("ZERO_COLLECTIVE_TIMEOUT_S", bad, 1);
+    try {
+      make_mpi_communicator();
+      ADD_FAILURE() << "accepted ZERO_COLLECTIVE_TIMEOUT_S=" << bad;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("ZERO_COLLECTIVE_TIMEOUT_S"), std::string::npos);
+    }
+  }
+  if (saved) {
+    setenv("ZERO_COLLECTIVE_TIMEOUT_S", restore.c_str(), 1);
+  } else {
+    unsetenv("ZERO_COLLECTIVE_TIMEOUT_S");
+  }
+  EXPECT_THROW(make_mpi_communicator(0), Error);
+}
+
+}  // namespace
+}  // namespace zero

@@ -1,0 +1,162 @@
+// The CPU stream and event: order, cross-stream waits, errors, record/synchronize, shutdown.
+#include "zero/collectives/stream.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+namespace zero {
+namespace {
+
+using std::chrono::microseconds;
+using std::chrono::milliseconds;
+
+TEST(Event, DefaultConstructedIsComplete) {
+  Event e;
+  EXPECT_TRUE(e.done());
+  e.wait();
+}
+
+TEST(Stream, RunsItemsInEnqueueOrder) {
+  std::vector<int> seen;
+  Stream stream("order");
+  for (int i = 0; i < 1000; ++i) stream.enqueue([&seen, i] { seen.push_back(i); });
+  stream.synchronize();
+  ASSERT_EQ(seen.size(), 1000u);
+  for (int i = 0; i < 1000; ++i) EXPECT_EQ(seen[i], i);
+}
+
+TEST(Stream, EventCompletesOnlyAfterItsWork) {
+  Stream stream("gate");
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  Event blocked = stream.enqueue([gate] { gate.wait(); });
+  Event recorded = stream.record();
+  std::this_thread::sleep_for(milliseconds(20));
+  EXPECT_FALSE(blocked.done());
+  EXPECT_FALSE(recorded.done());  // done() must answer without blocking
+  release.set_value();
+  recorded.wait();
+  EXPECT_TRUE(blocked.done());
+  EXPECT_TRUE(recorded.done());
+}
+
+TEST(Stream, RecordOnIdleStreamCompletes) {
+  Stream stream("idle");
+  stream.record().wait();
+  stream.synchronize();
+}
+
+TEST(Stream, WaitOrdersAcrossStreams) {
+  // The producer is slowed down; without the wait the consumer would read the old value.
+  Stream producer("producer");
+  Stream consumer("consumer");
+  producer.set_delay_for_testing(milliseconds(5));
+  std::vector<int> data(64, 0);
+  std::vector<int> read(64, -1);
+  for (int round = 1; round <= 5; ++round) {
+    producer.enqueue([&data, round] {
+      for (int& x : data) x = round;
+    });
+    consumer.wait(producer.record());
+    consumer.enqueue([&data, &read] { read = data; });
+    consumer.synchronize();
+    for (int x : read) ASSERT_EQ(x, round);
+  }
+}
+
+TEST(Stream, WaitMarkerBlocksLaterItemsOnly) {
+  Stream a("a");
+  Stream b("b");
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  Event a_done = a.enqueue([gate] { gate.wait(); });
+  std::atomic<int> b_before{0}, b_after{0};
+  Event b_first = b.enqueue([&] { b_before = 1; });
+  b.wait(a_done);
+  Event b_done = b.enqueue([&] { b_after = 1; });
+  b_first.wait();  // work before the marker is not held back
+  EXPECT_EQ(b_before.load(), 1);
+  std::this_thread::sleep_for(milliseconds(20));
+  EXPECT_EQ(b_after.load(), 0);
+  EXPECT_FALSE(b_done.done());
+  release.set_value();
+  b_done.wait();
+  EXPECT_EQ(b_after.load(), 1);
+}
+
+TEST(Stream, ErrorIsStoredAndStreamStaysFailed) {
+  Stream stream("failing");
+  std::atomic<int> ran{0};
+  Event before = stream.enqueue([&] { ran += 1; });
+  Event failing = stream.enqueue([] { throw std::runtime_error("boom"); });
+  Event after = stream.enqueue([&] { ran += 100; });
+  EXPECT_THROW(after.wait(), std::runtime_error);
+  before.wait();  // work before the error is unaffected
+  try {
+    failing.wait();
+    FAIL() << "expected the stored error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "boom");
+  }
+  try {
+    stream.synchronize();
+    FAIL() << "expected the stored error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "boom");
+  }
+  EXPECT_EQ(ran.load(), 1);  // the item after the failure never ran
+  EXPECT_THROW(stream.record().wait(), std::runtime_error);
+}
+
+TEST(Stream, WaitingOnFailedEventFailsTheWaiter) {
+  Stream producer("producer");
+  Stream consumer("consumer");
+  Event failed = producer.enqueue([] { throw std::runtime_error("producer failed"); });
+  consumer.wait(failed);
+  std::atomic<bool> ran{false};
+  Event after = consumer.enqueue([&] { ran = true; });
+  EXPECT_THROW(after.wait(), std::runtime_error);
+  EXPECT_FALSE(ran.load());
+}
+
+TEST(Stream, EventCanBeWaitedFromManyThreads) {
+  Stream stream("shared");
+  stream.set_delay_for_testing(milliseconds(10));
+  Event e = stream.enqueue([] {});
+  std::vector<std::thread> waiters;
+  std::atomic<int> woke{0};
+  for (int i = 0; i < 4; ++i)
+    waiters.emplace_back([&] {
+      e.wait();
+      woke += 1;
+    });
+  for (auto& t : waiters) t.join();
+  EXPECT_EQ(woke.load(), 4);
+}
+
+TEST(Stream, DestructorDrainsPendingWork) {
+  std::atomic<int> ran{0};
+  Event last;
+  {
+    Stream stream("drain");
+    stream.set_delay_for_testing(microseconds(2000));
+    for (int i = 0; i < 10; ++i) last = stream.enqueue([&] { ran += 1; });
+  }
+  EXPECT_EQ(ran.load(), 10);
+  EXPECT_TRUE(last.done());  // events outlive their stream
+  last.wait();
+}
+
+TEST(Stream, KeepsItsName) {
+  Stream stream("comm");
+  EXPECT_EQ(stream.name(), "comm");
+}
+
+}  // namespace
+}  // namespace zero

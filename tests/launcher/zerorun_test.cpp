@@ -1,0 +1,169 @@
+// The zerorun executable end to end: the printed dry-run command, real two-rank jobs whose
+// exit codes come back through mpirun, ZERO_* variables reaching the ranks, and the errors
+// (exit code 2) for bad flags, a missing program and a missing mpirun.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "zero/launcher/launch_command.h"
+
+namespace {
+
+using Words = std::vector<std::string>;
+using Variables = std::vector<std::pair<std::string, std::string>>;
+
+struct Outcome {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+[[noreturn]] void fail_errno(const std::string& what) {
+  throw std::runtime_error(what + ": " + std::strerror(errno));
+}
+
+std::string read_all(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Runs zerorun with args in this process's environment minus every ZERO_* variable, plus
+// `variables`. Output goes to files, not pipes, so a chatty child can never block on a full pipe.
+Outcome run_zerorun(const Words& args, const Variables& variables = {}) {
+  char out_name[] = "/tmp/zerorun_test_out_XXXXXX";
+  char err_name[] = "/tmp/zerorun_test_err_XXXXXX";
+  const int out_fd = mkstemp(out_name);
+  if (out_fd < 0) fail_errno("mkstemp");
+  const int err_fd = mkstemp(err_name);
+  if (err_fd < 0) fail_errno("mkstemp");
+
+  const pid_t child = fork();
+  if (child < 0) fail_errno("fork");
+  if (child == 0) {
+    // The test process is single-threaded, so the child may allocate and setenv before exec.
+    for (const std::string& entry : zero::launcher::current_host().environment) {
+      if (entry.compare(0, 5, "ZERO_") == 0) unsetenv(entry.substr(0, entry.find('=')).c_str());
+    }
+    for (const auto& [name, value] : variables) setenv(name.c_str(), value.c_str(), 1);
+    if (dup2(out_fd, STDOUT_FILENO) < 0 || dup2(err_fd, STDERR_FILENO) < 0) _exit(126);
+    std::vector<char*> argv = {const_cast<char*>(ZERORUN_PATH)};
+    for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+    argv.push_back(nullptr);
+    execv(ZERORUN_PATH, argv.data());
+    _exit(127);
+  }
+  close(out_fd);
+  close(err_fd);
+  int status = 0;
+  if (waitpid(child, &status, 0) != child) fail_errno("waitpid");
+  Outcome outcome;
+  outcome.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  outcome.out = read_all(out_name);
+  outcome.err = read_all(err_name);
+  unlink(out_name);
+  unlink(err_name);
+  return outcome;
+}
+
+std::string find_mpirun() {
+  const char* path = std::getenv("PATH");
+  return zero::launcher::find_executable("mpirun", path != nullptr ? path : "");
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST(Zerorun, DryRunPrintsTheMpirunCommand) {
+  const std::string mpirun = find_mpirun();
+  ASSERT_FALSE(mpirun.empty()) << "these tests need mpirun on PATH";
+  const Outcome outcome = run_zerorun({"--dry-run", "-np", "4", "--", "/bin/echo", "hi"});
+  ASSERT_EQ(outcome.exit_code, 0) << outcome.err;
+  std::string expected = mpirun + " -np 4";
+  if (geteuid() == 0) expected += " --allow-run-as-root";
+  if (zero::launcher::current_host().cores < 4) {
+    expected += " --oversubscribe --bind-to none --mca mpi_yield_when_idle 1";
+  }
+  expected += " /bin/echo hi\n";
+  EXPECT_EQ(outcome.out, expected);
+  EXPECT_EQ(outcome.err, "");
+}
+
+TEST(Zerorun, DryRunForwardsZeroVariables) {
+  const Outcome outcome = run_zerorun({"--dry-run", "-np", "1", "/bin/true"},
+                                      {{"ZERO_TEST_B", "1"}, {"ZERO_TEST_A", "two words"}});
+  ASSERT_EQ(outcome.exit_code, 0) << outcome.err;
+  EXPECT_TRUE(contains(outcome.out, " -x ZERO_TEST_A -x ZERO_TEST_B /bin/true\n")) << outcome.out;
+}
+
+TEST(Zerorun, JobExitCodeComesBack) {
+  const Outcome ok = run_zerorun({"-np", "2", "--", "/bin/true"});
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  const Outcome failed = run_zerorun({"-np", "2", "--", "/bin/false"});
+  EXPECT_NE(failed.exit_code, 0) << failed.err;
+}
+
+// Each rank checks the variable itself, so a rank that did not receive it fails the job.
+TEST(Zerorun, RanksSeeZeroVariables) {
+  const Words probe = {"-np", "2", "--", "/bin/sh", "-c", "test \"$ZERO_TEST_PROBE\" = yes"};
+  EXPECT_EQ(run_zerorun(probe, {{"ZERO_TEST_PROBE", "yes"}}).exit_code, 0);
+  EXPECT_NE(run_zerorun(probe, {{"ZERO_TEST_PROBE", "no"}}).exit_code, 0);
+}
+
+// ZERO_MPIRUN replaces mpirun: with /bin/echo as "mpirun" the job prints its own arguments.
+TEST(Zerorun, ZeroMpirunOverridesPathSearch) {
+  const Outcome outcome = run_zerorun({"-np", "2", "/bin/true"}, {{"ZERO_MPIRUN", "/bin/echo"}});
+  ASSERT_EQ(outcome.exit_code, 0) << outcome.err;
+  EXPECT_EQ(outcome.out.compare(0, 6, "-np 2 "), 0) << outcome.out;
+  EXPECT_TRUE(contains(outcome.out, " /bin/true\n")) << outcome.out;
+}
+
+TEST(Zerorun, BadFlagsPrintUsageAndExit2) {
+  for (const Words& args :
+       {Words{}, Words{"-np"}, Words{"-np", "0", "/bin/true"}, Words{"-np", "two", "/bin/true"},
+        Words{"-np", "2"}, Words{"--bogus", "-np", "2", "/bin/true"}}) {
+    const Outcome outcome = run_zerorun(args);
+    EXPECT_EQ(outcome.exit_code, 2) << outcome.err;
+    EXPECT_TRUE(contains(outcome.err, "usage: zerorun")) << outcome.err;
+    EXPECT_EQ(outcome.out, "");
+  }
+}
+
+TEST(Zerorun, HelpPrintsUsageAndExits0) {
+  const Outcome outcome = run_zerorun({"--help"});
+  EXPECT_EQ(outcome.exit_code, 0);
+  EXPECT_TRUE(contains(outcome.out, "usage: zerorun")) << outcome.out;
+}
+
+TEST(Zerorun, MissingProgramOrMpirunExit2) {
+  const Outcome no_program = run_zerorun({"-np", "2", "/nonexistent/zero_program"});
+  EXPECT_EQ(no_program.exit_code, 2);
+  EXPECT_TRUE(contains(no_program.err, "/nonexistent/zero_program")) << no_program.err;
+
+  const Outcome not_executable = run_zerorun({"-np", "2", "/etc/passwd"});
+  EXPECT_EQ(not_executable.exit_code, 2);
+  EXPECT_TRUE(contains(not_executable.err, "not executable")) << not_executable.err;
+
+  const Outcome no_mpirun =
+      run_zerorun({"-np", "2", "/bin/true"}, {{"ZERO_MPIRUN", "/nonexistent/mpirun"}});
+  EXPECT_EQ(no_mpirun.exit_code, 2);
+  EXPECT_TRUE(contains(no_mpirun.err, "ZERO_MPIRUN")) << no_mpirun.err;
+
+  const Outcome mpirun_not_on_path = run_zerorun({"-np", "2", "/bin/true"}, {{"PATH", "/"}});
+  EXPECT_EQ(mpirun_not_on_path.exit_code, 2);
+  EXPECT_TRUE(contains(mpirun_not_on_path.err, "mpirun not found")) << mpirun_not_on_path.err;
+}
+
+}  // namespace

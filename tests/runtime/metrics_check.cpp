@@ -1,0 +1,108 @@
+// Checks zero-train metrics files (JSON lines) for the end-to-end tests:
+//   metrics_check same-losses REL A.jsonl B.jsonl...  every file's loss at every step equals A's
+//                                                      within REL relative
+//   metrics_check loss-falls RATIO A.jsonl            the last loss is below RATIO x the first
+// Exit 0 when the check holds, 1 (with the first difference printed) when it does not, 2 on
+// unreadable input.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Metrics {
+  int world_size = 0;
+  int stage = 0;
+  std::vector<double> losses;
+};
+
+Metrics read_metrics(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    std::cerr << "metrics_check: cannot open " << path << "\n";
+    std::exit(2);
+  }
+  Metrics m;
+  std::string line;
+  int line_number = 0;
+  while (std::getline(in, line)) {
+    ++line_number;
+    nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (record.is_discarded() || !record.contains("event")) {
+      std::cerr << "metrics_check: " << path << ":" << line_number << ": not a metrics record\n";
+      std::exit(2);
+    }
+    if (record["event"] == "init") {
+      m.world_size = record.at("world_size").get<int>();
+      m.stage = record.at("stage").get<int>();
+    } else if (record["event"] == "step") {
+      m.losses.push_back(record.at("loss").get<double>());
+    }
+  }
+  if (m.losses.empty()) {
+    std::cerr << "metrics_check: " << path << " has no step records\n";
+    std::exit(2);
+  }
+  return m;
+}
+
+int same_losses(double rel, const std::vector<std::string>& paths) {
+  const Metrics reference = read_metrics(paths[0]);
+  int failures = 0;
+  for (size_t f = 1; f < paths.size(); ++f) {
+    const Metrics other = read_metrics(paths[f]);
+    if (other.losses.size() != reference.losses.size()) {
+      std::cout << paths[f] << ": " << other.losses.size() << " steps, reference has "
+                << reference.losses.size() << "\n";
+      ++failures;
+      continue;
+    }
+    double worst = 0.0;
+    for (size_t i = 0; i < other.losses.size(); ++i) {
+      const double a = reference.losses[i];
+      const double b = other.losses[i];
+      const double diff = std::fabs(a - b) / std::max(std::fabs(a), 1e-30);
+      worst = std::max(worst, diff);
+      if (!(diff <= rel)) {
+        std::printf(
+            "%s (N=%d, stage %d): step %zu loss %.9g vs %.9g (N=%d, stage %d): "
+            "relative difference %.3g > %.3g\n",
+            paths[f].c_str(), other.world_size, other.stage, i + 1, b, a, reference.world_size,
+            reference.stage, diff, rel);
+        ++failures;
+        break;
+      }
+    }
+    std::printf("%s (N=%d, stage %d): %zu steps, worst relative difference %.3g\n",
+                paths[f].c_str(), other.world_size, other.stage, other.losses.size(), worst);
+  }
+  return failures == 0 ? 0 : 1;
+}
+
+int loss_falls(double ratio, const std::string& path) {
+  const Metrics m = read_metrics(path);
+  const double first = m.losses.front();
+  const double last = m.losses.back();
+  std::printf("%s: first loss %.6g, last loss %.6g after %zu steps (ratio %.3f, limit %.3f)\n",
+              path.c_str(), first, last, m.losses.size(), last / first, ratio);
+  return last < ratio * first ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc >= 4 && std::string(argv[1]) == "same-losses") {
+    return same_losses(std::atof(argv[2]), std::vector<std::string>(argv + 3, argv + argc));
+  }
+  if (argc == 4 && std::string(argv[1]) == "loss-falls") {
+    return loss_falls(std::atof(argv[2]), argv[3]);
+  }
+  std::cerr << "usage: metrics_check same-losses REL A.jsonl B.jsonl...\n"
+               "       metrics_check loss-falls RATIO A.jsonl\n";
+  return 2;
+}
