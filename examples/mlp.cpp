@@ -26,8 +26,8 @@ void Linear::forward(const Tensor& in, Tensor& out, const std::vector<ParamRef>&
   ZERO_CHECK(in.shape.size() == 2 && in.shape[1] == in_features_,
              "Linear expects input [batch, " << in_features_ << "]");
   const int batch = static_cast<int>(in.shape[0]);
-  const float* w = params[0].data;
-  const float* b = params[1].data;
+  const float* w = params[0].as_f32(weight_f32_);
+  const float* b = params[1].as_f32(bias_f32_);
   out = Tensor({batch, out_features_});
   for (int r = 0; r < batch; ++r) {
     for (int o = 0; o < out_features_; ++o) out.data[r * out_features_ + o] = b[o];
@@ -53,20 +53,23 @@ void Linear::backward(const Tensor& grad_out, Tensor& grad_in, const std::vector
       if (output_.data[i] <= 0.0f) g.data[i] = 0.0f;
     }
   }
-  float* dw = grads[0].data;
-  float* db = grads[1].data;
-  // dW[out, in] += g[batch, out]^T · x[batch, in]  (accumulates across micro-batches)
+  // dW[out, in] = g[batch, out]^T · x[batch, in], added to the stored gradient (accumulating
+  // across micro-batches, rounded once into its dtype).
+  weight_grad_.resize(static_cast<size_t>(out_features_) * in_features_);
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out_features_, in_features_, batch, 1.0f,
-              g.data.data(), out_features_, input_.data.data(), in_features_, 1.0f, dw,
-              in_features_);
+              g.data.data(), out_features_, input_.data.data(), in_features_, 0.0f,
+              weight_grad_.data(), in_features_);
+  grads[0].add_f32(weight_grad_.data());
+  bias_grad_.assign(out_features_, 0.0f);
   for (int r = 0; r < batch; ++r) {
-    for (int o = 0; o < out_features_; ++o) db[o] += g.data[r * out_features_ + o];
+    for (int o = 0; o < out_features_; ++o) bias_grad_[o] += g.data[r * out_features_ + o];
   }
+  grads[1].add_f32(bias_grad_.data());
   // dx[batch, in] = g[batch, out] · W[out, in]
   grad_in = Tensor({batch, in_features_});
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, batch, in_features_, out_features_, 1.0f,
-              g.data.data(), out_features_, params[0].data, in_features_, 0.0f, grad_in.data.data(),
-              in_features_);
+              g.data.data(), out_features_, params[0].as_f32(weight_f32_), in_features_, 0.0f,
+              grad_in.data.data(), in_features_);
 }
 
 std::vector<NamedModule> make_mlp(const MlpConfig& config) {

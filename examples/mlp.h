@@ -19,7 +19,8 @@ struct MlpConfig {
   int layers = 4;  // linear layers; all but the last are followed by ReLU
 };
 
-// A fully connected layer y = x W^T + b, optionally followed by ReLU.
+// A fully connected layer y = x W^T + b, optionally followed by ReLU. Parameters and gradients
+// are stored in the engine's working dtype (fp32, bf16 or fp16); the math runs in fp32.
 class Linear : public Module {
  public:
   Linear(int in_features, int out_features, bool relu);
@@ -34,6 +35,12 @@ class Linear : public Module {
   bool relu_;
   Tensor input_;   // saved for the weight gradient
   Tensor output_;  // saved for the ReLU mask
+  // With bf16/fp16 storage the layer converts its parameters to fp32 and computes in fp32 (the
+  // CPU has no fast 16-bit GEMM); with fp32 storage the weights are used in place.
+  std::vector<float> weight_f32_;
+  std::vector<float> bias_f32_;
+  std::vector<float> weight_grad_;
+  std::vector<float> bias_grad_;
 };
 
 std::vector<NamedModule> make_mlp(const MlpConfig& config);

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <string>
 
@@ -42,6 +43,8 @@ struct Options {
   size_t merge_bytes = 32 * 1024;
   int threads = 1;
   long test_comm_delay_us = 0;
+  zero::DType dtype = zero::DType::kFloat32;
+  long inject_inf_grad_step = 0;  // --inject-fault inf-grad@STEP
 };
 
 constexpr const char* kUsage =
@@ -49,7 +52,8 @@ constexpr const char* kUsage =
     "                  [--global-batch B] [--micro-batches K] [--lr X] [--weight-decay X]\n"
     "                  [--clip X] [--schedule constant|warmup|linear|cosine] [--warmup N]\n"
     "                  [--metrics FILE] [--input-dim N] [--hidden N] [--output-dim N]\n"
-    "                  [--layers N] [--merge-bytes N] [--threads N] [--test-comm-delay-us N]\n";
+    "                  [--layers N] [--merge-bytes N] [--threads N] [--dtype fp32|bf16|fp16]\n"
+    "                  [--inject-fault inf-grad@STEP] [--test-comm-delay-us N]\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
   std::cerr << "zero-train: " << message << "\n" << kUsage;
@@ -124,7 +128,15 @@ Options parse_options(int argc, char** argv) {
       o.threads = static_cast<int>(parse_long(flag, v, 1));
     else if (flag == "--test-comm-delay-us")
       o.test_comm_delay_us = parse_long(flag, v, 0);
-    else
+    else if (flag == "--dtype") {
+      if (!zero::parse_dtype(v, &o.dtype)) usage_error("--dtype must be fp32, bf16 or fp16");
+    } else if (flag == "--inject-fault") {
+      const std::string prefix = "inf-grad@";
+      if (v.rfind(prefix, 0) != 0) {
+        usage_error("--inject-fault expects inf-grad@STEP, got '" + v + "'");
+      }
+      o.inject_inf_grad_step = parse_long(flag, v.substr(prefix.size()), 1);
+    } else
       usage_error("unknown flag " + flag);
   }
   if (o.model != "mlp") usage_error("unknown model '" + o.model + "' (available: mlp)");
@@ -151,6 +163,14 @@ zero::LrScheduleConfig schedule_config(const Options& o) {
   else
     usage_error("unknown schedule '" + o.schedule + "' (constant, warmup, linear, cosine)");
   return s;
+}
+
+// JSON has no NaN or infinity: a non-finite value (the norm of an overflowing step) is null.
+std::string json_number(double v) {
+  if (!std::isfinite(v)) return "null";
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.9g", v);
+  return text;
 }
 
 uint64_t max_over_ranks(zero::Communicator& comm, uint64_t value) {
@@ -184,6 +204,7 @@ int train(const Options& o, zero::Communicator& comm) {
   config.merge_bytes = o.merge_bytes;
   config.kernel_threads = o.threads;
   config.seed = o.seed;
+  config.dtype = o.dtype;
 
   zero::ZeroModel model(comm, zero::examples::make_mlp(o.mlp), config);
   zero::examples::TeacherTask task(o.mlp, o.seed);
@@ -198,10 +219,11 @@ int train(const Options& o, zero::Communicator& comm) {
   const uint64_t buffer_bytes = max_over_ranks(comm, engine.buffer_bytes());
   if (rank == 0) {
     std::printf(
-        "zero-train: mlp, %zu params (%zu padded) in %zu units, stage %d, %d rank(s), "
+        "zero-train: mlp in %s, %zu params (%zu padded) in %zu units, stage %d, %d rank(s), "
         "model state %.2f MiB per rank\n",
-        engine.layout().numel(), engine.layout().padded_numel(), engine.layout().units().size(),
-        o.stage, world, static_cast<double>(state_bytes) / (1 << 20));
+        zero::dtype_name(o.dtype), engine.layout().numel(), engine.layout().padded_numel(),
+        engine.layout().units().size(), o.stage, world,
+        static_cast<double>(state_bytes) / (1 << 20));
     if (metrics.is_open()) {
       metrics << "{\"event\":\"init\",\"world_size\":" << world << ",\"stage\":" << o.stage
               << ",\"params\":" << engine.layout().numel()
@@ -224,6 +246,11 @@ int train(const Options& o, zero::Communicator& comm) {
       zero::Tensor prediction = model.forward(batch.inputs);
       zero::Tensor grad;
       loss_sum += zero::examples::mse_loss(prediction, batch.targets, grad);
+      // Fault injection for users testing their setup: the last rank's gradient becomes
+      // infinite in the last micro-batch of the chosen step.
+      if (step == o.inject_inf_grad_step && k == o.micro_batches - 1 && rank == world - 1) {
+        grad.data[0] = std::numeric_limits<float>::infinity();
+      }
       model.backward(grad);
     }
     zero::StepStats stats = model.step();
@@ -235,19 +262,21 @@ int train(const Options& o, zero::Communicator& comm) {
     const uint64_t step_bytes = comm.counters().total_bytes() - bytes_before;
     const uint64_t step_state = max_over_ranks(comm, engine.model_state_bytes());
     if (rank == 0) {
-      std::printf("step %4ld/%ld  loss %.6f  grad_norm %.4f  lr %.3g  %.2f ms\n", step, o.steps,
-                  global_loss, stats.grad_norm, stats.lr, step_ms);
+      if (stats.skipped) {
+        std::printf("step %4ld/%ld  gradient overflow: step skipped, loss scale now %g\n", step,
+                    o.steps, stats.loss_scale);
+      }
+      std::printf("step %4ld/%ld  loss %.6f  grad_norm %.4f  lr %.3g  scale %g  %.2f ms\n", step,
+                  o.steps, global_loss, stats.grad_norm, stats.lr, stats.loss_scale, step_ms);
       std::fflush(stdout);
       if (metrics.is_open()) {
-        char line[512];
-        std::snprintf(line, sizeof(line),
-                      "{\"event\":\"step\",\"step\":%ld,\"loss\":%.9g,\"grad_norm\":%.9g,"
-                      "\"lr\":%.9g,\"step_ms\":%.4f,\"comm_bytes\":%llu,"
-                      "\"model_state_bytes\":%llu}\n",
-                      step, global_loss, stats.grad_norm, stats.lr, step_ms,
-                      static_cast<unsigned long long>(step_bytes),
-                      static_cast<unsigned long long>(step_state));
-        metrics << line;
+        metrics << "{\"event\":\"step\",\"step\":" << step
+                << ",\"loss\":" << json_number(global_loss)
+                << ",\"grad_norm\":" << json_number(stats.grad_norm)
+                << ",\"lr\":" << json_number(stats.lr) << ",\"step_ms\":" << json_number(step_ms)
+                << ",\"comm_bytes\":" << step_bytes << ",\"model_state_bytes\":" << step_state
+                << ",\"loss_scale\":" << json_number(stats.loss_scale)
+                << ",\"skipped\":" << (stats.skipped ? "true" : "false") << "}\n";
         metrics.flush();
       }
     }

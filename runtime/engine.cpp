@@ -23,7 +23,7 @@ struct HostCompute {
 
 // Same-size buffers handed out and given back with the event after which they are free again
 // (e.g. the reduce-scatter that reads a gradient bucket). Grows on demand; the peak is what the
-// schedule needs (two for prefetch: the unit in use and the next one).
+// schedule needs (two: the unit being computed and the one in flight beside it).
 class BufferPool {
  public:
   BufferPool(Allocator& allocator, MemoryCategory category, size_t bytes)
@@ -59,17 +59,39 @@ class BufferPool {
   std::vector<Entry> free_;
 };
 
-struct UnitState {
-  Buffer params_full;   // stages 0-2: persistent; stage 3: pooled while gathered
-  Buffer params_shard;  // stage 3: this rank's slice, also the fp32 master
-  Buffer grads_full;    // stages 0-1: persistent; stages 2-3: pooled bucket during backward
-  Buffer grads_shard;   // stages 2-3
-  Buffer moments[2];    // optimizer state: the whole unit at stage 0, the shard otherwise
-  Event params_ready;   // the all-gather that fills params_full has finished
-  Event grads_reduced;  // the reduction (and accumulation) of the latest grads_ready is done
-  bool gathered = false;
-  int micro_batches_done = 0;
+// Bytes of each buffer one unit holds at a stage; the single source for plan_memory() and for
+// the engine's allocations, so the estimate and the measurement cannot drift apart.
+struct UnitBytes {
+  size_t params_full = 0;   // working dtype, whole unit (stages 0-2; persistent units at 3)
+  size_t params_shard = 0;  // working dtype, this rank's slice (stage 3)
+  size_t master = 0;        // fp32 master when the working dtype is not fp32
+  size_t grads_full = 0;    // working dtype, whole unit (stages 0-1)
+  size_t grads_shard = 0;   // working dtype, slice (stages 2-3)
+  size_t state = 0;         // each optimizer state array (fp32)
+  int state_arrays = 0;
 };
+
+bool is_persistent(const Unit& unit, const EngineConfig& config) {
+  return config.stage == 3 && unit.numel < config.persistence_threshold;
+}
+
+UnitBytes unit_bytes(const Unit& unit, const EngineConfig& config, int state_arrays) {
+  const size_t w = dtype_size(config.dtype);
+  const size_t full = unit.numel;
+  const size_t shard = unit.shard;
+  const size_t owned = config.stage == 0 ? full : shard;  // what this rank updates
+  UnitBytes b;
+  if (config.stage <= 2 || is_persistent(unit, config)) b.params_full = full * w;
+  if (config.stage == 3) b.params_shard = shard * w;
+  if (config.dtype != DType::kFloat32) b.master = owned * sizeof(float);
+  if (config.stage <= 1) b.grads_full = full * w;
+  if (config.stage >= 2) b.grads_shard = shard * w;
+  b.state = owned * sizeof(float);
+  b.state_arrays = state_arrays;
+  return b;
+}
+
+int optimizer_state_arrays(const OptimizerConfig& config) { return Optimizer(config).state_count(); }
 
 std::string join_ranks(const std::vector<int>& ranks) {
   std::ostringstream out;
@@ -77,7 +99,41 @@ std::string join_ranks(const std::vector<int>& ranks) {
   return out.str();
 }
 
+char* byte_offset(void* p, size_t bytes) { return static_cast<char*>(p) + bytes; }
+
+struct UnitState {
+  Buffer params_full;
+  Buffer params_shard;
+  Buffer master;
+  Buffer grads_full;  // stages 0-1: persistent; stages 2-3: a pooled bucket during backward
+  Buffer grads_shard;
+  Buffer state[2];
+  Event params_ready;   // the all-gather that fills params_full has finished
+  Event grads_reduced;  // the reduction (and accumulation) of the latest grads_ready is done
+  bool gathered = false;
+  bool persistent = false;
+  int micro_batches_done = 0;
+};
+
 }  // namespace
+
+MemoryPlan plan_memory(const Layout& layout, const EngineConfig& config) {
+  const int state_arrays = optimizer_state_arrays(config.optimizer);
+  MemoryPlan plan;
+  for (const Unit& unit : layout.units()) {
+    UnitBytes b = unit_bytes(unit, config, state_arrays);
+    plan.model_state += b.params_full + b.params_shard + b.master + b.grads_full + b.grads_shard +
+                        b.state * static_cast<size_t>(b.state_arrays);
+  }
+  const size_t max_unit = layout.max_unit_numel();
+  const size_t w = dtype_size(config.dtype);
+  if (config.stage == 3) plan.buffers += 2 * max_unit * w;  // gathered parameters
+  if (config.stage >= 2) plan.buffers += 2 * max_unit * w;  // gradient buckets
+  if (config.reduce_in_fp32 && config.dtype != DType::kFloat32) {
+    plan.buffers += max_unit * sizeof(float);
+  }
+  return plan;
+}
 
 std::vector<uint64_t> all_gather_u64(Communicator& comm, uint64_t value) {
   std::vector<uint64_t> all(comm.world_size());
@@ -88,24 +144,33 @@ std::vector<uint64_t> all_gather_u64(Communicator& comm, uint64_t value) {
 struct Engine::Impl {
   Impl(Communicator& c, const std::vector<ParamDecl>& decls, const EngineConfig& cfg)
       : comm(c),
-        config(cfg),
-        layout(Layout::build(specs_of(decls), LayoutOptions{c.world_size(), DType::kFloat32,
-                                                            cfg.alignment_bytes, cfg.merge_bytes})),
+        config(validated(cfg)),
+        layout(Layout::build(specs_of(decls),
+                             LayoutOptions{c.world_size(), cfg.dtype, cfg.alignment_bytes,
+                                           cfg.merge_bytes})),
         optimizer(cfg.optimizer),
         schedule(cfg.lr_schedule),
+        loss_scaler(cfg.loss_scaler),
         rank(c.rank()),
         world(c.world_size()),
-        param_pool(allocator, MemoryCategory::kPrefetch, layout.max_unit_numel() * sizeof(float)),
-        grad_pool(allocator, MemoryCategory::kCommBuffer, layout.max_unit_numel() * sizeof(float)) {
-    ZERO_CHECK(config.stage >= 0 && config.stage <= 3,
-               "ZeRO stage must be 0, 1, 2 or 3, got " << config.stage);
-    ZERO_CHECK(config.micro_batches >= 1,
-               "micro-batches per step must be at least 1, got " << config.micro_batches);
-    ZERO_CHECK(config.gradient_clipping >= 0.0f,
-               "gradient clipping must be >= 0 (0 = off), got " << config.gradient_clipping);
+        elem(dtype_size(cfg.dtype)),
+        param_pool(allocator, MemoryCategory::kPrefetch, layout.max_unit_numel() * elem),
+        grad_pool(allocator, MemoryCategory::kCommBuffer, layout.max_unit_numel() * elem) {
     check_same_model_on_all_ranks();
     allocate();
     initialize(decls);
+  }
+
+  static EngineConfig validated(const EngineConfig& c) {
+    ZERO_CHECK(c.stage >= 0 && c.stage <= 3, "ZeRO stage must be 0, 1, 2 or 3, got " << c.stage);
+    ZERO_CHECK(c.micro_batches >= 1,
+               "micro-batches per step must be at least 1, got " << c.micro_batches);
+    ZERO_CHECK(c.gradient_clipping >= 0.0f,
+               "gradient clipping must be >= 0 (0 = off), got " << c.gradient_clipping);
+    ZERO_CHECK(c.gradient_predivide_factor > 0.0f,
+               "gradient_predivide_factor must be > 0, got " << c.gradient_predivide_factor);
+    ZERO_CHECK(c.kernel_threads >= 1, "kernel threads must be at least 1, got " << c.kernel_threads);
+    return c;
   }
 
   static std::vector<ParamSpec> specs_of(const std::vector<ParamDecl>& decls) {
@@ -146,97 +211,199 @@ struct Engine::Impl {
                                              << stages[0] << ", rank " << r << " uses stage "
                                              << stages[r]);
     }
-    ZERO_FAIL(
-        "the layout differs across ranks (same parameters, but a different world size, "
-        "alignment or merge threshold); this rank uses world size "
-        << world << ", alignment " << config.alignment_bytes << ", merge threshold "
-        << config.merge_bytes);
+    ZERO_FAIL("the layout differs across ranks (same parameters, but a different world size, "
+              "alignment or merge threshold); this rank uses world size "
+              << world << ", alignment " << config.alignment_bytes << ", merge threshold "
+              << config.merge_bytes);
   }
 
   void allocate() {
-    const int stage = config.stage;
     const int state_arrays = optimizer.state_count();
     units.resize(layout.units().size());
     for (size_t u = 0; u < units.size(); ++u) {
       const Unit& unit = layout.units()[u];
       UnitState& s = units[u];
-      const size_t full = unit.numel * sizeof(float);
-      const size_t shard = unit.shard * sizeof(float);
-      if (stage <= 2) s.params_full = allocator.allocate(full, MemoryCategory::kParamsFull);
-      if (stage == 3) s.params_shard = allocator.allocate(shard, MemoryCategory::kParamsShard);
-      if (stage <= 1) s.grads_full = allocator.allocate(full, MemoryCategory::kGrads);
-      if (stage >= 2) s.grads_shard = allocator.allocate(shard, MemoryCategory::kGrads);
-      for (int k = 0; k < state_arrays; ++k) {
-        s.moments[k] =
-            allocator.allocate(stage == 0 ? full : shard, MemoryCategory::kOptimizerState);
+      const UnitBytes b = unit_bytes(unit, config, state_arrays);
+      s.persistent = is_persistent(unit, config);
+      s.params_full = allocator.allocate(b.params_full, MemoryCategory::kParamsFull);
+      s.params_shard = allocator.allocate(b.params_shard, MemoryCategory::kParamsShard);
+      s.master = allocator.allocate(b.master, MemoryCategory::kMaster);
+      s.grads_full = allocator.allocate(b.grads_full, MemoryCategory::kGrads);
+      s.grads_shard = allocator.allocate(b.grads_shard, MemoryCategory::kGrads);
+      for (int k = 0; k < b.state_arrays; ++k) {
+        s.state[k] = allocator.allocate(b.state, MemoryCategory::kOptimizerState);
       }
-      s.gathered = stage <= 2;
+      s.gathered = config.stage <= 2 || s.persistent;
     }
-    // Two of each pooled buffer: the unit being computed and the one in flight beside it.
-    if (stage == 3) param_pool.reserve(2);
-    if (stage >= 2) grad_pool.reserve(2);
+    if (config.stage == 3) param_pool.reserve(2);
+    if (config.stage >= 2) grad_pool.reserve(2);
+    if (config.reduce_in_fp32 && config.dtype != DType::kFloat32) {
+      fp32_scratch =
+          allocator.allocate(layout.max_unit_numel() * sizeof(float), MemoryCategory::kCommBuffer);
+    }
   }
 
   // Fills the elements this rank holds; the value of each is a function of the seed and the
-  // element's global identity only, so every world size starts from the same model.
+  // element's global identity only, so every world size starts from the same model. The working
+  // copy is the master rounded to the working dtype, as after every optimizer step.
   void initialize(const std::vector<ParamDecl>& decls) {
     for (size_t i = 0; i < layout.params().size(); ++i) {
       const ParamPlacement& p = layout.params()[i];
       const Unit& unit = layout.units()[p.unit];
       UnitState& s = units[p.unit];
-      size_t begin = 0;
-      size_t end = p.numel;
-      float* base = nullptr;  // where element 0 of the parameter would be
-      if (config.stage == 3) {
-        size_t shard_begin = static_cast<size_t>(rank) * unit.shard;
-        size_t shard_end = shard_begin + unit.shard;
-        begin = std::clamp(shard_begin, p.offset, p.offset + p.numel) - p.offset;
-        end = std::clamp(shard_end, p.offset, p.offset + p.numel) - p.offset;
-        base = s.params_shard.as<float>() + p.offset - static_cast<ptrdiff_t>(shard_begin);
-      } else {
-        base = s.params_full.as<float>() + p.offset;
+      auto fill = [&](void* base, DType dtype, size_t region_begin, size_t region_end) {
+        // base holds unit elements [region_begin, region_end); write the parameter's part.
+        const size_t begin = std::clamp(region_begin, p.offset, p.offset + p.numel);
+        const size_t end = std::clamp(region_end, p.offset, p.offset + p.numel);
+        for (size_t e = begin; e < end; ++e) {
+          store_from_float(base, dtype, e - region_begin,
+                           init_value(config.seed, i, e - p.offset, decls[i].init));
+        }
+      };
+      const size_t shard_begin = static_cast<size_t>(rank) * unit.shard;
+      const size_t shard_end = shard_begin + unit.shard;
+      if (!s.params_full.empty()) fill(s.params_full.data(), config.dtype, 0, unit.numel);
+      if (!s.params_shard.empty()) {
+        fill(s.params_shard.data(), config.dtype, shard_begin, shard_end);
       }
-      for (size_t e = begin; e < end; ++e) base[e] = init_value(config.seed, i, e, decls[i].init);
+      if (!s.master.empty()) {
+        if (config.stage == 0) {
+          fill(s.master.data(), DType::kFloat32, 0, unit.numel);
+        } else {
+          fill(s.master.data(), DType::kFloat32, shard_begin, shard_end);
+        }
+      }
     }
+  }
+
+  // An issued collective: with overlap_comm off, compute waits for it right away.
+  Event issued(Event e) {
+    if (!config.overlap_comm) compute.wait(e);
+    return e;
+  }
+
+  // This rank's slice of the unit's parameters in the working dtype: what the optimizer writes.
+  void* param_slice(size_t u) {
+    const Unit& unit = layout.units()[u];
+    UnitState& s = units[u];
+    if (config.stage == 3) return s.params_shard.data();
+    return byte_offset(s.params_full.data(), rank * unit.shard * elem);
   }
 
   // The rank's slice of a unit's reduced gradient, wherever the stage keeps it.
-  float* grad_shard(size_t u) {
+  void* grad_slice(size_t u) {
     const Unit& unit = layout.units()[u];
-    if (config.stage <= 1) return units[u].grads_full.as<float>() + rank * unit.shard;
-    return units[u].grads_shard.as<float>();
+    if (config.stage <= 1) return byte_offset(units[u].grads_full.data(), rank * unit.shard * elem);
+    return units[u].grads_shard.data();
   }
 
-  void prefetch(int u) {
+  // Sums `bucket` (the unit's whole gradient from this rank, working dtype) over the ranks and
+  // leaves this rank's reduced slice in `dest` (added to it when `accumulate`). Everything runs
+  // on the communication stream in order, so the returned event covers the whole chain.
+  Event reduce_to_shard(const Unit& unit, void* bucket, void* dest, bool accumulate) {
+    const DType w = config.dtype;
+    const bool via_fp32 = config.reduce_in_fp32 && w != DType::kFloat32;
+    const DType wire = via_fp32 ? DType::kFloat32 : w;
+    const size_t numel = unit.numel;
+    const size_t shard = unit.shard;
+    prepare_for_reduction(bucket, numel);
+    comm.stream().wait(compute.record());
+    void* buf = bucket;
+    if (via_fp32) {
+      buf = fp32_scratch.data();
+      comm.stream().enqueue([=] { kernels::cast(bucket, w, buf, DType::kFloat32, numel); });
+    }
+    if (!accumulate && !via_fp32 && config.reduce_scatter) {
+      comm.reduce_scatter(buf, dest, shard, wire);
+      return issued(comm.stream().record());
+    }
+    void* slot = byte_offset(buf, rank * shard * dtype_size(wire));
+    if (config.reduce_scatter) {
+      comm.reduce_scatter(buf, slot, shard, wire);
+    } else {
+      comm.all_reduce(buf, buf, numel, wire);
+    }
+    void* bucket_slot = byte_offset(bucket, rank * shard * dtype_size(w));
+    const size_t bytes = shard * dtype_size(w);
+    comm.stream().enqueue([=] {
+      if (via_fp32) kernels::cast(slot, DType::kFloat32, bucket_slot, w, shard);
+      if (dest == bucket_slot) return;
+      if (accumulate) {
+        kernels::accumulate(dest, bucket_slot, w, shard);
+      } else {
+        std::memcpy(dest, bucket_slot, bytes);
+      }
+    });
+    return issued(comm.stream().record());
+  }
+
+  // Sums a whole unit's gradient over the ranks in place (stage 0).
+  Event reduce_whole(const Unit& unit, void* bucket) {
+    const DType w = config.dtype;
+    const size_t numel = unit.numel;
+    prepare_for_reduction(bucket, numel);
+    comm.stream().wait(compute.record());
+    if (config.reduce_in_fp32 && w != DType::kFloat32) {
+      void* buf = fp32_scratch.data();
+      comm.stream().enqueue([=] { kernels::cast(bucket, w, buf, DType::kFloat32, numel); });
+      comm.all_reduce(buf, buf, numel, DType::kFloat32);
+      comm.stream().enqueue([=] { kernels::cast(buf, DType::kFloat32, bucket, w, numel); });
+    } else {
+      comm.all_reduce(bucket, bucket, numel, w);
+    }
+    return issued(comm.stream().record());
+  }
+
+  // The pre-divide keeps 16-bit sums over many ranks in range: divide by f before the sum,
+  // multiply the f back in the optimizer's gradient scale.
+  void prepare_for_reduction(void* bucket, size_t numel) {
+    if (config.gradient_predivide_factor != 1.0f) {
+      kernels::scale(bucket, config.dtype, 1.0f / config.gradient_predivide_factor, numel);
+    }
+  }
+
+  bool prefetch(int u) {
     check_unit(u);
     UnitState& s = units[u];
-    if (config.stage != 3 || s.gathered) return;
+    if (s.gathered) return true;
+    if (config.stage != 3) return true;  // stages 1-2 wait for the post-step all-gather in gather
     const Unit& unit = layout.units()[u];
+    if (config.max_live_elements > 0 && live > 0 && live + unit.numel > config.max_live_elements) {
+      return false;  // over the budget: gather() will fetch it when it is needed
+    }
     s.params_full = param_pool.acquire(/*zeroed=*/false);
     // The pooled buffer may have just been released by compute: order the gather after it.
     comm.stream().wait(compute.record());
-    s.params_ready =
-        comm.all_gather(s.params_shard.data(), s.params_full.data(), unit.shard, DType::kFloat32);
+    s.params_ready = issued(comm.all_gather(s.params_shard.data(), s.params_full.data(),
+                                            unit.shard, config.dtype));
     s.gathered = true;
+    live += unit.numel;
+    return true;
   }
 
   void gather(int u) {
-    prefetch(u);
+    check_unit(u);
     UnitState& s = units[u];
-    if (!s.gathered) {
-      // Stages 1-2 after a step: the parameters come back through the post-step all-gather.
-      s.gathered = true;
+    if (config.stage == 3 && !s.gathered) {
+      // A required gather ignores the live budget: the computation cannot go on without it.
+      const size_t saved = config.max_live_elements;
+      config.max_live_elements = 0;
+      prefetch(u);
+      config.max_live_elements = saved;
     }
+    // Stages 1-2 after a step: the parameters come back through the post-step all-gather.
+    s.gathered = true;
     compute.wait(s.params_ready);
   }
 
   void release(int u) {
     check_unit(u);
     UnitState& s = units[u];
-    if (config.stage != 3 || !s.gathered) return;
+    if (config.stage != 3 || !s.gathered || s.persistent) return;
     compute.wait(s.params_ready);
     param_pool.give_back(std::move(s.params_full), compute.record());
     s.gathered = false;
+    live -= layout.units()[u].numel;
   }
 
   void grads_ready(int u) {
@@ -248,28 +415,13 @@ struct Engine::Impl {
                               << " times before step(); configured micro-batches per step: "
                               << config.micro_batches);
     s.micro_batches_done += 1;
-    const bool last_micro_batch = s.micro_batches_done == config.micro_batches;
-    if (config.stage == 0 && last_micro_batch) {
-      comm.stream().wait(compute.record());
-      float* g = s.grads_full.as<float>();
-      s.grads_reduced = comm.all_reduce(g, g, unit.numel, DType::kFloat32);
+    if (config.stage == 0 && s.micro_batches_done == config.micro_batches) {
+      s.grads_reduced = reduce_whole(unit, s.grads_full.data());
     } else if (config.stage >= 2) {
       if (s.grads_full.empty()) s.grads_full = grad_pool.acquire(/*zeroed=*/true);
-      comm.stream().wait(compute.record());
-      float* bucket = s.grads_full.as<float>();
-      if (s.micro_batches_done == 1) {
-        // First micro-batch of the step: reduce straight into the shard.
-        comm.reduce_scatter(bucket, s.grads_shard.data(), unit.shard, DType::kFloat32);
-      } else {
-        // Later ones: reduce in place (the result lands in this rank's slot of the bucket),
-        // then add it to the shard on the communication stream, in order after the reduction.
-        float* slot = bucket + rank * unit.shard;
-        comm.reduce_scatter(bucket, slot, unit.shard, DType::kFloat32);
-        float* shard = s.grads_shard.as<float>();
-        const size_t n = unit.shard;
-        comm.stream().enqueue([shard, slot, n] { kernels::accumulate(shard, slot, n); });
-      }
-      s.grads_reduced = comm.stream().record();
+      // Every micro-batch reduces its bucket at once and adds the slice to the shard.
+      s.grads_reduced = reduce_to_shard(unit, s.grads_full.data(), s.grads_shard.data(),
+                                        /*accumulate=*/s.micro_batches_done > 1);
       grad_pool.give_back(std::move(s.grads_full), s.grads_reduced);
     }
   }
@@ -281,91 +433,122 @@ struct Engine::Impl {
                                  << u << "; expected " << config.micro_batches
                                  << " (one grads_ready per unit per micro-batch)");
       // A stage-3 unit gathered across the step would keep serving the old parameters.
-      ZERO_CHECK(config.stage != 3 || !units[u].gathered,
+      ZERO_CHECK(config.stage != 3 || !units[u].gathered || units[u].persistent,
                  "step() while unit " << u << " is still gathered; release it first");
     }
     if (config.stage == 1) {
-      // Stage 1 keeps whole gradients through accumulation and reduces once, here. In place:
+      // Stage 1 keeps whole gradients through accumulation and reduces once, here, in place:
       // the rank's reduced slice lands at its own offset in the full buffer.
-      comm.stream().wait(compute.record());
       for (size_t u = 0; u < units.size(); ++u) {
-        const Unit& unit = layout.units()[u];
-        float* g = units[u].grads_full.as<float>();
-        units[u].grads_reduced =
-            comm.reduce_scatter(g, g + rank * unit.shard, unit.shard, DType::kFloat32);
+        units[u].grads_reduced = reduce_to_shard(layout.units()[u], units[u].grads_full.data(),
+                                                 grad_slice(u), /*accumulate=*/false);
       }
     }
     for (UnitState& s : units) compute.wait(s.grads_reduced);
 
-    // Global norm over shards: each rank sums the squares of its slices, one scalar all-reduce.
+    // One all-reduce of each unit's sum of squares over the shards gives the global norm, and
+    // tells every rank at once whether (and in which unit) a gradient overflowed anywhere.
     const kernels::KernelOptions kopt{config.kernel_threads};
-    double local = 0.0;
+    std::vector<float> sums(units.size());
     for (size_t u = 0; u < units.size(); ++u) {
-      local += kernels::sum_squares(grad_shard(u), DType::kFloat32, layout.units()[u].shard, kopt);
+      sums[u] = static_cast<float>(
+          kernels::sum_squares(grad_slice(u), config.dtype, layout.units()[u].shard, kopt));
     }
-    float local_sum = static_cast<float>(local);
-    float global_sum = 0.0f;
-    comm.all_reduce_sync(&local_sum, &global_sum, 1, DType::kFloat32);
+    comm.all_reduce_sync(sums.data(), sums.data(), sums.size(), DType::kFloat32);
+    double total = 0.0;
+    for (float v : sums) total += v;
 
-    // Gradients are summed over ranks and micro-batches; the mean over the global batch divides
-    // by both. Averaging and clipping fold into the optimizer's gradient scale.
-    const float denominator = static_cast<float>(world) * static_cast<float>(config.micro_batches);
+    // Gradients are summed over ranks and micro-batches and carry the loss scale (and the
+    // pre-divide): one factor takes them back to the mean gradient of the global batch.
+    const float scale_now = loss_scale();
+    const float to_mean = config.gradient_predivide_factor /
+                          (static_cast<float>(world) * static_cast<float>(config.micro_batches) *
+                           scale_now);
     StepStats stats;
-    stats.grad_norm = std::sqrt(global_sum) / denominator;
-    ZERO_CHECK(std::isfinite(stats.grad_norm), "step " << optimizer.step() + 1
-                                                       << ": the gradient norm is not finite ("
-                                                       << stats.grad_norm << ")");
+    stats.grad_norm = static_cast<float>(std::sqrt(total)) * to_mean;
+    const bool overflow = !std::isfinite(total);
+    bool skip = false;
+    if (config.dtype == DType::kFloat16) {
+      skip = loss_scaler.update(overflow);  // throws when the scale cannot go lower
+    } else if (overflow) {
+      size_t bad = 0;
+      while (bad < sums.size() && std::isfinite(sums[bad])) ++bad;
+      const Unit& unit = layout.units()[bad < sums.size() ? bad : 0];
+      const std::string first_param =
+          unit.params.empty() ? "no parameters" : layout.params()[unit.params.front()].name;
+      ZERO_CHECK(config.skip_nonfinite_steps,
+                 "step " << optimizer.step() + 1 << ": the gradient of unit " << bad
+                         << " (starting at parameter '" << first_param
+                         << "') is not finite on some rank; stopping (set skip_nonfinite_steps "
+                            "to skip such steps instead)");
+      skip = true;
+    }
+    stats.skipped = skip;
+    stats.loss_scale = loss_scale();
+    if (skip) {
+      finish_step();
+      stats.step = optimizer.step();
+      stats.lr = current_lr();
+      return stats;
+    }
+
     float clip = 1.0f;
     if (config.gradient_clipping > 0.0f && stats.grad_norm > config.gradient_clipping) {
       clip = config.gradient_clipping / (stats.grad_norm + 1e-6f);
       stats.clipped = true;
     }
-    const float grad_scale = clip / denominator;
-    stats.lr = config.lr_schedule.type == LrScheduleType::kConstant
-                   ? config.optimizer.lr
-                   : schedule.lr_at(optimizer.step() + 1);
+    stats.lr = current_lr();
     optimizer.begin_step(stats.lr);
-
+    const bool separate_master = config.dtype != DType::kFloat32;
     for (size_t u = 0; u < units.size(); ++u) {
       const Unit& unit = layout.units()[u];
       UnitState& s = units[u];
+      // Stage 0 updates the whole unit on every rank (identically); the others their slice.
+      void* working = config.stage == 0 ? s.params_full.data() : param_slice(u);
+      const void* grad = config.stage == 0 ? s.grads_full.data() : grad_slice(u);
       ShardState shard;
-      const float* grad = nullptr;
-      if (config.stage == 0) {
-        // Plain data parallelism: every rank updates the whole unit, identically.
-        shard.master = s.params_full.as<float>();
-        shard.n = unit.numel;
-        grad = s.grads_full.as<float>();
-      } else {
-        shard.master = config.stage == 3 ? s.params_shard.as<float>()
-                                         : s.params_full.as<float>() + rank * unit.shard;
-        shard.n = unit.shard;
-        grad = grad_shard(u);
-      }
-      shard.state[0] = s.moments[0].as<float>();
-      shard.state[1] = s.moments[1].as<float>();
-      optimizer.apply(shard, grad, DType::kFloat32, grad_scale, nullptr, DType::kFloat32, kopt);
+      shard.n = config.stage == 0 ? unit.numel : unit.shard;
+      shard.master = separate_master ? s.master.as<float>() : static_cast<float*>(working);
+      shard.state[0] = s.state[0].as<float>();
+      shard.state[1] = s.state[1].as<float>();
+      optimizer.apply(shard, grad, config.dtype, clip * to_mean,
+                      separate_master ? working : nullptr, config.dtype, kopt);
     }
 
-    if (config.stage == 1 || config.stage == 2) {
-      // Bring every rank's updated slice back into the full parameters; the next forward's
-      // gather(u) waits for unit u only, so the all-gathers overlap with the forward.
-      comm.stream().wait(compute.record());
-      for (size_t u = 0; u < units.size(); ++u) {
-        const Unit& unit = layout.units()[u];
-        float* p = units[u].params_full.as<float>();
-        units[u].params_ready =
-            comm.all_gather(p + rank * unit.shard, p, unit.shard, DType::kFloat32);
-        units[u].gathered = false;
-      }
-    }
+    // Bring every rank's updated slice back into the full parameters (stages 1-2, and stage 3's
+    // persistent units); the next forward's gather(u) waits for unit u only, so the all-gathers
+    // overlap with the forward.
+    comm.stream().wait(compute.record());
     for (size_t u = 0; u < units.size(); ++u) {
       UnitState& s = units[u];
+      if (s.params_full.empty() || config.stage == 0) continue;
+      const Unit& unit = layout.units()[u];
+      void* source = config.stage == 3 ? s.params_shard.data() : param_slice(u);
+      s.params_ready =
+          issued(comm.all_gather(source, s.params_full.data(), unit.shard, config.dtype));
+      if (!s.persistent) s.gathered = false;
+    }
+    finish_step();
+    stats.step = optimizer.step();
+    return stats;
+  }
+
+  float current_lr() const {
+    return config.lr_schedule.type == LrScheduleType::kConstant
+               ? config.optimizer.lr
+               : schedule.lr_at(optimizer.step() + 1);
+  }
+
+  float loss_scale() const {
+    return config.dtype == DType::kFloat16 ? loss_scaler.scale() : 1.0f;
+  }
+
+  // Gradients start from zero for the next step.
+  void finish_step() {
+    for (UnitState& s : units) {
       if (config.stage <= 1) std::memset(s.grads_full.data(), 0, s.grads_full.bytes());
       s.micro_batches_done = 0;
     }
-    stats.step = optimizer.step();
-    return stats;
   }
 
   void check_unit(int u) const {
@@ -380,20 +563,20 @@ struct Engine::Impl {
     return layout.params()[p];
   }
 
-  float* param(int p) {
+  void* param(int p) {
     const ParamPlacement& pl = placement(p);
     UnitState& s = units[pl.unit];
     ZERO_CHECK(s.gathered && !s.params_full.empty(),
                "parameter '" << pl.name << "' used while unit " << pl.unit
                              << " is not gathered; call gather(" << pl.unit << ") first");
-    return s.params_full.as<float>() + pl.offset;
+    return byte_offset(s.params_full.data(), pl.offset * elem);
   }
 
-  float* grad(int p) {
+  void* grad(int p) {
     const ParamPlacement& pl = placement(p);
     UnitState& s = units[pl.unit];
     if (config.stage >= 2 && s.grads_full.empty()) s.grads_full = grad_pool.acquire(true);
-    return s.grads_full.as<float>() + pl.offset;
+    return byte_offset(s.grads_full.data(), pl.offset * elem);
   }
 
   std::vector<std::vector<float>> gather_full_params() {
@@ -402,10 +585,30 @@ struct Engine::Impl {
       const bool was_gathered = units[u].gathered;
       gather(static_cast<int>(u));
       for (int p : layout.units()[u].params) {
-        const float* src = param(p);
-        out[p].assign(src, src + layout.params()[p].numel);
+        out[p].resize(layout.params()[p].numel);
+        kernels::cast(param(p), config.dtype, out[p].data(), DType::kFloat32, out[p].size());
       }
       if (!was_gathered) release(static_cast<int>(u));
+    }
+    return out;
+  }
+
+  std::vector<std::vector<float>> gather_full_master() {
+    if (config.dtype == DType::kFloat32) return gather_full_params();
+    std::vector<std::vector<float>> out(layout.params().size());
+    for (size_t u = 0; u < units.size(); ++u) {
+      const Unit& unit = layout.units()[u];
+      std::vector<float> full(unit.numel);
+      if (config.stage == 0) {
+        std::memcpy(full.data(), units[u].master.data(), unit.numel * sizeof(float));
+      } else {
+        comm.all_gather_sync(units[u].master.data(), full.data(), unit.shard, DType::kFloat32);
+      }
+      for (int p : unit.params) {
+        const ParamPlacement& pl = layout.params()[p];
+        out[p].assign(full.begin() + static_cast<ptrdiff_t>(pl.offset),
+                      full.begin() + static_cast<ptrdiff_t>(pl.offset + pl.numel));
+      }
     }
     return out;
   }
@@ -416,15 +619,20 @@ struct Engine::Impl {
   Layout layout;
   Optimizer optimizer;
   LrSchedule schedule;
+  LossScaler loss_scaler;
   int rank;
   int world;
+  size_t elem;  // bytes per element of the working dtype
   HostCompute compute;
   BufferPool param_pool;
   BufferPool grad_pool;
+  Buffer fp32_scratch;  // reductions in fp32 of a 16-bit gradient (reduce_in_fp32)
   std::vector<UnitState> units;
+  size_t live = 0;  // elements of non-persistent stage-3 units gathered now
 };
 
-Engine::Engine(Communicator& comm, const std::vector<ParamDecl>& params, const EngineConfig& config)
+Engine::Engine(Communicator& comm, const std::vector<ParamDecl>& params,
+               const EngineConfig& config)
     : impl_(std::make_unique<Impl>(comm, params, config)) {}
 
 Engine::~Engine() {
@@ -436,47 +644,31 @@ Engine::~Engine() {
   }
 }
 
-const Layout& Engine::layout() const {
-  return impl_->layout;
+const Layout& Engine::layout() const { return impl_->layout; }
+const EngineConfig& Engine::config() const { return impl_->config; }
+Communicator& Engine::communicator() { return impl_->comm; }
+Allocator& Engine::allocator() { return impl_->allocator; }
+void Engine::prefetch(int unit) { impl_->prefetch(unit); }
+void Engine::gather(int unit) { impl_->gather(unit); }
+void Engine::release(int unit) { impl_->release(unit); }
+void Engine::grads_ready(int unit) { impl_->grads_ready(unit); }
+StepStats Engine::step() { return impl_->step(); }
+void* Engine::param(int param) { return impl_->param(param); }
+void* Engine::grad(int param) { return impl_->grad(param); }
+DType Engine::dtype() const { return impl_->config.dtype; }
+float Engine::loss_scale() const { return impl_->loss_scale(); }
+size_t Engine::live_elements() const { return impl_->live; }
+bool Engine::is_gathered(int unit) const {
+  impl_->check_unit(unit);
+  return impl_->units[unit].gathered;
 }
-const EngineConfig& Engine::config() const {
-  return impl_->config;
-}
-Communicator& Engine::communicator() {
-  return impl_->comm;
-}
-Allocator& Engine::allocator() {
-  return impl_->allocator;
-}
-void Engine::prefetch(int unit) {
-  impl_->prefetch(unit);
-}
-void Engine::gather(int unit) {
-  impl_->gather(unit);
-}
-void Engine::release(int unit) {
-  impl_->release(unit);
-}
-void Engine::grads_ready(int unit) {
-  impl_->grads_ready(unit);
-}
-StepStats Engine::step() {
-  return impl_->step();
-}
-float* Engine::param(int param) {
-  return impl_->param(param);
-}
-float* Engine::grad(int param) {
-  return impl_->grad(param);
-}
-uint64_t Engine::model_state_bytes() const {
-  return impl_->allocator.stats().model_state();
-}
-uint64_t Engine::buffer_bytes() const {
-  return impl_->allocator.stats().buffers();
-}
+uint64_t Engine::model_state_bytes() const { return impl_->allocator.stats().model_state(); }
+uint64_t Engine::buffer_bytes() const { return impl_->allocator.stats().buffers(); }
 std::vector<std::vector<float>> Engine::gather_full_params() {
   return impl_->gather_full_params();
+}
+std::vector<std::vector<float>> Engine::gather_full_master() {
+  return impl_->gather_full_master();
 }
 
 }  // namespace zero

@@ -230,6 +230,23 @@ void accumulate(float* dst, const float* src, size_t n, const KernelOptions& opt
   });
 }
 
+void accumulate(void* dst, const void* src, DType dtype, size_t n, const KernelOptions& opt) {
+  check_dtype(dtype, "accumulate: dst");
+  if (dtype == DType::kFloat32) {
+    accumulate(static_cast<float*>(dst), static_cast<const float*>(src), n, opt);
+    return;
+  }
+  check_buffer(dst, n, "accumulate: dst");
+  check_buffer(src, n, "accumulate: src");
+  // 16-bit sums happen once per micro-batch on a gradient shard: a scalar loop over the shared
+  // conversions is fast enough and rounds each sum exactly once.
+  run_chunks(n, opt, kChunkAlignment, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      store_from_float(dst, dtype, i, load_as_float(dst, dtype, i) + load_as_float(src, dtype, i));
+    }
+  });
+}
+
 void scale(void* x, DType dtype, float alpha, size_t n, const KernelOptions& opt) {
   check_buffer(x, n, "scale: x");
   check_dtype(dtype, "scale: x");

@@ -6,93 +6,14 @@
 #include <cmath>
 #include <string>
 
-#include "examples/mlp.h"
-#include "zero/collectives/mpi_communicator.h"
+#include "tests/runtime/train_util.h"
 #include "zero/kernels/check.h"
-#include "zero/runtime/model.h"
 
 namespace zero {
 namespace {
 
+using namespace zero::testing;
 using examples::MlpConfig;
-
-struct TrainResult {
-  std::vector<float> losses;
-  std::vector<float> grad_norms;
-  std::vector<uint64_t> comm_bytes;  // per step, this rank
-  uint64_t model_state_bytes = 0;
-  size_t padded_params = 0;
-  std::vector<std::vector<float>> final_params;
-};
-
-struct RunOptions {
-  int stage = 0;
-  int micro_batches = 1;
-  int steps = 20;
-  long global_batch = 24;
-  long comm_delay_us = 0;
-  MlpConfig mlp{8, 24, 4, 3};
-  size_t merge_bytes = 0;
-  float clip = 0.0f;
-};
-
-// Trains the example MLP and records what the tests compare. The loss of a step is the mean
-// over the global batch (all ranks, all micro-batches), like zero-train's.
-TrainResult train(const RunOptions& o) {
-  std::unique_ptr<Communicator> comm = make_mpi_communicator();
-  const int world = comm->world_size();
-  const long per_micro = o.global_batch / (world * o.micro_batches);
-  EngineConfig config;
-  config.stage = o.stage;
-  config.micro_batches = o.micro_batches;
-  config.optimizer.lr = 1e-2f;
-  config.merge_bytes = o.merge_bytes;
-  config.gradient_clipping = o.clip;
-  config.seed = 7;
-  if (o.comm_delay_us > 0) {
-    comm->stream().set_delay_for_testing(std::chrono::microseconds(o.comm_delay_us));
-  }
-  TrainResult run;
-  {
-    ZeroModel model(*comm, examples::make_mlp(o.mlp), config);
-    examples::TeacherTask task(o.mlp, 7);
-    run.model_state_bytes = model.engine().model_state_bytes();
-    run.padded_params = model.engine().layout().padded_numel();
-    for (int step = 1; step <= o.steps; ++step) {
-      const uint64_t before = comm->counters().total_bytes();
-      float loss_sum = 0.0f;
-      for (int k = 0; k < o.micro_batches; ++k) {
-        const int64_t first = (static_cast<int64_t>(k) * world + comm->rank()) * per_micro;
-        examples::Batch batch = task.batch(step, first, per_micro);
-        Tensor grad;
-        loss_sum += examples::mse_loss(model.forward(batch.inputs), batch.targets, grad);
-        model.backward(grad);
-      }
-      run.grad_norms.push_back(model.step().grad_norm);
-      run.comm_bytes.push_back(comm->counters().total_bytes() - before);
-      float total = 0.0f;
-      comm->all_reduce_sync(&loss_sum, &total, 1, DType::kFloat32);
-      run.losses.push_back(total / static_cast<float>(world * o.micro_batches));
-    }
-    run.final_params = model.engine().gather_full_params();
-  }
-  return run;
-}
-
-int world_size() {
-  return make_mpi_communicator()->world_size();
-}
-
-// |a - b| <= rel * max(|a|, |b|) + floor: the floor covers values near zero, where a reduction
-// summed in another order moves the last bits of a tiny number by a large relative amount.
-void expect_close(const std::vector<float>& a, const std::vector<float>& b, double rel,
-                  const std::string& what, double floor = 1e-12) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double tolerance = rel * std::max(std::fabs(a[i]), std::fabs(b[i])) + floor;
-    EXPECT_NEAR(a[i], b[i], tolerance) << what << " at index " << i;
-  }
-}
 
 TEST(Engine, EveryStageGivesTheSameLosses) {
   const TrainResult reference = train(RunOptions{});
@@ -147,73 +68,6 @@ TEST(Engine, CommunicationVolumeMatchesTheStageTable) {
   EXPECT_NEAR(per_step[1] / per_step[0], 1.0, 0.01);
   EXPECT_NEAR(per_step[2] / per_step[0], 1.0, 0.01);
   EXPECT_NEAR(per_step[3] / per_step[0], 1.5, 0.015);
-}
-
-// Plain training without the engine: the whole global batch on one process, parameters in
-// their own arrays, the same initial values and the same AdamW. What every stage must match.
-TrainResult train_unsharded(const RunOptions& o) {
-  std::vector<NamedModule> modules = examples::make_mlp(o.mlp);
-  struct Param {
-    std::vector<int64_t> shape;
-    std::vector<float> value, grad, m, v;
-  };
-  std::vector<std::vector<Param>> params(modules.size());
-  uint64_t index = 0;
-  for (size_t l = 0; l < modules.size(); ++l) {
-    for (const ParamDecl& d : modules[l].module->parameters()) {
-      size_t n = 1;
-      for (int64_t dim : d.spec.shape) n *= static_cast<size_t>(dim);
-      Param p{d.spec.shape, std::vector<float>(n), std::vector<float>(n), std::vector<float>(n),
-              std::vector<float>(n)};
-      for (size_t e = 0; e < n; ++e) p.value[e] = init_value(7, index, e, d.init);
-      params[l].push_back(std::move(p));
-      ++index;
-    }
-  }
-  auto refs = [&](size_t l, bool grads) {
-    std::vector<ParamRef> out;
-    for (Param& p : params[l]) {
-      out.push_back(ParamRef{grads ? p.grad.data() : p.value.data(), &p.shape, p.value.size()});
-    }
-    return out;
-  };
-  OptimizerConfig opt;
-  opt.lr = 1e-2f;
-  Optimizer optimizer(opt);
-  examples::TeacherTask task(o.mlp, 7);
-  TrainResult result;
-  for (int step = 1; step <= o.steps; ++step) {
-    examples::Batch batch = task.batch(step, 0, o.global_batch);
-    Tensor x = batch.inputs;
-    for (size_t l = 0; l < modules.size(); ++l) {
-      Tensor y;
-      modules[l].module->forward(x, y, refs(l, false));
-      x = std::move(y);
-    }
-    Tensor grad;
-    result.losses.push_back(examples::mse_loss(x, batch.targets, grad));
-    for (size_t l = modules.size(); l-- > 0;) {
-      for (Param& p : params[l]) std::fill(p.grad.begin(), p.grad.end(), 0.0f);
-      Tensor grad_in;
-      modules[l].module->backward(grad, grad_in, refs(l, false), refs(l, true));
-      grad = std::move(grad_in);
-    }
-    double sum_squares = 0.0;
-    for (auto& layer : params) {
-      for (Param& p : layer) {
-        for (float g : p.grad) sum_squares += static_cast<double>(g) * g;
-      }
-    }
-    result.grad_norms.push_back(static_cast<float>(std::sqrt(sum_squares)));
-    optimizer.begin_step(opt.lr);
-    for (auto& layer : params) {
-      for (Param& p : layer) {
-        ShardState shard{p.value.data(), {p.m.data(), p.v.data()}, p.value.size()};
-        optimizer.apply(shard, p.grad.data(), DType::kFloat32, 1.0f, nullptr, DType::kFloat32);
-      }
-    }
-  }
-  return result;
 }
 
 TEST(Engine, EveryStageMatchesUnshardedTraining) {
@@ -299,22 +153,33 @@ class Awkward : public Module {
   void forward(const Tensor& in, Tensor& out, const std::vector<ParamRef>& p) override {
     input_ = in;
     out = Tensor(in.shape);
+    std::vector<float> s1, s2, s3;
+    const float* gain = p[1].as_f32(s1);
+    const float* scale = p[2].as_f32(s2);
+    const float* shift = p[3].as_f32(s3);
     for (size_t i = 0; i < in.numel(); ++i) {
       const size_t j = i % width_;
-      out.data[i] = p[1].data[0] * in.data[i] * p[2].data[j] + p[3].data[j];
+      out.data[i] = gain[0] * in.data[i] * scale[j] + shift[j];
     }
   }
   void backward(const Tensor& grad_out, Tensor& grad_in, const std::vector<ParamRef>& p,
                 const std::vector<ParamRef>& g) override {
     grad_in = Tensor(grad_out.shape);
+    std::vector<float> s1, s2;
+    const float* gain = p[1].as_f32(s1);
+    const float* scale = p[2].as_f32(s2);
+    std::vector<float> d_gain(1, 0.0f), d_scale(width_, 0.0f), d_shift(width_, 0.0f);
     for (size_t i = 0; i < grad_out.numel(); ++i) {
       const size_t j = i % width_;
       const float go = grad_out.data[i];
-      g[1].data[0] += go * input_.data[i] * p[2].data[j];
-      g[2].data[j] += go * p[1].data[0] * input_.data[i];
-      g[3].data[j] += go;
-      grad_in.data[i] = go * p[1].data[0] * p[2].data[j];
+      d_gain[0] += go * input_.data[i] * scale[j];
+      d_scale[j] += go * gain[0] * input_.data[i];
+      d_shift[j] += go;
+      grad_in.data[i] = go * gain[0] * scale[j];
     }
+    g[1].add_f32(d_gain.data());
+    g[2].add_f32(d_scale.data());
+    g[3].add_f32(d_shift.data());
   }
 
  private:
@@ -329,12 +194,16 @@ class Bias1 : public Module {
     return {ParamDecl{ParamSpec{"b", {1}, 0}, ParamInit{InitKind::kZeros, 0}}};
   }
   void forward(const Tensor& in, Tensor& out, const std::vector<ParamRef>& p) override {
+    std::vector<float> scratch;
+    const float b = p[0].as_f32(scratch)[0];
     out = in;
-    for (float& v : out.data) v += p[0].data[0];
+    for (float& v : out.data) v += b;
   }
   void backward(const Tensor& grad_out, Tensor& grad_in, const std::vector<ParamRef>&,
                 const std::vector<ParamRef>& g) override {
-    for (float v : grad_out.data) g[0].data[0] += v;
+    float sum = 0.0f;
+    for (float v : grad_out.data) sum += v;
+    g[0].add_f32(&sum);
     grad_in = grad_out;
   }
 };

@@ -55,6 +55,8 @@ bool all_finite(const void* x, DType dtype, size_t n, const KernelOptions& opt =
 
 // dst[i] += src[i] for n elements (fp32 accumulation of gradients across micro-batches).
 void accumulate(float* dst, const float* src, size_t n, const KernelOptions& opt = {});
+// The same for any dtype: each 16-bit sum is computed in fp32 and rounded once.
+void accumulate(void* dst, const void* src, DType dtype, size_t n, const KernelOptions& opt = {});
 
 // x[i] *= alpha.
 void scale(void* x, DType dtype, float alpha, size_t n, const KernelOptions& opt = {});

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "zero/collectives/communicator.h"
+#include "zero/optimizer/loss_scaler.h"
 #include "zero/optimizer/optimizer.h"
 #include "zero/runtime/init.h"
 #include "zero/runtime/layout.h"
@@ -34,14 +35,35 @@ namespace zero {
 
 struct EngineConfig {
   int stage = 3;
-  int micro_batches = 1;           // gradient accumulation steps per optimizer step
-  float gradient_clipping = 0.0f;  // max global norm; 0 turns clipping off
-  OptimizerConfig optimizer;       // optimizer.lr is the learning rate of a constant schedule
-  LrScheduleConfig lr_schedule;    // any other schedule sets the rate of each step itself
-  size_t merge_bytes = 0;          // see LayoutOptions::merge_bytes
+  int micro_batches = 1;            // gradient accumulation steps per optimizer step
+  float gradient_clipping = 0.0f;   // max global norm; 0 turns clipping off
+  OptimizerConfig optimizer;        // optimizer.lr is the learning rate of a constant schedule
+  LrScheduleConfig lr_schedule;     // any other schedule sets the rate of each step itself
+  size_t merge_bytes = 0;           // see LayoutOptions::merge_bytes
   size_t alignment_bytes = 64;
   int kernel_threads = 1;
   uint64_t seed = 1;
+
+  // Mixed precision. With bf16 or fp16 the parameters and gradients are 2-byte and each rank
+  // keeps an fp32 master copy of its shard next to the Adam moments.
+  DType dtype = DType::kFloat32;          // working dtype (bf16.enabled / fp16.enabled)
+  bool reduce_in_fp32 = false;            // reduce gradients in fp32, not the working dtype
+  float gradient_predivide_factor = 1.0f; // divide before the reduction, the rest after
+  LossScalerConfig loss_scaler;           // fp16 only
+  // fp32 and bf16 steps with a non-finite gradient stop with an error naming the unit, unless
+  // this is set: then the step is skipped, as fp16's loss scaler does.
+  bool skip_nonfinite_steps = false;
+
+  // Scheduling, with DeepSpeed's names (counts in elements; 0 turns each limit off).
+  bool overlap_comm = true;          // false: every collective is waited for right away
+  bool reduce_scatter = true;        // false: stages 2-3 all-reduce each bucket, keep the shard
+  size_t prefetch_elements = 0;      // stage3_prefetch_bucket_size (0: one unit ahead)
+  size_t persistence_threshold = 0;  // stage3_param_persistence_threshold: units below it
+                                     // stay gathered for the whole run
+  size_t max_live_elements = 0;      // stage3_max_live_parameters: cap on gathered elements
+  size_t max_reuse_distance = 0;     // stage3_max_reuse_distance: at the end of forward, keep a
+                                     // unit gathered if backward needs it again within this
+                                     // many gathered elements
 };
 
 struct ParamDecl {
@@ -50,10 +72,12 @@ struct ParamDecl {
 };
 
 struct StepStats {
-  long step = 0;           // optimizer steps taken so far (1 after the first)
-  float grad_norm = 0.0f;  // global norm of the averaged gradient, before clipping
+  long step = 0;           // optimizer steps taken so far (1 after the first; skips don't count)
+  float grad_norm = 0.0f;  // global norm of the averaged, unscaled gradient, before clipping
   float lr = 0.0f;
   bool clipped = false;
+  bool skipped = false;     // the gradients overflowed: nothing was updated
+  float loss_scale = 1.0f;  // the scale the next backward uses (fp16; 1 otherwise)
 };
 
 class Engine {
@@ -77,25 +101,44 @@ class Engine {
   void grads_ready(int unit);
   StepStats step();
 
-  // The full parameter of registration index `param` (valid while its unit is gathered).
-  float* param(int param);
-  // Where backward accumulates the gradient of `param` for the current micro-batch (adds, as
-  // PyTorch's .grad does). Valid from the unit's gather in backward until grads_ready.
-  float* grad(int param);
+  // The full parameter of registration index `param`, in the working dtype (valid while its
+  // unit is gathered).
+  void* param(int param);
+  // Where backward accumulates the gradient of `param` for the current micro-batch, in the
+  // working dtype (adds, as PyTorch's .grad does). Valid until the unit's grads_ready.
+  void* grad(int param);
+  DType dtype() const;
+
+  // Backward must multiply the loss (its gradient) by this: the fp16 loss scale, else 1.
+  float loss_scale() const;
+  // Elements of stage-3 units gathered right now (persistent units not counted).
+  size_t live_elements() const;
+  bool is_gathered(int unit) const;
 
   // Model-state bytes on this rank (params, grads, master, optimizer state) and the pooled
   // communication/prefetch buffers, as the allocator counts them.
   uint64_t model_state_bytes() const;
   uint64_t buffer_bytes() const;
 
-  // Copies the full fp32 parameters (registration order, unpadded) into out; collective: every
-  // rank must call it. Used by tests and exports.
+  // The full working parameters, converted to fp32 (registration order, unpadded); collective:
+  // every rank must call it. Used by tests and exports.
   std::vector<std::vector<float>> gather_full_params();
+  // The full fp32 master weights (the working parameters themselves when they are fp32).
+  std::vector<std::vector<float>> gather_full_master();
 
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// What the engine will allocate per rank for a layout and config (every rank holds the same
+// amount): zero-estimate reports it before a run, model_state_bytes()/buffer_bytes() measure it
+// during one, and the tests hold the two equal.
+struct MemoryPlan {
+  uint64_t model_state = 0;  // params, grads, master, optimizer state
+  uint64_t buffers = 0;      // pooled gradient buckets, gathered-parameter buffers, fp32 scratch
+};
+MemoryPlan plan_memory(const Layout& layout, const EngineConfig& config);
 
 // All-gathers one 64-bit value from every rank (the Communicator moves typed elements; eight
 // bytes travel as four 2-byte elements, with no arithmetic on them).

@@ -22,11 +22,19 @@ struct Tensor {
   size_t numel() const { return data.size(); }
 };
 
-// A parameter (or its gradient) as a module sees it during forward or backward.
+// A parameter (or its gradient) as a module sees it during forward or backward: storage in the
+// engine's working dtype. Modules that compute in fp32 read through as_f32 and add their
+// gradients through add_f32, which round once into the storage dtype.
 struct ParamRef {
-  float* data;
+  void* data;
+  DType dtype;
   const std::vector<int64_t>* shape;
   size_t numel;
+
+  // The values in fp32: the storage itself when it is fp32, else a converted copy in scratch.
+  const float* as_f32(std::vector<float>& scratch) const;
+  // storage[i] += values[i], computed in fp32 and rounded once to the storage dtype.
+  void add_f32(const float* values) const;
 };
 
 class Module {
@@ -56,13 +64,16 @@ class ZeroModel {
   // released after its last, while the next unit's all-gather runs on the communication stream.
   Tensor forward(const Tensor& input);
   // Runs the modules in reverse; each unit's gradients are handed to the engine as soon as the
-  // unit is done, so its reduction overlaps the backward of the units before it.
+  // unit is done, so its reduction overlaps the backward of the units before it. grad_output is
+  // d(loss)/d(output); with fp16 it is multiplied by the loss scale here.
   Tensor backward(const Tensor& grad_output);
   StepStats step() { return engine_->step(); }
 
   Engine& engine() { return *engine_; }
 
  private:
+  void prefetch_after(int unit, int direction);
+  bool keep_for_backward(int unit) const;
   std::vector<ParamRef> params_of(int module);
   std::vector<ParamRef> grads_of(int module);
 

@@ -1,0 +1,187 @@
+// Shared by the engine's MPI tests: train the example MLP through the engine (or without it,
+// as the unsharded reference) and record what the tests compare.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "examples/mlp.h"
+#include "zero/collectives/mpi_communicator.h"
+#include "zero/runtime/model.h"
+
+namespace zero::testing {
+
+using examples::MlpConfig;
+
+struct TrainResult {
+  std::vector<float> losses;
+  std::vector<float> grad_norms;
+  std::vector<bool> skipped;
+  std::vector<float> loss_scales;  // after each step
+  std::vector<std::vector<std::vector<float>>> params_after_step;
+  uint64_t buffer_bytes = 0;
+  MemoryPlan plan;
+  std::vector<uint64_t> comm_bytes;  // per step, this rank
+  uint64_t model_state_bytes = 0;
+  size_t padded_params = 0;
+  std::vector<std::vector<float>> final_params;
+};
+
+struct RunOptions {
+  int stage = 0;
+  int micro_batches = 1;
+  int steps = 20;
+  long global_batch = 24;
+  long comm_delay_us = 0;
+  MlpConfig mlp{8, 24, 4, 3};
+  size_t merge_bytes = 0;
+  float clip = 0.0f;
+  float lr = 1e-2f;
+  uint64_t seed = 7;
+  DType dtype = DType::kFloat32;
+  int inf_grad_step = 0;        // the last rank's loss gradient is infinite at this step
+  bool record_params = false;   // keep the full parameters after every step
+  std::function<void(EngineConfig&)> tweak;  // any other setting
+};
+
+// Trains the example MLP and records what the tests compare. The loss of a step is the mean
+// over the global batch (all ranks, all micro-batches), like zero-train's.
+inline TrainResult train(const RunOptions& o) {
+  std::unique_ptr<Communicator> comm = make_mpi_communicator();
+  const int world = comm->world_size();
+  const long per_micro = o.global_batch / (world * o.micro_batches);
+  EngineConfig config;
+  config.stage = o.stage;
+  config.micro_batches = o.micro_batches;
+  config.optimizer.lr = o.lr;
+  config.merge_bytes = o.merge_bytes;
+  config.gradient_clipping = o.clip;
+  config.seed = o.seed;
+  config.dtype = o.dtype;
+  if (o.tweak) o.tweak(config);
+  if (o.comm_delay_us > 0) {
+    comm->stream().set_delay_for_testing(std::chrono::microseconds(o.comm_delay_us));
+  }
+  TrainResult run;
+  {
+    ZeroModel model(*comm, examples::make_mlp(o.mlp), config);
+    examples::TeacherTask task(o.mlp, o.seed);
+    run.model_state_bytes = model.engine().model_state_bytes();
+    run.buffer_bytes = model.engine().buffer_bytes();
+    run.plan = plan_memory(model.engine().layout(), config);
+    run.padded_params = model.engine().layout().padded_numel();
+    for (int step = 1; step <= o.steps; ++step) {
+      const uint64_t before = comm->counters().total_bytes();
+      float loss_sum = 0.0f;
+      for (int k = 0; k < o.micro_batches; ++k) {
+        const int64_t first = (static_cast<int64_t>(k) * world + comm->rank()) * per_micro;
+        examples::Batch batch = task.batch(step, first, per_micro);
+        Tensor grad;
+        loss_sum += examples::mse_loss(model.forward(batch.inputs), batch.targets, grad);
+        const bool inject = step == o.inf_grad_step && k == o.micro_batches - 1 &&
+                            comm->rank() == world - 1;
+        if (inject) grad.data[0] = std::numeric_limits<float>::infinity();
+        model.backward(grad);
+      }
+      const StepStats stats = model.step();
+      run.grad_norms.push_back(stats.grad_norm);
+      run.skipped.push_back(stats.skipped);
+      run.loss_scales.push_back(stats.loss_scale);
+      if (o.record_params) run.params_after_step.push_back(model.engine().gather_full_params());
+      run.comm_bytes.push_back(comm->counters().total_bytes() - before);
+      float total = 0.0f;
+      comm->all_reduce_sync(&loss_sum, &total, 1, DType::kFloat32);
+      run.losses.push_back(total / static_cast<float>(world * o.micro_batches));
+    }
+    run.final_params = model.engine().gather_full_params();
+  }
+  return run;
+}
+
+inline int world_size() { return make_mpi_communicator()->world_size(); }
+
+// |a - b| <= rel * max(|a|, |b|) + floor: the floor covers values near zero, where a reduction
+// summed in another order moves the last bits of a tiny number by a large relative amount.
+inline void expect_close(const std::vector<float>& a, const std::vector<float>& b, double rel,
+                  const std::string& what, double floor = 1e-12) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double tolerance = rel * std::max(std::fabs(a[i]), std::fabs(b[i])) + floor;
+    EXPECT_NEAR(a[i], b[i], tolerance) << what << " at index " << i;
+  }
+}
+
+// Plain training without the engine: the whole global batch on one process, parameters in
+// their own arrays, the same initial values and the same AdamW. What every stage must match.
+inline TrainResult train_unsharded(const RunOptions& o) {
+  std::vector<NamedModule> modules = examples::make_mlp(o.mlp);
+  struct Param {
+    std::vector<int64_t> shape;
+    std::vector<float> value, grad, m, v;
+  };
+  std::vector<std::vector<Param>> params(modules.size());
+  uint64_t index = 0;
+  for (size_t l = 0; l < modules.size(); ++l) {
+    for (const ParamDecl& d : modules[l].module->parameters()) {
+      size_t n = 1;
+      for (int64_t dim : d.spec.shape) n *= static_cast<size_t>(dim);
+      Param p{d.spec.shape, std::vector<float>(n), std::vector<float>(n), std::vector<float>(n),
+              std::vector<float>(n)};
+      for (size_t e = 0; e < n; ++e) p.value[e] = init_value(7, index, e, d.init);
+      params[l].push_back(std::move(p));
+      ++index;
+    }
+  }
+  auto refs = [&](size_t l, bool grads) {
+    std::vector<ParamRef> out;
+    for (Param& p : params[l]) {
+      out.push_back(ParamRef{grads ? p.grad.data() : p.value.data(), DType::kFloat32, &p.shape,
+                             p.value.size()});
+    }
+    return out;
+  };
+  OptimizerConfig opt;
+  opt.lr = 1e-2f;
+  Optimizer optimizer(opt);
+  examples::TeacherTask task(o.mlp, 7);
+  TrainResult result;
+  for (int step = 1; step <= o.steps; ++step) {
+    examples::Batch batch = task.batch(step, 0, o.global_batch);
+    Tensor x = batch.inputs;
+    for (size_t l = 0; l < modules.size(); ++l) {
+      Tensor y;
+      modules[l].module->forward(x, y, refs(l, false));
+      x = std::move(y);
+    }
+    Tensor grad;
+    result.losses.push_back(examples::mse_loss(x, batch.targets, grad));
+    for (size_t l = modules.size(); l-- > 0;) {
+      for (Param& p : params[l]) std::fill(p.grad.begin(), p.grad.end(), 0.0f);
+      Tensor grad_in;
+      modules[l].module->backward(grad, grad_in, refs(l, false), refs(l, true));
+      grad = std::move(grad_in);
+    }
+    double sum_squares = 0.0;
+    for (auto& layer : params) {
+      for (Param& p : layer) {
+        for (float g : p.grad) sum_squares += static_cast<double>(g) * g;
+      }
+    }
+    result.grad_norms.push_back(static_cast<float>(std::sqrt(sum_squares)));
+    optimizer.begin_step(opt.lr);
+    for (auto& layer : params) {
+      for (Param& p : layer) {
+        ShardState shard{p.value.data(), {p.m.data(), p.v.data()}, p.value.size()};
+        optimizer.apply(shard, p.grad.data(), DType::kFloat32, 1.0f, nullptr, DType::kFloat32);
+      }
+    }
+  }
+  return result;
+}
+
+}  // namespace zero::testing
