@@ -13,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <set>
+#include <sstream>
 #include <thread>
 #include <utility>
 
@@ -24,17 +25,37 @@ namespace zero::launcher {
 
 namespace {
 
-// The number after -np: digits only (no sign, no spaces, no suffix), at least 1, fits an int.
-int parse_ranks(const std::string& text) {
+// The number after a count flag (-np, --num_gpus): digits only (no sign, no spaces, no suffix),
+// at least 1, fits an int.
+int parse_count(const std::string& flag, const std::string& text) {
   const bool digits_only = !text.empty() && std::all_of(text.begin(), text.end(), [](char c) {
     return c >= '0' && c <= '9';
   });
-  if (!digits_only) throw UsageError("-np needs a positive whole number, got '" + text + "'");
+  if (!digits_only) throw UsageError(flag + " needs a positive whole number, got '" + text + "'");
   errno = 0;
   const long value = std::strtol(text.c_str(), nullptr, 10);
-  if (errno == ERANGE || value > INT_MAX) throw UsageError("-np " + text + " is too large");
-  if (value < 1) throw UsageError("-np must be at least 1, got " + text);
+  if (errno == ERANGE || value > INT_MAX) throw UsageError(flag + " " + text + " is too large");
+  if (value < 1) throw UsageError(flag + " must be at least 1, got " + text);
   return static_cast<int>(value);
+}
+
+// The words of a hostfile line, split at spaces and tabs.
+std::vector<std::string> split_words(const std::string& line) {
+  std::vector<std::string> words;
+  size_t start = 0;
+  while (true) {
+    start = line.find_first_not_of(" \t\r", start);
+    if (start == std::string::npos) return words;
+    const size_t end = line.find_first_of(" \t\r", start);
+    words.push_back(line.substr(start, end == std::string::npos ? end : end - start));
+    if (end == std::string::npos) return words;
+    start = end;
+  }
+}
+
+// Whether `name` starts with `prefix` and has more after it.
+bool has_prefix(const std::string& name, const std::string& prefix) {
+  return name.size() > prefix.size() && name.compare(0, prefix.size(), prefix) == 0;
 }
 
 // Reads one integer from a sysfs file; false when the file is missing or unreadable.
@@ -91,17 +112,23 @@ bool needs_no_quoting(const std::string& word) {
 }  // namespace
 
 const char* usage_text() {
-  return "usage: zerorun -np N [--dry-run] [--] program [args...]\n"
-         "  -np N      start N ranks (N >= 1) through mpirun\n"
-         "  --dry-run  print the mpirun command instead of running it\n"
-         "  -h, --help print this text\n"
+  return "usage: zerorun [-np N | --hostfile FILE] [--num_gpus G] [--dry-run] [--] program "
+         "[args...]\n"
+         "  -np N            start N ranks (N >= 1); with a hostfile, at most its total slots\n"
+         "  --hostfile FILE  run on the hosts of FILE, one 'host slots=N' per line ('#' "
+         "comments);\n"
+         "                   ranks fill the hosts in order, one per slot, unbound to cores\n"
+         "  --num_gpus G     at most G ranks per host (each host's slots are capped at G);\n"
+         "                   without -np or a hostfile, start G ranks on this host\n"
+         "  --dry-run        print the mpirun command instead of running it\n"
+         "  -h, --help       print this text\n"
          "environment: ZERO_MPIRUN names the mpirun to use (default: mpirun on PATH);\n"
-         "             every ZERO_* variable is passed on to the ranks\n";
+         "             ZERO_* and NCCL_* variables, OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and\n"
+         "             CUDA_VISIBLE_DEVICES are passed on to the ranks\n";
 }
 
 LaunchRequest parse_arguments(const std::vector<std::string>& args) {
   LaunchRequest request;
-  bool have_ranks = false;
   size_t i = 0;
   for (; i < args.size(); ++i) {
     const std::string& arg = args[i];
@@ -109,10 +136,19 @@ LaunchRequest parse_arguments(const std::vector<std::string>& args) {
       ++i;
       break;
     }
-    if (arg == "-np") {
-      if (i + 1 == args.size()) throw UsageError("-np needs a number of ranks");
-      request.ranks = parse_ranks(args[++i]);
-      have_ranks = true;
+    if (arg == "-np" || arg == "--num_gpus" || arg == "--hostfile") {
+      if (i + 1 == args.size()) {
+        throw UsageError(arg == "-np"          ? "-np needs a number of ranks"
+                         : arg == "--num_gpus" ? "--num_gpus needs a number of GPUs per host"
+                                               : "--hostfile needs a file name");
+      }
+      const std::string& value = args[++i];
+      if (arg == "-np") request.ranks = parse_count(arg, value);
+      if (arg == "--num_gpus") request.num_gpus = parse_count(arg, value);
+      if (arg == "--hostfile") {
+        if (value.empty()) throw UsageError("--hostfile needs a file name, got ''");
+        request.hostfile = value;
+      }
     } else if (arg == "--dry-run") {
       request.dry_run = true;
     } else if (arg == "-h" || arg == "--help") {
@@ -125,9 +161,81 @@ LaunchRequest parse_arguments(const std::vector<std::string>& args) {
   }
   request.program.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
   if (request.help) return request;
-  if (!have_ranks) throw UsageError("missing -np N (the number of ranks)");
+  if (request.hostfile.empty()) {
+    if (request.ranks == 0 && request.num_gpus == 0) {
+      throw UsageError("missing -np N (the number of ranks), --num_gpus G or --hostfile FILE");
+    }
+    // Without a hostfile every rank runs on this one host.
+    if (request.num_gpus > 0 && request.ranks > request.num_gpus) {
+      throw UsageError("-np " + std::to_string(request.ranks) + " exceeds --num_gpus " +
+                       std::to_string(request.num_gpus) +
+                       " (without a hostfile every rank runs on this host)");
+    }
+  }
   if (request.program.empty()) throw UsageError("no program to run");
   return request;
+}
+
+std::vector<HostSlots> parse_hostfile(const std::string& text, const std::string& file_name) {
+  std::vector<HostSlots> hosts;
+  std::vector<int> listed_on;  // line of each host, for the duplicate message
+  int line_number = 0;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t end = std::min(text.find('\n', start), text.size());
+    std::string line = text.substr(start, end - start);
+    start = end + 1;
+    ++line_number;
+    line = line.substr(0, line.find('#'));
+    const std::vector<std::string> words = split_words(line);
+    if (words.empty()) continue;
+
+    const std::string where = file_name + ":" + std::to_string(line_number) + ": ";
+    const std::string& host = words[0];
+    if (host.find('=') != std::string::npos) {
+      throw HostfileError(where + "missing host name before '" + host + "'");
+    }
+    if (host.find_first_of(",:") != std::string::npos) {
+      // mpirun's --host list is host:slots,host:slots; such a name would be misread.
+      throw HostfileError(where + "host name '" + host + "' may not contain ',' or ':'");
+    }
+    std::string slots_text;
+    bool have_slots = false;
+    for (size_t w = 1; w < words.size(); ++w) {
+      if (words[w].compare(0, 6, "slots=") != 0) {
+        throw HostfileError(where + "unknown token '" + words[w] + "' (expected 'host slots=N')");
+      }
+      if (have_slots) throw HostfileError(where + "slots given twice for host '" + host + "'");
+      slots_text = words[w].substr(6);
+      have_slots = true;
+    }
+    if (!have_slots) throw HostfileError(where + "host '" + host + "' has no slots=N");
+    int slots = 0;
+    try {
+      slots = parse_count("slots", slots_text);
+    } catch (const UsageError& e) {
+      throw HostfileError(where + e.what());
+    }
+    for (size_t h = 0; h < hosts.size(); ++h) {
+      if (hosts[h].host == host) {
+        throw HostfileError(where + "host '" + host + "' is already listed on line " +
+                            std::to_string(listed_on[h]));
+      }
+    }
+    hosts.push_back({host, slots});
+    listed_on.push_back(line_number);
+  }
+  if (hosts.empty()) throw HostfileError(file_name + ": no hosts listed");
+  return hosts;
+}
+
+std::vector<HostSlots> read_hostfile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw HostfileError("cannot read hostfile '" + path + "': " + std::strerror(errno));
+  std::stringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw HostfileError("cannot read hostfile '" + path + "': " + std::strerror(errno));
+  return parse_hostfile(text.str(), path);
 }
 
 HostFacts current_host() {
@@ -138,22 +246,59 @@ HostFacts current_host() {
   return host;
 }
 
-std::vector<std::string> build_mpirun_command(const std::string& mpirun,
-                                              const LaunchRequest& request, const HostFacts& host) {
-  ZERO_CHECK(request.ranks >= 1, "the number of ranks must be at least 1, got " << request.ranks);
-  ZERO_CHECK(!request.program.empty(), "no program to run");
-  std::vector<std::string> command = {mpirun, "-np", std::to_string(request.ranks)};
-  if (host.is_root) command.push_back("--allow-run-as-root");
-  if (static_cast<unsigned>(request.ranks) > host.cores) {
-    command.insert(command.end(),
-                   {"--oversubscribe", "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1"});
-  }
-  std::set<std::string> forwarded;
-  for (const std::string& entry : host.environment) {
+std::vector<std::string> forwarded_variables(const std::vector<std::string>& environment) {
+  static const std::set<std::string> kSingles = {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                                 "CUDA_VISIBLE_DEVICES"};
+  std::set<std::string> names;
+  for (const std::string& entry : environment) {
     const std::string name = entry.substr(0, entry.find('='));
-    if (name.size() > 5 && name.compare(0, 5, "ZERO_") == 0) forwarded.insert(name);
+    if (has_prefix(name, "ZERO_") || has_prefix(name, "NCCL_") || kSingles.count(name) > 0) {
+      names.insert(name);
+    }
   }
-  for (const std::string& name : forwarded) command.insert(command.end(), {"-x", name});
+  return {names.begin(), names.end()};
+}
+
+std::vector<std::string> build_mpirun_command(const std::string& mpirun,
+                                              const LaunchRequest& request, const HostFacts& host,
+                                              const std::vector<HostSlots>& hosts) {
+  ZERO_CHECK(!request.program.empty(), "no program to run");
+  std::vector<std::string> placement;  // the flags that say where ranks run
+  int ranks = request.ranks;
+  if (hosts.empty()) {
+    if (ranks == 0) ranks = request.num_gpus;
+    ZERO_CHECK(ranks >= 1, "the number of ranks must be at least 1, got " << ranks);
+    if (static_cast<unsigned>(ranks) > host.cores) {
+      placement = {"--oversubscribe", "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1"};
+    }
+  } else {
+    std::string host_list;
+    int total_slots = 0;
+    for (const HostSlots& entry : hosts) {
+      ZERO_CHECK(entry.slots >= 1, "host '" << entry.host << "' has " << entry.slots << " slots");
+      const int slots =
+          request.num_gpus > 0 ? std::min(entry.slots, request.num_gpus) : entry.slots;
+      host_list += (host_list.empty() ? "" : ",") + entry.host + ":" + std::to_string(slots);
+      total_slots += slots;
+    }
+    if (ranks == 0) ranks = total_slots;
+    if (ranks > total_slots) {
+      throw HostfileError(
+          "-np " + std::to_string(ranks) + " exceeds the " + std::to_string(total_slots) +
+          " slots of hostfile '" + request.hostfile + "'" +
+          (request.num_gpus > 0
+               ? " (at most " + std::to_string(request.num_gpus) + " per host with --num_gpus)"
+               : ""));
+    }
+    placement = {"--host", host_list, "--map-by", "slot", "--bind-to", "none"};
+  }
+
+  std::vector<std::string> command = {mpirun, "-np", std::to_string(ranks)};
+  if (host.is_root) command.push_back("--allow-run-as-root");
+  command.insert(command.end(), placement.begin(), placement.end());
+  for (const std::string& name : forwarded_variables(host.environment)) {
+    command.insert(command.end(), {"-x", name});
+  }
   command.insert(command.end(), request.program.begin(), request.program.end());
   return command;
 }

@@ -1,15 +1,16 @@
 // zerorun: starts a ZeRO job through mpirun. It adds the flags this runtime needs on every host
-// (root, more ranks than cores, ZERO_* variables) and then becomes mpirun, so the job's exit
-// code is zerorun's. Exit code 2: zerorun itself could not start the job.
+// (root, more ranks than cores, the hosts of a hostfile, forwarded variables) and then becomes
+// mpirun, so the job's exit code is zerorun's. Exit code 2: zerorun itself could not start the
+// job (bad flags, a bad hostfile, no mpirun, no program).
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "zero/kernels/check.h"
 #include "zero/launcher/launch_command.h"
 
 int main(int argc, char** argv) {
@@ -30,10 +31,12 @@ int main(int argc, char** argv) {
 
   std::vector<std::string> command;
   try {
+    const std::vector<HostSlots> hosts =
+        request.hostfile.empty() ? std::vector<HostSlots>{} : read_hostfile(request.hostfile);
     const std::string mpirun = resolve_mpirun();
     check_program(request.program[0]);
-    command = build_mpirun_command(mpirun, request, current_host());
-  } catch (const zero::Error& e) {
+    command = build_mpirun_command(mpirun, request, current_host(), hosts);
+  } catch (const std::runtime_error& e) {  // HostfileError or zero::Error
     std::fprintf(stderr, "zerorun: %s\n", e.what());
     return 2;
   }

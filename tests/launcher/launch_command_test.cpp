@@ -1,5 +1,6 @@
-// zerorun's command building without starting anything: argument parsing, the mpirun argv for
-// hosts we describe (root or not, few or many cores, ZERO_* variables), PATH search, quoting.
+// zerorun's command building without starting anything: argument parsing, hostfiles, the mpirun
+// argv for hosts we describe (root or not, few or many cores, forwarded variables, hostfile hosts
+// capped by --num_gpus), PATH search, quoting.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -36,6 +37,30 @@ TEST(ParseArguments, ProgramStartsAtFirstNonOption) {
   EXPECT_EQ(request.program, (Words{"train", "-np", "9", "--dry-run"}));
 }
 
+TEST(ParseArguments, ReadsHostfileAndNumGpus) {
+  const LaunchRequest request =
+      parse_arguments({"--hostfile", "hosts.txt", "--num_gpus", "2", "train", "--lr", "1"});
+  EXPECT_EQ(request.hostfile, "hosts.txt");
+  EXPECT_EQ(request.num_gpus, 2);
+  EXPECT_EQ(request.ranks, 0);  // the hostfile decides
+  EXPECT_EQ(request.program, (Words{"train", "--lr", "1"}));
+
+  // -np may join a hostfile, and may exceed --num_gpus there: the hostfile has several hosts.
+  const LaunchRequest both =
+      parse_arguments({"--hostfile", "h", "--num_gpus", "2", "-np", "6", "t"});
+  EXPECT_EQ(both.ranks, 6);
+  EXPECT_EQ(both.num_gpus, 2);
+}
+
+// Without a hostfile, --num_gpus alone says how many ranks this host starts.
+TEST(ParseArguments, NumGpusAloneIsEnoughOnOneHost) {
+  const LaunchRequest request = parse_arguments({"--num_gpus", "3", "train"});
+  EXPECT_EQ(request.ranks, 0);
+  EXPECT_EQ(request.num_gpus, 3);
+  EXPECT_TRUE(request.hostfile.empty());
+  EXPECT_EQ(parse_arguments({"--num_gpus", "3", "-np", "3", "train"}).ranks, 3);
+}
+
 TEST(ParseArguments, HelpNeedsNothingElse) {
   EXPECT_TRUE(parse_arguments({"--help"}).help);
   EXPECT_TRUE(parse_arguments({"-h"}).help);
@@ -64,6 +89,70 @@ TEST(ParseArguments, RejectsBadFlags) {
   expect_usage_error({"-np", "2"}, "no program");
   expect_usage_error({"-np", "2", "--"}, "no program");
   expect_usage_error({"--frobnicate", "-np", "2", "/bin/true"}, "'--frobnicate'");
+  expect_usage_error({"--num_gpus", "2"}, "no program");
+  expect_usage_error({"--hostfile", "h"}, "no program");
+  expect_usage_error({"--hostfile"}, "--hostfile needs a file name");
+  expect_usage_error({"--hostfile", "", "/bin/true"}, "--hostfile needs a file name, got ''");
+  expect_usage_error({"--num_gpus"}, "--num_gpus needs a number");
+  expect_usage_error({"--num_gpus", "0", "/bin/true"}, "--num_gpus must be at least 1, got 0");
+  expect_usage_error({"--num_gpus", "x", "/bin/true"},
+                     "--num_gpus needs a positive whole number, got 'x'");
+  expect_usage_error(
+      {"--num_gpus", "2", "-np", "3", "/bin/true"},
+      "-np 3 exceeds --num_gpus 2 (without a hostfile every rank runs on this host)");
+}
+
+TEST(ParseHostfile, ReadsHostsSlotsCommentsAndBlankLines) {
+  const std::string text =
+      "# two training nodes\n"
+      "\n"
+      "node-a slots=4\n"
+      "   \t \n"
+      "\tnode-b\t  slots=2   # the small one\n"
+      "10.0.0.7 slots=1";  // no newline at the end
+  EXPECT_EQ(parse_hostfile(text, "hosts"),
+            (std::vector<HostSlots>{{"node-a", 4}, {"node-b", 2}, {"10.0.0.7", 1}}));
+}
+
+std::string hostfile_error(const std::string& text) {
+  try {
+    parse_hostfile(text, "hosts");
+  } catch (const HostfileError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+// Every bad line is named by file:line with what is wrong with it.
+TEST(ParseHostfile, BadLinesNameFileLineAndProblem) {
+  EXPECT_EQ(hostfile_error("node-a slots=4\nnode-b\n"), "hosts:2: host 'node-b' has no slots=N");
+  EXPECT_EQ(hostfile_error("node-a slots=4 # slots=2\nnode-b # slots=2\n"),
+            "hosts:2: host 'node-b' has no slots=N");
+  EXPECT_EQ(hostfile_error("# header\nnode-a slots=four\n"),
+            "hosts:2: slots needs a positive whole number, got 'four'");
+  EXPECT_EQ(hostfile_error("node-a slots=0"), "hosts:1: slots must be at least 1, got 0");
+  EXPECT_EQ(hostfile_error("node-a slots=-2"),
+            "hosts:1: slots needs a positive whole number, got '-2'");
+  EXPECT_EQ(hostfile_error("node-a slots=1.5"),
+            "hosts:1: slots needs a positive whole number, got '1.5'");
+  EXPECT_EQ(hostfile_error("node-a slots="),
+            "hosts:1: slots needs a positive whole number, got ''");
+  EXPECT_EQ(hostfile_error("node-a slots=99999999999"), "hosts:1: slots 99999999999 is too large");
+  EXPECT_EQ(hostfile_error("node-a slots=4\n\nnode-b slots=2\nnode-a slots=1\n"),
+            "hosts:4: host 'node-a' is already listed on line 1");
+  EXPECT_EQ(hostfile_error("node-a slots=4 gpus=4\n"),
+            "hosts:1: unknown token 'gpus=4' (expected 'host slots=N')");
+  EXPECT_EQ(hostfile_error("node-a slots 4\n"),
+            "hosts:1: unknown token 'slots' (expected 'host slots=N')");
+  EXPECT_EQ(hostfile_error("node-a slots=4 slots=2\n"),
+            "hosts:1: slots given twice for host 'node-a'");
+  EXPECT_EQ(hostfile_error("slots=4\n"), "hosts:1: missing host name before 'slots=4'");
+  EXPECT_EQ(hostfile_error("node-a,node-b slots=4\n"),
+            "hosts:1: host name 'node-a,node-b' may not contain ',' or ':'");
+  EXPECT_EQ(hostfile_error("node-a:2 slots=4\n"),
+            "hosts:1: host name 'node-a:2' may not contain ',' or ':'");
+  EXPECT_EQ(hostfile_error("# nothing but comments\n\n"), "hosts: no hosts listed");
+  EXPECT_EQ(hostfile_error(""), "hosts: no hosts listed");
 }
 
 LaunchRequest request_for(int ranks, const Words& program) {
@@ -116,6 +205,83 @@ TEST(BuildMpirunCommand, AllFlagsTogether) {
                            host_with(true, 1, {"ZERO_LOG=debug"})),
       (Words{"mpirun", "-np", "4", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
              "--mca", "mpi_yield_when_idle", "1", "-x", "ZERO_LOG", "/bin/echo", "hi"}));
+}
+
+// The same forwarding rules for other variables: NCCL_* by prefix, three by exact name.
+TEST(ForwardedVariables, PicksRuntimeThreadAndDeviceVariables) {
+  EXPECT_EQ(forwarded_variables({"NCCL_DEBUG=INFO", "NCCL_=1", "OMP_NUM_THREADS=2",
+                                 "OMP_PROC_BIND=true", "OPENBLAS_NUM_THREADS=1",
+                                 "CUDA_VISIBLE_DEVICES=0,1", "CUDA_HOME=/usr/local/cuda",
+                                 "ZERO_STAGE=3", "HOME=/root", "MY_NCCL_X=1"}),
+            (Words{"CUDA_VISIBLE_DEVICES", "NCCL_DEBUG", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                   "ZERO_STAGE"}));
+  EXPECT_EQ(forwarded_variables({}), Words{});
+}
+
+TEST(BuildMpirunCommand, NumGpusAloneStartsThatManyRanksHere) {
+  LaunchRequest request = request_for(0, {"train"});
+  request.num_gpus = 3;
+  EXPECT_EQ(build_mpirun_command("mpirun", request, host_with(false, 8)),
+            (Words{"mpirun", "-np", "3", "train"}));
+}
+
+const std::vector<HostSlots> kTwoHosts = {{"node-a", 4}, {"node-b", 2}};
+
+LaunchRequest hostfile_request(int ranks, int num_gpus) {
+  LaunchRequest request = request_for(ranks, {"train", "--steps", "3"});
+  request.hostfile = "hosts";
+  request.num_gpus = num_gpus;
+  return request;
+}
+
+// The whole command for a two-host hostfile: every slot gets a rank, ranks fill the hosts in
+// order, nothing is bound, and the variables travel to the other host.
+TEST(BuildMpirunCommand, TwoHostHostfile) {
+  const HostFacts host =
+      host_with(true, 2, {"ZERO_STAGE=3", "OMP_NUM_THREADS=4", "NCCL_DEBUG=WARN", "PATH=/bin"});
+  EXPECT_EQ(
+      shell_join(build_mpirun_command("/usr/bin/mpirun", hostfile_request(0, 0), host, kTwoHosts)),
+      "/usr/bin/mpirun -np 6 --allow-run-as-root --host node-a:4,node-b:2 --map-by slot "
+      "--bind-to none -x NCCL_DEBUG -x OMP_NUM_THREADS -x ZERO_STAGE train --steps 3");
+}
+
+// With a hostfile the slots decide, not this host's cores: no oversubscription flags.
+TEST(BuildMpirunCommand, NpTakesFewerRanksThanSlots) {
+  EXPECT_EQ(build_mpirun_command("mpirun", hostfile_request(5, 0), host_with(false, 1), kTwoHosts),
+            (Words{"mpirun", "-np", "5", "--host", "node-a:4,node-b:2", "--map-by", "slot",
+                   "--bind-to", "none", "train", "--steps", "3"}));
+  EXPECT_EQ(
+      build_mpirun_command("mpirun", hostfile_request(6, 0), host_with(false, 1), kTwoHosts)[2],
+      "6");
+}
+
+std::string hostfile_build_error(const LaunchRequest& request) {
+  try {
+    build_mpirun_command("mpirun", request, host_with(false, 8), kTwoHosts);
+  } catch (const HostfileError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(BuildMpirunCommand, NpBeyondSlotsIsAnError) {
+  EXPECT_EQ(hostfile_build_error(hostfile_request(7, 0)),
+            "-np 7 exceeds the 6 slots of hostfile 'hosts'");
+  EXPECT_EQ(hostfile_build_error(hostfile_request(5, 2)),
+            "-np 5 exceeds the 4 slots of hostfile 'hosts' (at most 2 per host with --num_gpus)");
+}
+
+// --num_gpus caps every host's slots; hosts with fewer slots keep theirs.
+TEST(BuildMpirunCommand, NumGpusCapsSlotsPerHost) {
+  EXPECT_EQ(build_mpirun_command("mpirun", hostfile_request(0, 3), host_with(false, 8), kTwoHosts),
+            (Words{"mpirun", "-np", "5", "--host", "node-a:3,node-b:2", "--map-by", "slot",
+                   "--bind-to", "none", "train", "--steps", "3"}));
+  EXPECT_EQ(build_mpirun_command("mpirun", hostfile_request(2, 1), host_with(false, 8), kTwoHosts),
+            (Words{"mpirun", "-np", "2", "--host", "node-a:1,node-b:1", "--map-by", "slot",
+                   "--bind-to", "none", "train", "--steps", "3"}));
+  EXPECT_EQ(build_mpirun_command("mpirun", hostfile_request(0, 8), host_with(false, 8), kTwoHosts),
+            (Words{"mpirun", "-np", "6", "--host", "node-a:4,node-b:2", "--map-by", "slot",
+                   "--bind-to", "none", "train", "--steps", "3"}));
 }
 
 TEST(BuildMpirunCommand, RejectsRequestsParseWouldRefuse) {
@@ -173,6 +339,27 @@ TEST_F(ScratchDir, FindExecutableTakesPathsAsGiven) {
   EXPECT_EQ(find_executable(dir_ + "/tool", ""), dir_ + "/tool");
   EXPECT_EQ(find_executable(dir_ + "/data", ""), "");
   EXPECT_EQ(find_executable(dir_ + "/missing", "/bin"), "");
+}
+
+TEST_F(ScratchDir, ReadHostfileReadsTheFileOrSaysWhyNot) {
+  const std::string path = dir_ + "/hosts";
+  std::ofstream(path) << "node-a slots=2\nnode-b slots=1\n";
+  EXPECT_EQ(read_hostfile(path), (std::vector<HostSlots>{{"node-a", 2}, {"node-b", 1}}));
+  std::ofstream(path) << "node-a slots=2\nnode-b\n";
+  try {
+    read_hostfile(path);
+    ADD_FAILURE() << "no error for a bad hostfile";
+  } catch (const HostfileError& e) {
+    EXPECT_EQ(std::string(e.what()), path + ":2: host 'node-b' has no slots=N");
+  }
+  std::remove(path.c_str());
+  try {
+    read_hostfile(dir_ + "/missing");
+    ADD_FAILURE() << "no error for a missing hostfile";
+  } catch (const HostfileError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "cannot read hostfile '" + dir_ + "/missing': No such file or directory");
+  }
 }
 
 TEST_F(ScratchDir, CheckProgramNamesTheProblem) {

@@ -1,6 +1,7 @@
-// The zerorun executable end to end: the printed dry-run command, real two-rank jobs whose
-// exit codes come back through mpirun, ZERO_* variables reaching the ranks, and the errors
-// (exit code 2) for bad flags, a missing program and a missing mpirun.
+// The zerorun executable end to end: the printed dry-run command (one host, or two from a
+// hostfile), real two-rank jobs whose exit codes come back through mpirun, variables and the
+// node-local rank reaching the ranks, and the errors (exit code 2) for bad flags, bad hostfiles,
+// a missing program and a missing mpirun.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -39,8 +40,9 @@ std::string read_all(const std::string& path) {
   return text.str();
 }
 
-// Runs zerorun with args in this process's environment minus every ZERO_* variable, plus
-// `variables`. Output goes to files, not pipes, so a chatty child can never block on a full pipe.
+// Runs zerorun with args in this process's environment minus every variable zerorun forwards,
+// plus `variables`. Output goes to files, not pipes, so a chatty child can never block on a full
+// pipe.
 Outcome run_zerorun(const Words& args, const Variables& variables = {}) {
   char out_name[] = "/tmp/zerorun_test_out_XXXXXX";
   char err_name[] = "/tmp/zerorun_test_err_XXXXXX";
@@ -53,8 +55,9 @@ Outcome run_zerorun(const Words& args, const Variables& variables = {}) {
   if (child < 0) fail_errno("fork");
   if (child == 0) {
     // The test process is single-threaded, so the child may allocate and setenv before exec.
-    for (const std::string& entry : zero::launcher::current_host().environment) {
-      if (entry.compare(0, 5, "ZERO_") == 0) unsetenv(entry.substr(0, entry.find('=')).c_str());
+    const zero::launcher::HostFacts host = zero::launcher::current_host();
+    for (const std::string& name : zero::launcher::forwarded_variables(host.environment)) {
+      unsetenv(name.c_str());
     }
     for (const auto& [name, value] : variables) setenv(name.c_str(), value.c_str(), 1);
     if (dup2(out_fd, STDOUT_FILENO) < 0 || dup2(err_fd, STDERR_FILENO) < 0) _exit(126);
@@ -108,6 +111,90 @@ TEST(Zerorun, DryRunForwardsZeroVariables) {
   EXPECT_TRUE(contains(outcome.out, " -x ZERO_TEST_A -x ZERO_TEST_B /bin/true\n")) << outcome.out;
 }
 
+// A hostfile in the working directory of the test, removed when the test ends.
+class Hostfile {
+ public:
+  explicit Hostfile(const std::string& text) {
+    char name[] = "/tmp/zerorun_test_hosts_XXXXXX";
+    const int fd = mkstemp(name);
+    if (fd < 0) fail_errno("mkstemp");
+    close(fd);
+    path_ = name;
+    std::ofstream(path_) << text;
+  }
+  ~Hostfile() { unlink(path_.c_str()); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+std::string root_flag() {
+  return geteuid() == 0 ? " --allow-run-as-root" : "";
+}
+
+TEST(Zerorun, DryRunWithTwoHostHostfile) {
+  const Hostfile hosts("# cluster\nnode-a slots=4\n\nnode-b slots=2  # spare\n");
+  const Outcome outcome =
+      run_zerorun({"--hostfile", hosts.path(), "--dry-run", "--", "/bin/echo", "hi"},
+                  {{"ZERO_STAGE", "3"}, {"OMP_NUM_THREADS", "1"}, {"NCCL_DEBUG", "INFO"}});
+  ASSERT_EQ(outcome.exit_code, 0) << outcome.err;
+  EXPECT_EQ(outcome.out, find_mpirun() + " -np 6" + root_flag() +
+                             " --host node-a:4,node-b:2 --map-by slot --bind-to none"
+                             " -x NCCL_DEBUG -x OMP_NUM_THREADS -x ZERO_STAGE /bin/echo hi\n");
+  EXPECT_EQ(outcome.err, "");
+}
+
+TEST(Zerorun, DryRunWithHostfileNpAndNumGpus) {
+  const Hostfile hosts("node-a slots=4\nnode-b slots=2\n");
+  const Outcome capped =
+      run_zerorun({"--hostfile", hosts.path(), "--num_gpus", "1", "--dry-run", "/bin/true"});
+  ASSERT_EQ(capped.exit_code, 0) << capped.err;
+  EXPECT_EQ(capped.out, find_mpirun() + " -np 2" + root_flag() +
+                            " --host node-a:1,node-b:1 --map-by slot --bind-to none /bin/true\n");
+
+  const Outcome fewer =
+      run_zerorun({"--hostfile", hosts.path(), "-np", "3", "--dry-run", "/bin/true"});
+  ASSERT_EQ(fewer.exit_code, 0) << fewer.err;
+  EXPECT_EQ(fewer.out, find_mpirun() + " -np 3" + root_flag() +
+                           " --host node-a:4,node-b:2 --map-by slot --bind-to none /bin/true\n");
+
+  const Outcome too_many = run_zerorun({"--hostfile", hosts.path(), "-np", "7", "/bin/true"});
+  EXPECT_EQ(too_many.exit_code, 2);
+  EXPECT_EQ(too_many.err,
+            "zerorun: -np 7 exceeds the 6 slots of hostfile '" + hosts.path() + "'\n");
+  EXPECT_EQ(too_many.out, "");
+}
+
+TEST(Zerorun, BadHostfileExits2NamingTheLine) {
+  const Hostfile hosts("node-a slots=4\nnode-b slots=two\n");
+  const Outcome outcome = run_zerorun({"--hostfile", hosts.path(), "/bin/true"});
+  EXPECT_EQ(outcome.exit_code, 2);
+  EXPECT_EQ(outcome.err,
+            "zerorun: " + hosts.path() + ":2: slots needs a positive whole number, got 'two'\n");
+  EXPECT_EQ(outcome.out, "");
+
+  const Outcome missing = run_zerorun({"--hostfile", "/nonexistent/hosts", "/bin/true"});
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_EQ(missing.err,
+            "zerorun: cannot read hostfile '/nonexistent/hosts': No such file or directory\n");
+}
+
+// A real job from a hostfile naming this host: every rank learns its node-local rank from
+// OpenMPI, and the two local ranks are 0 and 1 (each rank checks its own; a bad one fails the job).
+TEST(Zerorun, HostfileJobRanksKnowTheirLocalRank) {
+  const Hostfile hosts("localhost slots=2\n");
+  const Words probe = {"--hostfile",
+                       hosts.path(),
+                       "--",
+                       "/bin/sh",
+                       "-c",
+                       "test \"$OMPI_COMM_WORLD_LOCAL_RANK\" = \"$OMPI_COMM_WORLD_RANK\" && "
+                       "test \"$OMPI_COMM_WORLD_SIZE\" = 2 && test \"$ZERO_TEST_PROBE\" = yes"};
+  const Outcome outcome = run_zerorun(probe, {{"ZERO_TEST_PROBE", "yes"}});
+  EXPECT_EQ(outcome.exit_code, 0) << outcome.err;
+}
+
 TEST(Zerorun, JobExitCodeComesBack) {
   const Outcome ok = run_zerorun({"-np", "2", "--", "/bin/true"});
   EXPECT_EQ(ok.exit_code, 0) << ok.err;
@@ -133,7 +220,8 @@ TEST(Zerorun, ZeroMpirunOverridesPathSearch) {
 TEST(Zerorun, BadFlagsPrintUsageAndExit2) {
   for (const Words& args :
        {Words{}, Words{"-np"}, Words{"-np", "0", "/bin/true"}, Words{"-np", "two", "/bin/true"},
-        Words{"-np", "2"}, Words{"--bogus", "-np", "2", "/bin/true"}}) {
+        Words{"-np", "2"}, Words{"--bogus", "-np", "2", "/bin/true"}, Words{"--hostfile"},
+        Words{"--num_gpus", "0", "/bin/true"}, Words{"--num_gpus", "1", "-np", "2", "/bin/true"}}) {
     const Outcome outcome = run_zerorun(args);
     EXPECT_EQ(outcome.exit_code, 2) << outcome.err;
     EXPECT_TRUE(contains(outcome.err, "usage: zerorun")) << outcome.err;
