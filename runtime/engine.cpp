@@ -579,6 +579,45 @@ struct Engine::Impl {
     return byte_offset(s.grads_full.data(), pl.offset * elem);
   }
 
+  Engine::StateView state_view(int u) {
+    check_unit(u);
+    const Unit& unit = layout.units()[u];
+    UnitState& s = units[u];
+    Engine::StateView view;
+    view.begin = config.stage == 0 ? 0 : static_cast<size_t>(rank) * unit.shard;
+    view.end = config.stage == 0 ? unit.numel : view.begin + unit.shard;
+    if (config.dtype != DType::kFloat32) {
+      view.master = s.master.as<float>();
+    } else {
+      view.master = static_cast<float*>(config.stage == 0 ? s.params_full.data() : param_slice(u));
+    }
+    view.state_count = optimizer.state_count();
+    for (int k = 0; k < view.state_count; ++k) view.state[k] = s.state[k].as<float>();
+    return view;
+  }
+
+  void state_loaded() {
+    const kernels::KernelOptions kopt{config.kernel_threads};
+    for (size_t u = 0; u < units.size(); ++u) {
+      const Unit& unit = layout.units()[u];
+      UnitState& s = units[u];
+      if (config.dtype != DType::kFloat32) {
+        void* working = config.stage == 0 ? s.params_full.data() : param_slice(u);
+        const size_t n = config.stage == 0 ? unit.numel : unit.shard;
+        kernels::cast(s.master.data(), DType::kFloat32, working, config.dtype, n, kopt);
+      }
+    }
+    comm.stream().wait(compute.record());
+    for (size_t u = 0; u < units.size(); ++u) {
+      UnitState& s = units[u];
+      if (config.stage == 0 || s.params_full.empty()) continue;
+      const Unit& unit = layout.units()[u];
+      void* source = config.stage == 3 ? s.params_shard.data() : param_slice(u);
+      s.params_ready = comm.all_gather(source, s.params_full.data(), unit.shard, config.dtype);
+    }
+    for (UnitState& s : units) compute.wait(s.params_ready);
+  }
+
   std::vector<std::vector<float>> gather_full_params() {
     std::vector<std::vector<float>> out(layout.params().size());
     for (size_t u = 0; u < units.size(); ++u) {
@@ -661,6 +700,14 @@ size_t Engine::live_elements() const { return impl_->live; }
 bool Engine::is_gathered(int unit) const {
   impl_->check_unit(unit);
   return impl_->units[unit].gathered;
+}
+Engine::StateView Engine::state_view(int unit) { return impl_->state_view(unit); }
+void Engine::state_loaded() { impl_->state_loaded(); }
+long Engine::optimizer_step() const { return impl_->optimizer.step(); }
+void Engine::set_optimizer_step(long step) { impl_->optimizer.set_step(step); }
+LossScaler::State Engine::loss_scaler_state() const { return impl_->loss_scaler.state(); }
+void Engine::set_loss_scaler_state(const LossScaler::State& state) {
+  impl_->loss_scaler.set_state(state);
 }
 uint64_t Engine::model_state_bytes() const { return impl_->allocator.stats().model_state(); }
 uint64_t Engine::buffer_bytes() const { return impl_->allocator.stats().buffers(); }

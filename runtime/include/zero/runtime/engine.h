@@ -120,6 +120,29 @@ class Engine {
   uint64_t model_state_bytes() const;
   uint64_t buffer_bytes() const;
 
+  // Checkpoint access. For each unit, the fp32 training state this rank holds: elements
+  // [begin, end) of the unit's flat layout (the whole unit at stage 0, the rank's shard
+  // otherwise) of the master weights (the working parameters themselves when they are fp32)
+  // and of each optimizer state array. A checkpoint saves the rank's shard of these and a load
+  // overwrites them, then calls state_loaded().
+  struct StateView {
+    size_t begin = 0;
+    size_t end = 0;
+    float* master = nullptr;
+    float* state[2] = {nullptr, nullptr};
+    int state_count = 0;
+  };
+  StateView state_view(int unit);
+  // After the master and optimizer state were replaced: rewrites the working parameters from
+  // the master (rounded to the working dtype) and gathers the full parameters where the stage
+  // keeps them. Collective: every rank calls it.
+  void state_loaded();
+  // Optimizer steps taken (the LR schedule's position), and the fp16 loss scaler's state.
+  long optimizer_step() const;
+  void set_optimizer_step(long step);
+  LossScaler::State loss_scaler_state() const;
+  void set_loss_scaler_state(const LossScaler::State& state);
+
   // The full working parameters, converted to fp32 (registration order, unpadded); collective:
   // every rank must call it. Used by tests and exports.
   std::vector<std::vector<float>> gather_full_params();
