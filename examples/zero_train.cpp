@@ -1,10 +1,14 @@
 // zero-train: trains an example model with the ZeRO engine on the ranks mpirun started.
 //
 //   zerorun -np 2 -- zero-train --model mlp --stage 3 --steps 20 --metrics run.jsonl
+//   zerorun -np 4 -- zero-train --config ds_config.json --steps 100 --trace run.trace.json
 //
-// Rank 0 prints one progress line per step and, with --metrics, writes JSON lines: an "init"
-// record (world size, stage, parameter counts, model-state and buffer bytes) and one "step"
-// record per step (loss, gradient norm, learning rate, time, bytes communicated).
+// Settings come from a DeepSpeed-style config (--config) when given, and command-line flags
+// override it. Rank 0 prints a memory summary at start and a progress line every
+// steps_per_print steps; --metrics writes JSON lines (an "init" record, then one "step" record
+// per step); --trace writes a Chrome trace of every rank's compute and collectives.
+#include <mpi.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -12,48 +16,53 @@
 #include <fstream>
 #include <iostream>
 #include <limits>
-#include <map>
+#include <optional>
 #include <string>
-
-#include <mpi.h>
 
 #include "examples/mlp.h"
 #include "zero/collectives/mpi_communicator.h"
 #include "zero/kernels/check.h"
+#include "zero/runtime/config.h"
 #include "zero/runtime/model.h"
 
 extern "C" void openblas_set_num_threads(int num_threads);
 
 namespace {
 
-struct Options {
+// Flags as given: unset ones leave the config file's (or the built-in default's) value.
+struct Flags {
   std::string model = "mlp";
-  int stage = 3;
+  std::string config;
   long steps = 20;
-  uint64_t seed = 1;
-  long global_batch = 24;
-  int micro_batches = 1;
-  float lr = 1e-3f;
-  float weight_decay = 0.0f;
-  float clip = 0.0f;
-  long warmup = 0;
-  std::string schedule = "constant";
+  std::optional<int> stage;
+  std::optional<uint64_t> seed;
+  std::optional<long> global_batch;
+  std::optional<int> micro_batches;
+  std::optional<float> lr;
+  std::optional<float> weight_decay;
+  std::optional<float> clip;
+  std::optional<std::string> schedule;
+  std::optional<long> warmup;
+  std::optional<zero::DType> dtype;
+  std::optional<size_t> merge_bytes;
+  std::optional<long> steps_per_print;
   std::string metrics;
+  std::string trace;
   zero::examples::MlpConfig mlp;
-  size_t merge_bytes = 32 * 1024;
   int threads = 1;
-  long test_comm_delay_us = 0;
-  zero::DType dtype = zero::DType::kFloat32;
   long inject_inf_grad_step = 0;  // --inject-fault inf-grad@STEP
+  long test_comm_delay_us = 0;
 };
 
 constexpr const char* kUsage =
-    "usage: zero-train [--model mlp] [--stage 0|1|2|3] [--steps N] [--seed S]\n"
-    "                  [--global-batch B] [--micro-batches K] [--lr X] [--weight-decay X]\n"
-    "                  [--clip X] [--schedule constant|warmup|linear|cosine] [--warmup N]\n"
-    "                  [--metrics FILE] [--input-dim N] [--hidden N] [--output-dim N]\n"
-    "                  [--layers N] [--merge-bytes N] [--threads N] [--dtype fp32|bf16|fp16]\n"
-    "                  [--inject-fault inf-grad@STEP] [--test-comm-delay-us N]\n";
+    "usage: zero-train [--config FILE] [--model mlp] [--steps N] [--stage 0|1|2|3]\n"
+    "                  [--dtype fp32|bf16|fp16] [--seed S] [--global-batch B]\n"
+    "                  [--micro-batches K] [--lr X] [--weight-decay X] [--clip X]\n"
+    "                  [--schedule constant|warmup|linear|cosine] [--warmup N]\n"
+    "                  [--steps-per-print N] [--metrics FILE] [--trace FILE]\n"
+    "                  [--input-dim N] [--hidden N] [--output-dim N] [--layers N]\n"
+    "                  [--merge-bytes N] [--threads N] [--inject-fault inf-grad@STEP]\n"
+    "                  [--test-comm-delay-us N]\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
   std::cerr << "zero-train: " << message << "\n" << kUsage;
@@ -71,98 +80,146 @@ long parse_long(const std::string& flag, const std::string& value, long min_valu
   return v;
 }
 
-float parse_float(const std::string& flag, const std::string& value) {
+float parse_float(const std::string& flag, const std::string& value, float min_value) {
   char* end = nullptr;
   float v = std::strtof(value.c_str(), &end);
   if (value.empty() || *end != '\0' || !std::isfinite(v)) {
     usage_error(flag + " expects a number, got '" + value + "'");
   }
+  if (v < min_value) usage_error(flag + " must be at least " + std::to_string(min_value));
   return v;
 }
 
-Options parse_options(int argc, char** argv) {
-  Options o;
+Flags parse_flags(int argc, char** argv) {
+  Flags f;
   for (int i = 1; i < argc; ++i) {
-    std::string flag = argv[i];
+    const std::string flag = argv[i];
     if (flag == "-h" || flag == "--help") {
       std::cout << kUsage;
       std::exit(0);
     }
     if (i + 1 >= argc) usage_error("missing value after " + flag);
-    std::string v = argv[++i];
-    if (flag == "--model")
-      o.model = v;
-    else if (flag == "--stage")
-      o.stage = static_cast<int>(parse_long(flag, v, 0));
-    else if (flag == "--steps")
-      o.steps = parse_long(flag, v, 1);
-    else if (flag == "--seed")
-      o.seed = static_cast<uint64_t>(parse_long(flag, v, 0));
-    else if (flag == "--global-batch")
-      o.global_batch = parse_long(flag, v, 1);
-    else if (flag == "--micro-batches")
-      o.micro_batches = static_cast<int>(parse_long(flag, v, 1));
-    else if (flag == "--lr")
-      o.lr = parse_float(flag, v);
-    else if (flag == "--weight-decay")
-      o.weight_decay = parse_float(flag, v);
-    else if (flag == "--clip")
-      o.clip = parse_float(flag, v);
-    else if (flag == "--schedule")
-      o.schedule = v;
-    else if (flag == "--warmup")
-      o.warmup = parse_long(flag, v, 0);
-    else if (flag == "--metrics")
-      o.metrics = v;
-    else if (flag == "--input-dim")
-      o.mlp.input_dim = static_cast<int>(parse_long(flag, v, 1));
-    else if (flag == "--hidden")
-      o.mlp.hidden_dim = static_cast<int>(parse_long(flag, v, 1));
-    else if (flag == "--output-dim")
-      o.mlp.output_dim = static_cast<int>(parse_long(flag, v, 1));
-    else if (flag == "--layers")
-      o.mlp.layers = static_cast<int>(parse_long(flag, v, 1));
-    else if (flag == "--merge-bytes")
-      o.merge_bytes = static_cast<size_t>(parse_long(flag, v, 0));
-    else if (flag == "--threads")
-      o.threads = static_cast<int>(parse_long(flag, v, 1));
-    else if (flag == "--test-comm-delay-us")
-      o.test_comm_delay_us = parse_long(flag, v, 0);
-    else if (flag == "--dtype") {
-      if (!zero::parse_dtype(v, &o.dtype)) usage_error("--dtype must be fp32, bf16 or fp16");
+    const std::string v = argv[++i];
+    if (flag == "--config") {
+      f.config = v;
+    } else if (flag == "--model") {
+      f.model = v;
+    } else if (flag == "--steps") {
+      f.steps = parse_long(flag, v, 1);
+    } else if (flag == "--stage") {
+      f.stage = static_cast<int>(parse_long(flag, v, 0));
+      if (*f.stage > 3) usage_error("--stage must be 0, 1, 2 or 3");
+    } else if (flag == "--dtype") {
+      zero::DType dtype;
+      if (!zero::parse_dtype(v, &dtype)) usage_error("--dtype must be fp32, bf16 or fp16");
+      f.dtype = dtype;
+    } else if (flag == "--seed") {
+      f.seed = static_cast<uint64_t>(parse_long(flag, v, 0));
+    } else if (flag == "--global-batch") {
+      f.global_batch = parse_long(flag, v, 1);
+    } else if (flag == "--micro-batches") {
+      f.micro_batches = static_cast<int>(parse_long(flag, v, 1));
+    } else if (flag == "--lr") {
+      f.lr = parse_float(flag, v, 0.0f);
+    } else if (flag == "--weight-decay") {
+      f.weight_decay = parse_float(flag, v, 0.0f);
+    } else if (flag == "--clip") {
+      f.clip = parse_float(flag, v, 0.0f);
+    } else if (flag == "--schedule") {
+      if (v != "constant" && v != "warmup" && v != "linear" && v != "cosine") {
+        usage_error("unknown schedule '" + v + "' (constant, warmup, linear, cosine)");
+      }
+      f.schedule = v;
+    } else if (flag == "--warmup") {
+      f.warmup = parse_long(flag, v, 0);
+    } else if (flag == "--steps-per-print") {
+      f.steps_per_print = parse_long(flag, v, 1);
+    } else if (flag == "--metrics") {
+      f.metrics = v;
+    } else if (flag == "--trace") {
+      f.trace = v;
+    } else if (flag == "--input-dim") {
+      f.mlp.input_dim = static_cast<int>(parse_long(flag, v, 1));
+    } else if (flag == "--hidden") {
+      f.mlp.hidden_dim = static_cast<int>(parse_long(flag, v, 1));
+    } else if (flag == "--output-dim") {
+      f.mlp.output_dim = static_cast<int>(parse_long(flag, v, 1));
+    } else if (flag == "--layers") {
+      f.mlp.layers = static_cast<int>(parse_long(flag, v, 1));
+    } else if (flag == "--merge-bytes") {
+      f.merge_bytes = static_cast<size_t>(parse_long(flag, v, 0));
+    } else if (flag == "--threads") {
+      f.threads = static_cast<int>(parse_long(flag, v, 1));
     } else if (flag == "--inject-fault") {
       const std::string prefix = "inf-grad@";
-      if (v.rfind(prefix, 0) != 0) {
+      if (v.rfind(prefix, 0) != 0)
         usage_error("--inject-fault expects inf-grad@STEP, got '" + v + "'");
-      }
-      o.inject_inf_grad_step = parse_long(flag, v.substr(prefix.size()), 1);
-    } else
+      f.inject_inf_grad_step = parse_long(flag, v.substr(prefix.size()), 1);
+    } else if (flag == "--test-comm-delay-us") {
+      f.test_comm_delay_us = parse_long(flag, v, 0);
+    } else {
       usage_error("unknown flag " + flag);
+    }
   }
-  if (o.model != "mlp") usage_error("unknown model '" + o.model + "' (available: mlp)");
-  if (o.stage > 3) usage_error("--stage must be 0, 1, 2 or 3");
-  if (o.lr < 0.0f) usage_error("--lr must be >= 0");
-  if (o.clip < 0.0f) usage_error("--clip must be >= 0 (0 = off)");
-  return o;
+  if (f.model != "mlp") usage_error("unknown model '" + f.model + "' (available: mlp)");
+  return f;
 }
 
-zero::LrScheduleConfig schedule_config(const Options& o) {
-  zero::LrScheduleConfig s;
-  s.max_lr = o.lr;
-  s.min_lr = 0.0f;
-  s.warmup_steps = o.warmup;
-  s.total_steps = o.steps;
-  if (o.schedule == "constant")
-    s.type = zero::LrScheduleType::kConstant;
-  else if (o.schedule == "warmup")
-    s.type = zero::LrScheduleType::kWarmup;
-  else if (o.schedule == "linear")
-    s.type = zero::LrScheduleType::kWarmupLinearDecay;
-  else if (o.schedule == "cosine")
-    s.type = zero::LrScheduleType::kWarmupCosine;
-  else
-    usage_error("unknown schedule '" + o.schedule + "' (constant, warmup, linear, cosine)");
-  return s;
+// The config file (or the built-in defaults), then every flag the user gave on top.
+zero::TrainingConfig resolve_config(const Flags& f, int world_size) {
+  zero::TrainingConfig tc;
+  if (!f.config.empty()) {
+    tc = zero::load_training_config(f.config, world_size);
+  } else {
+    tc.engine.stage = 3;
+    tc.engine.optimizer.lr = 1e-3f;
+    tc.engine.optimizer.weight_decay = 0.0f;
+    tc.engine.merge_bytes = 32 * 1024;
+    tc.train_batch_size = 24;
+    tc.steps_per_print = 1;
+    tc.origin = "the command line";
+  }
+  zero::EngineConfig& e = tc.engine;
+  if (f.stage) e.stage = *f.stage;
+  if (f.dtype) e.dtype = *f.dtype;
+  if (f.seed) e.seed = *f.seed;
+  if (f.weight_decay) e.optimizer.weight_decay = *f.weight_decay;
+  if (f.clip) e.gradient_clipping = *f.clip;
+  if (f.merge_bytes) e.merge_bytes = *f.merge_bytes;
+  if (f.steps_per_print) tc.steps_per_print = *f.steps_per_print;
+  if (f.lr) {
+    e.optimizer.lr = *f.lr;
+    e.lr_schedule.max_lr = *f.lr;
+  }
+  if (f.schedule) {
+    const std::string& s = *f.schedule;
+    e.lr_schedule.type = s == "constant" ? zero::LrScheduleType::kConstant
+                         : s == "warmup" ? zero::LrScheduleType::kWarmup
+                         : s == "linear" ? zero::LrScheduleType::kWarmupLinearDecay
+                                         : zero::LrScheduleType::kWarmupCosine;
+    e.lr_schedule.max_lr = e.optimizer.lr;
+    e.lr_schedule.min_lr = 0.0f;
+    e.lr_schedule.total_steps = f.steps;
+  }
+  if (f.warmup) e.lr_schedule.warmup_steps = *f.warmup;
+  if (f.global_batch || f.micro_batches) {
+    const zero::BatchSizes b = zero::derive_batch_sizes(
+        f.global_batch ? *f.global_batch : tc.train_batch_size, std::nullopt,
+        f.micro_batches ? *f.micro_batches : tc.gradient_accumulation_steps, world_size,
+        "--global-batch/--micro-batches");
+    tc.train_batch_size = b.train_batch_size;
+    tc.micro_batch_per_rank = b.micro_batch_per_rank;
+    tc.gradient_accumulation_steps = b.gradient_accumulation_steps;
+  } else if (f.config.empty()) {
+    const zero::BatchSizes b =
+        zero::derive_batch_sizes(tc.train_batch_size, std::nullopt, 1, world_size, tc.origin);
+    tc.micro_batch_per_rank = b.micro_batch_per_rank;
+    tc.gradient_accumulation_steps = b.gradient_accumulation_steps;
+  }
+  e.micro_batches = tc.gradient_accumulation_steps;
+  e.kernel_threads = f.threads;
+  e.trace = !f.trace.empty();
+  return tc;
 }
 
 // JSON has no NaN or infinity: a non-finite value (the norm of an overflowing step) is null.
@@ -179,53 +236,43 @@ uint64_t max_over_ranks(zero::Communicator& comm, uint64_t value) {
   return m;
 }
 
-int train(const Options& o, zero::Communicator& comm) {
+double mib(uint64_t bytes) {
+  return static_cast<double>(bytes) / (1 << 20);
+}
+
+void train(const Flags& f, const zero::TrainingConfig& tc, zero::Communicator& comm) {
   const int rank = comm.rank();
   const int world = comm.world_size();
-  const long per_micro_batch = o.global_batch / (static_cast<long>(world) * o.micro_batches);
-  if (per_micro_batch * world * o.micro_batches != o.global_batch) {
-    if (rank == 0) {
-      std::cerr << "zero-train: --global-batch " << o.global_batch << " is not divisible by ranks ("
-                << world << ") x micro-batches (" << o.micro_batches << ")\n";
-    }
-    return 2;
-  }
-  if (o.test_comm_delay_us > 0) {
-    comm.stream().set_delay_for_testing(std::chrono::microseconds(o.test_comm_delay_us));
+  const zero::EngineConfig& config = tc.engine;
+  const long per_micro_batch = tc.micro_batch_per_rank;
+  const int micro_batches = tc.gradient_accumulation_steps;
+  if (f.test_comm_delay_us > 0) {
+    comm.stream().set_delay_for_testing(std::chrono::microseconds(f.test_comm_delay_us));
   }
 
-  zero::EngineConfig config;
-  config.stage = o.stage;
-  config.micro_batches = o.micro_batches;
-  config.gradient_clipping = o.clip;
-  config.optimizer.lr = o.lr;
-  config.optimizer.weight_decay = o.weight_decay;
-  config.lr_schedule = schedule_config(o);
-  config.merge_bytes = o.merge_bytes;
-  config.kernel_threads = o.threads;
-  config.seed = o.seed;
-  config.dtype = o.dtype;
-
-  zero::ZeroModel model(comm, zero::examples::make_mlp(o.mlp), config);
-  zero::examples::TeacherTask task(o.mlp, o.seed);
+  zero::ZeroModel model(comm, zero::examples::make_mlp(f.mlp), config);
+  zero::examples::TeacherTask task(f.mlp, config.seed);
   zero::Engine& engine = model.engine();
 
   std::ofstream metrics;
-  if (rank == 0 && !o.metrics.empty()) {
-    metrics.open(o.metrics);
-    ZERO_CHECK(metrics.good(), "cannot open metrics file '" << o.metrics << "' for writing");
+  if (rank == 0 && !f.metrics.empty()) {
+    metrics.open(f.metrics);
+    ZERO_CHECK(metrics.good(), "cannot open metrics file '" << f.metrics << "' for writing");
   }
   const uint64_t state_bytes = max_over_ranks(comm, engine.model_state_bytes());
   const uint64_t buffer_bytes = max_over_ranks(comm, engine.buffer_bytes());
   if (rank == 0) {
     std::printf(
         "zero-train: mlp in %s, %zu params (%zu padded) in %zu units, stage %d, %d rank(s), "
-        "model state %.2f MiB per rank\n",
-        zero::dtype_name(o.dtype), engine.layout().numel(), engine.layout().padded_numel(),
-        engine.layout().units().size(), o.stage, world,
-        static_cast<double>(state_bytes) / (1 << 20));
+        "global batch %ld = %ld per micro-batch x %d micro-batches x %d ranks\n",
+        zero::dtype_name(config.dtype), engine.layout().numel(), engine.layout().padded_numel(),
+        engine.layout().units().size(), config.stage, world, tc.train_batch_size, per_micro_batch,
+        micro_batches, world);
+    std::printf("memory on rank 0 at start:\n%s", engine.allocator().summary().c_str());
+    std::fflush(stdout);
     if (metrics.is_open()) {
-      metrics << "{\"event\":\"init\",\"world_size\":" << world << ",\"stage\":" << o.stage
+      metrics << "{\"event\":\"init\",\"world_size\":" << world << ",\"stage\":" << config.stage
+              << ",\"dtype\":\"" << zero::dtype_name(config.dtype) << "\""
               << ",\"params\":" << engine.layout().numel()
               << ",\"padded_params\":" << engine.layout().padded_numel()
               << ",\"units\":" << engine.layout().units().size()
@@ -234,72 +281,87 @@ int train(const Options& o, zero::Communicator& comm) {
     }
   }
 
-  for (long step = 1; step <= o.steps; ++step) {
+  for (long step = 1; step <= f.steps; ++step) {
     const uint64_t bytes_before = comm.counters().total_bytes();
     const auto start = std::chrono::steady_clock::now();
     float loss_sum = 0.0f;
-    for (int k = 0; k < o.micro_batches; ++k) {
+    for (int k = 0; k < micro_batches; ++k) {
       // Micro-batch k of the global batch is split across ranks in contiguous blocks.
       const int64_t first =
-          static_cast<int64_t>(k) * world * per_micro_batch + rank * per_micro_batch;
+          (static_cast<int64_t>(k) * world + rank) * static_cast<int64_t>(per_micro_batch);
       zero::examples::Batch batch = task.batch(step, first, per_micro_batch);
       zero::Tensor prediction = model.forward(batch.inputs);
       zero::Tensor grad;
       loss_sum += zero::examples::mse_loss(prediction, batch.targets, grad);
       // Fault injection for users testing their setup: the last rank's gradient becomes
       // infinite in the last micro-batch of the chosen step.
-      if (step == o.inject_inf_grad_step && k == o.micro_batches - 1 && rank == world - 1) {
+      if (step == f.inject_inf_grad_step && k == micro_batches - 1 && rank == world - 1) {
         grad.data[0] = std::numeric_limits<float>::infinity();
       }
       model.backward(grad);
     }
-    zero::StepStats stats = model.step();
+    const zero::StepStats stats = model.step();
     float global_loss = 0.0f;
     comm.all_reduce_sync(&loss_sum, &global_loss, 1, zero::DType::kFloat32);
-    global_loss /= static_cast<float>(world * o.micro_batches);
+    global_loss /= static_cast<float>(world * micro_batches);
     const double step_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     const uint64_t step_bytes = comm.counters().total_bytes() - bytes_before;
     const uint64_t step_state = max_over_ranks(comm, engine.model_state_bytes());
-    if (rank == 0) {
-      if (stats.skipped) {
-        std::printf("step %4ld/%ld  gradient overflow: step skipped, loss scale now %g\n", step,
-                    o.steps, stats.loss_scale);
-      }
-      std::printf("step %4ld/%ld  loss %.6f  grad_norm %.4f  lr %.3g  scale %g  %.2f ms\n", step,
-                  o.steps, global_loss, stats.grad_norm, stats.lr, stats.loss_scale, step_ms);
+    const uint64_t peak = max_over_ranks(comm, engine.allocator().stats().peak_total);
+    if (rank != 0) continue;
+    if (stats.skipped) {
+      std::printf("step %ld: gradient overflow, step skipped; loss scale now %g\n", step,
+                  stats.loss_scale);
+    }
+    if (step % tc.steps_per_print == 0 || step == f.steps || stats.skipped) {
+      std::printf(
+          "step %5ld/%ld  loss %.6f  lr %.3g  scale %g  grad_norm %.4f  %.2f ms  %.0f samples/s  "
+          "state %.2f MiB  peak %.2f MiB\n",
+          step, f.steps, global_loss, stats.lr, stats.loss_scale, stats.grad_norm, step_ms,
+          static_cast<double>(tc.train_batch_size) / (step_ms / 1000.0), mib(step_state),
+          mib(peak));
       std::fflush(stdout);
-      if (metrics.is_open()) {
-        metrics << "{\"event\":\"step\",\"step\":" << step
-                << ",\"loss\":" << json_number(global_loss)
-                << ",\"grad_norm\":" << json_number(stats.grad_norm)
-                << ",\"lr\":" << json_number(stats.lr) << ",\"step_ms\":" << json_number(step_ms)
-                << ",\"comm_bytes\":" << step_bytes << ",\"model_state_bytes\":" << step_state
-                << ",\"loss_scale\":" << json_number(stats.loss_scale)
-                << ",\"skipped\":" << (stats.skipped ? "true" : "false") << "}\n";
-        metrics.flush();
-      }
+    }
+    if (metrics.is_open()) {
+      metrics << "{\"event\":\"step\",\"step\":" << step << ",\"loss\":" << json_number(global_loss)
+              << ",\"grad_norm\":" << json_number(stats.grad_norm)
+              << ",\"lr\":" << json_number(stats.lr) << ",\"step_ms\":" << json_number(step_ms)
+              << ",\"comm_bytes\":" << step_bytes << ",\"model_state_bytes\":" << step_state
+              << ",\"peak_bytes\":" << peak << ",\"loss_scale\":" << json_number(stats.loss_scale)
+              << ",\"skipped\":" << (stats.skipped ? "true" : "false") << "}\n";
+      metrics.flush();
     }
   }
-  return 0;
+  if (!f.trace.empty()) {
+    engine.trace().write_chrome_trace(comm, f.trace);
+    if (rank == 0) std::printf("trace written to %s\n", f.trace.c_str());
+  }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   // Flags are checked before MPI starts, so a usage error exits 2 on every rank at once.
-  Options options = parse_options(argc, argv);
+  const Flags flags = parse_flags(argc, argv);
   zero::MpiSession mpi(&argc, &argv);
   // Ranks already use every core; OpenBLAS threads on top would only contend with them.
   openblas_set_num_threads(1);
-  int rc = 0;
   try {
     std::unique_ptr<zero::Communicator> comm = zero::make_mpi_communicator();
-    rc = train(options, *comm);
+    zero::TrainingConfig config;
+    try {
+      config = resolve_config(flags, comm->world_size());
+    } catch (const zero::ConfigError& e) {
+      // Every rank read the same file and found the same problem: one message, exit 2.
+      if (mpi.world_rank() == 0) std::cerr << "zero-train: " << e.what() << "\n";
+      return 2;
+    }
+    train(flags, config, *comm);
   } catch (const std::exception& e) {
     std::cerr << "zero-train: rank " << mpi.world_rank() << ": error: " << e.what() << "\n";
     // The other ranks may be waiting in a collective this rank will never join: end the job.
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
-  return rc;
+  return 0;
 }

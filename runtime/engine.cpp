@@ -91,7 +91,9 @@ UnitBytes unit_bytes(const Unit& unit, const EngineConfig& config, int state_arr
   return b;
 }
 
-int optimizer_state_arrays(const OptimizerConfig& config) { return Optimizer(config).state_count(); }
+int optimizer_state_arrays(const OptimizerConfig& config) {
+  return Optimizer(config).state_count();
+}
 
 std::string join_ranks(const std::vector<int>& ranks) {
   std::ostringstream out;
@@ -99,7 +101,9 @@ std::string join_ranks(const std::vector<int>& ranks) {
   return out.str();
 }
 
-char* byte_offset(void* p, size_t bytes) { return static_cast<char*>(p) + bytes; }
+char* byte_offset(void* p, size_t bytes) {
+  return static_cast<char*>(p) + bytes;
+}
 
 struct UnitState {
   Buffer params_full;
@@ -145,15 +149,15 @@ struct Engine::Impl {
   Impl(Communicator& c, const std::vector<ParamDecl>& decls, const EngineConfig& cfg)
       : comm(c),
         config(validated(cfg)),
-        layout(Layout::build(specs_of(decls),
-                             LayoutOptions{c.world_size(), cfg.dtype, cfg.alignment_bytes,
-                                           cfg.merge_bytes})),
+        layout(Layout::build(specs_of(decls), LayoutOptions{c.world_size(), cfg.dtype,
+                                                            cfg.alignment_bytes, cfg.merge_bytes})),
         optimizer(cfg.optimizer),
         schedule(cfg.lr_schedule),
         loss_scaler(cfg.loss_scaler),
         rank(c.rank()),
         world(c.world_size()),
         elem(dtype_size(cfg.dtype)),
+        trace(cfg.trace),
         param_pool(allocator, MemoryCategory::kPrefetch, layout.max_unit_numel() * elem),
         grad_pool(allocator, MemoryCategory::kCommBuffer, layout.max_unit_numel() * elem) {
     check_same_model_on_all_ranks();
@@ -169,7 +173,8 @@ struct Engine::Impl {
                "gradient clipping must be >= 0 (0 = off), got " << c.gradient_clipping);
     ZERO_CHECK(c.gradient_predivide_factor > 0.0f,
                "gradient_predivide_factor must be > 0, got " << c.gradient_predivide_factor);
-    ZERO_CHECK(c.kernel_threads >= 1, "kernel threads must be at least 1, got " << c.kernel_threads);
+    ZERO_CHECK(c.kernel_threads >= 1,
+               "kernel threads must be at least 1, got " << c.kernel_threads);
     return c;
   }
 
@@ -211,10 +216,11 @@ struct Engine::Impl {
                                              << stages[0] << ", rank " << r << " uses stage "
                                              << stages[r]);
     }
-    ZERO_FAIL("the layout differs across ranks (same parameters, but a different world size, "
-              "alignment or merge threshold); this rank uses world size "
-              << world << ", alignment " << config.alignment_bytes << ", merge threshold "
-              << config.merge_bytes);
+    ZERO_FAIL(
+        "the layout differs across ranks (same parameters, but a different world size, "
+        "alignment or merge threshold); this rank uses world size "
+        << world << ", alignment " << config.alignment_bytes << ", merge threshold "
+        << config.merge_bytes);
   }
 
   void allocate() {
@@ -276,6 +282,22 @@ struct Engine::Impl {
     }
   }
 
+  // Wraps a collective issued on the communication stream with markers that run on that stream
+  // right before and after it, so the trace holds when it really ran, not when it was queued.
+  template <typename Issue>
+  Event traced(const char* name, uint64_t bytes, Issue issue) {
+    if (!trace.enabled()) return issue();
+    auto begin_us = std::make_shared<double>(0.0);
+    comm.stream().enqueue([begin_us] { *begin_us = Trace::now_us(); });
+    Event done = issue();
+    Trace* t = &trace;
+    std::string span_name = name;
+    comm.stream().enqueue([t, begin_us, span_name, bytes] {
+      t->add(TraceSpan{span_name, true, *begin_us, Trace::now_us(), bytes});
+    });
+    return done;
+  }
+
   // An issued collective: with overlap_comm off, compute waits for it right away.
   Event issued(Event e) {
     if (!config.overlap_comm) compute.wait(e);
@@ -313,15 +335,18 @@ struct Engine::Impl {
       buf = fp32_scratch.data();
       comm.stream().enqueue([=] { kernels::cast(bucket, w, buf, DType::kFloat32, numel); });
     }
+    const uint64_t bytes_on_wire = numel * dtype_size(wire);
     if (!accumulate && !via_fp32 && config.reduce_scatter) {
-      comm.reduce_scatter(buf, dest, shard, wire);
+      traced("reduce_scatter", bytes_on_wire,
+             [&] { return comm.reduce_scatter(buf, dest, shard, wire); });
       return issued(comm.stream().record());
     }
     void* slot = byte_offset(buf, rank * shard * dtype_size(wire));
     if (config.reduce_scatter) {
-      comm.reduce_scatter(buf, slot, shard, wire);
+      traced("reduce_scatter", bytes_on_wire,
+             [&] { return comm.reduce_scatter(buf, slot, shard, wire); });
     } else {
-      comm.all_reduce(buf, buf, numel, wire);
+      traced("all_reduce", bytes_on_wire, [&] { return comm.all_reduce(buf, buf, numel, wire); });
     }
     void* bucket_slot = byte_offset(bucket, rank * shard * dtype_size(w));
     const size_t bytes = shard * dtype_size(w);
@@ -346,10 +371,11 @@ struct Engine::Impl {
     if (config.reduce_in_fp32 && w != DType::kFloat32) {
       void* buf = fp32_scratch.data();
       comm.stream().enqueue([=] { kernels::cast(bucket, w, buf, DType::kFloat32, numel); });
-      comm.all_reduce(buf, buf, numel, DType::kFloat32);
+      traced("all_reduce", numel * sizeof(float),
+             [&] { return comm.all_reduce(buf, buf, numel, DType::kFloat32); });
       comm.stream().enqueue([=] { kernels::cast(buf, DType::kFloat32, bucket, w, numel); });
     } else {
-      comm.all_reduce(bucket, bucket, numel, w);
+      traced("all_reduce", numel * elem, [&] { return comm.all_reduce(bucket, bucket, numel, w); });
     }
     return issued(comm.stream().record());
   }
@@ -374,8 +400,9 @@ struct Engine::Impl {
     s.params_full = param_pool.acquire(/*zeroed=*/false);
     // The pooled buffer may have just been released by compute: order the gather after it.
     comm.stream().wait(compute.record());
-    s.params_ready = issued(comm.all_gather(s.params_shard.data(), s.params_full.data(),
-                                            unit.shard, config.dtype));
+    s.params_ready = issued(traced("all_gather", unit.numel * elem, [&] {
+      return comm.all_gather(s.params_shard.data(), s.params_full.data(), unit.shard, config.dtype);
+    }));
     s.gathered = true;
     live += unit.numel;
     return true;
@@ -450,20 +477,25 @@ struct Engine::Impl {
     // tells every rank at once whether (and in which unit) a gradient overflowed anywhere.
     const kernels::KernelOptions kopt{config.kernel_threads};
     std::vector<float> sums(units.size());
-    for (size_t u = 0; u < units.size(); ++u) {
-      sums[u] = static_cast<float>(
-          kernels::sum_squares(grad_slice(u), config.dtype, layout.units()[u].shard, kopt));
+    {
+      ScopedSpan span(trace, "gradient norm");
+      for (size_t u = 0; u < units.size(); ++u) {
+        sums[u] = static_cast<float>(
+            kernels::sum_squares(grad_slice(u), config.dtype, layout.units()[u].shard, kopt));
+      }
     }
-    comm.all_reduce_sync(sums.data(), sums.data(), sums.size(), DType::kFloat32);
+    traced("all_reduce", sums.size() * sizeof(float), [&] {
+      return comm.all_reduce(sums.data(), sums.data(), sums.size(), DType::kFloat32);
+    }).wait();
     double total = 0.0;
     for (float v : sums) total += v;
 
     // Gradients are summed over ranks and micro-batches and carry the loss scale (and the
     // pre-divide): one factor takes them back to the mean gradient of the global batch.
     const float scale_now = loss_scale();
-    const float to_mean = config.gradient_predivide_factor /
-                          (static_cast<float>(world) * static_cast<float>(config.micro_batches) *
-                           scale_now);
+    const float to_mean =
+        config.gradient_predivide_factor /
+        (static_cast<float>(world) * static_cast<float>(config.micro_batches) * scale_now);
     StepStats stats;
     stats.grad_norm = static_cast<float>(std::sqrt(total)) * to_mean;
     const bool overflow = !std::isfinite(total);
@@ -499,6 +531,7 @@ struct Engine::Impl {
     }
     stats.lr = current_lr();
     optimizer.begin_step(stats.lr);
+    ScopedSpan optimizer_span(trace, "optimizer");
     const bool separate_master = config.dtype != DType::kFloat32;
     for (size_t u = 0; u < units.size(); ++u) {
       const Unit& unit = layout.units()[u];
@@ -524,8 +557,9 @@ struct Engine::Impl {
       if (s.params_full.empty() || config.stage == 0) continue;
       const Unit& unit = layout.units()[u];
       void* source = config.stage == 3 ? s.params_shard.data() : param_slice(u);
-      s.params_ready =
-          issued(comm.all_gather(source, s.params_full.data(), unit.shard, config.dtype));
+      s.params_ready = issued(traced("all_gather", unit.numel * elem, [&] {
+        return comm.all_gather(source, s.params_full.data(), unit.shard, config.dtype);
+      }));
       if (!s.persistent) s.gathered = false;
     }
     finish_step();
@@ -539,9 +573,7 @@ struct Engine::Impl {
                : schedule.lr_at(optimizer.step() + 1);
   }
 
-  float loss_scale() const {
-    return config.dtype == DType::kFloat16 ? loss_scaler.scale() : 1.0f;
-  }
+  float loss_scale() const { return config.dtype == DType::kFloat16 ? loss_scaler.scale() : 1.0f; }
 
   // Gradients start from zero for the next step.
   void finish_step() {
@@ -662,6 +694,7 @@ struct Engine::Impl {
   int rank;
   int world;
   size_t elem;  // bytes per element of the working dtype
+  Trace trace;
   HostCompute compute;
   BufferPool param_pool;
   BufferPool grad_pool;
@@ -670,8 +703,7 @@ struct Engine::Impl {
   size_t live = 0;  // elements of non-persistent stage-3 units gathered now
 };
 
-Engine::Engine(Communicator& comm, const std::vector<ParamDecl>& params,
-               const EngineConfig& config)
+Engine::Engine(Communicator& comm, const std::vector<ParamDecl>& params, const EngineConfig& config)
     : impl_(std::make_unique<Impl>(comm, params, config)) {}
 
 Engine::~Engine() {
@@ -683,34 +715,79 @@ Engine::~Engine() {
   }
 }
 
-const Layout& Engine::layout() const { return impl_->layout; }
-const EngineConfig& Engine::config() const { return impl_->config; }
-Communicator& Engine::communicator() { return impl_->comm; }
-Allocator& Engine::allocator() { return impl_->allocator; }
-void Engine::prefetch(int unit) { impl_->prefetch(unit); }
-void Engine::gather(int unit) { impl_->gather(unit); }
-void Engine::release(int unit) { impl_->release(unit); }
-void Engine::grads_ready(int unit) { impl_->grads_ready(unit); }
-StepStats Engine::step() { return impl_->step(); }
-void* Engine::param(int param) { return impl_->param(param); }
-void* Engine::grad(int param) { return impl_->grad(param); }
-DType Engine::dtype() const { return impl_->config.dtype; }
-float Engine::loss_scale() const { return impl_->loss_scale(); }
-size_t Engine::live_elements() const { return impl_->live; }
+const Layout& Engine::layout() const {
+  return impl_->layout;
+}
+const EngineConfig& Engine::config() const {
+  return impl_->config;
+}
+Communicator& Engine::communicator() {
+  return impl_->comm;
+}
+Allocator& Engine::allocator() {
+  return impl_->allocator;
+}
+Trace& Engine::trace() {
+  return impl_->trace;
+}
+void Engine::prefetch(int unit) {
+  impl_->prefetch(unit);
+}
+void Engine::gather(int unit) {
+  impl_->gather(unit);
+}
+void Engine::release(int unit) {
+  impl_->release(unit);
+}
+void Engine::grads_ready(int unit) {
+  impl_->grads_ready(unit);
+}
+StepStats Engine::step() {
+  return impl_->step();
+}
+void* Engine::param(int param) {
+  return impl_->param(param);
+}
+void* Engine::grad(int param) {
+  return impl_->grad(param);
+}
+DType Engine::dtype() const {
+  return impl_->config.dtype;
+}
+float Engine::loss_scale() const {
+  return impl_->loss_scale();
+}
+size_t Engine::live_elements() const {
+  return impl_->live;
+}
 bool Engine::is_gathered(int unit) const {
   impl_->check_unit(unit);
   return impl_->units[unit].gathered;
 }
-Engine::StateView Engine::state_view(int unit) { return impl_->state_view(unit); }
-void Engine::state_loaded() { impl_->state_loaded(); }
-long Engine::optimizer_step() const { return impl_->optimizer.step(); }
-void Engine::set_optimizer_step(long step) { impl_->optimizer.set_step(step); }
-LossScaler::State Engine::loss_scaler_state() const { return impl_->loss_scaler.state(); }
+Engine::StateView Engine::state_view(int unit) {
+  return impl_->state_view(unit);
+}
+void Engine::state_loaded() {
+  impl_->state_loaded();
+}
+long Engine::optimizer_step() const {
+  return impl_->optimizer.step();
+}
+void Engine::set_optimizer_step(long step) {
+  impl_->optimizer.set_step(step);
+}
+LossScaler::State Engine::loss_scaler_state() const {
+  return impl_->loss_scaler.state();
+}
 void Engine::set_loss_scaler_state(const LossScaler::State& state) {
   impl_->loss_scaler.set_state(state);
 }
-uint64_t Engine::model_state_bytes() const { return impl_->allocator.stats().model_state(); }
-uint64_t Engine::buffer_bytes() const { return impl_->allocator.stats().buffers(); }
+uint64_t Engine::model_state_bytes() const {
+  return impl_->allocator.stats().model_state();
+}
+uint64_t Engine::buffer_bytes() const {
+  return impl_->allocator.stats().buffers();
+}
 std::vector<std::vector<float>> Engine::gather_full_params() {
   return impl_->gather_full_params();
 }

@@ -90,8 +90,8 @@ bool ZeroModel::keep_for_backward(int u) const {
   for (size_t v = static_cast<size_t>(u) + 1; v < layout.units().size(); ++v) {
     distance += layout.units()[v].numel;
   }
-  const bool in_budget = config.max_live_elements == 0 ||
-                         engine_->live_elements() <= config.max_live_elements;
+  const bool in_budget =
+      config.max_live_elements == 0 || engine_->live_elements() <= config.max_live_elements;
   return distance < config.max_reuse_distance && in_budget;
 }
 
@@ -108,7 +108,10 @@ Tensor ZeroModel::forward(const Tensor& input) {
       prefetch_after(u, +1);
     }
     Tensor out;
-    modules_[m].module->forward(current, out, u >= 0 ? params_of(m) : std::vector<ParamRef>{});
+    {
+      ScopedSpan span(engine_->trace(), "forward " + modules_[m].name);
+      modules_[m].module->forward(current, out, u >= 0 ? params_of(m) : std::vector<ParamRef>{});
+    }
     current = std::move(out);
     if (last_of_unit && !keep_for_backward(u)) engine_->release(u);
     // Backward starts with the last unit: start its gather now, behind the rest of forward.
@@ -134,10 +137,13 @@ Tensor ZeroModel::backward(const Tensor& grad_output) {
       prefetch_after(u, -1);
     }
     Tensor grad_in;
-    if (u >= 0) {
-      modules_[m].module->backward(current, grad_in, params_of(m), grads_of(m));
-    } else {
-      modules_[m].module->backward(current, grad_in, {}, {});
+    {
+      ScopedSpan span(engine_->trace(), "backward " + modules_[m].name);
+      if (u >= 0) {
+        modules_[m].module->backward(current, grad_in, params_of(m), grads_of(m));
+      } else {
+        modules_[m].module->backward(current, grad_in, {}, {});
+      }
     }
     current = std::move(grad_in);
     if (first_of_unit) {

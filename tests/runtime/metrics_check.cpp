@@ -2,6 +2,9 @@
 //   metrics_check same-losses REL A.jsonl B.jsonl...  every file's loss at every step equals A's
 //                                                      within REL relative
 //   metrics_check loss-falls RATIO A.jsonl            the last loss is below RATIO x the first
+//   metrics_check skipped-at STEP A.jsonl             exactly STEP was skipped, every loss finite
+//   metrics_check trace RANKS T.json                  a Chrome trace with compute and collective
+//                                                      spans from each of RANKS ranks
 // Exit 0 when the check holds, 1 (with the first difference printed) when it does not, 2 on
 // unreadable input.
 #include <cmath>
@@ -18,7 +21,9 @@ namespace {
 struct Metrics {
   int world_size = 0;
   int stage = 0;
-  std::vector<double> losses;
+  std::vector<double> losses;  // NaN where the record holds null
+  std::vector<bool> skipped;
+  std::vector<double> loss_scales;
 };
 
 Metrics read_metrics(const std::string& path) {
@@ -41,7 +46,10 @@ Metrics read_metrics(const std::string& path) {
       m.world_size = record.at("world_size").get<int>();
       m.stage = record.at("stage").get<int>();
     } else if (record["event"] == "step") {
-      m.losses.push_back(record.at("loss").get<double>());
+      const auto& loss = record.at("loss");
+      m.losses.push_back(loss.is_null() ? std::nan("") : loss.get<double>());
+      m.skipped.push_back(record.value("skipped", false));
+      m.loss_scales.push_back(record.value("loss_scale", 1.0));
     }
   }
   if (m.losses.empty()) {
@@ -93,6 +101,51 @@ int loss_falls(double ratio, const std::string& path) {
   return last < ratio * first ? 0 : 1;
 }
 
+int skipped_at(long step, const std::string& path) {
+  const Metrics m = read_metrics(path);
+  int failures = 0;
+  for (size_t i = 0; i < m.losses.size(); ++i) {
+    const bool expected = static_cast<long>(i) + 1 == step;
+    if (m.skipped[i] != expected) {
+      std::printf("%s: step %zu %s skipped\n", path.c_str(), i + 1, expected ? "was not" : "was");
+      ++failures;
+    }
+    if (!std::isfinite(m.losses[i])) {
+      std::printf("%s: step %zu loss is not finite\n", path.c_str(), i + 1);
+      ++failures;
+    }
+  }
+  std::printf("%s: %zu steps, skipped only at step %ld: %s\n", path.c_str(), m.losses.size(), step,
+              failures == 0 ? "yes" : "no");
+  return failures == 0 ? 0 : 1;
+}
+
+int trace_has_every_rank(int ranks, const std::string& path) {
+  std::ifstream in(path);
+  nlohmann::json trace = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (trace.is_discarded() || !trace.contains("traceEvents")) {
+    std::printf("%s: not a Chrome trace (JSON with traceEvents)\n", path.c_str());
+    return 1;
+  }
+  std::vector<int> compute(ranks, 0), collective(ranks, 0);
+  for (const auto& event : trace["traceEvents"]) {
+    if (event.value("ph", "") != "X") continue;
+    const int pid = event.value("pid", -1);
+    if (pid < 0 || pid >= ranks || !(event.value("dur", -1.0) >= 0.0)) {
+      std::printf("%s: bad span %s\n", path.c_str(), event.dump().c_str());
+      return 1;
+    }
+    (event.value("cat", "") == "collective" ? collective : compute)[pid] += 1;
+  }
+  int failures = 0;
+  for (int r = 0; r < ranks; ++r) {
+    std::printf("%s: rank %d: %d compute spans, %d collective spans\n", path.c_str(), r, compute[r],
+                collective[r]);
+    if (compute[r] == 0 || collective[r] == 0) ++failures;
+  }
+  return failures == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -102,7 +155,15 @@ int main(int argc, char** argv) {
   if (argc == 4 && std::string(argv[1]) == "loss-falls") {
     return loss_falls(std::atof(argv[2]), argv[3]);
   }
+  if (argc == 4 && std::string(argv[1]) == "skipped-at") {
+    return skipped_at(std::atol(argv[2]), argv[3]);
+  }
+  if (argc == 4 && std::string(argv[1]) == "trace") {
+    return trace_has_every_rank(std::atoi(argv[2]), argv[3]);
+  }
   std::cerr << "usage: metrics_check same-losses REL A.jsonl B.jsonl...\n"
-               "       metrics_check loss-falls RATIO A.jsonl\n";
+               "       metrics_check loss-falls RATIO A.jsonl\n"
+               "       metrics_check skipped-at STEP A.jsonl\n"
+               "       metrics_check trace RANKS T.json\n";
   return 2;
 }

@@ -30,6 +30,7 @@
 #include "zero/runtime/init.h"
 #include "zero/runtime/layout.h"
 #include "zero/runtime/memory.h"
+#include "zero/runtime/trace.h"
 
 namespace zero {
 
@@ -64,6 +65,9 @@ struct EngineConfig {
   size_t max_reuse_distance = 0;     // stage3_max_reuse_distance: at the end of forward, keep a
                                      // unit gathered if backward needs it again within this
                                      // many gathered elements
+
+  // Record compute and collective spans (Engine::trace()) for a Chrome trace and overlap figures.
+  bool trace = false;
 };
 
 struct ParamDecl {
@@ -94,6 +98,7 @@ class Engine {
   const EngineConfig& config() const;
   Communicator& communicator();
   Allocator& allocator();
+  Trace& trace();
 
   void prefetch(int unit);
   void gather(int unit);

@@ -1,0 +1,177 @@
+#include "zero/runtime/trace.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <utility>
+
+#include "zero/kernels/check.h"
+#include "zero/runtime/engine.h"
+
+namespace zero {
+
+namespace {
+
+// Intervals merged into a sorted, disjoint union, clipped to [lo, hi).
+std::vector<std::pair<double, double>> merged(const std::vector<TraceSpan>& spans, bool comm,
+                                              double lo, double hi) {
+  std::vector<std::pair<double, double>> v;
+  for (const TraceSpan& s : spans) {
+    if (s.comm != comm) continue;
+    const double b = std::max(s.begin_us, lo);
+    const double e = std::min(s.end_us, hi);
+    if (e > b) v.emplace_back(b, e);
+  }
+  std::sort(v.begin(), v.end());
+  std::vector<std::pair<double, double>> out;
+  for (const auto& iv : v) {
+    if (!out.empty() && iv.first <= out.back().second) {
+      out.back().second = std::max(out.back().second, iv.second);
+    } else {
+      out.push_back(iv);
+    }
+  }
+  return out;
+}
+
+double total(const std::vector<std::pair<double, double>>& v) {
+  double t = 0;
+  for (const auto& iv : v) t += iv.second - iv.first;
+  return t;
+}
+
+// Spans travel between ranks as text lines "comm\tbegin\tend\tbytes\tname".
+std::string serialize(const std::vector<TraceSpan>& spans) {
+  std::string out;
+  char line[128];
+  for (const TraceSpan& s : spans) {
+    std::snprintf(line, sizeof(line), "%d\t%.3f\t%.3f\t%llu\t", s.comm ? 1 : 0, s.begin_us,
+                  s.end_us, static_cast<unsigned long long>(s.bytes));
+    out += line;
+    out += s.name;
+    out += '\n';
+  }
+  return out;
+}
+
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) >= 0x20) out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+double Trace::now_us() {
+  using namespace std::chrono;
+  return duration<double, std::micro>(steady_clock::now().time_since_epoch()).count();
+}
+
+void Trace::add(TraceSpan span) {
+  if (!enabled_) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (spans_.size() >= kMaxSpans) {
+    truncated_ = true;
+    return;
+  }
+  spans_.push_back(std::move(span));
+}
+
+std::vector<TraceSpan> Trace::spans() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return spans_;
+}
+
+void Trace::clear() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  spans_.clear();
+  truncated_ = false;
+}
+
+void Trace::write_chrome_trace(Communicator& comm, const std::string& path) const {
+  std::string text = serialize(spans());
+  if (truncated_) text += "0\t0\t0\t0\t(trace truncated: span limit reached)\n";
+  // The communicator moves equal counts of typed elements: pad every rank's text to the
+  // longest, in 2-byte elements.
+  const std::vector<uint64_t> sizes = all_gather_u64(comm, text.size());
+  uint64_t longest = *std::max_element(sizes.begin(), sizes.end());
+  longest += longest % 2;
+  text.resize(longest, '\0');
+  std::string all(longest * sizes.size(), '\0');
+  comm.all_gather_sync(text.data(), all.data(), longest / 2, DType::kBFloat16);
+  if (comm.rank() != 0) return;
+
+  std::ofstream out(path);
+  ZERO_CHECK(out.good(), "cannot open trace file '" << path << "' for writing");
+  out << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+  bool first = true;
+  for (size_t r = 0; r < sizes.size(); ++r) {
+    for (int tid = 0; tid < 2; ++tid) {
+      out << (first ? "" : ",\n") << "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":" << r
+          << ",\"tid\":" << tid << ",\"args\":{\"name\":\"" << (tid ? "communication" : "compute")
+          << "\"}}";
+      first = false;
+    }
+    const std::string rank_text = all.substr(r * longest, sizes[r]);
+    size_t pos = 0;
+    while (pos < rank_text.size()) {
+      size_t end = rank_text.find('\n', pos);
+      if (end == std::string::npos) end = rank_text.size();
+      const std::string line = rank_text.substr(pos, end - pos);
+      pos = end + 1;
+      int comm_flag = 0;
+      double b = 0, e = 0;
+      unsigned long long bytes = 0;
+      int consumed = 0;
+      if (std::sscanf(line.c_str(), "%d\t%lf\t%lf\t%llu\t%n", &comm_flag, &b, &e, &bytes,
+                      &consumed) < 4) {
+        continue;
+      }
+      out << ",\n{\"ph\":\"X\",\"pid\":" << r << ",\"tid\":" << comm_flag << ",\"name\":\""
+          << json_escape(line.substr(static_cast<size_t>(consumed))) << "\",\"cat\":\""
+          << (comm_flag ? "collective" : "compute") << "\",\"ts\":" << b << ",\"dur\":" << e - b;
+      if (comm_flag) out << ",\"args\":{\"bytes\":" << bytes << "}";
+      out << "}";
+    }
+  }
+  out << "\n]}\n";
+  ZERO_CHECK(out.good(), "error writing trace file '" << path << "'");
+}
+
+ScopedSpan::ScopedSpan(Trace& trace, std::string name) : trace_(trace) {
+  if (!trace_.enabled()) return;
+  name_ = std::move(name);
+  begin_us_ = Trace::now_us();
+}
+
+ScopedSpan::~ScopedSpan() {
+  if (!trace_.enabled()) return;
+  trace_.add(TraceSpan{std::move(name_), false, begin_us_, Trace::now_us(), 0});
+}
+
+double comm_time_us(const std::vector<TraceSpan>& spans, double begin_us, double end_us) {
+  return total(merged(spans, true, begin_us, end_us));
+}
+
+double overlap_fraction(const std::vector<TraceSpan>& spans, double begin_us, double end_us) {
+  const auto comm = merged(spans, true, begin_us, end_us);
+  const auto compute = merged(spans, false, begin_us, end_us);
+  const double comm_total = total(comm);
+  if (comm_total <= 0) return 0.0;
+  double hidden = 0;
+  size_t j = 0;
+  for (const auto& c : comm) {
+    while (j < compute.size() && compute[j].second <= c.first) ++j;
+    for (size_t k = j; k < compute.size() && compute[k].first < c.second; ++k) {
+      hidden += std::min(c.second, compute[k].second) - std::max(c.first, compute[k].first);
+    }
+  }
+  return hidden / comm_total;
+}
+
+}  // namespace zero
