@@ -9,6 +9,8 @@
 // per step); --trace writes a Chrome trace of every rank's compute and collectives.
 #include <mpi.h>
 
+#include <signal.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -28,6 +30,15 @@
 extern "C" void openblas_set_num_threads(int num_threads);
 
 namespace {
+
+// --inject-fault KIND@STEP, for users (and our tests) to check how their setup fails. The last
+// rank misbehaves at that step: inf-grad makes its loss gradient infinite; kill and stop send it
+// SIGKILL or SIGSTOP between forward and backward; skip-step makes it skip the optimizer step
+// (and the collectives in it) while the others wait there.
+struct Fault {
+  enum Kind { kNone, kInfGrad, kKill, kStop, kSkipStep } kind = kNone;
+  long step = 0;
+};
 
 // Flags as given: unset ones leave the config file's (or the built-in default's) value.
 struct Flags {
@@ -50,7 +61,9 @@ struct Flags {
   std::string trace;
   zero::examples::MlpConfig mlp;
   int threads = 1;
-  long inject_inf_grad_step = 0;  // --inject-fault inf-grad@STEP
+  uint64_t memory_limit = 0;
+  std::optional<bool> skip_nonfinite;
+  Fault fault;
   long test_comm_delay_us = 0;
 };
 
@@ -61,7 +74,9 @@ constexpr const char* kUsage =
     "                  [--schedule constant|warmup|linear|cosine] [--warmup N]\n"
     "                  [--steps-per-print N] [--metrics FILE] [--trace FILE]\n"
     "                  [--input-dim N] [--hidden N] [--output-dim N] [--layers N]\n"
-    "                  [--merge-bytes N] [--threads N] [--inject-fault inf-grad@STEP]\n"
+    "                  [--merge-bytes N] [--threads N] [--memory-limit BYTES[K|M|G]]\n"
+    "                  [--nonfinite error|skip] [--inject-fault "
+    "inf-grad|kill|stop|skip-step@STEP]\n"
     "                  [--test-comm-delay-us N]\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
@@ -88,6 +103,36 @@ float parse_float(const std::string& flag, const std::string& value, float min_v
   }
   if (v < min_value) usage_error(flag + " must be at least " + std::to_string(min_value));
   return v;
+}
+
+Fault parse_fault(const std::string& v) {
+  const size_t at = v.find('@');
+  const std::string kind = v.substr(0, at);
+  Fault fault;
+  if (kind == "inf-grad") fault.kind = Fault::kInfGrad;
+  if (kind == "kill") fault.kind = Fault::kKill;
+  if (kind == "stop") fault.kind = Fault::kStop;
+  if (kind == "skip-step") fault.kind = Fault::kSkipStep;
+  if (fault.kind == Fault::kNone || at == std::string::npos) {
+    usage_error("--inject-fault expects inf-grad|kill|stop|skip-step@STEP, got '" + v + "'");
+  }
+  fault.step = parse_long("--inject-fault", v.substr(at + 1), 1);
+  return fault;
+}
+
+// 512, 64K, 300M, 2G (powers of 1024).
+uint64_t parse_bytes(const std::string& flag, const std::string& value) {
+  std::string digits = value;
+  uint64_t unit = 1;
+  const std::string suffixes = "KMG";
+  if (!digits.empty()) {
+    const size_t i = suffixes.find(static_cast<char>(std::toupper(digits.back())));
+    if (i != std::string::npos) {
+      unit = 1ull << (10 * (i + 1));
+      digits.pop_back();
+    }
+  }
+  return static_cast<uint64_t>(parse_long(flag, digits, 1)) * unit;
 }
 
 Flags parse_flags(int argc, char** argv) {
@@ -151,10 +196,12 @@ Flags parse_flags(int argc, char** argv) {
     } else if (flag == "--threads") {
       f.threads = static_cast<int>(parse_long(flag, v, 1));
     } else if (flag == "--inject-fault") {
-      const std::string prefix = "inf-grad@";
-      if (v.rfind(prefix, 0) != 0)
-        usage_error("--inject-fault expects inf-grad@STEP, got '" + v + "'");
-      f.inject_inf_grad_step = parse_long(flag, v.substr(prefix.size()), 1);
+      f.fault = parse_fault(v);
+    } else if (flag == "--nonfinite") {
+      if (v != "error" && v != "skip") usage_error("--nonfinite must be error or skip");
+      f.skip_nonfinite = v == "skip";
+    } else if (flag == "--memory-limit") {
+      f.memory_limit = parse_bytes(flag, v);
     } else if (flag == "--test-comm-delay-us") {
       f.test_comm_delay_us = parse_long(flag, v, 0);
     } else {
@@ -218,6 +265,8 @@ zero::TrainingConfig resolve_config(const Flags& f, int world_size) {
   }
   e.micro_batches = tc.gradient_accumulation_steps;
   e.kernel_threads = f.threads;
+  e.memory_limit_bytes = f.memory_limit;
+  if (f.skip_nonfinite) e.skip_nonfinite_steps = *f.skip_nonfinite;
   e.trace = !f.trace.empty();
   return tc;
 }
@@ -293,12 +342,18 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::Communicator& c
       zero::Tensor prediction = model.forward(batch.inputs);
       zero::Tensor grad;
       loss_sum += zero::examples::mse_loss(prediction, batch.targets, grad);
-      // Fault injection for users testing their setup: the last rank's gradient becomes
-      // infinite in the last micro-batch of the chosen step.
-      if (step == f.inject_inf_grad_step && k == micro_batches - 1 && rank == world - 1) {
+      const bool faulty = step == f.fault.step && k == micro_batches - 1 && rank == world - 1;
+      if (faulty && f.fault.kind == Fault::kInfGrad) {
         grad.data[0] = std::numeric_limits<float>::infinity();
       }
+      if (faulty && f.fault.kind == Fault::kKill) raise(SIGKILL);
+      if (faulty && f.fault.kind == Fault::kStop) raise(SIGSTOP);
       model.backward(grad);
+    }
+    if (step == f.fault.step && f.fault.kind == Fault::kSkipStep && rank == world - 1) {
+      std::fprintf(stderr, "zero-train: rank %d skips the optimizer step of step %ld\n", rank,
+                   step);
+      continue;
     }
     const zero::StepStats stats = model.step();
     float global_loss = 0.0f;

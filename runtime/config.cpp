@@ -693,6 +693,13 @@ TrainingConfig interpret(const config::TrainingConfig& c, int world_size,
   if (c.has_seed()) {
     e.seed = static_cast<uint64_t>(check.integer("seed", c.seed(), 0, kMaxInt64));
   }
+  if (c.has_nonfinite_gradients()) {
+    const std::string& mode = c.nonfinite_gradients();
+    if (mode != "error" && mode != "skip") {
+      check.fail("nonfinite_gradients", "\"error\" or \"skip\"", in_quotes(mode));
+    }
+    e.skip_nonfinite_steps = mode == "skip";
+  }
 
   // Precision first: the bucket sizes below are converted to bytes of the working dtype.
   const config::Fp16& fp16 = c.fp16();

@@ -7,6 +7,7 @@
 
 #include "zero/kernels/check.h"
 #include "zero/kernels/cpu_kernels.h"
+#include "zero/runtime/estimate.h"
 
 namespace zero {
 
@@ -161,8 +162,40 @@ struct Engine::Impl {
         param_pool(allocator, MemoryCategory::kPrefetch, layout.max_unit_numel() * elem),
         grad_pool(allocator, MemoryCategory::kCommBuffer, layout.max_unit_numel() * elem) {
     check_same_model_on_all_ranks();
-    allocate();
+    allocator.set_limit(config.memory_limit_bytes);
+    try {
+      allocate();
+    } catch (const OutOfMemoryError& e) {
+      throw OutOfMemoryError(std::string(e.what()) + what_would_fit());
+    }
     initialize(decls);
+  }
+
+  // The estimator's view of this model on other stages and more ranks, for an out-of-memory
+  // message: the exact plan of the engine for each stage here, the ZeRO formula beyond.
+  std::string what_would_fit() const {
+    const uint64_t budget = allocator.limit();
+    std::ostringstream out;
+    out << "what the estimator says for this model (" << layout.numel() << " parameters, "
+        << dtype_name(config.dtype) << ")";
+    if (budget > 0) out << " against the limit of " << human_bytes(budget);
+    out << ":\n";
+    for (int stage = 0; stage <= 3; ++stage) {
+      EngineConfig other = config;
+      other.stage = stage;
+      const MemoryPlan plan = plan_memory(layout, other);
+      const uint64_t need = plan.model_state + plan.buffers;
+      out << "  stage " << stage << " on " << world << " rank(s): " << human_bytes(need)
+          << " per rank" << (budget > 0 && need <= budget ? " (fits)" : "")
+          << (stage == config.stage ? " <- this run" : "") << "\n";
+    }
+    for (int ranks : {world * 2, world * 4, world * 8}) {
+      const uint64_t need =
+          estimate_model_state(layout.padded_numel(), ranks, config.dtype, 3).total();
+      out << "  stage 3 on " << ranks << " ranks: about " << human_bytes(need)
+          << " of model state per rank" << (budget > 0 && need <= budget ? " (fits)" : "") << "\n";
+    }
+    return out.str();
   }
 
   static EngineConfig validated(const EngineConfig& c) {
@@ -511,8 +544,8 @@ struct Engine::Impl {
       ZERO_CHECK(config.skip_nonfinite_steps,
                  "step " << optimizer.step() + 1 << ": the gradient of unit " << bad
                          << " (starting at parameter '" << first_param
-                         << "') is not finite on some rank; stopping (set skip_nonfinite_steps "
-                            "to skip such steps instead)");
+                         << "') is not finite on some rank; stopping (\"nonfinite_gradients\": "
+                            "\"skip\" in the config skips such steps instead)");
       skip = true;
     }
     stats.skipped = skip;

@@ -17,6 +17,8 @@ size_t index_of(MemoryCategory c) {
   return static_cast<size_t>(c);
 }
 
+}  // namespace
+
 std::string human_bytes(uint64_t bytes) {
   std::ostringstream out;
   out << std::fixed << std::setprecision(2);
@@ -31,7 +33,6 @@ std::string human_bytes(uint64_t bytes) {
   }
   return out.str();
 }
-}  // namespace
 
 const char* memory_category_name(MemoryCategory c) {
   switch (c) {
@@ -108,11 +109,23 @@ Buffer Allocator::allocate(size_t bytes, MemoryCategory category) {
   if (bytes == 0) return Buffer();
   // aligned_alloc wants a multiple of the alignment; the padding is not counted as used.
   size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  if (limit_ > 0 && stats_.current_total + bytes > limit_) {
+    std::ostringstream message;
+    message << "out of memory: allocating " << human_bytes(bytes) << " for "
+            << memory_category_name(category) << " would pass the limit of " << human_bytes(limit_)
+            << " (" << human_bytes(stats_.current_total) << " in use)\n"
+            << summary();
+    throw OutOfMemoryError(message.str());
+  }
   void* data = std::aligned_alloc(kAlignment, rounded);
-  ZERO_CHECK(data != nullptr, "out of host memory: allocating " << human_bytes(bytes) << " for "
-                                                                << memory_category_name(category)
-                                                                << "\n"
-                                                                << summary());
+  if (data == nullptr) {
+    std::ostringstream message;
+    message << "out of host memory: allocating " << human_bytes(bytes) << " for "
+            << memory_category_name(category) << " failed (" << human_bytes(stats_.current_total)
+            << " in use)\n"
+            << summary();
+    throw OutOfMemoryError(message.str());
+  }
   std::memset(data, 0, rounded);
   size_t i = index_of(category);
   stats_.current[i] += bytes;

@@ -485,6 +485,17 @@ TEST(Config, CommunicationDataType) {
   EXPECT_FLOAT_EQ(engine_of(R"("gradient_predivide_factor": 4)").gradient_predivide_factor, 4.0f);
 }
 
+TEST(Config, NonFiniteGradientPolicy) {
+  const auto engine_of = [](const std::string& extra) {
+    return parse_training_config(R"({"train_batch_size": 8)" + extra + "}", 2, "ds.json").engine;
+  };
+  EXPECT_FALSE(engine_of("").skip_nonfinite_steps);
+  EXPECT_FALSE(engine_of(R"(, "nonfinite_gradients": "error")").skip_nonfinite_steps);
+  EXPECT_TRUE(engine_of(R"(, "nonfinite_gradients": "skip")").skip_nonfinite_steps);
+  EXPECT_EQ(error_of(R"({"train_batch_size": 8, "nonfinite_gradients": "ignore"})"),
+            "\"nonfinite_gradients\" in ds.json must be \"error\" or \"skip\", got \"ignore\"");
+}
+
 TEST(Config, JsonCommentsAreAllowed) {
   // DeepSpeed reads its file with hjson, so commented files exist in the wild.
   const TrainingConfig c = parse_training_config(

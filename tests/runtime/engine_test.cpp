@@ -273,6 +273,36 @@ TEST(Engine, DifferentModelOnOneRankIsANamedErrorNotAHang) {
   comm->barrier_sync();
 }
 
+TEST(Engine, OutOfMemorySaysWhatWouldFit) {
+  std::unique_ptr<Communicator> comm = make_mpi_communicator();
+  std::vector<ParamDecl> params = {ParamDecl{ParamSpec{"w", {64, 64}, 0}, ParamInit{}},
+                                   ParamDecl{ParamSpec{"v", {64, 64}, 1}, ParamInit{}}};
+  EngineConfig config;
+  config.stage = 0;
+  config.memory_limit_bytes = 64 * 1024;  // the model needs 16 x 8192 x 4 B = 128 KiB at stage 0
+  try {
+    Engine engine(*comm, params, config);
+    FAIL() << "no error past the memory limit";
+  } catch (const OutOfMemoryError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("would pass the limit of 64.00 KiB"), std::string::npos) << message;
+    EXPECT_NE(message.find("what the estimator says for this model (8192 parameters, fp32) "
+                           "against the limit of 64.00 KiB:"),
+              std::string::npos)
+        << message;
+    // Padding makes the figure depend on N: at 1, 2 and 4 ranks it is exactly 16 x 8192 x 4 B.
+    const std::string this_run = "stage 0 on " + std::to_string(comm->world_size()) + " rank(s): ";
+    EXPECT_NE(message.find(this_run), std::string::npos) << message;
+    EXPECT_NE(message.find(" per rank <- this run"), std::string::npos) << message;
+    if (comm->world_size() != 3) {
+      EXPECT_NE(message.find(this_run + "128.00 KiB per rank <- this run"), std::string::npos)
+          << message;
+    }
+    EXPECT_NE(message.find("(fits)"), std::string::npos)
+        << "more ranks at stage 3 fit: " << message;
+  }
+}
+
 TEST(Engine, PrimitivesRejectMisuse) {
   std::unique_ptr<Communicator> comm = make_mpi_communicator();
   std::vector<ParamDecl> params = {ParamDecl{ParamSpec{"w", {8}, 0}, ParamInit{}},

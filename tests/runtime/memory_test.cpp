@@ -45,3 +45,27 @@ TEST(Allocator, ZeroBytesGivesAnEmptyBuffer) {
 
 }  // namespace
 }  // namespace zero
+
+namespace zero {
+namespace {
+
+TEST(Allocator, LimitTurnsAnAllocationIntoANamedOutOfMemoryError) {
+  Allocator allocator;
+  allocator.set_limit(4096);
+  Buffer a = allocator.allocate(3000, MemoryCategory::kGrads);
+  try {
+    allocator.allocate(2000, MemoryCategory::kOptimizerState);
+    FAIL() << "no error past the limit";
+  } catch (const OutOfMemoryError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("out of memory: allocating 1.95 KiB for optimizer-state would pass the "
+                           "limit of 4.00 KiB (2.93 KiB in use)"),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("grads"), std::string::npos) << "the summary is part of it";
+  }
+  EXPECT_EQ(allocator.stats().current_total, 3000u);  // nothing half-allocated
+}
+
+}  // namespace
+}  // namespace zero

@@ -36,21 +36,21 @@ namespace zero {
 
 struct EngineConfig {
   int stage = 3;
-  int micro_batches = 1;            // gradient accumulation steps per optimizer step
-  float gradient_clipping = 0.0f;   // max global norm; 0 turns clipping off
-  OptimizerConfig optimizer;        // optimizer.lr is the learning rate of a constant schedule
-  LrScheduleConfig lr_schedule;     // any other schedule sets the rate of each step itself
-  size_t merge_bytes = 0;           // see LayoutOptions::merge_bytes
+  int micro_batches = 1;           // gradient accumulation steps per optimizer step
+  float gradient_clipping = 0.0f;  // max global norm; 0 turns clipping off
+  OptimizerConfig optimizer;       // optimizer.lr is the learning rate of a constant schedule
+  LrScheduleConfig lr_schedule;    // any other schedule sets the rate of each step itself
+  size_t merge_bytes = 0;          // see LayoutOptions::merge_bytes
   size_t alignment_bytes = 64;
   int kernel_threads = 1;
   uint64_t seed = 1;
 
   // Mixed precision. With bf16 or fp16 the parameters and gradients are 2-byte and each rank
   // keeps an fp32 master copy of its shard next to the Adam moments.
-  DType dtype = DType::kFloat32;          // working dtype (bf16.enabled / fp16.enabled)
-  bool reduce_in_fp32 = false;            // reduce gradients in fp32, not the working dtype
-  float gradient_predivide_factor = 1.0f; // divide before the reduction, the rest after
-  LossScalerConfig loss_scaler;           // fp16 only
+  DType dtype = DType::kFloat32;           // working dtype (bf16.enabled / fp16.enabled)
+  bool reduce_in_fp32 = false;             // reduce gradients in fp32, not the working dtype
+  float gradient_predivide_factor = 1.0f;  // divide before the reduction, the rest after
+  LossScalerConfig loss_scaler;            // fp16 only
   // fp32 and bf16 steps with a non-finite gradient stop with an error naming the unit, unless
   // this is set: then the step is skipped, as fp16's loss scaler does.
   bool skip_nonfinite_steps = false;
@@ -68,6 +68,10 @@ struct EngineConfig {
 
   // Record compute and collective spans (Engine::trace()) for a Chrome trace and overlap figures.
   bool trace = false;
+  // Per-rank budget for everything the engine allocates (0 = none). An allocation past it (or
+  // one the system refuses) is an OutOfMemoryError naming the category, with the memory
+  // summary and what the estimator says would fit: a higher stage, more ranks.
+  uint64_t memory_limit_bytes = 0;
 };
 
 struct ParamDecl {

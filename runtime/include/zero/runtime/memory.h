@@ -9,7 +9,16 @@
 #include <cstdint>
 #include <string>
 
+#include "zero/kernels/check.h"
+
 namespace zero {
+
+// An allocation that did not fit: the message names the category and holds the memory
+// summary (the engine adds what would fit instead).
+class OutOfMemoryError : public Error {
+ public:
+  using Error::Error;
+};
 
 enum class MemoryCategory : uint8_t {
   kParamsFull,      // whole working-precision parameters (stages 0-2; gathered copies at 3 are
@@ -83,9 +92,14 @@ class Allocator {
   Allocator(const Allocator&) = delete;
   Allocator& operator=(const Allocator&) = delete;
 
-  // bytes may be 0 (gives an empty Buffer). Throws zero::Error naming the category when the
-  // allocation fails.
+  // bytes may be 0 (gives an empty Buffer). Throws OutOfMemoryError naming the category when
+  // the allocation fails or would take the total past the limit.
   Buffer allocate(size_t bytes, MemoryCategory category);
+
+  // A budget for everything this allocator holds (0 = none): a rank's share of a machine, or a
+  // test's way to make an allocation fail.
+  void set_limit(uint64_t bytes) { limit_ = bytes; }
+  uint64_t limit() const { return limit_; }
 
   const MemoryStats& stats() const { return stats_; }
   // A table of current and peak bytes per category, for logs.
@@ -95,6 +109,10 @@ class Allocator {
   friend class Buffer;
   void release(void* data, size_t bytes, MemoryCategory category);
   MemoryStats stats_;
+  uint64_t limit_ = 0;
 };
+
+// "1.50 MiB": bytes in the largest binary unit that keeps the number at or above 1.
+std::string human_bytes(uint64_t bytes);
 
 }  // namespace zero
