@@ -17,7 +17,7 @@ include(CMakePackageConfigHelpers)
 # without CUDA, say) is skipped, so optional parts join by being listed here.
 set(ZERO_INSTALL_LIBRARIES zero_kernels zero_kernels_cuda zero_collectives zero_optimizer
     zero_config_proto zero_runtime)
-set(ZERO_INSTALL_PROGRAMS zerorun zero-train zero-estimate zero-bench-optimizer
+set(ZERO_INSTALL_PROGRAMS zerorun zero-train zero-estimate zero-checkpoint zero-bench-optimizer
     zero-bench-collectives)
 
 # find_dependency() lines for the imported targets our libraries link, by namespace. A

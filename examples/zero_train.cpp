@@ -24,6 +24,7 @@
 #include "examples/mlp.h"
 #include "zero/collectives/mpi_communicator.h"
 #include "zero/kernels/check.h"
+#include "zero/runtime/checkpoint.h"
 #include "zero/runtime/config.h"
 #include "zero/runtime/model.h"
 
@@ -62,6 +63,9 @@ struct Flags {
   zero::examples::MlpConfig mlp;
   int threads = 1;
   uint64_t memory_limit = 0;
+  std::string save_dir;
+  long save_every = 0;
+  std::string resume;
   std::optional<bool> skip_nonfinite;
   Fault fault;
   long test_comm_delay_us = 0;
@@ -75,6 +79,7 @@ constexpr const char* kUsage =
     "                  [--steps-per-print N] [--metrics FILE] [--trace FILE]\n"
     "                  [--input-dim N] [--hidden N] [--output-dim N] [--layers N]\n"
     "                  [--merge-bytes N] [--threads N] [--memory-limit BYTES[K|M|G]]\n"
+    "                  [--save-dir DIR] [--save-every K] [--resume DIR|latest]\n"
     "                  [--nonfinite error|skip] [--inject-fault "
     "inf-grad|kill|stop|skip-step@STEP]\n"
     "                  [--test-comm-delay-us N]\n";
@@ -197,6 +202,12 @@ Flags parse_flags(int argc, char** argv) {
       f.threads = static_cast<int>(parse_long(flag, v, 1));
     } else if (flag == "--inject-fault") {
       f.fault = parse_fault(v);
+    } else if (flag == "--save-dir") {
+      f.save_dir = v;
+    } else if (flag == "--save-every") {
+      f.save_every = parse_long(flag, v, 1);
+    } else if (flag == "--resume") {
+      f.resume = v;
     } else if (flag == "--nonfinite") {
       if (v != "error" && v != "skip") usage_error("--nonfinite must be error or skip");
       f.skip_nonfinite = v == "skip";
@@ -209,6 +220,10 @@ Flags parse_flags(int argc, char** argv) {
     }
   }
   if (f.model != "mlp") usage_error("unknown model '" + f.model + "' (available: mlp)");
+  if (f.save_every > 0 && f.save_dir.empty()) usage_error("--save-every needs --save-dir");
+  if (f.resume == "latest" && f.save_dir.empty()) {
+    usage_error("--resume latest needs --save-dir (the directory whose latest checkpoint to load)");
+  }
   return f;
 }
 
@@ -300,8 +315,22 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::Communicator& c
   }
 
   zero::ZeroModel model(comm, zero::examples::make_mlp(f.mlp), config);
-  zero::examples::TeacherTask task(f.mlp, config.seed);
   zero::Engine& engine = model.engine();
+
+  // Resume: the checkpoint brings the engine's state; the data position and the seed come back
+  // with the trainer state, so steps after it see the data the uninterrupted run saw.
+  long first_step = 1;
+  uint64_t data_seed = config.seed;
+  if (!f.resume.empty()) {
+    zero::TrainerState resumed;
+    zero::load_checkpoint(engine, f.resume == "latest" ? f.save_dir : f.resume, &resumed);
+    first_step = resumed.step + 1;
+    data_seed = resumed.seed;
+    if (rank == 0) {
+      std::printf("resumed from %s at step %ld\n", f.resume.c_str(), resumed.step);
+    }
+  }
+  const zero::examples::TeacherTask data(f.mlp, data_seed);
 
   std::ofstream metrics;
   if (rank == 0 && !f.metrics.empty()) {
@@ -330,7 +359,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::Communicator& c
     }
   }
 
-  for (long step = 1; step <= f.steps; ++step) {
+  for (long step = first_step; step <= f.steps; ++step) {
     const uint64_t bytes_before = comm.counters().total_bytes();
     const auto start = std::chrono::steady_clock::now();
     float loss_sum = 0.0f;
@@ -338,7 +367,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::Communicator& c
       // Micro-batch k of the global batch is split across ranks in contiguous blocks.
       const int64_t first =
           (static_cast<int64_t>(k) * world + rank) * static_cast<int64_t>(per_micro_batch);
-      zero::examples::Batch batch = task.batch(step, first, per_micro_batch);
+      zero::examples::Batch batch = data.batch(step, first, per_micro_batch);
       zero::Tensor prediction = model.forward(batch.inputs);
       zero::Tensor grad;
       loss_sum += zero::examples::mse_loss(prediction, batch.targets, grad);
@@ -362,6 +391,10 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::Communicator& c
     const double step_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     const uint64_t step_bytes = comm.counters().total_bytes() - bytes_before;
+    if (f.save_every > 0 && step % f.save_every == 0) {
+      zero::save_checkpoint(engine, f.save_dir, zero::TrainerState{step, data_seed});
+      if (rank == 0) std::printf("checkpoint of step %ld saved in %s\n", step, f.save_dir.c_str());
+    }
     const uint64_t step_state = max_over_ranks(comm, engine.model_state_bytes());
     const uint64_t peak = max_over_ranks(comm, engine.allocator().stats().peak_total);
     if (rank != 0) continue;

@@ -1,6 +1,7 @@
 // Checks zero-train metrics files (JSON lines) for the end-to-end tests:
-//   metrics_check same-losses REL A.jsonl B.jsonl...  every file's loss at every step equals A's
-//                                                      within REL relative
+//   metrics_check same-losses REL A.jsonl B.jsonl...  every file's loss at every step it holds
+//                                                      equals A's at that step within REL
+//                                                      relative (0 = bitwise)
 //   metrics_check loss-falls RATIO A.jsonl            the last loss is below RATIO x the first
 //   metrics_check skipped-at STEP A.jsonl             exactly STEP was skipped, every loss finite
 //   metrics_check trace RANKS T.json                  a Chrome trace with compute and collective
@@ -21,6 +22,7 @@ namespace {
 struct Metrics {
   int world_size = 0;
   int stage = 0;
+  std::vector<long> steps;
   std::vector<double> losses;  // NaN where the record holds null
   std::vector<bool> skipped;
   std::vector<double> loss_scales;
@@ -47,6 +49,7 @@ Metrics read_metrics(const std::string& path) {
       m.stage = record.at("stage").get<int>();
     } else if (record["event"] == "step") {
       const auto& loss = record.at("loss");
+      m.steps.push_back(record.at("step").get<long>());
       m.losses.push_back(loss.is_null() ? std::nan("") : loss.get<double>());
       m.skipped.push_back(record.value("skipped", false));
       m.loss_scales.push_back(record.value("loss_scale", 1.0));
@@ -64,28 +67,33 @@ int same_losses(double rel, const std::vector<std::string>& paths) {
   int failures = 0;
   for (size_t f = 1; f < paths.size(); ++f) {
     const Metrics other = read_metrics(paths[f]);
-    if (other.losses.size() != reference.losses.size()) {
-      std::cout << paths[f] << ": " << other.losses.size() << " steps, reference has "
-                << reference.losses.size() << "\n";
-      ++failures;
-      continue;
-    }
     double worst = 0.0;
-    for (size_t i = 0; i < other.losses.size(); ++i) {
-      const double a = reference.losses[i];
+    bool failed = false;
+    for (size_t i = 0; i < other.losses.size() && !failed; ++i) {
+      const long step = other.steps[i];
+      size_t k = 0;
+      while (k < reference.steps.size() && reference.steps[k] != step) ++k;
+      if (k == reference.steps.size()) {
+        std::printf("%s: step %ld is not in the reference %s\n", paths[f].c_str(), step,
+                    paths[0].c_str());
+        failed = true;
+        break;
+      }
+      const double a = reference.losses[k];
       const double b = other.losses[i];
-      const double diff = std::fabs(a - b) / std::max(std::fabs(a), 1e-30);
+      const double diff = a == b ? 0.0 : std::fabs(a - b) / std::max(std::fabs(a), 1e-30);
       worst = std::max(worst, diff);
       if (!(diff <= rel)) {
         std::printf(
-            "%s (N=%d, stage %d): step %zu loss %.9g vs %.9g (N=%d, stage %d): "
+            "%s (N=%d, stage %d): step %ld loss %.9g vs %.9g (N=%d, stage %d): "
             "relative difference %.3g > %.3g\n",
-            paths[f].c_str(), other.world_size, other.stage, i + 1, b, a, reference.world_size,
+            paths[f].c_str(), other.world_size, other.stage, step, b, a, reference.world_size,
             reference.stage, diff, rel);
-        ++failures;
-        break;
+        failed = true;
       }
     }
+    if (other.losses.size() < 1) failed = true;
+    failures += failed ? 1 : 0;
     std::printf("%s (N=%d, stage %d): %zu steps, worst relative difference %.3g\n",
                 paths[f].c_str(), other.world_size, other.stage, other.losses.size(), worst);
   }

@@ -1,0 +1,391 @@
+// The collective save and load. Every rank does its own file I/O; after each phase the ranks
+// exchange one fixed-size report each (an all-gather), so a failure anywhere becomes the same
+// zero::Error everywhere and no rank is left waiting in a collective the others skipped.
+//
+// Save:  1. rank 0 removes leftovers of interrupted saves and creates DIR/.tmp_step_N
+//        2. every rank writes its shard file there and fsyncs it; the reports carry size + CRC
+//        3. rank 0 writes the manifest, fsyncs it and the directory, renames the directory to
+//           DIR/step_N, fsyncs DIR, then replaces DIR/latest (latest.tmp, fsync, rename, fsync)
+// Load:  1. every rank reads and checks the manifest and the model, verifies the shard files it
+//           needs and reads its elements into staging buffers
+//        2. only when every rank succeeded: copy into the engine, restore counters, state_loaded()
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <unordered_map>
+
+#include "checkpoint_format.h"
+#include "zero/kernels/check.h"
+#include "zero/runtime/checkpoint.h"
+
+namespace zero {
+namespace {
+
+using checkpoint_files::join;
+
+// ---- Agreement between ranks.
+
+// One rank's outcome of a phase. 512 bytes, all-gathered as raw bytes.
+struct RankReport {
+  uint64_t failed = 0;
+  uint64_t size = 0;    // save: bytes of the rank's shard file
+  uint64_t crc32c = 0;  // save: its checksum
+  char message[488] = {};
+};
+static_assert(sizeof(RankReport) == 512, "reports travel as 256 two-byte elements");
+
+template <typename Work>
+RankReport attempt(Work work) {
+  RankReport report;
+  try {
+    work();
+  } catch (const std::exception& e) {
+    report.failed = 1;
+    std::snprintf(report.message, sizeof(report.message), "%s", e.what());
+  }
+  return report;
+}
+
+std::vector<RankReport> exchange(Communicator& comm, const RankReport& mine) {
+  std::vector<RankReport> all(comm.world_size());
+  // The communicator moves typed elements; bf16 all-gathers copy bytes without arithmetic.
+  comm.all_gather_sync(&mine, all.data(), sizeof(RankReport) / 2, DType::kBFloat16);
+  return all;
+}
+
+bool any_failed(const std::vector<RankReport>& reports) {
+  return std::any_of(reports.begin(), reports.end(), [](const RankReport& r) { return r.failed; });
+}
+
+[[noreturn]] void throw_failure(const std::string& what, const std::vector<RankReport>& reports) {
+  std::string text = what + " failed";
+  for (size_t r = 0; r < reports.size(); ++r) {
+    if (reports[r].failed) text += "; on rank " + std::to_string(r) + ": " + reports[r].message;
+  }
+  throw Error(text);
+}
+
+void agree(Communicator& comm, const std::string& what, const RankReport& mine) {
+  const std::vector<RankReport> reports = exchange(comm, mine);
+  if (any_failed(reports)) throw_failure(what, reports);
+}
+
+// ---- Fault injection (tests only): ZERO_TEST_CHECKPOINT_FAULT=KIND@RANK.
+
+enum class Fault { kNone, kWrite, kNoSpace, kFsync, kManifest, kKillAfterWrite, kKillBeforeLatest };
+
+Fault fault_for_rank(int rank) {
+  const char* value = std::getenv("ZERO_TEST_CHECKPOINT_FAULT");
+  if (value == nullptr || *value == '\0') return Fault::kNone;
+  const std::string text = value;
+  const size_t at = text.find('@');
+  const std::string kind = text.substr(0, at);
+  const std::string target = at == std::string::npos ? "" : text.substr(at + 1);
+  ZERO_CHECK(!target.empty() && target.find_first_not_of("0123456789") == std::string::npos,
+             "ZERO_TEST_CHECKPOINT_FAULT must be KIND@RANK, got '" << text << "'");
+  if (std::stoi(target) != rank) return Fault::kNone;
+  if (kind == "write") return Fault::kWrite;
+  if (kind == "nospace") return Fault::kNoSpace;
+  if (kind == "fsync") return Fault::kFsync;
+  if (kind == "manifest") return Fault::kManifest;
+  if (kind == "kill-after-write") return Fault::kKillAfterWrite;
+  if (kind == "kill-before-latest") return Fault::kKillBeforeLatest;
+  ZERO_FAIL("ZERO_TEST_CHECKPOINT_FAULT: unknown kind '"
+            << kind << "' (write, nospace, fsync, manifest, kill-after-write, kill-before-latest)");
+}
+
+// ---- Files.
+
+void remove_quietly(const std::string& path) {
+  std::error_code ignored;
+  std::filesystem::remove_all(path, ignored);
+}
+
+// Creates (or truncates) path, writes data, fsyncs and closes it; every step checked.
+void write_file(const std::string& path, const void* data, size_t size, int injected_errno) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  ZERO_CHECK(fd >= 0, "cannot create " << path << ": " << std::strerror(errno));
+  try {
+    checkpoint_files::write_fully(fd, data, size, path, injected_errno);
+    ZERO_CHECK(::fsync(fd) == 0, "fsync of " << path << " failed: " << std::strerror(errno));
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ZERO_CHECK(::close(fd) == 0, "cannot close " << path << ": " << std::strerror(errno));
+}
+
+// Rank 0, step 1: DIR exists, leftovers of interrupted saves are gone, tmp_dir is new and empty.
+void prepare_directory(const std::string& dir, const std::string& tmp_dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  ZERO_CHECK(!ec, "cannot create checkpoint directory " << dir << ": " << ec.message());
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(checkpoint_files::kTmpPrefix, 0) == 0) remove_quietly(entry.path().string());
+  }
+  ZERO_CHECK(!ec, "cannot list checkpoint directory " << dir << ": " << ec.message());
+  ZERO_CHECK(::mkdir(tmp_dir.c_str(), 0755) == 0,
+             "cannot create " << tmp_dir << ": " << std::strerror(errno));
+}
+
+// Every rank, step 2: units in order, each as master then the state arrays, elements
+// [rank * shard, (rank + 1) * shard) of the unit (proto/checkpoint.proto has the layout).
+RankReport write_shard(Engine& engine, const std::string& path, Fault fault) {
+  RankReport report;
+  const int rank = engine.communicator().rank();
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  ZERO_CHECK(fd >= 0, "cannot create " << path << ": " << std::strerror(errno));
+  uint32_t crc = 0;
+  try {
+    int injected = fault == Fault::kWrite ? EIO : fault == Fault::kNoSpace ? ENOSPC : 0;
+    const std::vector<Unit>& units = engine.layout().units();
+    for (size_t u = 0; u < units.size(); ++u) {
+      const Engine::StateView view = engine.state_view(static_cast<int>(u));
+      const size_t first = static_cast<size_t>(rank) * units[u].shard;
+      ZERO_CHECK(view.begin <= first && first + units[u].shard <= view.end,
+                 "unit " << u << ": this rank's state does not cover its shard");
+      const size_t bytes = units[u].shard * sizeof(float);
+      std::vector<const float*> arrays = {view.master};
+      for (int k = 0; k < view.state_count; ++k) arrays.push_back(view.state[k]);
+      for (const float* array : arrays) {
+        const float* data = array + (first - view.begin);
+        checkpoint_files::write_fully(fd, data, bytes, path, injected);
+        injected = 0;
+        crc = crc32c(data, bytes, crc);
+        report.size += bytes;
+      }
+    }
+    // The injected fsync failure reports EIO, as a failing disk does.
+    errno = EIO;
+    ZERO_CHECK(fault != Fault::kFsync && ::fsync(fd) == 0,
+               "fsync of " << path << " failed: " << std::strerror(errno));
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ZERO_CHECK(::close(fd) == 0, "cannot close " << path << ": " << std::strerror(errno));
+  if (fault == Fault::kKillAfterWrite) std::raise(SIGKILL);
+  report.crc32c = crc;
+  return report;
+}
+
+CheckpointInfo describe(Engine& engine, const TrainerState& trainer,
+                        const std::vector<RankReport>& reports) {
+  const Layout& layout = engine.layout();
+  const EngineConfig& config = engine.config();
+  CheckpointInfo info;
+  info.world_size = layout.world_size();
+  info.stage = config.stage;
+  info.dtype = config.dtype;
+  info.alignment_bytes = layout.options().alignment_bytes;
+  info.params = layout.params();
+  for (const Unit& unit : layout.units()) info.units.push_back({unit.numel, unit.shard});
+  info.optimizer = config.optimizer;
+  info.state_count = Optimizer(config.optimizer).state_count();
+  info.optimizer_step = engine.optimizer_step();
+  info.lr_schedule = config.lr_schedule;
+  info.loss_scaler = engine.loss_scaler_state();
+  info.trainer = trainer;
+  for (size_t r = 0; r < reports.size(); ++r) {
+    info.files.push_back({checkpoint_files::shard_file_name(static_cast<int>(r)), reports[r].size,
+                          static_cast<uint32_t>(reports[r].crc32c)});
+  }
+  return info;
+}
+
+// Puts tmp_dir in place as final_dir. An existing final_dir (the step saved again, e.g. after a
+// resume from an earlier step) is swapped out atomically, so final_dir is whole at every moment;
+// returns where the replaced copy now is ("" when there was none), to remove once `latest` is
+// written.
+std::string install_step_dir(const std::string& dir, const std::string& tmp_dir,
+                             const std::string& final_dir, const std::string& name) {
+  struct stat st;
+  if (::lstat(final_dir.c_str(), &st) != 0) {
+    ZERO_CHECK(errno == ENOENT, "cannot stat " << final_dir << ": " << std::strerror(errno));
+    ZERO_CHECK(::rename(tmp_dir.c_str(), final_dir.c_str()) == 0,
+               "cannot rename " << tmp_dir << " to " << final_dir << ": " << std::strerror(errno));
+    return "";
+  }
+  if (::renameat2(AT_FDCWD, tmp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+    return tmp_dir;
+  }
+  // Filesystems without RENAME_EXCHANGE: move the old copy aside first (a short window in which
+  // final_dir is missing; `latest` still names the previous step unless it was this one).
+  ZERO_CHECK(errno == EINVAL || errno == ENOSYS || errno == ENOTSUP,
+             "cannot replace " << final_dir << ": " << std::strerror(errno));
+  const std::string aside =
+      join(dir, std::string(checkpoint_files::kTmpPrefix) + "replaced_" + name);
+  remove_quietly(aside);
+  ZERO_CHECK(::rename(final_dir.c_str(), aside.c_str()) == 0,
+             "cannot move " << final_dir << " aside: " << std::strerror(errno));
+  ZERO_CHECK(::rename(tmp_dir.c_str(), final_dir.c_str()) == 0,
+             "cannot rename " << tmp_dir << " to " << final_dir << ": " << std::strerror(errno));
+  return aside;
+}
+
+// Rank 0, step 3.
+void commit(Engine& engine, const TrainerState& trainer, const std::vector<RankReport>& reports,
+            const std::string& dir, const std::string& name, const std::string& tmp_dir,
+            Fault fault) {
+  const std::string final_dir = join(dir, name);
+  std::string replaced;
+  try {
+    const std::string text = checkpoint_files::manifest_text(describe(engine, trainer, reports));
+    write_file(join(tmp_dir, checkpoint_files::kManifestName), text.data(), text.size(),
+               fault == Fault::kManifest ? EIO : 0);
+    checkpoint_files::fsync_path(tmp_dir);
+    replaced = install_step_dir(dir, tmp_dir, final_dir, name);
+  } catch (...) {
+    remove_quietly(tmp_dir);
+    throw;
+  }
+  checkpoint_files::fsync_path(dir);
+  if (fault == Fault::kKillBeforeLatest) std::raise(SIGKILL);
+  const std::string latest = join(dir, checkpoint_files::kLatestName);
+  const std::string latest_tmp = latest + ".tmp";
+  const std::string line = name + "\n";
+  write_file(latest_tmp, line.data(), line.size(), 0);
+  ZERO_CHECK(::rename(latest_tmp.c_str(), latest.c_str()) == 0,
+             "cannot rename " << latest_tmp << " to " << latest << ": " << std::strerror(errno));
+  checkpoint_files::fsync_path(dir);
+  if (!replaced.empty()) remove_quietly(replaced);
+}
+
+// ---- Load.
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+// Same parameter names and shapes on both sides; returns, per engine parameter, its saved index.
+std::vector<size_t> match_params(const Layout& layout, const CheckpointInfo& info) {
+  const std::string manifest = join(info.step_dir, checkpoint_files::kManifestName);
+  std::unordered_map<std::string, size_t> saved;
+  for (size_t i = 0; i < info.params.size(); ++i) saved[info.params[i].name] = i;
+  std::vector<size_t> index;
+  for (const ParamPlacement& p : layout.params()) {
+    auto found = saved.find(p.name);
+    ZERO_CHECK(found != saved.end(), "parameter '" << p.name << "' " << shape_text(p.shape)
+                                                   << " of the model is not in checkpoint "
+                                                   << manifest);
+    const ParamPlacement& s = info.params[found->second];
+    ZERO_CHECK(s.shape == p.shape, "parameter '" << p.name << "' has shape " << shape_text(p.shape)
+                                                 << " in the model but " << shape_text(s.shape)
+                                                 << " in checkpoint " << manifest);
+    index.push_back(found->second);
+  }
+  if (info.params.size() != layout.params().size()) {
+    for (const ParamPlacement& s : info.params) {
+      const bool in_model = std::any_of(layout.params().begin(), layout.params().end(),
+                                        [&](const ParamPlacement& p) { return p.name == s.name; });
+      ZERO_CHECK(in_model, "checkpoint " << manifest << " has parameter '" << s.name << "' "
+                                         << shape_text(s.shape) << " that the model does not");
+    }
+  }
+  return index;
+}
+
+// Reads, for every unit, the elements [begin, end) this rank holds: master, then each state
+// array, (end - begin) floats each. Elements outside every parameter (padding) stay zero.
+std::vector<std::vector<float>> stage_state(Engine& engine, const CheckpointInfo& info,
+                                            const std::vector<size_t>& saved_index) {
+  checkpoint_files::ShardReader reader(info);
+  const Layout& layout = engine.layout();
+  std::vector<std::vector<float>> staged(layout.units().size());
+  for (size_t u = 0; u < layout.units().size(); ++u) {
+    const Engine::StateView view = engine.state_view(static_cast<int>(u));
+    const size_t n = view.end - view.begin;
+    staged[u].assign(n * (1 + static_cast<size_t>(info.state_count)), 0.0f);
+    for (int p : layout.units()[u].params) {
+      const ParamPlacement& placed = layout.params()[p];
+      const size_t lo = std::max(view.begin, placed.offset);
+      const size_t hi = std::min(view.end, placed.offset + placed.numel);
+      if (lo >= hi) continue;
+      for (int array = 0; array <= info.state_count; ++array) {
+        reader.read(array, saved_index[p], lo - placed.offset, hi - lo,
+                    staged[u].data() + array * n + (lo - view.begin));
+      }
+    }
+  }
+  return staged;
+}
+
+}  // namespace
+
+void save_checkpoint(Engine& engine, const std::string& dir, const TrainerState& trainer) {
+  Communicator& comm = engine.communicator();
+  const int rank = comm.rank();
+  const std::string what =
+      "checkpoint save to " + dir + " (step " + std::to_string(trainer.step) + ")";
+  const std::string name = checkpoint_files::step_dir_name(trainer.step);
+  const std::string tmp_dir = join(dir, checkpoint_files::kTmpPrefix + name);
+  Fault fault = Fault::kNone;
+
+  agree(comm, what, attempt([&] {
+          ZERO_CHECK(!dir.empty(), "the checkpoint directory name is empty");
+          ZERO_CHECK(trainer.step >= 0, "the trainer step must not be negative");
+          fault = fault_for_rank(rank);
+          if (rank == 0) prepare_directory(dir, tmp_dir);
+        }));
+
+  RankReport written;
+  RankReport outcome = attempt([&] {
+    written = write_shard(engine, join(tmp_dir, checkpoint_files::shard_file_name(rank)), fault);
+  });
+  written.failed = outcome.failed;
+  std::memcpy(written.message, outcome.message, sizeof(written.message));
+  const std::vector<RankReport> reports = exchange(comm, written);
+  if (any_failed(reports)) {
+    if (rank == 0) remove_quietly(tmp_dir);
+    throw_failure(what, reports);
+  }
+
+  agree(comm, what, attempt([&] {
+          if (rank == 0) commit(engine, trainer, reports, dir, name, tmp_dir, fault);
+        }));
+}
+
+void load_checkpoint(Engine& engine, const std::string& path, TrainerState* trainer) {
+  Communicator& comm = engine.communicator();
+  CheckpointInfo info;
+  std::vector<std::vector<float>> staged;
+  agree(comm, "checkpoint load from " + path, attempt([&] {
+          info = read_checkpoint_info(path);
+          const int state_count = Optimizer(engine.config().optimizer).state_count();
+          ZERO_CHECK(info.state_count == state_count,
+                     "checkpoint " << join(info.step_dir, checkpoint_files::kManifestName)
+                                   << " holds " << info.state_count
+                                   << " optimizer state arrays per element, "
+                                   << "the engine's optimizer keeps " << state_count
+                                   << " (a different optimizer type or momentum setting)");
+          staged = stage_state(engine, info, match_params(engine.layout(), info));
+        }));
+
+  // Every rank has its state in hand: nothing below can fail for a bad checkpoint.
+  for (size_t u = 0; u < staged.size(); ++u) {
+    const Engine::StateView view = engine.state_view(static_cast<int>(u));
+    const size_t n = view.end - view.begin;
+    std::memcpy(view.master, staged[u].data(), n * sizeof(float));
+    for (int k = 0; k < view.state_count; ++k) {
+      std::memcpy(view.state[k], staged[u].data() + (k + 1) * n, n * sizeof(float));
+    }
+  }
+  engine.set_optimizer_step(info.optimizer_step);
+  if (info.dtype == DType::kFloat16 && engine.dtype() == DType::kFloat16) {
+    engine.set_loss_scaler_state(info.loss_scaler);
+  }
+  engine.state_loaded();
+  if (trainer != nullptr) *trainer = info.trainer;
+}
+
+}  // namespace zero

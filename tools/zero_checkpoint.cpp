@@ -1,0 +1,149 @@
+// zero-checkpoint: look into, check and export a checkpoint without MPI or the model's code.
+//
+//   zero-checkpoint info DIR                                    what the checkpoint holds
+//   zero-checkpoint verify DIR                                  checksums of manifest and files
+//   zero-checkpoint export DIR --to model.safetensors [--dtype fp32|bf16]
+//
+// DIR is a step directory (DIR/step_00000010), a save directory (its `latest` is followed) or a
+// `latest` file. export writes the full fp32 master of every parameter, by name and shape, in
+// the safetensors format that PyTorch and Hugging Face load. Resharding needs no command: a load
+// re-slices for the world size and stage it runs at. Exit codes: 0 ok, 1 a bad or unreadable
+// checkpoint (the message names the file), 2 bad arguments.
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "zero/kernels/dtype.h"
+#include "zero/runtime/checkpoint.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: zero-checkpoint info DIR\n"
+    "       zero-checkpoint verify DIR\n"
+    "       zero-checkpoint export DIR --to FILE.safetensors [--dtype fp32|bf16]\n"
+    "  DIR  a step directory, a save directory (its 'latest' is used) or a 'latest' file\n";
+
+[[noreturn]] void usage_error(const std::string& message) {
+  std::fprintf(stderr, "zero-checkpoint: %s\n%s", message.c_str(), kUsage);
+  std::exit(2);
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+const char* optimizer_name(zero::OptimizerType type) {
+  switch (type) {
+    case zero::OptimizerType::kAdamW:
+      return "adamw";
+    case zero::OptimizerType::kAdam:
+      return "adam";
+    case zero::OptimizerType::kSgd:
+      return "sgd";
+  }
+  return "?";
+}
+
+int info(const std::string& dir) {
+  const zero::CheckpointInfo c = zero::read_checkpoint_info(dir);
+  size_t elements = 0;
+  size_t padded = 0;
+  for (const zero::ParamPlacement& p : c.params) elements += p.numel;
+  for (const zero::CheckpointInfo::SavedUnit& u : c.units) padded += u.numel;
+  std::printf("checkpoint   %s\n", c.step_dir.c_str());
+  std::printf("trainer      step %ld, seed %llu\n", c.trainer.step,
+              static_cast<unsigned long long>(c.trainer.seed));
+  std::printf("saved by     %d ranks, ZeRO stage %d, dtype %s, alignment %zu bytes\n", c.world_size,
+              c.stage, zero::dtype_name(c.dtype), c.alignment_bytes);
+  std::printf(
+      "optimizer    %s, step %ld, lr %g, betas %g %g, eps %g, weight decay %g, "
+      "momentum %g, %d state array(s)\n",
+      optimizer_name(c.optimizer.type), c.optimizer_step, c.optimizer.lr, c.optimizer.beta1,
+      c.optimizer.beta2, c.optimizer.eps, c.optimizer.weight_decay, c.optimizer.momentum,
+      c.state_count);
+  std::printf("loss scaler  scale %g, hysteresis left %d, clean steps %ld\n", c.loss_scaler.scale,
+              c.loss_scaler.hysteresis_left, c.loss_scaler.clean_steps);
+  std::printf("parameters   %zu (%zu elements) in %zu units (%zu elements padded)\n",
+              c.params.size(), elements, c.units.size(), padded);
+  for (const zero::ParamPlacement& p : c.params) {
+    std::printf("  %-32s %-16s numel %-10zu unit %-4d offset %zu\n", p.name.c_str(),
+                shape_text(p.shape).c_str(), p.numel, p.unit, p.offset);
+  }
+  std::printf("files        %zu\n", c.files.size());
+  for (const zero::CheckpointInfo::File& f : c.files) {
+    std::printf("  %-16s %12llu bytes  crc32c %08x\n", f.name.c_str(),
+                static_cast<unsigned long long>(f.size), f.crc32c);
+  }
+  return 0;
+}
+
+int verify(const std::string& dir) {
+  const zero::CheckpointInfo c = zero::read_checkpoint_info(dir);
+  const std::vector<std::string> problems = zero::verify_checkpoint_files(c);
+  for (const std::string& problem : problems) {
+    std::fprintf(stderr, "zero-checkpoint: %s\n", problem.c_str());
+  }
+  if (!problems.empty()) return 1;
+  std::printf("ok: %s (manifest and %zu shard files)\n", c.step_dir.c_str(), c.files.size());
+  return 0;
+}
+
+int export_model(const std::string& dir, const std::string& to, zero::DType dtype) {
+  const zero::CheckpointInfo c = zero::read_checkpoint_info(dir);
+  const std::vector<std::vector<float>> master = zero::read_full_master(c);
+  std::vector<zero::NamedTensor> tensors;
+  for (size_t p = 0; p < c.params.size(); ++p) {
+    tensors.push_back({c.params[p].name, c.params[p].shape, &master[p]});
+  }
+  zero::write_safetensors(to, tensors, dtype,
+                          {{"format", "pt"},
+                           {"step", std::to_string(c.trainer.step)},
+                           {"source", "zero-checkpoint export of " + c.step_dir}});
+  std::printf("wrote %s: %zu tensors (%s) from %s\n", to.c_str(), tensors.size(),
+              zero::dtype_name(dtype), c.step_dir.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) usage_error("missing command");
+  if (args[0] == "-h" || args[0] == "--help") {
+    std::printf("%s", kUsage);
+    return 0;
+  }
+  const std::string& command = args[0];
+  if (command != "info" && command != "verify" && command != "export") {
+    usage_error("unknown command '" + command + "'");
+  }
+  if (args.size() < 2) usage_error(command + " needs a checkpoint directory");
+  const std::string& dir = args[1];
+  std::string to;
+  zero::DType dtype = zero::DType::kFloat32;
+  for (size_t i = 2; i < args.size(); ++i) {
+    if (command != "export") usage_error("unexpected argument '" + args[i] + "'");
+    if (args[i] != "--to" && args[i] != "--dtype") usage_error("unknown option '" + args[i] + "'");
+    if (i + 1 == args.size()) usage_error(args[i] + " needs a value");
+    const std::string& value = args[++i];
+    if (args[i - 1] == "--to") {
+      to = value;
+    } else if (!zero::parse_dtype(value, &dtype) || dtype == zero::DType::kFloat16) {
+      usage_error("--dtype must be fp32 or bf16, got '" + value + "'");
+    }
+  }
+  if (command == "export" && to.empty()) usage_error("export needs --to FILE.safetensors");
+  try {
+    if (command == "info") return info(dir);
+    if (command == "verify") return verify(dir);
+    return export_model(dir, to, dtype);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zero-checkpoint: %s\n", e.what());
+    return 1;
+  }
+}
