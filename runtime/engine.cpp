@@ -322,13 +322,14 @@ struct Engine::Impl {
     if (!trace.enabled()) return issue();
     auto begin_us = std::make_shared<double>(0.0);
     comm.stream().enqueue([begin_us] { *begin_us = Trace::now_us(); });
-    Event done = issue();
+    issue();
     Trace* t = &trace;
     std::string span_name = name;
-    comm.stream().enqueue([t, begin_us, span_name, bytes] {
+    // The end marker's event: whoever waits for the collective also waits until its span is
+    // closed, so a compute span that starts after the wait cannot look overlapped.
+    return comm.stream().enqueue([t, begin_us, span_name, bytes] {
       t->add(TraceSpan{span_name, true, *begin_us, Trace::now_us(), bytes});
     });
-    return done;
   }
 
   // An issued collective: with overlap_comm off, compute waits for it right away.
@@ -564,9 +565,9 @@ struct Engine::Impl {
     }
     stats.lr = current_lr();
     optimizer.begin_step(stats.lr);
-    ScopedSpan optimizer_span(trace, "optimizer");
     const bool separate_master = config.dtype != DType::kFloat32;
     for (size_t u = 0; u < units.size(); ++u) {
+      ScopedSpan optimizer_span(trace, "optimizer");
       const Unit& unit = layout.units()[u];
       UnitState& s = units[u];
       // Stage 0 updates the whole unit on every rank (identically); the others their slice.

@@ -120,6 +120,12 @@ Tensor ZeroModel::forward(const Tensor& input) {
   return current;
 }
 
+StepStats ZeroModel::step() {
+  StepStats stats = engine_->step();
+  if (!engine_->layout().units().empty()) engine_->prefetch(0);
+  return stats;
+}
+
 Tensor ZeroModel::backward(const Tensor& grad_output) {
   const Layout& layout = engine_->layout();
   Tensor current = grad_output;

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iomanip>
 #include <utility>
 
 #include "zero/kernels/check.h"
@@ -108,6 +109,8 @@ void Trace::write_chrome_trace(Communicator& comm, const std::string& path) cons
 
   std::ofstream out(path);
   ZERO_CHECK(out.good(), "cannot open trace file '" << path << "' for writing");
+  // Microsecond timestamps of a long-running machine need all their digits: fixed notation.
+  out << std::fixed << std::setprecision(3);
   out << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
   bool first = true;
   for (size_t r = 0; r < sizes.size(); ++r) {

@@ -9,7 +9,7 @@ packages=(
   protobuf-compiler libprotobuf-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev nlohmann-json3-dev
-  gnuplot-nox
+  gnuplot-nox python3
 )
 
 missing=()

@@ -67,7 +67,8 @@ class ZeroModel {
   // unit is done, so its reduction overlaps the backward of the units before it. grad_output is
   // d(loss)/d(output); with fp16 it is multiplied by the loss scale here.
   Tensor backward(const Tensor& grad_output);
-  StepStats step() { return engine_->step(); }
+  // The optimizer step; at stage 3 it also starts gathering the first unit for the next forward.
+  StepStats step();
 
   Engine& engine() { return *engine_; }
 
