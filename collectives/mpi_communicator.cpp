@@ -3,7 +3,10 @@
 // Each collective is validated and counted on the calling thread, then enqueued on the
 // communicator's stream, whose worker makes the blocking MPI call. A watchdog thread aborts
 // the job when one collective runs longer than the timeout, so a rank that never joins a
-// collective shows up as a message naming the op instead of a silent hang.
+// collective shows up as a message naming the op instead of a silent hang. A flight recorder
+// keeps the last 64 collectives and their states; it is printed whenever the job is stopped
+// here (watchdog, desync check) or a collective fails. In the desync-check mode the ranks
+// compare each collective's description before running it.
 #include "zero/collectives/mpi_communicator.h"
 
 #include <mpi.h>
@@ -17,11 +20,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "zero/collectives/flight_recorder.h"
 #include "zero/kernels/check.h"
 #include "zero/kernels/cpu_kernels.h"
 
@@ -128,6 +133,37 @@ std::chrono::milliseconds timeout_from_environment() {
   return std::max(std::chrono::milliseconds(1), std::chrono::milliseconds(std::llround(ms)));
 }
 
+// ZERO_DEBUG is a comma-separated list of debug modes; "collectives" turns the desync check
+// on. Other words belong to other parts of the runtime and are left to them.
+bool desync_check_from_environment() {
+  const char* text = std::getenv("ZERO_DEBUG");
+  if (text == nullptr) return false;
+  const std::string modes(text);
+  for (size_t begin = 0; begin <= modes.size();) {
+    size_t end = modes.find(',', begin);
+    if (end == std::string::npos) end = modes.size();
+    if (modes.compare(begin, end - begin, "collectives") == 0) return true;
+    begin = end + 1;
+  }
+  return false;
+}
+
+// What the desync check exchanges about one collective: fixed size, the same on every rank.
+struct CollectiveDescriptor {
+  uint64_t sequence;
+  uint64_t op;
+  uint64_t dtype;
+  uint64_t count;
+
+  bool operator==(const CollectiveDescriptor& other) const {
+    return sequence == other.sequence && op == other.op && dtype == other.dtype &&
+           count == other.count;
+  }
+  std::string text() const {
+    return describe_collective(static_cast<CollectiveOp>(op), count, static_cast<DType>(dtype));
+  }
+};
+
 // The MPI type that moves elements of `dtype` unchanged: 16-bit floats travel as 16-bit
 // integers, since only the reductions need to know what they mean.
 MPI_Datatype transport_type(DType dtype) {
@@ -170,7 +206,9 @@ bool overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
 class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator(std::chrono::milliseconds timeout, size_t max_elements_per_call)
-      : max_elements_per_call_(max_elements_per_call), timeout_(timeout) {
+      : max_elements_per_call_(max_elements_per_call),
+        desync_check_(desync_check_from_environment()),
+        timeout_(timeout) {
     int initialized = 0;
     ZERO_MPI_CHECK(MPI_Initialized(&initialized));
     ZERO_CHECK(initialized, "MPI is not initialized: create a zero::MpiSession first");
@@ -214,6 +252,11 @@ class MpiCommunicator final : public Communicator {
     }
     watch_changed_.notify_one();  // a shorter timeout may already have passed
   }
+
+  void set_desync_check(bool enabled) override { desync_check_ = enabled; }
+  bool desync_check() const override { return desync_check_; }
+
+  std::string flight_record() const override { return recorder_.format(rank_); }
 
   Event all_gather(const void* send, void* recv, size_t count, DType dtype) override {
     const size_t elem = dtype_size(dtype);
@@ -291,21 +334,78 @@ class MpiCommunicator final : public Communicator {
   }
 
   // Counts the op (here, on the enqueueing thread, so counters() needs no lock), gives it the
-  // next sequence number and enqueues `body` between the watchdog's start and stop marks.
+  // next sequence number, records it, and enqueues `body` between the watchdog's start and stop
+  // marks, preceded by the desync check when that is on (decided now, so a later
+  // set_desync_check never changes a collective already queued on some ranks).
   template <typename Body>
   Event launch(CollectiveOp op, size_t count, DType dtype, uint64_t buffer_bytes, Body body) {
     const auto index = static_cast<size_t>(op);
     counters_.calls[index] += 1;
     counters_.bytes[index] += bytes_sent(op, buffer_bytes);
     const uint64_t sequence = next_sequence_++;
-    return stream_->enqueue([this, op, sequence, count, dtype, body] {
+    const bool check_desync = desync_check_;
+    recorder_.enqueued(sequence, op, dtype, count);
+    return stream_->enqueue([this, op, sequence, count, dtype, check_desync, body] {
+      recorder_.started(sequence);
       start_watch(op, sequence, count, dtype);
       struct StopWatch {
         MpiCommunicator* self;
         ~StopWatch() { self->stop_watch(); }
       } stop_on_exit{this};
-      body();
+      try {
+        if (check_desync)
+          agree_on_collective(
+              {sequence, static_cast<uint64_t>(op), static_cast<uint64_t>(dtype), count});
+        body();
+      } catch (const std::exception& e) {
+        recorder_.finished(sequence, false);
+        report_failure(op, sequence, e.what());
+        throw;
+      }
+      recorder_.finished(sequence, true);
     });
+  }
+
+  // The waiting thread rethrows the error; the record printed here shows what ran around it.
+  void report_failure(CollectiveOp op, uint64_t sequence, const char* what) const {
+    std::fprintf(stderr, "zero: rank %d: collective %s #%llu failed: %s\n%s", rank_,
+                 collective_op_name(op), static_cast<unsigned long long>(sequence), what,
+                 recorder_.format(rank_).c_str());
+    std::fflush(stderr);
+  }
+
+  // The desync check: every rank learns every rank's next collective. All ranks see the same
+  // descriptors, so all of them find a mismatch together: each prints the same message and its
+  // own flight record, they wait for each other (so no report is cut short), and the job aborts.
+  // The message names rank 0 and the first rank whose collective differs from rank 0's.
+  void agree_on_collective(const CollectiveDescriptor& mine) {
+    std::vector<CollectiveDescriptor> all(static_cast<size_t>(size_));
+    const int words = sizeof(CollectiveDescriptor) / sizeof(uint64_t);
+    ZERO_MPI_CHECK(
+        MPI_Allgather(&mine, words, MPI_UINT64_T, all.data(), words, MPI_UINT64_T, comm_));
+    int other = 1;
+    while (other < size_ && all[other] == all[0]) ++other;
+    if (other == size_) return;
+    const CollectiveDescriptor& first = all[0];
+    const CollectiveDescriptor& differing = all[static_cast<size_t>(other)];
+    std::string message = "zero: collective desync";
+    if (first.sequence == differing.sequence) {
+      message += " at #" + std::to_string(first.sequence) + ": rank 0 called " + first.text() +
+                 ", rank " + std::to_string(other) + " called " + differing.text();
+    } else {
+      message += ": rank 0 called " + first.text() + " as #" + std::to_string(first.sequence) +
+                 ", rank " + std::to_string(other) + " called " + differing.text() + " as #" +
+                 std::to_string(differing.sequence);
+    }
+    recorder_.finished(mine.sequence, false);
+    std::fprintf(stderr, "%s\n%s", message.c_str(), recorder_.format(rank_).c_str());
+    std::fflush(stderr);
+    // Every rank reaches this point, so the barrier cannot hang; if it fails, abort anyway.
+    if (MPI_Barrier(comm_) != MPI_SUCCESS) {
+      std::fprintf(stderr, "zero: rank %d: MPI_Barrier before the desync abort failed\n", rank_);
+    }
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    std::abort();  // MPI_Abort does not return; if an implementation did, still stop here
   }
 
   // Ring-algorithm bytes this rank sends for a buffer of S bytes (see CommCounters).
@@ -456,6 +556,7 @@ class MpiCommunicator final : public Communicator {
                  rank_, collective_op_name(running_.op),
                  static_cast<unsigned long long>(running_.sequence), running_.count,
                  dtype_name(running_.dtype), running_.count * dtype_size(running_.dtype), seconds);
+    std::fputs(recorder_.format(rank_).c_str(), stderr);
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 1);
     std::abort();  // MPI_Abort does not return; if an implementation did, still stop here
@@ -469,6 +570,10 @@ class MpiCommunicator final : public Communicator {
   // Enqueueing thread only.
   CommCounters counters_;
   uint64_t next_sequence_ = 1;
+  bool desync_check_;
+
+  // Written by the enqueueing thread and the worker, read by the watchdog: locks itself.
+  FlightRecorder recorder_;
 
   // Worker thread only.
   std::vector<float> scratch_;

@@ -1,6 +1,8 @@
 // The CPU stream: one worker thread running a queue of work items in order, and the events
 // that report their completion. Everything that waits (the worker on an empty queue, a host
 // thread on an event, the worker on another stream's event) sleeps on a condition variable.
+// Stream itself only forwards to its backend, so a device stream (cuda_stream.cpp) can stand in
+// its place; an event of a device stream delegates wait() and done() to its DeviceEvent.
 #include "zero/collectives/stream.h"
 
 #include <condition_variable>
@@ -18,6 +20,8 @@ struct Event::State {
   std::condition_variable completed;
   bool done = false;
   std::exception_ptr error;  // set when the work before the event threw
+  // Set for an event of a device stream: then completion is the device's, not `done`.
+  std::shared_ptr<const DeviceEvent> device;
 
   void complete(std::exception_ptr e) {
     {
@@ -33,109 +37,159 @@ Event::Event() : state_(std::make_shared<State>()) {
   state_->done = true;
 }
 
+Event::Event(std::shared_ptr<const DeviceEvent> device) : state_(std::make_shared<State>()) {
+  state_->device = std::move(device);
+}
+
 Event::Event(std::shared_ptr<State> state) : state_(std::move(state)) {}
 
 void Event::wait() const {
+  if (state_->device) {
+    state_->device->synchronize();
+    return;
+  }
   std::unique_lock<std::mutex> lock(state_->mutex);
   state_->completed.wait(lock, [&] { return state_->done; });
   if (state_->error) std::rethrow_exception(state_->error);
 }
 
 bool Event::done() const {
+  if (state_->device) return state_->device->query();
   std::lock_guard<std::mutex> lock(state_->mutex);
   return state_->done;
 }
 
-struct Stream::Impl {
+const DeviceEvent* Event::device_event() const {
+  return state_->device.get();
+}
+
+namespace {
+
+// The CPU stream: a worker thread running a queue of items in order.
+class CpuBackend final : public Stream::Backend {
+ public:
+  CpuBackend() : worker_([this] { run(); }) {}
+
+  // Drains the queue, then joins the worker.
+  ~CpuBackend() override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    queue_changed_.notify_one();
+    worker_.join();
+  }
+
+  Event enqueue(std::function<void()> work) override {
+    auto state = std::make_shared<Event::State>();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push_back({std::move(work), state});
+    }
+    queue_changed_.notify_one();
+    return Event(std::move(state));
+  }
+
+  void wait(const Event& event) override {
+    // The marker blocks the worker (sleeping) until the event completes. If the awaited work
+    // failed, this stream fails too: its next items would read what that work never produced.
+    enqueue([event] { event.wait(); });
+  }
+
+  Event record() override {
+    return enqueue([] {});
+  }
+
+  void synchronize() override { record().wait(); }
+
+  void set_delay_for_testing(std::chrono::microseconds delay) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    delay_ = delay;
+  }
+
+  void* native_handle() const override { return nullptr; }
+
+ private:
   struct Item {
     std::function<void()> work;
     std::shared_ptr<Event::State> event;
   };
-
-  std::string name;
-  std::mutex mutex;  // guards queue, stopping and delay
-  std::condition_variable queue_changed;
-  std::deque<Item> queue;
-  bool stopping = false;
-  std::chrono::microseconds delay{0};
-  std::thread worker;
-
-  // Touched by the worker thread only: the first error thrown on this stream.
-  std::exception_ptr failure;
 
   void run() {
     for (;;) {
       Item item;
       std::chrono::microseconds item_delay;
       {
-        std::unique_lock<std::mutex> lock(mutex);
-        queue_changed.wait(lock, [&] { return stopping || !queue.empty(); });
+        std::unique_lock<std::mutex> lock(mutex_);
+        queue_changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
         // Stopping still drains: the destructor promises that enqueued work runs.
-        if (queue.empty()) return;
-        item = std::move(queue.front());
-        queue.pop_front();
-        item_delay = delay;
+        if (queue_.empty()) return;
+        item = std::move(queue_.front());
+        queue_.pop_front();
+        item_delay = delay_;
       }
       // A failed stream stays failed: what follows may depend on the work that threw, so it
       // is not run, and its event reports the original error.
-      if (!failure) {
+      if (!failure_) {
         if (item_delay.count() > 0) std::this_thread::sleep_for(item_delay);
         try {
           item.work();
         } catch (...) {
-          failure = std::current_exception();
+          failure_ = std::current_exception();
         }
       }
-      item.event->complete(failure);
+      item.event->complete(failure_);
     }
   }
+
+  std::mutex mutex_;  // guards queue_, stopping_ and delay_
+  std::condition_variable queue_changed_;
+  std::deque<Item> queue_;
+  bool stopping_ = false;
+  std::chrono::microseconds delay_{0};
+
+  // Touched by the worker thread only: the first error thrown on this stream.
+  std::exception_ptr failure_;
+
+  // Last: the worker starts in the constructor and uses every member above.
+  std::thread worker_;
 };
 
-Stream::Stream(std::string name) : impl_(std::make_unique<Impl>()) {
-  impl_->name = std::move(name);
-  impl_->worker = std::thread([impl = impl_.get()] { impl->run(); });
-}
+}  // namespace
 
-Stream::~Stream() {
-  {
-    std::lock_guard<std::mutex> lock(impl_->mutex);
-    impl_->stopping = true;
-  }
-  impl_->queue_changed.notify_one();
-  impl_->worker.join();
-}
+Stream::Stream(std::string name) : Stream(std::move(name), std::make_unique<CpuBackend>()) {}
+
+Stream::Stream(std::string name, std::unique_ptr<Backend> backend)
+    : name_(std::move(name)), backend_(std::move(backend)) {}
+
+Stream::~Stream() = default;
 
 Event Stream::enqueue(std::function<void()> work) {
-  auto state = std::make_shared<Event::State>();
-  {
-    std::lock_guard<std::mutex> lock(impl_->mutex);
-    impl_->queue.push_back({std::move(work), state});
-  }
-  impl_->queue_changed.notify_one();
-  return Event(std::move(state));
+  return backend_->enqueue(std::move(work));
 }
 
 void Stream::wait(const Event& event) {
-  // The marker blocks the worker (sleeping) until the event completes. If the awaited work
-  // failed, this stream fails too: its next items would read what that work never produced.
-  enqueue([event] { event.wait(); });
+  backend_->wait(event);
 }
 
 Event Stream::record() {
-  return enqueue([] {});
+  return backend_->record();
 }
 
 void Stream::synchronize() {
-  record().wait();
+  backend_->synchronize();
 }
 
 void Stream::set_delay_for_testing(std::chrono::microseconds delay) {
-  std::lock_guard<std::mutex> lock(impl_->mutex);
-  impl_->delay = delay;
+  backend_->set_delay_for_testing(delay);
 }
 
 const std::string& Stream::name() const {
-  return impl_->name;
+  return name_;
+}
+
+void* Stream::native_handle() const {
+  return backend_->native_handle();
 }
 
 }  // namespace zero

@@ -330,5 +330,82 @@ TEST(Communicator, RejectsMalformedTimeoutVariable) {
   EXPECT_THROW(make_mpi_communicator(0), Error);
 }
 
+TEST(Communicator, DesyncCheckFollowsTheEnvironmentAndTheSetter) {
+  const char* saved = std::getenv("ZERO_DEBUG");
+  const std::string restore = saved ? saved : "";
+  unsetenv("ZERO_DEBUG");
+  EXPECT_FALSE(make_mpi_communicator()->desync_check());
+  for (const char* on : {"collectives", "engine,collectives", "collectives,memory"}) {
+    setenv("ZERO_DEBUG", on, 1);
+    EXPECT_TRUE(make_mpi_communicator()->desync_check()) << "ZERO_DEBUG=" << on;
+  }
+  for (const char* off : {"", "engine", "collective", "collectives2"}) {
+    setenv("ZERO_DEBUG", off, 1);
+    EXPECT_FALSE(make_mpi_communicator()->desync_check()) << "ZERO_DEBUG=" << off;
+  }
+  if (saved) {
+    setenv("ZERO_DEBUG", restore.c_str(), 1);
+  } else {
+    unsetenv("ZERO_DEBUG");
+  }
+  auto comm = make_mpi_communicator();
+  comm->set_desync_check(true);
+  EXPECT_TRUE(comm->desync_check());
+  comm->set_desync_check(false);
+  EXPECT_FALSE(comm->desync_check());
+}
+
+TEST(Communicator, DesyncCheckPassesMatchingCollectives) {
+  // With the check on, matching collectives run as before, and the descriptor exchange is not
+  // counted as communication of the op.
+  auto comm = make_mpi_communicator();
+  comm->set_desync_check(true);
+  const int n = comm->world_size();
+  std::vector<float> a(10 * n), b(10 * n);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = value(comm->rank(), i);
+  comm->all_reduce(a.data(), b.data(), 10, DType::kFloat32);
+  comm->all_gather(a.data(), b.data(), 10, DType::kFloat32);
+  comm->barrier();
+  comm->all_reduce_sync(a.data(), a.data(), 10 * n, DType::kFloat32);
+  for (size_t i = 0; i < a.size(); ++i) {
+    float expected = 0;
+    for (int r = 0; r < n; ++r) expected += value(r, i);
+    ASSERT_EQ(a[i], expected) << "element " << i;
+  }
+  EXPECT_EQ(comm->counters().calls[static_cast<size_t>(CollectiveOp::kAllReduce)], 2u);
+  EXPECT_EQ(comm->counters().bytes[static_cast<size_t>(CollectiveOp::kBarrier)], 0u);
+  // The ring formulas for all_reduce of 40 bytes, all_gather of 40n, all_reduce of 40n.
+  const uint64_t un = static_cast<uint64_t>(n), m = un - 1;
+  EXPECT_EQ(comm->counters().total_bytes(), 80 * m / un + 40 * m + 80 * m);
+}
+
+TEST(Communicator, FlightRecordListsTheCollectivesDone) {
+  auto comm = make_mpi_communicator();
+  std::vector<float> a(4 * comm->world_size());
+  comm->barrier_sync();
+  comm->all_reduce_sync(a.data(), a.data(), 4, DType::kFloat32);
+  comm->broadcast_sync(a.data(), 3, DType::kBFloat16, 0);
+  const std::string record = comm->flight_record();
+  const std::string prefix = "[rank " + std::to_string(comm->rank()) + "]";
+  EXPECT_NE(record.find(prefix + " flight record: the last 3 of 3 collectives"), std::string::npos)
+      << record;
+  // One row per collective, in order, each done.
+  const size_t barrier = record.find(" barrier ");
+  const size_t all_reduce = record.find(" all_reduce ");
+  const size_t broadcast = record.find(" broadcast ");
+  ASSERT_NE(barrier, std::string::npos) << record;
+  ASSERT_NE(all_reduce, std::string::npos) << record;
+  ASSERT_NE(broadcast, std::string::npos) << record;
+  EXPECT_LT(barrier, all_reduce);
+  EXPECT_LT(all_reduce, broadcast);
+  size_t done = 0;
+  for (size_t at = record.find(" done "); at != std::string::npos;
+       at = record.find(" done ", at + 1)) {
+    ++done;
+  }
+  EXPECT_EQ(done, 3u) << record;
+  EXPECT_EQ(record.find("running"), std::string::npos) << record;
+}
+
 }  // namespace
 }  // namespace zero

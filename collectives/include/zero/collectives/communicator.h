@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "zero/collectives/stream.h"
 #include "zero/kernels/dtype.h"
@@ -64,6 +65,20 @@ class Communicator {
   // aborts the whole job. Default 300 s. Sequence numbers count the collectives enqueued on
   // this communicator (1, 2, ...), so the reports of different ranks can be matched up.
   virtual void set_timeout(std::chrono::milliseconds timeout) = 0;
+
+  // Desync check (a debug mode, off by default; on when the environment has
+  // ZERO_DEBUG=collectives): before each collective the ranks exchange its sequence number, op,
+  // element type and count, and a rank whose collective differs stops the job with a message
+  // naming both ranks and both ops. Costs one small extra collective per collective. Set it
+  // alike on every rank, between collectives: the exchange is itself a collective.
+  virtual void set_desync_check(bool enabled) = 0;
+  virtual bool desync_check() const = 0;
+
+  // The flight record: a table of the last collectives (see flight_recorder.h), most recent
+  // last, with their states and times. Callable from any thread, e.g. to print before exiting
+  // on a fatal error. The communicator prints it itself when its watchdog or desync check
+  // aborts the job, or when a collective fails.
+  virtual std::string flight_record() const = 0;
 
   // Blocking forms: enqueue, then wait.
   void all_gather_sync(const void* send, void* recv, size_t count, DType dtype) {

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Sanitizer CI: builds the project twice more and runs the tests that each sanitizer is for.
+#
+#   AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/): the unit and MPI suites
+#   (ctest -L "unit|mpi"), leaks included. OpenMPI and the libraries under it leak by design;
+#   tests/sanitizers/lsan.supp names those libraries and nothing of ours, so a leak in our code
+#   fails. Any undefined behaviour stops the program (-fno-sanitize-recover=undefined).
+#
+#   ThreadSanitizer (build-tsan/): the communication-stream, flight-recorder and engine tests
+#   (ctest -R "stream|flight_recorder|engine"): the code where our threads meet. OpenMPI is not
+#   built with TSan, so what it does inside its own locks is invisible to TSan;
+#   tests/sanitizers/tsan.supp silences reports inside OpenMPI's libraries only.
+#
+# Build directories: $ZERO_ASAN_BUILD_DIR and $ZERO_TSAN_BUILD_DIR, else build-asan/ and
+# build-tsan/ in the repository. Extra arguments go to both ctest runs.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+asan_build="${ZERO_ASAN_BUILD_DIR:-$root/build-asan}"
+tsan_build="${ZERO_TSAN_BUILD_DIR:-$root/build-tsan}"
+
+bash "$root/scripts/setup.sh"
+
+configure_and_build() {
+  local build="$1" sanitizer="$2"
+  shift 2
+  # Host code only: the CUDA backend is not built with the sanitizers.
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZERO_CUDA=OFF \
+    -DZERO_SANITIZE="$sanitizer" >"$build.configure.log" 2>&1 ||
+    { cat "$build.configure.log"; exit 1; }
+  cmake --build "$build" -j "$(nproc)" "$@"
+}
+
+seconds_since() {
+  echo $(($(date +%s) - $1))
+}
+
+start=$(date +%s)
+configure_and_build "$asan_build" address
+echo "sanitize: ASan+UBSan build took $(seconds_since "$start") s"
+start=$(date +%s)
+# detect_leaks: LeakSanitizer at exit of every process, ranks included (mpirun passes the
+# environment on). abort_on_error=0: exit with an error code, so mpirun reports the failed rank.
+# fast_unwind_on_malloc=0: OpenMPI's libraries have no frame pointers, so the fast unwinder
+# stops at their first frame, and allocations by its plugins (unloaded by exit, shown as
+# "<unknown module>") could not be matched to the suppressions; the slow unwinder walks up into
+# libmpi and libopen-pal, which the suppressions name.
+ASAN_OPTIONS="detect_leaks=1:fast_unwind_on_malloc=0:halt_on_error=1:abort_on_error=0:strict_string_checks=1" \
+  LSAN_OPTIONS="suppressions=$root/tests/sanitizers/lsan.supp:print_suppressions=0" \
+  UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
+  ctest --test-dir "$asan_build" --output-on-failure -j 2 --timeout 900 -L "unit|mpi" "$@"
+echo "sanitize: ASan+UBSan tests took $(seconds_since "$start") s"
+
+start=$(date +%s)
+# Only the targets of the tests run below: the whole project a third time would cost CI
+# minutes for binaries nobody runs under TSan.
+configure_and_build "$tsan_build" thread --target collectives_stream_test \
+  collectives_flight_recorder_test runtime_engine_test
+echo "sanitize: TSan build took $(seconds_since "$start") s"
+start=$(date +%s)
+TSAN_OPTIONS="suppressions=$root/tests/sanitizers/tsan.supp:halt_on_error=1:second_deadlock_stack=1" \
+  ctest --test-dir "$tsan_build" --output-on-failure -j 2 --timeout 900 \
+  -R "stream|flight_recorder|engine" "$@"
+echo "sanitize: TSan tests took $(seconds_since "$start") s"

@@ -1,0 +1,259 @@
+// The CUDA kernels on a device against the CPU kernels (the reference the engine's CPU path
+// uses): bitwise for the element-wise kernels, to rounding for the sum of squares.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "zero/kernels/cpu_kernels.h"
+#include "zero/kernels/cuda_kernels.h"
+
+namespace zero::kernels::cuda {
+namespace {
+
+using zero::testing::DeviceBuffer;
+
+const std::vector<DType> kDTypes = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
+
+std::vector<uint8_t> random_bytes(DType dtype, size_t n, std::mt19937& rng, float lo, float hi) {
+  std::vector<uint8_t> out(n * dtype_size(dtype));
+  std::uniform_real_distribution<float> dist(lo, hi);
+  for (size_t i = 0; i < n; ++i) store_from_float(out.data(), dtype, i, dist(rng));
+  return out;
+}
+
+class CudaKernels : public ::testing::Test {
+ protected:
+  void SetUp() override { ZERO_SKIP_WITHOUT_CUDA_DEVICE(); }
+  void sync() { ZERO_CUDA_CHECK(cudaDeviceSynchronize()); }
+};
+
+// Several tensors in one call, one of them starting one element past 16-byte alignment (the
+// element-at-a-time path), sizes across the vector and chunk tails.
+TEST_F(CudaKernels, FusedAdamWMatchesCpuKernelBitwiseForEveryDtypePair) {
+  const std::vector<size_t> sizes = {1, 8193, (size_t{1} << 20) + 3, 4099};
+  const auto c = adamw_step_constants(1e-3f, 0.9, 0.999, 1e-8f, 0.01f, 5);
+  for (DType g : kDTypes) {
+    for (DType p : kDTypes) {
+      std::mt19937 rng(static_cast<unsigned>(g) * 3 + static_cast<unsigned>(p));
+      std::vector<std::unique_ptr<DeviceBuffer>> keep;
+      std::vector<AdamWTensor> tensors;
+      struct Host {
+        std::vector<float> master, m, v;
+        std::vector<uint8_t> grad, param;
+      };
+      std::vector<Host> host;
+      for (size_t t = 0; t < sizes.size(); ++t) {
+        const size_t n = sizes[t], shift = t == 2 ? 1 : 0;  // tensor 2 is misaligned
+        Host h;
+        auto fill = [&](float lo, float hi) {
+          std::vector<float> x(n);
+          std::uniform_real_distribution<float> dist(lo, hi);
+          for (float& e : x) e = dist(rng);
+          return x;
+        };
+        h.master = fill(-1, 1);
+        h.m = fill(-0.1f, 0.1f);
+        h.v = fill(0, 0.01f);
+        h.grad = random_bytes(g, n, rng, -2, 2);
+        h.param.assign(n * dtype_size(p), 0xCD);  // poison: every element must be written
+        auto device = [&](const void* src, size_t bytes, size_t elem) {
+          keep.push_back(std::make_unique<DeviceBuffer>(bytes + elem));
+          keep.back()->upload(src, bytes, shift * elem);
+          return static_cast<char*>(keep.back()->data()) + shift * elem;
+        };
+        tensors.push_back({reinterpret_cast<float*>(device(h.master.data(), n * 4, 4)),
+                           reinterpret_cast<float*>(device(h.m.data(), n * 4, 4)),
+                           reinterpret_cast<float*>(device(h.v.data(), n * 4, 4)),
+                           device(h.grad.data(), h.grad.size(), dtype_size(g)),
+                           device(h.param.data(), h.param.size(), dtype_size(p)), n});
+        host.push_back(std::move(h));
+      }
+      fused_adamw(tensors.data(), tensors.size(), g, p, 0.75f, c, {}, nullptr);
+      sync();
+      for (size_t t = 0; t < sizes.size(); ++t) {
+        Host& h = host[t];
+        const size_t n = sizes[t];
+        kernels::fused_adamw(h.master.data(), h.m.data(), h.v.data(), h.grad.data(), g, 0.75f,
+                             h.param.data(), p, n, c);
+        auto got = [&](const void* d, size_t bytes) {
+          std::vector<uint8_t> out(bytes);
+          ZERO_CUDA_CHECK(cudaMemcpy(out.data(), d, bytes, cudaMemcpyDeviceToHost));
+          return out;
+        };
+        auto as_bytes = [](const std::vector<float>& x) {
+          std::vector<uint8_t> out(x.size() * 4);
+          std::memcpy(out.data(), x.data(), out.size());
+          return out;
+        };
+        SCOPED_TRACE(std::string(dtype_name(g)) + " grads, " + dtype_name(p) + " params, tensor " +
+                     std::to_string(t));
+        EXPECT_EQ(got(tensors[t].master, n * 4), as_bytes(h.master));
+        EXPECT_EQ(got(tensors[t].m, n * 4), as_bytes(h.m));
+        EXPECT_EQ(got(tensors[t].v, n * 4), as_bytes(h.v));
+        EXPECT_EQ(got(tensors[t].param_out, h.param.size()), h.param);
+      }
+    }
+  }
+}
+
+TEST_F(CudaKernels, OverflowFlagSkipsTheStepWithoutTheHost) {
+  const size_t n = 100000;
+  std::mt19937 rng(1);
+  std::vector<float> master(n, 0.5f), grad(n);
+  for (float& x : grad) x = std::uniform_real_distribution<float>(-1, 1)(rng);
+  grad[77777] = std::numeric_limits<float>::infinity();
+  DeviceBuffer d_master(n * 4), d_m(n * 4), d_v(n * 4), d_grad(n * 4), flag(sizeof(int));
+  d_master.upload(master.data(), n * 4);
+  d_grad.upload(grad.data(), n * 4);
+  ZERO_CUDA_CHECK(cudaMemset(d_m.data(), 0, n * 4));
+  ZERO_CUDA_CHECK(cudaMemset(d_v.data(), 0, n * 4));
+  ZERO_CUDA_CHECK(cudaMemset(flag.data(), 0, sizeof(int)));
+
+  const ConstTensor grads{d_grad.data(), n};
+  check_finite(&grads, 1, DType::kFloat32, flag.as<int>(), nullptr);
+  const AdamWTensor tensor{d_master.as<float>(), d_m.as<float>(), d_v.as<float>(),
+                           d_grad.data(),        nullptr,         n};
+  const auto c = adamw_step_constants(1e-2f, 0.9, 0.999, 1e-8f, 0.0f, 1);
+  DeviceStepControl control;
+  control.skip_flag = flag.as<int>();
+  fused_adamw(&tensor, 1, DType::kFloat32, DType::kFloat32, 1.0f, c, control, nullptr);
+  sync();
+  int set = 0;
+  ZERO_CUDA_CHECK(cudaMemcpy(&set, flag.data(), sizeof(int), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(set, 1);
+  std::vector<uint8_t> unchanged(n * 4);
+  std::memcpy(unchanged.data(), master.data(), n * 4);
+  EXPECT_EQ(d_master.download(n * 4), unchanged);
+
+  // Finite gradients, a scale read from the device: the step happens with that scale.
+  grad[77777] = 0.25f;
+  d_grad.upload(grad.data(), n * 4);
+  ZERO_CUDA_CHECK(cudaMemset(flag.data(), 0, sizeof(int)));
+  check_finite(&grads, 1, DType::kFloat32, flag.as<int>(), nullptr);
+  DeviceBuffer scale(sizeof(float));
+  const float host_scale = 0.5f;
+  scale.upload(&host_scale, sizeof(float));
+  control.grad_scale = scale.as<float>();
+  fused_adamw(&tensor, 1, DType::kFloat32, DType::kFloat32, 123.0f, c, control, nullptr);
+  sync();
+  std::vector<float> m(n, 0.0f), v(n, 0.0f);
+  kernels::fused_adamw(master.data(), m.data(), v.data(), grad.data(), DType::kFloat32, 0.5f,
+                       nullptr, DType::kFloat32, n, c);
+  std::vector<uint8_t> want(n * 4);
+  std::memcpy(want.data(), master.data(), n * 4);
+  EXPECT_EQ(d_master.download(n * 4), want);
+}
+
+TEST_F(CudaKernels, CastMatchesCpuForAllDtypePairs) {
+  const size_t n = 300007;
+  std::mt19937 rng(2);
+  for (DType s : kDTypes) {
+    for (DType d : kDTypes) {
+      const auto src = random_bytes(s, n, rng, -70000, 70000);
+      DeviceBuffer d_src(src.size()), d_dst(n * dtype_size(d));
+      d_src.upload(src.data(), src.size());
+      cast(d_src.data(), s, d_dst.data(), d, n, nullptr);
+      sync();
+      std::vector<uint8_t> want(n * dtype_size(d));
+      kernels::cast(src.data(), s, want.data(), d, n);
+      EXPECT_EQ(d_dst.download(want.size()), want) << dtype_name(s) << " -> " << dtype_name(d);
+    }
+  }
+}
+
+TEST_F(CudaKernels, FlattenAndUnflattenMatchCpu) {
+  for (DType dtype : kDTypes) {
+    const size_t elem = dtype_size(dtype);
+    std::mt19937 rng(4);
+    std::vector<std::unique_ptr<DeviceBuffer>> device;
+    std::vector<std::vector<uint8_t>> host;
+    std::vector<TensorSlot> device_slots, host_slots;
+    size_t offset = 0;
+    for (size_t i = 0; i < 90; ++i) {  // two launches
+      const size_t n = (i * 7919) % 20000 + 1;
+      offset += i % 3;
+      host.push_back(random_bytes(dtype, n, rng, -1, 1));
+      device.push_back(std::make_unique<DeviceBuffer>(n * elem));
+      device.back()->upload(host.back().data(), n * elem);
+      device_slots.push_back({device.back()->data(), offset, n});
+      host_slots.push_back({host.back().data(), offset, n});
+      offset += n;
+    }
+    std::vector<uint8_t> want(offset * elem, 0x11);
+    DeviceBuffer flat(offset * elem);
+    flat.upload(want.data(), want.size());
+    kernels::flatten(host_slots.data(), host_slots.size(), want.data(), dtype);
+    flatten(device_slots.data(), device_slots.size(), flat.data(), dtype, nullptr);
+    sync();
+    EXPECT_EQ(flat.download(want.size()), want) << dtype_name(dtype);
+    for (auto& d : device) ZERO_CUDA_CHECK(cudaMemset(d->data(), 0xEE, d->bytes()));
+    unflatten(flat.data(), device_slots.data(), device_slots.size(), dtype, nullptr);
+    sync();
+    for (size_t i = 0; i < host.size(); ++i) {
+      EXPECT_EQ(device[i]->download(host[i].size()), host[i]) << "tensor " << i;
+    }
+  }
+}
+
+TEST_F(CudaKernels, SumSquaresAndFiniteCheckAgreeWithCpu) {
+  for (DType dtype : kDTypes) {
+    std::mt19937 rng(6);
+    const std::vector<size_t> sizes = {5, 1 << 20, 123457};
+    std::vector<std::vector<uint8_t>> host;
+    std::vector<std::unique_ptr<DeviceBuffer>> device;
+    std::vector<ConstTensor> tensors;
+    double cpu = 0.0;
+    for (size_t n : sizes) {
+      host.push_back(random_bytes(dtype, n, rng, -3, 3));
+      device.push_back(std::make_unique<DeviceBuffer>(host.back().size()));
+      device.back()->upload(host.back().data(), host.back().size());
+      tensors.push_back({device.back()->data(), n});
+      cpu += kernels::sum_squares(host.back().data(), dtype, n);
+    }
+    DeviceBuffer workspace(sum_squares_workspace_bytes(tensors.data(), tensors.size()));
+    DeviceBuffer out(sizeof(float)), flag(sizeof(int));
+    ZERO_CUDA_CHECK(cudaMemset(flag.data(), 0, sizeof(int)));
+    sum_squares(tensors.data(), tensors.size(), dtype, out.as<float>(), workspace.data(),
+                workspace.bytes(), flag.as<int>(), nullptr);
+    check_finite(tensors.data(), tensors.size(), dtype, flag.as<int>(), nullptr);
+    sync();
+    float got = 0.0f;
+    int set = -1;
+    ZERO_CUDA_CHECK(cudaMemcpy(&got, out.data(), sizeof(float), cudaMemcpyDeviceToHost));
+    ZERO_CUDA_CHECK(cudaMemcpy(&set, flag.data(), sizeof(int), cudaMemcpyDeviceToHost));
+    EXPECT_NEAR(got, cpu, cpu * 1e-6) << dtype_name(dtype);
+    EXPECT_EQ(set, 0);
+
+    // A NaN in the middle tensor: both kernels raise the flag.
+    store_from_float(host[1].data(), dtype, 4242, std::numeric_limits<float>::quiet_NaN());
+    device[1]->upload(host[1].data(), host[1].size());
+    for (int which = 0; which < 2; ++which) {
+      ZERO_CUDA_CHECK(cudaMemset(flag.data(), 0, sizeof(int)));
+      if (which == 0) {
+        sum_squares(tensors.data(), tensors.size(), dtype, out.as<float>(), workspace.data(),
+                    workspace.bytes(), flag.as<int>(), nullptr);
+      } else {
+        check_finite(tensors.data(), tensors.size(), dtype, flag.as<int>(), nullptr);
+      }
+      sync();
+      ZERO_CUDA_CHECK(cudaMemcpy(&set, flag.data(), sizeof(int), cudaMemcpyDeviceToHost));
+      EXPECT_EQ(set, 1) << (which == 0 ? "sum_squares" : "check_finite");
+    }
+  }
+}
+
+TEST_F(CudaKernels, TooSmallWorkspaceIsAnError) {
+  DeviceBuffer x(4 * 100000), out(sizeof(float));
+  const ConstTensor t{x.data(), 100000};
+  EXPECT_THROW(sum_squares(&t, 1, DType::kFloat32, out.as<float>(), nullptr, 0, nullptr, nullptr),
+               Error);
+}
+
+}  // namespace
+}  // namespace zero::kernels::cuda
