@@ -693,6 +693,7 @@ TrainingConfig interpret(const config::TrainingConfig& c, int world_size,
   if (c.has_seed()) {
     e.seed = static_cast<uint64_t>(check.integer("seed", c.seed(), 0, kMaxInt64));
   }
+  if (c.debug().collectives()) e.desync_check = true;
   if (c.has_nonfinite_gradients()) {
     const std::string& mode = c.nonfinite_gradients();
     if (mode != "error" && mode != "skip") {

@@ -161,6 +161,7 @@ struct Engine::Impl {
         trace(cfg.trace),
         param_pool(allocator, MemoryCategory::kPrefetch, layout.max_unit_numel() * elem),
         grad_pool(allocator, MemoryCategory::kCommBuffer, layout.max_unit_numel() * elem) {
+    if (config.desync_check) comm.set_desync_check(true);
     check_same_model_on_all_ranks();
     allocator.set_limit(config.memory_limit_bytes);
     try {

@@ -492,6 +492,8 @@ TEST(Config, NonFiniteGradientPolicy) {
   EXPECT_FALSE(engine_of("").skip_nonfinite_steps);
   EXPECT_FALSE(engine_of(R"(, "nonfinite_gradients": "error")").skip_nonfinite_steps);
   EXPECT_TRUE(engine_of(R"(, "nonfinite_gradients": "skip")").skip_nonfinite_steps);
+  EXPECT_FALSE(engine_of("").desync_check);
+  EXPECT_TRUE(engine_of(R"(, "debug": {"collectives": true})").desync_check);
   EXPECT_EQ(error_of(R"({"train_batch_size": 8, "nonfinite_gradients": "ignore"})"),
             "\"nonfinite_gradients\" in ds.json must be \"error\" or \"skip\", got \"ignore\"");
 }

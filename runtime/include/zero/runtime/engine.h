@@ -72,6 +72,9 @@ struct EngineConfig {
   // one the system refuses) is an OutOfMemoryError naming the category, with the memory
   // summary and what the estimator says would fit: a higher stage, more ranks.
   uint64_t memory_limit_bytes = 0;
+  // Ranks agree on every collective before running it (debug.collectives in the config;
+  // ZERO_DEBUG=collectives turns it on for every communicator).
+  bool desync_check = false;
 };
 
 struct ParamDecl {
