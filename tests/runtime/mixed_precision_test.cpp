@@ -129,8 +129,7 @@ TEST(MixedPrecision, OverflowAtTheMinimumScaleIsAnError) {
     train(o);
     FAIL() << "no error at the minimum loss scale";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("loss scale is already at its minimum"),
-              std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("loss scale is already at its minimum"), std::string::npos)
         << e.what();
   }
 }

@@ -44,8 +44,8 @@ struct RunOptions {
   float lr = 1e-2f;
   uint64_t seed = 7;
   DType dtype = DType::kFloat32;
-  int inf_grad_step = 0;        // the last rank's loss gradient is infinite at this step
-  bool record_params = false;   // keep the full parameters after every step
+  int inf_grad_step = 0;       // the last rank's loss gradient is infinite at this step
+  bool record_params = false;  // keep the full parameters after every step
   std::function<void(EngineConfig&)> tweak;  // any other setting
 };
 
@@ -83,8 +83,8 @@ inline TrainResult train(const RunOptions& o) {
         examples::Batch batch = task.batch(step, first, per_micro);
         Tensor grad;
         loss_sum += examples::mse_loss(model.forward(batch.inputs), batch.targets, grad);
-        const bool inject = step == o.inf_grad_step && k == o.micro_batches - 1 &&
-                            comm->rank() == world - 1;
+        const bool inject =
+            step == o.inf_grad_step && k == o.micro_batches - 1 && comm->rank() == world - 1;
         if (inject) grad.data[0] = std::numeric_limits<float>::infinity();
         model.backward(grad);
       }
@@ -103,12 +103,14 @@ inline TrainResult train(const RunOptions& o) {
   return run;
 }
 
-inline int world_size() { return make_mpi_communicator()->world_size(); }
+inline int world_size() {
+  return make_mpi_communicator()->world_size();
+}
 
 // |a - b| <= rel * max(|a|, |b|) + floor: the floor covers values near zero, where a reduction
 // summed in another order moves the last bits of a tiny number by a large relative amount.
 inline void expect_close(const std::vector<float>& a, const std::vector<float>& b, double rel,
-                  const std::string& what, double floor = 1e-12) {
+                         const std::string& what, double floor = 1e-12) {
   ASSERT_EQ(a.size(), b.size()) << what;
   for (size_t i = 0; i < a.size(); ++i) {
     const double tolerance = rel * std::max(std::fabs(a[i]), std::fabs(b[i])) + floor;

@@ -9,11 +9,11 @@
 namespace zero {
 
 struct LossScalerConfig {
-  float static_scale = 0.0f;    // fp16.loss_scale: > 0 fixes the scale, 0 = dynamic
-  int initial_scale_power = 16; // fp16.initial_scale_power: start at 2^power
-  int scale_window = 1000;      // fp16.loss_scale_window
-  int hysteresis = 2;           // fp16.hysteresis
-  float min_scale = 1.0f;       // fp16.min_loss_scale
+  float static_scale = 0.0f;     // fp16.loss_scale: > 0 fixes the scale, 0 = dynamic
+  int initial_scale_power = 16;  // fp16.initial_scale_power: start at 2^power
+  int scale_window = 1000;       // fp16.loss_scale_window
+  int hysteresis = 2;            // fp16.hysteresis
+  float min_scale = 1.0f;        // fp16.min_loss_scale
 };
 
 class LossScaler {
