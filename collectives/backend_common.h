@@ -1,7 +1,6 @@
 // What the Communicator backends share beyond the interface: the MPI error check, the timeout
-// from the environment, the ring byte counts and the buffer checks, so that the NCCL backend
-// validates, counts and times out exactly as the MPI backend does. (mpi_communicator.cpp still
-// carries its own copies of these; it can include this header instead.)
+// from the environment, the ring byte counts and the buffer checks, so that the MPI and NCCL
+// backends validate, count and time out from one definition.
 #pragma once
 
 #include <mpi.h>
@@ -49,7 +48,8 @@ inline std::chrono::milliseconds timeout_from_environment() {
   return std::max(std::chrono::milliseconds(1), std::chrono::milliseconds(std::llround(ms)));
 }
 
-// ZERO_DEBUG is a comma-separated list of debug modes; "collectives" turns the desync check on.
+// ZERO_DEBUG is a comma-separated list of debug modes; "collectives" turns the desync check
+// on. Other words belong to other parts of the runtime and are left to them.
 inline bool desync_check_from_environment() {
   const char* text = std::getenv("ZERO_DEBUG");
   if (text == nullptr) return false;
@@ -86,8 +86,12 @@ inline bool overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes
   return a_bytes > 0 && b_bytes > 0 && a0 < b0 + b_bytes && b0 < a0 + a_bytes;
 }
 
+// The address `offset` bytes past p, keeping p's constness.
 inline const char* bytes_at(const void* p, size_t offset) {
   return static_cast<const char*>(p) + offset;
+}
+inline char* bytes_at(void* p, size_t offset) {
+  return static_cast<char*>(p) + offset;
 }
 
 inline void check_size(size_t count, size_t elem, int ranks, const char* op) {
@@ -98,6 +102,55 @@ inline void check_size(size_t count, size_t elem, int ranks, const char* op) {
 inline void check_buffers(const void* send, const void* recv, size_t count, const char* op) {
   ZERO_CHECK(count == 0 || (send != nullptr && recv != nullptr),
              op << ": null buffer with count " << count);
+}
+
+// The argument checks of each collective, one definition for every backend so that bad input
+// gets the same message whichever runs it. Each returns whether the call is in place.
+
+inline bool check_all_gather(const void* send, const void* recv, size_t count, DType dtype,
+                             int rank, int ranks) {
+  const size_t elem = dtype_size(dtype);
+  check_size(count, elem, ranks, "all_gather");
+  check_buffers(send, recv, count, "all_gather");
+  const size_t block_bytes = count * elem;
+  const bool in_place = send == bytes_at(recv, rank * block_bytes);
+  ZERO_CHECK(in_place || !overlap(send, block_bytes, recv, block_bytes * ranks),
+             "all_gather: send overlaps recv; the only overlap allowed is send == recv + rank * "
+             "count (in place)");
+  return in_place;
+}
+
+inline bool check_reduce_scatter(const void* send, const void* recv, size_t count, DType dtype,
+                                 int rank, int ranks) {
+  const size_t elem = dtype_size(dtype);
+  check_size(count, elem, ranks, "reduce_scatter");
+  check_buffers(send, recv, count, "reduce_scatter");
+  const size_t block_bytes = count * elem;
+  const bool in_place = recv == bytes_at(send, rank * block_bytes);
+  ZERO_CHECK(in_place || !overlap(send, block_bytes * ranks, recv, block_bytes),
+             "reduce_scatter: recv overlaps send; the only overlap allowed is recv == send + "
+             "rank * count (in place)");
+  return in_place;
+}
+
+inline bool check_all_reduce(const void* send, const void* recv, size_t count, DType dtype,
+                             int ranks) {
+  const size_t elem = dtype_size(dtype);
+  check_size(count, elem, ranks, "all_reduce");
+  check_buffers(send, recv, count, "all_reduce");
+  const bool in_place = send == recv;
+  ZERO_CHECK(
+      in_place || !overlap(send, count * elem, recv, count * elem),
+      "all_reduce: send and recv partially overlap; they must be disjoint or equal (in place)");
+  return in_place;
+}
+
+inline void check_broadcast(const void* buffer, size_t count, DType dtype, int root, int ranks) {
+  check_size(count, dtype_size(dtype), ranks, "broadcast");
+  check_buffers(buffer, buffer, count, "broadcast");
+  ZERO_CHECK(root >= 0 && root < ranks, "broadcast: root "
+                                            << root << " is not a rank of this communicator (0 to "
+                                            << ranks - 1 << ")");
 }
 
 }  // namespace zero::backend

@@ -12,9 +12,8 @@
 #include <mpi.h>
 
 #include <algorithm>
-#include <cerrno>
+#include <chrono>
 #include <climits>
-#include <cmath>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
@@ -26,21 +25,10 @@
 #include <thread>
 #include <vector>
 
+#include "backend_common.h"
 #include "zero/collectives/flight_recorder.h"
 #include "zero/kernels/check.h"
 #include "zero/kernels/cpu_kernels.h"
-
-// ZERO_MPI_CHECK(MPI_Xxx(...)): throws zero::Error naming the call, MPI's error text, file, line.
-#define ZERO_MPI_CHECK(call)                                                         \
-  do {                                                                               \
-    int zero_mpi_rc_ = (call);                                                       \
-    if (zero_mpi_rc_ != MPI_SUCCESS) {                                               \
-      char zero_mpi_text_[MPI_MAX_ERROR_STRING];                                     \
-      int zero_mpi_len_ = 0;                                                         \
-      MPI_Error_string(zero_mpi_rc_, zero_mpi_text_, &zero_mpi_len_);                \
-      ZERO_FAIL(#call << " failed: " << std::string(zero_mpi_text_, zero_mpi_len_)); \
-    }                                                                                \
-  } while (0)
 
 namespace zero {
 
@@ -115,38 +103,7 @@ int MpiSession::local_rank() const {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-constexpr std::chrono::milliseconds kDefaultTimeout{300 * 1000};
-// Longer timeouts are cut to this (about 31 years), so deadlines never overflow the clock.
-constexpr std::chrono::milliseconds kLongestTimeout{1000LL * 1000 * 1000 * 1000};
-
-std::chrono::milliseconds timeout_from_environment() {
-  const char* text = std::getenv("ZERO_COLLECTIVE_TIMEOUT_S");
-  if (text == nullptr || *text == '\0') return kDefaultTimeout;
-  char* end = nullptr;
-  errno = 0;
-  double seconds = std::strtod(text, &end);
-  ZERO_CHECK(
-      end != text && *end == '\0' && errno == 0 && std::isfinite(seconds) && seconds > 0,
-      "ZERO_COLLECTIVE_TIMEOUT_S must be a positive number of seconds, got '" << text << "'");
-  const double ms = std::min(seconds * 1000.0, static_cast<double>(kLongestTimeout.count()));
-  return std::max(std::chrono::milliseconds(1), std::chrono::milliseconds(std::llround(ms)));
-}
-
-// ZERO_DEBUG is a comma-separated list of debug modes; "collectives" turns the desync check
-// on. Other words belong to other parts of the runtime and are left to them.
-bool desync_check_from_environment() {
-  const char* text = std::getenv("ZERO_DEBUG");
-  if (text == nullptr) return false;
-  const std::string modes(text);
-  for (size_t begin = 0; begin <= modes.size();) {
-    size_t end = modes.find(',', begin);
-    if (end == std::string::npos) end = modes.size();
-    if (modes.compare(begin, end - begin, "collectives") == 0) return true;
-    begin = end + 1;
-  }
-  return false;
-}
+using backend::bytes_at;
 
 // What the desync check exchanges about one collective: fixed size, the same on every rank.
 struct CollectiveDescriptor {
@@ -190,24 +147,11 @@ struct OwnedDatatype {
   }
 };
 
-const char* bytes_at(const void* p, size_t offset) {
-  return static_cast<const char*>(p) + offset;
-}
-char* bytes_at(void* p, size_t offset) {
-  return static_cast<char*>(p) + offset;
-}
-
-// True when the byte ranges [a, a + a_bytes) and [b, b + b_bytes) share a byte.
-bool overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
-  auto a0 = reinterpret_cast<uintptr_t>(a), b0 = reinterpret_cast<uintptr_t>(b);
-  return a_bytes > 0 && b_bytes > 0 && a0 < b0 + b_bytes && b0 < a0 + a_bytes;
-}
-
 class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator(std::chrono::milliseconds timeout, size_t max_elements_per_call)
       : max_elements_per_call_(max_elements_per_call),
-        desync_check_(desync_check_from_environment()),
+        desync_check_(backend::desync_check_from_environment()),
         timeout_(timeout) {
     int initialized = 0;
     ZERO_MPI_CHECK(MPI_Initialized(&initialized));
@@ -248,7 +192,7 @@ class MpiCommunicator final : public Communicator {
                "collective timeout must be positive, got " << timeout.count() << " ms");
     {
       std::lock_guard<std::mutex> lock(watch_mutex_);
-      timeout_ = std::min(timeout, kLongestTimeout);
+      timeout_ = std::min(timeout, backend::kLongestTimeout);
     }
     watch_changed_.notify_one();  // a shorter timeout may already have passed
   }
@@ -259,51 +203,28 @@ class MpiCommunicator final : public Communicator {
   std::string flight_record() const override { return recorder_.format(rank_); }
 
   Event all_gather(const void* send, void* recv, size_t count, DType dtype) override {
-    const size_t elem = dtype_size(dtype);
-    check_size(count, elem, "all_gather");
-    check_buffers(send, recv, count, "all_gather");
-    const size_t block_bytes = count * elem;
-    const bool in_place = send == bytes_at(recv, rank_ * block_bytes);
-    ZERO_CHECK(in_place || !overlap(send, block_bytes, recv, block_bytes * size_),
-               "all_gather: send overlaps recv; the only overlap allowed is send == recv + rank "
-               "* count (in place)");
+    const bool in_place = backend::check_all_gather(send, recv, count, dtype, rank_, size_);
+    const size_t block_bytes = count * dtype_size(dtype);
     return launch(CollectiveOp::kAllGather, count, dtype, block_bytes * size_,
                   [=] { run_all_gather(in_place ? nullptr : send, recv, count, dtype); });
   }
 
   Event reduce_scatter(const void* send, void* recv, size_t count, DType dtype) override {
-    const size_t elem = dtype_size(dtype);
-    check_size(count, elem, "reduce_scatter");
-    check_buffers(send, recv, count, "reduce_scatter");
-    const size_t block_bytes = count * elem;
-    const bool in_place = recv == bytes_at(send, rank_ * block_bytes);
-    ZERO_CHECK(in_place || !overlap(send, block_bytes * size_, recv, block_bytes),
-               "reduce_scatter: recv overlaps send; the only overlap allowed is recv == send + "
-               "rank * count (in place)");
+    const bool in_place = backend::check_reduce_scatter(send, recv, count, dtype, rank_, size_);
+    const size_t block_bytes = count * dtype_size(dtype);
     return launch(CollectiveOp::kReduceScatter, count, dtype, block_bytes * size_,
                   [=] { run_reduce_scatter(send, recv, count, dtype, in_place); });
   }
 
   Event all_reduce(const void* send, void* recv, size_t count, DType dtype) override {
-    const size_t elem = dtype_size(dtype);
-    check_size(count, elem, "all_reduce");
-    check_buffers(send, recv, count, "all_reduce");
-    const bool in_place = send == recv;
-    ZERO_CHECK(
-        in_place || !overlap(send, count * elem, recv, count * elem),
-        "all_reduce: send and recv partially overlap; they must be disjoint or equal (in place)");
-    return launch(CollectiveOp::kAllReduce, count, dtype, count * elem,
+    const bool in_place = backend::check_all_reduce(send, recv, count, dtype, size_);
+    return launch(CollectiveOp::kAllReduce, count, dtype, count * dtype_size(dtype),
                   [=] { run_all_reduce(in_place ? nullptr : send, recv, count, dtype); });
   }
 
   Event broadcast(void* buffer, size_t count, DType dtype, int root) override {
-    const size_t elem = dtype_size(dtype);
-    check_size(count, elem, "broadcast");
-    check_buffers(buffer, buffer, count, "broadcast");
-    ZERO_CHECK(root >= 0 && root < size_,
-               "broadcast: root " << root << " is not a rank of this communicator (0 to "
-                                  << size_ - 1 << ")");
-    return launch(CollectiveOp::kBroadcast, count, dtype, count * elem,
+    backend::check_broadcast(buffer, count, dtype, root, size_);
+    return launch(CollectiveOp::kBroadcast, count, dtype, count * dtype_size(dtype),
                   [=] { run_broadcast(buffer, count, dtype, root); });
   }
 
@@ -323,16 +244,6 @@ class MpiCommunicator final : public Communicator {
     Clock::time_point start;
   };
 
-  void check_size(size_t count, size_t elem, const char* op) const {
-    ZERO_CHECK(count <= SIZE_MAX / elem / static_cast<size_t>(size_),
-               op << ": count " << count << " times " << size_ << " ranks overflows size_t");
-  }
-
-  static void check_buffers(const void* send, const void* recv, size_t count, const char* op) {
-    ZERO_CHECK(count == 0 || (send != nullptr && recv != nullptr),
-               op << ": null buffer with count " << count);
-  }
-
   // Counts the op (here, on the enqueueing thread, so counters() needs no lock), gives it the
   // next sequence number, records it, and enqueues `body` between the watchdog's start and stop
   // marks, preceded by the desync check when that is on (decided now, so a later
@@ -341,7 +252,7 @@ class MpiCommunicator final : public Communicator {
   Event launch(CollectiveOp op, size_t count, DType dtype, uint64_t buffer_bytes, Body body) {
     const auto index = static_cast<size_t>(op);
     counters_.calls[index] += 1;
-    counters_.bytes[index] += bytes_sent(op, buffer_bytes);
+    counters_.bytes[index] += backend::bytes_sent(op, buffer_bytes, size_);
     const uint64_t sequence = next_sequence_++;
     const bool check_desync = desync_check_;
     recorder_.enqueued(sequence, op, dtype, count);
@@ -406,23 +317,6 @@ class MpiCommunicator final : public Communicator {
     }
     MPI_Abort(MPI_COMM_WORLD, 1);
     std::abort();  // MPI_Abort does not return; if an implementation did, still stop here
-  }
-
-  // Ring-algorithm bytes this rank sends for a buffer of S bytes (see CommCounters).
-  uint64_t bytes_sent(CollectiveOp op, uint64_t buffer_bytes) const {
-    const auto n = static_cast<uint64_t>(size_);
-    switch (op) {
-      case CollectiveOp::kAllReduce:
-        return buffer_bytes * 2 * (n - 1) / n;
-      case CollectiveOp::kAllGather:
-      case CollectiveOp::kReduceScatter:
-        return buffer_bytes * (n - 1) / n;
-      case CollectiveOp::kBroadcast:
-        return buffer_bytes;
-      case CollectiveOp::kBarrier:
-        return 0;
-    }
-    return 0;
   }
 
   // Largest piece of `remaining` elements one MPI call may carry (MPI counts are int).
@@ -598,7 +492,8 @@ std::unique_ptr<Communicator> make_mpi_communicator() {
 std::unique_ptr<Communicator> make_mpi_communicator(size_t max_elements_per_call) {
   ZERO_CHECK(max_elements_per_call >= 1 && max_elements_per_call <= static_cast<size_t>(INT_MAX),
              "max_elements_per_call must be 1 to INT_MAX, got " << max_elements_per_call);
-  return std::make_unique<MpiCommunicator>(timeout_from_environment(), max_elements_per_call);
+  return std::make_unique<MpiCommunicator>(backend::timeout_from_environment(),
+                                           max_elements_per_call);
 }
 
 }  // namespace zero

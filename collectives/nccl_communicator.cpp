@@ -43,7 +43,6 @@ namespace zero {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using backend::bytes_at;
 
 // How often the watchdog looks at a running collective. Polling (not a blocking wait) is what
 // CUDA offers; ten looks a second cost nothing beside a collective and keep the report prompt.
@@ -184,30 +183,18 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
   }
 
   Event all_gather(const void* send, void* recv, size_t count, DType dtype) override {
-    const size_t elem = dtype_size(dtype);
-    backend::check_size(count, elem, size_, "all_gather");
-    backend::check_buffers(send, recv, count, "all_gather");
-    const size_t block_bytes = count * elem;
-    const bool in_place = send == bytes_at(recv, rank_ * block_bytes);
-    ZERO_CHECK(in_place || !backend::overlap(send, block_bytes, recv, block_bytes * size_),
-               "all_gather: send overlaps recv; the only overlap allowed is send == recv + rank "
-               "* count (in place)");
+    backend::check_all_gather(send, recv, count, dtype, rank_, size_);
     check_device_buffers(send, recv, count, "all_gather");
+    const size_t block_bytes = count * dtype_size(dtype);
     return launch(CollectiveOp::kAllGather, count, dtype, block_bytes * size_, [=] {
       ZERO_NCCL_CHECK(ncclAllGather(send, recv, count, nccl_type(dtype), comm_, cuda_stream_));
     });
   }
 
   Event reduce_scatter(const void* send, void* recv, size_t count, DType dtype) override {
-    const size_t elem = dtype_size(dtype);
-    backend::check_size(count, elem, size_, "reduce_scatter");
-    backend::check_buffers(send, recv, count, "reduce_scatter");
-    const size_t block_bytes = count * elem;
-    const bool in_place = recv == bytes_at(send, rank_ * block_bytes);
-    ZERO_CHECK(in_place || !backend::overlap(send, block_bytes * size_, recv, block_bytes),
-               "reduce_scatter: recv overlaps send; the only overlap allowed is recv == send + "
-               "rank * count (in place)");
+    backend::check_reduce_scatter(send, recv, count, dtype, rank_, size_);
     check_device_buffers(send, recv, count, "reduce_scatter");
+    const size_t block_bytes = count * dtype_size(dtype);
     return launch(CollectiveOp::kReduceScatter, count, dtype, block_bytes * size_, [=] {
       ZERO_NCCL_CHECK(
           ncclReduceScatter(send, recv, count, nccl_type(dtype), ncclSum, comm_, cuda_stream_));
@@ -215,28 +202,18 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
   }
 
   Event all_reduce(const void* send, void* recv, size_t count, DType dtype) override {
-    const size_t elem = dtype_size(dtype);
-    backend::check_size(count, elem, size_, "all_reduce");
-    backend::check_buffers(send, recv, count, "all_reduce");
-    ZERO_CHECK(
-        send == recv || !backend::overlap(send, count * elem, recv, count * elem),
-        "all_reduce: send and recv partially overlap; they must be disjoint or equal (in place)");
+    backend::check_all_reduce(send, recv, count, dtype, size_);
     check_device_buffers(send, recv, count, "all_reduce");
-    return launch(CollectiveOp::kAllReduce, count, dtype, count * elem, [=] {
+    return launch(CollectiveOp::kAllReduce, count, dtype, count * dtype_size(dtype), [=] {
       ZERO_NCCL_CHECK(
           ncclAllReduce(send, recv, count, nccl_type(dtype), ncclSum, comm_, cuda_stream_));
     });
   }
 
   Event broadcast(void* buffer, size_t count, DType dtype, int root) override {
-    const size_t elem = dtype_size(dtype);
-    backend::check_size(count, elem, size_, "broadcast");
-    backend::check_buffers(buffer, buffer, count, "broadcast");
-    ZERO_CHECK(root >= 0 && root < size_,
-               "broadcast: root " << root << " is not a rank of this communicator (0 to "
-                                  << size_ - 1 << ")");
+    backend::check_broadcast(buffer, count, dtype, root, size_);
     check_device_buffers(buffer, buffer, count, "broadcast");
-    return launch(CollectiveOp::kBroadcast, count, dtype, count * elem, [=] {
+    return launch(CollectiveOp::kBroadcast, count, dtype, count * dtype_size(dtype), [=] {
       ZERO_NCCL_CHECK(
           ncclBroadcast(buffer, buffer, count, nccl_type(dtype), root, comm_, cuda_stream_));
     });
