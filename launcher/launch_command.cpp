@@ -179,6 +179,7 @@ LaunchRequest parse_arguments(const std::vector<std::string>& args) {
 std::vector<HostSlots> parse_hostfile(const std::string& text, const std::string& file_name) {
   std::vector<HostSlots> hosts;
   std::vector<int> listed_on;  // line of each host, for the duplicate message
+  long total_slots = 0;        // all hosts together become mpirun's -np, an int
   int line_number = 0;
   size_t start = 0;
   while (start <= text.size()) {
@@ -221,6 +222,11 @@ std::vector<HostSlots> parse_hostfile(const std::string& text, const std::string
         throw HostfileError(where + "host '" + host + "' is already listed on line " +
                             std::to_string(listed_on[h]));
       }
+    }
+    total_slots += slots;
+    if (total_slots > INT_MAX) {
+      throw HostfileError(where + "the hosts' slots add up to more than " +
+                          std::to_string(INT_MAX));
     }
     hosts.push_back({host, slots});
     listed_on.push_back(line_number);
@@ -278,6 +284,8 @@ std::vector<std::string> build_mpirun_command(const std::string& mpirun,
       ZERO_CHECK(entry.slots >= 1, "host '" << entry.host << "' has " << entry.slots << " slots");
       const int slots =
           request.num_gpus > 0 ? std::min(entry.slots, request.num_gpus) : entry.slots;
+      ZERO_CHECK(slots <= INT_MAX - total_slots,
+                 "the hosts' slots add up to more than " << INT_MAX);
       host_list += (host_list.empty() ? "" : ",") + entry.host + ":" + std::to_string(slots);
       total_slots += slots;
     }

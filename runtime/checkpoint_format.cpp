@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -266,7 +267,9 @@ CheckpointInfo parse_manifest(const std::string& text, const std::string& path) 
 
   for (int u = 0; u < m.units_size(); ++u) {
     const zero::checkpoint::Unit& unit = m.units(u);
-    if (unit.shard() * static_cast<uint64_t>(info.world_size) != unit.numel()) {
+    // Divided rather than multiplied: shard * world_size can wrap around to numel.
+    if (unit.numel() % static_cast<uint64_t>(info.world_size) != 0 ||
+        unit.numel() / static_cast<uint64_t>(info.world_size) != unit.shard()) {
       bad("unit " + std::to_string(u) + " has numel " + std::to_string(unit.numel()) +
           ", not world_size * shard = " + std::to_string(info.world_size) + " * " +
           std::to_string(unit.shard()));
@@ -282,6 +285,9 @@ CheckpointInfo parse_manifest(const std::string& text, const std::string& path) 
     uint64_t numel = 1;
     for (int64_t d : p.shape()) {
       if (d < 0) bad("parameter '" + p.name() + "' has a negative dimension");
+      if (d > 0 && numel > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(d)) {
+        bad("parameter '" + p.name() + "' has a shape with more than 2^64 elements");
+      }
       out.shape.push_back(d);
       numel *= static_cast<uint64_t>(d);
     }
@@ -297,7 +303,9 @@ CheckpointInfo parse_manifest(const std::string& text, const std::string& path) 
       bad("parameter '" + p.name() + "' is in unit " + std::to_string(p.unit()) + " of " +
           std::to_string(m.units_size()));
     }
-    if (p.offset() + p.numel() > m.units(p.unit()).numel()) {
+    // Written so that offset + numel cannot wrap around.
+    const uint64_t unit_numel = m.units(p.unit()).numel();
+    if (p.offset() > unit_numel || p.numel() > unit_numel - p.offset()) {
       bad("parameter '" + p.name() + "' (offset " + std::to_string(p.offset()) + ", numel " +
           std::to_string(p.numel()) + ") runs past the end of unit " + std::to_string(p.unit()));
     }
@@ -372,6 +380,17 @@ CheckpointInfo parse_manifest(const std::string& text, const std::string& path) 
   if (m.files_size() != info.world_size) {
     bad("lists " + std::to_string(m.files_size()) + " shard files for world_size " +
         std::to_string(info.world_size));
+  }
+  // The shard file size must fit a file offset (pread takes an off_t), or it would wrap.
+  const uint64_t bytes_per_element = (1 + static_cast<uint64_t>(info.state_count)) * 4;
+  const uint64_t max_elements =
+      static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / bytes_per_element;
+  uint64_t elements_per_file = 0;
+  for (const CheckpointInfo::SavedUnit& unit : info.units) {
+    if (unit.shard > max_elements - elements_per_file) {
+      bad("the units' shards add up to shard files too large to address");
+    }
+    elements_per_file += unit.shard;
   }
   const uint64_t file_size = unit_byte_offsets(info.units, info.state_count).back();
   for (int r = 0; r < m.files_size(); ++r) {

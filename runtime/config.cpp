@@ -20,7 +20,6 @@
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <set>
 #include <sstream>
 #include <utility>
@@ -325,9 +324,10 @@ class JsonReader {
 
 config::TrainingConfig read_json(const std::string& text, const std::string& origin) {
   // nlohmann keeps the last of two equal keys without a word; DeepSpeed refuses them, and so do
-  // we. The parser reports each key and each object's start and end.
+  // we. The parser reports each key and each object's start and end. An object's path is the
+  // last keys of the objects around it, joined only for the message: a copy per object would
+  // make deep nesting quadratic (a 200 KB file took 1.8 GB; found by tests/fuzz).
   struct OpenObject {
-    std::string path;
     std::set<std::string> keys;
     std::string last_key;
   };
@@ -335,16 +335,16 @@ config::TrainingConfig read_json(const std::string& text, const std::string& ori
   const Json::parser_callback_t check_duplicates = [&](int, Json::parse_event_t event,
                                                        Json& parsed) {
     if (event == Json::parse_event_t::object_start) {
-      open.push_back(
-          {open.empty() ? "" : join_path(open.back().path, open.back().last_key), {}, ""});
+      open.push_back({});
     } else if (event == Json::parse_event_t::object_end) {
       open.pop_back();
     } else if (event == Json::parse_event_t::key) {
       OpenObject& object = open.back();
       object.last_key = parsed.get<std::string>();
       if (!object.keys.insert(object.last_key).second) {
-        config_error("duplicate key " + in_quotes(join_path(object.path, object.last_key)) +
-                     " in " + origin);
+        std::string path;
+        for (const OpenObject& level : open) path = join_path(path, level.last_key);
+        config_error("duplicate key " + in_quotes(path) + " in " + origin);
       }
     }
     return true;
@@ -353,8 +353,9 @@ config::TrainingConfig read_json(const std::string& text, const std::string& ori
   Json root;
   try {
     root = Json::parse(text, check_duplicates, /*allow_exceptions=*/true, /*ignore_comments=*/true);
-  } catch (const Json::parse_error& e) {
-    // what() is "[json.exception.parse_error.101] parse error at line 2, column 3: ...".
+  } catch (const Json::exception& e) {
+    // what() is "[json.exception.parse_error.101] parse error at line 2, column 3: ...", or for a
+    // number past double's range (1e400) "[json.exception.out_of_range.406] number overflow ...".
     const std::string what = e.what();
     const size_t tag_end = what.find("] ");
     config_error("invalid JSON in " + origin + ": " +
@@ -418,6 +419,26 @@ int key_column(const std::string& text, int line, int column, const std::string&
   return found == std::string::npos ? column : static_cast<int>(found);
 }
 
+// Protobuf words an unknown key as `Message type "zero.config.X" has no field named "y".`:
+// the message type and the key of such an error; false for any other. A plain search, not
+// std::regex: libstdc++'s regex recurses once per character matched, and a key of 100,000
+// characters overflowed the stack (found by tests/fuzz).
+bool unknown_field_of(const std::string& error, std::string* type, std::string* key) {
+  const std::string type_prefix = "Message type \"";
+  const std::string key_prefix = "\" has no field named \"";
+  const size_t type_start = error.find(type_prefix);
+  if (type_start == std::string::npos) return false;
+  const size_t type_begin = type_start + type_prefix.size();
+  const size_t type_end = error.find(key_prefix, type_begin);
+  if (type_end == std::string::npos) return false;
+  const size_t key_begin = type_end + key_prefix.size();
+  const size_t key_end = error.find('"', key_begin);
+  if (key_end == std::string::npos || key_end == key_begin) return false;
+  *type = error.substr(type_begin, type_end - type_begin);
+  *key = error.substr(key_begin, key_end - key_begin);
+  return true;
+}
+
 config::TrainingConfig read_text_format(const std::string& text, const std::string& origin) {
   config::TrainingConfig message;
   google::protobuf::TextFormat::Parser parser;
@@ -429,19 +450,16 @@ config::TrainingConfig read_text_format(const std::string& text, const std::stri
     return origin + " at line " + std::to_string(error.line + 1) + ", column " +
            std::to_string(column + 1);
   };
-  // Protobuf words an unknown key as `Message type "zero.config.X" has no field named "y".`;
-  // say it as the JSON reader does, with the key's path and a suggestion.
-  static const std::regex unknown_field(
-      R"re(Message type "([\w.]+)" has no field named "(\w+)")re");
-  std::smatch match;
-  if (std::regex_search(error.message, match, unknown_field)) {
+  // An unknown key: say it as the JSON reader does, with the key's path and a suggestion.
+  std::string type;
+  std::string key;
+  if (unknown_field_of(error.message, &type, &key)) {
     const Descriptor* parent =
-        google::protobuf::DescriptorPool::generated_pool()->FindMessageTypeByName(match[1]);
+        google::protobuf::DescriptorPool::generated_pool()->FindMessageTypeByName(type);
     std::string parent_path;
     if (parent != nullptr &&
         schema_path_of(config::TrainingConfig::descriptor(), parent, "", &parent_path)) {
       // Protobuf points at the token after the key; point at the key itself.
-      const std::string key = match[2];
       const int column = key_column(text, error.line, error.column, key);
       config_error(unknown_key_message(join_path(parent_path, key), key, parent, where(column)));
     }

@@ -10,6 +10,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev nlohmann-json3-dev
   gnuplot-nox python3
+  clang libclang-rt-14-dev
 )
 
 missing=()

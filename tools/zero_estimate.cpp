@@ -1,11 +1,15 @@
 // zero-estimate: model-state memory per rank for each ZeRO stage, before anything runs.
 //
 //   zero-estimate --params 7.5B --ranks 64 [--dtype bf16|fp16|fp32] [--stage S]
+//   zero-estimate --model mlp [--input-dim N --hidden N --output-dim N --layers N]
+//                 [--merge-bytes N] --ranks 2 [--dtype D] [--stage S]
 //
 // prints one row per stage (or only stage S): parameters, gradients, optimizer state (fp32
 // master and Adam moments) and their total per rank, in GB (1e9 bytes) and in bytes. With the
 // arguments above it gives the ZeRO paper's Figure 1: 120 GB, 31.4 GB, 16.6 GB and 1.88 GB.
-// Exit code 2 for bad arguments.
+// With --model, the example model's real layout is planned instead: padding, units and the
+// engine's pooled buffers included, the exact bytes the engine then allocates (the defaults
+// are zero-train's). Exit code 2 for bad arguments.
 #include <cerrno>
 #include <climits>
 #include <cstdint>
@@ -15,7 +19,9 @@
 #include <string>
 #include <vector>
 
+#include "examples/mlp.h"
 #include "zero/kernels/dtype.h"
+#include "zero/runtime/engine.h"
 #include "zero/runtime/estimate.h"
 
 namespace {
@@ -25,13 +31,18 @@ constexpr const char* kUsage =
     "  --params P  number of parameters: 7.5e9, 7.5B, 350M, 125K, 1.2T or 1000000\n"
     "  --ranks N   data-parallel ranks (N >= 1)\n"
     "  --dtype D   dtype of parameters and gradients: bf16 (default), fp16 or fp32\n"
-    "  --stage S   print only ZeRO stage S (0-3); default: every stage\n";
+    "  --stage S   print only ZeRO stage S (0-3); default: every stage\n"
+    "  --model mlp instead of --params: plan the example MLP's real layout (and its shape\n"
+    "              flags --input-dim --hidden --output-dim --layers --merge-bytes)\n";
 
 struct Options {
   uint64_t params = 0;
   int ranks = 0;
   zero::DType dtype = zero::DType::kBFloat16;  // mixed precision, as in the paper
   std::optional<int> stage;
+  bool model = false;
+  zero::examples::MlpConfig mlp;
+  size_t merge_bytes = 32 * 1024;  // zero-train's default
 };
 
 [[noreturn]] void usage_error(const std::string& message) {
@@ -123,7 +134,10 @@ Options parse_options(const std::vector<std::string>& args) {
       std::fputs(kUsage, stdout);
       std::exit(0);
     }
-    if (flag != "--params" && flag != "--ranks" && flag != "--dtype" && flag != "--stage") {
+    const bool model_flag = flag == "--model" || flag == "--input-dim" || flag == "--hidden" ||
+                            flag == "--output-dim" || flag == "--layers" || flag == "--merge-bytes";
+    if (flag != "--params" && flag != "--ranks" && flag != "--dtype" && flag != "--stage" &&
+        !model_flag) {
       usage_error(flag.compare(0, 1, "-") == 0 ? "unknown option '" + flag + "'"
                                                : "unexpected argument '" + flag + "'");
     }
@@ -139,10 +153,23 @@ Options parse_options(const std::vector<std::string>& args) {
       if (!zero::parse_dtype(value, &options.dtype)) {
         usage_error("--dtype must be bf16, fp16 or fp32, got '" + value + "'");
       }
-    } else {
+    } else if (flag == "--stage") {
       options.stage = static_cast<int>(parse_whole(flag, value, 0, 3));
+    } else if (flag == "--model") {
+      if (value != "mlp") usage_error("--model must be mlp, got '" + value + "'");
+      options.model = true;
+    } else if (flag == "--merge-bytes") {
+      options.merge_bytes = static_cast<size_t>(parse_whole(flag, value, 0, INT_MAX));
+    } else {
+      const int v = static_cast<int>(parse_whole(flag, value, 1, 1 << 20));
+      if (flag == "--input-dim") options.mlp.input_dim = v;
+      if (flag == "--hidden") options.mlp.hidden_dim = v;
+      if (flag == "--output-dim") options.mlp.output_dim = v;
+      if (flag == "--layers") options.mlp.layers = v;
     }
   }
+  if (options.model && have_params) usage_error("give --params or --model, not both");
+  if (options.model) have_params = true;
   if (!have_params) usage_error("missing --params P (the number of parameters)");
   if (!have_ranks) usage_error("missing --ranks N (the number of data-parallel ranks)");
   return options;
@@ -154,8 +181,43 @@ double gigabytes(uint64_t bytes) {
 
 }  // namespace
 
+// The example MLP's layout as the engine builds it at this world size, and the engine's own
+// plan for each stage.
+int plan_model(const Options& options) {
+  std::vector<zero::ParamSpec> specs;
+  const std::vector<zero::NamedModule> modules = zero::examples::make_mlp(options.mlp);
+  for (size_t m = 0; m < modules.size(); ++m) {
+    for (zero::ParamDecl d : modules[m].module->parameters()) {
+      d.spec.name = modules[m].name + "." + d.spec.name;
+      d.spec.module = static_cast<int>(m);
+      specs.push_back(d.spec);
+    }
+  }
+  zero::EngineConfig config;
+  config.dtype = options.dtype;
+  config.merge_bytes = options.merge_bytes;
+  const zero::Layout layout =
+      zero::Layout::build(specs, zero::LayoutOptions{options.ranks, options.dtype,
+                                                     config.alignment_bytes, config.merge_bytes});
+  std::printf("mlp: %zu parameters (%zu padded) in %zu units, %d ranks, %s\n", layout.numel(),
+              layout.padded_numel(), layout.units().size(), options.ranks,
+              zero::dtype_name(options.dtype));
+  std::printf("stage  model state bytes  buffer bytes  total bytes per rank\n");
+  for (int stage = 0; stage <= 3; ++stage) {
+    if (options.stage && *options.stage != stage) continue;
+    config.stage = stage;
+    const zero::MemoryPlan plan = zero::plan_memory(layout, config);
+    std::printf("%5d  %17llu  %12llu  %20llu\n", stage,
+                static_cast<unsigned long long>(plan.model_state),
+                static_cast<unsigned long long>(plan.buffers),
+                static_cast<unsigned long long>(plan.model_state + plan.buffers));
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   const Options options = parse_options(std::vector<std::string>(argv + 1, argv + argc));
+  if (options.model) return plan_model(options);
   const bool mixed = options.dtype != zero::DType::kFloat32;
   std::printf("%llu parameters, %d ranks, %s parameters and gradients\n",
               static_cast<unsigned long long>(options.params), options.ranks,

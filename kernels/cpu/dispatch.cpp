@@ -1,5 +1,7 @@
 // The public kernel functions: check arguments, pick the path (AVX2 when the CPU has it,
 // checked once), split large ranges over threads, and call the path's loop on each chunk.
+#include <cpuid.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -23,9 +25,15 @@ using detail::KernelPath;
 constexpr size_t kMinElementsPerThread = size_t{1} << 16;
 constexpr size_t kChunkAlignment = 64;
 
+// F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does not know "f16c".
+bool cpu_has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+
 bool cpu_supports_avx2_path() {
-  static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
-                                __builtin_cpu_supports("fma");
+  static const bool supported =
+      __builtin_cpu_supports("avx2") && cpu_has_f16c() && __builtin_cpu_supports("fma");
   return supported;
 }
 

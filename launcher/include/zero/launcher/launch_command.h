@@ -65,7 +65,8 @@ inline bool operator==(const HostSlots& a, const HostSlots& b) {
 // Parses hostfile text in DeepSpeed's format: one "host slots=N" per line, '#' starts a comment
 // that runs to the end of the line, blank lines are skipped. `file_name` only labels messages.
 // Throws HostfileError naming file:line and the problem: a missing slots=, slots that are not a
-// positive whole number, a host listed twice, an unknown token, or no host at all.
+// positive whole number, a host listed twice, an unknown token, slots that add up to more than
+// an int holds (mpirun's -np), or no host at all.
 std::vector<HostSlots> parse_hostfile(const std::string& text, const std::string& file_name);
 
 // Reads and parses the hostfile at `path`; HostfileError when it cannot be read.
