@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# zero-train's bad command lines: each exits 2 with its exact message, before MPI starts.
+#   zero_train_usage_errors.sh ZERO_TRAIN
+set -uo pipefail
+zero_train="$1"
+failures=0
+expect() {
+  local message="$1"
+  shift
+  local output
+  output="$("$zero_train" "$@" 2>&1)"
+  local rc=$?
+  if [[ $rc -ne 2 ]] || ! grep -qF -- "zero-train: $message" <<<"$output"; then
+    echo "FAIL: zero-train $* -> exit $rc, expected 2 and 'zero-train: $message'; got:"
+    echo "$output" | head -3
+    failures=$((failures + 1))
+  fi
+}
+expect "unknown flag --bogus" --bogus 1
+expect "missing value after --steps" --steps
+expect "--steps expects an integer, got 'ten'" --steps ten
+expect "--steps must be at least 1" --steps 0
+expect "--stage must be 0, 1, 2 or 3" --stage 7
+expect "--dtype must be fp32, bf16 or fp16" --dtype fp64
+expect "--lr expects a number, got '1e-3x'" --lr 1e-3x
+expect "--lr must be at least 0" --lr -1
+expect "unknown schedule 'exp' (constant, warmup, linear, cosine)" --schedule exp
+expect "--inject-fault expects inf-grad|kill|stop|skip-step@STEP, got 'nan-grad@3'" \
+  --inject-fault nan-grad@3
+expect "--inject-fault expects an integer, got 'x'" --inject-fault kill@x
+expect "--memory-limit expects an integer, got '12Q'" --memory-limit 12Q
+expect "--nonfinite must be error or skip" --nonfinite warn
+expect "--save-every needs --save-dir" --save-every 5
+expect "--resume latest needs --save-dir" --resume latest
+expect "unknown model 'gpt' (available: mlp)" --model gpt
+if [[ $failures -ne 0 ]]; then
+  echo "$failures usage error(s) not reported as expected"
+  exit 1
+fi
+echo "16 usage errors: each exited 2 with its message"
