@@ -36,20 +36,10 @@
 #include <string>
 #include <vector>
 
+#include "zero/collectives/mpi_check.h"
 #include "zero/collectives/mpi_communicator.h"
 #include "zero/kernels/check.h"
 #include "zero/kernels/cpu_kernels.h"
-
-#define BENCH_MPI_CHECK(call)                                                  \
-  do {                                                                         \
-    int bench_rc_ = (call);                                                    \
-    if (bench_rc_ != MPI_SUCCESS) {                                            \
-      char bench_text_[MPI_MAX_ERROR_STRING];                                  \
-      int bench_len_ = 0;                                                      \
-      MPI_Error_string(bench_rc_, bench_text_, &bench_len_);                   \
-      ZERO_FAIL(#call << " failed: " << std::string(bench_text_, bench_len_)); \
-    }                                                                          \
-  } while (0)
 
 namespace {
 
@@ -207,7 +197,7 @@ class Bench {
   Bench(const Options& opt, zero::Communicator& comm) : opt_(opt), comm_(comm) {
     rank_ = comm.rank();
     n_ = comm.world_size();
-    BENCH_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &raw_comm_));
+    ZERO_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &raw_comm_));
   }
   ~Bench() { MPI_Comm_free(&raw_comm_); }
 
@@ -243,7 +233,7 @@ class Bench {
         seconds[backend] += time_block(op, count, backend == 0, iters);
       }
     }
-    BENCH_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, seconds, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+    ZERO_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, seconds, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
 
     std::array<Result, 2> results;
     for (int backend = 0; backend < 2; ++backend) {
@@ -288,7 +278,7 @@ class Bench {
   // Seconds this rank spends on `iters` back-to-back ops, started together on all ranks. Ours
   // are all enqueued at once and only the last is waited for, as the engine uses them.
   double time_block(CollectiveOp op, size_t count, bool ours, int iters) {
-    BENCH_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+    ZERO_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
     const double start = MPI_Wtime();
     if (ours) {
       zero::Event last;
@@ -332,30 +322,30 @@ class Bench {
     const MPI_Datatype moved = fp32 ? MPI_FLOAT : MPI_UINT16_T;
     switch (op) {
       case CollectiveOp::kAllGather:
-        BENCH_MPI_CHECK(MPI_Allgather(send_.data(), c, moved, recv_.data(), c, moved, raw_comm_));
+        ZERO_MPI_CHECK(MPI_Allgather(send_.data(), c, moved, recv_.data(), c, moved, raw_comm_));
         return;
       case CollectiveOp::kBroadcast:
-        BENCH_MPI_CHECK(MPI_Bcast(send_.data(), c, moved, 0, raw_comm_));
+        ZERO_MPI_CHECK(MPI_Bcast(send_.data(), c, moved, 0, raw_comm_));
         return;
       case CollectiveOp::kReduceScatter:
         if (fp32) {
-          BENCH_MPI_CHECK(MPI_Reduce_scatter_block(send_.data(), recv_.data(), c, MPI_FLOAT,
-                                                   MPI_SUM, raw_comm_));
+          ZERO_MPI_CHECK(MPI_Reduce_scatter_block(send_.data(), recv_.data(), c, MPI_FLOAT, MPI_SUM,
+                                                  raw_comm_));
         } else {
           zero::kernels::cast(send_.data(), opt_.dtype, staged_.data(), DType::kFloat32,
                               count * n_);
-          BENCH_MPI_CHECK(MPI_Reduce_scatter_block(MPI_IN_PLACE, staged_.data(), c, MPI_FLOAT,
-                                                   MPI_SUM, raw_comm_));
+          ZERO_MPI_CHECK(MPI_Reduce_scatter_block(MPI_IN_PLACE, staged_.data(), c, MPI_FLOAT,
+                                                  MPI_SUM, raw_comm_));
           zero::kernels::cast(staged_.data(), DType::kFloat32, recv_.data(), opt_.dtype, count);
         }
         return;
       case CollectiveOp::kAllReduce:
         if (fp32) {
-          BENCH_MPI_CHECK(
+          ZERO_MPI_CHECK(
               MPI_Allreduce(send_.data(), recv_.data(), c, MPI_FLOAT, MPI_SUM, raw_comm_));
         } else {
           zero::kernels::cast(send_.data(), opt_.dtype, staged_.data(), DType::kFloat32, count);
-          BENCH_MPI_CHECK(
+          ZERO_MPI_CHECK(
               MPI_Allreduce(MPI_IN_PLACE, staged_.data(), c, MPI_FLOAT, MPI_SUM, raw_comm_));
           zero::kernels::cast(staged_.data(), DType::kFloat32, recv_.data(), opt_.dtype, count);
         }
@@ -363,7 +353,7 @@ class Bench {
       case CollectiveOp::kBarrier:
         break;
     }
-    BENCH_MPI_CHECK(MPI_Barrier(raw_comm_));
+    ZERO_MPI_CHECK(MPI_Barrier(raw_comm_));
   }
 
   // Exact expected output element i, summed over ranks in fp32 and rounded once to the dtype.
@@ -395,7 +385,7 @@ class Bench {
     for (size_t i = 0; i < out_elems; ++i) {
       if (zero::load_as_float(out, opt_.dtype, i) != expected(op, count, i)) ++wrong;
     }
-    BENCH_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD));
+    ZERO_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD));
     return wrong;
   }
 

@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "examples/mlp.h"
+#include "zero/collectives/mpi_check.h"
 #include "zero/collectives/mpi_communicator.h"
 #include "zero/kernels/check.h"
 #include "zero/runtime/engine.h"
@@ -52,17 +53,6 @@
 #include "zero/runtime/trace.h"
 
 extern "C" void openblas_set_num_threads(int num_threads);
-
-#define BENCH_MPI_CHECK(call)                                                  \
-  do {                                                                         \
-    int bench_rc_ = (call);                                                    \
-    if (bench_rc_ != MPI_SUCCESS) {                                            \
-      char bench_text_[MPI_MAX_ERROR_STRING];                                  \
-      int bench_len_ = 0;                                                      \
-      MPI_Error_string(bench_rc_, bench_text_, &bench_len_);                   \
-      ZERO_FAIL(#call << " failed: " << std::string(bench_text_, bench_len_)); \
-    }                                                                          \
-  } while (0)
 
 namespace {
 
@@ -409,7 +399,7 @@ void measure_block(StageRun& run, const zero::examples::TeacherTask& task, const
                    zero::Communicator& comm, int steps) {
   zero::Engine& engine = run.model->engine();
   comm.stream().synchronize();
-  BENCH_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+  ZERO_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
   engine.trace().clear();
   std::vector<double> starts{zero::Trace::now_us()};
   for (int i = 0; i < steps; ++i) {
@@ -478,8 +468,8 @@ Record summarize(StageRun& run, int world) {
   r.steps = static_cast<int>(run.step_ms.size());
 
   std::vector<double> slowest = run.step_ms;
-  BENCH_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, slowest.data(), static_cast<int>(slowest.size()),
-                                MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+  ZERO_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, slowest.data(), static_cast<int>(slowest.size()),
+                               MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
   r.median_ms = median(slowest);
   r.min_ms = *std::min_element(slowest.begin(), slowest.end());
   r.max_ms = *std::max_element(slowest.begin(), slowest.end());
@@ -490,8 +480,8 @@ Record summarize(StageRun& run, int world) {
     sums.push_back(run.op_comm_us[k]);
     sums.push_back(run.op_hidden_us[k]);
   }
-  BENCH_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, sums.data(), static_cast<int>(sums.size()),
-                                MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+  ZERO_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, sums.data(), static_cast<int>(sums.size()), MPI_DOUBLE,
+                               MPI_SUM, MPI_COMM_WORLD));
   const double rank_steps = static_cast<double>(world) * r.steps;
   r.compute_ms = sums[0] / rank_steps / 1000.0;
   r.comm_ms = sums[1] / rank_steps / 1000.0;
@@ -504,7 +494,7 @@ Record summarize(StageRun& run, int world) {
   }
 
   uint64_t memory[2] = {engine.model_state_bytes(), engine.allocator().stats().peak_total};
-  BENCH_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, memory, 2, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD));
+  ZERO_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, memory, 2, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD));
   r.model_state_bytes = memory[0];
   r.peak_bytes = memory[1];
   r.plan_model_state_bytes = zero::plan_memory(engine.layout(), engine.config()).model_state;

@@ -1,4 +1,4 @@
-// What the Communicator backends share beyond the interface: the MPI error check, the timeout
+// What the Communicator backends share beyond the interface (with ZERO_MPI_CHECK): the timeout
 // from the environment, the ring byte counts and the buffer checks, so that the MPI and NCCL
 // backends validate, count and time out from one definition.
 #pragma once
@@ -14,19 +14,8 @@
 #include <string>
 
 #include "zero/collectives/communicator.h"
+#include "zero/collectives/mpi_check.h"
 #include "zero/kernels/check.h"
-
-// ZERO_MPI_CHECK(MPI_Xxx(...)): throws zero::Error naming the call, MPI's error text, file, line.
-#define ZERO_MPI_CHECK(call)                                                         \
-  do {                                                                               \
-    int zero_mpi_rc_ = (call);                                                       \
-    if (zero_mpi_rc_ != MPI_SUCCESS) {                                               \
-      char zero_mpi_text_[MPI_MAX_ERROR_STRING];                                     \
-      int zero_mpi_len_ = 0;                                                         \
-      MPI_Error_string(zero_mpi_rc_, zero_mpi_text_, &zero_mpi_len_);                \
-      ZERO_FAIL(#call << " failed: " << std::string(zero_mpi_text_, zero_mpi_len_)); \
-    }                                                                                \
-  } while (0)
 
 namespace zero::backend {
 
