@@ -64,7 +64,7 @@ void cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n
         cudaMemcpyAsync(dst, src, n * dtype_size(src_dtype), cudaMemcpyDeviceToDevice, stream));
     return;
   }
-  const uint32_t blocks = cast_blocks(n);
+  const uint32_t blocks = element_blocks(n, "cast");
   with_dtype(src_dtype, [&](auto src_tag) {
     with_dtype(dst_dtype, [&](auto dst_tag) {
       constexpr DType S = decltype(src_tag)::value;

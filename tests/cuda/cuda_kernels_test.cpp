@@ -167,6 +167,192 @@ TEST_F(CudaKernels, CastMatchesCpuForAllDtypePairs) {
   }
 }
 
+// The CPU's dst += src: kernels::accumulate for equal dtypes, else one rounding of the fp32 sum
+// (ParamRef::add_f32's store_from_float(load_as_float + value)).
+std::vector<uint8_t> cpu_add(std::vector<uint8_t> dst, DType d, const std::vector<uint8_t>& src,
+                             DType s, size_t n) {
+  if (d == s) {
+    kernels::accumulate(dst.data(), src.data(), d, n);
+    return dst;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    store_from_float(dst.data(), d, i,
+                     load_as_float(dst.data(), d, i) + load_as_float(src.data(), s, i));
+  }
+  return dst;
+}
+
+TEST_F(CudaKernels, AddMatchesCpuForAllDtypePairsAlignedAndNot) {
+  const size_t n = 300007;
+  std::mt19937 rng(8);
+  for (DType d : kDTypes) {
+    for (DType s : kDTypes) {
+      // shift 1: the source starts one element past alignment (the element-at-a-time path).
+      for (size_t shift : {0, 1}) {
+        const auto dst = random_bytes(d, n, rng, -40000, 40000);
+        const auto src = random_bytes(s, n, rng, -40000, 40000);
+        DeviceBuffer d_dst(dst.size()), d_src(src.size() + dtype_size(s));
+        d_dst.upload(dst.data(), dst.size());
+        d_src.upload(src.data(), src.size(), shift * dtype_size(s));
+        add(d_dst.data(), d, static_cast<char*>(d_src.data()) + shift * dtype_size(s), s, n,
+            nullptr);
+        sync();
+        EXPECT_EQ(d_dst.download(dst.size()), cpu_add(dst, d, src, s, n))
+            << dtype_name(s) << " into " << dtype_name(d) << ", shift " << shift;
+      }
+    }
+  }
+}
+
+TEST_F(CudaKernels, ScaleMatchesCpuForEveryDtypeAlignedAndNot) {
+  const size_t n = 300007;
+  std::mt19937 rng(10);
+  for (DType dtype : kDTypes) {
+    for (size_t shift : {0, 1}) {
+      std::vector<uint8_t> x = random_bytes(dtype, n, rng, -30000, 30000);
+      DeviceBuffer d_x(x.size() + dtype_size(dtype));
+      d_x.upload(x.data(), x.size(), shift * dtype_size(dtype));
+      scale(static_cast<char*>(d_x.data()) + shift * dtype_size(dtype), dtype, 3.0f, n, nullptr);
+      sync();
+      kernels::scale(x.data(), dtype, 3.0f, n);
+      EXPECT_EQ(d_x.download(x.size(), shift * dtype_size(dtype)), x)
+          << dtype_name(dtype) << ", shift " << shift;
+    }
+  }
+}
+
+// Two steps on the same state (the first overwrites the momentum buffer, the second decays it),
+// and a momentum-free step with no buffer at all, for every dtype pair.
+TEST_F(CudaKernels, FusedSgdMatchesCpuKernelBitwiseForEveryDtypePair) {
+  const std::vector<size_t> sizes = {1, 8193, (size_t{1} << 20) + 3, 4099};
+  struct Step {
+    SgdStepConstants c;
+    bool momentum_buffer;  // false: the tensors pass a null momentum pointer
+  };
+  const std::vector<Step> steps = {{{0.05f, 0.9f, 0.01f, true}, true},
+                                   {{0.05f, 0.9f, 0.01f, false}, true},
+                                   {{0.1f, 0.0f, 0.01f, false}, false}};
+  for (DType g : kDTypes) {
+    for (DType p : kDTypes) {
+      std::mt19937 rng(static_cast<unsigned>(g) * 3 + static_cast<unsigned>(p) + 40);
+      std::vector<std::unique_ptr<DeviceBuffer>> keep;
+      std::vector<SgdTensor> tensors;
+      struct Host {
+        std::vector<float> master, momentum;
+        std::vector<uint8_t> grad, param;
+      };
+      std::vector<Host> host;
+      for (size_t t = 0; t < sizes.size(); ++t) {
+        const size_t n = sizes[t], shift = t == 2 ? 1 : 0;  // tensor 2 is misaligned
+        Host h;
+        std::uniform_real_distribution<float> dist(-1, 1);
+        h.master.resize(n);
+        for (float& e : h.master) e = dist(rng);
+        h.momentum.assign(n, 0.0f);
+        h.grad = random_bytes(g, n, rng, -2, 2);
+        h.param.assign(n * dtype_size(p), 0xCD);  // poison: every element must be written
+        auto device = [&](const void* src, size_t bytes, size_t elem) {
+          keep.push_back(std::make_unique<DeviceBuffer>(bytes + elem));
+          keep.back()->upload(src, bytes, shift * elem);
+          return static_cast<char*>(keep.back()->data()) + shift * elem;
+        };
+        tensors.push_back({reinterpret_cast<float*>(device(h.master.data(), n * 4, 4)),
+                           reinterpret_cast<float*>(device(h.momentum.data(), n * 4, 4)),
+                           device(h.grad.data(), h.grad.size(), dtype_size(g)),
+                           device(h.param.data(), h.param.size(), dtype_size(p)), n});
+        host.push_back(std::move(h));
+      }
+      for (size_t s = 0; s < steps.size(); ++s) {
+        const SgdStepConstants& c = steps[s].c;
+        const bool with_momentum = steps[s].momentum_buffer;
+        std::vector<SgdTensor> step_tensors = tensors;
+        if (!with_momentum) {
+          for (SgdTensor& t : step_tensors) t.momentum = nullptr;
+        }
+        fused_sgd(step_tensors.data(), step_tensors.size(), g, p, 0.75f, c, {}, nullptr);
+        sync();
+        for (size_t t = 0; t < sizes.size(); ++t) {
+          Host& h = host[t];
+          const size_t n = sizes[t];
+          kernels::fused_sgd(h.master.data(), with_momentum ? h.momentum.data() : nullptr,
+                             h.grad.data(), g, 0.75f, h.param.data(), p, n, c);
+          auto got = [&](const void* d, size_t bytes) {
+            std::vector<uint8_t> out(bytes);
+            ZERO_CUDA_CHECK(cudaMemcpy(out.data(), d, bytes, cudaMemcpyDeviceToHost));
+            return out;
+          };
+          auto as_bytes = [](const std::vector<float>& x) {
+            std::vector<uint8_t> out(x.size() * 4);
+            std::memcpy(out.data(), x.data(), out.size());
+            return out;
+          };
+          SCOPED_TRACE(std::string(dtype_name(g)) + " grads, " + dtype_name(p) + " params, step " +
+                       std::to_string(s) + ", tensor " + std::to_string(t));
+          EXPECT_EQ(got(tensors[t].master, n * 4), as_bytes(h.master));
+          EXPECT_EQ(got(tensors[t].momentum, n * 4), as_bytes(h.momentum));
+          EXPECT_EQ(got(tensors[t].param_out, h.param.size()), h.param);
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaKernels, FusedSgdSkipFlagAndDeviceScale) {
+  const size_t n = 100000;
+  std::mt19937 rng(12);
+  std::vector<float> master(n), momentum(n), grad(n);
+  for (float& x : master) x = std::uniform_real_distribution<float>(-1, 1)(rng);
+  for (float& x : grad) x = std::uniform_real_distribution<float>(-1, 1)(rng);
+  DeviceBuffer d_master(n * 4), d_momentum(n * 4), d_grad(n * 4), flag(sizeof(int)),
+      d_scale(sizeof(float));
+  d_master.upload(master.data(), n * 4);
+  d_momentum.upload(momentum.data(), n * 4);
+  d_grad.upload(grad.data(), n * 4);
+  const int set = 1;
+  flag.upload(&set, sizeof(int));
+  const float device_scale = 0.5f;
+  d_scale.upload(&device_scale, sizeof(float));
+  const SgdTensor tensor{d_master.as<float>(), d_momentum.as<float>(), d_grad.data(), nullptr, n};
+  const SgdStepConstants c{0.1f, 0.9f, 0.0f, true};
+  DeviceStepControl control;
+  control.skip_flag = flag.as<int>();
+  control.grad_scale = d_scale.as<float>();
+  auto as_bytes = [](const std::vector<float>& x) {
+    std::vector<uint8_t> out(x.size() * 4);
+    std::memcpy(out.data(), x.data(), out.size());
+    return out;
+  };
+  fused_sgd(&tensor, 1, DType::kFloat32, DType::kFloat32, 123.0f, c, control, nullptr);
+  sync();
+  EXPECT_EQ(d_master.download(n * 4), as_bytes(master));
+
+  ZERO_CUDA_CHECK(cudaMemset(flag.data(), 0, sizeof(int)));
+  fused_sgd(&tensor, 1, DType::kFloat32, DType::kFloat32, 123.0f, c, control, nullptr);
+  sync();
+  kernels::fused_sgd(master.data(), momentum.data(), grad.data(), DType::kFloat32, 0.5f, nullptr,
+                     DType::kFloat32, n, c);
+  EXPECT_EQ(d_master.download(n * 4), as_bytes(master));
+  EXPECT_EQ(d_momentum.download(n * 4), as_bytes(momentum));
+}
+
+TEST_F(CudaKernels, NullBuffersAreErrors) {
+  DeviceBuffer x(4 * 16);
+  EXPECT_THROW(add(nullptr, DType::kFloat32, x.data(), DType::kFloat32, 16, nullptr), Error);
+  EXPECT_THROW(add(x.data(), DType::kFloat32, nullptr, DType::kBFloat16, 16, nullptr), Error);
+  EXPECT_THROW(scale(nullptr, DType::kFloat16, 2.0f, 16, nullptr), Error);
+  EXPECT_NO_THROW(scale(nullptr, DType::kFloat16, 2.0f, 0, nullptr));  // nothing to do
+  const SgdStepConstants with_momentum{0.1f, 0.9f, 0.0f, false};
+  const SgdTensor no_momentum{x.as<float>(), nullptr, x.data(), nullptr, 16};
+  EXPECT_THROW(fused_sgd(&no_momentum, 1, DType::kFloat32, DType::kFloat32, 1.0f, with_momentum, {},
+                         nullptr),
+               Error);
+  const SgdTensor no_grad{x.as<float>(), x.as<float>(), nullptr, nullptr, 16};
+  EXPECT_THROW(
+      fused_sgd(&no_grad, 1, DType::kFloat32, DType::kFloat32, 1.0f, with_momentum, {}, nullptr),
+      Error);
+  sync();
+}
+
 TEST_F(CudaKernels, FlattenAndUnflattenMatchCpu) {
   for (DType dtype : kDTypes) {
     const size_t elem = dtype_size(dtype);

@@ -35,6 +35,15 @@ void run_grid(const std::vector<LaunchTable<Tensor>>& plans, Body body) {
   }
 }
 
+// Runs body(block, thread) for every block and thread of a single-tensor launch of n elements.
+template <typename Body>
+void run_element_grid(size_t n, const char* op, Body body) {
+  const uint32_t blocks = element_blocks(n, op);
+  for (uint32_t block = 0; block < blocks; ++block) {
+    for (uint32_t thread = 0; thread < kBlockThreads; ++thread) body(block, thread);
+  }
+}
+
 // Host memory with a chosen misalignment and guard bytes on both sides, so both the 16-byte
 // and the element-at-a-time paths run, and a write outside the tensor shows up.
 class GuardedBuffer {
@@ -266,6 +275,145 @@ TEST(CudaGridAdamW, SkipFlagLeavesEverythingAndDeviceScaleReplacesHostScale) {
   EXPECT_EQ(m, want_m);
 }
 
+// --- fused SGD ----------------------------------------------------------------------------------
+
+// Which of a tensor's buffers starts one element past alignment (each alone must turn the
+// tensor's vector path off).
+enum class Misaligned { kNone, kMaster, kMomentum, kGrad, kParam };
+
+struct SgdCase {
+  GuardedBuffer master, momentum, grad, param;
+  size_t n;
+  SgdCase(size_t count, DType g, DType p, Misaligned which)
+      : master(count * 4, which == Misaligned::kMaster ? 4 : 0),
+        momentum(count * 4, which == Misaligned::kMomentum ? 4 : 0),
+        grad(count * dtype_size(g), which == Misaligned::kGrad ? dtype_size(g) : 0),
+        param(count * dtype_size(p), which == Misaligned::kParam ? dtype_size(p) : 0),
+        n(count) {}
+};
+
+// How a step treats the momentum buffer.
+enum class MomentumBuffer { kNull, kPresent };
+
+template <DType G, DType P>
+void check_sgd_grid(const SgdStepConstants& c, MomentumBuffer buffer, bool with_param_out) {
+  const float grad_scale = 0.5f;
+  std::mt19937 rng(29 + static_cast<unsigned>(G) * 16 + static_cast<unsigned>(P));
+  std::vector<std::unique_ptr<SgdCase>> cases;
+  std::vector<SgdTensor> tensors;
+  for (Misaligned which : {Misaligned::kNone, Misaligned::kMaster, Misaligned::kMomentum,
+                           Misaligned::kGrad, Misaligned::kParam}) {
+    for (size_t n : kSizes) {
+      cases.push_back(std::make_unique<SgdCase>(n, G, P, which));
+      SgdCase& k = *cases.back();
+      fill_random(k.master.data(), DType::kFloat32, n, rng, -1.0f, 1.0f);
+      fill_random(k.momentum.data(), DType::kFloat32, n, rng, -0.1f, 0.1f);
+      fill_random(k.grad.data(), G, n, rng, -2.0f, 2.0f);
+      tensors.push_back({k.master.as<float>(),
+                         buffer == MomentumBuffer::kPresent ? k.momentum.as<float>() : nullptr,
+                         k.grad.data(), with_param_out ? k.param.data() : nullptr, n});
+    }
+  }
+  // Reference: the CPU kernel on copies (a momentum buffer it is given but does not use stays
+  // as it was, which the comparison then checks on the grid's side too).
+  std::vector<std::vector<float>> want_master, want_momentum;
+  std::vector<std::vector<uint8_t>> want_param;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SgdCase& k = *cases[i];
+    std::vector<float> p(k.master.as<float>(), k.master.as<float>() + k.n);
+    std::vector<float> buf(k.momentum.as<float>(), k.momentum.as<float>() + k.n);
+    std::vector<uint8_t> out = bytes_of(k.param.data(), k.n * dtype_size(P));
+    if (k.n > 0) {
+      kernels::fused_sgd(p.data(), tensors[i].momentum ? buf.data() : nullptr, k.grad.data(), G,
+                         grad_scale, with_param_out ? out.data() : nullptr, P, k.n, c);
+    }
+    want_master.push_back(p);
+    want_momentum.push_back(buf);
+    want_param.push_back(out);
+  }
+
+  const SgdArgs args{c, grad_scale, {}};
+  run_grid(plan_launches(tensors.data(), tensors.size(), kChunkElements,
+                         [](const SgdTensor& t) { return t.numel; }),
+           [&](uint32_t b, uint32_t t, const LaunchTable<SgdTensor>& table) {
+             sgd_thread<G, P>(b, t, table, args);
+           });
+
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SgdCase& k = *cases[i];
+    SCOPED_TRACE(std::string(dtype_name(G)) + " grads, " + dtype_name(P) + " params, tensor " +
+                 std::to_string(i) + " of " + std::to_string(k.n) + " elements");
+    EXPECT_EQ(bytes_of(k.master.data(), k.n * 4), bytes_of(want_master[i].data(), k.n * 4));
+    EXPECT_EQ(bytes_of(k.momentum.data(), k.n * 4), bytes_of(want_momentum[i].data(), k.n * 4));
+    EXPECT_EQ(bytes_of(k.param.data(), k.n * dtype_size(P)), want_param[i]);
+    EXPECT_TRUE(k.master.guards_intact() && k.momentum.guards_intact() && k.grad.guards_intact() &&
+                k.param.guards_intact());
+  }
+}
+
+// Every way a step can treat the momentum buffer, with and without weight decay.
+template <DType G, DType P>
+void check_sgd_grid_all_steps(bool with_param_out) {
+  // Momentum 0: no buffer at all, or one that must stay untouched.
+  check_sgd_grid<G, P>({0.1f, 0.0f, 0.01f, false}, MomentumBuffer::kNull, with_param_out);
+  check_sgd_grid<G, P>({0.1f, 0.0f, 0.0f, true}, MomentumBuffer::kPresent, with_param_out);
+  // Momentum on: the first step overwrites the buffer, later ones decay it.
+  check_sgd_grid<G, P>({0.05f, 0.9f, 0.0f, true}, MomentumBuffer::kPresent, with_param_out);
+  check_sgd_grid<G, P>({0.05f, 0.9f, 0.01f, false}, MomentumBuffer::kPresent, with_param_out);
+}
+
+template <DType G>
+void check_sgd_grid_all_params() {
+  check_sgd_grid_all_steps<G, DType::kFloat32>(true);
+  check_sgd_grid_all_steps<G, DType::kBFloat16>(true);
+  check_sgd_grid_all_steps<G, DType::kFloat16>(true);
+  check_sgd_grid_all_steps<G, DType::kBFloat16>(false);
+}
+
+TEST(CudaGridSgd, Fp32GradsMatchTheCpuKernelBitwise) {
+  check_sgd_grid_all_params<DType::kFloat32>();
+}
+TEST(CudaGridSgd, Bf16GradsMatchTheCpuKernelBitwise) {
+  check_sgd_grid_all_params<DType::kBFloat16>();
+}
+TEST(CudaGridSgd, Fp16GradsMatchTheCpuKernelBitwise) {
+  check_sgd_grid_all_params<DType::kFloat16>();
+}
+
+TEST(CudaGridSgd, SkipFlagLeavesEverythingAndDeviceScaleReplacesHostScale) {
+  const size_t n = 9001;
+  std::mt19937 rng(31);
+  std::vector<float> master(n), momentum(n), grad(n);
+  fill_random(master.data(), DType::kFloat32, n, rng, -1.0f, 1.0f);
+  fill_random(momentum.data(), DType::kFloat32, n, rng, -0.1f, 0.1f);
+  fill_random(grad.data(), DType::kFloat32, n, rng, -1.0f, 1.0f);
+  const std::vector<float> master0 = master, momentum0 = momentum;
+  const SgdStepConstants c{0.1f, 0.9f, 0.01f, false};
+  SgdTensor tensor{master.data(), momentum.data(), grad.data(), nullptr, n};
+  const auto plans =
+      plan_launches(&tensor, 1, kChunkElements, [](const SgdTensor& t) { return t.numel; });
+
+  int skip = 1;
+  float device_scale = 0.125f;
+  SgdArgs args{c, 1.0f, {&skip, &device_scale}};
+  auto run = [&] {
+    run_grid(plans, [&](uint32_t b, uint32_t t, const LaunchTable<SgdTensor>& table) {
+      sgd_thread<DType::kFloat32, DType::kFloat32>(b, t, table, args);
+    });
+  };
+  run();
+  EXPECT_EQ(master, master0);
+  EXPECT_EQ(momentum, momentum0);
+
+  skip = 0;
+  run();
+  std::vector<float> want = master0, want_momentum = momentum0;
+  kernels::fused_sgd(want.data(), want_momentum.data(), grad.data(), DType::kFloat32, 0.125f,
+                     nullptr, DType::kFloat32, n, c);
+  EXPECT_EQ(master, want);
+  EXPECT_EQ(momentum, want_momentum);
+}
+
 // --- cast ---------------------------------------------------------------------------------------
 
 template <DType S, DType D>
@@ -279,11 +427,9 @@ void check_cast_grid() {
       std::vector<uint8_t> want(n * dtype_size(D));
       for (size_t i = 0; i < n; ++i)
         store_from_float(want.data(), D, i, load_as_float(src.data(), S, i));
-      const uint32_t blocks = cast_blocks(n);
-      for (uint32_t b = 0; b < blocks; ++b) {
-        for (uint32_t t = 0; t < kBlockThreads; ++t)
-          cast_thread<S, D>(b, t, src.data(), dst.data(), n);
-      }
+      run_element_grid(n, "cast", [&](uint32_t b, uint32_t t) {
+        cast_thread<S, D>(b, t, src.data(), dst.data(), n);
+      });
       EXPECT_EQ(bytes_of(dst.data(), want.size()), want) << "n " << n << " misalign " << misalign;
       EXPECT_TRUE(dst.guards_intact() && src.guards_intact());
     }
@@ -297,6 +443,108 @@ TEST(CudaGridCast, AllDtypePairsMatchScalarReference) {
   check_cast_grid<DType::kFloat16, DType::kFloat32>();
   check_cast_grid<DType::kBFloat16, DType::kFloat16>();
   check_cast_grid<DType::kFloat16, DType::kBFloat16>();
+}
+
+// --- add and scale ------------------------------------------------------------------------------
+
+// The CPU's result for dst += src: kernels::accumulate for equal dtypes, else the one rounding of
+// ParamRef::add_f32 (store_from_float of the fp32 sum) that the CPU path uses for mixed dtypes.
+template <DType D, DType S>
+std::vector<uint8_t> cpu_add(const void* dst, const void* src, size_t n) {
+  std::vector<uint8_t> out = bytes_of(dst, n * dtype_size(D));
+  if (n == 0) return out;
+  if constexpr (D == S) {
+    kernels::accumulate(out.data(), src, D, n);
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      store_from_float(out.data(), D, i,
+                       load_as_float(out.data(), D, i) + load_as_float(src, S, i));
+    }
+  }
+  return out;
+}
+
+template <DType D, DType S>
+void check_add_grid() {
+  std::mt19937 rng(17 + static_cast<unsigned>(D) * 3 + static_cast<unsigned>(S));
+  // Each pointer misaligned on its own sends the whole tensor down the element-at-a-time path.
+  for (size_t dst_misalign : {0, 1}) {
+    for (size_t src_misalign : {0, 1}) {
+      for (size_t n : kSizes) {
+        GuardedBuffer dst(n * dtype_size(D), dst_misalign * dtype_size(D));
+        GuardedBuffer src(n * dtype_size(S), src_misalign * dtype_size(S));
+        // Sums past 65504 overflow fp16: both sides must round them to infinity alike.
+        fill_random(dst.data(), D, n, rng, -40000.0f, 40000.0f);
+        fill_random(src.data(), S, n, rng, -40000.0f, 40000.0f);
+        const std::vector<uint8_t> want = cpu_add<D, S>(dst.data(), src.data(), n);
+        run_element_grid(n, "add", [&](uint32_t b, uint32_t t) {
+          add_thread<D, S>(b, t, dst.data(), src.data(), n);
+        });
+        EXPECT_EQ(bytes_of(dst.data(), want.size()), want)
+            << dtype_name(S) << " into " << dtype_name(D) << ", n " << n << " misalign "
+            << dst_misalign << "/" << src_misalign;
+        EXPECT_TRUE(dst.guards_intact() && src.guards_intact());
+      }
+    }
+  }
+}
+
+template <DType D>
+void check_add_grid_all_sources() {
+  check_add_grid<D, DType::kFloat32>();
+  check_add_grid<D, DType::kBFloat16>();
+  check_add_grid<D, DType::kFloat16>();
+}
+
+TEST(CudaGridAdd, IntoFp32MatchesCpuForEverySourceDtype) {
+  check_add_grid_all_sources<DType::kFloat32>();
+}
+TEST(CudaGridAdd, IntoBf16MatchesCpuForEverySourceDtype) {
+  check_add_grid_all_sources<DType::kBFloat16>();
+}
+TEST(CudaGridAdd, IntoFp16MatchesCpuForEverySourceDtype) {
+  check_add_grid_all_sources<DType::kFloat16>();
+}
+
+TEST(CudaGridAdd, SourceMayBeTheDestination) {
+  const size_t n = 8197;
+  std::vector<uint16_t> x(n);
+  std::mt19937 rng(19);
+  fill_random(x.data(), DType::kBFloat16, n, rng, -5.0f, 5.0f);
+  std::vector<uint16_t> want = x;
+  for (size_t i = 0; i < n; ++i) want[i] = float_to_bf16(bf16_to_float(x[i]) * 2.0f);
+  run_element_grid(n, "add", [&](uint32_t b, uint32_t t) {
+    add_thread<DType::kBFloat16, DType::kBFloat16>(b, t, x.data(), x.data(), n);
+  });
+  EXPECT_EQ(x, want);
+}
+
+template <DType D>
+void check_scale_grid() {
+  std::mt19937 rng(23 + static_cast<unsigned>(D));
+  for (float alpha : {0.37f, 3.0f, -1.0f / 3.0f}) {
+    for (size_t misalign : {0, 1}) {
+      for (size_t n : kSizes) {
+        GuardedBuffer x(n * dtype_size(D), misalign * dtype_size(D));
+        // 3 * 30000 overflows fp16; tiny values meet its subnormals.
+        fill_random(x.data(), D, n, rng, -30000.0f, 30000.0f);
+        if (n > 2) store_from_float(x.data(), D, 2, 1e-6f);
+        std::vector<uint8_t> want = bytes_of(x.data(), n * dtype_size(D));
+        if (n > 0) kernels::scale(want.data(), D, alpha, n);
+        run_element_grid(
+            n, "scale", [&](uint32_t b, uint32_t t) { scale_thread<D>(b, t, x.data(), alpha, n); });
+        EXPECT_EQ(bytes_of(x.data(), want.size()), want)
+            << dtype_name(D) << " alpha " << alpha << ", n " << n << " misalign " << misalign;
+        EXPECT_TRUE(x.guards_intact());
+      }
+    }
+  }
+}
+
+TEST(CudaGridScale, EveryDtypeMatchesTheCpuKernel) {
+  check_scale_grid<DType::kFloat32>();
+  check_scale_grid<DType::kBFloat16>();
+  check_scale_grid<DType::kFloat16>();
 }
 
 // --- flatten / unflatten

@@ -104,12 +104,15 @@ ZERO_HD bool is_aligned(const void* p, size_t bytes) {
 }
 
 // One aligned vector access: a single 16- (or 8-) byte load or store on the device; memcpy on
-// the host, where the test's buffers carry no alignment promise to the compiler.
+// the host, where the test's buffers carry no alignment promise to the compiler. The host form
+// checks the alignment the device access needs, so the grid tests catch a body that takes the
+// vector path for a misaligned pointer (the GPU would fault, memcpy would not).
 template <typename V>
 ZERO_HD V load_vector(const void* p) {
 #if defined(__CUDA_ARCH__)
   return *static_cast<const V*>(p);
 #else
+  ZERO_CHECK(is_aligned(p, alignof(V)), "vector load from a misaligned address");
   V v;
   memcpy(&v, p, sizeof(V));
   return v;
@@ -121,6 +124,7 @@ ZERO_HD void store_vector(void* p, const V& v) {
 #if defined(__CUDA_ARCH__)
   *static_cast<V*>(p) = v;
 #else
+  ZERO_CHECK(is_aligned(p, alignof(V)), "vector store to a misaligned address");
   memcpy(p, &v, sizeof(V));
 #endif
 }
@@ -229,9 +233,68 @@ ZERO_HD void adamw_thread(uint32_t block, uint32_t thread, const LaunchTable<Ada
   }
 }
 
-// --- cast ------------------------------------------------------------------------------------
+// --- fused SGD -------------------------------------------------------------------------------
 
-// One tensor, chunked like the others: block b covers elements [b * kChunkElements, ...).
+struct SgdArgs {
+  SgdStepConstants c;
+  float grad_scale;
+  DeviceStepControl control;
+};
+
+// One element, exactly as the CPU kernels do it: sgd_update leaves the buffer alone when
+// momentum is 0, so a null momentum buffer is replaced by a local that is never read.
+template <DType G, DType P>
+ZERO_HD void sgd_element(const SgdTensor& x, size_t i, float scale, const SgdStepConstants& c) {
+  float unused_buf = 0.0f;
+  const float g = load_as_float(x.grad, G, i) * scale;
+  sgd_update(x.master[i], x.momentum ? x.momentum[i] : unused_buf, g, c);
+  if (x.param_out) store_from_float(x.param_out, P, i, x.master[i]);
+}
+
+template <DType G, DType P>
+ZERO_HD void sgd_thread(uint32_t block, uint32_t thread, const LaunchTable<SgdTensor>& table,
+                        const SgdArgs& args) {
+  if (args.control.skip_flag && *args.control.skip_flag != 0) return;
+  const float scale = args.control.grad_scale ? *args.control.grad_scale : args.grad_scale;
+  const uint32_t t = tensor_of_block(table, block);
+  const SgdTensor& x = table.tensors[t];
+  const ChunkRange r = chunk_range(block, table.first_block[t], kChunkElements, x.numel);
+  // The buffer is only touched when momentum is on (as on the CPU), and only read after the
+  // first step, which overwrites it with the gradient.
+  const bool uses_momentum = x.momentum != nullptr && args.c.momentum != 0.0f;
+  const bool reads_momentum = uses_momentum && !args.c.first_step;
+  const bool vectors = vector_aligned<DType::kFloat32>(x.master) && vector_aligned<G>(x.grad) &&
+                       (!uses_momentum || vector_aligned<DType::kFloat32>(x.momentum)) &&
+                       (x.param_out == nullptr || vector_aligned<P>(x.param_out));
+  for (uint32_t step = 0; step < kStepsPerBlock; ++step) {
+    const size_t i = vector_start(r, step, thread, kVectorElements);
+    if (i >= r.end) return;
+    if (vectors && i + kVectorElements <= r.end) {
+      float p[4], buf[4] = {0.0f, 0.0f, 0.0f, 0.0f}, g[4];
+      load4<DType::kFloat32>(x.master, i, p);
+      if (reads_momentum) load4<DType::kFloat32>(x.momentum, i, buf);
+      load4<G>(x.grad, i, g);
+      for (int k = 0; k < 4; ++k) sgd_update(p[k], buf[k], g[k] * scale, args.c);
+      store4<DType::kFloat32>(x.master, i, p);
+      if (uses_momentum) store4<DType::kFloat32>(x.momentum, i, buf);
+      if (x.param_out) store4<P>(x.param_out, i, p);
+    } else {
+      const size_t end = i + kVectorElements < r.end ? i + kVectorElements : r.end;
+      for (size_t j = i; j < end; ++j) sgd_element<G, P>(x, j, scale, args.c);
+    }
+  }
+}
+
+// --- single-tensor element-wise: cast, add, scale ----------------------------------------------
+
+// Blocks of a single-tensor launch of n elements: block b covers [b * kChunkElements, ...).
+inline uint32_t element_blocks(size_t n, const char* op) {
+  const size_t blocks = n == 0 ? 0 : (n - 1) / kChunkElements + 1;
+  ZERO_CHECK(blocks <= kMaxBlocksPerLaunch, op << " of " << n << " elements is too large");
+  return static_cast<uint32_t>(blocks);
+}
+
+// dst = src converted to D (round to nearest even when narrowing).
 template <DType S, DType D>
 ZERO_HD void cast_thread(uint32_t block, uint32_t thread, const void* src, void* dst, size_t n) {
   const ChunkRange r = chunk_range(block, 0, kChunkElements, n);
@@ -250,10 +313,47 @@ ZERO_HD void cast_thread(uint32_t block, uint32_t thread, const void* src, void*
   }
 }
 
-inline uint32_t cast_blocks(size_t n) {
-  const size_t blocks = n == 0 ? 0 : (n - 1) / kChunkElements + 1;
-  ZERO_CHECK(blocks <= kMaxBlocksPerLaunch, "cast of " << n << " elements is too large");
-  return static_cast<uint32_t>(blocks);
+// dst += src, each sum computed in fp32 and rounded once to D (as kernels::accumulate does).
+template <DType D, DType S>
+ZERO_HD void add_thread(uint32_t block, uint32_t thread, void* dst, const void* src, size_t n) {
+  const ChunkRange r = chunk_range(block, 0, kChunkElements, n);
+  const bool vectors = vector_aligned<D>(dst) && vector_aligned<S>(src);
+  for (uint32_t step = 0; step < kStepsPerBlock; ++step) {
+    const size_t i = vector_start(r, step, thread, kVectorElements);
+    if (i >= r.end) return;
+    if (vectors && i + kVectorElements <= r.end) {
+      float sum[4], addend[4];
+      load4<D>(dst, i, sum);
+      load4<S>(src, i, addend);
+      for (int k = 0; k < 4; ++k) sum[k] += addend[k];
+      store4<D>(dst, i, sum);
+    } else {
+      const size_t end = i + kVectorElements < r.end ? i + kVectorElements : r.end;
+      for (size_t j = i; j < end; ++j) {
+        store_from_float(dst, D, j, load_as_float(dst, D, j) + load_as_float(src, S, j));
+      }
+    }
+  }
+}
+
+// x *= alpha, the product computed in fp32 and rounded once to D (as kernels::scale does).
+template <DType D>
+ZERO_HD void scale_thread(uint32_t block, uint32_t thread, void* x, float alpha, size_t n) {
+  const ChunkRange r = chunk_range(block, 0, kChunkElements, n);
+  const bool vectors = vector_aligned<D>(x);
+  for (uint32_t step = 0; step < kStepsPerBlock; ++step) {
+    const size_t i = vector_start(r, step, thread, kVectorElements);
+    if (i >= r.end) return;
+    if (vectors && i + kVectorElements <= r.end) {
+      float e[4];
+      load4<D>(x, i, e);
+      for (int k = 0; k < 4; ++k) e[k] *= alpha;
+      store4<D>(x, i, e);
+    } else {
+      const size_t end = i + kVectorElements < r.end ? i + kVectorElements : r.end;
+      for (size_t j = i; j < end; ++j) store_from_float(x, D, j, load_as_float(x, D, j) * alpha);
+    }
+  }
 }
 
 // --- flatten / unflatten ---------------------------------------------------------------------

@@ -44,6 +44,23 @@ void fused_adamw(const AdamWTensor* tensors, size_t count, DType grad_dtype, DTy
                  float grad_scale, const AdamWStepConstants& c, const DeviceStepControl& control,
                  CUstream_st* stream);
 
+// One tensor of a multi-tensor SGD launch. momentum may be null when the step's momentum is 0
+// (it is then never touched, as on the CPU); param_out may be null (no working copy).
+struct SgdTensor {
+  float* master;
+  float* momentum;
+  const void* grad;
+  void* param_out;
+  size_t numel;
+};
+
+// Fused SGD with momentum over many tensors in one launch per 64 tensors, with the grad_scale,
+// control and param_out conventions of fused_adamw. Same contract as kernels::fused_sgd, per
+// tensor.
+void fused_sgd(const SgdTensor* tensors, size_t count, DType grad_dtype, DType param_dtype,
+               float grad_scale, const SgdStepConstants& c, const DeviceStepControl& control,
+               CUstream_st* stream);
+
 // Batched copies of many tensors into / out of one flat buffer, one launch per 64 tensors
 // (TensorSlot as in cpu_kernels.h: the tensors array itself is in host memory).
 void flatten(const TensorSlot* tensors, size_t count, void* flat, DType dtype, CUstream_st* stream);
@@ -53,6 +70,15 @@ void unflatten(const void* flat, const TensorSlot* tensors, size_t count, DType 
 // Converts n elements (round to nearest even when narrowing); equal dtypes are a plain copy.
 void cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n,
           CUstream_st* stream);
+
+// dst[i] += src[i] for n elements, any pair of dtypes: each sum is computed in fp32 and rounded
+// once to dst_dtype, as kernels::accumulate does for equal dtypes (e.g. adding fp32 gradients
+// into bf16 storage rounds once, not twice). dst and src may be the same buffer.
+void add(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n,
+         CUstream_st* stream);
+
+// x[i] *= alpha for n elements, the product computed in fp32 and rounded once (kernels::scale).
+void scale(void* x, DType dtype, float alpha, size_t n, CUstream_st* stream);
 
 // A read-only tensor of a multi-tensor reduction.
 struct ConstTensor {
