@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check, for a machine with a CUDA device: configure and build with CUDA, run the GPU
-# tests (ctest -L gpu), then the GPU optimizer benchmark against a device-to-device copy and
+# tests (ctest -L gpu), train the example MLP on the GPU, then the GPU optimizer benchmark against a device-to-device copy and
 # against torch.optim.AdamW(fused=True) when python3 has torch. Everything (logs, JSON, a
 # summary) goes to OUTDIR. Meant to finish within 8 minutes on one H200.
 #
@@ -50,6 +50,22 @@ else
   nvcc -O3 -std=c++17 -arch="sm_$arch" --fmad=false -I "$root/kernels/include" \
     "$root/benchmarks/bench_optimizer_gpu.cu" "$root"/kernels/cuda/*.cu -o "$bench" \
     >> "$out/build.log" 2>&1 || { note "standalone benchmark build failed too"; exit 1; }
+fi
+
+# 2b. The example MLP trained on the GPU through the engine (NCCL, CUDA kernels, cuBLAS): one
+# rank, stage 3, bf16, a model big enough for the GPU to matter. Only where the full build worked.
+if [[ -x "$build/bin/zero-train" ]]; then
+  mpi_flags=(-np 1)
+  [[ $(id -u) -eq 0 ]] && mpi_flags+=(--allow-run-as-root)
+  if timeout 120 mpirun "${mpi_flags[@]}" "$build/bin/zero-train" --device cuda --stage 3 \
+       --dtype bf16 --input-dim 1024 --hidden 4096 --output-dim 1024 --layers 8 \
+       --global-batch 512 --steps 30 --steps-per-print 10 > "$out/zero_train_gpu.log" 2>&1; then
+    note "zero-train --device cuda (stage 3, bf16, 8 x 4096 MLP):"
+    grep -E "^step" "$out/zero_train_gpu.log" | tee -a "$summary"
+  else
+    note "zero-train --device cuda FAILED (see zero_train_gpu.log)"
+    status=1
+  fi
 fi
 
 # 3. Fused AdamW against the copy of the same bytes.

@@ -1,16 +1,22 @@
 // The example model: a multi-layer perceptron learning a synthetic regression task. Each layer
 // (linear + ReLU, the last one linear only) is one wrapped module, so one ZeRO unit. GEMMs go
-// through OpenBLAS. The targets come from a fixed random "teacher" network drawn from the
-// seed, and every sample's input is a function of (seed, step, sample index): the global batch
-// is the same whatever the world size, so runs at different N see the same data.
+// through OpenBLAS on the CPU and cuBLAS on a GPU (the device of the engine's tensors). The targets
+// come from a fixed random "teacher" network drawn from the seed, and every sample's input is a
+// function of (seed, step, sample index): the global batch is the same whatever the world size, so
+// runs at different N see the same data.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "zero/runtime/model.h"
 
 namespace zero::examples {
+
+namespace gpu {
+class Blas;
+}
 
 struct MlpConfig {
   int input_dim = 32;
@@ -30,6 +36,11 @@ class Linear : public Module {
                 const std::vector<ParamRef>& grads) override;
 
  private:
+  void forward_on_cpu(const Tensor& in, Tensor& out, const float* w, const float* b);
+  void backward_on_cpu(Tensor& g, Tensor& grad_in, const float* w);
+  void forward_on_gpu(const Tensor& in, Tensor& out, const float* w, const float* b);
+  void backward_on_gpu(Tensor& g, Tensor& grad_in, const float* w);
+
   int in_features_;
   int out_features_;
   bool relu_;
@@ -37,10 +48,11 @@ class Linear : public Module {
   Tensor output_;  // saved for the ReLU mask
   // With bf16/fp16 storage the layer converts its parameters to fp32 and computes in fp32 (the
   // CPU has no fast 16-bit GEMM); with fp32 storage the weights are used in place.
-  std::vector<float> weight_f32_;
-  std::vector<float> bias_f32_;
-  std::vector<float> weight_grad_;
-  std::vector<float> bias_grad_;
+  Tensor weight_f32_;
+  Tensor bias_f32_;
+  Tensor weight_grad_;
+  Tensor bias_grad_;
+  std::shared_ptr<gpu::Blas> blas_;  // made at the first GEMM on a GPU
 };
 
 std::vector<NamedModule> make_mlp(const MlpConfig& config);
@@ -64,7 +76,8 @@ class TeacherTask {
   std::vector<float> w2_;  // [output, hidden]
 };
 
-// Mean squared error over all elements; writes d(loss)/d(prediction) into grad.
+// Mean squared error over all elements; writes d(loss)/d(prediction) into grad, on the device of
+// the prediction (the target must be on the same one).
 float mse_loss(const Tensor& prediction, const Tensor& target, Tensor& grad);
 
 }  // namespace zero::examples

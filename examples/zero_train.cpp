@@ -7,6 +7,7 @@
 // override it. Rank 0 prints a memory summary at start and a progress line every
 // steps_per_print steps; --metrics writes JSON lines (an "init" record, then one "step" record
 // per step); --trace writes a Chrome trace of every rank's compute and collectives.
+// --device cuda trains on each rank's node-local GPU, with NCCL collectives (builds with CUDA).
 #include <mpi.h>
 
 #include <signal.h>
@@ -18,11 +19,15 @@
 #include <fstream>
 #include <iostream>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "examples/mlp.h"
 #include "zero/collectives/mpi_communicator.h"
+#if ZERO_HAVE_NCCL
+#include "zero/collectives/nccl_communicator.h"
+#endif
 #include "zero/kernels/check.h"
 #include "zero/runtime/checkpoint.h"
 #include "zero/runtime/config.h"
@@ -62,6 +67,7 @@ struct Flags {
   std::string trace;
   zero::examples::MlpConfig mlp;
   int threads = 1;
+  bool cuda = false;
   uint64_t memory_limit = 0;
   std::string save_dir;
   long save_every = 0;
@@ -82,7 +88,7 @@ constexpr const char* kUsage =
     "                  [--save-dir DIR] [--save-every K] [--resume DIR|latest]\n"
     "                  [--nonfinite error|skip] [--inject-fault "
     "inf-grad|kill|stop|skip-step@STEP]\n"
-    "                  [--test-comm-delay-us N]\n";
+    "                  [--device cpu|cuda] [--test-comm-delay-us N]\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
   std::cerr << "zero-train: " << message << "\n" << kUsage;
@@ -200,6 +206,12 @@ Flags parse_flags(int argc, char** argv) {
       f.merge_bytes = static_cast<size_t>(parse_long(flag, v, 0));
     } else if (flag == "--threads") {
       f.threads = static_cast<int>(parse_long(flag, v, 1));
+    } else if (flag == "--device") {
+      if (v != "cpu" && v != "cuda") usage_error("--device must be cpu or cuda, got '" + v + "'");
+      f.cuda = v == "cuda";
+#if !ZERO_HAVE_NCCL
+      if (f.cuda) usage_error("--device cuda: this zero-train was built without CUDA and NCCL");
+#endif
     } else if (flag == "--inject-fault") {
       f.fault = parse_fault(v);
     } else if (flag == "--save-dir") {
@@ -223,6 +235,12 @@ Flags parse_flags(int argc, char** argv) {
   if (f.save_every > 0 && f.save_dir.empty()) usage_error("--save-every needs --save-dir");
   if (f.resume == "latest" && f.save_dir.empty()) {
     usage_error("--resume latest needs --save-dir (the directory whose latest checkpoint to load)");
+  }
+  if (f.cuda && !f.trace.empty()) {
+    usage_error("--trace is CPU-only: on a GPU its host-time spans would show launches, not work");
+  }
+  if (f.cuda && f.test_comm_delay_us > 0) {
+    usage_error("--test-comm-delay-us delays the CPU communication stream; not with --device cuda");
   }
   return f;
 }
@@ -316,6 +334,10 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::Communicator& c
 
   zero::ZeroModel model(comm, zero::examples::make_mlp(f.mlp), config);
   zero::Engine& engine = model.engine();
+  // Metrics, memory figures and traces are host values: they travel over MPI even when the
+  // engine's collectives run through NCCL.
+  zero::Communicator& host = engine.host_communicator();
+  const std::shared_ptr<zero::DeviceContext>& device = engine.device_context();
 
   // Resume: the checkpoint brings the engine's state; the data position and the seed come back
   // with the trainer state, so steps after it see the data the uninterrupted run saw.
@@ -337,8 +359,8 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::Communicator& c
     metrics.open(f.metrics);
     ZERO_CHECK(metrics.good(), "cannot open metrics file '" << f.metrics << "' for writing");
   }
-  const uint64_t state_bytes = max_over_ranks(comm, engine.model_state_bytes());
-  const uint64_t buffer_bytes = max_over_ranks(comm, engine.buffer_bytes());
+  const uint64_t state_bytes = max_over_ranks(host, engine.model_state_bytes());
+  const uint64_t buffer_bytes = max_over_ranks(host, engine.buffer_bytes());
   if (rank == 0) {
     std::printf(
         "zero-train: mlp in %s, %zu params (%zu padded) in %zu units, stage %d, %d rank(s), "
@@ -368,12 +390,14 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::Communicator& c
       const int64_t first =
           (static_cast<int64_t>(k) * world + rank) * static_cast<int64_t>(per_micro_batch);
       zero::examples::Batch batch = data.batch(step, first, per_micro_batch);
-      zero::Tensor prediction = model.forward(batch.inputs);
+      zero::Tensor prediction = model.forward(batch.inputs.to(device));
       zero::Tensor grad;
-      loss_sum += zero::examples::mse_loss(prediction, batch.targets, grad);
+      loss_sum += zero::examples::mse_loss(prediction, batch.targets.to(device), grad);
       const bool faulty = step == f.fault.step && k == micro_batches - 1 && rank == world - 1;
       if (faulty && f.fault.kind == Fault::kInfGrad) {
-        grad.data[0] = std::numeric_limits<float>::infinity();
+        std::vector<float> values = grad.to_host();
+        values[0] = std::numeric_limits<float>::infinity();
+        grad = zero::Tensor(grad.shape(), values, grad.device());
       }
       if (faulty && f.fault.kind == Fault::kKill) raise(SIGKILL);
       if (faulty && f.fault.kind == Fault::kStop) raise(SIGSTOP);
@@ -386,7 +410,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::Communicator& c
     }
     const zero::StepStats stats = model.step();
     float global_loss = 0.0f;
-    comm.all_reduce_sync(&loss_sum, &global_loss, 1, zero::DType::kFloat32);
+    host.all_reduce_sync(&loss_sum, &global_loss, 1, zero::DType::kFloat32);
     global_loss /= static_cast<float>(world * micro_batches);
     const double step_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
@@ -395,8 +419,8 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::Communicator& c
       zero::save_checkpoint(engine, f.save_dir, zero::TrainerState{step, data_seed});
       if (rank == 0) std::printf("checkpoint of step %ld saved in %s\n", step, f.save_dir.c_str());
     }
-    const uint64_t step_state = max_over_ranks(comm, engine.model_state_bytes());
-    const uint64_t peak = max_over_ranks(comm, engine.allocator().stats().peak_total);
+    const uint64_t step_state = max_over_ranks(host, engine.model_state_bytes());
+    const uint64_t peak = max_over_ranks(host, engine.allocator().stats().peak_total);
     if (rank != 0) continue;
     if (stats.skipped) {
       std::printf("step %ld: gradient overflow, step skipped; loss scale now %g\n", step,
@@ -422,7 +446,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::Communicator& c
     }
   }
   if (!f.trace.empty()) {
-    engine.trace().write_chrome_trace(comm, f.trace);
+    engine.trace().write_chrome_trace(host, f.trace);
     if (rank == 0) std::printf("trace written to %s\n", f.trace.c_str());
   }
 }
@@ -436,7 +460,16 @@ int main(int argc, char** argv) {
   // Ranks already use every core; OpenBLAS threads on top would only contend with them.
   openblas_set_num_threads(1);
   try {
-    std::unique_ptr<zero::Communicator> comm = zero::make_mpi_communicator();
+    std::unique_ptr<zero::Communicator> comm;
+    zero::Device device = zero::Device::cpu();
+#if ZERO_HAVE_NCCL
+    if (flags.cuda) {
+      std::unique_ptr<zero::NcclCommunicator> nccl = zero::make_nccl_communicator();
+      device = zero::Device::cuda(nccl->device());
+      comm = std::move(nccl);
+    }
+#endif
+    if (!comm) comm = zero::make_mpi_communicator();
     zero::TrainingConfig config;
     try {
       config = resolve_config(flags, comm->world_size());
@@ -445,6 +478,7 @@ int main(int argc, char** argv) {
       if (mpi.world_rank() == 0) std::cerr << "zero-train: " << e.what() << "\n";
       return 2;
     }
+    config.engine.device = device;
     train(flags, config, *comm);
   } catch (const std::exception& e) {
     std::cerr << "zero-train: rank " << mpi.world_rank() << ": error: " << e.what() << "\n";

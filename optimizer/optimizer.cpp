@@ -7,6 +7,9 @@
 
 #include "zero/kernels/check.h"
 #include "zero/kernels/optimizer_math.h"
+#if ZERO_HAVE_CUDA
+#include "zero/kernels/cuda_kernels.h"
+#endif
 
 namespace zero {
 
@@ -61,8 +64,7 @@ void Optimizer::begin_step(float lr) {
   lr_ = lr;
 }
 
-void Optimizer::apply(const ShardState& shard, const void* grad, DType grad_dtype, float grad_scale,
-                      void* param_out, DType param_dtype, const kernels::KernelOptions& opt) const {
+void Optimizer::check_update(const ShardState& shard, const void* grad) const {
   const char* name = optimizer_name(config_.type);
   // Bias corrections divide by 1 - beta^t, which is 0 at t = 0.
   ZERO_CHECK(step_ >= 1, name << ": apply() before begin_step() (step counter is " << step_ << ")");
@@ -72,23 +74,57 @@ void Optimizer::apply(const ShardState& shard, const void* grad, DType grad_dtyp
     ZERO_CHECK(shard.state[i] != nullptr,
                name << " needs " << state_count() << " state arrays, state[" << i << "] is null");
   }
+}
 
+SgdStepConstants Optimizer::sgd_constants() const {
+  SgdStepConstants c;
+  c.lr = lr_;
+  c.momentum = config_.momentum;
+  c.weight_decay = config_.weight_decay;
+  // PyTorch fills the momentum buffer with the first gradient instead of decaying zeros.
+  c.first_step = step_ == 1;
+  return c;
+}
+
+AdamWStepConstants Optimizer::adamw_constants() const {
+  const bool decoupled = config_.type == OptimizerType::kAdamW;
+  return adamw_step_constants(lr_, config_.beta1, config_.beta2, config_.eps, config_.weight_decay,
+                              step_, decoupled);
+}
+
+void Optimizer::apply(const ShardState& shard, const void* grad, DType grad_dtype, float grad_scale,
+                      void* param_out, DType param_dtype, const kernels::KernelOptions& opt) const {
+  check_update(shard, grad);
   if (config_.type == OptimizerType::kSgd) {
-    SgdStepConstants c;
-    c.lr = lr_;
-    c.momentum = config_.momentum;
-    c.weight_decay = config_.weight_decay;
-    // PyTorch fills the momentum buffer with the first gradient instead of decaying zeros.
-    c.first_step = step_ == 1;
     kernels::fused_sgd(shard.master, shard.state[0], grad, grad_dtype, grad_scale, param_out,
-                       param_dtype, shard.n, c, opt);
+                       param_dtype, shard.n, sgd_constants(), opt);
     return;
   }
-  const bool decoupled = config_.type == OptimizerType::kAdamW;
-  const AdamWStepConstants c = adamw_step_constants(lr_, config_.beta1, config_.beta2, config_.eps,
-                                                    config_.weight_decay, step_, decoupled);
   kernels::fused_adamw(shard.master, shard.state[0], shard.state[1], grad, grad_dtype, grad_scale,
-                       param_out, param_dtype, shard.n, c, opt);
+                       param_out, param_dtype, shard.n, adamw_constants(), opt);
 }
+
+#if ZERO_HAVE_CUDA
+void Optimizer::apply_cuda(const std::vector<ShardUpdate>& shards, DType grad_dtype,
+                           float grad_scale, DType param_dtype, CUstream_st* stream) const {
+  for (const ShardUpdate& u : shards) check_update(u.shard, u.grad);
+  if (config_.type == OptimizerType::kSgd) {
+    std::vector<kernels::cuda::SgdTensor> tensors;
+    for (const ShardUpdate& u : shards) {
+      tensors.push_back({u.shard.master, u.shard.state[0], u.grad, u.param_out, u.shard.n});
+    }
+    kernels::cuda::fused_sgd(tensors.data(), tensors.size(), grad_dtype, param_dtype, grad_scale,
+                             sgd_constants(), {}, stream);
+    return;
+  }
+  std::vector<kernels::cuda::AdamWTensor> tensors;
+  for (const ShardUpdate& u : shards) {
+    tensors.push_back(
+        {u.shard.master, u.shard.state[0], u.shard.state[1], u.grad, u.param_out, u.shard.n});
+  }
+  kernels::cuda::fused_adamw(tensors.data(), tensors.size(), grad_dtype, param_dtype, grad_scale,
+                             adamw_constants(), {}, stream);
+}
+#endif
 
 }  // namespace zero

@@ -136,18 +136,33 @@ void prepare_directory(const std::string& dir, const std::string& tmp_dir) {
              "cannot create " << tmp_dir << ": " << std::strerror(errno));
 }
 
+// On CUDA, state_view() makes host copies: a pass that only reads them lets each go after its
+// unit, and this gives back the rest when the pass ends early with an error.
+class StateViewsReleased {
+ public:
+  explicit StateViewsReleased(Engine& engine) : engine_(engine) {}
+  ~StateViewsReleased() { engine_.release_state_views(); }
+  StateViewsReleased(const StateViewsReleased&) = delete;
+  StateViewsReleased& operator=(const StateViewsReleased&) = delete;
+
+ private:
+  Engine& engine_;
+};
+
 // Every rank, step 2: units in order, each as master then the state arrays, elements
 // [rank * shard, (rank + 1) * shard) of the unit (proto/checkpoint.proto has the layout).
 RankReport write_shard(Engine& engine, const std::string& path, Fault fault) {
   RankReport report;
-  const int rank = engine.communicator().rank();
+  const int rank = engine.host_communicator().rank();
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   ZERO_CHECK(fd >= 0, "cannot create " << path << ": " << std::strerror(errno));
   uint32_t crc = 0;
   try {
     int injected = fault == Fault::kWrite ? EIO : fault == Fault::kNoSpace ? ENOSPC : 0;
     const std::vector<Unit>& units = engine.layout().units();
+    const StateViewsReleased released(engine);
     for (size_t u = 0; u < units.size(); ++u) {
+      engine.release_state_views();
       const Engine::StateView view = engine.state_view(static_cast<int>(u));
       const size_t first = static_cast<size_t>(rank) * units[u].shard;
       ZERO_CHECK(view.begin <= first && first + units[u].shard <= view.end,
@@ -302,7 +317,9 @@ std::vector<std::vector<float>> stage_state(Engine& engine, const CheckpointInfo
   checkpoint_files::ShardReader reader(info);
   const Layout& layout = engine.layout();
   std::vector<std::vector<float>> staged(layout.units().size());
+  const StateViewsReleased released(engine);
   for (size_t u = 0; u < layout.units().size(); ++u) {
+    engine.release_state_views();
     const Engine::StateView view = engine.state_view(static_cast<int>(u));
     const size_t n = view.end - view.begin;
     staged[u].assign(n * (1 + static_cast<size_t>(info.state_count)), 0.0f);
@@ -323,7 +340,7 @@ std::vector<std::vector<float>> stage_state(Engine& engine, const CheckpointInfo
 }  // namespace
 
 void save_checkpoint(Engine& engine, const std::string& dir, const TrainerState& trainer) {
-  Communicator& comm = engine.communicator();
+  Communicator& comm = engine.host_communicator();
   const int rank = comm.rank();
   const std::string what =
       "checkpoint save to " + dir + " (step " + std::to_string(trainer.step) + ")";
@@ -356,7 +373,7 @@ void save_checkpoint(Engine& engine, const std::string& dir, const TrainerState&
 }
 
 void load_checkpoint(Engine& engine, const std::string& path, TrainerState* trainer) {
-  Communicator& comm = engine.communicator();
+  Communicator& comm = engine.host_communicator();
   CheckpointInfo info;
   std::vector<std::vector<float>> staged;
   agree(comm, "checkpoint load from " + path, attempt([&] {

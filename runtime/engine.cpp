@@ -3,8 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <sstream>
 
+#include "zero/collectives/mpi_communicator.h"
+#if ZERO_HAVE_NCCL
+#include "zero/collectives/nccl_communicator.h"
+#endif
 #include "zero/kernels/check.h"
 #include "zero/kernels/cpu_kernels.h"
 #include "zero/runtime/estimate.h"
@@ -13,29 +18,21 @@ namespace zero {
 
 namespace {
 
-// On the CPU the compute stream is the calling thread: its work is finished when the call
-// returns, so an event recorded on it is already complete, and waiting for another stream's
-// event blocks the host. The engine still records and waits at every join, so the CUDA
-// device only has to replace these two calls.
-struct HostCompute {
-  Event record() const { return Event(); }
-  void wait(const Event& event) const { event.wait(); }
-};
-
 // Same-size buffers handed out and given back with the event after which they are free again
 // (e.g. the reduce-scatter that reads a gradient bucket). Grows on demand; the peak is what the
-// schedule needs (two: the unit being computed and the one in flight beside it).
+// schedule needs (two: the unit being computed and the one in flight beside it). A buffer handed
+// out is ready for the compute stream: it waits for the event first.
 class BufferPool {
  public:
-  BufferPool(Allocator& allocator, MemoryCategory category, size_t bytes)
-      : allocator_(allocator), category_(category), bytes_(bytes) {}
+  BufferPool(Allocator& allocator, DeviceContext& device, MemoryCategory category, size_t bytes)
+      : allocator_(allocator), device_(device), category_(category), bytes_(bytes) {}
 
   Buffer acquire(bool zeroed) {
     if (free_.empty()) return allocator_.allocate(bytes_, category_);
     Entry entry = std::move(free_.back());
     free_.pop_back();
-    entry.free_after.wait();
-    if (zeroed) std::memset(entry.buffer.data(), 0, entry.buffer.bytes());
+    device_.wait(entry.free_after);
+    if (zeroed) device_.zero(entry.buffer.data(), entry.buffer.bytes());
     return std::move(entry.buffer);
   }
 
@@ -55,6 +52,7 @@ class BufferPool {
     Event free_after;
   };
   Allocator& allocator_;
+  DeviceContext& device_;
   MemoryCategory category_;
   size_t bytes_;
   std::vector<Entry> free_;
@@ -149,7 +147,11 @@ std::vector<uint64_t> all_gather_u64(Communicator& comm, uint64_t value) {
 struct Engine::Impl {
   Impl(Communicator& c, const std::vector<ParamDecl>& decls, const EngineConfig& cfg)
       : comm(c),
-        config(validated(cfg)),
+        config(validated(cfg, c)),
+        device(DeviceContext::create(cfg.device, cfg.kernel_threads)),
+        owned_host_comm(cfg.device.is_cuda() ? make_mpi_communicator() : nullptr),
+        host_comm(owned_host_comm ? *owned_host_comm : c),
+        allocator(*device),
         layout(Layout::build(specs_of(decls), LayoutOptions{c.world_size(), cfg.dtype,
                                                             cfg.alignment_bytes, cfg.merge_bytes})),
         optimizer(cfg.optimizer),
@@ -159,8 +161,8 @@ struct Engine::Impl {
         world(c.world_size()),
         elem(dtype_size(cfg.dtype)),
         trace(cfg.trace),
-        param_pool(allocator, MemoryCategory::kPrefetch, layout.max_unit_numel() * elem),
-        grad_pool(allocator, MemoryCategory::kCommBuffer, layout.max_unit_numel() * elem) {
+        param_pool(allocator, *device, MemoryCategory::kPrefetch, layout.max_unit_numel() * elem),
+        grad_pool(allocator, *device, MemoryCategory::kCommBuffer, layout.max_unit_numel() * elem) {
     if (config.desync_check) comm.set_desync_check(true);
     check_same_model_on_all_ranks();
     allocator.set_limit(config.memory_limit_bytes);
@@ -199,7 +201,27 @@ struct Engine::Impl {
     return out.str();
   }
 
-  static EngineConfig validated(const EngineConfig& c) {
+  static EngineConfig validated(const EngineConfig& c, Communicator& comm) {
+    // A collective reads and writes the engine's buffers directly: the communicator must work on
+    // the memory they live in.
+    const bool device_comm = comm.stream().native_handle() != nullptr;
+    ZERO_CHECK(c.device.is_cuda() == device_comm,
+               "the engine runs on " << device_name(c.device) << " but its communicator works on "
+                                     << (device_comm ? "device memory (NCCL)" : "host memory (MPI)")
+                                     << "; use make_nccl_communicator() for a CUDA device and "
+                                        "make_mpi_communicator() for the CPU");
+#if ZERO_HAVE_NCCL
+    if (const auto* nccl = dynamic_cast<const NcclCommunicator*>(&comm)) {
+      ZERO_CHECK(nccl->device() == c.device.index,
+                 "the engine runs on " << device_name(c.device)
+                                       << " but its NCCL communicator on cuda:" << nccl->device());
+    }
+#endif
+    ZERO_CHECK(!(c.trace && c.device.is_cuda()),
+               "tracing is not available on "
+                   << device_name(c.device)
+                   << ": its spans are host times, which on a GPU "
+                      "would show when work was issued, not when it ran");
     ZERO_CHECK(c.stage >= 0 && c.stage <= 3, "ZeRO stage must be 0, 1, 2 or 3, got " << c.stage);
     ZERO_CHECK(c.micro_batches >= 1,
                "micro-batches per step must be at least 1, got " << c.micro_batches);
@@ -223,17 +245,17 @@ struct Engine::Impl {
   // with a different model would otherwise hang or corrupt data in a mismatched collective.
   void check_same_model_on_all_ranks() {
     const auto stage = static_cast<uint64_t>(config.stage);
-    std::vector<uint64_t> prints = all_gather_u64(comm, layout.fingerprint(stage));
+    std::vector<uint64_t> prints = all_gather_u64(host_comm, layout.fingerprint(stage));
     if (std::all_of(prints.begin(), prints.end(), [&](uint64_t p) { return p == prints[0]; }))
       return;
 
     // Find the first parameter that differs: exchange the count, then per-parameter prints.
-    std::vector<uint64_t> counts = all_gather_u64(comm, layout.params().size());
-    std::vector<uint64_t> stages = all_gather_u64(comm, stage);
+    std::vector<uint64_t> counts = all_gather_u64(host_comm, layout.params().size());
+    std::vector<uint64_t> stages = all_gather_u64(host_comm, stage);
     size_t max_count = *std::max_element(counts.begin(), counts.end());
     for (size_t i = 0; i < max_count; ++i) {
       uint64_t mine = i < layout.params().size() ? layout.param_fingerprint(i) : 0;
-      std::vector<uint64_t> theirs = all_gather_u64(comm, mine);
+      std::vector<uint64_t> theirs = all_gather_u64(host_comm, mine);
       std::vector<int> differing;
       for (int r = 0; r < world; ++r) {
         if (theirs[r] != theirs[0]) differing.push_back(r);
@@ -281,37 +303,41 @@ struct Engine::Impl {
       fp32_scratch =
           allocator.allocate(layout.max_unit_numel() * sizeof(float), MemoryCategory::kCommBuffer);
     }
+    norm_sums = allocator.allocate(units.size() * sizeof(float), MemoryCategory::kOther);
   }
 
   // Fills the elements this rank holds; the value of each is a function of the seed and the
   // element's global identity only, so every world size starts from the same model. The working
-  // copy is the master rounded to the working dtype, as after every optimizer step.
+  // copy is the master rounded to the working dtype, as after every optimizer step. Values are
+  // made in host memory and copied to the device one buffer at a time.
   void initialize(const std::vector<ParamDecl>& decls) {
-    for (size_t i = 0; i < layout.params().size(); ++i) {
-      const ParamPlacement& p = layout.params()[i];
-      const Unit& unit = layout.units()[p.unit];
-      UnitState& s = units[p.unit];
-      auto fill = [&](void* base, DType dtype, size_t region_begin, size_t region_end) {
-        // base holds unit elements [region_begin, region_end); write the parameter's part.
-        const size_t begin = std::clamp(region_begin, p.offset, p.offset + p.numel);
-        const size_t end = std::clamp(region_end, p.offset, p.offset + p.numel);
-        for (size_t e = begin; e < end; ++e) {
-          store_from_float(base, dtype, e - region_begin,
-                           init_value(config.seed, i, e - p.offset, decls[i].init));
+    std::vector<char> host;
+    for (size_t u = 0; u < units.size(); ++u) {
+      const Unit& unit = layout.units()[u];
+      UnitState& s = units[u];
+      // `buffer` holds unit elements [region_begin, region_end) of `dtype`; padding stays zero.
+      auto upload = [&](Buffer& buffer, DType dtype, size_t region_begin, size_t region_end) {
+        if (buffer.empty()) return;
+        host.assign(buffer.bytes(), 0);
+        for (int i : unit.params) {
+          const ParamPlacement& p = layout.params()[i];
+          const size_t begin = std::clamp(region_begin, p.offset, p.offset + p.numel);
+          const size_t end = std::clamp(region_end, p.offset, p.offset + p.numel);
+          for (size_t e = begin; e < end; ++e) {
+            store_from_float(host.data(), dtype, e - region_begin,
+                             init_value(config.seed, i, e - p.offset, decls[i].init));
+          }
         }
+        device->copy_from_host(buffer.data(), host.data(), host.size());
       };
       const size_t shard_begin = static_cast<size_t>(rank) * unit.shard;
       const size_t shard_end = shard_begin + unit.shard;
-      if (!s.params_full.empty()) fill(s.params_full.data(), config.dtype, 0, unit.numel);
-      if (!s.params_shard.empty()) {
-        fill(s.params_shard.data(), config.dtype, shard_begin, shard_end);
-      }
-      if (!s.master.empty()) {
-        if (config.stage == 0) {
-          fill(s.master.data(), DType::kFloat32, 0, unit.numel);
-        } else {
-          fill(s.master.data(), DType::kFloat32, shard_begin, shard_end);
-        }
+      upload(s.params_full, config.dtype, 0, unit.numel);
+      upload(s.params_shard, config.dtype, shard_begin, shard_end);
+      if (config.stage == 0) {
+        upload(s.master, DType::kFloat32, 0, unit.numel);
+      } else {
+        upload(s.master, DType::kFloat32, shard_begin, shard_end);
       }
     }
   }
@@ -335,7 +361,7 @@ struct Engine::Impl {
 
   // An issued collective: with overlap_comm off, compute waits for it right away.
   Event issued(Event e) {
-    if (!config.overlap_comm) compute.wait(e);
+    if (!config.overlap_comm) device->wait(e);
     return e;
   }
 
@@ -364,11 +390,13 @@ struct Engine::Impl {
     const size_t numel = unit.numel;
     const size_t shard = unit.shard;
     prepare_for_reduction(bucket, numel);
-    comm.stream().wait(compute.record());
+    comm.stream().wait(device->record());
+    DeviceContext* dev = device.get();
+    Stream* on = &comm.stream();
     void* buf = bucket;
     if (via_fp32) {
       buf = fp32_scratch.data();
-      comm.stream().enqueue([=] { kernels::cast(bucket, w, buf, DType::kFloat32, numel); });
+      on->enqueue([=] { dev->cast(bucket, w, buf, DType::kFloat32, numel, on); });
     }
     const uint64_t bytes_on_wire = numel * dtype_size(wire);
     if (!accumulate && !via_fp32 && config.reduce_scatter) {
@@ -385,13 +413,13 @@ struct Engine::Impl {
     }
     void* bucket_slot = byte_offset(bucket, rank * shard * dtype_size(w));
     const size_t bytes = shard * dtype_size(w);
-    comm.stream().enqueue([=] {
-      if (via_fp32) kernels::cast(slot, DType::kFloat32, bucket_slot, w, shard);
+    on->enqueue([=] {
+      if (via_fp32) dev->cast(slot, DType::kFloat32, bucket_slot, w, shard, on);
       if (dest == bucket_slot) return;
       if (accumulate) {
-        kernels::accumulate(dest, bucket_slot, w, shard);
+        dev->add(dest, w, bucket_slot, w, shard, on);
       } else {
-        std::memcpy(dest, bucket_slot, bytes);
+        dev->copy(dest, bucket_slot, bytes, on);
       }
     });
     return issued(comm.stream().record());
@@ -402,13 +430,15 @@ struct Engine::Impl {
     const DType w = config.dtype;
     const size_t numel = unit.numel;
     prepare_for_reduction(bucket, numel);
-    comm.stream().wait(compute.record());
+    comm.stream().wait(device->record());
     if (config.reduce_in_fp32 && w != DType::kFloat32) {
+      DeviceContext* dev = device.get();
+      Stream* on = &comm.stream();
       void* buf = fp32_scratch.data();
-      comm.stream().enqueue([=] { kernels::cast(bucket, w, buf, DType::kFloat32, numel); });
+      on->enqueue([=] { dev->cast(bucket, w, buf, DType::kFloat32, numel, on); });
       traced("all_reduce", numel * sizeof(float),
              [&] { return comm.all_reduce(buf, buf, numel, DType::kFloat32); });
-      comm.stream().enqueue([=] { kernels::cast(buf, DType::kFloat32, bucket, w, numel); });
+      on->enqueue([=] { dev->cast(buf, DType::kFloat32, bucket, w, numel, on); });
     } else {
       traced("all_reduce", numel * elem, [&] { return comm.all_reduce(bucket, bucket, numel, w); });
     }
@@ -419,7 +449,7 @@ struct Engine::Impl {
   // multiply the f back in the optimizer's gradient scale.
   void prepare_for_reduction(void* bucket, size_t numel) {
     if (config.gradient_predivide_factor != 1.0f) {
-      kernels::scale(bucket, config.dtype, 1.0f / config.gradient_predivide_factor, numel);
+      device->scale(bucket, config.dtype, 1.0f / config.gradient_predivide_factor, numel);
     }
   }
 
@@ -434,7 +464,7 @@ struct Engine::Impl {
     }
     s.params_full = param_pool.acquire(/*zeroed=*/false);
     // The pooled buffer may have just been released by compute: order the gather after it.
-    comm.stream().wait(compute.record());
+    comm.stream().wait(device->record());
     s.params_ready = issued(traced("all_gather", unit.numel * elem, [&] {
       return comm.all_gather(s.params_shard.data(), s.params_full.data(), unit.shard, config.dtype);
     }));
@@ -455,15 +485,15 @@ struct Engine::Impl {
     }
     // Stages 1-2 after a step: the parameters come back through the post-step all-gather.
     s.gathered = true;
-    compute.wait(s.params_ready);
+    device->wait(s.params_ready);
   }
 
   void release(int u) {
     check_unit(u);
     UnitState& s = units[u];
     if (config.stage != 3 || !s.gathered || s.persistent) return;
-    compute.wait(s.params_ready);
-    param_pool.give_back(std::move(s.params_full), compute.record());
+    device->wait(s.params_ready);
+    param_pool.give_back(std::move(s.params_full), device->record());
     s.gathered = false;
     live -= layout.units()[u].numel;
   }
@@ -506,22 +536,24 @@ struct Engine::Impl {
                                                  grad_slice(u), /*accumulate=*/false);
       }
     }
-    for (UnitState& s : units) compute.wait(s.grads_reduced);
+    for (UnitState& s : units) device->wait(s.grads_reduced);
 
     // One all-reduce of each unit's sum of squares over the shards gives the global norm, and
     // tells every rank at once whether (and in which unit) a gradient overflowed anywhere.
-    const kernels::KernelOptions kopt{config.kernel_threads};
-    std::vector<float> sums(units.size());
+    float* unit_sums = norm_sums.as<float>();
     {
       ScopedSpan span(trace, "gradient norm");
       for (size_t u = 0; u < units.size(); ++u) {
-        sums[u] = static_cast<float>(
-            kernels::sum_squares(grad_slice(u), config.dtype, layout.units()[u].shard, kopt));
+        device->sum_squares(grad_slice(u), config.dtype, layout.units()[u].shard, unit_sums + u);
       }
     }
-    traced("all_reduce", sums.size() * sizeof(float), [&] {
-      return comm.all_reduce(sums.data(), sums.data(), sums.size(), DType::kFloat32);
-    }).wait();
+    comm.stream().wait(device->record());
+    device->wait(traced("all_reduce", units.size() * sizeof(float), [&] {
+      return comm.all_reduce(unit_sums, unit_sums, units.size(), DType::kFloat32);
+    }));
+    // The one value the host must see each step: whether to skip, and how much to clip.
+    std::vector<float> sums(units.size());
+    device->copy_to_host(sums.data(), unit_sums, sums.size() * sizeof(float));
     double total = 0.0;
     for (float v : sums) total += v;
 
@@ -567,26 +599,29 @@ struct Engine::Impl {
     stats.lr = current_lr();
     optimizer.begin_step(stats.lr);
     const bool separate_master = config.dtype != DType::kFloat32;
+    std::vector<ShardUpdate> updates(units.size());
     for (size_t u = 0; u < units.size(); ++u) {
-      ScopedSpan optimizer_span(trace, "optimizer");
       const Unit& unit = layout.units()[u];
       UnitState& s = units[u];
       // Stage 0 updates the whole unit on every rank (identically); the others their slice.
       void* working = config.stage == 0 ? s.params_full.data() : param_slice(u);
-      const void* grad = config.stage == 0 ? s.grads_full.data() : grad_slice(u);
-      ShardState shard;
-      shard.n = config.stage == 0 ? unit.numel : unit.shard;
-      shard.master = separate_master ? s.master.as<float>() : static_cast<float*>(working);
-      shard.state[0] = s.state[0].as<float>();
-      shard.state[1] = s.state[1].as<float>();
-      optimizer.apply(shard, grad, config.dtype, clip * to_mean,
-                      separate_master ? working : nullptr, config.dtype, kopt);
+      ShardUpdate& update = updates[u];
+      update.shard.n = config.stage == 0 ? unit.numel : unit.shard;
+      update.shard.master = separate_master ? s.master.as<float>() : static_cast<float*>(working);
+      update.shard.state[0] = s.state[0].as<float>();
+      update.shard.state[1] = s.state[1].as<float>();
+      update.grad = config.stage == 0 ? s.grads_full.data() : grad_slice(u);
+      update.param_out = separate_master ? working : nullptr;
+    }
+    {
+      ScopedSpan optimizer_span(trace, "optimizer");
+      device->apply_optimizer(optimizer, updates, config.dtype, clip * to_mean, config.dtype);
     }
 
     // Bring every rank's updated slice back into the full parameters (stages 1-2, and stage 3's
     // persistent units); the next forward's gather(u) waits for unit u only, so the all-gathers
     // overlap with the forward.
-    comm.stream().wait(compute.record());
+    comm.stream().wait(device->record());
     for (size_t u = 0; u < units.size(); ++u) {
       UnitState& s = units[u];
       if (s.params_full.empty() || config.stage == 0) continue;
@@ -608,12 +643,14 @@ struct Engine::Impl {
                : schedule.lr_at(optimizer.step() + 1);
   }
 
-  float loss_scale() const { return config.dtype == DType::kFloat16 ? loss_scaler.scale() : 1.0f; }
+  float loss_scale() const {
+    return config.dtype == DType::kFloat16 ? loss_scaler.scale() : 1.0f;
+  }
 
   // Gradients start from zero for the next step.
   void finish_step() {
     for (UnitState& s : units) {
-      if (config.stage <= 1) std::memset(s.grads_full.data(), 0, s.grads_full.bytes());
+      if (config.stage <= 1) device->zero(s.grads_full.data(), s.grads_full.bytes());
       s.micro_batches_done = 0;
     }
   }
@@ -648,33 +685,51 @@ struct Engine::Impl {
 
   Engine::StateView state_view(int u) {
     check_unit(u);
+    // A post-step all-gather or a prefetch may still be reading these arrays.
+    device->wait(comm.stream().record());
     const Unit& unit = layout.units()[u];
     UnitState& s = units[u];
     Engine::StateView view;
     view.begin = config.stage == 0 ? 0 : static_cast<size_t>(rank) * unit.shard;
     view.end = config.stage == 0 ? unit.numel : view.begin + unit.shard;
+    const size_t n = view.end - view.begin;
     if (config.dtype != DType::kFloat32) {
-      view.master = s.master.as<float>();
+      view.master = host_view(s.master.as<float>(), n);
     } else {
-      view.master = static_cast<float*>(config.stage == 0 ? s.params_full.data() : param_slice(u));
+      view.master = host_view(
+          static_cast<float*>(config.stage == 0 ? s.params_full.data() : param_slice(u)), n);
     }
     view.state_count = optimizer.state_count();
-    for (int k = 0; k < view.state_count; ++k) view.state[k] = s.state[k].as<float>();
+    for (int k = 0; k < view.state_count; ++k) view.state[k] = host_view(s.state[k].as<float>(), n);
     return view;
   }
 
+  // Host memory for the n floats at `data`: the array itself on the CPU; on a GPU a fresh copy,
+  // which state_loaded() writes back.
+  float* host_view(float* data, size_t n) {
+    if (!config.device.is_cuda()) return data;
+    std::vector<float>& copy = host_state[data];
+    copy.resize(n);
+    device->copy_to_host(copy.data(), data, n * sizeof(float));
+    return copy.data();
+  }
+
   void state_loaded() {
-    const kernels::KernelOptions kopt{config.kernel_threads};
+    device->wait(comm.stream().record());
+    for (const auto& [data, copy] : host_state) {
+      device->copy_from_host(data, copy.data(), copy.size() * sizeof(float));
+    }
+    host_state.clear();
     for (size_t u = 0; u < units.size(); ++u) {
       const Unit& unit = layout.units()[u];
       UnitState& s = units[u];
       if (config.dtype != DType::kFloat32) {
         void* working = config.stage == 0 ? s.params_full.data() : param_slice(u);
         const size_t n = config.stage == 0 ? unit.numel : unit.shard;
-        kernels::cast(s.master.data(), DType::kFloat32, working, config.dtype, n, kopt);
+        device->cast(s.master.data(), DType::kFloat32, working, config.dtype, n);
       }
     }
-    comm.stream().wait(compute.record());
+    comm.stream().wait(device->record());
     for (size_t u = 0; u < units.size(); ++u) {
       UnitState& s = units[u];
       if (config.stage == 0 || s.params_full.empty()) continue;
@@ -682,7 +737,7 @@ struct Engine::Impl {
       void* source = config.stage == 3 ? s.params_shard.data() : param_slice(u);
       s.params_ready = comm.all_gather(source, s.params_full.data(), unit.shard, config.dtype);
     }
-    for (UnitState& s : units) compute.wait(s.params_ready);
+    for (UnitState& s : units) device->wait(s.params_ready);
   }
 
   std::vector<std::vector<float>> gather_full_params() {
@@ -690,9 +745,13 @@ struct Engine::Impl {
     for (size_t u = 0; u < units.size(); ++u) {
       const bool was_gathered = units[u].gathered;
       gather(static_cast<int>(u));
+      std::vector<char> host(layout.units()[u].numel * elem);
+      device->copy_to_host(host.data(), units[u].params_full.data(), host.size());
       for (int p : layout.units()[u].params) {
-        out[p].resize(layout.params()[p].numel);
-        kernels::cast(param(p), config.dtype, out[p].data(), DType::kFloat32, out[p].size());
+        const ParamPlacement& pl = layout.params()[p];
+        out[p].resize(pl.numel);
+        kernels::cast(host.data() + pl.offset * elem, config.dtype, out[p].data(), DType::kFloat32,
+                      pl.numel);
       }
       if (!was_gathered) release(static_cast<int>(u));
     }
@@ -706,9 +765,13 @@ struct Engine::Impl {
       const Unit& unit = layout.units()[u];
       std::vector<float> full(unit.numel);
       if (config.stage == 0) {
-        std::memcpy(full.data(), units[u].master.data(), unit.numel * sizeof(float));
+        device->copy_to_host(full.data(), units[u].master.data(), unit.numel * sizeof(float));
       } else {
-        comm.all_gather_sync(units[u].master.data(), full.data(), unit.shard, DType::kFloat32);
+        Buffer gathered = allocator.allocate(unit.numel * sizeof(float), MemoryCategory::kOther);
+        comm.stream().wait(device->record());
+        device->wait(
+            comm.all_gather(units[u].master.data(), gathered.data(), unit.shard, DType::kFloat32));
+        device->copy_to_host(full.data(), gathered.data(), unit.numel * sizeof(float));
       }
       for (int p : unit.params) {
         const ParamPlacement& pl = layout.params()[p];
@@ -721,6 +784,9 @@ struct Engine::Impl {
 
   Communicator& comm;
   EngineConfig config;
+  std::shared_ptr<DeviceContext> device;  // before the allocator: its memory comes from here
+  std::unique_ptr<Communicator> owned_host_comm;
+  Communicator& host_comm;
   Allocator allocator;
   Layout layout;
   Optimizer optimizer;
@@ -730,10 +796,11 @@ struct Engine::Impl {
   int world;
   size_t elem;  // bytes per element of the working dtype
   Trace trace;
-  HostCompute compute;
   BufferPool param_pool;
   BufferPool grad_pool;
   Buffer fp32_scratch;  // reductions in fp32 of a 16-bit gradient (reduce_in_fp32)
+  Buffer norm_sums;     // each unit's sum of squared gradients, all-reduced at step()
+  std::map<float*, std::vector<float>> host_state;  // state_view() copies of device arrays
   std::vector<UnitState> units;
   size_t live = 0;  // elements of non-persistent stage-3 units gathered now
 };
@@ -746,6 +813,7 @@ Engine::~Engine() {
   // A failed stream reports its error to whoever waits; here there is no one left to tell.
   try {
     impl_->comm.stream().synchronize();
+    impl_->device->synchronize();
   } catch (const std::exception&) {
   }
 }
@@ -758,6 +826,12 @@ const EngineConfig& Engine::config() const {
 }
 Communicator& Engine::communicator() {
   return impl_->comm;
+}
+Communicator& Engine::host_communicator() {
+  return impl_->host_comm;
+}
+const std::shared_ptr<DeviceContext>& Engine::device_context() const {
+  return impl_->device;
 }
 Allocator& Engine::allocator() {
   return impl_->allocator;
@@ -804,6 +878,9 @@ Engine::StateView Engine::state_view(int unit) {
 }
 void Engine::state_loaded() {
   impl_->state_loaded();
+}
+void Engine::release_state_views() {
+  impl_->host_state.clear();
 }
 long Engine::optimizer_step() const {
   return impl_->optimizer.step();

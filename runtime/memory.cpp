@@ -17,7 +17,25 @@ size_t index_of(MemoryCategory c) {
   return static_cast<size_t>(c);
 }
 
+class HostMemory : public MemoryResource {
+ public:
+  void* allocate(size_t bytes) override {
+    // aligned_alloc wants a multiple of the alignment; the padding is not counted as used.
+    const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+    void* data = std::aligned_alloc(kAlignment, rounded);
+    if (data != nullptr) std::memset(data, 0, rounded);
+    return data;
+  }
+  void deallocate(void* data, size_t) noexcept override { std::free(data); }
+  std::string memory_name() const override { return "host memory"; }
+};
+
 }  // namespace
+
+MemoryResource& host_memory() {
+  static HostMemory memory;
+  return memory;
+}
 
 std::string human_bytes(uint64_t bytes) {
   std::ostringstream out;
@@ -107,8 +125,6 @@ void Buffer::reset() {
 
 Buffer Allocator::allocate(size_t bytes, MemoryCategory category) {
   if (bytes == 0) return Buffer();
-  // aligned_alloc wants a multiple of the alignment; the padding is not counted as used.
-  size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
   if (limit_ > 0 && stats_.current_total + bytes > limit_) {
     std::ostringstream message;
     message << "out of memory: allocating " << human_bytes(bytes) << " for "
@@ -117,16 +133,15 @@ Buffer Allocator::allocate(size_t bytes, MemoryCategory category) {
             << summary();
     throw OutOfMemoryError(message.str());
   }
-  void* data = std::aligned_alloc(kAlignment, rounded);
+  void* data = memory_->allocate(bytes);
   if (data == nullptr) {
     std::ostringstream message;
-    message << "out of host memory: allocating " << human_bytes(bytes) << " for "
-            << memory_category_name(category) << " failed (" << human_bytes(stats_.current_total)
-            << " in use)\n"
+    message << "out of " << memory_->memory_name() << ": allocating " << human_bytes(bytes)
+            << " for " << memory_category_name(category) << " failed ("
+            << human_bytes(stats_.current_total) << " in use)\n"
             << summary();
     throw OutOfMemoryError(message.str());
   }
-  std::memset(data, 0, rounded);
   size_t i = index_of(category);
   stats_.current[i] += bytes;
   stats_.current_total += bytes;
@@ -136,7 +151,7 @@ Buffer Allocator::allocate(size_t bytes, MemoryCategory category) {
 }
 
 void Allocator::release(void* data, size_t bytes, MemoryCategory category) {
-  std::free(data);
+  memory_->deallocate(data, bytes);
   stats_.current[index_of(category)] -= bytes;
   stats_.current_total -= bytes;
 }

@@ -2,32 +2,119 @@
 
 #include <utility>
 
+#include "zero/runtime/device.h"
+
 #include "zero/kernels/check.h"
 #include "zero/kernels/cpu_kernels.h"
 
 namespace zero {
 
-Tensor::Tensor(std::vector<int64_t> s) : shape(std::move(s)) {
+namespace {
+
+size_t numel_of(const std::vector<int64_t>& shape) {
   size_t n = 1;
-  for (int64_t d : shape) n *= static_cast<size_t>(d);
-  data.assign(n, 0.0f);
+  for (int64_t d : shape) {
+    ZERO_CHECK(d >= 0, "tensor dimensions must be >= 0, got " << d);
+    n *= static_cast<size_t>(d);
+  }
+  return n;
 }
 
-const float* ParamRef::as_f32(std::vector<float>& scratch) const {
+// Device tensors only on a device with memory of its own; a CPU context means host memory.
+std::shared_ptr<DeviceContext> device_memory(std::shared_ptr<DeviceContext> device) {
+  return device && device->device().is_cuda() ? std::move(device) : nullptr;
+}
+
+}  // namespace
+
+Tensor::Tensor(std::vector<int64_t> shape) : Tensor(std::move(shape), nullptr) {}
+
+Tensor::Tensor(std::vector<int64_t> shape, std::shared_ptr<DeviceContext> device)
+    : shape_(std::move(shape)),
+      numel_(numel_of(shape_)),
+      device_(device_memory(std::move(device))) {
+  if (!device_) {
+    host_.assign(numel_, 0.0f);
+    return;
+  }
+  if (numel_ == 0) return;
+  device_data_ = static_cast<float*>(device_->allocate(numel_ * sizeof(float)));
+  if (device_data_ == nullptr) {
+    throw OutOfMemoryError("out of " + device_->memory_name() + ": a tensor of " +
+                           human_bytes(numel_ * sizeof(float)) + " does not fit");
+  }
+}
+
+Tensor::Tensor(std::vector<int64_t> shape, const std::vector<float>& values,
+               std::shared_ptr<DeviceContext> device)
+    : Tensor(std::move(shape), std::move(device)) {
+  ZERO_CHECK(values.size() == numel_,
+             "a tensor of " << numel_ << " elements cannot take " << values.size() << " values");
+  if (device_) {
+    device_->copy_from_host(device_data_, values.data(), numel_ * sizeof(float));
+  } else {
+    host_ = values;
+  }
+}
+
+Tensor::~Tensor() {
+  if (device_data_ != nullptr) device_->deallocate(device_data_, numel_ * sizeof(float));
+}
+
+Tensor::Tensor(const Tensor& other) : Tensor(other.shape_, other.device_) {
+  if (device_) {
+    device_->copy(device_data_, other.device_data_, numel_ * sizeof(float));
+  } else {
+    host_ = other.host_;
+  }
+}
+
+Tensor& Tensor::operator=(const Tensor& other) {
+  if (this != &other) *this = Tensor(other);
+  return *this;
+}
+
+Tensor::Tensor(Tensor&& other) noexcept
+    : shape_(std::move(other.shape_)),
+      numel_(std::exchange(other.numel_, 0)),
+      host_(std::move(other.host_)),
+      device_(std::move(other.device_)),
+      device_data_(std::exchange(other.device_data_, nullptr)) {}
+
+Tensor& Tensor::operator=(Tensor&& other) noexcept {
+  if (this != &other) {
+    if (device_data_ != nullptr) device_->deallocate(device_data_, numel_ * sizeof(float));
+    shape_ = std::move(other.shape_);
+    numel_ = std::exchange(other.numel_, 0);
+    host_ = std::move(other.host_);
+    device_ = std::move(other.device_);
+    device_data_ = std::exchange(other.device_data_, nullptr);
+  }
+  return *this;
+}
+
+std::vector<float> Tensor::to_host() const {
+  if (!device_) return host_;
+  std::vector<float> values(numel_);
+  device_->copy_to_host(values.data(), device_data_, numel_ * sizeof(float));
+  return values;
+}
+
+Tensor Tensor::to(std::shared_ptr<DeviceContext> device) const {
+  return Tensor(shape_, to_host(), std::move(device));
+}
+
+const float* ParamRef::as_f32(Tensor& scratch) const {
   if (dtype == DType::kFloat32) return static_cast<const float*>(data);
-  scratch.resize(numel);
-  kernels::cast(data, dtype, scratch.data(), DType::kFloat32, numel);
+  if (scratch.numel() != numel || scratch.device() != device_memory(device)) {
+    scratch = Tensor({static_cast<int64_t>(numel)}, device);
+  }
+  device->cast(data, dtype, scratch.data(), DType::kFloat32, numel);
   return scratch.data();
 }
 
 void ParamRef::add_f32(const float* values) const {
-  if (dtype == DType::kFloat32) {
-    kernels::accumulate(static_cast<float*>(data), values, numel);
-    return;
-  }
-  for (size_t i = 0; i < numel; ++i) {
-    store_from_float(data, dtype, i, load_as_float(data, dtype, i) + values[i]);
-  }
+  device->add(data, dtype, values, DType::kFloat32, numel);
 }
 
 ZeroModel::ZeroModel(Communicator& comm, std::vector<NamedModule> modules,
@@ -52,7 +139,8 @@ std::vector<ParamRef> ZeroModel::params_of(int module) {
   std::vector<ParamRef> refs;
   for (int p : module_params_[module]) {
     const ParamPlacement& pl = engine_->layout().params()[p];
-    refs.push_back(ParamRef{engine_->param(p), engine_->dtype(), &pl.shape, pl.numel});
+    refs.push_back(ParamRef{engine_->param(p), engine_->dtype(), &pl.shape, pl.numel,
+                            engine_->device_context()});
   }
   return refs;
 }
@@ -61,7 +149,8 @@ std::vector<ParamRef> ZeroModel::grads_of(int module) {
   std::vector<ParamRef> refs;
   for (int p : module_params_[module]) {
     const ParamPlacement& pl = engine_->layout().params()[p];
-    refs.push_back(ParamRef{engine_->grad(p), engine_->dtype(), &pl.shape, pl.numel});
+    refs.push_back(ParamRef{engine_->grad(p), engine_->dtype(), &pl.shape, pl.numel,
+                            engine_->device_context()});
   }
   return refs;
 }
@@ -95,7 +184,19 @@ bool ZeroModel::keep_for_backward(int u) const {
   return distance < config.max_reuse_distance && in_budget;
 }
 
+// Modules compute on the engine's device: a tensor elsewhere would be read as the wrong memory.
+void ZeroModel::check_on_engine_device(const Tensor& tensor, const char* what) const {
+  const std::shared_ptr<DeviceContext>& engine_device = engine_->device_context();
+  const bool on_engine_device = engine_device->device().is_cuda() ? tensor.device() == engine_device
+                                                                  : tensor.device() == nullptr;
+  ZERO_CHECK(on_engine_device,
+             what << " is in " << (tensor.device() ? tensor.device()->memory_name() : "host memory")
+                  << " but the model runs on " << device_name(engine_device->device())
+                  << "; move it there with Tensor::to(engine().device_context())");
+}
+
 Tensor ZeroModel::forward(const Tensor& input) {
+  check_on_engine_device(input, "the input of forward()");
   const Layout& layout = engine_->layout();
   const int num_units = static_cast<int>(layout.units().size());
   Tensor current = input;
@@ -127,12 +228,13 @@ StepStats ZeroModel::step() {
 }
 
 Tensor ZeroModel::backward(const Tensor& grad_output) {
+  check_on_engine_device(grad_output, "the gradient given to backward()");
   const Layout& layout = engine_->layout();
   Tensor current = grad_output;
   // fp16: scale the loss so small gradients survive the 16-bit storage; step() divides it out.
   const float scale = engine_->loss_scale();
   if (scale != 1.0f) {
-    for (float& v : current.data) v *= scale;
+    engine_->device_context()->scale(current.data(), DType::kFloat32, scale, current.numel());
   }
   for (int m = static_cast<int>(modules_.size()) - 1; m >= 0; --m) {
     const int u = layout.unit_of_module(m);

@@ -37,10 +37,10 @@ class DotProduct : public zero::Module {
                const std::vector<zero::ParamRef>& params) override {
     input_ = in;  // backward needs it for the weight gradient
     const float* w = params[0].as_f32(weight_f32_);
-    const int64_t samples = in.shape[0];
+    const int64_t samples = in.shape()[0];
     out = zero::Tensor({samples, 1});
     for (int64_t s = 0; s < samples; ++s) {
-      for (int i = 0; i < kFeatures; ++i) out.data[s] += in.data[s * kFeatures + i] * w[i];
+      for (int i = 0; i < kFeatures; ++i) out.data()[s] += in.data()[s * kFeatures + i] * w[i];
     }
   }
 
@@ -48,13 +48,13 @@ class DotProduct : public zero::Module {
                 const std::vector<zero::ParamRef>& params,
                 const std::vector<zero::ParamRef>& grads) override {
     const float* w = params[0].as_f32(weight_f32_);
-    const int64_t samples = input_.shape[0];
-    grad_in = zero::Tensor(input_.shape);
+    const int64_t samples = input_.shape()[0];
+    grad_in = zero::Tensor(input_.shape());
     std::vector<float> grad_w(kFeatures, 0.0f);
     for (int64_t s = 0; s < samples; ++s) {
       for (int i = 0; i < kFeatures; ++i) {
-        grad_in.data[s * kFeatures + i] = grad_out.data[s] * w[i];
-        grad_w[i] += grad_out.data[s] * input_.data[s * kFeatures + i];
+        grad_in.data()[s * kFeatures + i] = grad_out.data()[s] * w[i];
+        grad_w[i] += grad_out.data()[s] * input_.data()[s * kFeatures + i];
       }
     }
     grads[0].add_f32(grad_w.data());  // adds to what earlier micro-batches left, as .grad does
@@ -62,7 +62,7 @@ class DotProduct : public zero::Module {
 
  private:
   zero::Tensor input_;
-  std::vector<float> weight_f32_;  // scratch for a weight stored in bf16 or fp16
+  zero::Tensor weight_f32_;  // scratch for a weight stored in bf16 or fp16
 };
 
 // The samples of one rank at one step, from a small deterministic generator, and their targets.
@@ -75,8 +75,8 @@ void make_batch(int rank, int step, zero::Tensor& inputs, zero::Tensor& targets)
     for (int i = 0; i < kFeatures; ++i) {
       state = state * 1664525u + 1013904223u;
       const float x = static_cast<float>(state >> 8) / 16777216.0f - 0.5f;
-      inputs.data[s * kFeatures + i] = x;
-      targets.data[s] += x * (static_cast<float>(i) - 3.5f) / 4.0f;  // w_true[i] = (i - 3.5) / 4
+      inputs.data()[s * kFeatures + i] = x;
+      targets.data()[s] += x * (static_cast<float>(i) - 3.5f) / 4.0f;  // w_true[i] = (i - 3.5) / 4
     }
   }
 }
@@ -100,9 +100,9 @@ int train(zero::Communicator& comm) {
     zero::Tensor grad({kSamplesPerRank, 1});
     float loss = 0.0f;
     for (int s = 0; s < kSamplesPerRank; ++s) {
-      const float error = prediction.data[s] - targets.data[s];
+      const float error = prediction.data()[s] - targets.data()[s];
       loss += error * error / kSamplesPerRank;
-      grad.data[s] = 2.0f * error / kSamplesPerRank;
+      grad.data()[s] = 2.0f * error / kSamplesPerRank;
     }
     model.backward(grad);
     model.step();

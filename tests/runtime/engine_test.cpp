@@ -152,30 +152,30 @@ class Awkward : public Module {
   }
   void forward(const Tensor& in, Tensor& out, const std::vector<ParamRef>& p) override {
     input_ = in;
-    out = Tensor(in.shape);
-    std::vector<float> s1, s2, s3;
+    out = Tensor(in.shape());
+    Tensor s1, s2, s3;
     const float* gain = p[1].as_f32(s1);
     const float* scale = p[2].as_f32(s2);
     const float* shift = p[3].as_f32(s3);
     for (size_t i = 0; i < in.numel(); ++i) {
       const size_t j = i % width_;
-      out.data[i] = gain[0] * in.data[i] * scale[j] + shift[j];
+      out.data()[i] = gain[0] * in.data()[i] * scale[j] + shift[j];
     }
   }
   void backward(const Tensor& grad_out, Tensor& grad_in, const std::vector<ParamRef>& p,
                 const std::vector<ParamRef>& g) override {
-    grad_in = Tensor(grad_out.shape);
-    std::vector<float> s1, s2;
+    grad_in = Tensor(grad_out.shape());
+    Tensor s1, s2;
     const float* gain = p[1].as_f32(s1);
     const float* scale = p[2].as_f32(s2);
     std::vector<float> d_gain(1, 0.0f), d_scale(width_, 0.0f), d_shift(width_, 0.0f);
     for (size_t i = 0; i < grad_out.numel(); ++i) {
       const size_t j = i % width_;
-      const float go = grad_out.data[i];
-      d_gain[0] += go * input_.data[i] * scale[j];
-      d_scale[j] += go * gain[0] * input_.data[i];
+      const float go = grad_out.data()[i];
+      d_gain[0] += go * input_.data()[i] * scale[j];
+      d_scale[j] += go * gain[0] * input_.data()[i];
       d_shift[j] += go;
-      grad_in.data[i] = go * gain[0] * scale[j];
+      grad_in.data()[i] = go * gain[0] * scale[j];
     }
     g[1].add_f32(d_gain.data());
     g[2].add_f32(d_scale.data());
@@ -194,15 +194,15 @@ class Bias1 : public Module {
     return {ParamDecl{ParamSpec{"b", {1}, 0}, ParamInit{InitKind::kZeros, 0}}};
   }
   void forward(const Tensor& in, Tensor& out, const std::vector<ParamRef>& p) override {
-    std::vector<float> scratch;
+    Tensor scratch;
     const float b = p[0].as_f32(scratch)[0];
     out = in;
-    for (float& v : out.data) v += b;
+    for (size_t i = 0; i < out.numel(); ++i) out.data()[i] += b;
   }
   void backward(const Tensor& grad_out, Tensor& grad_in, const std::vector<ParamRef>&,
                 const std::vector<ParamRef>& g) override {
     float sum = 0.0f;
-    for (float v : grad_out.data) sum += v;
+    for (size_t i = 0; i < grad_out.numel(); ++i) sum += grad_out.data()[i];
     g[0].add_f32(&sum);
     grad_in = grad_out;
   }
@@ -328,4 +328,21 @@ TEST(Engine, PrimitivesRejectMisuse) {
 }
 
 }  // namespace
+// The communicator reads and writes the engine's buffers: it must work on the memory they are in.
+TEST(Engine, ACudaEngineOnAHostCommunicatorIsAnError) {
+  std::unique_ptr<Communicator> comm = make_mpi_communicator();
+  EngineConfig config;
+  config.device = Device::cuda(0);
+  try {
+    Engine engine(*comm, {ParamDecl{ParamSpec{"w", {8}, 0}, ParamInit{}}}, config);
+    FAIL() << "a CUDA engine accepted the MPI communicator";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the engine runs on cuda:0 but its communicator works on "
+                                         "host memory (MPI); use make_nccl_communicator() for a "
+                                         "CUDA device"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace zero

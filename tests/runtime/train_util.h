@@ -85,7 +85,7 @@ inline TrainResult train(const RunOptions& o) {
         loss_sum += examples::mse_loss(model.forward(batch.inputs), batch.targets, grad);
         const bool inject =
             step == o.inf_grad_step && k == o.micro_batches - 1 && comm->rank() == world - 1;
-        if (inject) grad.data[0] = std::numeric_limits<float>::infinity();
+        if (inject) grad.data()[0] = std::numeric_limits<float>::infinity();
         model.backward(grad);
       }
       const StepStats stats = model.step();
@@ -139,11 +139,12 @@ inline TrainResult train_unsharded(const RunOptions& o) {
       ++index;
     }
   }
+  const std::shared_ptr<DeviceContext> cpu = DeviceContext::create(Device::cpu());
   auto refs = [&](size_t l, bool grads) {
     std::vector<ParamRef> out;
     for (Param& p : params[l]) {
       out.push_back(ParamRef{grads ? p.grad.data() : p.value.data(), DType::kFloat32, &p.shape,
-                             p.value.size()});
+                             p.value.size(), cpu});
     }
     return out;
   };

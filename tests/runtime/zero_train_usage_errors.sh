@@ -22,6 +22,7 @@ expect "--steps expects an integer, got 'ten'" --steps ten
 expect "--steps must be at least 1" --steps 0
 expect "--stage must be 0, 1, 2 or 3" --stage 7
 expect "--dtype must be fp32, bf16 or fp16" --dtype fp64
+expect "--device must be cpu or cuda, got 'tpu'" --device tpu
 expect "--lr expects a number, got '1e-3x'" --lr 1e-3x
 expect "--lr must be at least 0" --lr -1
 expect "unknown schedule 'exp' (constant, warmup, linear, cosine)" --schedule exp

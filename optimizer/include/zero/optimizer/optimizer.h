@@ -6,9 +6,12 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "zero/kernels/cpu_kernels.h"
 #include "zero/kernels/dtype.h"
+
+struct CUstream_st;
 
 namespace zero {
 
@@ -34,6 +37,14 @@ struct ShardState {
   size_t n = 0;
 };
 
+// One shard's part of a step: its arrays, its gradient, and where its working copy goes (null:
+// nowhere, the master is the working copy).
+struct ShardUpdate {
+  ShardState shard;
+  const void* grad = nullptr;
+  void* param_out = nullptr;
+};
+
 class Optimizer {
  public:
   // Throws zero::Error naming the first hyperparameter out of range.
@@ -52,12 +63,29 @@ class Optimizer {
   void apply(const ShardState& shard, const void* grad, DType grad_dtype, float grad_scale,
              void* param_out, DType param_dtype, const kernels::KernelOptions& opt = {}) const;
 
-  long step() const { return step_; }
+#if ZERO_HAVE_CUDA
+  // The same update of several shards in device memory, enqueued on `stream` (a cudaStream_t)
+  // as multi-tensor launches; bitwise the CPU result.
+  void apply_cuda(const std::vector<ShardUpdate>& shards, DType grad_dtype, float grad_scale,
+                  DType param_dtype, CUstream_st* stream) const;
+#endif
+
+  long step() const {
+    return step_;
+  }
   // Restores the counter (checkpoint resume).
-  void set_step(long step) { step_ = step; }
-  const OptimizerConfig& config() const { return config_; }
+  void set_step(long step) {
+    step_ = step;
+  }
+  const OptimizerConfig& config() const {
+    return config_;
+  }
 
  private:
+  void check_update(const ShardState& shard, const void* grad) const;
+  SgdStepConstants sgd_constants() const;
+  AdamWStepConstants adamw_constants() const;
+
   OptimizerConfig config_;
   long step_ = 0;
   float lr_ = 0.0f;

@@ -17,6 +17,8 @@
 //   3: param shard, grad shard, Adam state of the shard  16Ψ/N     all-gather before forward
 //                                                                  and backward, reduce-scatter
 // Collectives run on the communicator's stream; the engine joins it to compute with events.
+// The buffers live on config.device: host memory with the MPI communicator, or a CUDA GPU with
+// the NCCL one (the engine's own host-side exchanges then go over MPI: host_communicator()).
 #pragma once
 
 #include <cstdint>
@@ -27,6 +29,7 @@
 #include "zero/collectives/communicator.h"
 #include "zero/optimizer/loss_scaler.h"
 #include "zero/optimizer/optimizer.h"
+#include "zero/runtime/device.h"
 #include "zero/runtime/init.h"
 #include "zero/runtime/layout.h"
 #include "zero/runtime/memory.h"
@@ -35,6 +38,9 @@
 namespace zero {
 
 struct EngineConfig {
+  // Where the buffers live and the compute runs. A CUDA device needs a communicator on device
+  // memory (make_nccl_communicator); the CPU one on host memory (make_mpi_communicator).
+  Device device;
   int stage = 3;
   int micro_batches = 1;           // gradient accumulation steps per optimizer step
   float gradient_clipping = 0.0f;  // max global norm; 0 turns clipping off
@@ -67,6 +73,7 @@ struct EngineConfig {
                                      // many gathered elements
 
   // Record compute and collective spans (Engine::trace()) for a Chrome trace and overlap figures.
+  // CPU only: the spans are host times, which on CUDA would be launch times, not run times.
   bool trace = false;
   // Per-rank budget for everything the engine allocates (0 = none). An allocation past it (or
   // one the system refuses) is an OutOfMemoryError naming the category, with the memory
@@ -103,7 +110,13 @@ class Engine {
 
   const Layout& layout() const;
   const EngineConfig& config() const;
+  // The communicator of the collectives on the engine's buffers.
   Communicator& communicator();
+  // A communicator on host memory for small host-side exchanges (checkpoint agreement, traces,
+  // metrics): communicator() itself on the CPU, an MPI communicator of the engine's on CUDA.
+  Communicator& host_communicator();
+  // The device's compute stream, memory and element operations; modules compute on it.
+  const std::shared_ptr<DeviceContext>& device_context() const;
   Allocator& allocator();
   Trace& trace();
 
@@ -113,8 +126,8 @@ class Engine {
   void grads_ready(int unit);
   StepStats step();
 
-  // The full parameter of registration index `param`, in the working dtype (valid while its
-  // unit is gathered).
+  // The full parameter of registration index `param`, in the working dtype, in the device's
+  // memory (valid while its unit is gathered).
   void* param(int param);
   // Where backward accumulates the gradient of `param` for the current micro-batch, in the
   // working dtype (adds, as PyTorch's .grad does). Valid until the unit's grads_ready.
@@ -136,7 +149,8 @@ class Engine {
   // [begin, end) of the unit's flat layout (the whole unit at stage 0, the rank's shard
   // otherwise) of the master weights (the working parameters themselves when they are fp32)
   // and of each optimizer state array. A checkpoint saves the rank's shard of these and a load
-  // overwrites them, then calls state_loaded().
+  // overwrites them, then calls state_loaded(). The pointers are host memory: on CUDA, copies
+  // made by state_view() that state_loaded() writes back (valid until then).
   struct StateView {
     size_t begin = 0;
     size_t end = 0;
@@ -149,6 +163,9 @@ class Engine {
   // the master (rounded to the working dtype) and gathers the full parameters where the stage
   // keeps them. Collective: every rank calls it.
   void state_loaded();
+  // Frees the host copies state_view() made on CUDA, once they are no longer needed without a
+  // state_loaded() (after a save, or a load that failed). Nothing to do on the CPU.
+  void release_state_views();
   // Optimizer steps taken (the LR schedule's position), and the fp16 loss scaler's state.
   long optimizer_step() const;
   void set_optimizer_step(long step);

@@ -41,6 +41,22 @@ bool is_model_state(MemoryCategory c);
 
 class Allocator;
 
+// Where an Allocator's bytes come from: host memory (host_memory()) or a device's memory (a
+// DeviceContext, zero/runtime/device.h). The Allocator does the accounting; this only allocates.
+class MemoryResource {
+ public:
+  virtual ~MemoryResource() = default;
+  // `bytes` (> 0) of zero-filled memory aligned to at least 64 bytes, or null when there is none.
+  virtual void* allocate(size_t bytes) = 0;
+  // Never throws: it runs in destructors, also while an earlier error unwinds the stack.
+  virtual void deallocate(void* data, size_t bytes) noexcept = 0;
+  // "host memory", "memory of cuda:0": for out-of-memory messages.
+  virtual std::string memory_name() const = 0;
+};
+
+// The process's host memory (aligned_alloc). Stateless: every caller may share it.
+MemoryResource& host_memory();
+
 // An owned, aligned, zero-filled allocation. Moving transfers ownership; destruction returns
 // the bytes to the allocator's accounting.
 class Buffer {
@@ -84,11 +100,13 @@ struct MemoryStats {
   uint64_t buffers() const;
 };
 
-// Host allocator (the CUDA device allocator will implement the same accounting). Not
-// thread-safe: the engine allocates from the main thread only.
+// Tagged, accounted allocations from one memory resource (host memory unless given another).
+// Not thread-safe: the engine allocates from the main thread only.
 class Allocator {
  public:
   Allocator() = default;
+  // `memory` must outlive the allocator and every buffer it hands out.
+  explicit Allocator(MemoryResource& memory) : memory_(&memory) {}
   Allocator(const Allocator&) = delete;
   Allocator& operator=(const Allocator&) = delete;
 
@@ -108,6 +126,7 @@ class Allocator {
  private:
   friend class Buffer;
   void release(void* data, size_t bytes, MemoryCategory category);
+  MemoryResource* memory_ = &host_memory();
   MemoryStats stats_;
   uint64_t limit_ = 0;
 };

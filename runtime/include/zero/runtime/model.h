@@ -12,28 +12,59 @@
 
 namespace zero {
 
-// A host activation: a row-major fp32 array with its shape.
-struct Tensor {
-  std::vector<int64_t> shape;
-  std::vector<float> data;
-
+// An activation: a row-major fp32 array with its shape, in host memory or in a device's memory
+// (the device of the engine the model runs on). Copies are deep and stay on the same device.
+class Tensor {
+ public:
   Tensor() = default;
-  explicit Tensor(std::vector<int64_t> s);
-  size_t numel() const { return data.size(); }
+  // Zero-filled, in host memory.
+  explicit Tensor(std::vector<int64_t> shape);
+  // Zero-filled, in the memory of `device` (host memory for a null or CPU context).
+  Tensor(std::vector<int64_t> shape, std::shared_ptr<DeviceContext> device);
+  // `values` (one per element, row-major) copied into the memory of `device`.
+  Tensor(std::vector<int64_t> shape, const std::vector<float>& values,
+         std::shared_ptr<DeviceContext> device = nullptr);
+  ~Tensor();
+  Tensor(const Tensor& other);
+  Tensor& operator=(const Tensor& other);
+  Tensor(Tensor&& other) noexcept;
+  Tensor& operator=(Tensor&& other) noexcept;
+
+  const std::vector<int64_t>& shape() const { return shape_; }
+  size_t numel() const { return numel_; }
+  // The elements, in host memory or the device's.
+  float* data() { return device_ ? device_data_ : host_.data(); }
+  const float* data() const { return device_ ? device_data_ : host_.data(); }
+  // The device holding the elements; null in host memory.
+  const std::shared_ptr<DeviceContext>& device() const { return device_; }
+  // The elements copied into host memory.
+  std::vector<float> to_host() const;
+  // A copy in the memory of `device` (host memory for a null or CPU context).
+  Tensor to(std::shared_ptr<DeviceContext> device) const;
+
+ private:
+  std::vector<int64_t> shape_;
+  size_t numel_ = 0;
+  std::vector<float> host_;                // host memory
+  std::shared_ptr<DeviceContext> device_;  // a CUDA device, or null
+  float* device_data_ = nullptr;
 };
 
 // A parameter (or its gradient) as a module sees it during forward or backward: storage in the
-// engine's working dtype. Modules that compute in fp32 read through as_f32 and add their
-// gradients through add_f32, which round once into the storage dtype.
+// engine's working dtype, on the engine's device. Modules that compute in fp32 read through
+// as_f32 and add their gradients through add_f32, which round once into the storage dtype.
 struct ParamRef {
   void* data;
   DType dtype;
   const std::vector<int64_t>* shape;
   size_t numel;
+  std::shared_ptr<DeviceContext> device;
 
-  // The values in fp32: the storage itself when it is fp32, else a converted copy in scratch.
-  const float* as_f32(std::vector<float>& scratch) const;
-  // storage[i] += values[i], computed in fp32 and rounded once to the storage dtype.
+  // The values in fp32 on the same device: the storage itself when it is fp32, else a converted
+  // copy in scratch (resized to hold them).
+  const float* as_f32(Tensor& scratch) const;
+  // storage[i] += values[i] (values: numel floats on the same device), computed in fp32 and
+  // rounded once to the storage dtype.
   void add_f32(const float* values) const;
 };
 
@@ -42,7 +73,8 @@ class Module {
   virtual ~Module() = default;
   // Parameters with names local to the module ("weight"); the model prefixes the module name.
   virtual std::vector<ParamDecl> parameters() const = 0;
-  // out = f(in). Keeps whatever backward needs (its input, say) until backward runs.
+  // out = f(in). Keeps whatever backward needs (its input, say) until backward runs. Inputs,
+  // outputs, parameters and gradients are all on the engine's device.
   virtual void forward(const Tensor& in, Tensor& out, const std::vector<ParamRef>& params) = 0;
   // grad_in = df/din · grad_out; adds df/dparam · grad_out into grads (accumulating, so
   // micro-batches sum up).
@@ -62,6 +94,7 @@ class ZeroModel {
 
   // Runs every module in order; at stage 3 each unit is gathered before its first module and
   // released after its last, while the next unit's all-gather runs on the communication stream.
+  // The input must be on the engine's device (Tensor::to(engine().device_context())).
   Tensor forward(const Tensor& input);
   // Runs the modules in reverse; each unit's gradients are handed to the engine as soon as the
   // unit is done, so its reduction overlaps the backward of the units before it. grad_output is
@@ -73,6 +106,7 @@ class ZeroModel {
   Engine& engine() { return *engine_; }
 
  private:
+  void check_on_engine_device(const Tensor& tensor, const char* what) const;
   void prefetch_after(int unit, int direction);
   bool keep_for_backward(int unit) const;
   std::vector<ParamRef> params_of(int module);

@@ -1,0 +1,147 @@
+// The CUDA device context: a compute stream of its own, memory from the device's stream-ordered
+// pool, and the element operations as the kernels of zero/kernels/cuda_kernels.h.
+#include "cuda_device.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+
+#include "zero/collectives/cuda_stream.h"
+#include "zero/kernels/check.h"
+#include "zero/kernels/cuda_check.h"
+#include "zero/kernels/cuda_kernels.h"
+
+namespace zero {
+
+namespace {
+
+class CudaDeviceContext : public DeviceContext {
+ public:
+  explicit CudaDeviceContext(int index) : index_(index) {
+    const int count = count_cuda_devices();
+    ZERO_CHECK(index >= 0 && index < count,
+               "cannot use cuda:" << index << ": this process sees " << count << " CUDA device(s)");
+    ZERO_CUDA_CHECK(cudaSetDevice(index));
+    compute_ = make_cuda_stream("compute", index);
+    stream_ = cuda_stream_handle(*compute_);
+    // Keep freed memory in the pool instead of returning it to the driver at every
+    // synchronization: the engine frees and allocates the same sizes every step.
+    cudaMemPool_t pool = nullptr;
+    ZERO_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, index));
+    uint64_t keep_all = UINT64_MAX;
+    ZERO_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all));
+  }
+
+  ~CudaDeviceContext() override {
+    // Pending work may still read the workspace; a destructor has no one to report errors to.
+    if (sum_workspace_ != nullptr) cudaFreeAsync(sum_workspace_, stream_);
+    cudaStreamSynchronize(stream_);
+  }
+
+  void* allocate(size_t bytes) override {
+    void* data = nullptr;
+    const cudaError_t status = cudaMallocAsync(&data, bytes, stream_);
+    if (status == cudaErrorMemoryAllocation) {
+      cudaGetLastError();  // not sticky: clear it so later checks do not report it again
+      return nullptr;
+    }
+    ZERO_CUDA_CHECK(status);
+    ZERO_CUDA_CHECK(cudaMemsetAsync(data, 0, bytes, stream_));
+    return data;
+  }
+  // Stream-ordered: the memory returns to the pool once the compute work issued so far is done.
+  // Work of other streams on it must be waited for first (the engine drains its communication
+  // stream before it frees). A failure here follows an earlier, sticky CUDA error, which is the
+  // one being reported: this only says so.
+  void deallocate(void* data, size_t) noexcept override {
+    const cudaError_t status = cudaFreeAsync(data, stream_);
+    if (status != cudaSuccess) {
+      std::fprintf(stderr, "zero: %s:%d: cudaFreeAsync failed: %s\n", __FILE__, __LINE__,
+                   cudaGetErrorString(status));
+    }
+  }
+  std::string memory_name() const override { return "memory of cuda:" + std::to_string(index_); }
+
+  Device device() const override { return Device::cuda(index_); }
+  Event record() override { return compute_->record(); }
+  void wait(const Event& event) override { compute_->wait(event); }
+  void synchronize() override { compute_->synchronize(); }
+  CUstream_st* cuda_stream() const override { return stream_; }
+
+  void copy_to_host(void* host, const void* source, size_t bytes) override {
+    if (bytes == 0) return;
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(host, source, bytes, cudaMemcpyDeviceToHost, stream_));
+    ZERO_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void copy_from_host(void* dest, const void* host, size_t bytes) override {
+    if (bytes == 0) return;
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(dest, host, bytes, cudaMemcpyHostToDevice, stream_));
+    // The host buffer may be reused as soon as this returns.
+    ZERO_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void zero(void* data, size_t bytes, Stream* on) override {
+    if (bytes > 0) ZERO_CUDA_CHECK(cudaMemsetAsync(data, 0, bytes, stream_of(on)));
+  }
+  void copy(void* dest, const void* source, size_t bytes, Stream* on) override {
+    if (bytes == 0 || dest == source) return;
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(dest, source, bytes, cudaMemcpyDeviceToDevice, stream_of(on)));
+  }
+  void cast(const void* source, DType source_dtype, void* dest, DType dest_dtype, size_t n,
+            Stream* on) override {
+    kernels::cuda::cast(source, source_dtype, dest, dest_dtype, n, stream_of(on));
+  }
+  void add(void* dest, DType dest_dtype, const void* source, DType source_dtype, size_t n,
+           Stream* on) override {
+    kernels::cuda::add(dest, dest_dtype, source, source_dtype, n, stream_of(on));
+  }
+  void scale(void* x, DType dtype, float alpha, size_t n, Stream* on) override {
+    kernels::cuda::scale(x, dtype, alpha, n, stream_of(on));
+  }
+  void sum_squares(const void* x, DType dtype, size_t n, float* out) override {
+    const kernels::cuda::ConstTensor tensor{x, n};
+    const size_t needed = kernels::cuda::sum_squares_workspace_bytes(&tensor, 1);
+    if (needed > sum_workspace_bytes_) {
+      // Stream-ordered like every use of it, so the old workspace is free once the work before
+      // is done. It is one double per 8192 elements: small next to the tensor.
+      if (sum_workspace_ != nullptr) ZERO_CUDA_CHECK(cudaFreeAsync(sum_workspace_, stream_));
+      sum_workspace_ = nullptr;
+      sum_workspace_bytes_ = 0;
+      ZERO_CUDA_CHECK(cudaMallocAsync(&sum_workspace_, needed, stream_));
+      sum_workspace_bytes_ = needed;
+    }
+    kernels::cuda::sum_squares(&tensor, 1, dtype, out, sum_workspace_, sum_workspace_bytes_,
+                               nullptr, stream_);
+  }
+  void apply_optimizer(const Optimizer& optimizer, const std::vector<ShardUpdate>& shards,
+                       DType grad_dtype, float grad_scale, DType param_dtype) override {
+    optimizer.apply_cuda(shards, grad_dtype, grad_scale, param_dtype, stream_);
+  }
+
+ private:
+  cudaStream_t stream_of(Stream* on) const { return on ? cuda_stream_handle(*on) : stream_; }
+
+  int index_;
+  std::unique_ptr<Stream> compute_;
+  cudaStream_t stream_ = nullptr;
+  void* sum_workspace_ = nullptr;  // sum_squares' partial sums
+  size_t sum_workspace_bytes_ = 0;
+};
+
+}  // namespace
+
+int count_cuda_devices() {
+  int count = 0;
+  // No driver or no device: there is nothing to use, which is an answer, not an error.
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+std::shared_ptr<DeviceContext> make_cuda_device_context(int index) {
+  return std::make_shared<CudaDeviceContext>(index);
+}
+
+}  // namespace zero

@@ -1,0 +1,105 @@
+// The CPU device context, and the choice between it and the CUDA one (cuda_device.cpp).
+#include "zero/runtime/device.h"
+
+#include <cstring>
+
+#include "zero/kernels/check.h"
+#include "zero/kernels/cpu_kernels.h"
+#if ZERO_HAVE_CUDA
+#include "cuda_device.h"
+#endif
+
+namespace zero {
+
+namespace {
+
+// The compute stream is the calling thread: its work is finished when each call returns, so an
+// event recorded on it is already complete, and waiting for another stream's event blocks.
+class CpuDeviceContext : public DeviceContext {
+ public:
+  explicit CpuDeviceContext(int kernel_threads) : options_{kernel_threads} {
+    ZERO_CHECK(kernel_threads >= 1, "kernel threads must be at least 1, got " << kernel_threads);
+  }
+
+  void* allocate(size_t bytes) override { return host_memory().allocate(bytes); }
+  void deallocate(void* data, size_t bytes) noexcept override {
+    host_memory().deallocate(data, bytes);
+  }
+  std::string memory_name() const override { return host_memory().memory_name(); }
+
+  Device device() const override { return Device::cpu(); }
+  Event record() override { return Event(); }
+  void wait(const Event& event) override { event.wait(); }
+  void synchronize() override {}
+  CUstream_st* cuda_stream() const override { return nullptr; }
+
+  void copy_to_host(void* host, const void* source, size_t bytes) override {
+    if (bytes > 0) std::memcpy(host, source, bytes);
+  }
+  void copy_from_host(void* dest, const void* host, size_t bytes) override {
+    if (bytes > 0) std::memcpy(dest, host, bytes);
+  }
+  void zero(void* data, size_t bytes, Stream*) override {
+    if (bytes > 0) std::memset(data, 0, bytes);
+  }
+  void copy(void* dest, const void* source, size_t bytes, Stream*) override {
+    if (bytes > 0 && dest != source) std::memcpy(dest, source, bytes);
+  }
+  void cast(const void* source, DType source_dtype, void* dest, DType dest_dtype, size_t n,
+            Stream*) override {
+    kernels::cast(source, source_dtype, dest, dest_dtype, n, options_);
+  }
+  void add(void* dest, DType dest_dtype, const void* source, DType source_dtype, size_t n,
+           Stream*) override {
+    if (dest_dtype == source_dtype) {
+      kernels::accumulate(dest, source, dest_dtype, n, options_);
+      return;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      store_from_float(dest, dest_dtype, i,
+                       load_as_float(dest, dest_dtype, i) + load_as_float(source, source_dtype, i));
+    }
+  }
+  void scale(void* x, DType dtype, float alpha, size_t n, Stream*) override {
+    kernels::scale(x, dtype, alpha, n, options_);
+  }
+  void sum_squares(const void* x, DType dtype, size_t n, float* out) override {
+    *out = static_cast<float>(kernels::sum_squares(x, dtype, n, options_));
+  }
+  void apply_optimizer(const Optimizer& optimizer, const std::vector<ShardUpdate>& shards,
+                       DType grad_dtype, float grad_scale, DType param_dtype) override {
+    for (const ShardUpdate& u : shards) {
+      optimizer.apply(u.shard, u.grad, grad_dtype, grad_scale, u.param_out, param_dtype, options_);
+    }
+  }
+
+ private:
+  kernels::KernelOptions options_;
+};
+
+}  // namespace
+
+std::string device_name(const Device& device) {
+  return device.is_cuda() ? "cuda:" + std::to_string(device.index) : "cpu";
+}
+
+int cuda_device_count() {
+#if ZERO_HAVE_CUDA
+  return count_cuda_devices();
+#else
+  return 0;
+#endif
+}
+
+std::shared_ptr<DeviceContext> DeviceContext::create(const Device& device, int kernel_threads) {
+  if (!device.is_cuda()) return std::make_shared<CpuDeviceContext>(kernel_threads);
+#if ZERO_HAVE_CUDA
+  return make_cuda_device_context(device.index);
+#else
+  ZERO_FAIL("cannot use " << device_name(device)
+                          << ": this build has no CUDA support (configure with -DZERO_CUDA=ON on a "
+                             "machine with the CUDA toolkit)");
+#endif
+}
+
+}  // namespace zero
