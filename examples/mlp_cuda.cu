@@ -68,31 +68,31 @@ Blas::~Blas() {
 
 // cuBLAS is column-major: a row-major [r, c] matrix is its column-major transpose [c, r] with
 // leading dimension c, so each product below is computed transposed, with the operands swapped.
+// C[m, n] = op(A)[m, k] · op(B)[k, n], all column-major.
+static void sgemm(cublasHandle_t handle, CUstream_st* stream, cublasOperation_t op_a,
+                  cublasOperation_t op_b, int m, int n, int k, const float* a, int lda,
+                  const float* b, int ldb, float* c, int ldc) {
+  const float one = 1.0f, zero = 0.0f;
+  ZERO_CUBLAS_CHECK(cublasSetStream(handle, stream));
+  ZERO_CUBLAS_CHECK(cublasSgemm(handle, op_a, op_b, m, n, k, &one, a, lda, b, ldb, &zero, c, ldc));
+}
+
 void Blas::x_wt(CUstream_st* stream, const float* x, const float* w, float* y, int rows, int k,
                 int n) {
-  const float one = 1.0f, zero = 0.0f;
-  ZERO_CUBLAS_CHECK(cublasSetStream(handle_->handle, stream));
   // y^T[n, rows] = w[n, k] · x^T[k, rows]
-  ZERO_CUBLAS_CHECK(cublasSgemm(handle_->handle, CUBLAS_OP_T, CUBLAS_OP_N, n, rows, k, &one, w, k,
-                                x, k, &zero, y, n));
+  sgemm(handle_->handle, stream, CUBLAS_OP_T, CUBLAS_OP_N, n, rows, k, w, k, x, k, y, n);
 }
 
 void Blas::gt_x(CUstream_st* stream, const float* g, const float* x, float* dw, int rows, int k,
                 int n) {
-  const float one = 1.0f, zero = 0.0f;
-  ZERO_CUBLAS_CHECK(cublasSetStream(handle_->handle, stream));
   // dw^T[k, n] = x^T[k, rows] · g[rows, n]
-  ZERO_CUBLAS_CHECK(cublasSgemm(handle_->handle, CUBLAS_OP_N, CUBLAS_OP_T, k, n, rows, &one, x, k,
-                                g, n, &zero, dw, k));
+  sgemm(handle_->handle, stream, CUBLAS_OP_N, CUBLAS_OP_T, k, n, rows, x, k, g, n, dw, k);
 }
 
 void Blas::g_w(CUstream_st* stream, const float* g, const float* w, float* dx, int rows, int k,
                int n) {
-  const float one = 1.0f, zero = 0.0f;
-  ZERO_CUBLAS_CHECK(cublasSetStream(handle_->handle, stream));
   // dx^T[k, rows] = w^T[k, n] · g^T[n, rows]
-  ZERO_CUBLAS_CHECK(cublasSgemm(handle_->handle, CUBLAS_OP_N, CUBLAS_OP_N, k, rows, n, &one, w, k,
-                                g, n, &zero, dx, k));
+  sgemm(handle_->handle, stream, CUBLAS_OP_N, CUBLAS_OP_N, k, rows, n, w, k, g, n, dx, k);
 }
 
 void add_bias(CUstream_st* stream, float* y, const float* bias, int rows, int cols, bool relu) {

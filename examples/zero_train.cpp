@@ -384,12 +384,15 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::Communicator& c
   for (long step = first_step; step <= f.steps; ++step) {
     const uint64_t bytes_before = comm.counters().total_bytes();
     const auto start = std::chrono::steady_clock::now();
+    std::chrono::steady_clock::duration data_time{};
     float loss_sum = 0.0f;
     for (int k = 0; k < micro_batches; ++k) {
       // Micro-batch k of the global batch is split across ranks in contiguous blocks.
       const int64_t first =
           (static_cast<int64_t>(k) * world + rank) * static_cast<int64_t>(per_micro_batch);
+      const auto data_start = std::chrono::steady_clock::now();
       zero::examples::Batch batch = data.batch(step, first, per_micro_batch);
+      data_time += std::chrono::steady_clock::now() - data_start;
       zero::Tensor prediction = model.forward(batch.inputs.to(device));
       zero::Tensor grad;
       loss_sum += zero::examples::mse_loss(prediction, batch.targets.to(device), grad);
@@ -439,6 +442,8 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::Communicator& c
       metrics << "{\"event\":\"step\",\"step\":" << step << ",\"loss\":" << json_number(global_loss)
               << ",\"grad_norm\":" << json_number(stats.grad_norm)
               << ",\"lr\":" << json_number(stats.lr) << ",\"step_ms\":" << json_number(step_ms)
+              << ",\"data_ms\":"
+              << json_number(std::chrono::duration<double, std::milli>(data_time).count())
               << ",\"comm_bytes\":" << step_bytes << ",\"model_state_bytes\":" << step_state
               << ",\"peak_bytes\":" << peak << ",\"loss_scale\":" << json_number(stats.loss_scale)
               << ",\"skipped\":" << (stats.skipped ? "true" : "false") << "}\n";

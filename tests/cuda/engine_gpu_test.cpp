@@ -191,21 +191,8 @@ TEST_F(GpuModel, AHostInputToAGpuModelIsAnError) {
   }
 }
 
-TEST_F(GpuModel, AnMpiCommunicatorWithACudaEngineIsAnError) {
-  std::unique_ptr<Communicator> comm = make_mpi_communicator();
-  try {
-    ZeroModel model(*comm, examples::make_mlp(small_mlp()), config_for(3, DType::kFloat32, true));
-    FAIL() << "a CUDA engine accepted a host-memory communicator";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("the engine runs on cuda:0 but its communicator works on "
-                                         "host memory (MPI)"),
-              std::string::npos)
-        << e.what();
-  }
-}
-
-// A checkpoint saved from device memory loads on the CPU and trains on exactly as the GPU run
-// would have: the state went through host copies unchanged.
+// A checkpoint saved from device memory (stage 3) loads on the CPU (stage 1) with the same master
+// weights and step: the state went through the host copies unchanged.
 TEST_F(GpuModel, CheckpointSavedOnTheGpuResumesOnTheCpu) {
   const std::string dir =
       (std::filesystem::temp_directory_path() / ("zero_gpu_ckpt_" + std::to_string(getpid())))
