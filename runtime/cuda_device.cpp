@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 
 #include "zero/collectives/cuda_stream.h"
 #include "zero/kernels/check.h"
@@ -15,6 +16,30 @@
 namespace zero {
 
 namespace {
+
+// cudaMallocHost: page-locked host memory, zero-filled like every allocation here.
+class PinnedHostMemory : public MemoryResource {
+ public:
+  void* allocate(size_t bytes) override {
+    void* data = nullptr;
+    const cudaError_t status = cudaMallocHost(&data, bytes);
+    if (status == cudaErrorMemoryAllocation) {
+      cudaGetLastError();  // not sticky: clear it so later checks do not report it again
+      return nullptr;
+    }
+    ZERO_CUDA_CHECK(status);
+    std::memset(data, 0, bytes);
+    return data;
+  }
+  void deallocate(void* data, size_t) noexcept override {
+    const cudaError_t status = cudaFreeHost(data);
+    if (status != cudaSuccess) {
+      std::fprintf(stderr, "zero: %s:%d: cudaFreeHost failed: %s\n", __FILE__, __LINE__,
+                   cudaGetErrorString(status));
+    }
+  }
+  std::string memory_name() const override { return "pinned host memory"; }
+};
 
 class CudaDeviceContext : public DeviceContext {
  public:
@@ -64,6 +89,7 @@ class CudaDeviceContext : public DeviceContext {
   std::string memory_name() const override { return "memory of cuda:" + std::to_string(index_); }
 
   Device device() const override { return Device::cuda(index_); }
+  MemoryResource& pinned_memory() override { return pinned_; }
   Event record() override { return compute_->record(); }
   void wait(const Event& event) override { compute_->wait(event); }
   void synchronize() override { compute_->synchronize(); }
@@ -122,6 +148,7 @@ class CudaDeviceContext : public DeviceContext {
   cudaStream_t stream_of(Stream* on) const { return on ? cuda_stream_handle(*on) : stream_; }
 
   int index_;
+  PinnedHostMemory pinned_;
   std::unique_ptr<Stream> compute_;
   cudaStream_t stream_ = nullptr;
   void* sum_workspace_ = nullptr;  // sum_squares' partial sums

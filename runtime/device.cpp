@@ -28,6 +28,7 @@ class CpuDeviceContext : public DeviceContext {
   std::string memory_name() const override { return host_memory().memory_name(); }
 
   Device device() const override { return Device::cpu(); }
+  MemoryResource& pinned_memory() override { return host_memory(); }
   Event record() override { return Event(); }
   void wait(const Event& event) override { event.wait(); }
   void synchronize() override {}

@@ -152,6 +152,7 @@ struct Engine::Impl {
         owned_host_comm(cfg.device.is_cuda() ? make_mpi_communicator() : nullptr),
         host_comm(owned_host_comm ? *owned_host_comm : c),
         allocator(*device),
+        host_allocator(device->pinned_memory()),
         layout(Layout::build(specs_of(decls), LayoutOptions{c.world_size(), cfg.dtype,
                                                             cfg.alignment_bytes, cfg.merge_bytes})),
         optimizer(cfg.optimizer),
@@ -304,6 +305,8 @@ struct Engine::Impl {
           allocator.allocate(layout.max_unit_numel() * sizeof(float), MemoryCategory::kCommBuffer);
     }
     norm_sums = allocator.allocate(units.size() * sizeof(float), MemoryCategory::kOther);
+    norm_sums_on_host =
+        host_allocator.allocate(units.size() * sizeof(float), MemoryCategory::kOther);
   }
 
   // Fills the elements this rank holds; the value of each is a function of the seed and the
@@ -552,8 +555,9 @@ struct Engine::Impl {
       return comm.all_reduce(unit_sums, unit_sums, units.size(), DType::kFloat32);
     }));
     // The one value the host must see each step: whether to skip, and how much to clip.
-    std::vector<float> sums(units.size());
-    device->copy_to_host(sums.data(), unit_sums, sums.size() * sizeof(float));
+    device->copy_to_host(norm_sums_on_host.data(), unit_sums, units.size() * sizeof(float));
+    const std::vector<float> sums(norm_sums_on_host.as<float>(),
+                                  norm_sums_on_host.as<float>() + units.size());
     double total = 0.0;
     for (float v : sums) total += v;
 
@@ -708,17 +712,18 @@ struct Engine::Impl {
   // which state_loaded() writes back.
   float* host_view(float* data, size_t n) {
     if (!config.device.is_cuda()) return data;
-    std::vector<float>& copy = host_state[data];
-    copy.resize(n);
+    Buffer& copy = host_state[data];
+    if (copy.bytes() != n * sizeof(float)) {
+      copy = host_allocator.allocate(n * sizeof(float), MemoryCategory::kOther);
+    }
     device->copy_to_host(copy.data(), data, n * sizeof(float));
-    return copy.data();
+    return copy.as<float>();
   }
 
   void state_loaded() {
     device->wait(comm.stream().record());
-    for (const auto& [data, copy] : host_state) {
-      device->copy_from_host(data, copy.data(), copy.size() * sizeof(float));
-    }
+    for (const auto& [data, copy] : host_state)
+      device->copy_from_host(data, copy.data(), copy.bytes());
     host_state.clear();
     for (size_t u = 0; u < units.size(); ++u) {
       const Unit& unit = layout.units()[u];
@@ -788,6 +793,7 @@ struct Engine::Impl {
   std::unique_ptr<Communicator> owned_host_comm;
   Communicator& host_comm;
   Allocator allocator;
+  Allocator host_allocator;  // pinned host memory for the device's copies (host memory on the CPU)
   Layout layout;
   Optimizer optimizer;
   LrSchedule schedule;
@@ -798,9 +804,10 @@ struct Engine::Impl {
   Trace trace;
   BufferPool param_pool;
   BufferPool grad_pool;
-  Buffer fp32_scratch;  // reductions in fp32 of a 16-bit gradient (reduce_in_fp32)
-  Buffer norm_sums;     // each unit's sum of squared gradients, all-reduced at step()
-  std::map<float*, std::vector<float>> host_state;  // state_view() copies of device arrays
+  Buffer fp32_scratch;       // reductions in fp32 of a 16-bit gradient (reduce_in_fp32)
+  Buffer norm_sums;          // each unit's sum of squared gradients, all-reduced at step()
+  Buffer norm_sums_on_host;  // and their copy, which the host reads
+  std::map<float*, Buffer> host_state;  // state_view() copies of device arrays (CUDA only)
   std::vector<UnitState> units;
   size_t live = 0;  // elements of non-persistent stage-3 units gathered now
 };

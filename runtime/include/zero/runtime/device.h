@@ -61,6 +61,11 @@ class DeviceContext : public MemoryResource {
   // The compute stream's cudaStream_t, for a module's own kernels and cuBLAS; null on the CPU.
   virtual CUstream_st* cuda_stream() const = 0;
 
+  // Page-locked host memory, for the host side of copies to and from the device: the copy engine
+  // reads and writes it directly, at full speed, where pageable memory goes through a bounce
+  // buffer. Plain host memory on the CPU.
+  virtual MemoryResource& pinned_memory() = 0;
+
   // Copies between host memory and this device's memory, after the compute work issued so far;
   // the host memory may be used as soon as they return.
   virtual void copy_to_host(void* host, const void* source, size_t bytes) = 0;
