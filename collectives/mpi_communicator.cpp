@@ -14,10 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
-#include <condition_variable>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <mutex>
@@ -26,7 +23,6 @@
 #include <vector>
 
 #include "backend_common.h"
-#include "zero/collectives/flight_recorder.h"
 #include "zero/kernels/check.h"
 #include "zero/kernels/cpu_kernels.h"
 
@@ -102,24 +98,8 @@ int MpiSession::local_rank() const {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using backend::bytes_at;
-
-// What the desync check exchanges about one collective: fixed size, the same on every rank.
-struct CollectiveDescriptor {
-  uint64_t sequence;
-  uint64_t op;
-  uint64_t dtype;
-  uint64_t count;
-
-  bool operator==(const CollectiveDescriptor& other) const {
-    return sequence == other.sequence && op == other.op && dtype == other.dtype &&
-           count == other.count;
-  }
-  std::string text() const {
-    return describe_collective(static_cast<CollectiveOp>(op), count, static_cast<DType>(dtype));
-  }
-};
+using backend::Clock;
 
 // The MPI type that moves elements of `dtype` unchanged: 16-bit floats travel as 16-bit
 // integers, since only the reductions need to know what they mean.
@@ -147,20 +127,10 @@ struct OwnedDatatype {
   }
 };
 
-class MpiCommunicator final : public Communicator {
+class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
  public:
   MpiCommunicator(std::chrono::milliseconds timeout, size_t max_elements_per_call)
-      : max_elements_per_call_(max_elements_per_call),
-        desync_check_(backend::desync_check_from_environment()),
-        timeout_(timeout) {
-    int initialized = 0;
-    ZERO_MPI_CHECK(MPI_Initialized(&initialized));
-    ZERO_CHECK(initialized, "MPI is not initialized: create a zero::MpiSession first");
-    ZERO_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
-    // Errors on our communicator come back as codes, so they become zero::Error with context.
-    ZERO_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
-    ZERO_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
-    ZERO_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+      : CommunicatorBase(timeout), max_elements_per_call_(max_elements_per_call) {
     stream_ = std::make_unique<Stream>("comm");
     watchdog_ = std::thread([this] { watch(); });
   }
@@ -169,38 +139,10 @@ class MpiCommunicator final : public Communicator {
     // Drain first, with the watchdog still on guard: a queued collective that never finishes
     // aborts the job instead of hanging the destructor.
     stream_.reset();
-    {
-      std::lock_guard<std::mutex> lock(watch_mutex_);
-      watch_stop_ = true;
-    }
-    watch_changed_.notify_one();
-    watchdog_.join();
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized && MPI_Comm_free(&comm_) != MPI_SUCCESS) {
-      std::fprintf(stderr, "zero: rank %d: MPI_Comm_free failed in ~MpiCommunicator\n", rank_);
-    }
+    stop_watchdog();
   }
 
-  int rank() const override { return rank_; }
-  int world_size() const override { return size_; }
   Stream& stream() override { return *stream_; }
-  const CommCounters& counters() const override { return counters_; }
-
-  void set_timeout(std::chrono::milliseconds timeout) override {
-    ZERO_CHECK(timeout.count() > 0,
-               "collective timeout must be positive, got " << timeout.count() << " ms");
-    {
-      std::lock_guard<std::mutex> lock(watch_mutex_);
-      timeout_ = std::min(timeout, backend::kLongestTimeout);
-    }
-    watch_changed_.notify_one();  // a shorter timeout may already have passed
-  }
-
-  void set_desync_check(bool enabled) override { desync_check_ = enabled; }
-  bool desync_check() const override { return desync_check_; }
-
-  std::string flight_record() const override { return recorder_.format(rank_); }
 
   Event all_gather(const void* send, void* recv, size_t count, DType dtype) override {
     const bool in_place = backend::check_all_gather(send, recv, count, dtype, rank_, size_);
@@ -230,7 +172,7 @@ class MpiCommunicator final : public Communicator {
 
   Event barrier() override {
     return launch(CollectiveOp::kBarrier, 0, DType::kFloat32, 0,
-                  [this] { ZERO_MPI_CHECK(MPI_Barrier(comm_)); });
+                  [this] { ZERO_MPI_CHECK(MPI_Barrier(mpi_comm_)); });
   }
 
  private:
@@ -244,18 +186,13 @@ class MpiCommunicator final : public Communicator {
     Clock::time_point start;
   };
 
-  // Counts the op (here, on the enqueueing thread, so counters() needs no lock), gives it the
-  // next sequence number, records it, and enqueues `body` between the watchdog's start and stop
-  // marks, preceded by the desync check when that is on (decided now, so a later
+  // Counts, numbers and records the op, then enqueues `body` between the watchdog's start and
+  // stop marks, preceded by the desync check when that is on (decided now, so a later
   // set_desync_check never changes a collective already queued on some ranks).
   template <typename Body>
   Event launch(CollectiveOp op, size_t count, DType dtype, uint64_t buffer_bytes, Body body) {
-    const auto index = static_cast<size_t>(op);
-    counters_.calls[index] += 1;
-    counters_.bytes[index] += backend::bytes_sent(op, buffer_bytes, size_);
-    const uint64_t sequence = next_sequence_++;
-    const bool check_desync = desync_check_;
-    recorder_.enqueued(sequence, op, dtype, count);
+    const uint64_t sequence = record_launch(op, count, dtype, buffer_bytes);
+    const bool check_desync = desync_check();
     return stream_->enqueue([this, op, sequence, count, dtype, check_desync, body] {
       recorder_.started(sequence);
       start_watch(op, sequence, count, dtype);
@@ -264,9 +201,7 @@ class MpiCommunicator final : public Communicator {
         ~StopWatch() { self->stop_watch(); }
       } stop_on_exit{this};
       try {
-        if (check_desync)
-          agree_on_collective(
-              {sequence, static_cast<uint64_t>(op), static_cast<uint64_t>(dtype), count});
+        if (check_desync) agree_on_collective(sequence, op, dtype, count);
         body();
       } catch (const std::exception& e) {
         recorder_.finished(sequence, false);
@@ -279,44 +214,7 @@ class MpiCommunicator final : public Communicator {
 
   // The waiting thread rethrows the error; the record printed here shows what ran around it.
   void report_failure(CollectiveOp op, uint64_t sequence, const char* what) const {
-    std::fprintf(stderr, "zero: rank %d: collective %s #%llu failed: %s\n%s", rank_,
-                 collective_op_name(op), static_cast<unsigned long long>(sequence), what,
-                 recorder_.format(rank_).c_str());
-    std::fflush(stderr);
-  }
-
-  // The desync check: every rank learns every rank's next collective. All ranks see the same
-  // descriptors, so all of them find a mismatch together: each prints the same message and its
-  // own flight record, they wait for each other (so no report is cut short), and the job aborts.
-  // The message names rank 0 and the first rank whose collective differs from rank 0's.
-  void agree_on_collective(const CollectiveDescriptor& mine) {
-    std::vector<CollectiveDescriptor> all(static_cast<size_t>(size_));
-    const int words = sizeof(CollectiveDescriptor) / sizeof(uint64_t);
-    ZERO_MPI_CHECK(
-        MPI_Allgather(&mine, words, MPI_UINT64_T, all.data(), words, MPI_UINT64_T, comm_));
-    int other = 1;
-    while (other < size_ && all[other] == all[0]) ++other;
-    if (other == size_) return;
-    const CollectiveDescriptor& first = all[0];
-    const CollectiveDescriptor& differing = all[static_cast<size_t>(other)];
-    std::string message = "zero: collective desync";
-    if (first.sequence == differing.sequence) {
-      message += " at #" + std::to_string(first.sequence) + ": rank 0 called " + first.text() +
-                 ", rank " + std::to_string(other) + " called " + differing.text();
-    } else {
-      message += ": rank 0 called " + first.text() + " as #" + std::to_string(first.sequence) +
-                 ", rank " + std::to_string(other) + " called " + differing.text() + " as #" +
-                 std::to_string(differing.sequence);
-    }
-    recorder_.finished(mine.sequence, false);
-    std::fprintf(stderr, "%s\n%s", message.c_str(), recorder_.format(rank_).c_str());
-    std::fflush(stderr);
-    // Every rank reaches this point, so the barrier cannot hang; if it fails, abort anyway.
-    if (MPI_Barrier(comm_) != MPI_SUCCESS) {
-      std::fprintf(stderr, "zero: rank %d: MPI_Barrier before the desync abort failed\n", rank_);
-    }
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    std::abort();  // MPI_Abort does not return; if an implementation did, still stop here
+    print_report(collective_label(op, sequence) + " failed: " + what);
   }
 
   // Largest piece of `remaining` elements one MPI call may carry (MPI counts are int).
@@ -335,7 +233,7 @@ class MpiCommunicator final : public Communicator {
     const size_t elem = dtype_size(dtype);
     if (count <= max_elements_per_call_) {
       const int n = static_cast<int>(count);
-      ZERO_MPI_CHECK(MPI_Allgather(send ? send : MPI_IN_PLACE, n, type, recv, n, type, comm_));
+      ZERO_MPI_CHECK(MPI_Allgather(send ? send : MPI_IN_PLACE, n, type, recv, n, type, mpi_comm_));
       return;
     }
     // Split: one call moves elements [offset, offset + n) of every rank's block. The receive
@@ -350,7 +248,7 @@ class MpiCommunicator final : public Communicator {
       ZERO_MPI_CHECK(MPI_Type_commit(&block.type));
       const void* piece_send = send ? bytes_at(send, offset * elem) : MPI_IN_PLACE;
       ZERO_MPI_CHECK(MPI_Allgather(piece_send, static_cast<int>(n), type,
-                                   bytes_at(recv, offset * elem), 1, block.type, comm_));
+                                   bytes_at(recv, offset * elem), 1, block.type, mpi_comm_));
       offset += n;
     }
   }
@@ -360,8 +258,8 @@ class MpiCommunicator final : public Communicator {
     if (dtype == DType::kFloat32 && count <= max_elements_per_call_) {
       // In place, recv lies inside send, which MPI forbids: reduce into scratch, then copy.
       float* out = in_place ? scratch(count) : static_cast<float*>(recv);
-      ZERO_MPI_CHECK(
-          MPI_Reduce_scatter_block(send, out, static_cast<int>(count), MPI_FLOAT, MPI_SUM, comm_));
+      ZERO_MPI_CHECK(MPI_Reduce_scatter_block(send, out, static_cast<int>(count), MPI_FLOAT,
+                                              MPI_SUM, mpi_comm_));
       if (in_place) std::memcpy(recv, out, count * sizeof(float));
       return;
     }
@@ -379,7 +277,7 @@ class MpiCommunicator final : public Communicator {
                 n);
       }
       ZERO_MPI_CHECK(MPI_Reduce_scatter_block(MPI_IN_PLACE, staged, static_cast<int>(n), MPI_FLOAT,
-                                              MPI_SUM, comm_));
+                                              MPI_SUM, mpi_comm_));
       convert(staged, DType::kFloat32, bytes_at(recv, offset * elem), dtype, n);
       offset += n;
     }
@@ -394,13 +292,13 @@ class MpiCommunicator final : public Communicator {
       const void* piece_send = send ? bytes_at(send, offset * elem) : piece_recv;
       if (dtype == DType::kFloat32) {
         ZERO_MPI_CHECK(MPI_Allreduce(send ? piece_send : MPI_IN_PLACE, piece_recv,
-                                     static_cast<int>(n), MPI_FLOAT, MPI_SUM, comm_));
+                                     static_cast<int>(n), MPI_FLOAT, MPI_SUM, mpi_comm_));
       } else {
         // MPI cannot sum 16-bit floats: sum in fp32 and round once, as the interface promises.
         float* staged = scratch(n);
         convert(piece_send, dtype, staged, DType::kFloat32, n);
-        ZERO_MPI_CHECK(
-            MPI_Allreduce(MPI_IN_PLACE, staged, static_cast<int>(n), MPI_FLOAT, MPI_SUM, comm_));
+        ZERO_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, staged, static_cast<int>(n), MPI_FLOAT, MPI_SUM,
+                                     mpi_comm_));
         convert(staged, DType::kFloat32, piece_recv, dtype, n);
       }
       offset += n;
@@ -412,7 +310,7 @@ class MpiCommunicator final : public Communicator {
     for (size_t offset = 0; offset < count;) {
       const size_t n = piece(count - offset);
       ZERO_MPI_CHECK(MPI_Bcast(bytes_at(buffer, offset * elem), static_cast<int>(n),
-                               transport_type(dtype), root, comm_));
+                               transport_type(dtype), root, mpi_comm_));
       offset += n;
     }
   }
@@ -436,49 +334,22 @@ class MpiCommunicator final : public Communicator {
     std::unique_lock<std::mutex> lock(watch_mutex_);
     while (!watch_stop_) {
       const Clock::time_point now = Clock::now();
-      if (running_.active && now - running_.start >= timeout_) abort_job(now - running_.start);
+      if (running_.active && now - running_.start >= timeout_) {
+        abort_collective(running_.op, running_.sequence, running_.count, running_.dtype,
+                         backend::not_finished_after(now - running_.start));
+      }
       const Clock::time_point wake = running_.active ? running_.start + timeout_ : now + timeout_;
       watch_changed_.wait_until(lock, wake);
     }
   }
 
-  [[noreturn]] void abort_job(Clock::duration elapsed) const {
-    const double seconds = std::chrono::duration<double>(elapsed).count();
-    std::fprintf(stderr,
-                 "zero: rank %d: collective %s #%llu (%zu elements of %s, %zu bytes) has not "
-                 "finished after %.1f s; aborting the job\n",
-                 rank_, collective_op_name(running_.op),
-                 static_cast<unsigned long long>(running_.sequence), running_.count,
-                 dtype_name(running_.dtype), running_.count * dtype_size(running_.dtype), seconds);
-    std::fputs(recorder_.format(rank_).c_str(), stderr);
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    std::abort();  // MPI_Abort does not return; if an implementation did, still stop here
-  }
-
-  MPI_Comm comm_ = MPI_COMM_NULL;
-  int rank_ = 0;
-  int size_ = 1;
   const size_t max_elements_per_call_;
-
-  // Enqueueing thread only.
-  CommCounters counters_;
-  uint64_t next_sequence_ = 1;
-  bool desync_check_;
-
-  // Written by the enqueueing thread and the worker, read by the watchdog: locks itself.
-  FlightRecorder recorder_;
 
   // Worker thread only.
   std::vector<float> scratch_;
 
   // Shared between the worker and the watchdog, under watch_mutex_.
-  std::mutex watch_mutex_;
-  std::condition_variable watch_changed_;
-  bool watch_stop_ = false;
-  std::chrono::milliseconds timeout_;
   Running running_;
-  std::thread watchdog_;
 
   std::unique_ptr<Stream> stream_;
 };

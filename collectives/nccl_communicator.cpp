@@ -13,7 +13,6 @@
 #include <nccl.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstdio>
 #include <deque>
 #include <memory>
@@ -26,7 +25,6 @@
 #include "backend_common.h"
 #include "cuda_event.h"
 #include "zero/collectives/cuda_stream.h"
-#include "zero/collectives/flight_recorder.h"
 #include "zero/kernels/cuda_check.h"
 
 // ZERO_NCCL_CHECK(ncclXxx(...)): throws zero::Error naming the call and NCCL's error text.
@@ -42,7 +40,7 @@
 namespace zero {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using backend::Clock;
 
 // How often the watchdog looks at a running collective. Polling (not a blocking wait) is what
 // CUDA offers; ten looks a second cost nothing beside a collective and keep the report prompt.
@@ -71,19 +69,11 @@ void check_device_memory(const void* p, const char* op) {
                 << " is not device memory (the NCCL communicator works on device memory)");
 }
 
-class NcclCommunicatorImpl final : public NcclCommunicator {
+// The MPI communicator of CommunicatorBase carries the unique id and the desync check.
+class NcclCommunicatorImpl final : public backend::CommunicatorBase<NcclCommunicator> {
  public:
   NcclCommunicatorImpl(std::chrono::milliseconds timeout, int requested_device)
-      : desync_check_(backend::desync_check_from_environment()), timeout_(timeout) {
-    int initialized = 0;
-    ZERO_MPI_CHECK(MPI_Initialized(&initialized));
-    ZERO_CHECK(initialized, "MPI is not initialized: create a zero::MpiSession first");
-    // Our own MPI communicator: the unique id and the desync check travel on it.
-    ZERO_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &mpi_comm_));
-    ZERO_MPI_CHECK(MPI_Comm_set_errhandler(mpi_comm_, MPI_ERRORS_RETURN));
-    ZERO_MPI_CHECK(MPI_Comm_rank(mpi_comm_, &rank_));
-    ZERO_MPI_CHECK(MPI_Comm_size(mpi_comm_, &size_));
-
+      : CommunicatorBase(timeout) {
     // The GPU: the rank's place among the ranks of its node, unless the caller chose one.
     MPI_Comm node = MPI_COMM_NULL;
     ZERO_MPI_CHECK(
@@ -124,41 +114,15 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
     } catch (const std::exception& e) {
       std::fprintf(stderr, "zero: rank %d: draining the NCCL stream failed: %s\n", rank_, e.what());
     }
-    {
-      std::lock_guard<std::mutex> lock(watch_mutex_);
-      watch_stop_ = true;
-    }
-    watch_changed_.notify_one();
-    watchdog_.join();
+    stop_watchdog();
     stream_.reset();
     if (cudaFree(barrier_word_) != cudaSuccess || ncclCommDestroy(comm_) != ncclSuccess) {
       std::fprintf(stderr, "zero: rank %d: releasing the NCCL communicator failed\n", rank_);
     }
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) MPI_Comm_free(&mpi_comm_);
   }
 
-  int rank() const override { return rank_; }
-  int world_size() const override { return size_; }
   int device() const override { return device_; }
   Stream& stream() override { return *stream_; }
-  const CommCounters& counters() const override { return counters_; }
-
-  void set_timeout(std::chrono::milliseconds timeout) override {
-    ZERO_CHECK(timeout.count() > 0,
-               "collective timeout must be positive, got " << timeout.count() << " ms");
-    {
-      std::lock_guard<std::mutex> lock(watch_mutex_);
-      timeout_ = std::min(timeout, backend::kLongestTimeout);
-    }
-    watch_changed_.notify_one();
-  }
-
-  void set_desync_check(bool enabled) override { desync_check_ = enabled; }
-  bool desync_check() const override { return desync_check_; }
-
-  std::string flight_record() const override { return recorder_.format(rank_); }
 
   void begin_group() override {
     ZERO_CHECK(!in_group_, "begin_group: a group is already open (groups do not nest)");
@@ -246,16 +210,13 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
     check_device_memory(recv, op);
   }
 
-  // Counts the op (on the calling thread, like the MPI backend), gives it the next sequence
-  // number and issues it; inside a group the events are recorded at end_group().
+  // Counts, numbers and records the op (on the calling thread, like the MPI backend), runs the
+  // desync check when that is on (over MPI, as the op is issued), and issues it; inside a group
+  // the events are recorded at end_group().
   template <typename Issue>
   Event launch(CollectiveOp op, size_t count, DType dtype, uint64_t buffer_bytes, Issue issue) {
-    const auto index = static_cast<size_t>(op);
-    counters_.calls[index] += 1;
-    counters_.bytes[index] += backend::bytes_sent(op, buffer_bytes, size_);
-    const uint64_t sequence = next_sequence_++;
-    recorder_.enqueued(sequence, op, dtype, count);
-    if (desync_check_) agree_on_collective(sequence, op, dtype, count);
+    const uint64_t sequence = record_launch(op, count, dtype, buffer_bytes);
+    if (desync_check()) agree_on_collective(sequence, op, dtype, count);
     Pending p;
     p.op = op;
     p.sequence = sequence;
@@ -275,45 +236,6 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
     p.done->record(cuda_stream_);
     track(std::move(p));
     return event;
-  }
-
-  // The desync check, as in the MPI backend: every rank learns every rank's next collective (on
-  // the host, over MPI, as it is issued), and on a mismatch all of them report and abort.
-  void agree_on_collective(uint64_t sequence, CollectiveOp op, DType dtype, size_t count) {
-    const uint64_t mine[4] = {sequence, static_cast<uint64_t>(op), static_cast<uint64_t>(dtype),
-                              count};
-    std::vector<uint64_t> all(4 * static_cast<size_t>(size_));
-    ZERO_MPI_CHECK(MPI_Allgather(mine, 4, MPI_UINT64_T, all.data(), 4, MPI_UINT64_T, mpi_comm_));
-    auto same = [&](int r) {
-      return std::equal(all.begin(), all.begin() + 4, all.begin() + 4 * r);
-    };
-    int other = 1;
-    while (other < size_ && same(other)) ++other;
-    if (other == size_) return;
-    auto text = [&](int r) {
-      const uint64_t* d = all.data() + 4 * r;
-      return describe_collective(static_cast<CollectiveOp>(d[1]), d[3], static_cast<DType>(d[2]));
-    };
-    const uint64_t first_sequence = all[0], other_sequence = all[4 * static_cast<size_t>(other)];
-    std::string message = "zero: collective desync";
-    if (first_sequence == other_sequence) {
-      message += " at #" + std::to_string(first_sequence) + ": rank 0 called " + text(0) +
-                 ", rank " + std::to_string(other) + " called " + text(other);
-    } else {
-      message += ": rank 0 called " + text(0) + " as #" + std::to_string(first_sequence) +
-                 ", rank " + std::to_string(other) + " called " + text(other) + " as #" +
-                 std::to_string(other_sequence);
-    }
-    recorder_.finished(sequence, false);
-    std::fprintf(stderr, "%s\n%s", message.c_str(), recorder_.format(rank_).c_str());
-    std::fflush(stderr);
-    // Every rank reaches this point, so the barrier cannot hang; if it fails, abort anyway.
-    if (MPI_Barrier(mpi_comm_) != MPI_SUCCESS) {
-      std::fprintf(stderr, "zero: rank %d: MPI_Barrier before the desync abort failed\n", rank_);
-    }
-    ncclCommAbort(comm_);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    std::abort();
   }
 
   void track(Pending p) {
@@ -358,10 +280,7 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
             recorder_.started(head.sequence);
           }
           if (head.started && now - head.started_at >= timeout_) {
-            const double seconds = std::chrono::duration<double>(now - head.started_at).count();
-            char text[64];
-            std::snprintf(text, sizeof(text), "has not finished after %.1f s", seconds);
-            abort_job(&head, text);
+            abort_job(&head, backend::not_finished_after(now - head.started_at));
           }
         }
       } catch (const std::exception& e) {
@@ -372,51 +291,29 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
     }
   }
 
-  // The MPI backend's report ("zero: rank R: collective OP #N (C elements of T, B bytes) ...;
-  // aborting the job"), then ncclCommAbort, which frees a rank stuck inside NCCL, then the job.
+  // The MPI backend's report, naming the oldest unfinished collective when there is one.
   [[noreturn]] void abort_job(const Pending* op, const std::string& what) {
-    if (op != nullptr) {
-      std::fprintf(stderr,
-                   "zero: rank %d: collective %s #%llu (%zu elements of %s, %zu bytes) %s; "
-                   "aborting the job\n",
-                   rank_, collective_op_name(op->op), static_cast<unsigned long long>(op->sequence),
-                   op->count, dtype_name(op->dtype), op->count * dtype_size(op->dtype),
-                   what.c_str());
-    } else {
-      std::fprintf(stderr, "zero: rank %d: NCCL communicator %s; aborting the job\n", rank_,
-                   what.c_str());
-    }
-    std::fputs(recorder_.format(rank_).c_str(), stderr);
-    std::fflush(stderr);
-    ncclCommAbort(comm_);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    std::abort();  // MPI_Abort does not return; if an implementation did, still stop here
+    if (op != nullptr) abort_collective(op->op, op->sequence, op->count, op->dtype, what);
+    print_report("zero: rank " + std::to_string(rank_) + ": NCCL communicator " + what +
+                 "; aborting the job");
+    end_job();
   }
 
-  MPI_Comm mpi_comm_ = MPI_COMM_NULL;
-  int rank_ = 0;
-  int size_ = 1;
+  // Frees a rank stuck inside NCCL, so that MPI_Abort can end it.
+  void release_before_abort() override { ncclCommAbort(comm_); }
+
   int device_ = 0;
   ncclComm_t comm_ = nullptr;
-  FlightRecorder recorder_;  // enqueued by the calling thread, started/finished by the watchdog
   std::unique_ptr<Stream> stream_;
   cudaStream_t cuda_stream_ = nullptr;
   float* barrier_word_ = nullptr;
 
   // Calling thread only.
-  CommCounters counters_;
-  uint64_t next_sequence_ = 1;
   bool in_group_ = false;
   std::vector<Pending> group_;
-  bool desync_check_;
 
   // Shared between the calling thread and the watchdog, under watch_mutex_.
-  std::mutex watch_mutex_;
-  std::condition_variable watch_changed_;
-  bool watch_stop_ = false;
-  std::chrono::milliseconds timeout_;
   std::deque<Pending> pending_;
-  std::thread watchdog_;
 };
 
 }  // namespace
