@@ -3,81 +3,42 @@
 // node-local rank reaching the ranks, and the errors (exit code 2) for bad flags, bad hostfiles,
 // a missing program and a missing mpirun.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <cstdlib>
-#include <cstring>
 #include <fstream>
-#include <sstream>
-#include <stdexcept>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "tests/run_program.h"
 #include "zero/launcher/launch_command.h"
 
 namespace {
 
 using Words = std::vector<std::string>;
 using Variables = std::vector<std::pair<std::string, std::string>>;
+using zero::testing::ProgramOutcome;
+using zero::testing::throw_errno;
 
-struct Outcome {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-[[noreturn]] void fail_errno(const std::string& what) {
-  throw std::runtime_error(what + ": " + std::strerror(errno));
-}
-
-std::string read_all(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-// Runs zerorun with args in this process's environment minus every variable zerorun forwards,
-// plus `variables`. Output goes to files, not pipes, so a chatty child can never block on a full
-// pipe.
-Outcome run_zerorun(const Words& args, const Variables& variables = {}) {
-  char out_name[] = "/tmp/zerorun_test_out_XXXXXX";
-  char err_name[] = "/tmp/zerorun_test_err_XXXXXX";
-  const int out_fd = mkstemp(out_name);
-  if (out_fd < 0) fail_errno("mkstemp");
-  const int err_fd = mkstemp(err_name);
-  if (err_fd < 0) fail_errno("mkstemp");
-
-  const pid_t child = fork();
-  if (child < 0) fail_errno("fork");
-  if (child == 0) {
-    // The test process is single-threaded, so the child may allocate and setenv before exec.
-    const zero::launcher::HostFacts host = zero::launcher::current_host();
-    for (const std::string& name : zero::launcher::forwarded_variables(host.environment)) {
-      unsetenv(name.c_str());
-    }
-    for (const auto& [name, value] : variables) setenv(name.c_str(), value.c_str(), 1);
-    if (dup2(out_fd, STDOUT_FILENO) < 0 || dup2(err_fd, STDERR_FILENO) < 0) _exit(126);
-    std::vector<char*> argv = {const_cast<char*>(ZERORUN_PATH)};
-    for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
-    argv.push_back(nullptr);
-    execv(ZERORUN_PATH, argv.data());
-    _exit(127);
+// This process's environment minus every variable zerorun forwards, plus `variables`: a job sees
+// only the variables its test sets.
+std::vector<std::string> job_environment(const Variables& variables) {
+  const std::vector<std::string> inherited = zero::launcher::current_host().environment;
+  const std::vector<std::string> forwarded = zero::launcher::forwarded_variables(inherited);
+  std::set<std::string> replaced(forwarded.begin(), forwarded.end());
+  for (const auto& [name, value] : variables) replaced.insert(name);
+  std::vector<std::string> environment;
+  for (const std::string& entry : inherited) {
+    if (replaced.count(entry.substr(0, entry.find('='))) == 0) environment.push_back(entry);
   }
-  close(out_fd);
-  close(err_fd);
-  int status = 0;
-  if (waitpid(child, &status, 0) != child) fail_errno("waitpid");
-  Outcome outcome;
-  outcome.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  outcome.out = read_all(out_name);
-  outcome.err = read_all(err_name);
-  unlink(out_name);
-  unlink(err_name);
-  return outcome;
+  for (const auto& [name, value] : variables) environment.push_back(name + "=" + value);
+  return environment;
+}
+
+ProgramOutcome run_zerorun(const Words& args, const Variables& variables = {}) {
+  return zero::testing::run_program(ZERORUN_PATH, args, job_environment(variables));
 }
 
 std::string find_mpirun() {
@@ -92,7 +53,7 @@ bool contains(const std::string& text, const std::string& part) {
 TEST(Zerorun, DryRunPrintsTheMpirunCommand) {
   const std::string mpirun = find_mpirun();
   ASSERT_FALSE(mpirun.empty()) << "these tests need mpirun on PATH";
-  const Outcome outcome = run_zerorun({"--dry-run", "-np", "4", "--", "/bin/echo", "hi"});
+  const ProgramOutcome outcome = run_zerorun({"--dry-run", "-np", "4", "--", "/bin/echo", "hi"});
   ASSERT_EQ(outcome.exit_code, 0) << outcome.err;
   std::string expected = mpirun + " -np 4";
   if (geteuid() == 0) expected += " --allow-run-as-root";
@@ -105,8 +66,8 @@ TEST(Zerorun, DryRunPrintsTheMpirunCommand) {
 }
 
 TEST(Zerorun, DryRunForwardsZeroVariables) {
-  const Outcome outcome = run_zerorun({"--dry-run", "-np", "1", "/bin/true"},
-                                      {{"ZERO_TEST_B", "1"}, {"ZERO_TEST_A", "two words"}});
+  const ProgramOutcome outcome = run_zerorun({"--dry-run", "-np", "1", "/bin/true"},
+                                             {{"ZERO_TEST_B", "1"}, {"ZERO_TEST_A", "two words"}});
   ASSERT_EQ(outcome.exit_code, 0) << outcome.err;
   EXPECT_TRUE(contains(outcome.out, " -x ZERO_TEST_A -x ZERO_TEST_B /bin/true\n")) << outcome.out;
 }
@@ -117,7 +78,7 @@ class Hostfile {
   explicit Hostfile(const std::string& text) {
     char name[] = "/tmp/zerorun_test_hosts_XXXXXX";
     const int fd = mkstemp(name);
-    if (fd < 0) fail_errno("mkstemp");
+    if (fd < 0) throw_errno("mkstemp");
     close(fd);
     path_ = name;
     std::ofstream(path_) << text;
@@ -135,7 +96,7 @@ std::string root_flag() {
 
 TEST(Zerorun, DryRunWithTwoHostHostfile) {
   const Hostfile hosts("# cluster\nnode-a slots=4\n\nnode-b slots=2  # spare\n");
-  const Outcome outcome =
+  const ProgramOutcome outcome =
       run_zerorun({"--hostfile", hosts.path(), "--dry-run", "--", "/bin/echo", "hi"},
                   {{"ZERO_STAGE", "3"}, {"OMP_NUM_THREADS", "1"}, {"NCCL_DEBUG", "INFO"}});
   ASSERT_EQ(outcome.exit_code, 0) << outcome.err;
@@ -147,19 +108,20 @@ TEST(Zerorun, DryRunWithTwoHostHostfile) {
 
 TEST(Zerorun, DryRunWithHostfileNpAndNumGpus) {
   const Hostfile hosts("node-a slots=4\nnode-b slots=2\n");
-  const Outcome capped =
+  const ProgramOutcome capped =
       run_zerorun({"--hostfile", hosts.path(), "--num_gpus", "1", "--dry-run", "/bin/true"});
   ASSERT_EQ(capped.exit_code, 0) << capped.err;
   EXPECT_EQ(capped.out, find_mpirun() + " -np 2" + root_flag() +
                             " --host node-a:1,node-b:1 --map-by slot --bind-to none /bin/true\n");
 
-  const Outcome fewer =
+  const ProgramOutcome fewer =
       run_zerorun({"--hostfile", hosts.path(), "-np", "3", "--dry-run", "/bin/true"});
   ASSERT_EQ(fewer.exit_code, 0) << fewer.err;
   EXPECT_EQ(fewer.out, find_mpirun() + " -np 3" + root_flag() +
                            " --host node-a:4,node-b:2 --map-by slot --bind-to none /bin/true\n");
 
-  const Outcome too_many = run_zerorun({"--hostfile", hosts.path(), "-np", "7", "/bin/true"});
+  const ProgramOutcome too_many =
+      run_zerorun({"--hostfile", hosts.path(), "-np", "7", "/bin/true"});
   EXPECT_EQ(too_many.exit_code, 2);
   EXPECT_EQ(too_many.err,
             "zerorun: -np 7 exceeds the 6 slots of hostfile '" + hosts.path() + "'\n");
@@ -168,13 +130,13 @@ TEST(Zerorun, DryRunWithHostfileNpAndNumGpus) {
 
 TEST(Zerorun, BadHostfileExits2NamingTheLine) {
   const Hostfile hosts("node-a slots=4\nnode-b slots=two\n");
-  const Outcome outcome = run_zerorun({"--hostfile", hosts.path(), "/bin/true"});
+  const ProgramOutcome outcome = run_zerorun({"--hostfile", hosts.path(), "/bin/true"});
   EXPECT_EQ(outcome.exit_code, 2);
   EXPECT_EQ(outcome.err,
             "zerorun: " + hosts.path() + ":2: slots needs a positive whole number, got 'two'\n");
   EXPECT_EQ(outcome.out, "");
 
-  const Outcome missing = run_zerorun({"--hostfile", "/nonexistent/hosts", "/bin/true"});
+  const ProgramOutcome missing = run_zerorun({"--hostfile", "/nonexistent/hosts", "/bin/true"});
   EXPECT_EQ(missing.exit_code, 2);
   EXPECT_EQ(missing.err,
             "zerorun: cannot read hostfile '/nonexistent/hosts': No such file or directory\n");
@@ -191,14 +153,14 @@ TEST(Zerorun, HostfileJobRanksKnowTheirLocalRank) {
                        "-c",
                        "test \"$OMPI_COMM_WORLD_LOCAL_RANK\" = \"$OMPI_COMM_WORLD_RANK\" && "
                        "test \"$OMPI_COMM_WORLD_SIZE\" = 2 && test \"$ZERO_TEST_PROBE\" = yes"};
-  const Outcome outcome = run_zerorun(probe, {{"ZERO_TEST_PROBE", "yes"}});
+  const ProgramOutcome outcome = run_zerorun(probe, {{"ZERO_TEST_PROBE", "yes"}});
   EXPECT_EQ(outcome.exit_code, 0) << outcome.err;
 }
 
 TEST(Zerorun, JobExitCodeComesBack) {
-  const Outcome ok = run_zerorun({"-np", "2", "--", "/bin/true"});
+  const ProgramOutcome ok = run_zerorun({"-np", "2", "--", "/bin/true"});
   EXPECT_EQ(ok.exit_code, 0) << ok.err;
-  const Outcome failed = run_zerorun({"-np", "2", "--", "/bin/false"});
+  const ProgramOutcome failed = run_zerorun({"-np", "2", "--", "/bin/false"});
   EXPECT_NE(failed.exit_code, 0) << failed.err;
 }
 
@@ -211,7 +173,8 @@ TEST(Zerorun, RanksSeeZeroVariables) {
 
 // ZERO_MPIRUN replaces mpirun: with /bin/echo as "mpirun" the job prints its own arguments.
 TEST(Zerorun, ZeroMpirunOverridesPathSearch) {
-  const Outcome outcome = run_zerorun({"-np", "2", "/bin/true"}, {{"ZERO_MPIRUN", "/bin/echo"}});
+  const ProgramOutcome outcome =
+      run_zerorun({"-np", "2", "/bin/true"}, {{"ZERO_MPIRUN", "/bin/echo"}});
   ASSERT_EQ(outcome.exit_code, 0) << outcome.err;
   EXPECT_EQ(outcome.out.compare(0, 6, "-np 2 "), 0) << outcome.out;
   EXPECT_TRUE(contains(outcome.out, " /bin/true\n")) << outcome.out;
@@ -222,7 +185,7 @@ TEST(Zerorun, BadFlagsPrintUsageAndExit2) {
        {Words{}, Words{"-np"}, Words{"-np", "0", "/bin/true"}, Words{"-np", "two", "/bin/true"},
         Words{"-np", "2"}, Words{"--bogus", "-np", "2", "/bin/true"}, Words{"--hostfile"},
         Words{"--num_gpus", "0", "/bin/true"}, Words{"--num_gpus", "1", "-np", "2", "/bin/true"}}) {
-    const Outcome outcome = run_zerorun(args);
+    const ProgramOutcome outcome = run_zerorun(args);
     EXPECT_EQ(outcome.exit_code, 2) << outcome.err;
     EXPECT_TRUE(contains(outcome.err, "usage: zerorun")) << outcome.err;
     EXPECT_EQ(outcome.out, "");
@@ -230,26 +193,26 @@ TEST(Zerorun, BadFlagsPrintUsageAndExit2) {
 }
 
 TEST(Zerorun, HelpPrintsUsageAndExits0) {
-  const Outcome outcome = run_zerorun({"--help"});
+  const ProgramOutcome outcome = run_zerorun({"--help"});
   EXPECT_EQ(outcome.exit_code, 0);
   EXPECT_TRUE(contains(outcome.out, "usage: zerorun")) << outcome.out;
 }
 
 TEST(Zerorun, MissingProgramOrMpirunExit2) {
-  const Outcome no_program = run_zerorun({"-np", "2", "/nonexistent/zero_program"});
+  const ProgramOutcome no_program = run_zerorun({"-np", "2", "/nonexistent/zero_program"});
   EXPECT_EQ(no_program.exit_code, 2);
   EXPECT_TRUE(contains(no_program.err, "/nonexistent/zero_program")) << no_program.err;
 
-  const Outcome not_executable = run_zerorun({"-np", "2", "/etc/passwd"});
+  const ProgramOutcome not_executable = run_zerorun({"-np", "2", "/etc/passwd"});
   EXPECT_EQ(not_executable.exit_code, 2);
   EXPECT_TRUE(contains(not_executable.err, "not executable")) << not_executable.err;
 
-  const Outcome no_mpirun =
+  const ProgramOutcome no_mpirun =
       run_zerorun({"-np", "2", "/bin/true"}, {{"ZERO_MPIRUN", "/nonexistent/mpirun"}});
   EXPECT_EQ(no_mpirun.exit_code, 2);
   EXPECT_TRUE(contains(no_mpirun.err, "ZERO_MPIRUN")) << no_mpirun.err;
 
-  const Outcome mpirun_not_on_path = run_zerorun({"-np", "2", "/bin/true"}, {{"PATH", "/"}});
+  const ProgramOutcome mpirun_not_on_path = run_zerorun({"-np", "2", "/bin/true"}, {{"PATH", "/"}});
   EXPECT_EQ(mpirun_not_on_path.exit_code, 2);
   EXPECT_TRUE(contains(mpirun_not_on_path.err, "mpirun not found")) << mpirun_not_on_path.err;
 }

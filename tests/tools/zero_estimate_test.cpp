@@ -2,111 +2,66 @@
 // precisions and for one stage, parameter counts in every accepted spelling, and bad arguments
 // (a message naming the problem, the usage, exit code 2).
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <cerrno>
-#include <cstring>
-#include <fstream>
-#include <sstream>
-#include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "tests/run_program.h"
 
 namespace {
 
 using Words = std::vector<std::string>;
+using zero::testing::ProgramOutcome;
 
-struct Outcome {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-[[noreturn]] void fail_errno(const std::string& what) {
-  throw std::runtime_error(what + ": " + std::strerror(errno));
+ProgramOutcome run_estimate(const Words& args) {
+  return zero::testing::run_program(ZERO_ESTIMATE_PATH, args);
 }
 
-std::string read_and_remove(const char* path) {
-  std::stringstream text;
-  text << std::ifstream(path).rdbuf();
-  unlink(path);
-  return text.str();
-}
-
-// Runs zero-estimate with args; its output goes to files, read once it has exited.
-Outcome run_estimate(const Words& args) {
-  char out_name[] = "/tmp/zero_estimate_test_out_XXXXXX";
-  char err_name[] = "/tmp/zero_estimate_test_err_XXXXXX";
-  const int out_fd = mkstemp(out_name);
-  if (out_fd < 0) fail_errno("mkstemp");
-  const int err_fd = mkstemp(err_name);
-  if (err_fd < 0) fail_errno("mkstemp");
-  const pid_t child = fork();
-  if (child < 0) fail_errno("fork");
-  if (child == 0) {
-    if (dup2(out_fd, STDOUT_FILENO) < 0 || dup2(err_fd, STDERR_FILENO) < 0) _exit(126);
-    std::vector<char*> argv = {const_cast<char*>(ZERO_ESTIMATE_PATH)};
-    for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
-    argv.push_back(nullptr);
-    execv(ZERO_ESTIMATE_PATH, argv.data());
-    _exit(127);
-  }
-  close(out_fd);
-  close(err_fd);
-  int status = 0;
-  if (waitpid(child, &status, 0) != child) fail_errno("waitpid");
-  Outcome outcome;
-  outcome.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  outcome.out = read_and_remove(out_name);
-  outcome.err = read_and_remove(err_name);
-  return outcome;
+// A successful run prints exactly `table` and nothing on stderr.
+void expect_table(const Words& args, const std::string& table) {
+  const ProgramOutcome outcome = run_estimate(args);
+  ASSERT_EQ(outcome.exit_code, 0) << outcome.err;
+  EXPECT_EQ(outcome.err, "");
+  EXPECT_EQ(outcome.out, table);
 }
 
 // The ZeRO paper's Figure 1: 7.5B parameters on 64 ranks, 120 / 31.4 / 16.6 / 1.88 GB.
 TEST(ZeroEstimate, PrintsThePapersFigure1) {
-  const Outcome outcome = run_estimate({"--params", "7.5e9", "--ranks", "64", "--dtype", "bf16"});
-  ASSERT_EQ(outcome.exit_code, 0) << outcome.err;
-  EXPECT_EQ(outcome.err, "");
-  EXPECT_EQ(outcome.out,
-            "7500000000 parameters, 64 ranks, bf16 parameters and gradients\n"
-            "optimizer state: fp32 master + Adam moments (K = 12 bytes per parameter); "
-            "GB = 1e9 bytes\n"
-            "stage  params GB  grads GB  optimizer GB  total GB     total bytes\n"
-            "    0      15.00     15.00         90.00    120.00    120000000000\n"
-            "    1      15.00     15.00          1.41     31.41     31406250000\n"
-            "    2      15.00      0.23          1.41     16.64     16640625000\n"
-            "    3       0.23      0.23          1.41      1.88      1875000000\n");
+  expect_table({"--params", "7.5e9", "--ranks", "64", "--dtype", "bf16"},
+               "7500000000 parameters, 64 ranks, bf16 parameters and gradients\n"
+               "optimizer state: fp32 master + Adam moments (K = 12 bytes per parameter); "
+               "GB = 1e9 bytes\n"
+               "stage  params GB  grads GB  optimizer GB  total GB     total bytes\n"
+               "    0      15.00     15.00         90.00    120.00    120000000000\n"
+               "    1      15.00     15.00          1.41     31.41     31406250000\n"
+               "    2      15.00      0.23          1.41     16.64     16640625000\n"
+               "    3       0.23      0.23          1.41      1.88      1875000000\n");
 }
 
 TEST(ZeroEstimate, Fp32TableHasNoMasterCopy) {
-  const Outcome outcome = run_estimate({"--ranks", "4", "--params", "1B", "--dtype", "fp32"});
-  ASSERT_EQ(outcome.exit_code, 0) << outcome.err;
-  EXPECT_EQ(outcome.out,
-            "1000000000 parameters, 4 ranks, fp32 parameters and gradients\n"
-            "optimizer state: Adam moments in fp32 (K = 8 bytes per parameter); GB = 1e9 bytes\n"
-            "stage  params GB  grads GB  optimizer GB  total GB     total bytes\n"
-            "    0       4.00      4.00          8.00     16.00     16000000000\n"
-            "    1       4.00      4.00          2.00     10.00     10000000000\n"
-            "    2       4.00      1.00          2.00      7.00      7000000000\n"
-            "    3       1.00      1.00          2.00      4.00      4000000000\n");
+  expect_table({"--ranks", "4", "--params", "1B", "--dtype", "fp32"},
+               "1000000000 parameters, 4 ranks, fp32 parameters and gradients\n"
+               "optimizer state: Adam moments in fp32 (K = 8 bytes per parameter); GB = 1e9 bytes\n"
+               "stage  params GB  grads GB  optimizer GB  total GB     total bytes\n"
+               "    0       4.00      4.00          8.00     16.00     16000000000\n"
+               "    1       4.00      4.00          2.00     10.00     10000000000\n"
+               "    2       4.00      1.00          2.00      7.00      7000000000\n"
+               "    3       1.00      1.00          2.00      4.00      4000000000\n");
 }
 
 TEST(ZeroEstimate, StagePrintsOneRow) {
-  const Outcome outcome = run_estimate({"--params", "350M", "--ranks", "8", "--stage", "2"});
-  ASSERT_EQ(outcome.exit_code, 0) << outcome.err;
   // bf16 is the default: 2 x 350M + 14 x 350M / 8 = 700M + 612.5M bytes.
-  EXPECT_EQ(outcome.out,
-            "350000000 parameters, 8 ranks, bf16 parameters and gradients\n"
-            "optimizer state: fp32 master + Adam moments (K = 12 bytes per parameter); "
-            "GB = 1e9 bytes\n"
-            "stage  params GB  grads GB  optimizer GB  total GB     total bytes\n"
-            "    2       0.70      0.09          0.53      1.31      1312500000\n");
+  expect_table({"--params", "350M", "--ranks", "8", "--stage", "2"},
+               "350000000 parameters, 8 ranks, bf16 parameters and gradients\n"
+               "optimizer state: fp32 master + Adam moments (K = 12 bytes per parameter); "
+               "GB = 1e9 bytes\n"
+               "stage  params GB  grads GB  optimizer GB  total GB     total bytes\n"
+               "    2       0.70      0.09          0.53      1.31      1312500000\n");
 }
 
 // The first line echoes the count as a whole number, so each spelling can be checked exactly.
 std::string parsed_count(const std::string& params) {
-  const Outcome outcome = run_estimate({"--params", params, "--ranks", "1"});
+  const ProgramOutcome outcome = run_estimate({"--params", params, "--ranks", "1"});
   if (outcome.exit_code != 0)
     return "exit " + std::to_string(outcome.exit_code) + ": " + outcome.err;
   return outcome.out.substr(0, outcome.out.find(' '));
@@ -129,7 +84,7 @@ TEST(ZeroEstimate, ParamsAcceptsEverySpelling) {
 }
 
 void expect_usage_error(const Words& args, const std::string& message) {
-  const Outcome outcome = run_estimate(args);
+  const ProgramOutcome outcome = run_estimate(args);
   EXPECT_EQ(outcome.exit_code, 2) << outcome.out;
   EXPECT_EQ(outcome.out, "");
   const std::string first_line = outcome.err.substr(0, outcome.err.find('\n'));
@@ -172,7 +127,7 @@ TEST(ZeroEstimate, BadArgumentsExit2WithTheProblem) {
 }
 
 TEST(ZeroEstimate, HelpPrintsUsage) {
-  const Outcome outcome = run_estimate({"--help"});
+  const ProgramOutcome outcome = run_estimate({"--help"});
   EXPECT_EQ(outcome.exit_code, 0);
   EXPECT_EQ(outcome.out.compare(0, 20, "usage: zero-estimate"), 0) << outcome.out;
 }
