@@ -2,10 +2,8 @@
 
 #include <utility>
 
-#include "zero/runtime/device.h"
-
 #include "zero/kernels/check.h"
-#include "zero/kernels/cpu_kernels.h"
+#include "zero/runtime/device.h"
 
 namespace zero {
 
@@ -106,6 +104,7 @@ Tensor Tensor::to(std::shared_ptr<DeviceContext> device) const {
 
 const float* ParamRef::as_f32(Tensor& scratch) const {
   if (dtype == DType::kFloat32) return static_cast<const float*>(data);
+  ZERO_CHECK(device != nullptr, "ParamRef::as_f32: the parameter has no device");
   if (scratch.numel() != numel || scratch.device() != device_memory(device)) {
     scratch = Tensor({static_cast<int64_t>(numel)}, device);
   }
@@ -114,6 +113,7 @@ const float* ParamRef::as_f32(Tensor& scratch) const {
 }
 
 void ParamRef::add_f32(const float* values) const {
+  ZERO_CHECK(device != nullptr, "ParamRef::add_f32: the parameter has no device");
   device->add(data, dtype, values, DType::kFloat32, numel);
 }
 
