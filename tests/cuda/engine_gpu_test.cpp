@@ -85,10 +85,12 @@ double relative_difference(float a, float b) {
   return std::fabs(static_cast<double>(a) - b) / std::max(1e-12, std::fabs(static_cast<double>(b)));
 }
 
-// Losses and norms within `tolerance` relative; the parameters within it as a norm ratio
-// |gpu - cpu| / |cpu|. Adam's first steps move each parameter by about ±lr whatever the gradient's
-// size, so an element whose gradient is below the GEMMs' rounding difference may step the other
-// way on one device: single elements may differ by 2 lr, which the norm ratio absorbs.
+// Losses and norms within `tolerance` relative, the parameters within ten times it as a norm ratio
+// |gpu - cpu| / |cpu|. cuBLAS and OpenBLAS sum in different orders, so the runs drift apart by
+// rounding; with Adam more than that: its first steps move each parameter by about ±lr whatever
+// the gradient's size, so an element whose gradient is below the rounding difference may step the
+// other way on one device (2 lr apart from then on), which the norm ratio absorbs and the losses
+// feel a little.
 void expect_close(const TrainedRun& gpu, const TrainedRun& cpu, double tolerance) {
   ASSERT_EQ(gpu.losses.size(), cpu.losses.size());
   for (size_t i = 0; i < gpu.losses.size(); ++i) {
@@ -118,7 +120,7 @@ TEST_P(EngineOnGpu, Fp32MatchesTheCpuRun) {
   const int stage = GetParam();
   const TrainedRun gpu = train(config_for(stage, DType::kFloat32, true));
   const TrainedRun cpu = train(config_for(stage, DType::kFloat32, false));
-  expect_close(gpu, cpu, 1e-4);
+  expect_close(gpu, cpu, 1e-3);
   EXPECT_LT(gpu.losses.back(), gpu.losses.front()) << "the loss must fall on the GPU";
   EXPECT_EQ(gpu.model_state_bytes, gpu.planned_model_state_bytes);
   EXPECT_EQ(gpu.model_state_bytes, cpu.model_state_bytes);
