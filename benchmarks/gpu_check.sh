@@ -1,17 +1,24 @@
 #!/usr/bin/env bash
-# The GPU check, for a machine with a CUDA device: configure and build with CUDA, run the GPU
-# tests (ctest -L gpu), train the example MLP on the GPU, then the GPU optimizer benchmark against a device-to-device copy and
-# against torch.optim.AdamW(fused=True) when python3 has torch. Everything (logs, JSON, a
-# summary) goes to OUTDIR. Meant to finish within 8 minutes on one H200.
+# The GPU check, for a machine with a CUDA device: the GPU tests, the example MLP trained on the
+# GPU, then the GPU optimizer benchmark against a device-to-device copy and against
+# torch.optim.AdamW(fused=True) when python3 has torch. Everything (logs, JSON, a summary) goes
+# to OUTDIR. Meant to finish within 8 minutes on one H200.
 #
-#   bash benchmarks/gpu_check.sh OUTDIR        (build dir: $ZERO_GPU_BUILD_DIR or /tmp/zero-gpu-build)
-#
-# Where the project's other dependencies (MPI, protobuf, GoogleTest, Google Benchmark) are
-# missing, the CMake build fails; the benchmark is then built alone with nvcc (it needs CUDA
-# only), the tests are reported as not run, and the script still measures.
+#   bash benchmarks/gpu_check.sh OUTDIR
+#       builds the CUDA tree there ($ZERO_GPU_BUILD_DIR or /tmp/zero-gpu-build) and runs
+#       ctest -L gpu. Where the project's other dependencies (MPI, protobuf, GoogleTest) are
+#       missing, the build fails; the benchmark is then built alone with nvcc (it needs CUDA
+#       only), the tests are reported as not run, and the script still measures.
+#   bash BUNDLE/gpu_check.sh --bundle BUNDLE OUTDIR
+#       runs the programs scripts/gpu_bundle.sh built elsewhere and packed with the libraries
+#       the GPU machine lacks: no build there, each program a single MPI rank without mpirun.
 set -uo pipefail
-if [[ $# -ne 1 ]]; then
-  echo "usage: $0 OUTDIR" >&2
+bundle=""
+if [[ $# -eq 3 && "$1" == "--bundle" ]]; then
+  bundle="$(cd "$2" && pwd)"
+  shift 2
+elif [[ $# -ne 1 ]]; then
+  echo "usage: $0 OUTDIR  |  $0 --bundle BUNDLE_DIR OUTDIR" >&2
   exit 2
 fi
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,44 +30,91 @@ status=0
 
 note() { echo "$*" | tee -a "$summary"; }
 : > "$summary"
-note "gpu_check: $(date -u +%FT%TZ), commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+if [[ -n "$bundle" ]]; then
+  note "gpu_check: $(date -u +%FT%TZ), bundle $bundle"
+else
+  note "gpu_check: $(date -u +%FT%TZ), commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | sed 's/^/gpu: /' | tee -a "$summary"
 
-# 1. Build. One architecture keeps it short; the whole tree, so every gpu-labelled test is there.
-start=$SECONDS
-bench="$build/bin/zero-bench-optimizer-gpu"
-if cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DZERO_CUDA=ON \
-     -DCMAKE_CUDA_ARCHITECTURES="$arch" > "$out/build.log" 2>&1 &&
-   cmake --build "$build" -j "$(nproc)" >> "$out/build.log" 2>&1; then
-  note "build: ok in $((SECONDS - start)) s"
-  # 2. The GPU tests.
-  start=$SECONDS
-  if ctest --test-dir "$build" -L gpu --output-on-failure --timeout 180 > "$out/ctest.log" 2>&1; then
-    note "ctest -L gpu: passed in $((SECONDS - start)) s"
-  else
-    note "ctest -L gpu: FAILED (see ctest.log)"
+# One rank of an MPI program: through mpirun where the build is here, alone (an MPI singleton,
+# OpenMPI's orted from the bundle serving it) for the bundle.
+one_rank=()
+if [[ -z "$bundle" ]]; then
+  one_rank=(mpirun -np 1)
+  [[ $(id -u) -eq 0 ]] && one_rank+=(--allow-run-as-root)
+fi
+
+system_library_path="${LD_LIBRARY_PATH:-}"
+python=(python3)
+if [[ -n "$bundle" ]]; then
+  # 1. The bundle's libraries first, then CUDA's: the toolkit's and the pip packages' (torch's).
+  cuda_dirs=$(python3 - <<'PY' 2>/dev/null
+import glob, os, site
+roots = site.getsitepackages() + [site.getusersitepackages()]
+dirs = {d for r in roots for p in ("nvidia/*/lib", "nvidia/*/*/lib") for d in glob.glob(os.path.join(r, p))}
+print(":".join(sorted(dirs)))
+PY
+  )
+  # PyTorch keeps the machine's own libraries: the bundle's are for our programs only.
+  python=(env "LD_LIBRARY_PATH=$system_library_path" python3)
+  export LD_LIBRARY_PATH="$bundle/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:$cuda_dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export OPAL_PREFIX="$bundle/mpi"
+  bin="$bundle/bin"
+  bench="$bin/zero-bench-optimizer-gpu"
+  missing=$(for program in "$bin"/*; do ldd "$program" | grep "not found"; done | sort -u)
+  if [[ -n "$missing" ]]; then
+    note "bundle: libraries not found on this machine:"
+    note "$missing"
     status=1
   fi
-  grep -E "tests passed|Skipped|Failed|\*\*\*" "$out/ctest.log" | tee -a "$summary"
+  # 2. The GPU tests, one program each.
+  for test in cuda_kernels_test cuda_stream_test nccl_communicator_test engine_gpu_test; do
+    start=$SECONDS
+    if timeout 180 "$bin/$test" > "$out/$test.log" 2>&1; then
+      note "$test: passed in $((SECONDS - start)) s ($(grep -E '^\[ +(PASSED|SKIPPED) +\] [0-9]+ tests?' "$out/$test.log" | tr -s ' ' | paste -sd ' '))"
+    else
+      note "$test: FAILED (see $test.log)"
+      grep -E "^\[  FAILED  \]|Failure|error" "$out/$test.log" | head -20 | tee -a "$summary"
+      status=1
+    fi
+  done
 else
-  note "build: the CMake build failed (see build.log); tests not run; building the benchmark alone"
-  status=1
-  mkdir -p "$build"
-  bench="$build/zero-bench-optimizer-gpu-standalone"
-  nvcc -O3 -std=c++17 -arch="sm_$arch" --fmad=false -I "$root/kernels/include" \
-    "$root/benchmarks/bench_optimizer_gpu.cu" "$root"/kernels/cuda/*.cu -o "$bench" \
-    >> "$out/build.log" 2>&1 || { note "standalone benchmark build failed too"; exit 1; }
+  # 1. Build. One architecture keeps it short; the whole tree, so every gpu-labelled test is there.
+  start=$SECONDS
+  bin="$build/bin"
+  bench="$bin/zero-bench-optimizer-gpu"
+  if cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DZERO_CUDA=ON \
+       -DCMAKE_CUDA_ARCHITECTURES="$arch" > "$out/build.log" 2>&1 &&
+     cmake --build "$build" -j "$(nproc)" >> "$out/build.log" 2>&1; then
+    note "build: ok in $((SECONDS - start)) s"
+    # 2. The GPU tests.
+    start=$SECONDS
+    if ctest --test-dir "$build" -L gpu --output-on-failure --timeout 180 > "$out/ctest.log" 2>&1; then
+      note "ctest -L gpu: passed in $((SECONDS - start)) s"
+    else
+      note "ctest -L gpu: FAILED (see ctest.log)"
+      status=1
+    fi
+    grep -E "tests passed|Skipped|Failed|\*\*\*" "$out/ctest.log" | tee -a "$summary"
+  else
+    note "build: the CMake build failed (see build.log); tests not run; building the benchmark alone"
+    status=1
+    mkdir -p "$build"
+    bench="$build/zero-bench-optimizer-gpu-standalone"
+    nvcc -O3 -std=c++17 -arch="sm_$arch" --fmad=false -I "$root/kernels/include" \
+      "$root/benchmarks/bench_optimizer_gpu.cu" "$root"/kernels/cuda/*.cu -o "$bench" \
+      >> "$out/build.log" 2>&1 || { note "standalone benchmark build failed too"; exit 1; }
+  fi
 fi
 
 # 2b. The example MLP trained on the GPU through the engine (NCCL, CUDA kernels, cuBLAS): one
 # rank, bf16, a model big enough for the GPU to matter, at stage 0 and stage 3; the ratio of their
 # median step times (past 5 warm-up steps, host data making left out) is the engine's stage-3
-# overhead on one GPU. Only where the full build worked.
-if [[ -x "$build/bin/zero-train" ]]; then
-  mpi_flags=(-np 1)
-  [[ $(id -u) -eq 0 ]] && mpi_flags+=(--allow-run-as-root)
+# overhead on one GPU.
+if [[ -x "$bin/zero-train" ]]; then
   for stage in 0 3; do
-    if timeout 120 mpirun "${mpi_flags[@]}" "$build/bin/zero-train" --device cuda --stage "$stage" \
+    if timeout 120 "${one_rank[@]}" "$bin/zero-train" --device cuda --stage "$stage" \
          --dtype bf16 --input-dim 1024 --hidden 4096 --output-dim 1024 --layers 8 \
          --global-batch 512 --steps 30 --steps-per-print 10 \
          --metrics "$out/zero_train_gpu_stage$stage.jsonl" > "$out/zero_train_gpu_stage$stage.log" 2>&1; then
@@ -95,8 +149,10 @@ else
 fi
 
 # 4. PyTorch's fused AdamW on the same sizes, when python3 has torch with CUDA.
-if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-  if timeout 150 python3 "$root/benchmarks/torch_adamw_bench.py" --json "$out/torch_adamw.json" \
+if "${python[@]}" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  torch_bench="$root/benchmarks/torch_adamw_bench.py"
+  [[ -n "$bundle" ]] && torch_bench="$bundle/torch_adamw_bench.py"
+  if timeout 150 "${python[@]}" "$torch_bench" --json "$out/torch_adamw.json" \
        > "$out/torch_adamw.log" 2>&1; then
     cat "$out/torch_adamw.log" >> "$summary"
   else
