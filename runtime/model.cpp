@@ -189,10 +189,16 @@ void ZeroModel::check_on_engine_device(const Tensor& tensor, const char* what) c
   const std::shared_ptr<DeviceContext>& engine_device = engine_->device_context();
   const bool on_engine_device = engine_device->device().is_cuda() ? tensor.device() == engine_device
                                                                   : tensor.device() == nullptr;
-  ZERO_CHECK(on_engine_device,
-             what << " is in " << (tensor.device() ? tensor.device()->memory_name() : "host memory")
-                  << " but the model runs on " << device_name(engine_device->device())
-                  << "; move it there with Tensor::to(engine().device_context())");
+  if (on_engine_device) return;
+  // Another context of the same GPU has its own compute stream, unordered with the engine's.
+  const bool same_gpu = tensor.device() && tensor.device()->device() == engine_device->device();
+  ZERO_CHECK(!same_gpu, what << " belongs to another device context of "
+                             << device_name(engine_device->device())
+                             << " (another compute stream); make it with "
+                                "engine().device_context()");
+  ZERO_FAIL(what << " is in " << (tensor.device() ? tensor.device()->memory_name() : "host memory")
+                 << " but the model runs on " << device_name(engine_device->device())
+                 << "; move it there with Tensor::to(engine().device_context())");
 }
 
 Tensor ZeroModel::forward(const Tensor& input) {

@@ -191,6 +191,17 @@ TEST_F(GpuModel, AHostInputToAGpuModelIsAnError) {
               std::string::npos)
         << e.what();
   }
+  // The same GPU through another context: another compute stream, unordered with the engine's.
+  const Tensor elsewhere = batch.inputs.to(DeviceContext::create(Device::cuda(0)));
+  try {
+    model.forward(elsewhere);
+    FAIL() << "forward() took a tensor of another device context";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the input of forward() belongs to another device "
+                                         "context of cuda:0"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // A checkpoint saved from device memory (stage 3) loads on the CPU (stage 1) with the same master
