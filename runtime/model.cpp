@@ -99,6 +99,8 @@ std::vector<float> Tensor::to_host() const {
 }
 
 Tensor Tensor::to(std::shared_ptr<DeviceContext> device) const {
+  device = device_memory(std::move(device));
+  if (device == device_) return *this;
   return Tensor(shape_, to_host(), std::move(device));
 }
 
