@@ -16,7 +16,9 @@
 namespace zero::kernels::cuda {
 namespace {
 
+using zero::testing::bytes_of;
 using zero::testing::DeviceBuffer;
+using zero::testing::download_bytes;
 
 const std::vector<DType> kDTypes = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
 
@@ -81,22 +83,12 @@ TEST_F(CudaKernels, FusedAdamWMatchesCpuKernelBitwiseForEveryDtypePair) {
         const size_t n = sizes[t];
         kernels::fused_adamw(h.master.data(), h.m.data(), h.v.data(), h.grad.data(), g, 0.75f,
                              h.param.data(), p, n, c);
-        auto got = [&](const void* d, size_t bytes) {
-          std::vector<uint8_t> out(bytes);
-          ZERO_CUDA_CHECK(cudaMemcpy(out.data(), d, bytes, cudaMemcpyDeviceToHost));
-          return out;
-        };
-        auto as_bytes = [](const std::vector<float>& x) {
-          std::vector<uint8_t> out(x.size() * 4);
-          std::memcpy(out.data(), x.data(), out.size());
-          return out;
-        };
         SCOPED_TRACE(std::string(dtype_name(g)) + " grads, " + dtype_name(p) + " params, tensor " +
                      std::to_string(t));
-        EXPECT_EQ(got(tensors[t].master, n * 4), as_bytes(h.master));
-        EXPECT_EQ(got(tensors[t].m, n * 4), as_bytes(h.m));
-        EXPECT_EQ(got(tensors[t].v, n * 4), as_bytes(h.v));
-        EXPECT_EQ(got(tensors[t].param_out, h.param.size()), h.param);
+        EXPECT_EQ(download_bytes(tensors[t].master, n * 4), bytes_of(h.master));
+        EXPECT_EQ(download_bytes(tensors[t].m, n * 4), bytes_of(h.m));
+        EXPECT_EQ(download_bytes(tensors[t].v, n * 4), bytes_of(h.v));
+        EXPECT_EQ(download_bytes(tensors[t].param_out, h.param.size()), h.param);
       }
     }
   }
@@ -276,21 +268,11 @@ TEST_F(CudaKernels, FusedSgdMatchesCpuKernelBitwiseForEveryDtypePair) {
           const size_t n = sizes[t];
           kernels::fused_sgd(h.master.data(), with_momentum ? h.momentum.data() : nullptr,
                              h.grad.data(), g, 0.75f, h.param.data(), p, n, c);
-          auto got = [&](const void* d, size_t bytes) {
-            std::vector<uint8_t> out(bytes);
-            ZERO_CUDA_CHECK(cudaMemcpy(out.data(), d, bytes, cudaMemcpyDeviceToHost));
-            return out;
-          };
-          auto as_bytes = [](const std::vector<float>& x) {
-            std::vector<uint8_t> out(x.size() * 4);
-            std::memcpy(out.data(), x.data(), out.size());
-            return out;
-          };
           SCOPED_TRACE(std::string(dtype_name(g)) + " grads, " + dtype_name(p) + " params, step " +
                        std::to_string(s) + ", tensor " + std::to_string(t));
-          EXPECT_EQ(got(tensors[t].master, n * 4), as_bytes(h.master));
-          EXPECT_EQ(got(tensors[t].momentum, n * 4), as_bytes(h.momentum));
-          EXPECT_EQ(got(tensors[t].param_out, h.param.size()), h.param);
+          EXPECT_EQ(download_bytes(tensors[t].master, n * 4), bytes_of(h.master));
+          EXPECT_EQ(download_bytes(tensors[t].momentum, n * 4), bytes_of(h.momentum));
+          EXPECT_EQ(download_bytes(tensors[t].param_out, h.param.size()), h.param);
         }
       }
     }
@@ -317,22 +299,17 @@ TEST_F(CudaKernels, FusedSgdSkipFlagAndDeviceScale) {
   DeviceStepControl control;
   control.skip_flag = flag.as<int>();
   control.grad_scale = d_scale.as<float>();
-  auto as_bytes = [](const std::vector<float>& x) {
-    std::vector<uint8_t> out(x.size() * 4);
-    std::memcpy(out.data(), x.data(), out.size());
-    return out;
-  };
   fused_sgd(&tensor, 1, DType::kFloat32, DType::kFloat32, 123.0f, c, control, nullptr);
   sync();
-  EXPECT_EQ(d_master.download(n * 4), as_bytes(master));
+  EXPECT_EQ(d_master.download(n * 4), bytes_of(master));
 
   ZERO_CUDA_CHECK(cudaMemset(flag.data(), 0, sizeof(int)));
   fused_sgd(&tensor, 1, DType::kFloat32, DType::kFloat32, 123.0f, c, control, nullptr);
   sync();
   kernels::fused_sgd(master.data(), momentum.data(), grad.data(), DType::kFloat32, 0.5f, nullptr,
                      DType::kFloat32, n, c);
-  EXPECT_EQ(d_master.download(n * 4), as_bytes(master));
-  EXPECT_EQ(d_momentum.download(n * 4), as_bytes(momentum));
+  EXPECT_EQ(d_master.download(n * 4), bytes_of(master));
+  EXPECT_EQ(d_momentum.download(n * 4), bytes_of(momentum));
 }
 
 TEST_F(CudaKernels, NullBuffersAreErrors) {

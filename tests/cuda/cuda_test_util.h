@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -30,6 +32,20 @@ inline std::string why_no_cuda_device() {
     }                                                                          \
   } while (0)
 
+// `bytes` of device memory at `device`, copied to the host (the comparisons are bytewise).
+inline std::vector<uint8_t> download_bytes(const void* device, size_t bytes) {
+  std::vector<uint8_t> out(bytes);
+  ZERO_CUDA_CHECK(cudaMemcpy(out.data(), device, bytes, cudaMemcpyDeviceToHost));
+  return out;
+}
+
+// The bytes of host floats, to compare with download_bytes.
+inline std::vector<uint8_t> bytes_of(const std::vector<float>& values) {
+  std::vector<uint8_t> out(values.size() * sizeof(float));
+  std::memcpy(out.data(), values.data(), out.size());
+  return out;
+}
+
 // A device allocation of `bytes` (RAII; not copyable).
 class DeviceBuffer {
  public:
@@ -52,10 +68,7 @@ class DeviceBuffer {
         cudaMemcpy(static_cast<char*>(data_) + offset, host, bytes, cudaMemcpyHostToDevice));
   }
   std::vector<uint8_t> download(size_t bytes, size_t offset = 0) const {
-    std::vector<uint8_t> out(bytes);
-    ZERO_CUDA_CHECK(cudaMemcpy(out.data(), static_cast<const char*>(data_) + offset, bytes,
-                               cudaMemcpyDeviceToHost));
-    return out;
+    return download_bytes(static_cast<const char*>(data_) + offset, bytes);
   }
 
  private:
