@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "tests/expect_error.h"
 #include "zero/kernels/check.h"
 #include "zero/optimizer/optimizer.h"
 
@@ -103,16 +104,7 @@ TEST(LrSchedule, DecaySchedulesNeverIncreaseAfterWarmup) {
   }
 }
 
-template <typename Fn>
-void expect_error_naming(Fn fn, const std::string& needle) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error; expected one naming '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
-        << "message '" << e.what() << "' does not name '" << needle << "'";
-  }
-}
+using testing::expect_error_naming;
 
 TEST(LrSchedule, RejectsBadConfigs) {
   auto build = [](LrScheduleConfig config) { return [config] { LrSchedule schedule(config); }; };

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/expect_error.h"
 #include "zero/kernels/check.h"
 #include "zero/kernels/dtype.h"
 #include "zero/optimizer/optimizer.h"
@@ -336,17 +337,7 @@ TEST(Optimizer, PlainSgdRunsWithoutState) {
   EXPECT_EQ(master[2], 0.5f);
 }
 
-// Runs fn, expects zero::Error, and checks that the message names `needle`.
-template <typename Fn>
-void expect_error_naming(Fn fn, const std::string& needle) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error; expected one naming '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
-        << "message '" << e.what() << "' does not name '" << needle << "'";
-  }
-}
+using testing::expect_error_naming;
 
 TEST(Optimizer, RejectsBadHyperparameters) {
   auto with = [](auto change) {

@@ -7,12 +7,15 @@
 #include <string>
 #include <vector>
 
+#include "tests/expect_error.h"
 #include "zero/kernels/cpu_kernels.h"
 #include "zero/runtime/device.h"
 #include "zero/runtime/model.h"
 
 namespace zero {
 namespace {
+
+using testing::expect_error_naming;
 
 TEST(Tensor, HostTensorsCopyDeeplyAndMoveCheaply) {
   Tensor a({2, 3}, {1, 2, 3, 4, 5, 6});
@@ -37,28 +40,12 @@ TEST(Tensor, ACpuContextMeansHostMemory) {
 }
 
 TEST(Tensor, BadShapesAndValueCountsAreErrors) {
-  EXPECT_THROW(
-      {
-        try {
-          Tensor({2, -1});
-        } catch (const Error& e) {
-          EXPECT_NE(std::string(e.what()).find("tensor dimensions must be >= 0, got -1"),
-                    std::string::npos);
-          throw;
-        }
+  expect_error_naming([] { Tensor({2, -1}); }, "tensor dimensions must be >= 0, got -1");
+  expect_error_naming(
+      [] {
+        Tensor({2, 2}, std::vector<float>{1, 2, 3});
       },
-      Error);
-  EXPECT_THROW(
-      {
-        try {
-          Tensor({2, 2}, std::vector<float>{1, 2, 3});
-        } catch (const Error& e) {
-          EXPECT_NE(std::string(e.what()).find("a tensor of 4 elements cannot take 3 values"),
-                    std::string::npos);
-          throw;
-        }
-      },
-      Error);
+      "a tensor of 4 elements cannot take 3 values");
 }
 
 TEST(CpuDeviceContext, OperationsMatchTheCpuKernels) {
@@ -93,19 +80,14 @@ TEST(CpuDeviceContext, OperationsMatchTheCpuKernels) {
 }
 
 TEST(CpuDeviceContext, ACudaDeviceThisBuildOrMachineCannotGiveIsAnError) {
-  try {
-    DeviceContext::create(Device::cuda(cuda_device_count()));
-    FAIL() << "made a context for a CUDA device that does not exist";
-  } catch (const Error& e) {
 #if ZERO_HAVE_CUDA
-    const std::string expected = "cannot use cuda:" + std::to_string(cuda_device_count()) +
-                                 ": this process sees " + std::to_string(cuda_device_count()) +
-                                 " CUDA device(s)";
+  const std::string expected = "cannot use cuda:" + std::to_string(cuda_device_count()) +
+                               ": this process sees " + std::to_string(cuda_device_count()) +
+                               " CUDA device(s)";
 #else
-    const std::string expected = "cannot use cuda:0: this build has no CUDA support";
+  const std::string expected = "cannot use cuda:0: this build has no CUDA support";
 #endif
-    EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
-  }
+  expect_error_naming([] { DeviceContext::create(Device::cuda(cuda_device_count())); }, expected);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <string>
 
+#include "tests/expect_error.h"
 #include "tests/runtime/train_util.h"
 #include "zero/kernels/check.h"
 
@@ -333,16 +334,12 @@ TEST(Engine, ACudaEngineOnAHostCommunicatorIsAnError) {
   std::unique_ptr<Communicator> comm = make_mpi_communicator();
   EngineConfig config;
   config.device = Device::cuda(0);
-  try {
-    Engine engine(*comm, {ParamDecl{ParamSpec{"w", {8}, 0}, ParamInit{}}}, config);
-    FAIL() << "a CUDA engine accepted the MPI communicator";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("the engine runs on cuda:0 but its communicator works on "
-                                         "host memory (MPI); use make_nccl_communicator() for a "
-                                         "CUDA device"),
-              std::string::npos)
-        << e.what();
-  }
+  testing::expect_error_naming(
+      [&] {
+        Engine engine(*comm, {ParamDecl{ParamSpec{"w", {8}, 0}, ParamInit{}}}, config);
+      },
+      "the engine runs on cuda:0 but its communicator works on host memory (MPI); use "
+      "make_nccl_communicator() for a CUDA device");
 }
 
 }  // namespace zero
