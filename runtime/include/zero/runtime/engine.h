@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -61,12 +62,26 @@ struct EngineConfig {
   // this is set: then the step is skipped, as fp16's loss scaler does.
   bool skip_nonfinite_steps = false;
 
-  // Scheduling, with DeepSpeed's names (counts in elements; 0 turns each limit off).
-  bool overlap_comm = true;          // false: every collective is waited for right away
-  bool reduce_scatter = true;        // false: stages 2-3 all-reduce each bucket, keep the shard
-  size_t prefetch_elements = 0;      // stage3_prefetch_bucket_size (0: one unit ahead)
-  size_t persistence_threshold = 0;  // stage3_param_persistence_threshold: units below it
-                                     // stay gathered for the whole run
+  // Gradient accumulation over micro-batches (data_types.grad_accum_dtype). Absent: fp32 when
+  // the working dtype is bf16 (as DeepSpeed's bf16 optimizer does), the working dtype otherwise.
+  // Backward still writes the working dtype; each micro-batch is added into the accumulator.
+  std::optional<DType> grad_accum_dtype;
+
+  // Scheduling, with DeepSpeed's names (counts in elements; 0 turns each limit off). Units stay
+  // the registered modules (merged only by merge_bytes); these keys only group collectives.
+  bool overlap_comm = true;    // false: every collective is waited for right away
+  bool reduce_scatter = true;  // false: stages 2-3 all-reduce each bucket, keep the shard
+  // reduce_bucket_size: gradient elements reduced in one collective; consecutive units whose
+  // gradients are ready are packed into one collective up to it (0: one collective per unit).
+  size_t reduce_bucket_elements = 0;
+  // allgather_bucket_size: the same for the post-step parameter all-gathers of stages 1-2.
+  size_t allgather_bucket_elements = 0;
+  size_t prefetch_elements = 0;      // stage3_prefetch_bucket_size: elements gathered ahead of
+                                     // use (0: one unit ahead)
+  size_t persistence_threshold = 0;  // stage3_param_persistence_threshold: parameters with
+                                     // fewer elements stay whole on every rank for the run
+  // sub_group_size: at most this many elements in one optimizer pass (0: every shard at once).
+  size_t optimizer_sub_group_elements = 0;
   size_t max_live_elements = 0;      // stage3_max_live_parameters: cap on gathered elements
   size_t max_reuse_distance = 0;     // stage3_max_reuse_distance: at the end of forward, keep a
                                      // unit gathered if backward needs it again within this
@@ -96,6 +111,12 @@ struct StepStats {
   bool clipped = false;
   bool skipped = false;     // the gradients overflowed: nothing was updated
   float loss_scale = 1.0f;  // the scale the next backward uses (fp16; 1 otherwise)
+  // Communication since the previous step() returned, measured where it happens: collectives
+  // issued, time the communication stream spent running them (busy), and time the compute
+  // side spent blocked waiting for one (wait). Overlap is 1 - wait / busy.
+  int collectives = 0;
+  double comm_busy_ms = 0.0;
+  double comm_wait_ms = 0.0;
 };
 
 class Engine {
