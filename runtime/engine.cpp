@@ -1,8 +1,11 @@
 #include "zero/runtime/engine.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <map>
 #include <sstream>
 
@@ -19,31 +22,51 @@ namespace zero {
 namespace {
 
 // Same-size buffers handed out and given back with the event after which they are free again
-// (e.g. the reduce-scatter that reads a gradient bucket). Grows on demand; the peak is what the
-// schedule needs (two: the unit being computed and the one in flight beside it). A buffer handed
-// out is ready for the compute stream: it waits for the event first.
+// (e.g. the reduce-scatter that reads a gradient bucket). Buffers come back in the order their
+// collectives were issued and the communication stream runs them in that order, so handing out
+// the oldest returned one (FIFO) takes the buffer that becomes free first: the one whose
+// collective was just launched stays in flight while compute fills another (double buffering).
+// The capacity is what the memory plan counts; only a required acquire goes past it.
 class BufferPool {
  public:
-  BufferPool(Allocator& allocator, DeviceContext& device, MemoryCategory category, size_t bytes)
-      : allocator_(allocator), device_(device), category_(category), bytes_(bytes) {}
+  using Waiter = std::function<void(const Event&)>;
+  BufferPool(Allocator& allocator, DeviceContext& device, MemoryCategory category, size_t bytes,
+             Waiter wait)
+      : allocator_(allocator),
+        device_(device),
+        category_(category),
+        bytes_(bytes),
+        wait_(std::move(wait)) {}
 
+  // Allocates the planned buffers ahead of use, so the memory report at start shows what the
+  // schedule will hold.
+  void reserve(size_t capacity) {
+    capacity_ = capacity;
+    while (allocated_ < capacity_) {
+      free_.push_back(Entry{allocator_.allocate(bytes_, category_), {}});
+      ++allocated_;
+    }
+  }
+
+  // The buffer that becomes free first, ready for the compute stream. A required acquire with
+  // every planned buffer handed out (units kept gathered past their use) allocates one more.
   Buffer acquire(bool zeroed) {
-    if (free_.empty()) return allocator_.allocate(bytes_, category_);
-    Entry entry = std::move(free_.back());
-    free_.pop_back();
-    device_.wait(entry.free_after);
+    if (free_.empty()) {
+      ++allocated_;
+      return allocator_.allocate(bytes_, category_);
+    }
+    Entry entry = std::move(free_.front());
+    free_.pop_front();
+    wait_(entry.free_after);
     if (zeroed) device_.zero(entry.buffer.data(), entry.buffer.bytes());
     return std::move(entry.buffer);
   }
 
+  // For optional work (a prefetch): a buffer only while the plan's buffers are not all out.
+  bool can_acquire_within_plan() const { return !free_.empty() || allocated_ < capacity_; }
+
   void give_back(Buffer buffer, Event free_after) {
     free_.push_back(Entry{std::move(buffer), std::move(free_after)});
-  }
-
-  // Allocates up to `count` buffers ahead of use, so the memory report at start already shows
-  // what the schedule will hold.
-  void reserve(size_t count) {
-    while (free_.size() < count) free_.push_back(Entry{allocator_.allocate(bytes_, category_), {}});
   }
 
  private:
@@ -55,8 +78,41 @@ class BufferPool {
   DeviceContext& device_;
   MemoryCategory category_;
   size_t bytes_;
-  std::vector<Entry> free_;
+  Waiter wait_;
+  size_t capacity_ = 0;
+  size_t allocated_ = 0;
+  std::deque<Entry> free_;
 };
+
+// The dtype gradients are accumulated in over micro-batches (data_types.grad_accum_dtype):
+// DeepSpeed's bf16 optimizer accumulates in fp32, so bf16 does here unless told otherwise.
+DType accumulation_dtype(const EngineConfig& config) {
+  if (config.grad_accum_dtype) return *config.grad_accum_dtype;
+  return config.dtype == DType::kBFloat16 ? DType::kFloat32 : config.dtype;
+}
+
+// Backward writes a micro-batch's gradient into a pooled bucket of the working dtype when what
+// the rank keeps is a shard (stages 2-3) or is accumulated in another dtype; otherwise straight
+// into the kept full gradient.
+bool uses_grad_buckets(const EngineConfig& config) {
+  return config.stage >= 2 || accumulation_dtype(config) != config.dtype;
+}
+
+// A bucket reduced in the working dtype needs fp32 scratch when the reduction runs in fp32.
+bool needs_fp32_scratch(const EngineConfig& config) {
+  const bool reduces_working_dtype =
+      config.stage >= 2 || accumulation_dtype(config) == config.dtype;
+  return config.reduce_in_fp32 && config.dtype != DType::kFloat32 && reduces_working_dtype;
+}
+
+// Gathered-parameter buffers of stage 3: the unit computing, the next one in flight, and as
+// many more as stage3_prefetch_bucket_size asks to have gathered ahead. Prefetches never take
+// more, so the plan holds.
+size_t param_buffer_count(const Layout& layout, const EngineConfig& config) {
+  if (config.stage != 3) return 0;
+  const size_t max_unit = std::max<size_t>(layout.max_unit_numel(), 1);
+  return 2 + config.prefetch_elements / max_unit;
+}
 
 // Bytes of each buffer one unit holds at a stage; the single source for plan_memory() and for
 // the engine's allocations, so the estimate and the measurement cannot drift apart.
@@ -64,8 +120,8 @@ struct UnitBytes {
   size_t params_full = 0;   // working dtype, whole unit (stages 0-2; persistent units at 3)
   size_t params_shard = 0;  // working dtype, this rank's slice (stage 3)
   size_t master = 0;        // fp32 master when the working dtype is not fp32
-  size_t grads_full = 0;    // working dtype, whole unit (stages 0-1)
-  size_t grads_shard = 0;   // working dtype, slice (stages 2-3)
+  size_t grads_full = 0;    // accumulation dtype, whole unit (stages 0-1)
+  size_t grads_shard = 0;   // accumulation dtype, slice (stages 2-3)
   size_t state = 0;         // each optimizer state array (fp32)
   int state_arrays = 0;
 };
@@ -76,6 +132,7 @@ bool is_persistent(const Unit& unit, const EngineConfig& config) {
 
 UnitBytes unit_bytes(const Unit& unit, const EngineConfig& config, int state_arrays) {
   const size_t w = dtype_size(config.dtype);
+  const size_t g = dtype_size(accumulation_dtype(config));
   const size_t full = unit.numel;
   const size_t shard = unit.shard;
   const size_t owned = config.stage == 0 ? full : shard;  // what this rank updates
@@ -83,8 +140,8 @@ UnitBytes unit_bytes(const Unit& unit, const EngineConfig& config, int state_arr
   if (config.stage <= 2 || is_persistent(unit, config)) b.params_full = full * w;
   if (config.stage == 3) b.params_shard = shard * w;
   if (config.dtype != DType::kFloat32) b.master = owned * sizeof(float);
-  if (config.stage <= 1) b.grads_full = full * w;
-  if (config.stage >= 2) b.grads_shard = shard * w;
+  if (config.stage <= 1) b.grads_full = full * g;
+  if (config.stage >= 2) b.grads_shard = shard * g;
   b.state = owned * sizeof(float);
   b.state_arrays = state_arrays;
   return b;
@@ -108,7 +165,8 @@ struct UnitState {
   Buffer params_full;
   Buffer params_shard;
   Buffer master;
-  Buffer grads_full;  // stages 0-1: persistent; stages 2-3: a pooled bucket during backward
+  Buffer grads_full;  // stages 0-1: the reduced (and accumulated) gradient, accumulation dtype
+  Buffer bucket;      // a pooled working-dtype gradient during backward (uses_grad_buckets)
   Buffer grads_shard;
   Buffer state[2];
   Event params_ready;   // the all-gather that fills params_full has finished
@@ -130,11 +188,9 @@ MemoryPlan plan_memory(const Layout& layout, const EngineConfig& config) {
   }
   const size_t max_unit = layout.max_unit_numel();
   const size_t w = dtype_size(config.dtype);
-  if (config.stage == 3) plan.buffers += 2 * max_unit * w;  // gathered parameters
-  if (config.stage >= 2) plan.buffers += 2 * max_unit * w;  // gradient buckets
-  if (config.reduce_in_fp32 && config.dtype != DType::kFloat32) {
-    plan.buffers += max_unit * sizeof(float);
-  }
+  plan.buffers += param_buffer_count(layout, config) * max_unit * w;
+  if (uses_grad_buckets(config)) plan.buffers += 2 * max_unit * w;  // double-buffered buckets
+  if (needs_fp32_scratch(config)) plan.buffers += max_unit * sizeof(float);
   return plan;
 }
 
@@ -161,9 +217,13 @@ struct Engine::Impl {
         rank(c.rank()),
         world(c.world_size()),
         elem(dtype_size(cfg.dtype)),
+        accum_dtype(accumulation_dtype(cfg)),
+        accum(dtype_size(accum_dtype)),
         trace(cfg.trace),
-        param_pool(allocator, *device, MemoryCategory::kPrefetch, layout.max_unit_numel() * elem),
-        grad_pool(allocator, *device, MemoryCategory::kCommBuffer, layout.max_unit_numel() * elem) {
+        param_pool(allocator, *device, MemoryCategory::kPrefetch, layout.max_unit_numel() * elem,
+                   [this](const Event& e) { wait_for_comm(e); }),
+        grad_pool(allocator, *device, MemoryCategory::kCommBuffer, layout.max_unit_numel() * elem,
+                  [this](const Event& e) { wait_for_comm(e); }) {
     if (config.desync_check) comm.set_desync_check(true);
     check_same_model_on_all_ranks();
     allocator.set_limit(config.memory_limit_bytes);
@@ -232,6 +292,10 @@ struct Engine::Impl {
                "gradient_predivide_factor must be > 0, got " << c.gradient_predivide_factor);
     ZERO_CHECK(c.kernel_threads >= 1,
                "kernel threads must be at least 1, got " << c.kernel_threads);
+    ZERO_CHECK(!c.grad_accum_dtype || *c.grad_accum_dtype == DType::kFloat32 ||
+                   *c.grad_accum_dtype == c.dtype,
+               "gradients accumulate in fp32 or in the working dtype ("
+                   << dtype_name(c.dtype) << "), not in " << dtype_name(*c.grad_accum_dtype));
     return c;
   }
 
@@ -298,9 +362,9 @@ struct Engine::Impl {
       }
       s.gathered = config.stage <= 2 || s.persistent;
     }
-    if (config.stage == 3) param_pool.reserve(2);
-    if (config.stage >= 2) grad_pool.reserve(2);
-    if (config.reduce_in_fp32 && config.dtype != DType::kFloat32) {
+    param_pool.reserve(param_buffer_count(layout, config));
+    grad_pool.reserve(uses_grad_buckets(config) ? 2 : 0);
+    if (needs_fp32_scratch(config)) {
       fp32_scratch =
           allocator.allocate(layout.max_unit_numel() * sizeof(float), MemoryCategory::kCommBuffer);
     }
@@ -346,63 +410,94 @@ struct Engine::Impl {
   }
 
   // Wraps a collective issued on the communication stream with markers that run on that stream
-  // right before and after it, so the trace holds when it really ran, not when it was queued.
+  // right before and after it: the step's comm_busy_ms is what ran between them, and the trace
+  // holds when the collective really ran, not when it was queued.
   template <typename Issue>
   Event traced(const char* name, uint64_t bytes, Issue issue) {
-    if (!trace.enabled()) return issue();
+    ++collectives_issued;
     auto begin_us = std::make_shared<double>(0.0);
     comm.stream().enqueue([begin_us] { *begin_us = Trace::now_us(); });
     issue();
-    Trace* t = &trace;
+    Trace* t = trace.enabled() ? &trace : nullptr;
+    std::shared_ptr<std::atomic<int64_t>> busy = comm_busy_us;
     std::string span_name = name;
     // The end marker's event: whoever waits for the collective also waits until its span is
     // closed, so a compute span that starts after the wait cannot look overlapped.
-    return comm.stream().enqueue([t, begin_us, span_name, bytes] {
-      t->add(TraceSpan{span_name, true, *begin_us, Trace::now_us(), bytes});
+    return comm.stream().enqueue([t, busy, begin_us, span_name, bytes] {
+      const double end_us = Trace::now_us();
+      busy->fetch_add(static_cast<int64_t>(end_us - *begin_us));
+      if (t) t->add(TraceSpan{span_name, true, *begin_us, end_us, bytes});
     });
+  }
+
+  // The one place compute blocks on communication, so comm_wait_ms is measured where it
+  // happens (on CUDA the wait is queued on the compute stream and the host does not block).
+  void wait_for_comm(const Event& e) {
+    if (e.done()) {
+      device->wait(e);  // rethrows a failed collective's error
+      return;
+    }
+    const double begin_us = Trace::now_us();
+    device->wait(e);
+    comm_wait_us += Trace::now_us() - begin_us;
   }
 
   // An issued collective: with overlap_comm off, compute waits for it right away.
   Event issued(Event e) {
-    if (!config.overlap_comm) device->wait(e);
+    if (!config.overlap_comm) wait_for_comm(e);
     return e;
   }
 
-  // This rank's slice of the unit's parameters in the working dtype: what the optimizer writes.
-  void* param_slice(size_t u) {
-    const Unit& unit = layout.units()[u];
-    UnitState& s = units[u];
-    if (config.stage == 3) return s.params_shard.data();
-    return byte_offset(s.params_full.data(), rank * unit.shard * elem);
+  // The slice of a unit's elements this rank updates: the whole unit at stage 0 (every rank
+  // updates all of it identically), its shard otherwise. Offsets in elements of the unit.
+  size_t owned_begin(size_t u) const {
+    return config.stage == 0 ? 0 : static_cast<size_t>(rank) * layout.units()[u].shard;
+  }
+  size_t owned_numel(size_t u) const {
+    return config.stage == 0 ? layout.units()[u].numel : layout.units()[u].shard;
   }
 
-  // The rank's slice of a unit's reduced gradient, wherever the stage keeps it.
-  void* grad_slice(size_t u) {
-    const Unit& unit = layout.units()[u];
-    if (config.stage <= 1) return byte_offset(units[u].grads_full.data(), rank * unit.shard * elem);
+  // This rank's working-dtype parameters the optimizer writes (see owned_begin).
+  void* owned_params(size_t u) {
+    UnitState& s = units[u];
+    if (config.stage == 3) return s.params_shard.data();
+    return byte_offset(s.params_full.data(), owned_begin(u) * elem);
+  }
+
+  // The rank's reduced (and accumulated) gradient of what it owns, in accum_dtype.
+  void* owned_grads(size_t u) {
+    if (config.stage <= 1) return byte_offset(units[u].grads_full.data(), owned_begin(u) * accum);
     return units[u].grads_shard.data();
   }
 
-  // Sums `bucket` (the unit's whole gradient from this rank, working dtype) over the ranks and
-  // leaves this rank's reduced slice in `dest` (added to it when `accumulate`). Everything runs
-  // on the communication stream in order, so the returned event covers the whole chain.
-  Event reduce_to_shard(const Unit& unit, void* bucket, void* dest, bool accumulate) {
-    const DType w = config.dtype;
-    const bool via_fp32 = config.reduce_in_fp32 && w != DType::kFloat32;
-    const DType wire = via_fp32 ? DType::kFloat32 : w;
+  // The rank's shard of the reduced gradient at every stage: the global norm is summed over
+  // shards, so stage 0 (which owns whole units) adds up in the same order as the others.
+  void* grad_shard(size_t u) {
+    const size_t begin = static_cast<size_t>(rank) * layout.units()[u].shard;
+    if (config.stage <= 1) return byte_offset(units[u].grads_full.data(), begin * accum);
+    return units[u].grads_shard.data();
+  }
+
+  // Sums `bucket` (the unit's whole gradient from this rank, `dtype`) over the ranks and leaves
+  // this rank's reduced slice in `dest` (accum_dtype; added to it when `accumulate`). Everything
+  // runs on the communication stream in order, so the returned event covers the whole chain.
+  Event reduce_to_shard(const Unit& unit, void* bucket, DType dtype, void* dest, bool accumulate) {
+    const bool via_fp32 = config.reduce_in_fp32 && dtype != DType::kFloat32;
+    const DType wire = via_fp32 ? DType::kFloat32 : dtype;
+    const DType dest_dtype = accum_dtype;
     const size_t numel = unit.numel;
     const size_t shard = unit.shard;
-    prepare_for_reduction(bucket, numel);
+    prepare_for_reduction(bucket, dtype, numel);
     comm.stream().wait(device->record());
     DeviceContext* dev = device.get();
     Stream* on = &comm.stream();
     void* buf = bucket;
     if (via_fp32) {
       buf = fp32_scratch.data();
-      on->enqueue([=] { dev->cast(bucket, w, buf, DType::kFloat32, numel, on); });
+      on->enqueue([=] { dev->cast(bucket, dtype, buf, DType::kFloat32, numel, on); });
     }
     const uint64_t bytes_on_wire = numel * dtype_size(wire);
-    if (!accumulate && !via_fp32 && config.reduce_scatter) {
+    if (!accumulate && wire == dest_dtype && config.reduce_scatter) {
       traced("reduce_scatter", bytes_on_wire,
              [&] { return comm.reduce_scatter(buf, dest, shard, wire); });
       return issued(comm.stream().record());
@@ -414,56 +509,56 @@ struct Engine::Impl {
     } else {
       traced("all_reduce", bytes_on_wire, [&] { return comm.all_reduce(buf, buf, numel, wire); });
     }
-    void* bucket_slot = byte_offset(bucket, rank * shard * dtype_size(w));
-    const size_t bytes = shard * dtype_size(w);
     on->enqueue([=] {
-      if (via_fp32) dev->cast(slot, DType::kFloat32, bucket_slot, w, shard, on);
-      if (dest == bucket_slot) return;
+      if (dest == slot) return;
       if (accumulate) {
-        dev->add(dest, w, bucket_slot, w, shard, on);
+        dev->add(dest, dest_dtype, slot, wire, shard, on);
       } else {
-        dev->copy(dest, bucket_slot, bytes, on);
+        dev->cast(slot, wire, dest, dest_dtype, shard, on);
       }
     });
     return issued(comm.stream().record());
   }
 
-  // Sums a whole unit's gradient over the ranks in place (stage 0).
-  Event reduce_whole(const Unit& unit, void* bucket) {
-    const DType w = config.dtype;
+  // Sums a whole unit's gradient (`dtype`) over the ranks in place (stage 0).
+  Event reduce_whole(const Unit& unit, void* bucket, DType dtype) {
     const size_t numel = unit.numel;
-    prepare_for_reduction(bucket, numel);
+    prepare_for_reduction(bucket, dtype, numel);
     comm.stream().wait(device->record());
-    if (config.reduce_in_fp32 && w != DType::kFloat32) {
+    if (config.reduce_in_fp32 && dtype != DType::kFloat32) {
       DeviceContext* dev = device.get();
       Stream* on = &comm.stream();
       void* buf = fp32_scratch.data();
-      on->enqueue([=] { dev->cast(bucket, w, buf, DType::kFloat32, numel, on); });
+      on->enqueue([=] { dev->cast(bucket, dtype, buf, DType::kFloat32, numel, on); });
       traced("all_reduce", numel * sizeof(float),
              [&] { return comm.all_reduce(buf, buf, numel, DType::kFloat32); });
-      on->enqueue([=] { dev->cast(buf, DType::kFloat32, bucket, w, numel, on); });
+      on->enqueue([=] { dev->cast(buf, DType::kFloat32, bucket, dtype, numel, on); });
     } else {
-      traced("all_reduce", numel * elem, [&] { return comm.all_reduce(bucket, bucket, numel, w); });
+      traced("all_reduce", numel * dtype_size(dtype),
+             [&] { return comm.all_reduce(bucket, bucket, numel, dtype); });
     }
     return issued(comm.stream().record());
   }
 
   // The pre-divide keeps 16-bit sums over many ranks in range: divide by f before the sum,
   // multiply the f back in the optimizer's gradient scale.
-  void prepare_for_reduction(void* bucket, size_t numel) {
+  void prepare_for_reduction(void* bucket, DType dtype, size_t numel) {
     if (config.gradient_predivide_factor != 1.0f) {
-      device->scale(bucket, config.dtype, 1.0f / config.gradient_predivide_factor, numel);
+      device->scale(bucket, dtype, 1.0f / config.gradient_predivide_factor, numel);
     }
   }
 
-  bool prefetch(int u) {
-    check_unit(u);
+  // Stage 3: starts unit u's all-gather into a pooled buffer. An optional prefetch stays within
+  // the live budget (stage3_max_live_parameters) and the planned buffers and says whether it
+  // started; a required gather always starts.
+  bool start_gather(int u, bool required) {
     UnitState& s = units[u];
-    if (s.gathered) return true;
-    if (config.stage != 3) return true;  // stages 1-2 wait for the post-step all-gather in gather
+    if (s.gathered || config.stage != 3) return true;
     const Unit& unit = layout.units()[u];
-    if (config.max_live_elements > 0 && live > 0 && live + unit.numel > config.max_live_elements) {
-      return false;  // over the budget: gather() will fetch it when it is needed
+    if (!required) {
+      const bool over_live_budget =
+          config.max_live_elements > 0 && live > 0 && live + unit.numel > config.max_live_elements;
+      if (over_live_budget || !param_pool.can_acquire_within_plan()) return false;
     }
     s.params_full = param_pool.acquire(/*zeroed=*/false);
     // The pooled buffer may have just been released by compute: order the gather after it.
@@ -476,31 +571,33 @@ struct Engine::Impl {
     return true;
   }
 
+  bool prefetch(int u) {
+    check_unit(u);
+    return start_gather(u, /*required=*/false);
+  }
+
   void gather(int u) {
     check_unit(u);
     UnitState& s = units[u];
-    if (config.stage == 3 && !s.gathered) {
-      // A required gather ignores the live budget: the computation cannot go on without it.
-      const size_t saved = config.max_live_elements;
-      config.max_live_elements = 0;
-      prefetch(u);
-      config.max_live_elements = saved;
-    }
+    start_gather(u, /*required=*/true);
     // Stages 1-2 after a step: the parameters come back through the post-step all-gather.
     s.gathered = true;
-    device->wait(s.params_ready);
+    wait_for_comm(s.params_ready);
   }
 
   void release(int u) {
     check_unit(u);
     UnitState& s = units[u];
     if (config.stage != 3 || !s.gathered || s.persistent) return;
-    device->wait(s.params_ready);
+    wait_for_comm(s.params_ready);
     param_pool.give_back(std::move(s.params_full), device->record());
     s.gathered = false;
     live -= layout.units()[u].numel;
   }
 
+  // Each unit's gradient is reduced as soon as it is final, behind the rest of backward (as
+  // DDP does): stages 0-1 after the last micro-batch's backward of the unit, stages 2-3 after
+  // every micro-batch's, whose bucket is then free for the next unit once that collective ran.
   void grads_ready(int u) {
     check_unit(u);
     UnitState& s = units[u];
@@ -510,18 +607,62 @@ struct Engine::Impl {
                               << " times before step(); configured micro-batches per step: "
                               << config.micro_batches);
     s.micro_batches_done += 1;
-    if (config.stage == 0 && s.micro_batches_done == config.micro_batches) {
-      s.grads_reduced = reduce_whole(unit, s.grads_full.data());
-    } else if (config.stage >= 2) {
-      if (s.grads_full.empty()) s.grads_full = grad_pool.acquire(/*zeroed=*/true);
-      // Every micro-batch reduces its bucket at once and adds the slice to the shard.
-      s.grads_reduced = reduce_to_shard(unit, s.grads_full.data(), s.grads_shard.data(),
+    const bool last = s.micro_batches_done == config.micro_batches;
+    if (config.stage >= 2) {
+      if (s.bucket.empty()) s.bucket = grad_pool.acquire(/*zeroed=*/true);
+      s.grads_reduced = reduce_to_shard(unit, s.bucket.data(), config.dtype, s.grads_shard.data(),
                                         /*accumulate=*/s.micro_batches_done > 1);
-      grad_pool.give_back(std::move(s.grads_full), s.grads_reduced);
+      grad_pool.give_back(std::move(s.bucket), s.grads_reduced);
+      return;
+    }
+    if (!s.bucket.empty()) {
+      // This micro-batch's gradient into the accumulator of another dtype.
+      device->add(s.grads_full.data(), accum_dtype, s.bucket.data(), config.dtype, unit.numel);
+      grad_pool.give_back(std::move(s.bucket), device->record());
+    }
+    if (!last) return;
+    if (config.stage == 0) {
+      s.grads_reduced = reduce_whole(unit, s.grads_full.data(), accum_dtype);
+    } else {
+      // Stage 1 keeps whole gradients through accumulation and reduces them in place: the
+      // rank's reduced slice lands at its own offset in the full buffer.
+      s.grads_reduced =
+          reduce_to_shard(unit, s.grads_full.data(), accum_dtype, owned_grads(u), false);
     }
   }
 
+  // One optimizer step in named phases: wait for the reductions, the global norm and overflow,
+  // the update of each rank's slice, the all-gathers that bring the slices back.
   StepStats step() {
+    check_ready_for_step();
+    for (UnitState& s : units) wait_for_comm(s.grads_reduced);
+    const GradientCheck check = check_gradients();
+
+    StepStats stats;
+    stats.grad_norm = check.grad_norm;
+    stats.skipped = skip_step(check);
+    stats.loss_scale = loss_scale();
+    stats.lr = current_lr();
+    if (!stats.skipped) {
+      float clip = 1.0f;
+      if (config.gradient_clipping > 0.0f && stats.grad_norm > config.gradient_clipping) {
+        clip = config.gradient_clipping / (stats.grad_norm + 1e-6f);
+        stats.clipped = true;
+      }
+      update(stats.lr, clip * check.to_mean);
+      start_post_step_gathers();
+    }
+    finish_step();
+    stats.step = optimizer.step();
+    stats.collectives = collectives_issued;
+    stats.comm_busy_ms = static_cast<double>(comm_busy_us->exchange(0)) / 1000.0;
+    stats.comm_wait_ms = comm_wait_us / 1000.0;
+    collectives_issued = 0;
+    comm_wait_us = 0.0;
+    return stats;
+  }
+
+  void check_ready_for_step() const {
     for (size_t u = 0; u < units.size(); ++u) {
       ZERO_CHECK(units[u].micro_batches_done == config.micro_batches,
                  "step() after " << units[u].micro_batches_done << " backward pass(es) of unit "
@@ -531,114 +672,121 @@ struct Engine::Impl {
       ZERO_CHECK(config.stage != 3 || !units[u].gathered || units[u].persistent,
                  "step() while unit " << u << " is still gathered; release it first");
     }
-    if (config.stage == 1) {
-      // Stage 1 keeps whole gradients through accumulation and reduces once, here, in place:
-      // the rank's reduced slice lands at its own offset in the full buffer.
-      for (size_t u = 0; u < units.size(); ++u) {
-        units[u].grads_reduced = reduce_to_shard(layout.units()[u], units[u].grads_full.data(),
-                                                 grad_slice(u), /*accumulate=*/false);
-      }
-    }
-    for (UnitState& s : units) device->wait(s.grads_reduced);
+  }
 
-    // One all-reduce of each unit's sum of squares over the shards gives the global norm, and
-    // tells every rank at once whether (and in which unit) a gradient overflowed anywhere.
+  struct GradientCheck {
+    std::vector<float> unit_sums;  // each unit's sum of squared gradients over all ranks
+    float grad_norm = 0.0f;        // of the mean gradient of the global batch
+    float to_mean = 1.0f;          // the factor that takes the reduced gradients to that mean
+    bool overflow = false;
+  };
+
+  // One all-reduce of each unit's sum of squares over the shards gives the global norm, and
+  // tells every rank at once whether (and in which unit) a gradient overflowed anywhere.
+  GradientCheck check_gradients() {
     float* unit_sums = norm_sums.as<float>();
     {
       ScopedSpan span(trace, "gradient norm");
       for (size_t u = 0; u < units.size(); ++u) {
-        device->sum_squares(grad_slice(u), config.dtype, layout.units()[u].shard, unit_sums + u);
+        device->sum_squares(grad_shard(u), accum_dtype, layout.units()[u].shard, unit_sums + u);
       }
     }
     comm.stream().wait(device->record());
-    device->wait(traced("all_reduce", units.size() * sizeof(float), [&] {
+    wait_for_comm(traced("all_reduce", units.size() * sizeof(float), [&] {
       return comm.all_reduce(unit_sums, unit_sums, units.size(), DType::kFloat32);
     }));
     // The one value the host must see each step: whether to skip, and how much to clip.
     device->copy_to_host(norm_sums_on_host.data(), unit_sums, units.size() * sizeof(float));
-    const std::vector<float> sums(norm_sums_on_host.as<float>(),
-                                  norm_sums_on_host.as<float>() + units.size());
+    GradientCheck check;
+    check.unit_sums.assign(norm_sums_on_host.as<float>(),
+                           norm_sums_on_host.as<float>() + units.size());
     double total = 0.0;
-    for (float v : sums) total += v;
-
+    for (float v : check.unit_sums) total += v;
     // Gradients are summed over ranks and micro-batches and carry the loss scale (and the
     // pre-divide): one factor takes them back to the mean gradient of the global batch.
-    const float scale_now = loss_scale();
-    const float to_mean =
+    check.to_mean =
         config.gradient_predivide_factor /
-        (static_cast<float>(world) * static_cast<float>(config.micro_batches) * scale_now);
-    StepStats stats;
-    stats.grad_norm = static_cast<float>(std::sqrt(total)) * to_mean;
-    const bool overflow = !std::isfinite(total);
-    bool skip = false;
-    if (config.dtype == DType::kFloat16) {
-      skip = loss_scaler.update(overflow);  // throws when the scale cannot go lower
-    } else if (overflow) {
-      size_t bad = 0;
-      while (bad < sums.size() && std::isfinite(sums[bad])) ++bad;
-      const Unit& unit = layout.units()[bad < sums.size() ? bad : 0];
-      const std::string first_param =
-          unit.params.empty() ? "no parameters" : layout.params()[unit.params.front()].name;
-      ZERO_CHECK(config.skip_nonfinite_steps,
-                 "step " << optimizer.step() + 1 << ": the gradient of unit " << bad
-                         << " (starting at parameter '" << first_param
-                         << "') is not finite on some rank; stopping (\"nonfinite_gradients\": "
-                            "\"skip\" in the config skips such steps instead)");
-      skip = true;
-    }
-    stats.skipped = skip;
-    stats.loss_scale = loss_scale();
-    if (skip) {
-      finish_step();
-      stats.step = optimizer.step();
-      stats.lr = current_lr();
-      return stats;
-    }
+        (static_cast<float>(world) * static_cast<float>(config.micro_batches) * loss_scale());
+    check.grad_norm = static_cast<float>(std::sqrt(total)) * check.to_mean;
+    check.overflow = !std::isfinite(total);
+    return check;
+  }
 
-    float clip = 1.0f;
-    if (config.gradient_clipping > 0.0f && stats.grad_norm > config.gradient_clipping) {
-      clip = config.gradient_clipping / (stats.grad_norm + 1e-6f);
-      stats.clipped = true;
-    }
-    stats.lr = current_lr();
-    optimizer.begin_step(stats.lr);
+  // fp16 lets the loss scaler decide; fp32 and bf16 stop on a non-finite gradient, naming the
+  // unit, unless told to skip such steps.
+  bool skip_step(const GradientCheck& check) {
+    if (config.dtype == DType::kFloat16) return loss_scaler.update(check.overflow);
+    if (!check.overflow) return false;
+    const std::vector<float>& sums = check.unit_sums;
+    size_t bad = 0;
+    while (bad < sums.size() && std::isfinite(sums[bad])) ++bad;
+    const Unit& unit = layout.units()[bad < sums.size() ? bad : 0];
+    const std::string first_param =
+        unit.params.empty() ? "no parameters" : layout.params()[unit.params.front()].name;
+    ZERO_CHECK(config.skip_nonfinite_steps,
+               "step " << optimizer.step() + 1 << ": the gradient of unit " << bad
+                       << " (starting at parameter '" << first_param
+                       << "') is not finite on some rank; stopping (\"nonfinite_gradients\": "
+                          "\"skip\" in the config skips such steps instead)");
+    return true;
+  }
+
+  // Fused AdamW (or SGD) over what each rank owns, in passes of at most sub_group_size
+  // elements (DeepSpeed's bound on what one optimizer pass touches); each unit's slice may be
+  // cut into several pieces, which the element-wise update does not notice.
+  void update(float lr, float grad_scale) {
+    optimizer.begin_step(lr);
     const bool separate_master = config.dtype != DType::kFloat32;
-    std::vector<ShardUpdate> updates(units.size());
+    const size_t limit = config.optimizer_sub_group_elements;
+    std::vector<ShardUpdate> group;
+    size_t group_numel = 0;
+    ScopedSpan optimizer_span(trace, "optimizer");
+    const auto flush = [&] {
+      if (!group.empty())
+        device->apply_optimizer(optimizer, group, accum_dtype, grad_scale, config.dtype);
+      group.clear();
+      group_numel = 0;
+    };
     for (size_t u = 0; u < units.size(); ++u) {
-      const Unit& unit = layout.units()[u];
       UnitState& s = units[u];
-      // Stage 0 updates the whole unit on every rank (identically); the others their slice.
-      void* working = config.stage == 0 ? s.params_full.data() : param_slice(u);
-      ShardUpdate& update = updates[u];
-      update.shard.n = config.stage == 0 ? unit.numel : unit.shard;
-      update.shard.master = separate_master ? s.master.as<float>() : static_cast<float*>(working);
-      update.shard.state[0] = s.state[0].as<float>();
-      update.shard.state[1] = s.state[1].as<float>();
-      update.grad = config.stage == 0 ? s.grads_full.data() : grad_slice(u);
-      update.param_out = separate_master ? working : nullptr;
+      void* working = owned_params(u);
+      const size_t n = owned_numel(u);
+      for (size_t begin = 0; begin < n;) {
+        const size_t room = limit == 0 ? n : limit - group_numel;
+        const size_t count = std::min(n - begin, room);
+        ShardUpdate piece;
+        piece.shard.n = count;
+        piece.shard.master =
+            separate_master ? s.master.as<float>() + begin : static_cast<float*>(working) + begin;
+        for (int k = 0; k < optimizer.state_count(); ++k) {
+          piece.shard.state[k] = s.state[k].as<float>() + begin;
+        }
+        piece.grad = byte_offset(owned_grads(u), begin * accum);
+        piece.param_out = separate_master ? byte_offset(working, begin * elem) : nullptr;
+        group.push_back(piece);
+        group_numel += count;
+        begin += count;
+        if (limit != 0 && group_numel == limit) flush();
+      }
     }
-    {
-      ScopedSpan optimizer_span(trace, "optimizer");
-      device->apply_optimizer(optimizer, updates, config.dtype, clip * to_mean, config.dtype);
-    }
+    flush();
+  }
 
-    // Bring every rank's updated slice back into the full parameters (stages 1-2, and stage 3's
-    // persistent units); the next forward's gather(u) waits for unit u only, so the all-gathers
-    // overlap with the forward.
+  // Brings every rank's updated slice back into the full parameters (stages 1-2, and stage
+  // 3's persistent units); the next forward's gather(u) waits for unit u only, so the
+  // all-gathers overlap with the forward.
+  void start_post_step_gathers() {
+    if (config.stage == 0) return;
     comm.stream().wait(device->record());
     for (size_t u = 0; u < units.size(); ++u) {
       UnitState& s = units[u];
-      if (s.params_full.empty() || config.stage == 0) continue;
+      if (s.params_full.empty()) continue;
       const Unit& unit = layout.units()[u];
-      void* source = config.stage == 3 ? s.params_shard.data() : param_slice(u);
       s.params_ready = issued(traced("all_gather", unit.numel * elem, [&] {
-        return comm.all_gather(source, s.params_full.data(), unit.shard, config.dtype);
+        return comm.all_gather(owned_params(u), s.params_full.data(), unit.shard, config.dtype);
       }));
       if (!s.persistent) s.gathered = false;
     }
-    finish_step();
-    stats.step = optimizer.step();
-    return stats;
   }
 
   float current_lr() const {
@@ -683,26 +831,23 @@ struct Engine::Impl {
   void* grad(int p) {
     const ParamPlacement& pl = placement(p);
     UnitState& s = units[pl.unit];
-    if (config.stage >= 2 && s.grads_full.empty()) s.grads_full = grad_pool.acquire(true);
-    return byte_offset(s.grads_full.data(), pl.offset * elem);
+    if (!uses_grad_buckets(config)) return byte_offset(s.grads_full.data(), pl.offset * elem);
+    if (s.bucket.empty()) s.bucket = grad_pool.acquire(/*zeroed=*/true);
+    return byte_offset(s.bucket.data(), pl.offset * elem);
   }
 
   Engine::StateView state_view(int u) {
     check_unit(u);
     // A post-step all-gather or a prefetch may still be reading these arrays.
     device->wait(comm.stream().record());
-    const Unit& unit = layout.units()[u];
     UnitState& s = units[u];
     Engine::StateView view;
-    view.begin = config.stage == 0 ? 0 : static_cast<size_t>(rank) * unit.shard;
-    view.end = config.stage == 0 ? unit.numel : view.begin + unit.shard;
+    view.begin = owned_begin(u);
+    view.end = view.begin + owned_numel(u);
     const size_t n = view.end - view.begin;
-    if (config.dtype != DType::kFloat32) {
-      view.master = host_view(s.master.as<float>(), n);
-    } else {
-      view.master = host_view(
-          static_cast<float*>(config.stage == 0 ? s.params_full.data() : param_slice(u)), n);
-    }
+    const bool separate_master = config.dtype != DType::kFloat32;
+    view.master =
+        host_view(separate_master ? s.master.as<float>() : static_cast<float*>(owned_params(u)), n);
     view.state_count = optimizer.state_count();
     for (int k = 0; k < view.state_count; ++k) view.state[k] = host_view(s.state[k].as<float>(), n);
     return view;
@@ -726,23 +871,13 @@ struct Engine::Impl {
       device->copy_from_host(data, copy.data(), copy.bytes());
     host_state.clear();
     for (size_t u = 0; u < units.size(); ++u) {
-      const Unit& unit = layout.units()[u];
-      UnitState& s = units[u];
       if (config.dtype != DType::kFloat32) {
-        void* working = config.stage == 0 ? s.params_full.data() : param_slice(u);
-        const size_t n = config.stage == 0 ? unit.numel : unit.shard;
-        device->cast(s.master.data(), DType::kFloat32, working, config.dtype, n);
+        device->cast(units[u].master.data(), DType::kFloat32, owned_params(u), config.dtype,
+                     owned_numel(u));
       }
     }
-    comm.stream().wait(device->record());
-    for (size_t u = 0; u < units.size(); ++u) {
-      UnitState& s = units[u];
-      if (config.stage == 0 || s.params_full.empty()) continue;
-      const Unit& unit = layout.units()[u];
-      void* source = config.stage == 3 ? s.params_shard.data() : param_slice(u);
-      s.params_ready = comm.all_gather(source, s.params_full.data(), unit.shard, config.dtype);
-    }
-    for (UnitState& s : units) device->wait(s.params_ready);
+    start_post_step_gathers();
+    for (UnitState& s : units) wait_for_comm(s.params_ready);
   }
 
   std::vector<std::vector<float>> gather_full_params() {
@@ -800,7 +935,9 @@ struct Engine::Impl {
   LossScaler loss_scaler;
   int rank;
   int world;
-  size_t elem;  // bytes per element of the working dtype
+  size_t elem;        // bytes per element of the working dtype
+  DType accum_dtype;  // of the kept gradients (see accumulation_dtype)
+  size_t accum;       // and its bytes per element
   Trace trace;
   BufferPool param_pool;
   BufferPool grad_pool;
@@ -810,6 +947,11 @@ struct Engine::Impl {
   std::map<float*, Buffer> host_state;  // state_view() copies of device arrays (CUDA only)
   std::vector<UnitState> units;
   size_t live = 0;  // elements of non-persistent stage-3 units gathered now
+  // Communication figures of the step in progress (StepStats). Busy time is added by markers
+  // on the communication stream, hence shared with its closures and atomic.
+  int collectives_issued = 0;
+  double comm_wait_us = 0.0;
+  std::shared_ptr<std::atomic<int64_t>> comm_busy_us = std::make_shared<std::atomic<int64_t>>(0);
 };
 
 Engine::Engine(Communicator& comm, const std::vector<ParamDecl>& params, const EngineConfig& config)

@@ -82,10 +82,10 @@ struct EngineConfig {
                                      // fewer elements stay whole on every rank for the run
   // sub_group_size: at most this many elements in one optimizer pass (0: every shard at once).
   size_t optimizer_sub_group_elements = 0;
-  size_t max_live_elements = 0;      // stage3_max_live_parameters: cap on gathered elements
-  size_t max_reuse_distance = 0;     // stage3_max_reuse_distance: at the end of forward, keep a
-                                     // unit gathered if backward needs it again within this
-                                     // many gathered elements
+  size_t max_live_elements = 0;   // stage3_max_live_parameters: cap on gathered elements
+  size_t max_reuse_distance = 0;  // stage3_max_reuse_distance: at the end of forward, keep a
+                                  // unit gathered if backward needs it again within this
+                                  // many gathered elements
 
   // Record compute and collective spans (Engine::trace()) for a Chrome trace and overlap figures.
   // CPU only: the spans are host times, which on CUDA would be launch times, not run times.

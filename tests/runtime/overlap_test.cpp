@@ -1,0 +1,147 @@
+// Overlap measured from what it does: every unit's backward (and forward) takes a fixed time c
+// (a sleep, so CPU load does not change it) and every collective a fixed extra delay d < c.
+// When the schedule hides communication behind compute, the delay adds a few d per step (the
+// first gather of the forward, the last reduction, the norm all-reduce), not one d per unit.
+// The same measurement with overlap_comm off must see the full L x d, so the test can fail.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "zero/collectives/mpi_communicator.h"
+#include "zero/runtime/engine.h"
+
+namespace zero {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Forwards to a real communicator, with a fixed delay in front of every collective on its
+// stream: a slow network without changing what is sent.
+class DelayedCommunicator final : public Communicator {
+ public:
+  DelayedCommunicator(std::unique_ptr<Communicator> inner, std::chrono::microseconds delay)
+      : inner_(std::move(inner)), delay_(delay) {}
+
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  Event all_gather(const void* send, void* recv, size_t count, DType dtype) override {
+    delay();
+    return inner_->all_gather(send, recv, count, dtype);
+  }
+  Event reduce_scatter(const void* send, void* recv, size_t count, DType dtype) override {
+    delay();
+    return inner_->reduce_scatter(send, recv, count, dtype);
+  }
+  Event all_reduce(const void* send, void* recv, size_t count, DType dtype) override {
+    delay();
+    return inner_->all_reduce(send, recv, count, dtype);
+  }
+  Event broadcast(void* buffer, size_t count, DType dtype, int root) override {
+    delay();
+    return inner_->broadcast(buffer, count, dtype, root);
+  }
+  Event barrier() override { return inner_->barrier(); }
+  Stream& stream() override { return inner_->stream(); }
+  const CommCounters& counters() const override { return inner_->counters(); }
+  void set_timeout(std::chrono::milliseconds timeout) override { inner_->set_timeout(timeout); }
+  void set_desync_check(bool enabled) override { inner_->set_desync_check(enabled); }
+  bool desync_check() const override { return inner_->desync_check(); }
+  std::string flight_record() const override { return inner_->flight_record(); }
+
+ private:
+  void delay() {
+    const auto d = delay_;
+    if (d.count() > 0) inner_->stream().enqueue([d] { std::this_thread::sleep_for(d); });
+  }
+  std::unique_ptr<Communicator> inner_;
+  std::chrono::microseconds delay_;
+};
+
+constexpr int kUnits = 6;
+constexpr auto kCompute = std::chrono::milliseconds(30);  // c: each unit's forward and backward
+constexpr auto kDelay = std::chrono::milliseconds(15);    // d: each collective's extra time
+constexpr double kDelayMs = 15.0;
+
+struct StepTimes {
+  double step_ms = 0.0;  // the fastest measured step: noise only ever adds time
+  StepStats stats;       // of that step
+};
+
+// Steps of a model of kUnits units whose compute is a sleep, driven with the engine's
+// primitives the way ZeroModel drives them (gather, prefetch the next, release; reduce as soon
+// as a unit's backward is done).
+StepTimes time_steps(int stage, bool overlap, std::chrono::microseconds delay) {
+  DelayedCommunicator comm(make_mpi_communicator(), delay);
+  std::vector<ParamDecl> params;
+  for (int u = 0; u < kUnits; ++u) {
+    params.push_back(
+        ParamDecl{ParamSpec{"layer" + std::to_string(u) + ".weight", {64, 64}, u}, ParamInit{}});
+  }
+  EngineConfig config;
+  config.stage = stage;
+  config.overlap_comm = overlap;
+  Engine engine(comm, params, config);
+  StepTimes best;
+  best.step_ms = 1e30;
+  if (stage == 3) engine.prefetch(0);
+  for (int step = 0; step < 4; ++step) {
+    const auto begin = Clock::now();
+    for (int u = 0; u < kUnits; ++u) {
+      engine.gather(u);
+      if (u + 1 < kUnits) engine.prefetch(u + 1);
+      std::this_thread::sleep_for(kCompute);
+      if (u + 1 < kUnits) engine.release(u);
+    }
+    for (int u = kUnits - 1; u >= 0; --u) {
+      engine.gather(u);
+      if (u > 0) engine.prefetch(u - 1);
+      std::fill_n(static_cast<float*>(engine.grad(u)), 64 * 64, 1e-3f);
+      std::this_thread::sleep_for(kCompute);
+      engine.grads_ready(u);
+      engine.release(u);
+    }
+    const StepStats stats = engine.step();
+    if (stage == 3) engine.prefetch(0);
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - begin).count();
+    if (step > 0 && ms < best.step_ms) best = StepTimes{ms, stats};
+  }
+  return best;
+}
+
+TEST(Overlap, CollectivesHideBehindCompute) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    const StepTimes plain = time_steps(stage, true, std::chrono::microseconds(0));
+    const StepTimes delayed = time_steps(stage, true, kDelay);
+    const double extra = delayed.step_ms - plain.step_ms;
+    // Not hidden: the first forward gather waits for its post-step all-gather (stages 1-3), the
+    // last unit's reduction has nothing after it, and the norm's all-reduce is waited for.
+    const double not_hidden = (stage == 0 ? 2 : 3) * kDelayMs;
+    EXPECT_LT(extra, not_hidden + kDelayMs)
+        << "stage " << stage << ": the delay added " << extra << " ms per step";
+    // What the engine measured agrees: the compute side was blocked for about that long,
+    // while the communication stream was busy with every delayed collective.
+    EXPECT_LT(delayed.stats.comm_wait_ms, not_hidden + kDelayMs) << "stage " << stage;
+    EXPECT_GT(delayed.stats.comm_busy_ms, delayed.stats.collectives * kDelayMs * 0.9)
+        << "stage " << stage;
+    EXPECT_GE(delayed.stats.collectives, kUnits) << "stage " << stage;
+  }
+}
+
+// The measurement can fail: with overlap_comm off every collective is waited for at once, and
+// the same figures must show it.
+TEST(Overlap, WithoutOverlapEveryDelayIsPaid) {
+  for (int stage : {0, 2, 3}) {
+    const StepTimes plain = time_steps(stage, false, std::chrono::microseconds(0));
+    const StepTimes delayed = time_steps(stage, false, kDelay);
+    const double extra = delayed.step_ms - plain.step_ms;
+    EXPECT_GT(extra, kUnits * kDelayMs) << "stage " << stage;
+    EXPECT_GT(delayed.stats.comm_wait_ms, kUnits * kDelayMs) << "stage " << stage;
+  }
+}
+
+}  // namespace
+}  // namespace zero
