@@ -4,7 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
+#include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tests/expect_error.h"
 #include "tests/runtime/train_util.h"
@@ -71,18 +75,75 @@ TEST(Engine, CommunicationVolumeMatchesTheStageTable) {
   EXPECT_NEAR(per_step[3] / per_step[0], 1.5, 0.015);
 }
 
+// Every stage against plain training written from the formulas (train_unsharded: its own
+// forward, backward, clipping, accumulation and AdamW in double), with the run options each
+// case sets honoured on both sides.
 TEST(Engine, EveryStageMatchesUnshardedTraining) {
-  RunOptions o;
-  o.steps = 10;
-  const TrainResult reference = train_unsharded(o);
-  EXPECT_LT(reference.losses.back(), reference.losses.front());
-  for (int stage = 0; stage <= 3; ++stage) {
-    o.stage = stage;
-    const TrainResult run = train(o);
-    const std::string what = "stage " + std::to_string(stage);
-    expect_close(run.losses, reference.losses, 1e-4, what + " losses");
-    expect_close(run.grad_norms, reference.grad_norms, 1e-4, what + " gradient norms");
+  std::vector<std::pair<std::string, RunOptions>> cases;
+  RunOptions plain;
+  plain.steps = 10;
+  cases.emplace_back("plain", plain);
+  RunOptions options = plain;
+  options.micro_batches = 2;
+  options.clip = 0.05f;
+  options.lr = 3e-3f;
+  options.weight_decay = 0.1f;
+  options.seed = 11;
+  options.mlp = MlpConfig{6, 16, 3, 4};
+  cases.emplace_back("two micro-batches, clipping, lr 3e-3, weight decay 0.1, 4 layers", options);
+  for (const auto& [name, o] : cases) {
+    const TrainResult reference = train_unsharded(o);
+    EXPECT_LT(reference.losses.back(), reference.losses.front()) << name;
+    if (o.clip > 0.0f) {
+      EXPECT_GT(reference.grad_norms.front(), o.clip) << name << ": clipping is not exercised";
+    }
+    for (int stage = 0; stage <= 3; ++stage) {
+      RunOptions staged = o;
+      staged.stage = stage;
+      const TrainResult run = train(staged);
+      const std::string what = name + ", stage " + std::to_string(stage);
+      expect_close(run.losses, reference.losses, 1e-4, what + " losses");
+      expect_close(run.grad_norms, reference.grad_norms, 1e-4, what + " gradient norms");
+      ASSERT_EQ(run.final_params.size(), reference.final_params.size()) << what;
+      for (size_t p = 0; p < run.final_params.size(); ++p) {
+        expect_close(run.final_params[p], reference.final_params[p], 1e-5,
+                     what + ", parameter " + std::to_string(p), 1e-7);
+      }
+    }
   }
+}
+
+// The reference itself: the options it is given change its numbers, and the ones it cannot
+// model are refused rather than ignored.
+TEST(Engine, UnshardedReferenceHonoursItsOptions) {
+  RunOptions o;
+  o.steps = 4;
+  const TrainResult base = train_unsharded(o);
+  const std::vector<std::pair<std::string, std::function<void(RunOptions&)>>> changes = {
+      {"lr", [](RunOptions& r) { r.lr = 2e-2f; }},
+      {"weight decay", [](RunOptions& r) { r.weight_decay = 0.5f; }},
+      {"clipping", [](RunOptions& r) { r.clip = 0.05f; }},
+      {"seed", [](RunOptions& r) { r.seed = 8; }},
+      {"global batch", [](RunOptions& r) { r.global_batch = 12; }},
+  };
+  for (const auto& [name, change] : changes) {
+    RunOptions changed = o;
+    change(changed);
+    EXPECT_NE(train_unsharded(changed).final_params, base.final_params) << name;
+  }
+  // Micro-batches of a mean loss average to the whole batch's gradient: the same training.
+  o.micro_batches = 3;
+  const TrainResult micro = train_unsharded(o);
+  expect_close(micro.losses, base.losses, 1e-6, "three micro-batches");
+  for (size_t p = 0; p < base.final_params.size(); ++p) {
+    expect_close(micro.final_params[p], base.final_params[p], 1e-6, "three micro-batches", 1e-9);
+  }
+  RunOptions tweaked;
+  tweaked.tweak = [](EngineConfig& c) { c.optimizer.beta1 = 0.5; };
+  EXPECT_THROW(train_unsharded(tweaked), std::invalid_argument);
+  RunOptions bf16;
+  bf16.dtype = DType::kBFloat16;
+  EXPECT_THROW(train_unsharded(bf16), std::invalid_argument);
 }
 
 TEST(Engine, DelayedCommunicationStreamChangesNothing) {
@@ -110,7 +171,8 @@ TEST(Engine, DelayedCommunicationStreamChangesNothing) {
   o.stage = 3;
   o.micro_batches = 2;
   const TrainResult accumulated = train(o);
-  expect_close(accumulated.losses, reference.losses, 1e-4, "delayed stage 3, two micro-batches");
+  expect_close(accumulated.losses, train_unsharded(o).losses, 1e-4,
+               "delayed stage 3, two micro-batches");
 }
 
 TEST(Engine, GradientAccumulationMatchesOneLargeBatch) {

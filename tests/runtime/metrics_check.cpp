@@ -1,14 +1,18 @@
 // Checks zero-train metrics files (JSON lines) for the end-to-end tests:
-//   metrics_check same-losses REL A.jsonl B.jsonl...  every file's loss at every step it holds
-//                                                      equals A's at that step within REL
-//                                                      relative (0 = bitwise)
-//   metrics_check loss-falls RATIO A.jsonl            the last loss is below RATIO x the first
-//   metrics_check skipped-at STEP A.jsonl             exactly STEP was skipped, every loss finite
+//   metrics_check --steps N [--from K] same-losses REL A.jsonl B.jsonl...
+//                                    every file's loss at every step equals A's at that step
+//                                    within REL relative (0 = bitwise)
+//   metrics_check --steps N loss-falls RATIO A.jsonl   the last loss is below RATIO x the first
+//   metrics_check --steps N skipped-at STEP A.jsonl    exactly STEP was skipped, every loss finite
 //   metrics_check trace RANKS T.json                  a Chrome trace with compute and collective
 //                                                      spans from each of RANKS ranks
+// Every metrics file must hold each step of its run once, in order, up to the last one, N: a
+// run that stopped early (or skipped or repeated a record) fails every check. The first file
+// starts at step 1; the others at step K (default 1), e.g. the tail of a resumed run.
 // Exit 0 when the check holds, 1 (with the first difference printed) when it does not, 2 on
 // unreadable input.
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -28,7 +32,12 @@ struct Metrics {
   std::vector<double> loss_scales;
 };
 
-Metrics read_metrics(const std::string& path) {
+// Filled from the command line: the step every metrics file must end at (required), and the
+// step the files after the first one start at.
+long expected_last_step = 0;
+long expected_first_step_of_others = 1;
+
+Metrics read_metrics(const std::string& path, long first_step) {
   std::ifstream in(path);
   if (!in) {
     std::cerr << "metrics_check: cannot open " << path << "\n";
@@ -59,14 +68,29 @@ Metrics read_metrics(const std::string& path) {
     std::cerr << "metrics_check: " << path << " has no step records\n";
     std::exit(2);
   }
+  // The whole run: steps first_step, first_step + 1, ..., expected_last_step, each once.
+  for (size_t i = 0; i < m.steps.size(); ++i) {
+    const long expected = first_step + static_cast<long>(i);
+    if (m.steps[i] != expected) {
+      std::printf("%s: record %zu is step %ld, expected step %ld\n", path.c_str(), i + 1,
+                  m.steps[i], expected);
+      std::exit(1);
+    }
+  }
+  if (m.steps.back() != expected_last_step) {
+    std::printf("%s: the run stopped at step %ld, expected %ld steps (the last one %ld)\n",
+                path.c_str(), m.steps.back(), expected_last_step - first_step + 1,
+                expected_last_step);
+    std::exit(1);
+  }
   return m;
 }
 
 int same_losses(double rel, const std::vector<std::string>& paths) {
-  const Metrics reference = read_metrics(paths[0]);
+  const Metrics reference = read_metrics(paths[0], 1);
   int failures = 0;
   for (size_t f = 1; f < paths.size(); ++f) {
-    const Metrics other = read_metrics(paths[f]);
+    const Metrics other = read_metrics(paths[f], expected_first_step_of_others);
     double worst = 0.0;
     bool failed = false;
     for (size_t i = 0; i < other.losses.size() && !failed; ++i) {
@@ -92,7 +116,6 @@ int same_losses(double rel, const std::vector<std::string>& paths) {
         failed = true;
       }
     }
-    if (other.losses.size() < 1) failed = true;
     failures += failed ? 1 : 0;
     std::printf("%s (N=%d, stage %d): %zu steps, worst relative difference %.3g\n",
                 paths[f].c_str(), other.world_size, other.stage, other.losses.size(), worst);
@@ -101,7 +124,7 @@ int same_losses(double rel, const std::vector<std::string>& paths) {
 }
 
 int loss_falls(double ratio, const std::string& path) {
-  const Metrics m = read_metrics(path);
+  const Metrics m = read_metrics(path, 1);
   const double first = m.losses.front();
   const double last = m.losses.back();
   std::printf("%s: first loss %.6g, last loss %.6g after %zu steps (ratio %.3f, limit %.3f)\n",
@@ -110,7 +133,7 @@ int loss_falls(double ratio, const std::string& path) {
 }
 
 int skipped_at(long step, const std::string& path) {
-  const Metrics m = read_metrics(path);
+  const Metrics m = read_metrics(path, 1);
   int failures = 0;
   for (size_t i = 0; i < m.losses.size(); ++i) {
     const bool expected = static_cast<long>(i) + 1 == step;
@@ -156,22 +179,42 @@ int trace_has_every_rank(int ranks, const std::string& path) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  if (argc >= 4 && std::string(argv[1]) == "same-losses") {
-    return same_losses(std::atof(argv[2]), std::vector<std::string>(argv + 3, argv + argc));
-  }
-  if (argc == 4 && std::string(argv[1]) == "loss-falls") {
-    return loss_falls(std::atof(argv[2]), argv[3]);
-  }
-  if (argc == 4 && std::string(argv[1]) == "skipped-at") {
-    return skipped_at(std::atol(argv[2]), argv[3]);
-  }
-  if (argc == 4 && std::string(argv[1]) == "trace") {
-    return trace_has_every_rank(std::atoi(argv[2]), argv[3]);
-  }
-  std::cerr << "usage: metrics_check same-losses REL A.jsonl B.jsonl...\n"
-               "       metrics_check loss-falls RATIO A.jsonl\n"
-               "       metrics_check skipped-at STEP A.jsonl\n"
+int usage() {
+  std::cerr << "usage: metrics_check --steps N [--from K] same-losses REL A.jsonl B.jsonl...\n"
+               "       metrics_check --steps N loss-falls RATIO A.jsonl\n"
+               "       metrics_check --steps N skipped-at STEP A.jsonl\n"
                "       metrics_check trace RANKS T.json\n";
   return 2;
+}
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.size() == 3 && args[0] == "trace") {
+    return trace_has_every_rank(std::atoi(args[1].c_str()), args[2]);
+  }
+  // The metrics modes: --steps is required, so no check can accept a run that stopped early.
+  size_t a = 0;
+  while (a + 1 < args.size() && (args[a] == "--steps" || args[a] == "--from")) {
+    const long value = std::atol(args[a + 1].c_str());
+    (args[a] == "--steps" ? expected_last_step : expected_first_step_of_others) = value;
+    a += 2;
+  }
+  if (expected_last_step < 1 || expected_first_step_of_others < 1 ||
+      expected_first_step_of_others > expected_last_step) {
+    return usage();
+  }
+  args.erase(args.begin(), args.begin() + static_cast<std::ptrdiff_t>(a));
+  if (args.size() >= 4 && args[0] == "same-losses") {
+    return same_losses(std::atof(args[1].c_str()),
+                       std::vector<std::string>(args.begin() + 2, args.end()));
+  }
+  if (args.size() == 3 && args[0] == "loss-falls") {
+    return loss_falls(std::atof(args[1].c_str()), args[2]);
+  }
+  if (args.size() == 3 && args[0] == "skipped-at") {
+    const long step = std::atol(args[1].c_str());
+    if (step < 1 || step > expected_last_step) return usage();
+    return skipped_at(step, args[2]);
+  }
+  return usage();
 }

@@ -3,12 +3,17 @@
 // gradient rules of fp32/bf16. Also the scheduling options that must not change the numbers.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "tests/runtime/train_util.h"
 #include "zero/kernels/check.h"
+#include "zero/kernels/dtype.h"
 
 namespace zero {
 namespace {
@@ -192,6 +197,168 @@ TEST(MixedPrecision, Fp32ReductionAndPredivideGiveTheSameTraining) {
     };
     const TrainResult fp32_reduce = train(o);
     expect_close(fp32_reduce.losses, plain.losses, 1e-2, name_of(o.dtype, stage));
+  }
+}
+
+// A communicator whose 16-bit reductions sum in the 16-bit dtype, rounding after every
+// addition (rank 0's value, then rank 1's, ...), as a backend that reduces natively in bf16 or
+// fp16 does (NCCL's ring); fp32 reductions and everything else are the MPI communicator's,
+// which sums 16-bit values in fp32 and rounds once. It records the dtype of each reduction.
+class SixteenBitSumCommunicator : public Communicator {
+ public:
+  struct Reduction {
+    CollectiveOp op;
+    DType dtype;
+  };
+
+  SixteenBitSumCommunicator() : inner_(make_mpi_communicator()) {}
+
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  Event all_gather(const void* send, void* recv, size_t count, DType dtype) override {
+    return inner_->all_gather(send, recv, count, dtype);
+  }
+  Event reduce_scatter(const void* send, void* recv, size_t count, DType dtype) override {
+    reductions_.push_back({CollectiveOp::kReduceScatter, dtype});
+    if (dtype == DType::kFloat32) return inner_->reduce_scatter(send, recv, count, dtype);
+    const size_t offset = static_cast<size_t>(rank()) * count;
+    return sum_in_16_bits(send, count * static_cast<size_t>(world_size()), offset, recv, count,
+                          dtype);
+  }
+  Event all_reduce(const void* send, void* recv, size_t count, DType dtype) override {
+    reductions_.push_back({CollectiveOp::kAllReduce, dtype});
+    if (dtype == DType::kFloat32) return inner_->all_reduce(send, recv, count, dtype);
+    return sum_in_16_bits(send, count, 0, recv, count, dtype);
+  }
+  Event broadcast(void* buffer, size_t count, DType dtype, int root) override {
+    return inner_->broadcast(buffer, count, dtype, root);
+  }
+  Event barrier() override { return inner_->barrier(); }
+  Stream& stream() override { return inner_->stream(); }
+  const CommCounters& counters() const override { return inner_->counters(); }
+  void set_timeout(std::chrono::milliseconds timeout) override { inner_->set_timeout(timeout); }
+  void set_desync_check(bool enabled) override { inner_->set_desync_check(enabled); }
+  bool desync_check() const override { return inner_->desync_check(); }
+  std::string flight_record() const override { return inner_->flight_record(); }
+
+  const std::vector<Reduction>& reductions() const { return reductions_; }
+
+ private:
+  // Gathers every rank's `total` elements, then (on the stream, after the gather) writes
+  // elements [offset, offset + count) of the 16-bit sum over ranks to recv.
+  Event sum_in_16_bits(const void* send, size_t total, size_t offset, void* recv, size_t count,
+                       DType dtype) {
+    const int world = world_size();
+    auto all = std::make_shared<std::vector<uint16_t>>(total * static_cast<size_t>(world));
+    inner_->all_gather(send, all->data(), total, dtype);
+    return inner_->stream().enqueue([=] {
+      auto* out = static_cast<uint16_t*>(recv);
+      for (size_t e = 0; e < count; ++e) {
+        float sum = 0.0f;
+        for (int r = 0; r < world; ++r) {
+          const uint16_t x = (*all)[static_cast<size_t>(r) * total + offset + e];
+          sum = dtype == DType::kBFloat16 ? bf16_to_float(float_to_bf16(sum + bf16_to_float(x)))
+                                          : fp16_to_float(float_to_fp16(sum + fp16_to_float(x)));
+        }
+        out[e] = dtype == DType::kBFloat16 ? float_to_bf16(sum) : float_to_fp16(sum);
+      }
+    });
+  }
+
+  std::unique_ptr<Communicator> inner_;
+  std::vector<Reduction> reductions_;
+};
+
+// x rounded to nearest even with `bits` significant bits (bf16: 8, fp16: 11; normal numbers).
+double round_to_bits(double x, int bits) {
+  int exponent = 0;
+  const double mantissa = std::frexp(x, &exponent);  // in [0.5, 1)
+  return std::ldexp(std::nearbyint(std::ldexp(mantissa, bits)), exponent - bits);
+}
+
+// communication_data_type "fp32" (reduce_in_fp32): the gradient of every rank is summed in fp32
+// and rounded once to the working dtype, whatever the backend does with 16-bit sums. Each
+// element gets 1 from rank 0 and half a unit in the last place of 1 from every other rank:
+// summed in 16 bits, every addition is a tie that rounds back to 1; in fp32, the exact sum
+// 1 + (N-1)/2 ulp rounds once to 1 + 1 ulp (N = 3) or 1 + 2 ulp (N = 4). SGD with lr 1 and
+// no decay turns the mean gradient into minus the master weights, element by element.
+TEST(MixedPrecision, CommunicationDataTypeFp32SumsInFp32AndRoundsOnce) {
+  const int world = world_size();
+  if (world < 2) GTEST_SKIP() << "one rank reduces nothing";
+  const size_t n = 40;
+  for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+    const int bits = dtype == DType::kBFloat16 ? 8 : 11;
+    const double half_ulp = std::ldexp(1.0, -bits);  // of 1.0
+    for (int stage = 0; stage <= 3; ++stage) {
+      for (bool in_fp32 : {false, true}) {
+        const std::string what = name_of(dtype, stage) + (in_fp32 ? ", fp32" : ", 16-bit") +
+                                 " reduction on " + std::to_string(world) + " ranks";
+        SixteenBitSumCommunicator comm;
+        EngineConfig config;
+        config.stage = stage;
+        config.dtype = dtype;
+        config.reduce_in_fp32 = in_fp32;
+        // Accumulated in the working dtype, so every stage reduces 16-bit gradients (bf16's
+        // default accumulates in fp32 and reduces the fp32 sum at stages 0-1).
+        config.grad_accum_dtype = dtype;
+        config.loss_scaler.initial_scale_power = 0;  // fp16: scale 1, the gradients as written
+        config.optimizer.type = OptimizerType::kSgd;
+        config.optimizer.lr = 1.0f;
+        config.optimizer.weight_decay = 0.0f;
+        Engine engine(comm,
+                      {ParamDecl{ParamSpec{"g", {static_cast<int64_t>(n)}, 0},
+                                 ParamInit{InitKind::kZeros, 0}}},
+                      config);
+        // Element e scales both parts by +-2^k, k in -2..2: the same ties at every magnitude.
+        std::vector<double> scale(n), expected(n);
+        std::vector<float> mine(n);
+        for (size_t e = 0; e < n; ++e) {
+          scale[e] = (e % 2 ? -1.0 : 1.0) * std::ldexp(1.0, static_cast<int>(e % 5) - 2);
+          mine[e] = static_cast<float>(scale[e] * (comm.rank() == 0 ? 1.0 : half_ulp));
+          const double exact_sum = scale[e] * (1.0 + (world - 1) * half_ulp);
+          expected[e] = in_fp32 ? round_to_bits(exact_sum, bits) : scale[e];
+        }
+        engine.gather(0);
+        void* grad = engine.grad(0);
+        for (size_t e = 0; e < n; ++e) {
+          const uint16_t h =
+              dtype == DType::kBFloat16 ? float_to_bf16(mine[e]) : float_to_fp16(mine[e]);
+          std::memcpy(static_cast<char*>(grad) + e * sizeof(uint16_t), &h, sizeof(uint16_t));
+        }
+        engine.grads_ready(0);
+        engine.release(0);
+        const StepStats stats = engine.step();
+        ASSERT_FALSE(stats.skipped) << what;
+
+        // Which dtype went over the wire: fp32 for every reduction of the gradient, or the
+        // working dtype. (The engine's own fp32 reductions, e.g. of the norm, count as fp32.)
+        size_t sixteen_bit = 0;
+        for (const auto& r : comm.reductions()) sixteen_bit += r.dtype == dtype ? 1 : 0;
+        if (in_fp32) {
+          EXPECT_EQ(sixteen_bit, 0u) << what << ": a gradient was reduced in 16 bits";
+        } else {
+          EXPECT_GT(sixteen_bit, 0u) << what << ": no gradient was reduced in the working dtype";
+        }
+
+        // The reduced gradient, element by element (master = 0 - 1 x sum / N) and as a norm.
+        const std::vector<float> master = engine.gather_full_master()[0];
+        ASSERT_EQ(master.size(), n) << what;
+        double squares = 0.0;
+        for (size_t e = 0; e < n; ++e) {
+          const double mean = expected[e] / world;
+          squares += mean * mean;
+          EXPECT_NEAR(master[e], -mean, 1e-6 * std::fabs(mean)) << what << ", element " << e;
+        }
+        EXPECT_NEAR(stats.grad_norm, std::sqrt(squares), 1e-6 * std::sqrt(squares)) << what;
+        if (world >= 3) {
+          // Only a sum of three or more values can round differently in 16 bits.
+          for (size_t e = 0; e < n; ++e) {
+            EXPECT_NE(round_to_bits(scale[e] * (1.0 + (world - 1) * half_ulp), bits), scale[e])
+                << "the test's values do not tell the two sums apart";
+          }
+        }
+      }
+    }
   }
 }
 

@@ -1,5 +1,5 @@
 // Shared by the engine's MPI tests: train the example MLP through the engine (or without it,
-// as the unsharded reference) and record what the tests compare.
+// as the unsharded reference written from the formulas) and record what the tests compare.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -7,10 +7,12 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "examples/mlp.h"
+#include "tests/runtime/reference_training.h"
 #include "zero/collectives/mpi_communicator.h"
 #include "zero/runtime/model.h"
 
@@ -42,6 +44,7 @@ struct RunOptions {
   size_t merge_bytes = 0;
   float clip = 0.0f;
   float lr = 1e-2f;
+  float weight_decay = 0.01f;  // AdamW's, decoupled
   uint64_t seed = 7;
   DType dtype = DType::kFloat32;
   int inf_grad_step = 0;       // the last rank's loss gradient is infinite at this step
@@ -59,6 +62,7 @@ inline TrainResult train(const RunOptions& o) {
   config.stage = o.stage;
   config.micro_batches = o.micro_batches;
   config.optimizer.lr = o.lr;
+  config.optimizer.weight_decay = o.weight_decay;
   config.merge_bytes = o.merge_bytes;
   config.gradient_clipping = o.clip;
   config.seed = o.seed;
@@ -118,72 +122,45 @@ inline void expect_close(const std::vector<float>& a, const std::vector<float>& 
   }
 }
 
-// Plain training without the engine: the whole global batch on one process, parameters in
-// their own arrays, the same initial values and the same AdamW. What every stage must match.
+// Plain training without the engine, from the formulas (tests/runtime/reference_training.h):
+// the whole global batch on one process, in the given micro-batches, with its own AdamW and
+// clipping, starting from the values the engine initializes the same parameters to, on the
+// same data. The options that change the numbers are honoured; the ones that only place or
+// schedule the work (stage, comm delay, merging) do not enter the math; any other is rejected.
 inline TrainResult train_unsharded(const RunOptions& o) {
-  std::vector<NamedModule> modules = examples::make_mlp(o.mlp);
-  struct Param {
-    std::vector<int64_t> shape;
-    std::vector<float> value, grad, m, v;
-  };
-  std::vector<std::vector<Param>> params(modules.size());
-  uint64_t index = 0;
-  for (size_t l = 0; l < modules.size(); ++l) {
-    for (const ParamDecl& d : modules[l].module->parameters()) {
-      size_t n = 1;
-      for (int64_t dim : d.spec.shape) n *= static_cast<size_t>(dim);
-      Param p{d.spec.shape, std::vector<float>(n), std::vector<float>(n), std::vector<float>(n),
-              std::vector<float>(n)};
-      for (size_t e = 0; e < n; ++e) p.value[e] = init_value(7, index, e, d.init);
-      params[l].push_back(std::move(p));
-      ++index;
-    }
+  if (o.tweak || o.dtype != DType::kFloat32 || o.inf_grad_step != 0) {
+    throw std::invalid_argument(
+        "train_unsharded models fp32 AdamW with the RunOptions fields only: no tweak, no "
+        "16-bit dtype, no injected fault");
   }
-  const std::shared_ptr<DeviceContext> cpu = DeviceContext::create(Device::cpu());
-  auto refs = [&](size_t l, bool grads) {
-    std::vector<ParamRef> out;
-    for (Param& p : params[l]) {
-      out.push_back(ParamRef{grads ? p.grad.data() : p.value.data(), DType::kFloat32, &p.shape,
-                             p.value.size(), cpu});
-    }
-    return out;
+  if (o.global_batch % o.micro_batches != 0) {
+    throw std::invalid_argument(
+        "train_unsharded: the global batch does not split into the "
+        "micro-batches");
+  }
+  const reference::Mlp mlp{o.mlp.input_dim, o.mlp.hidden_dim, o.mlp.output_dim, o.mlp.layers};
+  reference::Run run;
+  run.steps = o.steps;
+  run.global_batch = o.global_batch;
+  run.micro_batches = o.micro_batches;
+  run.lr = o.lr;
+  run.weight_decay = o.weight_decay;
+  run.clip = o.clip;
+  const examples::TeacherTask task(o.mlp, o.seed);
+  auto data = [&](long step, int64_t first, int64_t count) {
+    const examples::Batch batch = task.batch(step, first, count);
+    return reference::Rows{batch.inputs.to_host(), batch.targets.to_host()};
   };
-  OptimizerConfig opt;
-  opt.lr = 1e-2f;
-  Optimizer optimizer(opt);
-  examples::TeacherTask task(o.mlp, 7);
+  // The engine's initializer: a function of the seed and the element's identity only.
+  auto init = [&](uint64_t index, uint64_t element, float bound) {
+    return init_value(o.seed, index, element, ParamInit{InitKind::kUniform, bound});
+  };
+  reference::Result reference_run = reference::train(mlp, run, data, init);
   TrainResult result;
-  for (int step = 1; step <= o.steps; ++step) {
-    examples::Batch batch = task.batch(step, 0, o.global_batch);
-    Tensor x = batch.inputs;
-    for (size_t l = 0; l < modules.size(); ++l) {
-      Tensor y;
-      modules[l].module->forward(x, y, refs(l, false));
-      x = std::move(y);
-    }
-    Tensor grad;
-    result.losses.push_back(examples::mse_loss(x, batch.targets, grad));
-    for (size_t l = modules.size(); l-- > 0;) {
-      for (Param& p : params[l]) std::fill(p.grad.begin(), p.grad.end(), 0.0f);
-      Tensor grad_in;
-      modules[l].module->backward(grad, grad_in, refs(l, false), refs(l, true));
-      grad = std::move(grad_in);
-    }
-    double sum_squares = 0.0;
-    for (auto& layer : params) {
-      for (Param& p : layer) {
-        for (float g : p.grad) sum_squares += static_cast<double>(g) * g;
-      }
-    }
-    result.grad_norms.push_back(static_cast<float>(std::sqrt(sum_squares)));
-    optimizer.begin_step(opt.lr);
-    for (auto& layer : params) {
-      for (Param& p : layer) {
-        ShardState shard{p.value.data(), {p.m.data(), p.v.data()}, p.value.size()};
-        optimizer.apply(shard, p.grad.data(), DType::kFloat32, 1.0f, nullptr, DType::kFloat32);
-      }
-    }
-  }
+  result.losses = std::move(reference_run.losses);
+  result.grad_norms = std::move(reference_run.grad_norms);
+  result.final_params = reference_run.params_after_step.back();
+  if (o.record_params) result.params_after_step = std::move(reference_run.params_after_step);
   return result;
 }
 
