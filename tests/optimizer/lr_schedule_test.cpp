@@ -58,7 +58,7 @@ TEST(LrSchedule, WarmupIsLogarithmicByDefault) {
   EXPECT_FLOAT_EQ(from_zero.lr_at(10), 0.01f);      // log(10) / log(10): the peak already
   EXPECT_FLOAT_EQ(from_zero.lr_at(11), 0.01f);
   const LrSchedule from_min(make_config(LrScheduleType::kWarmup, 0.01f, 0.002f, 4, 0, log));
-  EXPECT_FLOAT_EQ(from_min.lr_at(2), 0.006f);         // 0.002 + 0.008 * log(2) / log(4)
+  EXPECT_FLOAT_EQ(from_min.lr_at(2), 0.006f);       // 0.002 + 0.008 * log(2) / log(4)
   EXPECT_FLOAT_EQ(from_min.lr_at(3), 0.00833985f);  // 0.002 + 0.008 * log(3) / log(4)
   // The decay schedules warm up the same way.
   const LrSchedule decay(
