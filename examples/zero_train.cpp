@@ -4,9 +4,11 @@
 //   zerorun -np 4 -- zero-train --config ds_config.json --steps 100 --trace run.trace.json
 //
 // Settings come from a DeepSpeed-style config (--config) when given, and command-line flags
-// override it. Rank 0 prints a memory summary at start and a progress line every
-// steps_per_print steps; --metrics writes JSON lines (an "init" record, then one "step" record
-// per step); --trace writes a Chrome trace of every rank's compute and collectives.
+// override it; "auto" in the file takes the flag's value (or its default), as Hugging Face's
+// Trainer does, and rank 0 prints each value it resolved and each config key it ignores. Rank 0
+// prints a memory summary at start and a progress line every steps_per_print steps; --metrics
+// writes JSON lines (an "init" record, then one "step" record per step); --trace writes a Chrome
+// trace of every rank's compute and collectives.
 // --device cuda trains on each rank's node-local GPU, with NCCL collectives (builds with CUDA).
 #include <mpi.h>
 
@@ -21,7 +23,9 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "examples/mlp.h"
 #include "zero/collectives/mpi_communicator.h"
@@ -75,6 +79,8 @@ struct Flags {
   std::optional<bool> skip_nonfinite;
   Fault fault;
   long test_comm_delay_us = 0;
+  bool override_optimizer = false;
+  bool help = false;
 };
 
 constexpr const char* kUsage =
@@ -86,13 +92,24 @@ constexpr const char* kUsage =
     "                  [--input-dim N] [--hidden N] [--output-dim N] [--layers N]\n"
     "                  [--merge-bytes N] [--threads N] [--memory-limit BYTES[K|M|G]]\n"
     "                  [--save-dir DIR] [--save-every K] [--resume DIR|latest]\n"
+    "                  [--override-optimizer]\n"
     "                  [--nonfinite error|skip] [--inject-fault "
     "inf-grad|kill|stop|skip-step@STEP]\n"
     "                  [--device cpu|cuda] [--test-comm-delay-us N]\n";
 
+// The run's values where neither a flag nor the config gives one.
+constexpr long kDefaultGlobalBatch = 24;
+constexpr float kDefaultLr = 1e-3f;
+constexpr float kDefaultWeightDecay = 0.0f;
+
+// A bad command line. Thrown, not exited on: every rank must learn of it (see main).
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 [[noreturn]] void usage_error(const std::string& message) {
-  std::cerr << "zero-train: " << message << "\n" << kUsage;
-  std::exit(2);
+  throw UsageError(message);
 }
 
 long parse_long(const std::string& flag, const std::string& value, long min_value) {
@@ -151,8 +168,12 @@ Flags parse_flags(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "-h" || flag == "--help") {
-      std::cout << kUsage;
-      std::exit(0);
+      f.help = true;
+      return f;
+    }
+    if (flag == "--override-optimizer") {
+      f.override_optimizer = true;
+      continue;
     }
     if (i + 1 >= argc) usage_error("missing value after " + flag);
     const std::string v = argv[++i];
@@ -245,17 +266,34 @@ Flags parse_flags(int argc, char** argv) {
   return f;
 }
 
+// What "auto" in a config file becomes: the flags, or zero-train's defaults for them (the values
+// the run uses when the file does not say), and the MLP's hidden size.
+zero::ConfigContext auto_values(const Flags& f) {
+  zero::ConfigContext c;
+  c.train_batch_size = f.global_batch.value_or(kDefaultGlobalBatch);
+  c.gradient_accumulation_steps = f.micro_batches.value_or(1);
+  c.gradient_clipping = f.clip.value_or(0.0f);
+  c.dtype = f.dtype.value_or(zero::DType::kFloat32);
+  c.lr = f.lr.value_or(kDefaultLr);
+  c.weight_decay = f.weight_decay.value_or(kDefaultWeightDecay);
+  c.warmup_num_steps = f.warmup.value_or(0);
+  c.total_num_steps = f.steps;
+  c.hidden_size = f.mlp.hidden_dim;
+  c.source = "zero-train's flags or their defaults";
+  return c;
+}
+
 // The config file (or the built-in defaults), then every flag the user gave on top.
 zero::TrainingConfig resolve_config(const Flags& f, int world_size) {
   zero::TrainingConfig tc;
   if (!f.config.empty()) {
-    tc = zero::load_training_config(f.config, world_size);
+    tc = zero::load_training_config(f.config, world_size, auto_values(f));
   } else {
     tc.engine.stage = 3;
-    tc.engine.optimizer.lr = 1e-3f;
-    tc.engine.optimizer.weight_decay = 0.0f;
+    tc.engine.optimizer.lr = kDefaultLr;
+    tc.engine.optimizer.weight_decay = kDefaultWeightDecay;
     tc.engine.merge_bytes = 32 * 1024;
-    tc.train_batch_size = 24;
+    tc.train_batch_size = kDefaultGlobalBatch;
     tc.steps_per_print = 1;
     tc.origin = "the command line";
   }
@@ -300,6 +338,7 @@ zero::TrainingConfig resolve_config(const Flags& f, int world_size) {
   e.kernel_threads = f.threads;
   e.memory_limit_bytes = f.memory_limit;
   if (f.skip_nonfinite) e.skip_nonfinite_steps = *f.skip_nonfinite;
+  if (f.override_optimizer) tc.override_optimizer = true;
   e.trace = !f.trace.empty();
   return tc;
 }
@@ -345,7 +384,8 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::Communicator& c
   uint64_t data_seed = config.seed;
   if (!f.resume.empty()) {
     zero::TrainerState resumed;
-    zero::load_checkpoint(engine, f.resume == "latest" ? f.save_dir : f.resume, &resumed);
+    zero::load_checkpoint(engine, f.resume == "latest" ? f.save_dir : f.resume, &resumed,
+                          zero::LoadOptions{tc.override_optimizer});
     first_step = resumed.step + 1;
     data_seed = resumed.seed;
     if (rank == 0) {
@@ -419,7 +459,8 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::Communicator& c
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     const uint64_t step_bytes = comm.counters().total_bytes() - bytes_before;
     if (f.save_every > 0 && step % f.save_every == 0) {
-      zero::save_checkpoint(engine, f.save_dir, zero::TrainerState{step, data_seed});
+      zero::save_checkpoint(engine, f.save_dir, zero::TrainerState{step, data_seed},
+                            zero::SaveOptions{tc.gather_16bit_weights_on_model_save});
       if (rank == 0) std::printf("checkpoint of step %ld saved in %s\n", step, f.save_dir.c_str());
     }
     const uint64_t step_state = max_over_ranks(host, engine.model_state_bytes());
@@ -456,12 +497,59 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::Communicator& c
   }
 }
 
+// Every rank's outcome of reading its flags and config, agreed before any other collective: a
+// problem seen by only some ranks (a file one rank cannot read) ends every rank at once with
+// exit code 2, instead of leaving the others in the engine's first collective until the
+// watchdog. Returns the ranks that failed.
+std::vector<int> failed_ranks(bool failed, int world_size) {
+  int mine = failed ? 1 : 0;
+  std::vector<int> all(static_cast<size_t>(world_size));
+  MPI_Allgather(&mine, 1, MPI_INT, all.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  std::vector<int> ranks;
+  for (int r = 0; r < world_size; ++r) {
+    if (all[static_cast<size_t>(r)] != 0) ranks.push_back(r);
+  }
+  return ranks;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Flags are checked before MPI starts, so a usage error exits 2 on every rank at once.
-  const Flags flags = parse_flags(argc, argv);
   zero::MpiSession mpi(&argc, &argv);
+  const int rank = mpi.world_rank();
+  Flags flags;
+  zero::TrainingConfig config;
+  std::string error;
+  try {
+    flags = parse_flags(argc, argv);
+    if (!flags.help) config = resolve_config(flags, mpi.world_size());
+  } catch (const UsageError& e) {
+    error = std::string(e.what()) + "\n" + kUsage;
+  } catch (const zero::ConfigError& e) {
+    error = e.what();
+  }
+  const std::vector<int> failed = failed_ranks(!error.empty(), mpi.world_size());
+  if (!failed.empty()) {
+    // All ranks failing read the same command line and file: rank 0 speaks for them.
+    if (static_cast<int>(failed.size()) == mpi.world_size()) {
+      if (rank == 0) std::cerr << "zero-train: " << error << "\n";
+    } else if (!error.empty()) {
+      std::cerr << "zero-train: rank " << rank << ": " << error << "\n";
+    } else {
+      std::cerr << "zero-train: rank " << rank << ": stopping, rank " << failed[0]
+                << " could not read its command line or config (its message says why)\n";
+    }
+    return 2;
+  }
+  if (flags.help) {
+    if (rank == 0) std::cout << kUsage;
+    return 0;
+  }
+  if (rank == 0) {
+    for (const std::string& line : config.resolved_auto) std::printf("config: %s\n", line.c_str());
+    for (const std::string& line : config.ignored_keys) std::printf("config: %s\n", line.c_str());
+    std::fflush(stdout);
+  }
   // Ranks already use every core; OpenBLAS threads on top would only contend with them.
   openblas_set_num_threads(1);
   try {
@@ -475,18 +563,15 @@ int main(int argc, char** argv) {
     }
 #endif
     if (!comm) comm = zero::make_mpi_communicator();
-    zero::TrainingConfig config;
-    try {
-      config = resolve_config(flags, comm->world_size());
-    } catch (const zero::ConfigError& e) {
-      // Every rank read the same file and found the same problem: one message, exit 2.
-      if (mpi.world_rank() == 0) std::cerr << "zero-train: " << e.what() << "\n";
-      return 2;
-    }
     config.engine.device = device;
     train(flags, config, *comm);
+  } catch (const zero::ConfigError& e) {
+    // Raised on every rank at once (a resume whose checkpoint disagrees with the run): one
+    // message, exit 2, and no rank is left in a collective.
+    if (rank == 0) std::cerr << "zero-train: " << e.what() << "\n";
+    return 2;
   } catch (const std::exception& e) {
-    std::cerr << "zero-train: rank " << mpi.world_rank() << ": error: " << e.what() << "\n";
+    std::cerr << "zero-train: rank " << rank << ": error: " << e.what() << "\n";
     // The other ranks may be waiting in a collective this rank will never join: end the job.
     MPI_Abort(MPI_COMM_WORLD, 1);
   }

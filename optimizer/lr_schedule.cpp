@@ -1,5 +1,6 @@
 // Learning-rate schedules. The formulas and their relation to DeepSpeed's classes are written
 // out next to LrScheduleConfig in optimizer.h; this file computes them in double and rounds once.
+#include <algorithm>
 #include <cmath>
 
 #include "zero/kernels/check.h"
@@ -46,6 +47,9 @@ LrSchedule::LrSchedule(const LrScheduleConfig& config) : config_(config) {
              name << ": min_lr (" << config.min_lr << ") exceeds max_lr (" << config.max_lr << ")");
   ZERO_CHECK(config.warmup_steps >= 0,
              name << ": warmup_steps must be >= 0, got " << config.warmup_steps);
+  ZERO_CHECK(
+      config.warmup_type == LrWarmupType::kLog || config.warmup_type == LrWarmupType::kLinear,
+      name << ": unknown warmup_type " << static_cast<int>(config.warmup_type));
   if (!is_decay(type)) return;
 
   ZERO_CHECK(config.total_steps > 0,
@@ -65,16 +69,20 @@ float LrSchedule::lr_at(long step) const {
   if (config_.type == LrScheduleType::kConstant) return config_.max_lr;
 
   const double min_lr = config_.min_lr;
-  const long warmup = config_.warmup_steps;
+  // DeepSpeed raises warmup_num_steps to at least 2: log(W) must not be 0.
+  const long warmup = config_.warmup_steps > 0 ? std::max(2L, config_.warmup_steps) : 0;
   // DeepSpeed's last_batch_iteration: 0 on the first step.
   const long iteration = step - 1;
   if (iteration < warmup) {
-    return static_cast<float>(min_lr + (max_lr - min_lr) * static_cast<double>(iteration) /
-                                           static_cast<double>(warmup));
+    const double gamma =
+        config_.warmup_type == LrWarmupType::kLog
+            ? std::log(static_cast<double>(iteration + 1)) / std::log(static_cast<double>(warmup))
+            : static_cast<double>(iteration) / static_cast<double>(warmup);
+    return static_cast<float>(min_lr + (max_lr - min_lr) * gamma);
   }
   if (config_.type == LrScheduleType::kWarmup) return config_.max_lr;
 
-  // Steps after warm-up, over the length of the decay (T == W leaves no decay at all, so the
+  // Steps after warm-up, over the length of the decay (T <= W leaves no decay at all, so the
   // schedule drops straight to its floor).
   const long decay_length = config_.total_steps - warmup;
   if (config_.type == LrScheduleType::kWarmupLinearDecay) {

@@ -24,6 +24,7 @@
 #include "checkpoint_format.h"
 #include "zero/kernels/check.h"
 #include "zero/runtime/checkpoint.h"
+#include "zero/runtime/config.h"
 
 namespace zero {
 namespace {
@@ -34,20 +35,25 @@ using checkpoint_files::join;
 
 // One rank's outcome of a phase. 512 bytes, all-gathered as raw bytes.
 struct RankReport {
-  uint64_t failed = 0;
+  uint64_t failed = 0;  // 0 ok, kFailed, or kConfigMismatch (a ConfigError: the user's to fix)
   uint64_t size = 0;    // save: bytes of the rank's shard file
   uint64_t crc32c = 0;  // save: its checksum
   char message[488] = {};
 };
 static_assert(sizeof(RankReport) == 512, "reports travel as 256 two-byte elements");
+constexpr uint64_t kFailed = 1;
+constexpr uint64_t kConfigMismatch = 2;
 
 template <typename Work>
 RankReport attempt(Work work) {
   RankReport report;
   try {
     work();
+  } catch (const ConfigError& e) {
+    report.failed = kConfigMismatch;
+    std::snprintf(report.message, sizeof(report.message), "%s", e.what());
   } catch (const std::exception& e) {
-    report.failed = 1;
+    report.failed = kFailed;
     std::snprintf(report.message, sizeof(report.message), "%s", e.what());
   }
   return report;
@@ -65,6 +71,16 @@ bool any_failed(const std::vector<RankReport>& reports) {
 }
 
 [[noreturn]] void throw_failure(const std::string& what, const std::vector<RankReport>& reports) {
+  // Every rank read the same manifest and config: a mismatch is the same message everywhere,
+  // and a ConfigError (exit code 2 in zero-train) rather than a failure.
+  const bool config_only = std::all_of(reports.begin(), reports.end(), [](const RankReport& r) {
+    return r.failed == 0 || r.failed == kConfigMismatch;
+  });
+  if (config_only) {
+    for (const RankReport& r : reports) {
+      if (r.failed) throw ConfigError(r.message);
+    }
+  }
   std::string text = what + " failed";
   for (size_t r = 0; r < reports.size(); ++r) {
     if (reports[r].failed) text += "; on rank " + std::to_string(r) + ": " + reports[r].message;
@@ -249,10 +265,19 @@ std::string install_step_dir(const std::string& dir, const std::string& tmp_dir,
 // Rank 0, step 3.
 void commit(Engine& engine, const TrainerState& trainer, const std::vector<RankReport>& reports,
             const std::string& dir, const std::string& name, const std::string& tmp_dir,
-            Fault fault) {
+            Fault fault, const std::vector<std::vector<float>>* consolidated) {
   const std::string final_dir = join(dir, name);
   std::string replaced;
   try {
+    if (consolidated != nullptr) {
+      const std::vector<ParamPlacement>& params = engine.layout().params();
+      std::vector<NamedTensor> tensors;
+      for (size_t p = 0; p < params.size(); ++p) {
+        tensors.push_back({params[p].name, params[p].shape, &(*consolidated)[p]});
+      }
+      write_safetensors(join(tmp_dir, kConsolidatedWeightsName), tensors, engine.dtype(),
+                        {{"format", "pt"}, {"step", std::to_string(trainer.step)}});
+    }
     const std::string text = checkpoint_files::manifest_text(describe(engine, trainer, reports));
     write_file(join(tmp_dir, checkpoint_files::kManifestName), text.data(), text.size(),
                fault == Fault::kManifest ? EIO : 0);
@@ -337,9 +362,50 @@ std::vector<std::vector<float>> stage_state(Engine& engine, const CheckpointInfo
   return staged;
 }
 
+const char* optimizer_name(OptimizerType type) {
+  switch (type) {
+    case OptimizerType::kAdamW:
+      return "AdamW";
+    case OptimizerType::kAdam:
+      return "Adam (adam_w_mode false)";
+    case OptimizerType::kSgd:
+      return "SGD";
+  }
+  return "?";
+}
+
+std::string number(double v) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", v);
+  return text;
+}
+
 }  // namespace
 
-void save_checkpoint(Engine& engine, const std::string& dir, const TrainerState& trainer) {
+std::vector<std::string> optimizer_differences(const OptimizerConfig& saved,
+                                               const OptimizerConfig& run) {
+  std::vector<std::string> out;
+  if (saved.type != run.type) {
+    out.push_back(std::string("type ") + optimizer_name(saved.type) + " in the checkpoint, " +
+                  optimizer_name(run.type) + " in this run");
+  }
+  // The manifest holds each value as written from the run's float or double, so equality is
+  // exact; the text only has to show it.
+  const auto compare = [&](const std::string& name, double a, double b) {
+    if (a != b) {
+      out.push_back(name + " " + number(a) + " in the checkpoint, " + number(b) + " in this run");
+    }
+  };
+  compare("betas[0]", saved.beta1, run.beta1);
+  compare("betas[1]", saved.beta2, run.beta2);
+  compare("eps", saved.eps, run.eps);
+  compare("weight_decay", saved.weight_decay, run.weight_decay);
+  compare("momentum", saved.momentum, run.momentum);
+  return out;
+}
+
+void save_checkpoint(Engine& engine, const std::string& dir, const TrainerState& trainer,
+                     const SaveOptions& options) {
   Communicator& comm = engine.host_communicator();
   const int rank = comm.rank();
   const std::string what =
@@ -367,26 +433,53 @@ void save_checkpoint(Engine& engine, const std::string& dir, const TrainerState&
     throw_failure(what, reports);
   }
 
+  // The working parameters, gathered on every rank (a collective of the engine's); exact in the
+  // working dtype, since they are that dtype widened to fp32.
+  std::vector<std::vector<float>> consolidated;
+  if (options.consolidated_weights) consolidated = engine.gather_full_params();
   agree(comm, what, attempt([&] {
-          if (rank == 0) commit(engine, trainer, reports, dir, name, tmp_dir, fault);
+          if (rank == 0) {
+            commit(engine, trainer, reports, dir, name, tmp_dir, fault,
+                   options.consolidated_weights ? &consolidated : nullptr);
+          }
         }));
 }
 
-void load_checkpoint(Engine& engine, const std::string& path, TrainerState* trainer) {
+void load_checkpoint(Engine& engine, const std::string& path, TrainerState* trainer,
+                     const LoadOptions& options) {
   Communicator& comm = engine.host_communicator();
   CheckpointInfo info;
   std::vector<std::vector<float>> staged;
-  agree(comm, "checkpoint load from " + path, attempt([&] {
-          info = read_checkpoint_info(path);
-          const int state_count = Optimizer(engine.config().optimizer).state_count();
-          ZERO_CHECK(info.state_count == state_count,
-                     "checkpoint " << join(info.step_dir, checkpoint_files::kManifestName)
-                                   << " holds " << info.state_count
-                                   << " optimizer state arrays per element, "
-                                   << "the engine's optimizer keeps " << state_count
-                                   << " (a different optimizer type or momentum setting)");
-          staged = stage_state(engine, info, match_params(engine.layout(), info));
-        }));
+  // This rank's own text of a mismatch: the reports carry at most 488 characters of it.
+  std::string mismatch;
+  try {
+    agree(comm, "checkpoint load from " + path, attempt([&] {
+            info = read_checkpoint_info(path);
+            const std::vector<std::string> differences =
+                optimizer_differences(info.optimizer, engine.config().optimizer);
+            if (!differences.empty() && !options.override_optimizer) {
+              std::string list;
+              for (const std::string& d : differences) list += (list.empty() ? "" : "; ") + d;
+              mismatch = "checkpoint " + join(info.step_dir, checkpoint_files::kManifestName) +
+                         " was saved with other optimizer settings: " + list +
+                         ". Resume with the checkpoint's, or allow the change on purpose "
+                         "(zero-train --override-optimizer, or \"checkpoint\": "
+                         "{\"override_optimizer\": true} in the config)";
+              throw ConfigError(mismatch);
+            }
+            const int state_count = Optimizer(engine.config().optimizer).state_count();
+            ZERO_CHECK(info.state_count == state_count,
+                       "checkpoint " << join(info.step_dir, checkpoint_files::kManifestName)
+                                     << " holds " << info.state_count
+                                     << " optimizer state arrays per element, "
+                                     << "the engine's optimizer keeps " << state_count
+                                     << " (a different optimizer type or momentum setting)");
+            staged = stage_state(engine, info, match_params(engine.layout(), info));
+          }));
+  } catch (const ConfigError&) {
+    if (!mismatch.empty()) throw ConfigError(mismatch);
+    throw;
+  }
 
   // Every rank has its state in hand: nothing below can fail for a bad checkpoint.
   for (size_t u = 0; u < staged.size(); ++u) {

@@ -196,6 +196,7 @@ std::string manifest_text(const CheckpointInfo& info) {
   lr->set_warmup_steps(info.lr_schedule.warmup_steps);
   lr->set_total_steps(info.lr_schedule.total_steps);
   lr->set_cos_min_ratio(info.lr_schedule.cos_min_ratio);
+  lr->set_warmup_type(info.lr_schedule.warmup_type == LrWarmupType::kLog ? "log" : "linear");
   m.mutable_loss_scaler()->set_scale(info.loss_scaler.scale);
   m.mutable_loss_scaler()->set_hysteresis_left(info.loss_scaler.hysteresis_left);
   m.mutable_loss_scaler()->set_clean_steps(info.loss_scaler.clean_steps);
@@ -362,6 +363,13 @@ CheckpointInfo parse_manifest(const std::string& text, const std::string& path) 
   info.lr_schedule.warmup_steps = static_cast<long>(lr.warmup_steps());
   info.lr_schedule.total_steps = static_cast<long>(lr.total_steps());
   info.lr_schedule.cos_min_ratio = static_cast<float>(lr.cos_min_ratio());
+  if (lr.warmup_type() == "log") {
+    info.lr_schedule.warmup_type = LrWarmupType::kLog;
+  } else if (lr.warmup_type() == "linear" || lr.warmup_type().empty()) {
+    info.lr_schedule.warmup_type = LrWarmupType::kLinear;
+  } else {
+    bad("unknown lr_schedule warmup_type '" + lr.warmup_type() + "'");
+  }
 
   const zero::checkpoint::LossScaler& scaler = m.loss_scaler();
   if (!(scaler.scale() > 0.0f) || !std::isfinite(scaler.scale())) {
@@ -623,8 +631,8 @@ std::vector<std::vector<float>> read_full_master(const CheckpointInfo& info) {
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                        DType dtype,
                        const std::vector<std::pair<std::string, std::string>>& metadata) {
-  ZERO_CHECK(dtype == DType::kFloat32 || dtype == DType::kBFloat16,
-             "safetensors export supports fp32 and bf16, not " << dtype_name(dtype));
+  ZERO_CHECK(dtype == DType::kFloat32 || dtype == DType::kBFloat16 || dtype == DType::kFloat16,
+             "safetensors export supports fp32, bf16 and fp16, not " << dtype_name(dtype));
   // The header lists tensors in data order; ordered_json keeps that order for readers' sake.
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
@@ -642,9 +650,11 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
     ZERO_CHECK(numel == t.values->size(), "safetensors: tensor '" << t.name << "' has "
                                                                   << t.values->size()
                                                                   << " values for its shape");
-    header[t.name] = {{"dtype", dtype == DType::kFloat32 ? "F32" : "BF16"},
-                      {"shape", t.shape},
-                      {"data_offsets", {offset, offset + numel * elem}}};
+    const char* type = dtype == DType::kFloat32    ? "F32"
+                       : dtype == DType::kBFloat16 ? "BF16"
+                                                   : "F16";
+    header[t.name] = {
+        {"dtype", type}, {"shape", t.shape}, {"data_offsets", {offset, offset + numel * elem}}};
     offset += numel * elem;
   }
   std::string text = header.dump();
@@ -667,7 +677,10 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
         continue;
       }
       half.resize(t.values->size());
-      for (size_t i = 0; i < half.size(); ++i) half[i] = float_to_bf16((*t.values)[i]);
+      for (size_t i = 0; i < half.size(); ++i) {
+        const float v = (*t.values)[i];
+        half[i] = dtype == DType::kBFloat16 ? float_to_bf16(v) : float_to_fp16(v);
+      }
       checkpoint_files::write_fully(fd, half.data(), half.size() * sizeof(uint16_t), tmp);
     }
     ZERO_CHECK(::fsync(fd) == 0, "fsync of " << tmp << " failed: " << std::strerror(errno));

@@ -2,7 +2,8 @@
 // section below:
 //   1. text -> zero.config.TrainingConfig. JSON is walked against the message's descriptor, so
 //      the schema itself decides which keys exist, where they nest and what type each value
-//      has; protobuf text format goes through protobuf's own parser.
+//      has; protobuf text format goes through protobuf's own parser. JSON "auto" values of the
+//      keys Hugging Face resolves are set aside, and resolve_auto() fills them in from the run.
 //   2. the message -> TrainingConfig: ranges, combinations, and the defaults of absent keys.
 //   3. DeepSpeed's batch-size rule (derive_batch_sizes).
 // Every problem is a ConfigError naming the key; the first one found stops the parse.
@@ -80,13 +81,11 @@ const std::set<std::string>& unsupported_deepspeed_keys() {
       "aio",
       "amp",
       "autotuning",
-      "checkpoint",
       "comms_logger",
       "compression_training",
       "csv_monitor",
       "curriculum_learning",
       "data_efficiency",
-      "data_types",
       "dataloader_drop_last",
       "disable_allgather",
       "dump_state",
@@ -95,7 +94,6 @@ const std::set<std::string>& unsupported_deepspeed_keys() {
       "flops_profiler",
       "hybrid_engine",
       "load_universal_checkpoint",
-      "memory_breakdown",
       "nebula",
       "pipeline",
       "prescale_gradients",
@@ -104,10 +102,8 @@ const std::set<std::string>& unsupported_deepspeed_keys() {
       "sparse_attention",
       "sparse_gradients",
       "tensorboard",
-      "wall_clock_breakdown",
       "wandb",
       "weight_quantization",
-      "zero_allow_untested_optimizer",
       "zero_force_ds_cpu_optimizer",
       "zero_optimization.cpu_offload",
       "zero_optimization.cpu_offload_params",
@@ -121,10 +117,7 @@ const std::set<std::string>& unsupported_deepspeed_keys() {
       "zero_optimization.mics_shard_size",
       "zero_optimization.offload_optimizer",
       "zero_optimization.offload_param",
-      "zero_optimization.round_robin_gradients",
-      "zero_optimization.stage3_gather_16bit_weights_on_model_save",
       "zero_optimization.stage3_gather_fp16_weights_on_model_save",
-      "zero_optimization.sub_group_size",
       "zero_optimization.zero_hpz_partition_size",
       "zero_optimization.zero_quantized_gradients",
       "zero_optimization.zero_quantized_weights",
@@ -132,6 +125,10 @@ const std::set<std::string>& unsupported_deepspeed_keys() {
       "fp16.consecutive_hysteresis",
       "fp16.fp16_master_weights_and_grads",
       "bf16.immediate_grad_update",
+      "checkpoint.load_universal",
+      "checkpoint.parallel_write",
+      "checkpoint.tag_validation",
+      "checkpoint.use_node_local_storage",
       "optimizer.params.amsgrad",
       "optimizer.params.bias_correction",
       "optimizer.params.dampening",
@@ -245,9 +242,35 @@ bool to_int64(const Json& value, int64_t* out) {
   return true;
 }
 
+// The keys Hugging Face's Trainer fills in when they are "auto" (its trainer_config_process
+// and trainer_config_finalize); "auto" anywhere else is a wrong type.
+const std::set<std::string>& auto_keys_allowed() {
+  static const std::set<std::string> keys = {
+      "train_batch_size",
+      "train_micro_batch_size_per_gpu",
+      "gradient_accumulation_steps",
+      "gradient_clipping",
+      "fp16.enabled",
+      "bf16.enabled",
+      "optimizer.params.lr",
+      "optimizer.params.betas",
+      "optimizer.params.eps",
+      "optimizer.params.weight_decay",
+      "scheduler.params.warmup_min_lr",
+      "scheduler.params.warmup_max_lr",
+      "scheduler.params.warmup_num_steps",
+      "scheduler.params.total_num_steps",
+      "zero_optimization.reduce_bucket_size",
+      "zero_optimization.stage3_prefetch_bucket_size",
+      "zero_optimization.stage3_param_persistence_threshold",
+  };
+  return keys;
+}
+
 class JsonReader {
  public:
-  explicit JsonReader(const std::string& origin) : origin_(origin) {}
+  JsonReader(const std::string& origin, std::set<std::string>* auto_keys)
+      : origin_(origin), auto_keys_(auto_keys) {}
 
   void read_object(const Json& object, Message* message, const std::string& path) const {
     const Descriptor* descriptor = message->GetDescriptor();
@@ -256,6 +279,11 @@ class JsonReader {
       const FieldDescriptor* field = descriptor->FindFieldByName(it.key());
       if (field == nullptr) {
         config_error(unknown_key_message(key_path, it.key(), descriptor, origin_));
+      }
+      // Left unset here; resolve_auto() fills it in from the run.
+      if (it.value() == "auto" && auto_keys_allowed().count(key_path) != 0) {
+        auto_keys_->insert(key_path);
+        continue;
       }
       if (field->is_repeated()) {
         read_list(it.value(), message, field, key_path);
@@ -320,9 +348,11 @@ class JsonReader {
   }
 
   const std::string& origin_;
+  std::set<std::string>* auto_keys_;
 };
 
-config::TrainingConfig read_json(const std::string& text, const std::string& origin) {
+config::TrainingConfig read_json(const std::string& text, const std::string& origin,
+                                 std::set<std::string>* auto_keys) {
   // nlohmann keeps the last of two equal keys without a word; DeepSpeed refuses them, and so do
   // we. The parser reports each key and each object's start and end. An object's path is the
   // last keys of the objects around it, joined only for the message: a copy per object would
@@ -365,7 +395,7 @@ config::TrainingConfig read_json(const std::string& text, const std::string& ori
     config_error(origin + " must hold a JSON object of config keys, got " + describe(root));
   }
   config::TrainingConfig message;
-  JsonReader(origin).read_object(root, &message, "");
+  JsonReader(origin, auto_keys).read_object(root, &message, "");
   return message;
 }
 
@@ -632,11 +662,14 @@ void read_scheduler(const config::Scheduler& section, float optimizer_lr, const 
                in_quotes(section.type()));
   }
 
-  // DeepSpeed's default warm-up is "log"; ours is linear only (see LrScheduleConfig).
-  if (params.has_warmup_type() && params.warmup_type() != "linear") {
-    check.fail("scheduler.params.warmup_type",
-               "\"linear\" (DeepSpeed's \"log\" warm-up is not supported yet)",
-               in_quotes(params.warmup_type()));
+  // DeepSpeed's default warm-up is "log". (DeepSpeed falls back to it, with a warning, for a
+  // name it does not know; a typo here is an error instead.)
+  if (params.has_warmup_type()) {
+    const std::string& warmup = params.warmup_type();
+    if (warmup != "log" && warmup != "linear") {
+      check.fail("scheduler.params.warmup_type", "\"log\" or \"linear\"", in_quotes(warmup));
+    }
+    schedule.warmup_type = warmup == "log" ? LrWarmupType::kLog : LrWarmupType::kLinear;
   }
   schedule.warmup_steps = params.has_warmup_num_steps()
                               ? check.integer("scheduler.params.warmup_num_steps",
@@ -680,15 +713,150 @@ void read_scheduler(const config::Scheduler& section, float optimizer_lr, const 
   *out = schedule;
 }
 
+// Hugging Face's resolution of "auto" (see config.h): each key in `auto_keys` gets its value
+// from `context` written into `c`, so the checks below treat it as if the file had it, and a
+// line saying so goes to `notes`.
+void resolve_auto(const std::set<std::string>& auto_keys, const ConfigContext& context,
+                  int world_size, const std::string& origin, config::TrainingConfig* c,
+                  std::vector<std::string>* notes) {
+  const auto is_auto = [&](const char* key) { return auto_keys.count(key) != 0; };
+  const auto unresolved = [&](const char* key, const std::string& needs) {
+    config_error(in_quotes(key) + " in " + origin + " is \"auto\", but " + needs +
+                 " is not known here; give the key a value");
+  };
+  const auto note = [&](const char* key, const std::string& value, const std::string& why) {
+    notes->push_back(std::string(key) + " \"auto\" -> " + value + " (" + why + ")");
+  };
+  const std::string& from = context.source;
+
+  if (is_auto("train_batch_size")) {
+    if (!context.train_batch_size) unresolved("train_batch_size", "the run's global batch size");
+    c->set_train_batch_size(*context.train_batch_size);
+    note("train_batch_size", std::to_string(*context.train_batch_size), from);
+  }
+  if (is_auto("gradient_accumulation_steps")) {
+    if (!context.gradient_accumulation_steps) {
+      unresolved("gradient_accumulation_steps", "the run's number of micro-batches");
+    }
+    c->set_gradient_accumulation_steps(*context.gradient_accumulation_steps);
+    note("gradient_accumulation_steps", std::to_string(*context.gradient_accumulation_steps), from);
+  }
+  if (is_auto("train_micro_batch_size_per_gpu")) {
+    if (!context.train_batch_size || !context.gradient_accumulation_steps) {
+      unresolved("train_micro_batch_size_per_gpu", "the run's global batch and micro-batches");
+    }
+    const BatchSizes b = derive_batch_sizes(context.train_batch_size, std::nullopt,
+                                            context.gradient_accumulation_steps, world_size, from);
+    c->set_train_micro_batch_size_per_gpu(b.micro_batch_per_rank);
+    note("train_micro_batch_size_per_gpu", std::to_string(b.micro_batch_per_rank),
+         "global batch " + std::to_string(b.train_batch_size) + " / (" +
+             std::to_string(b.gradient_accumulation_steps) + " micro-batches x " +
+             std::to_string(world_size) + " ranks)");
+  }
+  if (is_auto("gradient_clipping")) {
+    if (!context.gradient_clipping) unresolved("gradient_clipping", "the run's clipping norm");
+    c->set_gradient_clipping(*context.gradient_clipping);
+    note("gradient_clipping", number_text(*context.gradient_clipping), from);
+  }
+  for (const char* key : {"fp16.enabled", "bf16.enabled"}) {
+    if (!is_auto(key)) continue;
+    if (!context.dtype) unresolved(key, "the run's dtype");
+    const bool fp16 = std::string(key) == "fp16.enabled";
+    const bool on = *context.dtype == (fp16 ? DType::kFloat16 : DType::kBFloat16);
+    if (fp16) {
+      c->mutable_fp16()->set_enabled(on);
+    } else {
+      c->mutable_bf16()->set_enabled(on);
+    }
+    note(key, on ? "true" : "false", std::string("dtype ") + dtype_name(*context.dtype));
+  }
+
+  // Sections are only touched where the file has an "auto" in them: a section that exists is
+  // one the file gave.
+  const auto optimizer = [&] { return c->mutable_optimizer()->mutable_params(); };
+  if (is_auto("optimizer.params.lr")) {
+    if (!context.lr) unresolved("optimizer.params.lr", "the run's learning rate");
+    optimizer()->set_lr(*context.lr);
+    note("optimizer.params.lr", number_text(*context.lr), from);
+  }
+  if (is_auto("optimizer.params.betas")) {
+    optimizer()->add_betas(0.9);
+    optimizer()->add_betas(0.999);
+    note("optimizer.params.betas", "[0.9, 0.999]", "Adam's default");
+  }
+  if (is_auto("optimizer.params.eps")) {
+    optimizer()->set_eps(1e-8);
+    note("optimizer.params.eps", "1e-08", "Adam's default");
+  }
+  if (is_auto("optimizer.params.weight_decay")) {
+    if (!context.weight_decay)
+      unresolved("optimizer.params.weight_decay", "the run's weight decay");
+    optimizer()->set_weight_decay(*context.weight_decay);
+    note("optimizer.params.weight_decay", number_text(*context.weight_decay), from);
+  }
+
+  const auto scheduler = [&] { return c->mutable_scheduler()->mutable_params(); };
+  if (is_auto("scheduler.params.warmup_min_lr")) {
+    scheduler()->set_warmup_min_lr(0.0);
+    note("scheduler.params.warmup_min_lr", "0", "Hugging Face's value");
+  }
+  if (is_auto("scheduler.params.warmup_max_lr")) {
+    if (!context.lr) unresolved("scheduler.params.warmup_max_lr", "the run's learning rate");
+    scheduler()->set_warmup_max_lr(*context.lr);
+    note("scheduler.params.warmup_max_lr", number_text(*context.lr), "the run's learning rate");
+  }
+  if (is_auto("scheduler.params.warmup_num_steps")) {
+    if (!context.warmup_num_steps) {
+      unresolved("scheduler.params.warmup_num_steps", "the run's warm-up steps");
+    }
+    scheduler()->set_warmup_num_steps(*context.warmup_num_steps);
+    note("scheduler.params.warmup_num_steps", std::to_string(*context.warmup_num_steps), from);
+  }
+  if (is_auto("scheduler.params.total_num_steps")) {
+    if (!context.total_num_steps) {
+      unresolved("scheduler.params.total_num_steps", "the run's number of steps");
+    }
+    scheduler()->set_total_num_steps(*context.total_num_steps);
+    note("scheduler.params.total_num_steps", std::to_string(*context.total_num_steps), from);
+  }
+
+  // The bucket sizes scale with the model: Hugging Face's trainer_config_finalize.
+  config::ZeroOptimization* zero = c->mutable_zero_optimization();
+  const char* hidden_keys[] = {"zero_optimization.reduce_bucket_size",
+                               "zero_optimization.stage3_prefetch_bucket_size",
+                               "zero_optimization.stage3_param_persistence_threshold"};
+  for (const char* key : hidden_keys) {
+    if (is_auto(key) && !context.hidden_size) unresolved(key, "the model's hidden size");
+  }
+  if (context.hidden_size) {
+    const int64_t h = *context.hidden_size;
+    const std::string hidden = "hidden " + std::to_string(h);
+    if (is_auto(hidden_keys[0])) {
+      zero->set_reduce_bucket_size(h * h);
+      note(hidden_keys[0], std::to_string(h * h), hidden + " squared");
+    }
+    if (is_auto(hidden_keys[1])) {
+      const int64_t v = static_cast<int64_t>(0.9 * static_cast<double>(h * h));
+      zero->set_stage3_prefetch_bucket_size(v);
+      note(hidden_keys[1], std::to_string(v), "0.9 x " + hidden + " squared");
+    }
+    if (is_auto(hidden_keys[2])) {
+      zero->set_stage3_param_persistence_threshold(10 * h);
+      note(hidden_keys[2], std::to_string(10 * h), "10 x " + hidden);
+    }
+  }
+}
+
 std::optional<long> given(bool has, int64_t value) {
   return has ? std::optional<long>(value) : std::nullopt;
 }
 
-TrainingConfig interpret(const config::TrainingConfig& c, int world_size,
-                         const std::string& origin) {
+TrainingConfig interpret(const config::TrainingConfig& c, int world_size, const std::string& origin,
+                         std::vector<std::string> resolved) {
   const Checker check(origin);
   TrainingConfig out;
   out.origin = origin;
+  out.resolved_auto = std::move(resolved);
   EngineConfig& e = out.engine;
 
   const BatchSizes batch = derive_batch_sizes(
@@ -720,7 +888,7 @@ TrainingConfig interpret(const config::TrainingConfig& c, int world_size,
     e.skip_nonfinite_steps = mode == "skip";
   }
 
-  // Precision first: the bucket sizes below are converted to bytes of the working dtype.
+  // Precision first: grad_accum_dtype and communication_data_type are checked against it.
   const config::Fp16& fp16 = c.fp16();
   if (fp16.enabled() && c.bf16().enabled()) {
     config_error("fp16.enabled and bf16.enabled are both true in " + origin +
@@ -789,22 +957,21 @@ TrainingConfig interpret(const config::TrainingConfig& c, int world_size,
                  " is false, but this runtime always all-gathers the updated partitions after "
                  "the step; set it to true or leave it out");
   }
-  // Our unit of merging is the granularity of both the gradient reduction and the parameter
-  // all-gather, so the smaller bucket bounds it. (The cap keeps bytes of any dtype in size_t.)
-  const int64_t max_bucket = static_cast<int64_t>(std::numeric_limits<size_t>::max() / 4);
-  int64_t bucket_elements = 0;
+  // Elements per collective: the engine packs units up to them; they never merge units.
+  const int64_t max_elements = static_cast<int64_t>(std::numeric_limits<size_t>::max() / 4);
   if (zero.has_reduce_bucket_size()) {
-    bucket_elements = check.integer("zero_optimization.reduce_bucket_size",
-                                    zero.reduce_bucket_size(), 1, max_bucket);
+    e.reduce_bucket_elements = static_cast<size_t>(check.integer(
+        "zero_optimization.reduce_bucket_size", zero.reduce_bucket_size(), 1, max_elements));
   }
   if (zero.has_allgather_bucket_size()) {
-    const int64_t allgather = check.integer("zero_optimization.allgather_bucket_size",
-                                            zero.allgather_bucket_size(), 1, max_bucket);
-    bucket_elements = bucket_elements == 0 ? allgather : std::min(bucket_elements, allgather);
+    e.allgather_bucket_elements = static_cast<size_t>(check.integer(
+        "zero_optimization.allgather_bucket_size", zero.allgather_bucket_size(), 1, max_elements));
   }
-  if (bucket_elements > 0) {
-    e.merge_bytes = static_cast<size_t>(bucket_elements) * dtype_size(e.dtype);
+  if (zero.has_sub_group_size()) {
+    e.optimizer_sub_group_elements = static_cast<size_t>(
+        check.integer("zero_optimization.sub_group_size", zero.sub_group_size(), 1, max_elements));
   }
+  out.gather_16bit_weights_on_model_save = zero.stage3_gather_16bit_weights_on_model_save();
   if (zero.has_stage3_prefetch_bucket_size()) {
     const int64_t v = zero.stage3_prefetch_bucket_size();
     if (v < 1) {
@@ -830,6 +997,41 @@ TrainingConfig interpret(const config::TrainingConfig& c, int world_size,
     e.max_reuse_distance =
         static_cast<size_t>(check.integer("zero_optimization.stage3_max_reuse_distance",
                                           zero.stage3_max_reuse_distance(), 0, kMaxInt64));
+  }
+
+  if (c.data_types().has_grad_accum_dtype()) {
+    const std::string& name = c.data_types().grad_accum_dtype();
+    DType accum = DType::kFloat32;
+    if ((name != "fp32" && name != "fp16" && name != "bf16") || !parse_dtype(name, &accum)) {
+      check.fail("data_types.grad_accum_dtype", "\"fp32\", \"fp16\" or \"bf16\"", in_quotes(name));
+    }
+    // Accumulating in a narrower type than the working one, or another 2-byte one, is not a
+    // mode DeepSpeed has either.
+    if (accum != e.dtype && accum != DType::kFloat32) {
+      config_error("\"data_types.grad_accum_dtype\" in " + origin + " is " + in_quotes(name) +
+                   " but the working dtype is " + dtype_name(e.dtype) +
+                   "; gradients accumulate in the working dtype or in fp32");
+    }
+    e.grad_accum_dtype = accum;
+  }
+  out.wall_clock_breakdown = c.wall_clock_breakdown();
+  out.override_optimizer = c.checkpoint().override_optimizer();
+  // Keys whose effect here would be none: accepted, and each named once with why.
+  if (c.has_memory_breakdown()) {
+    out.ignored_keys.push_back(
+        "memory_breakdown is ignored: the memory summary by category is "
+        "printed at start anyway");
+  }
+  if (c.has_zero_allow_untested_optimizer()) {
+    out.ignored_keys.push_back(
+        "zero_allow_untested_optimizer is ignored: every optimizer here "
+        "is built into the engine and runs at every stage");
+  }
+  if (zero.has_round_robin_gradients()) {
+    out.ignored_keys.push_back(
+        "zero_optimization.round_robin_gradients is ignored: it orders "
+        "gradient copies to CPU offload, which this runtime does not do; "
+        "results are the same");
   }
 
   if (c.has_optimizer()) read_optimizer(c.optimizer(), check, &e.optimizer);
@@ -925,18 +1127,22 @@ BatchSizes derive_batch_sizes(std::optional<long> train_batch_size,
 }
 
 TrainingConfig parse_training_config(const std::string& text, int world_size,
-                                     const std::string& origin) {
+                                     const std::string& origin, const ConfigContext& context) {
   // A UTF-8 byte order mark is not content.
   const size_t start = text.compare(0, 3, "\xEF\xBB\xBF") == 0 ? 3 : 0;
   const size_t first = text.find_first_not_of(" \t\r\n", start);
   if (first == std::string::npos) config_error("config " + origin + " is empty");
-  const config::TrainingConfig message = text[first] == '{' || text[first] == '['
-                                             ? read_json(text, origin)
-                                             : read_text_format(text.substr(start), origin);
-  return interpret(message, world_size, origin);
+  std::set<std::string> auto_keys;
+  config::TrainingConfig message = text[first] == '{' || text[first] == '['
+                                       ? read_json(text, origin, &auto_keys)
+                                       : read_text_format(text.substr(start), origin);
+  std::vector<std::string> resolved;
+  resolve_auto(auto_keys, context, world_size, origin, &message, &resolved);
+  return interpret(message, world_size, origin, std::move(resolved));
 }
 
-TrainingConfig load_training_config(const std::string& path, int world_size) {
+TrainingConfig load_training_config(const std::string& path, int world_size,
+                                    const ConfigContext& context) {
   std::FILE* file = std::fopen(path.c_str(), "rb");
   if (file == nullptr) {
     config_error("cannot open config file " + in_quotes(path) + ": " + std::strerror(errno));
@@ -951,7 +1157,7 @@ TrainingConfig load_training_config(const std::string& path, int world_size) {
   if (failed) {
     config_error("cannot read config file " + in_quotes(path) + ": " + std::strerror(read_errno));
   }
-  return parse_training_config(text, world_size, path);
+  return parse_training_config(text, world_size, path, context);
 }
 
 }  // namespace zero

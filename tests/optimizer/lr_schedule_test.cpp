@@ -13,9 +13,10 @@ namespace zero {
 namespace {
 
 LrScheduleConfig make_config(LrScheduleType type, float max_lr, float min_lr, long warmup,
-                             long total) {
+                             long total, LrWarmupType warmup_type = LrWarmupType::kLinear) {
   LrScheduleConfig config;
   config.type = type;
+  config.warmup_type = warmup_type;
   config.max_lr = max_lr;
   config.min_lr = min_lr;
   config.warmup_steps = warmup;
@@ -43,6 +44,41 @@ TEST(LrSchedule, WarmupRisesLinearlyThenHolds) {
   EXPECT_FLOAT_EQ(from_min.lr_at(1), 0.002f);
   EXPECT_FLOAT_EQ(from_min.lr_at(3), 0.006f);
   EXPECT_FLOAT_EQ(from_min.lr_at(5), 0.01f);
+}
+
+// DeepSpeed's default warm-up, "log": lr = min + (max - min) * log(s) / log(W) for s <= W (its
+// gamma = inverse_log_warm_up * log(last_batch_iteration + 1)). Values by hand from that formula.
+TEST(LrSchedule, WarmupIsLogarithmicByDefault) {
+  EXPECT_EQ(LrScheduleConfig().warmup_type, LrWarmupType::kLog);
+  const LrWarmupType log = LrWarmupType::kLog;
+  const LrSchedule from_zero(make_config(LrScheduleType::kWarmup, 0.01f, 0.0f, 10, 0, log));
+  EXPECT_FLOAT_EQ(from_zero.lr_at(1), 0.0f);        // log(1) = 0
+  EXPECT_FLOAT_EQ(from_zero.lr_at(2), 0.0030103f);  // 0.01 * log10(2)
+  EXPECT_FLOAT_EQ(from_zero.lr_at(5), 0.0069897f);  // 0.01 * log10(5)
+  EXPECT_FLOAT_EQ(from_zero.lr_at(10), 0.01f);      // log(10) / log(10): the peak already
+  EXPECT_FLOAT_EQ(from_zero.lr_at(11), 0.01f);
+  const LrSchedule from_min(make_config(LrScheduleType::kWarmup, 0.01f, 0.002f, 4, 0, log));
+  EXPECT_FLOAT_EQ(from_min.lr_at(2), 0.006f);       // 0.002 + 0.008 * log(2) / log(4)
+  EXPECT_FLOAT_EQ(from_min.lr_at(3), 0.00833985f);  // 0.002 + 0.008 * log(3) / log(4)
+  // The decay schedules warm up the same way.
+  const LrSchedule decay(
+      make_config(LrScheduleType::kWarmupLinearDecay, 0.011f, 0.001f, 10, 110, log));
+  EXPECT_FLOAT_EQ(decay.lr_at(2), 0.0040103f);  // 0.001 + 0.01 * log10(2)
+  EXPECT_FLOAT_EQ(decay.lr_at(61), 0.006f);
+  const LrSchedule cosine(make_config(LrScheduleType::kWarmupCosine, 0.01f, 0.0f, 10, 110, log));
+  EXPECT_FLOAT_EQ(cosine.lr_at(5), 0.0069897f);
+  EXPECT_FLOAT_EQ(cosine.lr_at(60), 0.0050005f);  // 0.01 * (1e-4 + 0.9999 / 2)
+}
+
+// DeepSpeed raises warmup_num_steps to at least 2 (log(1) would be 0), for both warm-ups.
+TEST(LrSchedule, OneWarmupStepMeansTwo) {
+  const LrSchedule log(make_config(LrScheduleType::kWarmup, 0.01f, 0.0f, 1, 0, LrWarmupType::kLog));
+  EXPECT_FLOAT_EQ(log.lr_at(1), 0.0f);
+  EXPECT_FLOAT_EQ(log.lr_at(2), 0.01f);  // log(2) / log(2)
+  const LrSchedule linear(make_config(LrScheduleType::kWarmup, 0.01f, 0.0f, 1, 0));
+  EXPECT_FLOAT_EQ(linear.lr_at(1), 0.0f);
+  EXPECT_FLOAT_EQ(linear.lr_at(2), 0.005f);  // 1 / 2
+  EXPECT_FLOAT_EQ(linear.lr_at(3), 0.01f);
 }
 
 TEST(LrSchedule, NoWarmupStartsAtMaxLr) {

@@ -246,7 +246,7 @@ TEST(Safetensors, WriterOutputParsesFromTheSpec) {
   const std::vector<float> empty;
   const std::vector<NamedTensor> tensors = {
       {"layer.weight", {2, 3}, &w}, {"scale", {}, &scalar}, {"nothing", {0, 4}, &empty}};
-  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
     write_safetensors(path, tensors, dtype, {{"format", "pt"}, {"step", "12"}});
     const std::string bytes = read_text(path);
     uint64_t header_size = 0;
@@ -257,11 +257,14 @@ TEST(Safetensors, WriterOutputParsesFromTheSpec) {
     EXPECT_EQ(file.tensors[0].first, "layer.weight");
     EXPECT_EQ(file.tensors[0].second.shape, (std::vector<int64_t>{2, 3}));
     std::vector<float> expected = w;
-    if (dtype == DType::kBFloat16) {
-      for (float& v : expected) v = bf16_to_float(float_to_bf16(v));
+    for (float& v : expected) {
+      if (dtype == DType::kBFloat16) v = bf16_to_float(float_to_bf16(v));
+      if (dtype == DType::kFloat16) v = fp16_to_float(float_to_fp16(v));
     }
     EXPECT_EQ(file.tensors[0].second.values, expected);
-    EXPECT_EQ(file.tensors[0].second.dtype, dtype == DType::kFloat32 ? "F32" : "BF16");
+    EXPECT_EQ(file.tensors[0].second.dtype, dtype == DType::kFloat32    ? "F32"
+                                            : dtype == DType::kBFloat16 ? "BF16"
+                                                                        : "F16");
     EXPECT_EQ(file.tensors[1].second.shape, std::vector<int64_t>{});
     EXPECT_EQ(file.tensors[1].second.values, scalar);
     EXPECT_TRUE(file.tensors[2].second.values.empty());
@@ -272,8 +275,32 @@ TEST(Safetensors, WriterOutputParsesFromTheSpec) {
   EXPECT_THROW(
       write_safetensors(path, {{"x", {1}, &wrong}, {"x", {1}, &wrong}}, DType::kFloat32, {}),
       Error);
-  EXPECT_THROW(write_safetensors(path, tensors, DType::kFloat16, {}), Error);
   fs::remove_all(name);
+}
+
+// A resume compares the optimizer the checkpoint was saved with against the run's, lr aside.
+TEST(OptimizerDifferences, NamesEachDifferenceAndIgnoresLr) {
+  OptimizerConfig saved;
+  saved.weight_decay = 0.01f;
+  OptimizerConfig run = saved;
+  run.lr = 0.5f;  // scheduled: never a difference
+  EXPECT_TRUE(optimizer_differences(saved, run).empty());
+  run.type = OptimizerType::kAdam;
+  run.beta2 = 0.95;
+  run.eps = 1e-6f;
+  run.weight_decay = 0.0f;
+  EXPECT_EQ(optimizer_differences(saved, run),
+            (std::vector<std::string>{
+                "type AdamW in the checkpoint, Adam (adam_w_mode false) in this run",
+                "betas[1] 0.999 in the checkpoint, 0.95 in this run",
+                "eps 1e-08 in the checkpoint, 1e-06 in this run",
+                "weight_decay 0.01 in the checkpoint, 0 in this run"}));
+  OptimizerConfig sgd;
+  sgd.type = OptimizerType::kSgd;
+  OptimizerConfig sgd_momentum = sgd;
+  sgd_momentum.momentum = 0.9f;
+  EXPECT_EQ(optimizer_differences(sgd, sgd_momentum),
+            std::vector<std::string>{"momentum 0 in the checkpoint, 0.9 in this run"});
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 
 #include "tests/runtime/checkpoint_util.h"
 #include "zero/collectives/mpi_communicator.h"
+#include "zero/runtime/config.h"
 
 namespace zero::testing {
 namespace {
@@ -229,9 +230,78 @@ TEST_F(CheckpointTest, MismatchedModelOrOptimizerIsRefused) {
   try {
     load_checkpoint(s.engine(), dir_, nullptr);
     ADD_FAILURE() << "an SGD engine loaded AdamW state";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("type AdamW in the checkpoint, SGD in this run"),
+              std::string::npos)
+        << e.what();
+  }
+  // Allowed on purpose, the state still has to fit the optimizer.
+  try {
+    load_checkpoint(s.engine(), dir_, nullptr, LoadOptions{true});
+    ADD_FAILURE() << "an SGD engine loaded AdamW state";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("holds 2 optimizer state arrays"), std::string::npos)
         << e.what();
+  }
+}
+
+// Other optimizer settings than the checkpoint's: a ConfigError on every rank naming each
+// difference, the engine untouched; LoadOptions::override_optimizer allows it on purpose.
+TEST_F(CheckpointTest, OtherOptimizerSettingsNeedAnOverride) {
+  {
+    CheckpointTrainer t(*comm_, TrainSetup{});
+    run(t, 1, 1, {1});
+  }
+  TrainSetup other;
+  other.optimizer = OptimizerType::kAdam;
+  other.weight_decay = 0.0f;
+  CheckpointTrainer t(*comm_, other);
+  const std::vector<std::vector<float>> before = t.engine().gather_full_master();
+  try {
+    load_checkpoint(t.engine(), dir_, nullptr);
+    ADD_FAILURE() << "an engine with other optimizer settings loaded the checkpoint";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "checkpoint " + dir_ +
+                  "/step_00000001/manifest.pbtxt was saved with other optimizer settings: type "
+                  "AdamW in the checkpoint, Adam (adam_w_mode false) in this run; weight_decay "
+                  "0.01 in the checkpoint, 0 in this run. Resume with the checkpoint's, or allow "
+                  "the change on purpose (zero-train --override-optimizer, or \"checkpoint\": "
+                  "{\"override_optimizer\": true} in the config)");
+  }
+  EXPECT_EQ(t.engine().gather_full_master(), before);
+  EXPECT_EQ(t.engine().optimizer_step(), 0);
+  load_checkpoint(t.engine(), dir_, nullptr, LoadOptions{true});
+  EXPECT_EQ(t.engine().optimizer_step(), 1);
+  EXPECT_NE(t.engine().gather_full_master(), before);
+}
+
+// stage3_gather_16bit_weights_on_model_save: the step directory also holds the whole model in
+// the working dtype, equal to the gathered parameters; without it, no such file.
+TEST_F(CheckpointTest, ConsolidatedWeightsInTheWorkingDtype) {
+  for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+    TrainSetup setup;
+    setup.dtype = dtype;
+    CheckpointTrainer t(*comm_, setup);
+    run(t, 1, 2, {1});
+    save_checkpoint(t.engine(), dir_, TrainerState{2, 7}, SaveOptions{true});
+    const std::vector<std::vector<float>> params = t.engine().gather_full_params();
+    if (comm_->rank() == 0) {
+      EXPECT_FALSE(fs::exists(dir_ + "/step_00000001/" + kConsolidatedWeightsName));
+      const SafetensorsFile file =
+          read_safetensors(dir_ + "/step_00000002/" + kConsolidatedWeightsName);
+      const std::vector<ParamPlacement>& placed = t.engine().layout().params();
+      ASSERT_EQ(file.tensors.size(), placed.size());
+      for (size_t p = 0; p < placed.size(); ++p) {
+        EXPECT_EQ(file.tensors[p].first, placed[p].name);
+        EXPECT_EQ(file.tensors[p].second.dtype, dtype == DType::kBFloat16 ? "BF16" : "F16");
+        EXPECT_EQ(file.tensors[p].second.shape, placed[p].shape);
+        EXPECT_EQ(file.tensors[p].second.values, params[p]) << placed[p].name;
+      }
+    }
+    comm_->barrier_sync();
+    if (comm_->rank() == 0) fs::remove_all(dir_ + "/step_00000001");
+    comm_->barrier_sync();
   }
 }
 

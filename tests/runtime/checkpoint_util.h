@@ -32,6 +32,7 @@ struct TrainSetup {
   long global_batch = 24;  // divisible by 1, 2, 3 and 4 ranks
   float lr = 1e-2f;
   OptimizerType optimizer = OptimizerType::kAdamW;
+  float weight_decay = OptimizerConfig().weight_decay;
 };
 
 // The example MLP on the engine; step(s) trains on the global batch of step s, as zero-train
@@ -46,6 +47,7 @@ class CheckpointTrainer {
     config.seed = setup.init_seed != 0 ? setup.init_seed : setup.seed;
     config.optimizer.lr = setup.lr;
     config.optimizer.type = setup.optimizer;
+    config.optimizer.weight_decay = setup.weight_decay;
     model_ = std::make_unique<ZeroModel>(comm, examples::make_mlp(setup.mlp), config);
   }
 
@@ -109,7 +111,7 @@ inline void flip_byte(const std::string& path, long offset) {
 struct SafetensorsTensor {
   std::string dtype;
   std::vector<int64_t> shape;
-  std::vector<float> values;  // F32 as is, BF16 widened
+  std::vector<float> values;  // F32 as is, BF16 and F16 widened
 };
 
 struct SafetensorsFile {
@@ -148,7 +150,7 @@ inline SafetensorsFile read_safetensors(const std::string& path) {
     if (offsets.size() != 2 || offsets[0] > offsets[1] || offsets[1] > data.size()) {
       fail("bad data_offsets for " + it.key());
     }
-    const size_t elem = t.dtype == "F32" ? 4 : t.dtype == "BF16" ? 2 : 0;
+    const size_t elem = t.dtype == "F32" ? 4 : t.dtype == "BF16" || t.dtype == "F16" ? 2 : 0;
     if (elem == 0) fail("unexpected dtype " + t.dtype);
     uint64_t numel = 1;
     for (int64_t d : t.shape) numel *= static_cast<uint64_t>(d);
@@ -157,9 +159,13 @@ inline SafetensorsFile read_safetensors(const std::string& path) {
       const char* p = data.data() + offsets[0] + i * elem;
       uint32_t bits = 0;
       for (size_t b = elem; b-- > 0;) bits = (bits << 8) | static_cast<unsigned char>(p[b]);
-      if (elem == 2) bits <<= 16;
       float v;
-      std::memcpy(&v, &bits, 4);
+      if (t.dtype == "F16") {
+        v = fp16_to_float(static_cast<uint16_t>(bits));
+      } else {
+        if (elem == 2) bits <<= 16;
+        std::memcpy(&v, &bits, 4);
+      }
       t.values.push_back(v);
     }
     ranges.emplace_back(offsets[0], offsets[1]);

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -20,9 +21,9 @@ std::string example_config(const std::string& name) {
 
 // The ConfigError message of parsing `text`, or a marker that makes the comparison fail.
 std::string error_of(const std::string& text, int world_size = 2,
-                     const std::string& origin = "ds.json") {
+                     const std::string& origin = "ds.json", const ConfigContext& context = {}) {
   try {
-    parse_training_config(text, world_size, origin);
+    parse_training_config(text, world_size, origin, context);
   } catch (const ConfigError& e) {
     return e.what();
   }
@@ -58,6 +59,9 @@ const std::vector<BadConfig>& bad_configs() {
       {R"({"train_batch_size": 8, "zero_optimization": {"offload_param": {"device": "cpu"}}})",
        R"("zero_optimization.offload_param" in ds.json is a DeepSpeed option this runtime does )"
        R"(not support yet)"},
+      {R"({"train_batch_size": 8, "checkpoint": {"tag_validation": "Warn"}})",
+       R"("checkpoint.tag_validation" in ds.json is a DeepSpeed option this runtime does not )"
+       R"(support yet)"},
       {R"({"train_batch_size": 8, "activation_checkpointing": {}})",
        R"("activation_checkpointing" in ds.json is a DeepSpeed option this runtime does not )"
        R"(support yet)"},
@@ -67,8 +71,20 @@ const std::vector<BadConfig>& bad_configs() {
       // Types.
       {R"({"train_batch_size": 1.5})",
        R"("train_batch_size" in ds.json must be an integer, got 1.5)"},
+      // "auto" where nothing resolves it, and where it is not allowed.
       {R"({"train_batch_size": "auto"})",
-       R"("train_batch_size" in ds.json must be an integer, got string "auto")"},
+       R"("train_batch_size" in ds.json is "auto", but the run's global batch size is not )"
+       R"(known here; give the key a value)"},
+      {R"({"train_batch_size": 8, "zero_optimization": {"reduce_bucket_size": "auto"}})",
+       R"("zero_optimization.reduce_bucket_size" in ds.json is "auto", but the model's hidden )"
+       R"(size is not known here; give the key a value)"},
+      {R"({"train_batch_size": 8, "bf16": {"enabled": "auto"}})",
+       R"("bf16.enabled" in ds.json is "auto", but the run's dtype is not known here; give the )"
+       R"(key a value)"},
+      {R"({"train_batch_size": 8, "steps_per_print": "auto"})",
+       R"("steps_per_print" in ds.json must be an integer, got string "auto")"},
+      {R"({"train_batch_size": 8, "zero_optimization": {"stage": "auto"}})",
+       R"("zero_optimization.stage" in ds.json must be an integer, got string "auto")"},
       {R"({"train_batch_size": 1e30})",
        R"("train_batch_size" in ds.json must be an integer in 64-bit range, got 1e+30)"},
       {R"({"train_batch_size": 8, "bf16": {"enabled": "true"}})",
@@ -124,6 +140,19 @@ const std::vector<BadConfig>& bad_configs() {
       {R"({"train_batch_size": 8, "zero_optimization": {"stage3_max_live_parameters": 0}})",
        R"("zero_optimization.stage3_max_live_parameters" in ds.json must be at least 1 (leave it )"
        R"(out for no limit), got 0)"},
+      {R"({"train_batch_size": 8, "zero_optimization": {"sub_group_size": 0}})",
+       R"("zero_optimization.sub_group_size" in ds.json must be at least 1, got 0)"},
+      {R"({"train_batch_size": 8, "zero_optimization": {"allgather_bucket_size": 0}})",
+       R"("zero_optimization.allgather_bucket_size" in ds.json must be at least 1, got 0)"},
+      {R"({"train_batch_size": 8, "data_types": {"grad_accum_dtype": "fp64"}})",
+       R"("data_types.grad_accum_dtype" in ds.json must be "fp32", "fp16" or "bf16", got "fp64")"},
+      {R"({"train_batch_size": 8, "bf16": {"enabled": true},
+          "data_types": {"grad_accum_dtype": "fp16"}})",
+       R"("data_types.grad_accum_dtype" in ds.json is "fp16" but the working dtype is bf16; )"
+       R"(gradients accumulate in the working dtype or in fp32)"},
+      {R"({"train_batch_size": 8, "data_types": {"grad_accum_dtype": "bf16"}})",
+       R"("data_types.grad_accum_dtype" in ds.json is "bf16" but the working dtype is fp32; )"
+       R"(gradients accumulate in the working dtype or in fp32)"},
       {R"({"train_batch_size": 8, "fp16": {"enabled": true, "hysteresis": 0}})",
        R"("fp16.hysteresis" in ds.json must be at least 1, got 0)"},
       {R"({"train_batch_size": 8, "fp16": {"enabled": true, "min_loss_scale": 0}})",
@@ -177,9 +206,8 @@ const std::vector<BadConfig>& bad_configs() {
        R"("scheduler.params.total_num_steps" in ds.json is not a parameter of WarmupLR (it takes )"
        R"(warmup_min_lr, warmup_max_lr, warmup_num_steps, warmup_type))"},
       {R"({"train_batch_size": 8, "scheduler": {"type": "WarmupLR",
-          "params": {"warmup_type": "log"}}})",
-       R"("scheduler.params.warmup_type" in ds.json must be "linear" (DeepSpeed's "log" warm-up )"
-       R"(is not supported yet), got "log")"},
+          "params": {"warmup_type": "exp"}}})",
+       R"("scheduler.params.warmup_type" in ds.json must be "log" or "linear", got "exp")"},
       {R"({"train_batch_size": 8, "scheduler": {"type": "WarmupLR",
           "params": {"warmup_min_lr": 0.1, "warmup_max_lr": 0.01}}})",
        R"("scheduler.params.warmup_min_lr" (0.1) exceeds "scheduler.params.warmup_max_lr" )"
@@ -246,7 +274,10 @@ TEST(Config, DeepSpeedStage3Bf16File) {
   EXPECT_FLOAT_EQ(e.gradient_predivide_factor, 1.0f);
   EXPECT_TRUE(e.overlap_comm);
   EXPECT_TRUE(e.reduce_scatter);
-  EXPECT_EQ(e.merge_bytes, 20000u * 2);  // the smaller bucket (2e4 elements) of bf16
+  // Buckets are elements per collective; they never merge units (merge_bytes is ours).
+  EXPECT_EQ(e.reduce_bucket_elements, 20000u);
+  EXPECT_EQ(e.allgather_bucket_elements, 50000u);
+  EXPECT_EQ(e.merge_bytes, EngineConfig().merge_bytes);
   EXPECT_EQ(e.prefetch_elements, 40000u);
   EXPECT_EQ(e.persistence_threshold, 1000u);
   EXPECT_EQ(e.max_live_elements, 100000u);
@@ -280,7 +311,9 @@ TEST(Config, DeepSpeedStage2Fp16File) {
   EXPECT_EQ(e.stage, 2);
   EXPECT_EQ(e.dtype, DType::kFloat16);
   EXPECT_FALSE(e.reduce_in_fp32);
-  EXPECT_EQ(e.merge_bytes, 20000u * 2);
+  EXPECT_EQ(e.reduce_bucket_elements, 20000u);
+  EXPECT_EQ(e.allgather_bucket_elements, 20000u);
+  EXPECT_EQ(e.merge_bytes, EngineConfig().merge_bytes);
   EXPECT_FLOAT_EQ(e.loss_scaler.static_scale, 0.0f);
   EXPECT_EQ(e.loss_scaler.initial_scale_power, 12);
   EXPECT_EQ(e.loss_scaler.scale_window, 500);
@@ -335,7 +368,8 @@ TEST(Config, TextFormatMatchesJson) {
   EXPECT_EQ(a.gradient_clipping, b.gradient_clipping);
   EXPECT_EQ(a.dtype, b.dtype);
   EXPECT_EQ(a.reduce_in_fp32, b.reduce_in_fp32);
-  EXPECT_EQ(a.merge_bytes, b.merge_bytes);
+  EXPECT_EQ(a.reduce_bucket_elements, b.reduce_bucket_elements);
+  EXPECT_EQ(a.allgather_bucket_elements, b.allgather_bucket_elements);
   EXPECT_EQ(a.prefetch_elements, b.prefetch_elements);
   EXPECT_EQ(a.persistence_threshold, b.persistence_threshold);
   EXPECT_EQ(a.max_live_elements, b.max_live_elements);
@@ -377,7 +411,9 @@ TEST(Config, IntegerKeysAcceptExponentNotation) {
       2, "ds.json");
   EXPECT_EQ(c.train_batch_size, 16);
   EXPECT_EQ(c.micro_batch_per_rank, 8);
-  EXPECT_EQ(c.engine.merge_bytes, 500000000u * 2);
+  EXPECT_EQ(c.engine.reduce_bucket_elements, 500000000u);
+  EXPECT_EQ(c.engine.allgather_bucket_elements, 500000000u);
+  EXPECT_EQ(c.engine.merge_bytes, EngineConfig().merge_bytes);
 }
 
 TEST(Config, AbsentKeysTakeTheDocumentedDefaults) {
@@ -398,6 +434,15 @@ TEST(Config, AbsentKeysTakeTheDocumentedDefaults) {
   EXPECT_EQ(e.persistence_threshold, 0u);
   EXPECT_EQ(e.max_live_elements, 0u);
   EXPECT_EQ(e.max_reuse_distance, 0u);
+  EXPECT_EQ(e.reduce_bucket_elements, 0u);
+  EXPECT_EQ(e.allgather_bucket_elements, 0u);
+  EXPECT_EQ(e.optimizer_sub_group_elements, 0u);
+  EXPECT_FALSE(e.grad_accum_dtype.has_value());
+  EXPECT_FALSE(c.wall_clock_breakdown);
+  EXPECT_FALSE(c.gather_16bit_weights_on_model_save);
+  EXPECT_FALSE(c.override_optimizer);
+  EXPECT_TRUE(c.resolved_auto.empty());
+  EXPECT_TRUE(c.ignored_keys.empty());
   EXPECT_EQ(e.optimizer.type, defaults.optimizer.type);
   EXPECT_EQ(e.optimizer.lr, defaults.optimizer.lr);
   EXPECT_EQ(e.optimizer.weight_decay, defaults.optimizer.weight_decay);
@@ -448,6 +493,7 @@ TEST(Config, SchedulersMapOntoLrScheduleConfig) {
   EXPECT_EQ(warmup.min_lr, 0.0f);
   EXPECT_FLOAT_EQ(warmup.max_lr, 1e-3f);
   EXPECT_EQ(warmup.warmup_steps, 1000);
+  EXPECT_EQ(warmup.warmup_type, LrWarmupType::kLog);  // DeepSpeed's default
 
   const LrScheduleConfig decay = schedule_of(R"({"type": "WarmupDecayLR", "params":
       {"warmup_min_lr": 1e-5, "warmup_max_lr": 3e-4, "warmup_num_steps": 10,
@@ -457,6 +503,13 @@ TEST(Config, SchedulersMapOntoLrScheduleConfig) {
   EXPECT_FLOAT_EQ(decay.max_lr, 3e-4f);
   EXPECT_EQ(decay.warmup_steps, 10);
   EXPECT_EQ(decay.total_steps, 200);
+  EXPECT_EQ(decay.warmup_type, LrWarmupType::kLog);
+  EXPECT_EQ(schedule_of(R"({"type": "WarmupDecayLR", "params": {"total_num_steps": 2000,
+                           "warmup_type": "linear"}})")
+                .warmup_type,
+            LrWarmupType::kLinear);
+  EXPECT_EQ(schedule_of(R"({"type": "WarmupLR", "params": {"warmup_type": "log"}})").warmup_type,
+            LrWarmupType::kLog);
 
   const LrScheduleConfig cosine = schedule_of(
       R"({"type": "WarmupCosineLR", "params": {"total_num_steps": 50, "warmup_num_steps": 5}})");
@@ -466,11 +519,168 @@ TEST(Config, SchedulersMapOntoLrScheduleConfig) {
   EXPECT_FLOAT_EQ(cosine.cos_min_ratio, 1e-4f);
   EXPECT_EQ(cosine.warmup_steps, 5);
   EXPECT_EQ(cosine.total_steps, 50);
+  EXPECT_EQ(cosine.warmup_type, LrWarmupType::kLog);  // WarmupCosineLR's default is log too
   // DeepSpeed's default warm-up (1000 steps) is checked like a written one, and said to be it.
   EXPECT_EQ(error_of(R"({"train_batch_size": 8, "scheduler": {"type": "WarmupCosineLR",
                          "params": {"total_num_steps": 50}}})"),
             "\"scheduler.params.warmup_num_steps\" (1000, the default) exceeds "
             "\"scheduler.params.total_num_steps\" (50) in ds.json");
+}
+
+// What zero-train passes for "auto": its flags or their defaults, and the MLP's hidden size.
+ConfigContext run_context(DType dtype) {
+  ConfigContext c;
+  c.train_batch_size = 24;
+  c.gradient_accumulation_steps = 2;
+  c.gradient_clipping = 1.0f;
+  c.dtype = dtype;
+  c.lr = 3e-3f;
+  c.weight_decay = 0.01f;
+  c.warmup_num_steps = 4;
+  c.total_num_steps = 40;
+  c.hidden_size = 128;
+  c.source = "flags";
+  return c;
+}
+
+// Hugging Face's ZeRO-2 example (fp16, 2e8-element buckets; batch, optimizer and scheduler
+// "auto"): it loads, every "auto" is resolved from the run, and the ignored key is named.
+TEST(Config, HuggingFaceZero2Fp16File) {
+  const TrainingConfig c =
+      load_training_config(example_config("hf_zero2_fp16.json"), 2, run_context(DType::kFloat16));
+  EXPECT_EQ(c.train_batch_size, 24);
+  EXPECT_EQ(c.gradient_accumulation_steps, 2);
+  EXPECT_EQ(c.micro_batch_per_rank, 6);
+  EXPECT_EQ(c.steps_per_print, 2000);
+  EXPECT_FALSE(c.wall_clock_breakdown);
+  const EngineConfig& e = c.engine;
+  EXPECT_EQ(e.stage, 2);
+  EXPECT_EQ(e.dtype, DType::kFloat16);
+  EXPECT_EQ(e.reduce_bucket_elements, 200000000u);
+  EXPECT_EQ(e.allgather_bucket_elements, 200000000u);
+  EXPECT_EQ(e.merge_bytes, EngineConfig().merge_bytes);
+  EXPECT_FLOAT_EQ(e.gradient_clipping, 1.0f);
+  EXPECT_EQ(e.optimizer.type, OptimizerType::kAdamW);
+  EXPECT_FLOAT_EQ(e.optimizer.lr, 3e-3f);
+  EXPECT_DOUBLE_EQ(e.optimizer.beta1, 0.9);
+  EXPECT_DOUBLE_EQ(e.optimizer.beta2, 0.999);
+  EXPECT_FLOAT_EQ(e.optimizer.eps, 1e-8f);
+  EXPECT_FLOAT_EQ(e.optimizer.weight_decay, 0.01f);
+  EXPECT_EQ(e.lr_schedule.type, LrScheduleType::kWarmup);
+  EXPECT_EQ(e.lr_schedule.warmup_type, LrWarmupType::kLog);
+  EXPECT_EQ(e.lr_schedule.min_lr, 0.0f);
+  EXPECT_FLOAT_EQ(e.lr_schedule.max_lr, 3e-3f);
+  EXPECT_EQ(e.lr_schedule.warmup_steps, 4);
+  EXPECT_EQ(c.resolved_auto,
+            (std::vector<std::string>{
+                R"(train_batch_size "auto" -> 24 (flags))",
+                R"(gradient_accumulation_steps "auto" -> 2 (flags))",
+                R"(train_micro_batch_size_per_gpu "auto" -> 6 (global batch 24 / (2 )"
+                R"(micro-batches x 2 ranks)))",
+                R"(gradient_clipping "auto" -> 1 (flags))",
+                R"(optimizer.params.lr "auto" -> 0.003 (flags))",
+                R"(optimizer.params.betas "auto" -> [0.9, 0.999] (Adam's default))",
+                R"(optimizer.params.eps "auto" -> 1e-08 (Adam's default))",
+                R"(optimizer.params.weight_decay "auto" -> 0.01 (flags))",
+                R"(scheduler.params.warmup_min_lr "auto" -> 0 (Hugging Face's value))",
+                R"(scheduler.params.warmup_max_lr "auto" -> 0.003 (the run's learning rate))",
+                R"(scheduler.params.warmup_num_steps "auto" -> 4 (flags))"}));
+  EXPECT_EQ(c.ignored_keys,
+            std::vector<std::string>{
+                "zero_optimization.round_robin_gradients is ignored: it orders gradient copies "
+                "to CPU offload, which this runtime does not do; results are the same"});
+  expect_engine_accepts(e);
+}
+
+// Hugging Face's ZeRO-3 example with "auto" everywhere it is allowed: the dtype comes from the
+// run, the bucket sizes from the model's hidden size (128).
+TEST(Config, HuggingFaceZero3Bf16AutoFile) {
+  const TrainingConfig c = load_training_config(example_config("hf_zero3_bf16_auto.json"), 4,
+                                                run_context(DType::kBFloat16));
+  EXPECT_EQ(c.train_batch_size, 24);
+  EXPECT_EQ(c.micro_batch_per_rank, 3);
+  EXPECT_TRUE(c.gather_16bit_weights_on_model_save);
+  const EngineConfig& e = c.engine;
+  EXPECT_EQ(e.stage, 3);
+  EXPECT_EQ(e.dtype, DType::kBFloat16);
+  EXPECT_EQ(e.reduce_bucket_elements, 16384u);
+  EXPECT_EQ(e.prefetch_elements, 14745u);  // int(0.9 * 16384)
+  EXPECT_EQ(e.persistence_threshold, 1280u);
+  EXPECT_EQ(e.optimizer_sub_group_elements, 1000000000u);
+  EXPECT_EQ(e.max_live_elements, 1000000000u);
+  EXPECT_EQ(e.lr_schedule.type, LrScheduleType::kWarmupLinearDecay);
+  EXPECT_EQ(e.lr_schedule.total_steps, 40);
+  EXPECT_EQ(e.lr_schedule.warmup_steps, 4);
+  const std::vector<std::string>& r = c.resolved_auto;
+  for (const char* line :
+       {R"(fp16.enabled "auto" -> false (dtype bf16))",
+        R"(bf16.enabled "auto" -> true (dtype bf16))",
+        R"(scheduler.params.total_num_steps "auto" -> 40 (flags))",
+        R"(zero_optimization.reduce_bucket_size "auto" -> 16384 (hidden 128 squared))",
+        R"(zero_optimization.stage3_prefetch_bucket_size "auto" -> 14745 (0.9 x hidden 128 )"
+        R"(squared))",
+        R"(zero_optimization.stage3_param_persistence_threshold "auto" -> 1280 (10 x hidden )"
+        R"(128))"}) {
+    EXPECT_EQ(std::count(r.begin(), r.end(), line), 1) << line;
+  }
+  EXPECT_EQ(r.size(), 17u);  // every "auto" in the file, once
+  EXPECT_TRUE(c.ignored_keys.empty());
+  // The same file run in fp32: both "auto" switches resolve to false.
+  const TrainingConfig fp32 = load_training_config(example_config("hf_zero3_bf16_auto.json"), 4,
+                                                   run_context(DType::kFloat32));
+  EXPECT_EQ(fp32.engine.dtype, DType::kFloat32);
+  expect_engine_accepts(e);
+}
+
+// A context without a value leaves exactly the keys that need it unresolvable.
+TEST(Config, AutoNeedsTheRunsValue) {
+  ConfigContext context = run_context(DType::kFloat32);
+  context.total_num_steps.reset();
+  EXPECT_EQ(error_of(R"({"train_batch_size": 8, "scheduler": {"type": "WarmupDecayLR",
+                         "params": {"total_num_steps": "auto"}}})",
+                     2, "ds.json", context),
+            "\"scheduler.params.total_num_steps\" in ds.json is \"auto\", but the run's number of "
+            "steps is not known here; give the key a value");
+  // The run's batch must divide over the ranks, as a written one must.
+  EXPECT_EQ(error_of(R"({"train_micro_batch_size_per_gpu": "auto"})", 5, "ds.json", context),
+            "\"train_batch_size\" 24 in flags is not divisible by gradient_accumulation_steps 2 * "
+            "world size 5 = 10");
+  // A written value stays as written next to resolved ones; disagreeing ones are still named.
+  EXPECT_EQ(error_of(R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": 4,
+                         "gradient_accumulation_steps": "auto"})",
+                     2, "ds.json", context),
+            "batch sizes in ds.json do not multiply out: train_batch_size 24 != "
+            "train_micro_batch_size_per_gpu 4 * gradient_accumulation_steps 2 * world size 2 = 16");
+}
+
+// Keys honoured here, and keys accepted because ignoring them cannot change a result, each of
+// the latter named once with why.
+TEST(Config, HonouredAndIgnoredKeys) {
+  const TrainingConfig c = parse_training_config(
+      R"({"train_batch_size": 8, "bf16": {"enabled": true}, "wall_clock_breakdown": true,
+          "memory_breakdown": true, "zero_allow_untested_optimizer": true,
+          "data_types": {"grad_accum_dtype": "bf16"}, "checkpoint": {"override_optimizer": true},
+          "zero_optimization": {"stage": 2, "sub_group_size": 1000, "round_robin_gradients": false,
+                                "stage3_gather_16bit_weights_on_model_save": true}})",
+      2, "ds.json");
+  EXPECT_TRUE(c.wall_clock_breakdown);
+  EXPECT_TRUE(c.override_optimizer);
+  EXPECT_TRUE(c.gather_16bit_weights_on_model_save);
+  EXPECT_EQ(c.engine.grad_accum_dtype, DType::kBFloat16);
+  EXPECT_EQ(c.engine.optimizer_sub_group_elements, 1000u);
+  EXPECT_EQ(c.ignored_keys,
+            (std::vector<std::string>{
+                "memory_breakdown is ignored: the memory summary by category is printed at start "
+                "anyway",
+                "zero_allow_untested_optimizer is ignored: every optimizer here is built into the "
+                "engine and runs at every stage",
+                "zero_optimization.round_robin_gradients is ignored: it orders gradient copies to "
+                "CPU offload, which this runtime does not do; results are the same"}));
+  const EngineConfig fp32 =
+      parse_training_config(
+          R"({"train_batch_size": 8, "data_types": {"grad_accum_dtype": "fp32"}})", 2, "ds.json")
+          .engine;
+  EXPECT_EQ(fp32.grad_accum_dtype, DType::kFloat32);
 }
 
 TEST(Config, CommunicationDataType) {

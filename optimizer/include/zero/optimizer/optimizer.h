@@ -95,30 +95,33 @@ class Optimizer {
 // for 1-based steps: lr_at(s) is DeepSpeed's get_lr() at last_batch_iteration = s - 1, so the
 // first step sees the schedule at index 0 as in PyTorch's schedulers. (DeepSpeed's engine steps
 // its scheduler after the optimizer, so its own first step runs with the optimizer's base lr and
-// step s >= 2 with index s - 2; we do not copy that offset.) With W = warmup_steps and
-// T = total_steps:
+// step s >= 2 with index s - 2; we do not copy that offset.) With W = warmup_steps (raised to at
+// least 2 as DeepSpeed does, which its log warm-up needs; 0 means no warm-up), i = s - 1 and
+// T = total_steps, every warm-up rises by gamma from min_lr to max_lr during steps 1..W:
+//   kLog (DeepSpeed's default warmup_type)  gamma = log(i + 1) / log(W)
+//   kLinear                                 gamma = i / W
 //   kConstant          lr = max_lr.
-//   kWarmup            WarmupLR: lr = min_lr + (max_lr - min_lr) * (s - 1) / W for s <= W, then
+//   kWarmup            WarmupLR: lr = min_lr + (max_lr - min_lr) * gamma for s <= W, then
 //                      max_lr from step W + 1 on.
 //   kWarmupLinearDecay WarmupDecayLR: the same warm-up, then
 //                      lr = min_lr + (max_lr - min_lr) * (T - s + 1) / (T - W), reaching min_lr
 //                      at step T + 1 (DeepSpeed's iteration T) and staying there.
 //   kWarmupCosine      WarmupCosineLR: the same warm-up, then
 //                      lr = max_lr * (r + (1 - r) * (1 + cos(pi * (s - W) / (T - W))) / 2) with
-//                      r = cos_min_ratio, reaching max_lr * r at step T and staying there.
-// Deviations from DeepSpeed, on purpose: warm-up is linear only (DeepSpeed's default
-// warmup_type is "log"); warmup_steps is used as given (DeepSpeed raises it to at least 2, which
-// only its log warm-up needs), so 0 means no warm-up; past step T the cosine schedule holds its
-// floor (DeepSpeed's formula climbs back up).
+//                      r = cos_min_ratio, reaching max_lr * r at step T and staying there (as
+//                      DeepSpeed's clamped progress does).
+// One extension: warmup_steps 0 means no warm-up (DeepSpeed rejects 0).
 enum class LrScheduleType { kConstant, kWarmup, kWarmupLinearDecay, kWarmupCosine };
+enum class LrWarmupType { kLog, kLinear };
 
 struct LrScheduleConfig {
   LrScheduleType type = LrScheduleType::kConstant;
-  float max_lr = 1e-3f;         // warmup_max_lr; for WarmupCosineLR the optimizer's lr
-  float min_lr = 0.0f;          // warmup_min_lr (start of warm-up, end of linear decay); for
-                                // WarmupCosineLR warmup_min_ratio * the optimizer's lr
-  long warmup_steps = 0;        // warmup_num_steps
-  long total_steps = 0;         // total_num_steps (decay schedules only)
+  float max_lr = 1e-3f;   // warmup_max_lr; for WarmupCosineLR the optimizer's lr
+  float min_lr = 0.0f;    // warmup_min_lr (start of warm-up, end of linear decay); for
+                          // WarmupCosineLR warmup_min_ratio * the optimizer's lr
+  long warmup_steps = 0;  // warmup_num_steps
+  LrWarmupType warmup_type = LrWarmupType::kLog;  // warmup_type, DeepSpeed's default "log"
+  long total_steps = 0;                           // total_num_steps (decay schedules only)
   float cos_min_ratio = 1e-4f;  // WarmupCosineLR's floor as a fraction of max_lr (its default)
 };
 

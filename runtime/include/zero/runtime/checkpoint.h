@@ -44,7 +44,16 @@ struct TrainerState {
 // (ENOSPC), fsync (fsync returns EIO), manifest (rank 0's manifest write fails), kill-after-write
 // (SIGKILL once the rank's shard file is written), kill-before-latest (SIGKILL after the step
 // directory is renamed into place, before `latest` is replaced; rank 0 does this step).
-void save_checkpoint(Engine& engine, const std::string& dir, const TrainerState& trainer);
+struct SaveOptions {
+  // DeepSpeed's stage3_gather_16bit_weights_on_model_save: the step directory also holds
+  // model.safetensors, the whole model in the working dtype (registration order, parameter
+  // names), gathered from the ranks and written by rank 0 before the directory is renamed into
+  // place, so it is there exactly when the checkpoint is.
+  bool consolidated_weights = false;
+};
+void save_checkpoint(Engine& engine, const std::string& dir, const TrainerState& trainer,
+                     const SaveOptions& options = {});
+constexpr const char* kConsolidatedWeightsName = "model.safetensors";
 
 // Collective. Loads a checkpoint into the engine: `path` is a step directory, a save directory
 // (its `latest` is followed) or a `latest` file. Checks the manifest's checksum and that the
@@ -57,10 +66,23 @@ void save_checkpoint(Engine& engine, const std::string& dir, const TrainerState&
 // The saved world size, stage and working dtype may differ from the engine's: the master is
 // always fp32, so an fp32 checkpoint loads into a bf16 engine and back (the working copy is the
 // master rounded to the engine's dtype). The engine's own hyperparameters and LR schedule are
-// kept (a resume may change them); the optimizer step is restored, and the loss-scaler state
+// kept (the LR schedule may change); the optimizer step is restored, and the loss-scaler state
 // when both the checkpoint and the engine are fp16. Writes the trainer state to *trainer when
 // not null.
-void load_checkpoint(Engine& engine, const std::string& path, TrainerState* trainer);
+//
+// The optimizer type and hyperparameters (everything but the scheduled lr) must be the
+// checkpoint's: otherwise a ConfigError on every rank lists each difference, unless
+// options.override_optimizer says the change is on purpose.
+struct LoadOptions {
+  bool override_optimizer = false;
+};
+void load_checkpoint(Engine& engine, const std::string& path, TrainerState* trainer,
+                     const LoadOptions& options = {});
+
+// The differences between a checkpoint's optimizer and a run's, lr aside (it is scheduled), one
+// per line: `weight_decay 0.01 in the checkpoint, 0 in this run`. Empty when they agree.
+std::vector<std::string> optimizer_differences(const OptimizerConfig& saved,
+                                               const OptimizerConfig& run);
 
 // CRC32C (Castagnoli polynomial, as iSCSI, ext4 and leveldb use): pass the previous result as
 // `crc` to continue over several buffers (start with 0).
@@ -107,8 +129,9 @@ std::vector<std::string> verify_checkpoint_files(const CheckpointInfo& info);
 std::vector<std::vector<float>> read_full_master(const CheckpointInfo& info);
 
 // Writes tensors in the safetensors format (8-byte little-endian header length, a JSON header
-// naming each tensor's dtype "F32" or "BF16", shape and data_offsets, then the raw data in the
-// order given). `dtype` is kFloat32 or kBFloat16 (rounded to nearest even). Throws zero::Error.
+// naming each tensor's dtype "F32", "BF16" or "F16", shape and data_offsets, then the raw data in
+// the order given). `dtype` is kFloat32, kBFloat16 or kFloat16 (rounded to nearest even).
+// Throws zero::Error.
 struct NamedTensor {
   std::string name;
   std::vector<int64_t> shape;

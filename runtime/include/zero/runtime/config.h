@@ -17,9 +17,12 @@
 //                      the first two alone takes 1 accumulation step; all three must agree.
 //   zero_optimization  absent stage: 0. overlap_comm absent: true (the engine's default;
 //                      DeepSpeed's is true only at stage 3; it changes timing, not results).
-//                      reduce_bucket_size / allgather_bucket_size are elements: our one unit of
-//                      granularity serves both collectives, so merge_bytes = the smaller of the
-//                      two * bytes of the working dtype; absent, EngineConfig's merge_bytes.
+//                      reduce_bucket_size -> reduce_bucket_elements (gradient elements per
+//                      reduction collective), allgather_bucket_size -> allgather_bucket_elements
+//                      (elements per stage 1-2 parameter all-gather), sub_group_size ->
+//                      optimizer_sub_group_elements; absent, EngineConfig's 0 (off). None of
+//                      them merges modules into units: that is merge_bytes, our own option
+//                      (zero-train --merge-bytes), never set from the file.
 //                      contiguous_gradients and allgather_partitions: what this runtime always
 //                      does, so only true is accepted.
 //                      stage3_* keys map to the engine fields of the same meaning; absent they
@@ -28,6 +31,11 @@
 //                      stages 0-2 they are validated and have no effect, as in DeepSpeed. Two
 //                      DeepSpeed values have no engine equivalent and are rejected: prefetch
 //                      bucket 0 (no prefetching) and max_live_parameters 0.
+//                      stage3_gather_16bit_weights_on_model_save -> TrainingConfig's
+//                      gather_16bit_weights_on_model_save (each save also writes the model in the
+//                      working dtype, at any stage).
+//   data_types         grad_accum_dtype ("fp32", "bf16", "fp16") -> grad_accum_dtype; it must be
+//                      fp32 or the working dtype. Absent: the engine's default.
 //   fp16 / bf16        enabled selects the working dtype (both on is an error); the fp16 loss
 //                      scaler keys map to LossScalerConfig. Keys of a disabled section are
 //                      validated and have no effect.
@@ -37,15 +45,31 @@
 //                      DeepSpeed's / PyTorch's defaults (lr 1e-3, betas 0.9 0.999, eps 1e-8,
 //                      weight_decay 0, momentum 0). No optimizer section: EngineConfig's.
 //   scheduler          WarmupLR, WarmupDecayLR, WarmupCosineLR (any case) as LrScheduleConfig
-//                      describes (linear warm-up only: warmup_type "log" is rejected). No
-//                      scheduler: the optimizer's lr, constant.
+//                      describes; warmup_type "log" (absent: log, DeepSpeed's default) or
+//                      "linear". No scheduler: the optimizer's lr, constant.
 //   communication_data_type  "fp32" reduces gradients in fp32 (reduce_in_fp32); the working
 //                      dtype's name is the default; another 2-byte type is an error.
 //   seed               ours; absent: EngineConfig's.
+//   wall_clock_breakdown -> TrainingConfig's wall_clock_breakdown (per-step timing lines).
+//   checkpoint         ours: override_optimizer (see TrainingConfig).
+//
+// Accepted and ignored, because ignoring them cannot change the result; each one a file gives
+// is listed in TrainingConfig::ignored_keys with the reason: memory_breakdown,
+// zero_allow_untested_optimizer, zero_optimization.round_robin_gradients.
+//
+// "auto" (JSON only), as Hugging Face's Trainer resolves it, from the ConfigContext: the batch
+// keys, gradient_clipping, fp16/bf16.enabled (from the run's dtype), optimizer.params lr,
+// weight_decay (the run's), betas and eps (Adam's defaults 0.9, 0.999 and 1e-8: no flag sets
+// them), scheduler.params warmup_min_lr (0), warmup_max_lr (the run's lr), warmup_num_steps,
+// total_num_steps, and for the model's hidden size h: reduce_bucket_size h * h,
+// stage3_prefetch_bucket_size 0.9 * h * h, stage3_param_persistence_threshold 10 * h. A key
+// whose value the context lacks is a ConfigError naming it; "auto" for any other key is a wrong
+// type. Each resolution is listed in TrainingConfig::resolved_auto.
 #pragma once
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "zero/kernels/check.h"
 #include "zero/runtime/engine.h"
@@ -64,17 +88,46 @@ struct TrainingConfig {
   long micro_batch_per_rank = 0;        // samples per micro-batch on one rank
   int gradient_accumulation_steps = 1;  // equals engine.micro_batches
   long steps_per_print = 10;            // rank 0 prints a progress line this often
-  std::string origin;                   // the file (or name) it was read from, for messages
+  bool wall_clock_breakdown = false;    // print per-step forward/backward/reduce/step/gather times
+  // zero_optimization.stage3_gather_16bit_weights_on_model_save: every checkpoint save also
+  // writes the consolidated model in the working dtype (SaveOptions::consolidated_weights).
+  bool gather_16bit_weights_on_model_save = false;
+  // checkpoint.override_optimizer: a resume may change the optimizer type and hyperparameters
+  // (LoadOptions::override_optimizer); otherwise a difference is an error.
+  bool override_optimizer = false;
+  std::string origin;  // the file (or name) it was read from, for messages
+  // One line per "auto" resolved: `zero_optimization.reduce_bucket_size "auto" -> 16384 (hidden
+  // 128 squared)`, and per accepted-but-ignored key given: `memory_breakdown is ignored: ...`.
+  // Callers print them once at start.
+  std::vector<std::string> resolved_auto;
+  std::vector<std::string> ignored_keys;
+};
+
+// What "auto" resolves to: the run's command line (or the program's defaults for it) and the
+// model. An empty value leaves the keys that need it unresolvable.
+struct ConfigContext {
+  std::optional<long> train_batch_size;             // train_batch_size (all ranks together)
+  std::optional<long> gradient_accumulation_steps;  // with the above, the micro-batch per rank
+  std::optional<float> gradient_clipping;
+  std::optional<DType> dtype;               // fp16.enabled, bf16.enabled
+  std::optional<float> lr;                  // optimizer.params.lr, scheduler warmup_max_lr
+  std::optional<float> weight_decay;        // optimizer.params.weight_decay
+  std::optional<long> warmup_num_steps;     // scheduler.params.warmup_num_steps
+  std::optional<long> total_num_steps;      // scheduler.params.total_num_steps
+  std::optional<long> hidden_size;          // the model's: the three bucket-size keys
+  std::string source = "the command line";  // where the values came from, for messages
 };
 
 // Parses a DeepSpeed-style JSON text (or protobuf text format when the first non-space
-// character is not '{'), validates it for world_size ranks and fills a TrainingConfig.
-// `origin` (a file name) goes into every message. Throws ConfigError.
+// character is not '{'), validates it for world_size ranks and fills a TrainingConfig, with
+// "auto" values taken from `context`. `origin` (a file name) goes into every message. Throws
+// ConfigError.
 TrainingConfig parse_training_config(const std::string& text, int world_size,
-                                     const std::string& origin);
+                                     const std::string& origin, const ConfigContext& context = {});
 
 // Reads the file at `path` and parses it as above; an unreadable file is a ConfigError too.
-TrainingConfig load_training_config(const std::string& path, int world_size);
+TrainingConfig load_training_config(const std::string& path, int world_size,
+                                    const ConfigContext& context = {});
 
 struct BatchSizes {
   long train_batch_size = 0;
