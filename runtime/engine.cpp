@@ -114,6 +114,88 @@ size_t param_buffer_count(const Layout& layout, const EngineConfig& config) {
   return 2 + config.prefetch_elements / max_unit;
 }
 
+// The dtype a gradient reduction puts on the wire: fp32 when asked (communication_data_type)
+// or when the kept gradients are fp32 at stages 0-1 (they are reduced from the accumulator),
+// the working dtype otherwise.
+DType reduction_dtype(const EngineConfig& config) {
+  if (config.reduce_in_fp32) return DType::kFloat32;
+  return config.stage <= 1 ? accumulation_dtype(config) : config.dtype;
+}
+
+// Collectives grouped as DeepSpeed's bucket keys ask: consecutive units, in the order their
+// collectives are issued, packed into one collective while their elements fit in `limit`
+// elements (a unit larger than it goes alone; 0: one collective per unit). Units themselves
+// stay the registered modules: packing groups collectives, it never widens a gather.
+std::vector<std::vector<int>> pack_units(const Layout& layout, size_t limit, bool backward) {
+  std::vector<std::vector<int>> packs;
+  size_t numel = 0;
+  const int n = static_cast<int>(layout.units().size());
+  for (int i = 0; i < n; ++i) {
+    const int u = backward ? n - 1 - i : i;
+    const size_t unit_numel = layout.units()[u].numel;
+    if (packs.empty() || limit == 0 || numel + unit_numel > limit) {
+      packs.emplace_back();
+      numel = 0;
+    }
+    packs.back().push_back(u);
+    numel += unit_numel;
+  }
+  return packs;
+}
+
+// Elements of the largest pack of more than one unit: the fusion buffer's size (0: none).
+size_t max_fused_numel(const Layout& layout, size_t limit, bool backward) {
+  size_t most = 0;
+  for (const std::vector<int>& pack : pack_units(layout, limit, backward)) {
+    if (pack.size() < 2) continue;
+    size_t numel = 0;
+    for (int u : pack) numel += layout.units()[u].numel;
+    most = std::max(most, numel);
+  }
+  return most;
+}
+
+// The fusion buffer packed collectives go through: the larger of the gradient packs (in the
+// reduction dtype) and the stage 1-2 parameter packs (working dtype).
+size_t fusion_bytes(const Layout& layout, const EngineConfig& config) {
+  const size_t reduce = max_fused_numel(layout, config.reduce_bucket_elements, true) *
+                        dtype_size(reduction_dtype(config));
+  const bool post_step_gathers = config.stage == 1 || config.stage == 2;
+  const size_t gather = post_step_gathers
+                            ? max_fused_numel(layout, config.allgather_bucket_elements, false) *
+                                  dtype_size(config.dtype)
+                            : 0;
+  return std::max(reduce, gather);
+}
+
+// The packs of one kind of collective, and where each unit sits in its pack: the fusion buffer
+// holds a pack as N rank regions (region r: shard r of every unit of the pack, in pack order),
+// so one reduce-scatter or all-gather of the regions serves every unit at once.
+struct PackedCollectives {
+  std::vector<std::vector<int>> packs;
+  std::vector<int> pack_of;       // unit -> its pack
+  std::vector<size_t> offset_of;  // unit -> its offset inside a rank region, in elements
+  std::vector<size_t> region;     // pack -> elements of one rank region
+  int filling = -1;               // the pack whose units are being copied in, if any
+  size_t filled = 0;              // and how many of them are in
+
+  PackedCollectives() = default;
+  PackedCollectives(const Layout& layout, size_t limit, bool backward)
+      : packs(pack_units(layout, limit, backward)),
+        pack_of(layout.units().size()),
+        offset_of(layout.units().size()),
+        region(packs.size()) {
+    for (size_t p = 0; p < packs.size(); ++p) {
+      for (int u : packs[p]) {
+        pack_of[u] = static_cast<int>(p);
+        offset_of[u] = region[p];
+        region[p] += layout.units()[u].shard;
+      }
+    }
+  }
+  bool fused(int u) const { return packs[pack_of[u]].size() > 1; }
+};
+
 // Bytes of each buffer one unit holds at a stage; the single source for plan_memory() and for
 // the engine's allocations, so the estimate and the measurement cannot drift apart.
 struct UnitBytes {
@@ -191,6 +273,7 @@ MemoryPlan plan_memory(const Layout& layout, const EngineConfig& config) {
   plan.buffers += param_buffer_count(layout, config) * max_unit * w;
   if (uses_grad_buckets(config)) plan.buffers += 2 * max_unit * w;  // double-buffered buckets
   if (needs_fp32_scratch(config)) plan.buffers += max_unit * sizeof(float);
+  plan.buffers += fusion_bytes(layout, config);
   return plan;
 }
 
@@ -227,6 +310,12 @@ struct Engine::Impl {
     if (config.desync_check) comm.set_desync_check(true);
     check_same_model_on_all_ranks();
     allocator.set_limit(config.memory_limit_bytes);
+    reduce_packs = PackedCollectives(layout, config.reduce_bucket_elements, /*backward=*/true);
+    if (config.stage == 1 || config.stage == 2) {
+      gather_packs = PackedCollectives(layout, config.allgather_bucket_elements, false);
+    } else {
+      gather_packs = PackedCollectives(layout, 0, false);
+    }
     try {
       allocate();
     } catch (const OutOfMemoryError& e) {
@@ -364,6 +453,7 @@ struct Engine::Impl {
     }
     param_pool.reserve(param_buffer_count(layout, config));
     grad_pool.reserve(uses_grad_buckets(config) ? 2 : 0);
+    fusion = allocator.allocate(fusion_bytes(layout, config), MemoryCategory::kCommBuffer);
     if (needs_fp32_scratch(config)) {
       fp32_scratch =
           allocator.allocate(layout.max_unit_numel() * sizeof(float), MemoryCategory::kCommBuffer);
@@ -610,9 +700,9 @@ struct Engine::Impl {
     const bool last = s.micro_batches_done == config.micro_batches;
     if (config.stage >= 2) {
       if (s.bucket.empty()) s.bucket = grad_pool.acquire(/*zeroed=*/true);
-      s.grads_reduced = reduce_to_shard(unit, s.bucket.data(), config.dtype, s.grads_shard.data(),
-                                        /*accumulate=*/s.micro_batches_done > 1);
-      grad_pool.give_back(std::move(s.bucket), s.grads_reduced);
+      const Event bucket_read = reduce_unit(u, s.bucket.data(), config.dtype,
+                                            /*accumulate=*/s.micro_batches_done > 1);
+      grad_pool.give_back(std::move(s.bucket), bucket_read);
       return;
     }
     if (!s.bucket.empty()) {
@@ -620,15 +710,98 @@ struct Engine::Impl {
       device->add(s.grads_full.data(), accum_dtype, s.bucket.data(), config.dtype, unit.numel);
       grad_pool.give_back(std::move(s.bucket), device->record());
     }
-    if (!last) return;
-    if (config.stage == 0) {
-      s.grads_reduced = reduce_whole(unit, s.grads_full.data(), accum_dtype);
+    // Stages 0-1 keep whole gradients through accumulation and reduce them in place (stage 1's
+    // reduced slice lands at the rank's own offset in the full buffer).
+    if (last) reduce_unit(u, s.grads_full.data(), accum_dtype, /*accumulate=*/false);
+  }
+
+  // Reduces unit u's gradient `source` (`dtype`) into what the rank keeps of it, alone or as
+  // part of its reduce_bucket_size pack. Returns the event after which `source` may be reused.
+  Event reduce_unit(int u, void* source, DType dtype, bool accumulate) {
+    UnitState& s = units[u];
+    const Unit& unit = layout.units()[u];
+    if (reduce_packs.fused(u)) return reduce_packed(u, source, dtype, accumulate);
+    s.grads_reduced = config.stage == 0
+                          ? reduce_whole(unit, source, dtype)
+                          : reduce_to_shard(unit, source, dtype, owned_grads(u), accumulate);
+    return s.grads_reduced;
+  }
+
+  // A unit of a packed reduction: its gradient is copied into its place in every rank region
+  // of the fusion buffer (in the reduction dtype); the pack's last unit issues the one
+  // collective and copies each unit's reduced part out to what the rank keeps.
+  Event reduce_packed(int u, void* source, DType dtype, bool accumulate) {
+    PackedCollectives& packs = reduce_packs;
+    const int p = packs.pack_of[u];
+    ZERO_CHECK(packs.filling == -1 || packs.filling == p,
+               "grads_ready(" << u << ") while the reduction bucket of unit "
+                              << packs.packs[packs.filling].front()
+                              << " still waits for units; with reduce_bucket_size packing "
+                                 "units must become ready in backward order");
+    packs.filling = p;
+    const DType wire = reduction_dtype(config);
+    const size_t wire_size = dtype_size(wire);
+    const size_t region = packs.region[p];
+    const Unit& unit = layout.units()[u];
+    prepare_for_reduction(source, dtype, unit.numel);
+    comm.stream().wait(device->record());
+    DeviceContext* dev = device.get();
+    Stream* on = &comm.stream();
+    char* fused = static_cast<char*>(fusion.data());
+    const int ranks = world;
+    const size_t shard = unit.shard;
+    const size_t offset = packs.offset_of[u];
+    const char* from = static_cast<const char*>(source);
+    const size_t from_size = dtype_size(dtype);
+    const Event copied = on->enqueue([=] {
+      for (int r = 0; r < ranks; ++r) {
+        dev->cast(from + r * shard * from_size, dtype, fused + (r * region + offset) * wire_size,
+                  wire, shard, on);
+      }
+    });
+    units[u].grads_reduced = copied;
+    if (++packs.filled < packs.packs[p].size()) return copied;
+    packs.filling = -1;
+    packs.filled = 0;
+
+    const uint64_t bytes = ranks * region * wire_size;
+    if (config.stage == 0 || !config.reduce_scatter) {
+      traced("all_reduce", bytes,
+             [&] { return comm.all_reduce(fused, fused, ranks * region, wire); });
     } else {
-      // Stage 1 keeps whole gradients through accumulation and reduces them in place: the
-      // rank's reduced slice lands at its own offset in the full buffer.
-      s.grads_reduced =
-          reduce_to_shard(unit, s.grads_full.data(), accum_dtype, owned_grads(u), false);
+      traced("reduce_scatter", bytes, [&] {
+        return comm.reduce_scatter(fused, fused + rank * region * wire_size, region, wire);
+      });
     }
+    for (int v : packs.packs[p]) {
+      const size_t v_shard = layout.units()[v].shard;
+      const char* reduced = fused + packs.offset_of[v] * wire_size;
+      if (config.stage == 0) {
+        // Stage 0 keeps the whole sum: every rank region goes back to its place.
+        char* dest = static_cast<char*>(units[v].grads_full.data());
+        const DType to = accum_dtype;
+        on->enqueue([=] {
+          for (int r = 0; r < ranks; ++r) {
+            dev->cast(reduced + r * region * wire_size, wire, dest + r * v_shard * dtype_size(to),
+                      to, v_shard, on);
+          }
+        });
+        continue;
+      }
+      const char* mine = reduced + rank * region * wire_size;
+      void* dest = owned_grads(static_cast<size_t>(v));
+      const DType to = accum_dtype;
+      on->enqueue([=] {
+        if (accumulate) {
+          dev->add(dest, to, mine, wire, v_shard, on);
+        } else {
+          dev->cast(mine, wire, dest, to, v_shard, on);
+        }
+      });
+    }
+    const Event reduced = issued(comm.stream().record());
+    for (int v : packs.packs[p]) units[v].grads_reduced = reduced;
+    return copied;
   }
 
   // One optimizer step in named phases: wait for the reductions, the global norm and overflow,
@@ -778,7 +951,12 @@ struct Engine::Impl {
   void start_post_step_gathers() {
     if (config.stage == 0) return;
     comm.stream().wait(device->record());
-    for (size_t u = 0; u < units.size(); ++u) {
+    for (const std::vector<int>& pack : gather_packs.packs) {
+      if (pack.size() > 1) {
+        gather_packed(pack);
+        continue;
+      }
+      const int u = pack.front();
       UnitState& s = units[u];
       if (s.params_full.empty()) continue;
       const Unit& unit = layout.units()[u];
@@ -786,6 +964,42 @@ struct Engine::Impl {
         return comm.all_gather(owned_params(u), s.params_full.data(), unit.shard, config.dtype);
       }));
       if (!s.persistent) s.gathered = false;
+    }
+  }
+
+  // An allgather_bucket_size pack (stages 1-2): each unit's updated slice into its place in
+  // this rank's region of the fusion buffer, one all-gather of the regions, and every rank's
+  // slice of each unit back into its full parameters.
+  void gather_packed(const std::vector<int>& pack) {
+    const int p = gather_packs.pack_of[pack.front()];
+    const size_t region = gather_packs.region[p];
+    char* fused = static_cast<char*>(fusion.data());
+    DeviceContext* dev = device.get();
+    Stream* on = &comm.stream();
+    const size_t w = elem;
+    for (int u : pack) {
+      const char* mine = static_cast<const char*>(owned_params(u));
+      char* slot = fused + (rank * region + gather_packs.offset_of[u]) * w;
+      const size_t bytes = layout.units()[u].shard * w;
+      on->enqueue([=] { dev->copy(slot, mine, bytes, on); });
+    }
+    traced("all_gather", world * region * w,
+           [&] { return comm.all_gather(fused + rank * region * w, fused, region, config.dtype); });
+    for (int u : pack) {
+      char* full = static_cast<char*>(units[u].params_full.data());
+      const char* part = fused + gather_packs.offset_of[u] * w;
+      const size_t shard_bytes = layout.units()[u].shard * w;
+      const int ranks = world;
+      on->enqueue([=] {
+        for (int r = 0; r < ranks; ++r) {
+          dev->copy(full + r * shard_bytes, part + r * region * w, shard_bytes, on);
+        }
+      });
+    }
+    const Event ready = issued(comm.stream().record());
+    for (int u : pack) {
+      units[u].params_ready = ready;
+      units[u].gathered = false;
     }
   }
 
@@ -941,7 +1155,10 @@ struct Engine::Impl {
   Trace trace;
   BufferPool param_pool;
   BufferPool grad_pool;
-  Buffer fp32_scratch;       // reductions in fp32 of a 16-bit gradient (reduce_in_fp32)
+  Buffer fp32_scratch;  // reductions in fp32 of a 16-bit gradient (reduce_in_fp32)
+  Buffer fusion;        // packed collectives (see pack_units); one at a time, in stream order
+  PackedCollectives reduce_packs;
+  PackedCollectives gather_packs;
   Buffer norm_sums;          // each unit's sum of squared gradients, all-reduced at step()
   Buffer norm_sums_on_host;  // and their copy, which the host reads
   std::map<float*, Buffer> host_state;  // state_view() copies of device arrays (CUDA only)

@@ -387,6 +387,68 @@ TEST(Scheduling, OptionsThatMustNotChangeTheNumbers) {
   }
 }
 
+// DeepSpeed's bucket keys group collectives: reduce_bucket_size packs the gradients of
+// consecutive units into one reduction, allgather_bucket_size the post-step all-gathers of
+// stages 1-2. Fewer collectives, the same sums (bitwise where MPI sums in the same order).
+TEST(Scheduling, BucketsPackCollectivesWithoutChangingTheNumbers) {
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      RunOptions o;
+      o.stage = stage;
+      o.dtype = dtype;
+      o.steps = 4;
+      o.micro_batches = 2;
+      o.mlp = MlpConfig{8, 24, 4, 6};
+      const TrainResult reference = train(o);
+      for (size_t bucket : {size_t{1300}, size_t{1} << 30}) {
+        o.tweak = [bucket](EngineConfig& c) {
+          c.reduce_bucket_elements = bucket;
+          c.allgather_bucket_elements = bucket;
+        };
+        const TrainResult run = train(o);
+        const std::string name =
+            name_of(dtype, stage) + ", buckets of " + std::to_string(bucket) + " elements";
+        if (world_size() <= 2) {
+          EXPECT_EQ(run.losses, reference.losses) << name;
+        } else {
+          expect_close(run.losses, reference.losses, 1e-6, name);
+        }
+        EXPECT_LT(run.collectives.back(), reference.collectives.back()) << name;
+      }
+    }
+  }
+}
+
+// DeepSpeed's usual bucket sizes (5e8 elements) once merged a whole model into one unit, so
+// stage 3 gathered all of it at once: more memory than stage 0. The buckets group collectives
+// only: the units stay the 8 layers, and the peak is 1/N of the model state, the pooled
+// buffers of a few layers (two gathered, two gradient buckets) and the reduction bucket, which
+// holds up to reduce_bucket_size gradient elements as DeepSpeed's does (here: all of them).
+TEST(Scheduling, DeepSpeedBucketSizesKeepStage3Sharded) {
+  const uint64_t n = static_cast<uint64_t>(world_size());
+  RunOptions o;
+  o.stage = 3;
+  o.steps = 2;
+  o.mlp = MlpConfig{32, 128, 16, 8};
+  o.tweak = [](EngineConfig& c) {
+    c.reduce_bucket_elements = 500000000;
+    c.allgather_bucket_elements = 500000000;
+  };
+  const TrainResult run = train(o);
+  EXPECT_EQ(run.units, 8u);
+  const uint64_t psi = run.padded_params;
+  const uint64_t layer = (128 * 128 + 128) * sizeof(float);  // the largest unit, unpadded
+  const uint64_t per_layer_bound = layer + 256 * n;          // plus alignment and shard padding
+  const uint64_t reduction_bucket = psi * sizeof(float);
+  EXPECT_EQ(run.model_state_bytes, 16 * psi / n);
+  EXPECT_LE(run.peak_bytes, 16 * psi / n + 4 * per_layer_bound + reduction_bucket + 1024)
+      << "peak " << run.peak_bytes << " bytes for " << psi << " parameters on " << n << " rank(s)";
+  if (n < 2) return;  // one rank shards nothing: stage 3 cannot hold less than stage 0
+  o.stage = 0;
+  o.tweak = nullptr;
+  EXPECT_LT(run.peak_bytes, train(o).peak_bytes);
+}
+
 TEST(Scheduling, ReuseAndPersistenceSaveCommunication) {
   if (world_size() < 2) GTEST_SKIP() << "one rank communicates nothing";
   RunOptions o;

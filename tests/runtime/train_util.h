@@ -29,6 +29,9 @@ struct TrainResult {
   uint64_t buffer_bytes = 0;
   MemoryPlan plan;
   std::vector<uint64_t> comm_bytes;  // per step, this rank
+  std::vector<int> collectives;      // per step, as the engine counts them
+  uint64_t peak_bytes = 0;           // the engine allocator's peak over the run
+  size_t units = 0;
   uint64_t model_state_bytes = 0;
   size_t padded_params = 0;
   std::vector<std::vector<float>> final_params;
@@ -96,6 +99,7 @@ inline TrainResult train(const RunOptions& o) {
       run.grad_norms.push_back(stats.grad_norm);
       run.skipped.push_back(stats.skipped);
       run.loss_scales.push_back(stats.loss_scale);
+      run.collectives.push_back(stats.collectives);
       if (o.record_params) run.params_after_step.push_back(model.engine().gather_full_params());
       run.comm_bytes.push_back(comm->counters().total_bytes() - before);
       float total = 0.0f;
@@ -103,6 +107,8 @@ inline TrainResult train(const RunOptions& o) {
       run.losses.push_back(total / static_cast<float>(world * o.micro_batches));
     }
     run.final_params = model.engine().gather_full_params();
+    run.peak_bytes = model.engine().allocator().stats().peak_total;
+    run.units = model.engine().layout().units().size();
   }
   return run;
 }
