@@ -332,11 +332,11 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
       if (in_place) std::memcpy(recv, out, count * sizeof(float));
       return;
     }
-    // Staged in fp32, because MPI cannot sum 16-bit floats and because a count
-    // above the per-call limit must be split: each pass gathers elements [offset, offset + n)
-    // of every rank's block into staging (converting to fp32), sums them in place, and converts
-    // this rank's sum (left at the front of staging) back into recv. In place, a pass writes
-    // only the range of this rank's block that it has already read.
+    // Staged in fp32, because MPI cannot sum 16-bit floats and because a count above the
+    // per-call limit must be split: each pass gathers elements [offset, offset + n) of every
+    // rank's block into staging (converting to fp32), sums them in place, and converts this
+    // rank's sum (left at the front of staging) back into recv. In place, a pass writes only the
+    // range of this rank's block that it has already read.
     const size_t elem = dtype_size(dtype);
     float* staged = staging(CollectiveOp::kReduceScatter, count, dtype);
     for (size_t offset = 0; offset < count;) {
