@@ -10,8 +10,10 @@
 //   time     mean time per op, the maximum over ranks (the slowest rank sets the pace).
 //   algbw    size / time.
 //   busbw    algbw times the share of the buffer that crosses each rank's link in a ring:
-//            all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n, broadcast 1. It is the
-//            number to compare against the hardware's bandwidth, whatever n is.
+//            all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n, broadcast 1 (the table
+//            of zero/collectives/collective_table.h). It is the number to compare against the
+//            hardware's bandwidth, whatever n is. For 16-bit reductions both columns send fp32
+//            (see below), so the bytes on the wire are twice what size and busbw count.
 //   #wrong   elements that differ from the exact result, summed over ranks. Inputs are small
 //            integers, so sums are exact in every dtype and every reduction order.
 //
@@ -36,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "zero/collectives/collective_table.h"
 #include "zero/collectives/mpi_check.h"
 #include "zero/collectives/mpi_communicator.h"
 #include "zero/kernels/check.h"
@@ -162,16 +165,10 @@ float value(int rank, size_t i) {
   return static_cast<float>((rank * 5 + i * 3) % 9) - 4.0f;
 }
 
+// nccl-tests' bus factor is the share of the buffer each rank sends: the table the
+// communicator's byte counters use.
 double bus_factor(CollectiveOp op, int n) {
-  switch (op) {
-    case CollectiveOp::kAllReduce:
-      return 2.0 * (n - 1) / n;
-    case CollectiveOp::kAllGather:
-    case CollectiveOp::kReduceScatter:
-      return static_cast<double>(n - 1) / n;
-    default:
-      return 1.0;
-  }
+  return zero::ring_share(op, n).factor();
 }
 
 // The timed iterations of each backend are split into this many blocks, alternating.
@@ -407,7 +404,8 @@ void print_header(const Options& opt, int n) {
   if (opt.dtype != DType::kFloat32) {
     std::printf(
         "# mpi column for 16-bit reductions: cast to fp32 + fp32 MPI call + cast back on "
-        "the calling thread (MPI has no 16-bit float sum)\n");
+        "the calling thread (MPI has no 16-bit float sum); both columns send fp32, twice the "
+        "bytes that size and busbw count\n");
   }
 }
 

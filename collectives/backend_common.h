@@ -1,7 +1,7 @@
 // What the Communicator backends share beyond the interface (with ZERO_MPI_CHECK): the timeout
-// from the environment, the ring byte counts, the buffer checks and CommunicatorBase (the MPI
-// communicator, counters, sequence numbers, flight recorder, desync check and watchdog state),
-// so that the MPI and NCCL backends validate, count, report and time out from one definition.
+// from the environment, the buffer checks and CommunicatorBase (the MPI communicator, counters,
+// sequence numbers, flight recorder, desync check and watchdog state), so that the MPI and NCCL
+// backends validate, count, report and time out from one definition.
 #pragma once
 
 #include <mpi.h>
@@ -59,23 +59,6 @@ inline bool desync_check_from_environment() {
     begin = end + 1;
   }
   return false;
-}
-
-// Ring-algorithm bytes a rank sends for a buffer of S bytes over n ranks (see CommCounters).
-inline uint64_t bytes_sent(CollectiveOp op, uint64_t buffer_bytes, int ranks) {
-  const auto n = static_cast<uint64_t>(ranks);
-  switch (op) {
-    case CollectiveOp::kAllReduce:
-      return buffer_bytes * 2 * (n - 1) / n;
-    case CollectiveOp::kAllGather:
-    case CollectiveOp::kReduceScatter:
-      return buffer_bytes * (n - 1) / n;
-    case CollectiveOp::kBroadcast:
-      return buffer_bytes;
-    case CollectiveOp::kBarrier:
-      return 0;
-  }
-  return 0;
 }
 
 // True when the byte ranges [a, a + a_bytes) and [b, b + b_bytes) share a byte.
@@ -236,11 +219,13 @@ class CommunicatorBase : public Interface {
   CommunicatorBase& operator=(const CommunicatorBase&) = delete;
 
   // Counts the op (on the enqueueing thread, so counters() needs no lock), gives it the next
-  // sequence number, which it returns, and records it as enqueued.
-  uint64_t record_launch(CollectiveOp op, size_t count, DType dtype, uint64_t buffer_bytes) {
+  // sequence number, which it returns, and records it as enqueued. `sent_bytes` is what this
+  // rank's own calls for it send (bytes_sent_per_rank of the buffer in the element type and
+  // count the backend's calls use), not the requested buffer's figure.
+  uint64_t record_launch(CollectiveOp op, size_t count, DType dtype, uint64_t sent_bytes) {
     const auto index = static_cast<size_t>(op);
     counters_.calls[index] += 1;
-    counters_.bytes[index] += bytes_sent(op, buffer_bytes, size_);
+    counters_.bytes[index] += sent_bytes;
     const uint64_t sequence = next_sequence_++;
     recorder_.enqueued(sequence, op, dtype, count);
     return sequence;

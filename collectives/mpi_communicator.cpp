@@ -107,6 +107,14 @@ MPI_Datatype transport_type(DType dtype) {
   return dtype == DType::kFloat32 ? MPI_FLOAT : MPI_UINT16_T;
 }
 
+// The element type this backend's MPI calls carry for `op` on `dtype`: reductions are always
+// MPI_FLOAT sums (MPI cannot add 16-bit floats, so those are staged in fp32 and sent as fp32);
+// moves send the elements as they are (transport_type).
+DType wire_dtype(CollectiveOp op, DType dtype) {
+  const bool reduces = op == CollectiveOp::kReduceScatter || op == CollectiveOp::kAllReduce;
+  return reduces ? DType::kFloat32 : dtype;
+}
+
 // Converts between element types; a plain copy when they are the same.
 void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n) {
   if (src_dtype == dst_dtype) {
@@ -146,33 +154,52 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
 
   Event all_gather(const void* send, void* recv, size_t count, DType dtype) override {
     const bool in_place = backend::check_all_gather(send, recv, count, dtype, rank_, size_);
-    const size_t block_bytes = count * dtype_size(dtype);
-    return launch(CollectiveOp::kAllGather, count, dtype, block_bytes * size_,
+    return launch(CollectiveOp::kAllGather, count, dtype, count * size_,
                   [=] { run_all_gather(in_place ? nullptr : send, recv, count, dtype); });
   }
 
   Event reduce_scatter(const void* send, void* recv, size_t count, DType dtype) override {
     const bool in_place = backend::check_reduce_scatter(send, recv, count, dtype, rank_, size_);
-    const size_t block_bytes = count * dtype_size(dtype);
-    return launch(CollectiveOp::kReduceScatter, count, dtype, block_bytes * size_,
+    return launch(CollectiveOp::kReduceScatter, count, dtype, count * size_,
                   [=] { run_reduce_scatter(send, recv, count, dtype, in_place); });
   }
 
   Event all_reduce(const void* send, void* recv, size_t count, DType dtype) override {
     const bool in_place = backend::check_all_reduce(send, recv, count, dtype, size_);
-    return launch(CollectiveOp::kAllReduce, count, dtype, count * dtype_size(dtype),
+    return launch(CollectiveOp::kAllReduce, count, dtype, count,
                   [=] { run_all_reduce(in_place ? nullptr : send, recv, count, dtype); });
   }
 
   Event broadcast(void* buffer, size_t count, DType dtype, int root) override {
     backend::check_broadcast(buffer, count, dtype, root, size_);
-    return launch(CollectiveOp::kBroadcast, count, dtype, count * dtype_size(dtype),
+    return launch(CollectiveOp::kBroadcast, count, dtype, count,
                   [=] { run_broadcast(buffer, count, dtype, root); });
   }
 
   Event barrier() override {
     return launch(CollectiveOp::kBarrier, 0, DType::kFloat32, 0,
                   [this] { ZERO_MPI_CHECK(MPI_Barrier(mpi_comm_)); });
+  }
+
+  size_t staging_bytes(CollectiveOp op, size_t count, DType dtype) const override {
+    return staged_elements(op, count, dtype) * sizeof(float);
+  }
+
+  void set_staging_buffer(void* data, size_t bytes) override {
+    ZERO_CHECK(data != nullptr || bytes == 0,
+               "set_staging_buffer: null buffer of " << bytes << " bytes");
+    ZERO_CHECK(reinterpret_cast<uintptr_t>(data) % alignof(float) == 0,
+               "set_staging_buffer: buffer " << data << " is not aligned for fp32 (4 bytes)");
+    // The worker may be staging in the old buffer until the queue drains; after that it is
+    // idle, and the next enqueue orders these writes before its next read.
+    stream_->synchronize();
+    staging_ = {true, static_cast<float*>(data), bytes};
+    std::vector<float>().swap(own_staging_);
+  }
+
+  void clear_staging_buffer() override {
+    stream_->synchronize();
+    staging_ = {};
   }
 
  private:
@@ -186,12 +213,16 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
     Clock::time_point start;
   };
 
-  // Counts, numbers and records the op, then enqueues `body` between the watchdog's start and
-  // stop marks, preceded by the desync check when that is on (decided now, so a later
-  // set_desync_check never changes a collective already queued on some ranks).
+  // Counts (`wire_elements`: the elements of the buffer its MPI calls send), numbers and
+  // records the op, then enqueues `body` between the watchdog's start and stop marks, preceded
+  // by the desync check when that is on (decided now, so a later set_desync_check never changes
+  // a collective already queued on some ranks) and by the staging check.
   template <typename Body>
-  Event launch(CollectiveOp op, size_t count, DType dtype, uint64_t buffer_bytes, Body body) {
-    const uint64_t sequence = record_launch(op, count, dtype, buffer_bytes);
+  Event launch(CollectiveOp op, size_t count, DType dtype, uint64_t wire_elements, Body body) {
+    // The ring lower bound of the MPI calls made, in the element type they carry.
+    const uint64_t wire_bytes = wire_elements * dtype_size(wire_dtype(op, dtype));
+    const uint64_t sequence =
+        record_launch(op, count, dtype, bytes_sent_per_rank(op, wire_bytes, size_));
     const bool check_desync = desync_check();
     return stream_->enqueue([this, op, sequence, count, dtype, check_desync, body] {
       recorder_.started(sequence);
@@ -202,6 +233,7 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
       } stop_on_exit{this};
       try {
         if (check_desync) agree_on_collective(sequence, op, dtype, count);
+        check_staging(op, count, dtype);
         body();
       } catch (const std::exception& e) {
         recorder_.finished(sequence, false);
@@ -220,10 +252,46 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
   // Largest piece of `remaining` elements one MPI call may carry (MPI counts are int).
   size_t piece(size_t remaining) const { return std::min(remaining, max_elements_per_call_); }
 
-  // A reusable fp32 buffer of at least n elements, owned by the worker thread.
-  float* scratch(size_t n) {
-    if (scratch_.size() < n) scratch_.resize(n);
-    return scratch_.data();
+  // fp32 elements one collective stages at a time (the most, in place or not; see run_*):
+  // a reduce-scatter of 16-bit floats, or one split into pieces, stages every rank's piece; an
+  // fp32 reduce-scatter in place its result (MPI forbids recv inside send); an all-reduce of
+  // 16-bit floats one piece. A function of op, count, dtype, world size and per-call limit only,
+  // so that every rank finds the same need and check_staging fails on all ranks or on none.
+  size_t staged_elements(CollectiveOp op, size_t count, DType dtype) const {
+    switch (op) {
+      case CollectiveOp::kReduceScatter:
+        if (dtype == DType::kFloat32 && count <= max_elements_per_call_) return count;
+        return piece(count) * static_cast<size_t>(size_);
+      case CollectiveOp::kAllReduce:
+        return dtype == DType::kFloat32 ? 0 : piece(count);
+      case CollectiveOp::kAllGather:
+      case CollectiveOp::kBroadcast:
+      case CollectiveOp::kBarrier:
+        return 0;
+    }
+    return 0;
+  }
+
+  // Before any MPI call of the collective: a provided buffer too small for it is an error here,
+  // on every rank alike, instead of a write past its end.
+  void check_staging(CollectiveOp op, size_t count, DType dtype) const {
+    if (!staging_.provided) return;
+    const size_t needed = staging_bytes(op, count, dtype);
+    ZERO_CHECK(needed <= staging_.bytes, collective_op_name(op)
+                                             << " of " << count << " elements of "
+                                             << dtype_name(dtype) << " needs " << needed
+                                             << " bytes of staging memory, but the staging buffer "
+                                                "provided (set_staging_buffer) holds "
+                                             << staging_.bytes << " bytes");
+  }
+
+  // The fp32 staging memory of one collective, staged_elements(op, count, dtype) long: the
+  // provided buffer (check_staging has compared the sizes), else the worker's own, grown to fit.
+  float* staging(CollectiveOp op, size_t count, DType dtype) {
+    if (staging_.provided) return staging_.data;
+    const size_t n = staged_elements(op, count, dtype);
+    if (own_staging_.size() < n) own_staging_.resize(n);
+    return own_staging_.data();
   }
 
   // send == nullptr: in place (this rank's block of recv already holds its contribution).
@@ -256,20 +324,21 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
   void run_reduce_scatter(const void* send, void* recv, size_t count, DType dtype, bool in_place) {
     if (count == 0) return;
     if (dtype == DType::kFloat32 && count <= max_elements_per_call_) {
-      // In place, recv lies inside send, which MPI forbids: reduce into scratch, then copy.
-      float* out = in_place ? scratch(count) : static_cast<float*>(recv);
+      // In place, recv lies inside send, which MPI forbids: reduce into staging, then copy.
+      float* out = in_place ? staging(CollectiveOp::kReduceScatter, count, dtype)
+                            : static_cast<float*>(recv);
       ZERO_MPI_CHECK(MPI_Reduce_scatter_block(send, out, static_cast<int>(count), MPI_FLOAT,
                                               MPI_SUM, mpi_comm_));
       if (in_place) std::memcpy(recv, out, count * sizeof(float));
       return;
     }
-    // Staged through fp32 scratch, because MPI cannot sum 16-bit floats and because a count
-    // above the per-call limit must be split: each pass gathers elements [offset, offset + n)
-    // of every rank's block into scratch (converting to fp32), sums them in place, and converts
-    // this rank's sum (left at the front of scratch) back into recv. In place, a pass writes
-    // only the range of this rank's block that it has already read.
+    // Staged in fp32, because MPI cannot sum 16-bit floats and because a count above the
+    // per-call limit must be split: each pass gathers elements [offset, offset + n) of every
+    // rank's block into staging (converting to fp32), sums them in place, and converts this
+    // rank's sum (left at the front of staging) back into recv. In place, a pass writes only the
+    // range of this rank's block that it has already read.
     const size_t elem = dtype_size(dtype);
-    float* staged = scratch(piece(count) * static_cast<size_t>(size_));
+    float* staged = staging(CollectiveOp::kReduceScatter, count, dtype);
     for (size_t offset = 0; offset < count;) {
       const size_t n = piece(count - offset);
       for (int r = 0; r < size_; ++r) {
@@ -295,7 +364,7 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
                                      static_cast<int>(n), MPI_FLOAT, MPI_SUM, mpi_comm_));
       } else {
         // MPI cannot sum 16-bit floats: sum in fp32 and round once, as the interface promises.
-        float* staged = scratch(n);
+        float* staged = staging(CollectiveOp::kAllReduce, count, dtype);
         convert(piece_send, dtype, staged, DType::kFloat32, n);
         ZERO_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, staged, static_cast<int>(n), MPI_FLOAT, MPI_SUM,
                                      mpi_comm_));
@@ -345,8 +414,15 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
 
   const size_t max_elements_per_call_;
 
-  // Worker thread only.
-  std::vector<float> scratch_;
+  // Staging memory: the worker's, between collectives also the caller's (set_staging_buffer
+  // drains the stream before it writes them).
+  struct ProvidedStaging {
+    bool provided = false;
+    float* data = nullptr;
+    size_t bytes = 0;
+  };
+  ProvidedStaging staging_;
+  std::vector<float> own_staging_;
 
   // Shared between the worker and the watchdog, under watch_mutex_.
   Running running_;

@@ -124,6 +124,12 @@ class NcclCommunicatorImpl final : public backend::CommunicatorBase<NcclCommunic
   int device() const override { return device_; }
   Stream& stream() override { return *stream_; }
 
+  // NCCL reduces 16-bit floats natively, on the caller's device buffers (in place included):
+  // nothing is staged, so no collective needs the memory a caller provides.
+  size_t staging_bytes(CollectiveOp, size_t, DType) const override { return 0; }
+  void set_staging_buffer(void*, size_t) override {}
+  void clear_staging_buffer() override {}
+
   void begin_group() override {
     ZERO_CHECK(!in_group_, "begin_group: a group is already open (groups do not nest)");
     ZERO_NCCL_CHECK(ncclGroupStart());
@@ -149,46 +155,54 @@ class NcclCommunicatorImpl final : public backend::CommunicatorBase<NcclCommunic
   Event all_gather(const void* send, void* recv, size_t count, DType dtype) override {
     backend::check_all_gather(send, recv, count, dtype, rank_, size_);
     check_device_buffers(send, recv, count, "all_gather");
+    // NCCL sends every dtype natively: the requested bytes are the bytes on the wire.
     const size_t block_bytes = count * dtype_size(dtype);
-    return launch(CollectiveOp::kAllGather, count, dtype, block_bytes * size_, [=] {
-      ZERO_NCCL_CHECK(ncclAllGather(send, recv, count, nccl_type(dtype), comm_, cuda_stream_));
-    });
+    return launch(
+        CollectiveOp::kAllGather, count, dtype, sent(CollectiveOp::kAllGather, block_bytes * size_),
+        [=] {
+          ZERO_NCCL_CHECK(ncclAllGather(send, recv, count, nccl_type(dtype), comm_, cuda_stream_));
+        });
   }
 
   Event reduce_scatter(const void* send, void* recv, size_t count, DType dtype) override {
     backend::check_reduce_scatter(send, recv, count, dtype, rank_, size_);
     check_device_buffers(send, recv, count, "reduce_scatter");
     const size_t block_bytes = count * dtype_size(dtype);
-    return launch(CollectiveOp::kReduceScatter, count, dtype, block_bytes * size_, [=] {
-      ZERO_NCCL_CHECK(
-          ncclReduceScatter(send, recv, count, nccl_type(dtype), ncclSum, comm_, cuda_stream_));
-    });
+    return launch(CollectiveOp::kReduceScatter, count, dtype,
+                  sent(CollectiveOp::kReduceScatter, block_bytes * size_), [=] {
+                    ZERO_NCCL_CHECK(ncclReduceScatter(send, recv, count, nccl_type(dtype), ncclSum,
+                                                      comm_, cuda_stream_));
+                  });
   }
 
   Event all_reduce(const void* send, void* recv, size_t count, DType dtype) override {
     backend::check_all_reduce(send, recv, count, dtype, size_);
     check_device_buffers(send, recv, count, "all_reduce");
-    return launch(CollectiveOp::kAllReduce, count, dtype, count * dtype_size(dtype), [=] {
-      ZERO_NCCL_CHECK(
-          ncclAllReduce(send, recv, count, nccl_type(dtype), ncclSum, comm_, cuda_stream_));
-    });
+    return launch(CollectiveOp::kAllReduce, count, dtype,
+                  sent(CollectiveOp::kAllReduce, count * dtype_size(dtype)), [=] {
+                    ZERO_NCCL_CHECK(ncclAllReduce(send, recv, count, nccl_type(dtype), ncclSum,
+                                                  comm_, cuda_stream_));
+                  });
   }
 
   Event broadcast(void* buffer, size_t count, DType dtype, int root) override {
     backend::check_broadcast(buffer, count, dtype, root, size_);
     check_device_buffers(buffer, buffer, count, "broadcast");
-    return launch(CollectiveOp::kBroadcast, count, dtype, count * dtype_size(dtype), [=] {
-      ZERO_NCCL_CHECK(
-          ncclBroadcast(buffer, buffer, count, nccl_type(dtype), root, comm_, cuda_stream_));
-    });
+    return launch(CollectiveOp::kBroadcast, count, dtype,
+                  sent(CollectiveOp::kBroadcast, count * dtype_size(dtype)), [=] {
+                    ZERO_NCCL_CHECK(ncclBroadcast(buffer, buffer, count, nccl_type(dtype), root,
+                                                  comm_, cuda_stream_));
+                  });
   }
 
-  // NCCL has no barrier: an all-reduce of one word does the same, and is counted as a barrier.
+  // NCCL has no barrier: an all-reduce of one word does the same. It is counted as a barrier,
+  // with the bytes that all-reduce sends.
   Event barrier() override {
-    return launch(CollectiveOp::kBarrier, 0, DType::kFloat32, 0, [this] {
-      ZERO_NCCL_CHECK(ncclAllReduce(barrier_word_, barrier_word_, 1, ncclFloat32, ncclSum, comm_,
-                                    cuda_stream_));
-    });
+    return launch(CollectiveOp::kBarrier, 0, DType::kFloat32,
+                  bytes_sent_per_rank(CollectiveOp::kAllReduce, sizeof(float), size_), [this] {
+                    ZERO_NCCL_CHECK(ncclAllReduce(barrier_word_, barrier_word_, 1, ncclFloat32,
+                                                  ncclSum, comm_, cuda_stream_));
+                  });
   }
 
  private:
@@ -210,12 +224,17 @@ class NcclCommunicatorImpl final : public backend::CommunicatorBase<NcclCommunic
     check_device_memory(recv, op);
   }
 
-  // Counts, numbers and records the op (on the calling thread, like the MPI backend), runs the
-  // desync check when that is on (over MPI, as the op is issued), and issues it; inside a group
-  // the events are recorded at end_group().
+  // The bytes this rank sends for a buffer of `buffer_bytes` (as NCCL sends it) under `op`.
+  uint64_t sent(CollectiveOp op, uint64_t buffer_bytes) const {
+    return bytes_sent_per_rank(op, buffer_bytes, size_);
+  }
+
+  // Counts (`sent_bytes`: what this rank's NCCL call sends), numbers and records the op (on the
+  // calling thread, like the MPI backend), runs the desync check when that is on (over MPI, as
+  // the op is issued), and issues it; inside a group the events are recorded at end_group().
   template <typename Issue>
-  Event launch(CollectiveOp op, size_t count, DType dtype, uint64_t buffer_bytes, Issue issue) {
-    const uint64_t sequence = record_launch(op, count, dtype, buffer_bytes);
+  Event launch(CollectiveOp op, size_t count, DType dtype, uint64_t sent_bytes, Issue issue) {
+    const uint64_t sequence = record_launch(op, count, dtype, sent_bytes);
     if (desync_check()) agree_on_collective(sequence, op, dtype, count);
     Pending p;
     p.op = op;

@@ -1,5 +1,6 @@
 // The MPI communicator on 1-4 ranks: every op on every dtype, out of place and in place, at
-// sizes from 0 up, whole and split into pieces; counters; async sequences; argument checks.
+// sizes from 0 up, whole and split into pieces; counters of the bytes the MPI calls send; the
+// staging memory, the communicator's own or provided; async sequences; argument checks.
 //
 // Inputs are small integers, so every sum is exact in fp32, bf16 and fp16 whatever the order
 // of reduction, and the expected result is known exactly.
@@ -7,12 +8,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "tests/expect_error.h"
 #include "zero/kernels/check.h"
 
 namespace zero {
@@ -256,7 +259,7 @@ TEST(Communicator, CountersFollowTheRingFormulas) {
   std::vector<uint16_t> h(64 * n), g(64 * n);
 
   comm->all_reduce(a.data(), b.data(), 1000, DType::kFloat32);   // S = 4000
-  comm->all_reduce(h.data(), h.data(), 1, DType::kFloat16);      // S = 2: rounds down
+  comm->all_reduce(h.data(), h.data(), 1, DType::kFloat16);      // S = 4 (fp32): rounds down
   comm->all_gather(h.data(), g.data(), 10, DType::kBFloat16);    // S = 20 n
   comm->reduce_scatter(a.data(), b.data(), 6, DType::kFloat32);  // S = 24 n
   comm->broadcast(a.data(), 7, DType::kFloat32, 0);              // S = 28
@@ -265,8 +268,8 @@ TEST(Communicator, CountersFollowTheRingFormulas) {
 
   const CommCounters& c = comm->counters();
   auto at = [](CollectiveOp op) { return static_cast<size_t>(op); };
-  // 2 * 2 * (n - 1) / n rounded down for the one-element fp16 all-reduce: 0, 2, 2, 3.
-  const uint64_t tiny_all_reduce[] = {0, 2, 2, 3};
+  // 2 * 4 * (n - 1) / n rounded down for the one-element fp16 all-reduce: 0, 4, 5, 6.
+  const uint64_t tiny_all_reduce[] = {0, 4, 5, 6};
   EXPECT_EQ(c.bytes[at(CollectiveOp::kAllReduce)], 8000 * m / n + tiny_all_reduce[n - 1]);
   EXPECT_EQ(c.bytes[at(CollectiveOp::kAllGather)], 20 * m);
   EXPECT_EQ(c.bytes[at(CollectiveOp::kReduceScatter)], 24 * m);
@@ -278,6 +281,160 @@ TEST(Communicator, CountersFollowTheRingFormulas) {
   EXPECT_EQ(c.calls[at(CollectiveOp::kBroadcast)], 2u);
   EXPECT_EQ(c.calls[at(CollectiveOp::kBarrier)], 1u);
   EXPECT_EQ(c.total_bytes(), 8000 * m / n + tiny_all_reduce[n - 1] + 44 * m + 28);
+}
+
+// The MPI backend sums 16-bit floats in fp32, so its 16-bit reductions send 4 bytes an element;
+// moves send 16-bit floats as they are. The counters must say what went over MPI, not what was
+// asked for: at 2 or more ranks a bf16 or fp16 reduction counts twice the requested bytes.
+TEST(Communicator, CountersCountTheBytesTheMpiCallsSend) {
+  auto comm = make_mpi_communicator();
+  const uint64_t n = static_cast<uint64_t>(comm->world_size()), m = n - 1;
+  std::vector<float> a(1000 * n), b(1000 * n);
+  auto at = [](CollectiveOp op) { return static_cast<size_t>(op); };
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+    const std::string what = dtype_name(dtype);
+    const CommCounters before = comm->counters();
+    comm->reduce_scatter(a.data(), b.data(), 10, dtype);  // 10 n elements, sent as fp32
+    comm->all_reduce(a.data(), b.data(), 100, dtype);     // 100 elements, sent as fp32
+    comm->all_gather(a.data(), b.data(), 10, dtype);      // 10 n elements, sent as they are
+    comm->broadcast(a.data(), 7, dtype, 0);               // 7 elements, sent as they are
+    comm->barrier_sync();
+    const CommCounters& after = comm->counters();
+    auto sent = [&](CollectiveOp op) { return after.bytes[at(op)] - before.bytes[at(op)]; };
+    const uint64_t elem = dtype_size(dtype);
+    EXPECT_EQ(sent(CollectiveOp::kReduceScatter), 10 * n * 4 * m / n) << what;
+    EXPECT_EQ(sent(CollectiveOp::kAllReduce), 100 * 4 * 2 * m / n) << what;
+    EXPECT_EQ(sent(CollectiveOp::kAllGather), 10 * n * elem * m / n) << what;
+    EXPECT_EQ(sent(CollectiveOp::kBroadcast), 7 * elem) << what;
+  }
+}
+
+// What staging_bytes promises: fp32 memory for the reductions MPI cannot do on the caller's
+// buffers, per piece when a collective is split, and nothing for the rest.
+TEST(Communicator, StagingBytesOfEachCollective) {
+  auto whole = make_mpi_communicator();
+  auto split = make_mpi_communicator(1000);
+  const size_t n = static_cast<size_t>(whole->world_size());
+  for (DType half : {DType::kBFloat16, DType::kFloat16}) {
+    EXPECT_EQ(whole->staging_bytes(CollectiveOp::kReduceScatter, 65537, half), 65537 * n * 4);
+    EXPECT_EQ(whole->staging_bytes(CollectiveOp::kAllReduce, 65537, half), 65537 * 4u);
+    EXPECT_EQ(split->staging_bytes(CollectiveOp::kReduceScatter, 65537, half), 1000 * n * 4);
+    EXPECT_EQ(split->staging_bytes(CollectiveOp::kAllReduce, 65537, half), 1000 * 4u);
+  }
+  // fp32: an in-place reduce-scatter reduces into staging (MPI forbids recv inside send).
+  EXPECT_EQ(whole->staging_bytes(CollectiveOp::kReduceScatter, 65537, DType::kFloat32), 65537 * 4u);
+  EXPECT_EQ(split->staging_bytes(CollectiveOp::kReduceScatter, 65537, DType::kFloat32),
+            1000 * n * 4);
+  for (Communicator* comm : {whole.get(), split.get()}) {
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+      EXPECT_EQ(comm->staging_bytes(CollectiveOp::kAllGather, 65537, dtype), 0u);
+      EXPECT_EQ(comm->staging_bytes(CollectiveOp::kBroadcast, 65537, dtype), 0u);
+      EXPECT_EQ(comm->staging_bytes(CollectiveOp::kReduceScatter, 0, dtype), 0u);
+    }
+    EXPECT_EQ(comm->staging_bytes(CollectiveOp::kAllReduce, 65537, DType::kFloat32), 0u);
+    EXPECT_EQ(comm->staging_bytes(CollectiveOp::kBarrier, 0, DType::kFloat32), 0u);
+  }
+}
+
+// A provided buffer is where the staging happens: after a bf16 reduction, its front holds this
+// rank's fp32 sums (where MPI_IN_PLACE leaves them). After clear_staging_buffer it is no longer
+// touched, and the communicator stages in its own memory again.
+TEST(Communicator, ProvidedStagingBufferIsWhereReductionsStage) {
+  auto comm = make_mpi_communicator();
+  const int rank = comm->rank(), n = comm->world_size();
+  const size_t count = 1001;
+  const DType dtype = DType::kBFloat16;
+  const size_t needed = std::max(comm->staging_bytes(CollectiveOp::kReduceScatter, count, dtype),
+                                 comm->staging_bytes(CollectiveOp::kAllReduce, count, dtype));
+  const float untouched = -1000.0f;  // no sum of values in [-4, 4] over 4 ranks
+  std::vector<float> provided(needed / sizeof(float), untouched);
+  Buffer send(dtype, count * n), recv(dtype, count);
+  for (size_t i = 0; i < count * n; ++i) send.set(i, value(rank, i));
+  auto shard_sum = [&](size_t i) {
+    float s = 0;
+    for (int r = 0; r < n; ++r) s += value(r, rank * count + i);
+    return s;
+  };
+  auto whole_sum = [&](size_t i) {
+    float s = 0;
+    for (int r = 0; r < n; ++r) s += value(r, i);
+    return s;
+  };
+  auto staged = [&](auto expected) {
+    for (size_t i = 0; i < count; ++i) {
+      if (provided[i] != expected(i)) {
+        return ::testing::AssertionFailure()
+               << "staging element " << i << " is " << provided[i] << ", expected " << expected(i);
+      }
+    }
+    return ::testing::AssertionSuccess();
+  };
+
+  comm->set_staging_buffer(provided.data(), needed);
+  comm->reduce_scatter_sync(send.data(), recv.data(), count, dtype);
+  EXPECT_TRUE(matches(recv, count, shard_sum));
+  EXPECT_TRUE(staged(shard_sum));
+  comm->all_reduce_sync(send.data(), recv.data(), count, dtype);
+  EXPECT_TRUE(matches(recv, count, whole_sum));
+  EXPECT_TRUE(staged(whole_sum));
+
+  comm->clear_staging_buffer();
+  std::fill(provided.begin(), provided.end(), untouched);
+  comm->reduce_scatter_sync(send.data(), recv.data(), count, dtype);
+  EXPECT_TRUE(matches(recv, count, shard_sum));
+  comm->all_reduce_sync(send.data(), recv.data(), count, dtype);
+  EXPECT_TRUE(matches(recv, count, whole_sum));
+  EXPECT_TRUE(staged([&](size_t) { return untouched; }));
+}
+
+// A provided buffer smaller than a collective needs fails that collective before any MPI call,
+// on every rank alike (the need is the same everywhere), so no rank is left inside MPI: were
+// one rank to go on into MPI_Reduce_scatter_block, destroying its communicator would wait for
+// it, and the test would hang until the watchdog ended the job.
+TEST(Communicator, TooSmallStagingBufferFailsTheCollectiveOnEveryRank) {
+  const size_t count = 1001;
+  for (DType dtype : {DType::kBFloat16, DType::kFloat32}) {
+    auto comm = make_mpi_communicator();
+    const int n = comm->world_size();
+    const size_t needed = comm->staging_bytes(CollectiveOp::kReduceScatter, count, dtype);
+    std::vector<float> provided(needed / sizeof(float) - 1);
+    comm->set_staging_buffer(provided.data(), needed - sizeof(float));
+    Buffer send(dtype, count * n), recv(dtype, count);
+    // fp32 stages only in place, but its need counts for both forms, so that which form a rank
+    // calls can never make the ranks disagree.
+    const Event event = comm->reduce_scatter(send.data(), recv.data(), count, dtype);
+    const std::string expected = std::string("reduce_scatter of 1001 elements of ") +
+                                 dtype_name(dtype) + " needs " + std::to_string(needed) +
+                                 " bytes of staging memory, but the staging buffer provided "
+                                 "(set_staging_buffer) holds " +
+                                 std::to_string(needed - sizeof(float)) + " bytes";
+    testing::expect_error_naming([&] { event.wait(); }, expected);
+  }
+  make_mpi_communicator()->barrier_sync();
+}
+
+TEST(Communicator, StagingBufferOfNoBytesServesCollectivesThatStageNothing) {
+  auto comm = make_mpi_communicator();
+  const int n = comm->world_size();
+  comm->set_staging_buffer(nullptr, 0);
+  std::vector<float> ones(10 * n, 1.0f), sums(10);
+  comm->all_reduce_sync(ones.data(), sums.data(), 10, DType::kFloat32);
+  for (float sum : sums) EXPECT_EQ(sum, static_cast<float>(n));
+  Buffer shard(DType::kBFloat16, 10), gathered(DType::kBFloat16, 10 * n);
+  for (size_t i = 0; i < 10; ++i) shard.set(i, value(comm->rank(), i));
+  comm->all_gather_sync(shard.data(), gathered.data(), 10, DType::kBFloat16);
+  EXPECT_TRUE(
+      matches(gathered, 10 * n, [&](size_t i) { return value(static_cast<int>(i / 10), i % 10); }));
+}
+
+TEST(Communicator, SetStagingBufferRejectsNullAndMisalignedMemory) {
+  auto comm = make_mpi_communicator();
+  std::vector<float> memory(8);
+  testing::expect_error_naming([&] { comm->set_staging_buffer(nullptr, 16); },
+                               "set_staging_buffer: null buffer of 16 bytes");
+  testing::expect_error_naming(
+      [&] { comm->set_staging_buffer(reinterpret_cast<char*>(memory.data()) + 2, 16); },
+      "is not aligned for fp32");
 }
 
 TEST(Communicator, RejectsBadArguments) {

@@ -12,20 +12,17 @@
 #include <cstdint>
 #include <string>
 
+#include "zero/collectives/collective_table.h"
 #include "zero/collectives/stream.h"
 #include "zero/kernels/dtype.h"
 
 namespace zero {
 
-enum class CollectiveOp : uint8_t { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kBarrier };
-constexpr int kNumCollectiveOps = 5;
-
-// all_gather, reduce_scatter, all_reduce, broadcast, barrier.
-const char* collective_op_name(CollectiveOp op);
-
-// Bytes this rank sent, per op, counted as the ring algorithm moves them for a buffer of S
-// bytes over N ranks: all-reduce 2(N-1)/N·S, reduce-scatter and all-gather (N-1)/N·S,
-// broadcast S (pipelined), barrier 0. Exact integers: S·k·(N-1)/N rounded down.
+// Bytes this rank sent, per op, as the backend's own calls move them: the element type on the
+// wire is the backend's (the MPI backend sums 16-bit floats in fp32, so its 16-bit reductions
+// count 4 bytes an element; NCCL's move them natively at 2), times the op's ring share
+// (collective_table.h): all-reduce 2(N-1)/N·S, reduce-scatter and all-gather (N-1)/N·S,
+// broadcast S, barrier 0, where S is the buffer as sent. Exact integers, rounded down.
 struct CommCounters {
   std::array<uint64_t, kNumCollectiveOps> bytes{};
   std::array<uint64_t, kNumCollectiveOps> calls{};
@@ -79,6 +76,32 @@ class Communicator {
   // on a fatal error. The communicator prints it itself when its watchdog or desync check
   // aborts the job, or when a collective fails.
   virtual std::string flight_record() const = 0;
+
+  // Staging memory: what a backend needs besides the caller's buffers. The MPI backend stages
+  // in host fp32 memory the reductions MPI cannot do on the caller's buffers (MPI has no 16-bit
+  // float sum; an in-place reduce-scatter's result must not land inside its input); NCCL needs
+  // none. Without a provided buffer a backend allocates its own and keeps it (tests,
+  // benchmarks); a runtime that accounts for all its memory provides one instead.
+  //
+  // The bytes one call of `op` on `count` elements of `dtype` needs (in place or not; 0 when
+  // none). A pure function of its arguments, the world size and the backend's per-call limit:
+  // every rank computes the same figure.
+  virtual size_t staging_bytes(CollectiveOp op, size_t count, DType dtype) const = 0;
+
+  // Uses `bytes` of the caller's memory at `data` (host memory, 4-byte aligned; null only when
+  // bytes is 0) for staging from now on, and frees the backend's own. The caller keeps it valid
+  // until clear_staging_buffer(), the next set_staging_buffer() or the communicator's end.
+  // Waits for the collectives already enqueued first (they may be using the old buffer), so
+  // call it between phases of work, not per collective; rethrows the stream's error if one
+  // failed. Call it alike on every rank: a collective whose staging_bytes exceed `bytes` fails,
+  // as collectives fail on the stream (its event rethrows, the report names op, count, dtype,
+  // the bytes needed and provided), and since the figure is the same everywhere, it fails on
+  // every rank at the same collective and none is left waiting inside MPI.
+  virtual void set_staging_buffer(void* data, size_t bytes) = 0;
+
+  // Back to the backend's own staging memory (after waiting, as set_staging_buffer does): what
+  // an owner calls before it frees the memory it provided.
+  virtual void clear_staging_buffer() = 0;
 
   // Blocking forms: enqueue, then wait.
   void all_gather_sync(const void* send, void* recv, size_t count, DType dtype) {
