@@ -182,7 +182,7 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
   }
 
   size_t staging_bytes(CollectiveOp op, size_t count, DType dtype) const override {
-    return staged_elements(op, count, dtype) * sizeof(float);
+    return mpi_staging_bytes(op, count, dtype, size_, max_elements_per_call_);
   }
 
   void set_staging_buffer(void* data, size_t bytes) override {
@@ -252,26 +252,6 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
   // Largest piece of `remaining` elements one MPI call may carry (MPI counts are int).
   size_t piece(size_t remaining) const { return std::min(remaining, max_elements_per_call_); }
 
-  // fp32 elements one collective stages at a time (the most, in place or not; see run_*):
-  // a reduce-scatter of 16-bit floats, or one split into pieces, stages every rank's piece; an
-  // fp32 reduce-scatter in place its result (MPI forbids recv inside send); an all-reduce of
-  // 16-bit floats one piece. A function of op, count, dtype, world size and per-call limit only,
-  // so that every rank finds the same need and check_staging fails on all ranks or on none.
-  size_t staged_elements(CollectiveOp op, size_t count, DType dtype) const {
-    switch (op) {
-      case CollectiveOp::kReduceScatter:
-        if (dtype == DType::kFloat32 && count <= max_elements_per_call_) return count;
-        return piece(count) * static_cast<size_t>(size_);
-      case CollectiveOp::kAllReduce:
-        return dtype == DType::kFloat32 ? 0 : piece(count);
-      case CollectiveOp::kAllGather:
-      case CollectiveOp::kBroadcast:
-      case CollectiveOp::kBarrier:
-        return 0;
-    }
-    return 0;
-  }
-
   // Before any MPI call of the collective: a provided buffer too small for it is an error here,
   // on every rank alike, instead of a write past its end.
   void check_staging(CollectiveOp op, size_t count, DType dtype) const {
@@ -285,11 +265,11 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
                                              << staging_.bytes << " bytes");
   }
 
-  // The fp32 staging memory of one collective, staged_elements(op, count, dtype) long: the
+  // The fp32 staging memory of one collective, staging_bytes(op, count, dtype) long: the
   // provided buffer (check_staging has compared the sizes), else the worker's own, grown to fit.
   float* staging(CollectiveOp op, size_t count, DType dtype) {
     if (staging_.provided) return staging_.data;
-    const size_t n = staged_elements(op, count, dtype);
+    const size_t n = staging_bytes(op, count, dtype) / sizeof(float);
     if (own_staging_.size() < n) own_staging_.resize(n);
     return own_staging_.data();
   }
@@ -431,6 +411,32 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
 };
 
 }  // namespace
+
+// fp32 elements one collective stages at a time (the most, in place or not; see run_*): a
+// reduce-scatter of 16-bit floats, or one split into pieces, stages every rank's piece; an fp32
+// reduce-scatter in place its result (MPI forbids recv inside send); an all-reduce of 16-bit
+// floats one piece. A function of op, count, dtype, world size and per-call limit only, so that
+// every rank finds the same need and check_staging fails on all ranks or on none.
+size_t mpi_staging_bytes(CollectiveOp op, size_t count, DType dtype, int world_size,
+                         size_t max_elements_per_call) {
+  const size_t piece = std::min(count, max_elements_per_call);
+  size_t elements = 0;
+  switch (op) {
+    case CollectiveOp::kReduceScatter:
+      elements = dtype == DType::kFloat32 && count <= max_elements_per_call
+                     ? count
+                     : piece * static_cast<size_t>(world_size);
+      break;
+    case CollectiveOp::kAllReduce:
+      elements = dtype == DType::kFloat32 ? 0 : piece;
+      break;
+    case CollectiveOp::kAllGather:
+    case CollectiveOp::kBroadcast:
+    case CollectiveOp::kBarrier:
+      break;
+  }
+  return elements * sizeof(float);
+}
 
 std::unique_ptr<Communicator> make_mpi_communicator() {
   return make_mpi_communicator(static_cast<size_t>(INT_MAX));

@@ -534,10 +534,12 @@ int main(int argc, char** argv) {
     if (static_cast<int>(failed.size()) == mpi.world_size()) {
       if (rank == 0) std::cerr << "zero-train: " << error << "\n";
     } else if (!error.empty()) {
-      std::cerr << "zero-train: rank " << rank << ": " << error << "\n";
+      // One write per line: the ranks share the terminal, and std::cerr writes each << apart.
+      std::cerr << ("zero-train: rank " + std::to_string(rank) + ": " + error + "\n");
     } else {
-      std::cerr << "zero-train: rank " << rank << ": stopping, rank " << failed[0]
-                << " could not read its command line or config (its message says why)\n";
+      std::cerr << ("zero-train: rank " + std::to_string(rank) + ": stopping, rank " +
+                    std::to_string(failed[0]) +
+                    " could not read its command line or config (its message says why)\n");
     }
     return 2;
   }

@@ -125,15 +125,19 @@ DType reduction_dtype(const EngineConfig& config) {
 // Collectives grouped as DeepSpeed's bucket keys ask: consecutive units, in the order their
 // collectives are issued, packed into one collective while their elements fit in `limit`
 // elements (a unit larger than it goes alone; 0: one collective per unit). Units themselves
-// stay the registered modules: packing groups collectives, it never widens a gather.
+// stay the registered modules: packing groups collectives, it never widens a gather. A pack
+// never exceeds two of the largest unit either: its fusion buffer then costs no more than the
+// double-buffered gradient buckets beside it, where DeepSpeed's usual 5e8 would hold a whole
+// small model's gradient once more.
 std::vector<std::vector<int>> pack_units(const Layout& layout, size_t limit, bool backward) {
+  const size_t cap = limit == 0 ? 0 : std::min(limit, 2 * layout.max_unit_numel());
   std::vector<std::vector<int>> packs;
   size_t numel = 0;
   const int n = static_cast<int>(layout.units().size());
   for (int i = 0; i < n; ++i) {
     const int u = backward ? n - 1 - i : i;
     const size_t unit_numel = layout.units()[u].numel;
-    if (packs.empty() || limit == 0 || numel + unit_numel > limit) {
+    if (packs.empty() || cap == 0 || numel + unit_numel > cap) {
       packs.emplace_back();
       numel = 0;
     }
@@ -195,6 +199,37 @@ struct PackedCollectives {
   }
   bool fused(int u) const { return packs[pack_of[u]].size() > 1; }
 };
+
+// Bytes of staging memory a collective needs in the communicator: what the MPI backend sums
+// 16-bit gradients in (fp32), given to it from the engine's allocator so that it is counted
+// and under the memory limit.
+using StagingBytes = std::function<size_t(CollectiveOp, size_t, DType)>;
+
+// The most staging any of the engine's step collectives needs: each reduction (alone or
+// packed) and the norm's all-reduce; all-gathers stage nothing.
+size_t max_staging_bytes(const Layout& layout, const EngineConfig& config,
+                         const StagingBytes& staging) {
+  const DType wire = reduction_dtype(config);
+  const bool all_reduce = config.stage == 0 || !config.reduce_scatter;
+  const CollectiveOp op = all_reduce ? CollectiveOp::kAllReduce : CollectiveOp::kReduceScatter;
+  const size_t ranks = static_cast<size_t>(layout.world_size());
+  size_t most = staging(CollectiveOp::kAllReduce, layout.units().size(), DType::kFloat32);
+  const PackedCollectives packs(layout, config.reduce_bucket_elements, /*backward=*/true);
+  for (size_t p = 0; p < packs.packs.size(); ++p) {
+    const size_t region = packs.region[p];
+    most = std::max(most, staging(op, all_reduce ? ranks * region : region, wire));
+  }
+  return most;
+}
+
+// What the CPU path's communicator (MPI) stages; CUDA's (NCCL) stages nothing.
+size_t planned_staging_bytes(const Layout& layout, const EngineConfig& config) {
+  if (config.device.is_cuda()) return 0;
+  const int ranks = layout.world_size();
+  return max_staging_bytes(layout, config, [ranks](CollectiveOp op, size_t count, DType dtype) {
+    return mpi_staging_bytes(op, count, dtype, ranks);
+  });
+}
 
 // Bytes of each buffer one unit holds at a stage; the single source for plan_memory() and for
 // the engine's allocations, so the estimate and the measurement cannot drift apart.
@@ -274,6 +309,7 @@ MemoryPlan plan_memory(const Layout& layout, const EngineConfig& config) {
   if (uses_grad_buckets(config)) plan.buffers += 2 * max_unit * w;  // double-buffered buckets
   if (needs_fp32_scratch(config)) plan.buffers += max_unit * sizeof(float);
   plan.buffers += fusion_bytes(layout, config);
+  plan.buffers += planned_staging_bytes(layout, config);
   return plan;
 }
 
@@ -454,6 +490,14 @@ struct Engine::Impl {
     param_pool.reserve(param_buffer_count(layout, config));
     grad_pool.reserve(uses_grad_buckets(config) ? 2 : 0);
     fusion = allocator.allocate(fusion_bytes(layout, config), MemoryCategory::kCommBuffer);
+    const size_t staging_bytes =
+        max_staging_bytes(layout, config, [this](CollectiveOp op, size_t count, DType dtype) {
+          return comm.staging_bytes(op, count, dtype);
+        });
+    if (staging_bytes > 0) {
+      staging = allocator.allocate(staging_bytes, MemoryCategory::kCommBuffer);
+      comm.set_staging_buffer(staging.data(), staging.bytes());
+    }
     if (needs_fp32_scratch(config)) {
       fp32_scratch =
           allocator.allocate(layout.max_unit_numel() * sizeof(float), MemoryCategory::kCommBuffer);
@@ -1157,6 +1201,7 @@ struct Engine::Impl {
   BufferPool grad_pool;
   Buffer fp32_scratch;  // reductions in fp32 of a 16-bit gradient (reduce_in_fp32)
   Buffer fusion;        // packed collectives (see pack_units); one at a time, in stream order
+  Buffer staging;       // the communicator's staging memory (set_staging_buffer)
   PackedCollectives reduce_packs;
   PackedCollectives gather_packs;
   Buffer norm_sums;          // each unit's sum of squared gradients, all-reduced at step()
@@ -1180,6 +1225,8 @@ Engine::~Engine() {
   try {
     impl_->comm.stream().synchronize();
     impl_->device->synchronize();
+    // The communicator outlives the engine: it must not keep staging in memory freed next.
+    if (!impl_->staging.empty()) impl_->comm.clear_staging_buffer();
   } catch (const std::exception&) {
   }
 }

@@ -51,6 +51,13 @@ class DelayedCommunicator final : public Communicator {
   void set_desync_check(bool enabled) override { inner_->set_desync_check(enabled); }
   bool desync_check() const override { return inner_->desync_check(); }
   std::string flight_record() const override { return inner_->flight_record(); }
+  size_t staging_bytes(CollectiveOp op, size_t count, DType dtype) const override {
+    return inner_->staging_bytes(op, count, dtype);
+  }
+  void set_staging_buffer(void* data, size_t bytes) override {
+    inner_->set_staging_buffer(data, bytes);
+  }
+  void clear_staging_buffer() override { inner_->clear_staging_buffer(); }
 
  private:
   void delay() {

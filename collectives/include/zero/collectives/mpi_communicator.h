@@ -1,6 +1,8 @@
 // The MPI backend of the Communicator, on host memory, and the process's MPI session.
 #pragma once
 
+#include <climits>
+
 #include <cstddef>
 #include <memory>
 
@@ -28,6 +30,13 @@ class MpiSession {
   int world_size_ = 1;
   int local_rank_ = 0;
 };
+
+// Bytes of fp32 staging memory one collective of this backend needs (Communicator::
+// staging_bytes of an MPI communicator with that world size and per-call limit): 16-bit
+// reductions are summed in fp32, and an fp32 reduce-scatter stages its result when in place.
+// A pure function, so a memory plan made without MPI agrees with what a run allocates.
+size_t mpi_staging_bytes(CollectiveOp op, size_t count, DType dtype, int world_size,
+                         size_t max_elements_per_call = static_cast<size_t>(INT_MAX));
 
 // Creates the MPI communicator over MPI_COMM_WORLD (duplicated, so our traffic never matches a
 // user's). Timeout from the environment ZERO_COLLECTIVE_TIMEOUT_S when set, else 300 s.
