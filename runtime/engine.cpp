@@ -133,16 +133,20 @@ std::vector<std::vector<int>> pack_units(const Layout& layout, size_t limit, boo
   const size_t cap = limit == 0 ? 0 : std::min(limit, 2 * layout.max_unit_numel());
   std::vector<std::vector<int>> packs;
   size_t numel = 0;
+  bool open = false;  // whether the last pack takes more units
   const int n = static_cast<int>(layout.units().size());
   for (int i = 0; i < n; ++i) {
     const int u = backward ? n - 1 - i : i;
     const size_t unit_numel = layout.units()[u].numel;
-    if (packs.empty() || cap == 0 || numel + unit_numel > cap) {
+    if (!open || numel + unit_numel > cap) {
       packs.emplace_back();
       numel = 0;
     }
     packs.back().push_back(u);
     numel += unit_numel;
+    // The persistent unit is reduced at the step, apart from backward's order: always alone.
+    open = cap > 0 && !layout.units()[u].persistent;
+    if (!open) numel = 0;
   }
   return packs;
 }
@@ -243,8 +247,10 @@ struct UnitBytes {
   int state_arrays = 0;
 };
 
+// Stage 3 keeps the persistent unit (the parameters under stage3_param_persistence_threshold)
+// whole on every rank, and its gradient whole until the step, where it is reduced.
 bool is_persistent(const Unit& unit, const EngineConfig& config) {
-  return config.stage == 3 && unit.numel < config.persistence_threshold;
+  return config.stage == 3 && unit.persistent;
 }
 
 UnitBytes unit_bytes(const Unit& unit, const EngineConfig& config, int state_arrays) {
@@ -258,6 +264,7 @@ UnitBytes unit_bytes(const Unit& unit, const EngineConfig& config, int state_arr
   if (config.stage == 3) b.params_shard = shard * w;
   if (config.dtype != DType::kFloat32) b.master = owned * sizeof(float);
   if (config.stage <= 1) b.grads_full = full * g;
+  if (is_persistent(unit, config)) b.grads_full = full * w;  // backward adds into it directly
   if (config.stage >= 2) b.grads_shard = shard * g;
   b.state = owned * sizeof(float);
   b.state_arrays = state_arrays;
@@ -295,6 +302,16 @@ struct UnitState {
 
 }  // namespace
 
+LayoutOptions layout_options(const EngineConfig& config, int world_size) {
+  LayoutOptions options;
+  options.world_size = world_size;
+  options.dtype = config.dtype;
+  options.alignment_bytes = config.alignment_bytes;
+  options.merge_bytes = config.merge_bytes;
+  options.persistent_below = config.stage == 3 ? config.persistence_threshold : 0;
+  return options;
+}
+
 MemoryPlan plan_memory(const Layout& layout, const EngineConfig& config) {
   const int state_arrays = optimizer_state_arrays(config.optimizer);
   MemoryPlan plan;
@@ -328,8 +345,7 @@ struct Engine::Impl {
         host_comm(owned_host_comm ? *owned_host_comm : c),
         allocator(*device),
         host_allocator(device->pinned_memory()),
-        layout(Layout::build(specs_of(decls), LayoutOptions{c.world_size(), cfg.dtype,
-                                                            cfg.alignment_bytes, cfg.merge_bytes})),
+        layout(Layout::build(specs_of(decls), layout_options(cfg, c.world_size()))),
         optimizer(cfg.optimizer),
         schedule(cfg.lr_schedule),
         loss_scaler(cfg.loss_scaler),
@@ -740,6 +756,10 @@ struct Engine::Impl {
                "grads_ready(" << u << ") called " << s.micro_batches_done + 1
                               << " times before step(); configured micro-batches per step: "
                               << config.micro_batches);
+    ZERO_CHECK(!s.persistent, "grads_ready(" << u << "): unit " << u
+                                             << " holds the persistent parameters "
+                                                "(stage3_param_persistence_threshold); step() "
+                                                "reduces their gradients itself");
     s.micro_batches_done += 1;
     const bool last = s.micro_batches_done == config.micro_batches;
     if (config.stage >= 2) {
@@ -852,6 +872,12 @@ struct Engine::Impl {
   // the update of each rank's slice, the all-gathers that bring the slices back.
   StepStats step() {
     check_ready_for_step();
+    // The persistent unit's gradient was added to by every module's backward: reduce it now.
+    for (size_t u = 0; u < units.size(); ++u) {
+      if (units[u].persistent) {
+        reduce_unit(static_cast<int>(u), units[u].grads_full.data(), config.dtype, false);
+      }
+    }
     for (UnitState& s : units) wait_for_comm(s.grads_reduced);
     const GradientCheck check = check_gradients();
 
@@ -881,6 +907,7 @@ struct Engine::Impl {
 
   void check_ready_for_step() const {
     for (size_t u = 0; u < units.size(); ++u) {
+      if (units[u].persistent) continue;  // reduced by the step itself
       ZERO_CHECK(units[u].micro_batches_done == config.micro_batches,
                  "step() after " << units[u].micro_batches_done << " backward pass(es) of unit "
                                  << u << "; expected " << config.micro_batches
@@ -1060,7 +1087,7 @@ struct Engine::Impl {
   // Gradients start from zero for the next step.
   void finish_step() {
     for (UnitState& s : units) {
-      if (config.stage <= 1) device->zero(s.grads_full.data(), s.grads_full.bytes());
+      if (!s.grads_full.empty()) device->zero(s.grads_full.data(), s.grads_full.bytes());
       s.micro_batches_done = 0;
     }
   }
@@ -1089,7 +1116,9 @@ struct Engine::Impl {
   void* grad(int p) {
     const ParamPlacement& pl = placement(p);
     UnitState& s = units[pl.unit];
-    if (!uses_grad_buckets(config)) return byte_offset(s.grads_full.data(), pl.offset * elem);
+    if (!uses_grad_buckets(config) || s.persistent) {
+      return byte_offset(s.grads_full.data(), pl.offset * elem);
+    }
     if (s.bucket.empty()) s.bucket = grad_pool.acquire(/*zeroed=*/true);
     return byte_offset(s.bucket.data(), pl.offset * elem);
   }

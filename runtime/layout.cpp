@@ -72,10 +72,15 @@ Layout Layout::build(const std::vector<ParamSpec>& specs, const LayoutOptions& o
     layout.params_.push_back(p);
   }
 
-  // Bytes each module needs when its parameters are laid out aligned.
+  const auto is_persistent = [&](const ParamPlacement& p) {
+    return p.numel < options.persistent_below;
+  };
+
+  // Bytes each module needs when its (not persistent) parameters are laid out aligned.
   int num_modules = specs.empty() ? 0 : specs.back().module + 1;
   std::vector<size_t> module_elems(num_modules, 0);
   for (const ParamPlacement& p : layout.params_) {
+    if (is_persistent(p)) continue;
     module_elems[p.module] = round_up(module_elems[p.module], align) + p.numel;
   }
 
@@ -86,8 +91,8 @@ Layout Layout::build(const std::vector<ParamSpec>& specs, const LayoutOptions& o
   for (int m = 0; m < num_modules; ++m) {
     if (module_elems[m] == 0 &&
         std::none_of(layout.params_.begin(), layout.params_.end(),
-                     [m](const ParamPlacement& p) { return p.module == m; }))
-      continue;  // a module that registered nothing has no unit
+                     [&](const ParamPlacement& p) { return p.module == m && !is_persistent(p); }))
+      continue;  // a module with nothing outside the persistent unit has no unit
     size_t merged = round_up(unit_elems, align) + module_elems[m];
     bool fits = !layout.units_.empty() && merged * elem <= options.merge_bytes;
     if (!fits) {
@@ -100,11 +105,21 @@ Layout Layout::build(const std::vector<ParamSpec>& specs, const LayoutOptions& o
     unit_elems = round_up(unit_elems, align) + module_elems[m];
   }
 
+  // The persistent unit comes after every module's, so module units keep their order.
+  int persistent_unit = -1;
+  if (std::any_of(layout.params_.begin(), layout.params_.end(), is_persistent)) {
+    layout.units_.emplace_back();
+    layout.units_.back().persistent = true;
+    layout.units_.back().first_module = -1;
+    layout.units_.back().last_module = -1;
+    persistent_unit = static_cast<int>(layout.units_.size()) - 1;
+  }
+
   // Place the parameters and pad each unit into world_size equal, aligned shards.
   std::vector<size_t> cursor(layout.units_.size(), 0);
   for (size_t i = 0; i < layout.params_.size(); ++i) {
     ParamPlacement& p = layout.params_[i];
-    p.unit = layout.unit_of_module_[p.module];
+    p.unit = is_persistent(p) ? persistent_unit : layout.unit_of_module_[p.module];
     Unit& u = layout.units_[p.unit];
     p.offset = round_up(cursor[p.unit], align);
     cursor[p.unit] = p.offset + p.numel;
@@ -162,6 +177,7 @@ uint64_t Layout::fingerprint(uint64_t extra) const {
   h.add_u64(static_cast<uint64_t>(options_.world_size));
   h.add_u64(options_.alignment_bytes);
   h.add_u64(options_.merge_bytes);
+  h.add_u64(options_.persistent_below);
   h.add_u64(extra);
   return h.value();
 }

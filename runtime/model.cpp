@@ -157,6 +157,17 @@ std::vector<ParamRef> ZeroModel::grads_of(int module) {
   return refs;
 }
 
+namespace {
+
+// The unit of the last module that has one: the last unit, unless the persistent unit (which
+// is always gathered) follows it.
+int last_module_unit(const Layout& layout) {
+  const int n = static_cast<int>(layout.units().size());
+  return n > 0 && layout.units()[n - 1].persistent ? n - 2 : n - 1;
+}
+
+}  // namespace
+
 // Starts the all-gathers of the units after `u`: at least the next one, and more while they fit
 // in stage3_prefetch_bucket_size elements (the engine also holds them to the live budget).
 void ZeroModel::prefetch_after(int u, int direction) {
@@ -206,7 +217,6 @@ void ZeroModel::check_on_engine_device(const Tensor& tensor, const char* what) c
 Tensor ZeroModel::forward(const Tensor& input) {
   check_on_engine_device(input, "the input of forward()");
   const Layout& layout = engine_->layout();
-  const int num_units = static_cast<int>(layout.units().size());
   Tensor current = input;
   for (int m = 0; m < static_cast<int>(modules_.size()); ++m) {
     const int u = layout.unit_of_module(m);
@@ -219,12 +229,13 @@ Tensor ZeroModel::forward(const Tensor& input) {
     Tensor out;
     {
       ScopedSpan span(engine_->trace(), "forward " + modules_[m].name);
-      modules_[m].module->forward(current, out, u >= 0 ? params_of(m) : std::vector<ParamRef>{});
+      modules_[m].module->forward(current, out, params_of(m));
     }
     current = std::move(out);
     if (last_of_unit && !keep_for_backward(u)) engine_->release(u);
-    // Backward starts with the last unit: start its gather now, behind the rest of forward.
-    if (last_of_unit && u == num_units - 1) engine_->prefetch(u);
+    // Backward starts with the last module's unit: start its gather now, behind the rest of
+    // forward (the persistent unit, if any, comes after it and is always gathered).
+    if (last_of_unit && u == last_module_unit(layout)) engine_->prefetch(u);
   }
   return current;
 }
@@ -255,11 +266,7 @@ Tensor ZeroModel::backward(const Tensor& grad_output) {
     Tensor grad_in;
     {
       ScopedSpan span(engine_->trace(), "backward " + modules_[m].name);
-      if (u >= 0) {
-        modules_[m].module->backward(current, grad_in, params_of(m), grads_of(m));
-      } else {
-        modules_[m].module->backward(current, grad_in, {}, {});
-      }
+      modules_[m].module->backward(current, grad_in, params_of(m), grads_of(m));
     }
     current = std::move(grad_in);
     if (first_of_unit) {

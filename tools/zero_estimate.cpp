@@ -197,8 +197,7 @@ int plan_model(const Options& options) {
   config.dtype = options.dtype;
   config.merge_bytes = options.merge_bytes;
   const zero::Layout layout =
-      zero::Layout::build(specs, zero::LayoutOptions{options.ranks, options.dtype,
-                                                     config.alignment_bytes, config.merge_bytes});
+      zero::Layout::build(specs, zero::layout_options(config, options.ranks));
   std::printf("mlp: %zu parameters (%zu padded) in %zu units, %d ranks, %s\n", layout.numel(),
               layout.padded_numel(), layout.units().size(), options.ranks,
               zero::dtype_name(options.dtype));

@@ -2,6 +2,10 @@
 // and the fingerprints the ranks compare at start.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #include "zero/kernels/check.h"
 #include "zero/runtime/layout.h"
 
@@ -33,6 +37,30 @@ TEST(Layout, AlignsEveryParameterAndPadsUnitsIntoEqualShards) {
     EXPECT_EQ(layout.params()[1].offset, 16u);  // a.bias after 15 weights, aligned
     EXPECT_EQ(layout.numel(), 15u + 3u + 100u + 0u + 7u);
   }
+}
+
+// stage3_param_persistence_threshold is per parameter: every parameter under it goes to one
+// persistent unit after the module units, which keep their order; a module whose parameters
+// are all small has no unit of its own.
+TEST(Layout, SmallParametersGoToOnePersistentUnit) {
+  LayoutOptions options{2, DType::kFloat32, 64, 0};
+  options.persistent_below = 10;
+  const Layout layout = Layout::build(three_modules(), options);
+  ASSERT_EQ(layout.units().size(), 3u);  // a, b, and the persistent one (c has only small ones)
+  EXPECT_FALSE(layout.units()[0].persistent);
+  EXPECT_FALSE(layout.units()[1].persistent);
+  EXPECT_TRUE(layout.units()[2].persistent);
+  EXPECT_EQ(layout.unit_of_module(0), 0);
+  EXPECT_EQ(layout.unit_of_module(1), 1);
+  EXPECT_EQ(layout.unit_of_module(2), -1);
+  const std::vector<std::string> persistent = {"a.bias", "c.weight", "c.bias"};
+  for (const ParamPlacement& p : layout.params()) {
+    const bool small = std::find(persistent.begin(), persistent.end(), p.name) != persistent.end();
+    EXPECT_EQ(p.unit, small ? 2 : p.module) << p.name;
+  }
+  EXPECT_EQ(layout.units()[2].params, (std::vector<int>{1, 3, 4}));
+  EXPECT_NE(layout.fingerprint(3),
+            Layout::build(three_modules(), {2, DType::kFloat32, 64, 0}).fingerprint(3));
 }
 
 TEST(Layout, AlignmentFollowsTheElementSize) {

@@ -380,7 +380,8 @@ TEST(Scheduling, OptionsThatMustNotChangeTheNumbers) {
       {"all-reduce instead of reduce-scatter", [](EngineConfig& c) { c.reduce_scatter = false; }},
       {"prefetch everything", [](EngineConfig& c) { c.prefetch_elements = 1u << 30; }},
       {"live budget of one unit", [](EngineConfig& c) { c.max_live_elements = 1; }},
-      {"persistent small units", [](EngineConfig& c) { c.persistence_threshold = 1u << 30; }},
+      {"everything persistent", [](EngineConfig& c) { c.persistence_threshold = 1u << 30; }},
+      {"persistent biases", [](EngineConfig& c) { c.persistence_threshold = 50; }},
       {"reuse at the end of forward", [](EngineConfig& c) { c.max_reuse_distance = 1u << 30; }},
   };
   for (const auto& [name, tweak] : variants) {
@@ -454,6 +455,26 @@ TEST(Scheduling, DeepSpeedBucketSizesKeepStage3Sharded) {
   o.tweak = nullptr;
   const TrainResult stage0 = train(o);
   EXPECT_LT(run.peak_bytes, stage0.peak_bytes) << "stage 0 peak " << stage0.peak_bytes;
+}
+
+// Per parameter, as DeepSpeed: with a threshold between the MLP's biases (24 and 4 elements)
+// and weights (96 and more), stage 3 keeps the biases whole on every rank and still shards and gathers every
+// weight: one more unit, a little more model state, fewer bytes on the wire.
+TEST(Scheduling, PersistenceThresholdIsPerParameter) {
+  const uint64_t n = static_cast<uint64_t>(world_size());
+  RunOptions o;
+  o.stage = 3;
+  o.steps = 2;
+  o.mlp = MlpConfig{8, 24, 4, 5};
+  const TrainResult plain = train(o);
+  o.tweak = [](EngineConfig& c) { c.persistence_threshold = 50; };
+  const TrainResult biases = train(o);
+  EXPECT_EQ(biases.units, plain.units + 1);
+  EXPECT_EQ(biases.losses, plain.losses);
+  if (n < 2) return;
+  EXPECT_GT(biases.model_state_bytes, plain.model_state_bytes);
+  EXPECT_LT(biases.model_state_bytes, plain.model_state_bytes * 5 / 4);
+  EXPECT_LT(biases.comm_bytes[1], plain.comm_bytes[1]);
 }
 
 TEST(Scheduling, ReuseAndPersistenceSaveCommunication) {

@@ -28,6 +28,9 @@ struct LayoutOptions {
   // Neighbouring modules merge into one unit while the unit stays at or below this many bytes;
   // 0 keeps one unit per module. A module larger than the threshold is a unit of its own.
   size_t merge_bytes = 0;
+  // Parameters with fewer elements than this go to one persistent unit after the others, which
+  // stage 3 keeps whole on every rank (stage3_param_persistence_threshold); 0: none.
+  size_t persistent_below = 0;
 };
 
 struct ParamPlacement {
@@ -41,11 +44,12 @@ struct ParamPlacement {
 
 struct Unit {
   std::vector<int> params;  // indices into Layout::params(), in order
-  int first_module = 0;
+  int first_module = 0;     // of a module unit; the persistent unit belongs to no one module
   int last_module = 0;
-  size_t used = 0;   // elements up to the end of the last parameter
-  size_t numel = 0;  // padded: a multiple of world_size * alignment elements
-  size_t shard = 0;  // numel / world_size
+  bool persistent = false;  // the small parameters of every module (persistent_below)
+  size_t used = 0;          // elements up to the end of the last parameter
+  size_t numel = 0;         // padded: a multiple of world_size * alignment elements
+  size_t shard = 0;         // numel / world_size
 };
 
 class Layout {
@@ -58,7 +62,8 @@ class Layout {
   const std::vector<Unit>& units() const { return units_; }
   const LayoutOptions& options() const { return options_; }
   int world_size() const { return options_.world_size; }
-  // Unit holding a module's parameters, or -1 for a module without parameters.
+  // Unit holding a module's parameters (those not in the persistent unit), or -1 for a module
+  // without such parameters.
   int unit_of_module(int module) const;
   int num_modules() const { return static_cast<int>(unit_of_module_.size()); }
 
