@@ -6,7 +6,8 @@
 // Settings come from a DeepSpeed-style config (--config) when given, and command-line flags
 // override it; "auto" in the file takes the flag's value (or its default), as Hugging Face's
 // Trainer does, and rank 0 prints each value it resolved and each config key it ignores. Rank 0
-// prints a memory summary at start and a progress line every steps_per_print steps; --metrics
+// prints a memory summary at start and a progress line every steps_per_print steps (with
+// wall_clock_breakdown, a "time (ms) | forward: ..." line after it, as DeepSpeed); --metrics
 // writes JSON lines (an "init" record, then one "step" record per step); --trace writes a Chrome
 // trace of every rank's compute and collectives.
 // --device cuda trains on each rank's node-local GPU, with NCCL collectives (builds with CUDA).
@@ -351,6 +352,14 @@ std::string json_number(double v) {
   return text;
 }
 
+double to_ms(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double, std::milli>(d).count();
+}
+
+double ms_since(std::chrono::steady_clock::time_point start) {
+  return to_ms(std::chrono::steady_clock::now() - start);
+}
+
 uint64_t max_over_ranks(zero::Communicator& comm, uint64_t value) {
   uint64_t m = 0;
   for (uint64_t v : zero::all_gather_u64(comm, value)) m = v > m ? v : m;
@@ -424,7 +433,8 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::Communicator& c
   for (long step = first_step; step <= f.steps; ++step) {
     const uint64_t bytes_before = comm.counters().total_bytes();
     const auto start = std::chrono::steady_clock::now();
-    std::chrono::steady_clock::duration data_time{};
+    // Host-side timers for wall_clock_breakdown (on CUDA, the time to queue the work).
+    std::chrono::steady_clock::duration data_time{}, forward_time{}, backward_time{};
     float loss_sum = 0.0f;
     for (int k = 0; k < micro_batches; ++k) {
       // Micro-batch k of the global batch is split across ranks in contiguous blocks.
@@ -433,7 +443,9 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::Communicator& c
       const auto data_start = std::chrono::steady_clock::now();
       zero::examples::Batch batch = data.batch(step, first, per_micro_batch);
       data_time += std::chrono::steady_clock::now() - data_start;
+      const auto forward_start = std::chrono::steady_clock::now();
       zero::Tensor prediction = model.forward(batch.inputs.to(device));
+      forward_time += std::chrono::steady_clock::now() - forward_start;
       zero::Tensor grad;
       loss_sum += zero::examples::mse_loss(prediction, batch.targets.to(device), grad);
       const bool faulty = step == f.fault.step && k == micro_batches - 1 && rank == world - 1;
@@ -444,19 +456,22 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::Communicator& c
       }
       if (faulty && f.fault.kind == Fault::kKill) raise(SIGKILL);
       if (faulty && f.fault.kind == Fault::kStop) raise(SIGSTOP);
+      const auto backward_start = std::chrono::steady_clock::now();
       model.backward(grad);
+      backward_time += std::chrono::steady_clock::now() - backward_start;
     }
     if (step == f.fault.step && f.fault.kind == Fault::kSkipStep && rank == world - 1) {
       std::fprintf(stderr, "zero-train: rank %d skips the optimizer step of step %ld\n", rank,
                    step);
       continue;
     }
+    const auto optimizer_start = std::chrono::steady_clock::now();
     const zero::StepStats stats = model.step();
+    const double optimizer_ms = ms_since(optimizer_start);
     float global_loss = 0.0f;
     host.all_reduce_sync(&loss_sum, &global_loss, 1, zero::DType::kFloat32);
     global_loss /= static_cast<float>(world * micro_batches);
-    const double step_ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    const double step_ms = ms_since(start);
     const uint64_t step_bytes = comm.counters().total_bytes() - bytes_before;
     if (f.save_every > 0 && step % f.save_every == 0) {
       zero::save_checkpoint(engine, f.save_dir, zero::TrainerState{step, data_seed},
@@ -477,14 +492,26 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::Communicator& c
           step, f.steps, global_loss, stats.lr, stats.loss_scale, stats.grad_norm, step_ms,
           static_cast<double>(tc.train_batch_size) / (step_ms / 1000.0), mib(step_state),
           mib(peak));
+      if (tc.wall_clock_breakdown) {
+        // DeepSpeed's per-step breakdown, rank 0's timers. The engine reports one wait for all
+        // collectives (reduce-scatters/all-reduces and all-gathers alike): compute blocked on
+        // communication, inside whichever of forward, backward and step it happened.
+        std::printf(
+            "time (ms) | forward: %.2f | backward: %.2f | step: %.2f | data: %.2f | "
+            "comm_wait (reduce+gather): %.2f | comm_busy: %.2f | collectives: %d\n",
+            to_ms(forward_time), to_ms(backward_time), optimizer_ms, to_ms(data_time),
+            stats.comm_wait_ms, stats.comm_busy_ms, stats.collectives);
+      }
       std::fflush(stdout);
     }
     if (metrics.is_open()) {
       metrics << "{\"event\":\"step\",\"step\":" << step << ",\"loss\":" << json_number(global_loss)
               << ",\"grad_norm\":" << json_number(stats.grad_norm)
               << ",\"lr\":" << json_number(stats.lr) << ",\"step_ms\":" << json_number(step_ms)
-              << ",\"data_ms\":"
-              << json_number(std::chrono::duration<double, std::milli>(data_time).count())
+              << ",\"data_ms\":" << json_number(to_ms(data_time))
+              << ",\"collectives\":" << stats.collectives
+              << ",\"comm_busy_ms\":" << json_number(stats.comm_busy_ms)
+              << ",\"comm_wait_ms\":" << json_number(stats.comm_wait_ms)
               << ",\"comm_bytes\":" << step_bytes << ",\"model_state_bytes\":" << step_state
               << ",\"peak_bytes\":" << peak << ",\"loss_scale\":" << json_number(stats.loss_scale)
               << ",\"skipped\":" << (stats.skipped ? "true" : "false") << "}\n";
