@@ -19,19 +19,16 @@
 //    takes the slowest rank's time (the maximum over ranks), and the median is over steps.
 //  - Communication figures are the engine's own StepStats, summed over the measured steps and
 //    ranks: comm_busy_ms (time the communication stream spent running collectives, between
-//    markers queued on that stream right before and after each one) and comm_wait_ms (time the
-//    compute thread was blocked waiting for a collective). comm_ms is busy time per step,
-//    exposed_ms is wait time per step, and overlap_fraction = 1 - sum(wait) / sum(busy): a
-//    collective the compute side never waited for counts as hidden, one it waited for in full
-//    counts as exposed, whatever compute span the wait happened in. (The trace's span union
-//    counted a wait inside the backward span as compute, i.e. as overlap that did not happen.)
-//    A wait also holds the blocked thread's wake-up, so tiny collectives can read wait > busy;
-//    the fraction is clamped to [0, 1]. --overlap-comm 0 (every collective waited for as soon as
-//    it is issued) is the check that the figure is real: it should read about 0 there. It does
-//    not on a machine with fewer cores than busy threads (2 per rank): the communication thread
-//    then runs a collective while the compute thread that issued it is descheduled, the
-//    collective is done before compute asks, and no wait is recorded. There the figure
-//    overstates overlap by about what --overlap-comm 0 reads (BENCHMARKS.md shows both).
+//    markers queued on that stream right before and after each one) and comm_wait_ms (how long
+//    compute was exposed to communication: for each wait, from when compute needed the result
+//    until the stream stamped it done). comm_ms is busy time per step, exposed_ms is wait time
+//    per step, and overlap_fraction = 1 - sum(wait) / sum(busy): a collective done before
+//    compute needed it counts as hidden, one compute needed from its issue counts in full,
+//    whatever compute span the wait happened in. (The trace's span union counted a wait inside
+//    the backward span as compute, i.e. as overlap that did not happen.) Stamps taken by the
+//    stream make the figure independent of when the compute thread happened to be scheduled.
+//    --overlap-comm 0 (every collective needed from its issue) is the check that the figure is
+//    real: it reads 0 there. The fraction is clamped to [0, 1].
 //    compute_ms is the rank's step time minus its wait: what the compute thread spent working
 //    (batch, forward, loss, backward, optimizer). collectives is the count per step. A step's
 //    stats cover what happened since the previous step() returned, so stages 1-2's post-step

@@ -21,6 +21,14 @@ namespace zero {
 
 namespace {
 
+// A point on the communication stream and when the stream passed it, stamped by the stream
+// itself (null for a compute event, or where the stream cannot stamp): a wait for it then
+// knows how long compute was exposed to the communication before it.
+struct CommPoint {
+  Event event;
+  std::shared_ptr<const double> done_us;
+};
+
 // Same-size buffers handed out and given back with the event after which they are free again
 // (e.g. the reduce-scatter that reads a gradient bucket). Buffers come back in the order their
 // collectives were issued and the communication stream runs them in that order, so handing out
@@ -29,7 +37,7 @@ namespace {
 // The capacity is what the memory plan counts; only a required acquire goes past it.
 class BufferPool {
  public:
-  using Waiter = std::function<void(const Event&)>;
+  using Waiter = std::function<void(const CommPoint&)>;
   BufferPool(Allocator& allocator, DeviceContext& device, MemoryCategory category, size_t bytes,
              Waiter wait)
       : allocator_(allocator),
@@ -65,14 +73,14 @@ class BufferPool {
   // For optional work (a prefetch): a buffer only while the plan's buffers are not all out.
   bool can_acquire_within_plan() const { return !free_.empty() || allocated_ < capacity_; }
 
-  void give_back(Buffer buffer, Event free_after) {
+  void give_back(Buffer buffer, CommPoint free_after) {
     free_.push_back(Entry{std::move(buffer), std::move(free_after)});
   }
 
  private:
   struct Entry {
     Buffer buffer;
-    Event free_after;
+    CommPoint free_after;
   };
   Allocator& allocator_;
   DeviceContext& device_;
@@ -293,8 +301,8 @@ struct UnitState {
   Buffer bucket;      // a pooled working-dtype gradient during backward (uses_grad_buckets)
   Buffer grads_shard;
   Buffer state[2];
-  Event params_ready;   // the all-gather that fills params_full has finished
-  Event grads_reduced;  // the reduction (and accumulation) of the latest grads_ready is done
+  CommPoint params_ready;   // the all-gather that fills params_full has finished
+  CommPoint grads_reduced;  // the reduction (and accumulation) of the latest grads_ready is done
   bool gathered = false;
   bool persistent = false;
   int micro_batches_done = 0;
@@ -356,9 +364,9 @@ struct Engine::Impl {
         accum(dtype_size(accum_dtype)),
         trace(cfg.trace),
         param_pool(allocator, *device, MemoryCategory::kPrefetch, layout.max_unit_numel() * elem,
-                   [this](const Event& e) { wait_for_comm(e); }),
+                   [this](const CommPoint& p) { wait_for_comm(p); }),
         grad_pool(allocator, *device, MemoryCategory::kCommBuffer, layout.max_unit_numel() * elem,
-                  [this](const Event& e) { wait_for_comm(e); }) {
+                  [this](const CommPoint& p) { wait_for_comm(p); }) {
     if (config.desync_check) comm.set_desync_check(true);
     check_same_model_on_all_ranks();
     allocator.set_limit(config.memory_limit_bytes);
@@ -561,41 +569,56 @@ struct Engine::Impl {
 
   // Wraps a collective issued on the communication stream with markers that run on that stream
   // right before and after it: the step's comm_busy_ms is what ran between them, and the trace
-  // holds when the collective really ran, not when it was queued.
+  // holds when the collective really ran, not when it was queued. The end marker is the point
+  // returned, so whoever waits for the collective also waits until its span is closed, and a
+  // compute span that starts after the wait cannot look overlapped. (CUDA runs enqueued host
+  // work at issue, so there the figures would be issue times: only the CPU stream measures.)
   template <typename Issue>
-  Event traced(const char* name, uint64_t bytes, Issue issue) {
+  CommPoint traced(const char* name, uint64_t bytes, Issue issue) {
     ++collectives_issued;
+    if (!measures_comm()) return CommPoint{issue(), nullptr};
     auto begin_us = std::make_shared<double>(0.0);
     comm.stream().enqueue([begin_us] { *begin_us = Trace::now_us(); });
     issue();
     Trace* t = trace.enabled() ? &trace : nullptr;
     std::shared_ptr<std::atomic<int64_t>> busy = comm_busy_us;
     std::string span_name = name;
-    // The end marker's event: whoever waits for the collective also waits until its span is
-    // closed, so a compute span that starts after the wait cannot look overlapped.
-    return comm.stream().enqueue([t, busy, begin_us, span_name, bytes] {
-      const double end_us = Trace::now_us();
-      busy->fetch_add(static_cast<int64_t>(end_us - *begin_us));
-      if (t) t->add(TraceSpan{span_name, true, *begin_us, end_us, bytes});
+    auto end_us = std::make_shared<double>(0.0);
+    Event end = comm.stream().enqueue([t, busy, begin_us, end_us, span_name, bytes] {
+      *end_us = Trace::now_us();
+      busy->fetch_add(static_cast<int64_t>(*end_us - *begin_us));
+      if (t) t->add(TraceSpan{span_name, true, *begin_us, *end_us, bytes});
     });
+    return CommPoint{std::move(end), std::move(end_us)};
   }
 
-  // The one place compute blocks on communication, so comm_wait_ms is measured where it
-  // happens (on CUDA the wait is queued on the compute stream and the host does not block).
-  void wait_for_comm(const Event& e) {
-    if (e.done()) {
-      device->wait(e);  // rethrows a failed collective's error
-      return;
-    }
-    const double begin_us = Trace::now_us();
-    device->wait(e);
-    comm_wait_us += Trace::now_us() - begin_us;
+  bool measures_comm() const {
+    return comm.stream().native_handle() == nullptr;
   }
 
-  // An issued collective: with overlap_comm off, compute waits for it right away.
-  Event issued(Event e) {
-    if (!config.overlap_comm) wait_for_comm(e);
-    return e;
+  // The communication stream's current end, stamped when the stream gets there.
+  CommPoint comm_point() {
+    if (!measures_comm()) return CommPoint{comm.stream().record(), nullptr};
+    auto done_us = std::make_shared<double>(0.0);
+    Event e = comm.stream().enqueue([done_us] { *done_us = Trace::now_us(); });
+    return CommPoint{std::move(e), std::move(done_us)};
+  }
+
+  // The one place compute waits for communication. comm_wait_ms adds how long compute was
+  // exposed to it: from when compute needed the result (`needed_us`; now, by default) until
+  // the stream got there, as the stream stamped it. Whether this thread happened to be
+  // scheduled while the collective ran does not change the figure (ranks outnumber cores here).
+  void wait_for_comm(const CommPoint& point, double needed_us = -1.0) {
+    if (needed_us < 0.0) needed_us = Trace::now_us();
+    device->wait(point.event);  // rethrows a failed collective's error
+    if (point.done_us) comm_wait_us += std::max(0.0, *point.done_us - needed_us);
+  }
+
+  // An issued collective: with overlap_comm off, compute needs it from the moment it was
+  // issued (`issue_us`) and waits for it right away.
+  CommPoint issued(CommPoint point, double issue_us) {
+    if (!config.overlap_comm) wait_for_comm(point, issue_us);
+    return point;
   }
 
   // The slice of a unit's elements this rank updates: the whole unit at stage 0 (every rank
@@ -631,7 +654,9 @@ struct Engine::Impl {
   // Sums `bucket` (the unit's whole gradient from this rank, `dtype`) over the ranks and leaves
   // this rank's reduced slice in `dest` (accum_dtype; added to it when `accumulate`). Everything
   // runs on the communication stream in order, so the returned event covers the whole chain.
-  Event reduce_to_shard(const Unit& unit, void* bucket, DType dtype, void* dest, bool accumulate) {
+  CommPoint reduce_to_shard(const Unit& unit, void* bucket, DType dtype, void* dest,
+                            bool accumulate) {
+    const double issue_us = Trace::now_us();
     const bool via_fp32 = config.reduce_in_fp32 && dtype != DType::kFloat32;
     const DType wire = via_fp32 ? DType::kFloat32 : dtype;
     const DType dest_dtype = accum_dtype;
@@ -648,9 +673,9 @@ struct Engine::Impl {
     }
     const uint64_t bytes_on_wire = numel * dtype_size(wire);
     if (!accumulate && wire == dest_dtype && config.reduce_scatter) {
-      traced("reduce_scatter", bytes_on_wire,
-             [&] { return comm.reduce_scatter(buf, dest, shard, wire); });
-      return issued(comm.stream().record());
+      return issued(traced("reduce_scatter", bytes_on_wire,
+                           [&] { return comm.reduce_scatter(buf, dest, shard, wire); }),
+                    issue_us);
     }
     void* slot = byte_offset(buf, rank * shard * dtype_size(wire));
     if (config.reduce_scatter) {
@@ -667,11 +692,12 @@ struct Engine::Impl {
         dev->cast(slot, wire, dest, dest_dtype, shard, on);
       }
     });
-    return issued(comm.stream().record());
+    return issued(comm_point(), issue_us);
   }
 
   // Sums a whole unit's gradient (`dtype`) over the ranks in place (stage 0).
-  Event reduce_whole(const Unit& unit, void* bucket, DType dtype) {
+  CommPoint reduce_whole(const Unit& unit, void* bucket, DType dtype) {
+    const double issue_us = Trace::now_us();
     const size_t numel = unit.numel;
     prepare_for_reduction(bucket, dtype, numel);
     comm.stream().wait(device->record());
@@ -687,7 +713,7 @@ struct Engine::Impl {
       traced("all_reduce", numel * dtype_size(dtype),
              [&] { return comm.all_reduce(bucket, bucket, numel, dtype); });
     }
-    return issued(comm.stream().record());
+    return issued(comm_point(), issue_us);
   }
 
   // The pre-divide keeps 16-bit sums over many ranks in range: divide by f before the sum,
@@ -710,12 +736,17 @@ struct Engine::Impl {
           config.max_live_elements > 0 && live > 0 && live + unit.numel > config.max_live_elements;
       if (over_live_budget || !param_pool.can_acquire_within_plan()) return false;
     }
+    const double issue_us = Trace::now_us();
     s.params_full = param_pool.acquire(/*zeroed=*/false);
     // The pooled buffer may have just been released by compute: order the gather after it.
     comm.stream().wait(device->record());
-    s.params_ready = issued(traced("all_gather", unit.numel * elem, [&] {
-      return comm.all_gather(s.params_shard.data(), s.params_full.data(), unit.shard, config.dtype);
-    }));
+    s.params_ready =
+        issued(traced("all_gather", unit.numel * elem,
+                      [&] {
+                        return comm.all_gather(s.params_shard.data(), s.params_full.data(),
+                                               unit.shard, config.dtype);
+                      }),
+               issue_us);
     s.gathered = true;
     live += unit.numel;
     return true;
@@ -740,7 +771,7 @@ struct Engine::Impl {
     UnitState& s = units[u];
     if (config.stage != 3 || !s.gathered || s.persistent) return;
     wait_for_comm(s.params_ready);
-    param_pool.give_back(std::move(s.params_full), device->record());
+    param_pool.give_back(std::move(s.params_full), CommPoint{device->record(), nullptr});
     s.gathered = false;
     live -= layout.units()[u].numel;
   }
@@ -764,15 +795,15 @@ struct Engine::Impl {
     const bool last = s.micro_batches_done == config.micro_batches;
     if (config.stage >= 2) {
       if (s.bucket.empty()) s.bucket = grad_pool.acquire(/*zeroed=*/true);
-      const Event bucket_read = reduce_unit(u, s.bucket.data(), config.dtype,
-                                            /*accumulate=*/s.micro_batches_done > 1);
+      const CommPoint bucket_read = reduce_unit(u, s.bucket.data(), config.dtype,
+                                                /*accumulate=*/s.micro_batches_done > 1);
       grad_pool.give_back(std::move(s.bucket), bucket_read);
       return;
     }
     if (!s.bucket.empty()) {
       // This micro-batch's gradient into the accumulator of another dtype.
       device->add(s.grads_full.data(), accum_dtype, s.bucket.data(), config.dtype, unit.numel);
-      grad_pool.give_back(std::move(s.bucket), device->record());
+      grad_pool.give_back(std::move(s.bucket), CommPoint{device->record(), nullptr});
     }
     // Stages 0-1 keep whole gradients through accumulation and reduce them in place (stage 1's
     // reduced slice lands at the rank's own offset in the full buffer).
@@ -781,7 +812,7 @@ struct Engine::Impl {
 
   // Reduces unit u's gradient `source` (`dtype`) into what the rank keeps of it, alone or as
   // part of its reduce_bucket_size pack. Returns the event after which `source` may be reused.
-  Event reduce_unit(int u, void* source, DType dtype, bool accumulate) {
+  CommPoint reduce_unit(int u, void* source, DType dtype, bool accumulate) {
     UnitState& s = units[u];
     const Unit& unit = layout.units()[u];
     if (reduce_packs.fused(u)) return reduce_packed(u, source, dtype, accumulate);
@@ -794,7 +825,8 @@ struct Engine::Impl {
   // A unit of a packed reduction: its gradient is copied into its place in every rank region
   // of the fusion buffer (in the reduction dtype); the pack's last unit issues the one
   // collective and copies each unit's reduced part out to what the rank keeps.
-  Event reduce_packed(int u, void* source, DType dtype, bool accumulate) {
+  CommPoint reduce_packed(int u, void* source, DType dtype, bool accumulate) {
+    const double issue_us = Trace::now_us();
     PackedCollectives& packs = reduce_packs;
     const int p = packs.pack_of[u];
     ZERO_CHECK(packs.filling == -1 || packs.filling == p,
@@ -817,12 +849,13 @@ struct Engine::Impl {
     const size_t offset = packs.offset_of[u];
     const char* from = static_cast<const char*>(source);
     const size_t from_size = dtype_size(dtype);
-    const Event copied = on->enqueue([=] {
+    on->enqueue([=] {
       for (int r = 0; r < ranks; ++r) {
         dev->cast(from + r * shard * from_size, dtype, fused + (r * region + offset) * wire_size,
                   wire, shard, on);
       }
     });
+    const CommPoint copied = comm_point();
     units[u].grads_reduced = copied;
     if (++packs.filled < packs.packs[p].size()) return copied;
     packs.filling = -1;
@@ -863,7 +896,7 @@ struct Engine::Impl {
         }
       });
     }
-    const Event reduced = issued(comm.stream().record());
+    const CommPoint reduced = issued(comm_point(), issue_us);
     for (int v : packs.packs[p]) units[v].grads_reduced = reduced;
     return copied;
   }
@@ -1031,9 +1064,13 @@ struct Engine::Impl {
       UnitState& s = units[u];
       if (s.params_full.empty()) continue;
       const Unit& unit = layout.units()[u];
-      s.params_ready = issued(traced("all_gather", unit.numel * elem, [&] {
-        return comm.all_gather(owned_params(u), s.params_full.data(), unit.shard, config.dtype);
-      }));
+      const double issue_us = Trace::now_us();
+      s.params_ready = issued(traced("all_gather", unit.numel * elem,
+                                     [&] {
+                                       return comm.all_gather(owned_params(u), s.params_full.data(),
+                                                              unit.shard, config.dtype);
+                                     }),
+                              issue_us);
       if (!s.persistent) s.gathered = false;
     }
   }
@@ -1042,6 +1079,7 @@ struct Engine::Impl {
   // this rank's region of the fusion buffer, one all-gather of the regions, and every rank's
   // slice of each unit back into its full parameters.
   void gather_packed(const std::vector<int>& pack) {
+    const double issue_us = Trace::now_us();
     const int p = gather_packs.pack_of[pack.front()];
     const size_t region = gather_packs.region[p];
     char* fused = static_cast<char*>(fusion.data());
@@ -1067,7 +1105,7 @@ struct Engine::Impl {
         }
       });
     }
-    const Event ready = issued(comm.stream().record());
+    const CommPoint ready = issued(comm_point(), issue_us);
     for (int u : pack) {
       units[u].params_ready = ready;
       units[u].gathered = false;

@@ -111,9 +111,11 @@ struct StepStats {
   bool clipped = false;
   bool skipped = false;     // the gradients overflowed: nothing was updated
   float loss_scale = 1.0f;  // the scale the next backward uses (fp16; 1 otherwise)
-  // Communication since the previous step() returned, measured where it happens: collectives
-  // issued, time the communication stream spent running them (busy), and time the compute
-  // side spent blocked waiting for one (wait). Overlap is 1 - wait / busy.
+  // Communication since the previous step() returned, measured on the CPU path where it
+  // happens (0 on CUDA): collectives issued; time the communication stream spent running them
+  // (busy); and time compute was exposed to them (wait): for each wait, from when compute needed
+  // the result (the wait itself; the issue, with overlap_comm off) until the stream had it,
+  // as the stream stamped it. Overlap is 1 - wait / busy.
   int collectives = 0;
   double comm_busy_ms = 0.0;
   double comm_wait_ms = 0.0;
