@@ -15,34 +15,6 @@ namespace zero {
 
 namespace {
 
-// Intervals merged into a sorted, disjoint union, clipped to [lo, hi).
-std::vector<std::pair<double, double>> merged(const std::vector<TraceSpan>& spans, bool comm,
-                                              double lo, double hi) {
-  std::vector<std::pair<double, double>> v;
-  for (const TraceSpan& s : spans) {
-    if (s.comm != comm) continue;
-    const double b = std::max(s.begin_us, lo);
-    const double e = std::min(s.end_us, hi);
-    if (e > b) v.emplace_back(b, e);
-  }
-  std::sort(v.begin(), v.end());
-  std::vector<std::pair<double, double>> out;
-  for (const auto& iv : v) {
-    if (!out.empty() && iv.first <= out.back().second) {
-      out.back().second = std::max(out.back().second, iv.second);
-    } else {
-      out.push_back(iv);
-    }
-  }
-  return out;
-}
-
-double total(const std::vector<std::pair<double, double>>& v) {
-  double t = 0;
-  for (const auto& iv : v) t += iv.second - iv.first;
-  return t;
-}
-
 // Spans travel between ranks as text lines "comm\tbegin\tend\tbytes\tname".
 std::string serialize(const std::vector<TraceSpan>& spans) {
   std::string out;
@@ -155,26 +127,6 @@ ScopedSpan::ScopedSpan(Trace& trace, std::string name) : trace_(trace) {
 ScopedSpan::~ScopedSpan() {
   if (!trace_.enabled()) return;
   trace_.add(TraceSpan{std::move(name_), false, begin_us_, Trace::now_us(), 0});
-}
-
-double comm_time_us(const std::vector<TraceSpan>& spans, double begin_us, double end_us) {
-  return total(merged(spans, true, begin_us, end_us));
-}
-
-double overlap_fraction(const std::vector<TraceSpan>& spans, double begin_us, double end_us) {
-  const auto comm = merged(spans, true, begin_us, end_us);
-  const auto compute = merged(spans, false, begin_us, end_us);
-  const double comm_total = total(comm);
-  if (comm_total <= 0) return 0.0;
-  double hidden = 0;
-  size_t j = 0;
-  for (const auto& c : comm) {
-    while (j < compute.size() && compute[j].second <= c.first) ++j;
-    for (size_t k = j; k < compute.size() && compute[k].first < c.second; ++k) {
-      hidden += std::min(c.second, compute[k].second) - std::max(c.first, compute[k].first);
-    }
-  }
-  return hidden / comm_total;
 }
 
 }  // namespace zero

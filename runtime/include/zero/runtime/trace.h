@@ -61,10 +61,4 @@ class ScopedSpan {
   double begin_us_ = 0;
 };
 
-// Of the collective time in [begin_us, end_us), the fraction that ran while a compute span was
-// running: how much communication the schedule hid behind compute (0 when there was none).
-double overlap_fraction(const std::vector<TraceSpan>& spans, double begin_us, double end_us);
-// Total collective time in [begin_us, end_us) (union of the collective spans).
-double comm_time_us(const std::vector<TraceSpan>& spans, double begin_us, double end_us);
-
 }  // namespace zero
