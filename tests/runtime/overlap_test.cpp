@@ -127,11 +127,14 @@ TEST(Overlap, CollectivesHideBehindCompute) {
     // Not hidden: the first forward gather waits for its post-step all-gather (stages 1-3), the
     // last unit's reduction has nothing after it, and the norm's all-reduce is waited for.
     const double not_hidden = (stage == 0 ? 2 : 3) * kDelayMs;
-    EXPECT_LT(extra, not_hidden + kDelayMs)
+    // Slack of 2 d for the machine: under a load average of 10 (a CI build beside the test),
+    // stage 3 read 62.8 ms against the 45 ms not hidden. The old LIFO pool read 120-131 ms.
+    const double slack = 2 * kDelayMs;
+    EXPECT_LT(extra, not_hidden + slack)
         << "stage " << stage << ": the delay added " << extra << " ms per step";
     // What the engine measured agrees: the compute side was blocked for about that long,
     // while the communication stream was busy with every delayed collective.
-    EXPECT_LT(delayed.stats.comm_wait_ms, not_hidden + kDelayMs) << "stage " << stage;
+    EXPECT_LT(delayed.stats.comm_wait_ms, not_hidden + slack) << "stage " << stage;
     EXPECT_GT(delayed.stats.comm_busy_ms, delayed.stats.collectives * kDelayMs * 0.9)
         << "stage " << stage;
     EXPECT_GE(delayed.stats.collectives, kUnits) << "stage " << stage;

@@ -1,0 +1,411 @@
+// The engine's insides, shared by the files that implement it (private to runtime/):
+//   engine.cpp           construction: validation, the same-model check, allocation, init
+//   memory_plan.cpp      what each stage holds: the single source for plan_memory() and for
+//                        the engine's allocations, and the out-of-memory advice
+//   engine_schedule.cpp  the primitives: gather, prefetch, release, grads_ready, reductions
+//   engine_step.cpp      step(): reduce, norm and overflow, update, post-step all-gathers
+//   engine_state.cpp     checkpoint access: state views, state_loaded, full parameters
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zero/runtime/engine.h"
+#include "zero/runtime/trace.h"
+
+namespace zero {
+
+// A point on the communication stream and when the stream passed it, stamped by the stream
+// itself (null for a compute event, or where the stream cannot stamp): a wait for it then
+// knows how long compute was exposed to the communication before it.
+struct CommPoint {
+  Event event;
+  std::shared_ptr<const double> done_us;
+};
+
+// Same-size buffers handed out and given back with the event after which they are free again
+// (e.g. the reduce-scatter that reads a gradient bucket). Buffers come back in the order their
+// collectives were issued and the communication stream runs them in that order, so handing out
+// the oldest returned one (FIFO) takes the buffer that becomes free first: the one whose
+// collective was just launched stays in flight while compute fills another (double buffering).
+// The capacity is what the memory plan counts; only a required acquire goes past it.
+class BufferPool {
+ public:
+  using Waiter = std::function<void(const CommPoint&)>;
+  BufferPool(Allocator& allocator, DeviceContext& device, MemoryCategory category, size_t bytes,
+             Waiter wait)
+      : allocator_(allocator),
+        device_(device),
+        category_(category),
+        bytes_(bytes),
+        wait_(std::move(wait)) {}
+
+  // Allocates the planned buffers ahead of use, so the memory report at start shows what the
+  // schedule will hold.
+  void reserve(size_t capacity) {
+    capacity_ = capacity;
+    while (allocated_ < capacity_) {
+      free_.push_back(Entry{allocator_.allocate(bytes_, category_), {}});
+      ++allocated_;
+    }
+  }
+
+  // The buffer that becomes free first, ready for the compute stream. A required acquire with
+  // every planned buffer handed out (units kept gathered past their use) allocates one more.
+  Buffer acquire(bool zeroed) {
+    if (free_.empty()) {
+      ++allocated_;
+      return allocator_.allocate(bytes_, category_);
+    }
+    Entry entry = std::move(free_.front());
+    free_.pop_front();
+    wait_(entry.free_after);
+    if (zeroed) device_.zero(entry.buffer.data(), entry.buffer.bytes());
+    return std::move(entry.buffer);
+  }
+
+  // For optional work (a prefetch): a buffer only while the plan's buffers are not all out.
+  bool can_acquire_within_plan() const { return !free_.empty() || allocated_ < capacity_; }
+
+  void give_back(Buffer buffer, CommPoint free_after) {
+    free_.push_back(Entry{std::move(buffer), std::move(free_after)});
+  }
+
+ private:
+  struct Entry {
+    Buffer buffer;
+    CommPoint free_after;
+  };
+  Allocator& allocator_;
+  DeviceContext& device_;
+  MemoryCategory category_;
+  size_t bytes_;
+  Waiter wait_;
+  size_t capacity_ = 0;
+  size_t allocated_ = 0;
+  std::deque<Entry> free_;
+};
+
+// The packs of one kind of collective, and where each unit sits in its pack: the fusion buffer
+// holds a pack as N rank regions (region r: shard r of every unit of the pack, in pack order),
+// so one reduce-scatter or all-gather of the regions serves every unit at once.
+struct PackedCollectives {
+  std::vector<std::vector<int>> packs;
+  std::vector<int> pack_of;       // unit -> its pack
+  std::vector<size_t> offset_of;  // unit -> its offset inside a rank region, in elements
+  std::vector<size_t> region;     // pack -> elements of one rank region
+  int filling = -1;               // the pack whose units are being copied in, if any
+  size_t filled = 0;              // and how many of them are in
+
+  PackedCollectives() = default;
+  PackedCollectives(const Layout& layout, size_t limit, bool backward);
+  bool fused(int u) const { return packs[pack_of[u]].size() > 1; }
+};
+
+// Bytes of staging memory a collective needs in the communicator: what the MPI backend sums
+// 16-bit gradients in (fp32), given to it from the engine's allocator so that it is counted
+// and under the memory limit.
+using StagingBytes = std::function<size_t(CollectiveOp, size_t, DType)>;
+
+// Bytes of each buffer one unit holds at a stage; the single source for plan_memory() and for
+// the engine's allocations, so the estimate and the measurement cannot drift apart.
+struct UnitBytes {
+  size_t params_full = 0;   // working dtype, whole unit (stages 0-2; persistent units at 3)
+  size_t params_shard = 0;  // working dtype, this rank's slice (stage 3)
+  size_t master = 0;        // fp32 master when the working dtype is not fp32
+  size_t grads_full = 0;    // accumulation dtype, whole unit (stages 0-1)
+  size_t grads_shard = 0;   // accumulation dtype, slice (stages 2-3)
+  size_t state = 0;         // each optimizer state array (fp32)
+  int state_arrays = 0;
+};
+
+struct UnitState {
+  Buffer params_full;
+  Buffer params_shard;
+  Buffer master;
+  Buffer grads_full;  // stages 0-1: the reduced (and accumulated) gradient, accumulation dtype
+  Buffer bucket;      // a pooled working-dtype gradient during backward (uses_grad_buckets)
+  Buffer grads_shard;
+  Buffer state[2];
+  CommPoint params_ready;   // the all-gather that fills params_full has finished
+  CommPoint grads_reduced;  // the reduction (and accumulation) of the latest grads_ready is done
+  bool gathered = false;
+  bool persistent = false;
+  int micro_batches_done = 0;
+};
+
+inline char* byte_offset(void* p, size_t bytes) {
+  return static_cast<char*>(p) + bytes;
+}
+
+// The dtype gradients are accumulated in over micro-batches (data_types.grad_accum_dtype):
+// DeepSpeed's bf16 optimizer accumulates in fp32, so bf16 does here unless told otherwise.
+DType accumulation_dtype(const EngineConfig& config);
+
+// Backward writes a micro-batch's gradient into a pooled bucket of the working dtype when what
+// the rank keeps is a shard (stages 2-3) or is accumulated in another dtype; otherwise straight
+// into the kept full gradient.
+bool uses_grad_buckets(const EngineConfig& config);
+
+// A bucket reduced in the working dtype needs fp32 scratch when the reduction runs in fp32.
+bool needs_fp32_scratch(const EngineConfig& config);
+
+// The dtype a gradient reduction puts on the wire: fp32 when asked (communication_data_type)
+// or when the kept gradients are fp32 at stages 0-1 (they are reduced from the accumulator),
+// the working dtype otherwise.
+DType reduction_dtype(const EngineConfig& config);
+
+// Gathered-parameter buffers of stage 3: the unit computing, the next one in flight, and as
+// many more as stage3_prefetch_bucket_size asks to have gathered ahead. Prefetches never take
+// more, so the plan holds.
+size_t param_buffer_count(const Layout& layout, const EngineConfig& config);
+
+// The fusion buffer packed collectives go through: the larger of the gradient packs (in the
+// reduction dtype) and the stage 1-2 parameter packs (working dtype).
+size_t fusion_bytes(const Layout& layout, const EngineConfig& config);
+
+// The most staging any of the engine's step collectives needs: each reduction (alone or
+// packed) and the norm's all-reduce; all-gathers stage nothing.
+size_t max_staging_bytes(const Layout& layout, const EngineConfig& config,
+                         const StagingBytes& staging);
+
+// Stage 3 keeps the persistent unit (the parameters under stage3_param_persistence_threshold)
+// whole on every rank, and its gradient whole until the step, where it is reduced.
+bool is_persistent(const Unit& unit, const EngineConfig& config);
+
+UnitBytes unit_bytes(const Unit& unit, const EngineConfig& config, int state_arrays);
+
+struct Engine::Impl {
+  Impl(Communicator& c, const std::vector<ParamDecl>& decls, const EngineConfig& cfg);
+
+  // The estimator's view of this model on other stages and more ranks, for an out-of-memory
+  // message: the exact plan of the engine for each stage here, the ZeRO formula beyond.
+  std::string what_would_fit() const;
+
+  static EngineConfig validated(const EngineConfig& c, Communicator& comm);
+
+  static std::vector<ParamSpec> specs_of(const std::vector<ParamDecl>& decls);
+
+  // Compares the layout's fingerprint across ranks before any collective depends on it: a rank
+  // with a different model would otherwise hang or corrupt data in a mismatched collective.
+  void check_same_model_on_all_ranks();
+
+  void allocate();
+
+  // Fills the elements this rank holds; the value of each is a function of the seed and the
+  // element's global identity only, so every world size starts from the same model. The working
+  // copy is the master rounded to the working dtype, as after every optimizer step. Values are
+  // made in host memory and copied to the device one buffer at a time.
+  void initialize(const std::vector<ParamDecl>& decls);
+
+  // Wraps a collective issued on the communication stream with markers that run on that stream
+  // right before and after it: the step's comm_busy_ms is what ran between them, and the trace
+  // holds when the collective really ran, not when it was queued. The end marker is the point
+  // returned, so whoever waits for the collective also waits until its span is closed, and a
+  // compute span that starts after the wait cannot look overlapped. (CUDA runs enqueued host
+  // work at issue, so there the figures would be issue times: only the CPU stream measures.)
+  template <typename Issue>
+  CommPoint traced(const char* name, uint64_t bytes, Issue issue) {
+    ++collectives_issued;
+    if (!measures_comm()) return CommPoint{issue(), nullptr};
+    auto begin_us = std::make_shared<double>(0.0);
+    comm.stream().enqueue([begin_us] { *begin_us = Trace::now_us(); });
+    issue();
+    Trace* t = trace.enabled() ? &trace : nullptr;
+    std::shared_ptr<std::atomic<int64_t>> busy = comm_busy_us;
+    std::string span_name = name;
+    auto end_us = std::make_shared<double>(0.0);
+    Event end = comm.stream().enqueue([t, busy, begin_us, end_us, span_name, bytes] {
+      *end_us = Trace::now_us();
+      busy->fetch_add(static_cast<int64_t>(*end_us - *begin_us));
+      if (t) t->add(TraceSpan{span_name, true, *begin_us, *end_us, bytes});
+    });
+    return CommPoint{std::move(end), std::move(end_us)};
+  }
+
+  bool measures_comm() const { return comm.stream().native_handle() == nullptr; }
+
+  // The communication stream's current end, stamped when the stream gets there.
+  CommPoint comm_point();
+
+  // The one place compute waits for communication. comm_wait_ms adds how long compute was
+  // exposed to it: from when compute needed the result (`needed_us`; now, by default) until
+  // the stream got there, as the stream stamped it. Whether this thread happened to be
+  // scheduled while the collective ran does not change the figure (ranks outnumber cores here).
+  void wait_for_comm(const CommPoint& point, double needed_us = -1.0);
+
+  // An issued collective: with overlap_comm off, compute needs it from the moment it was
+  // issued (`issue_us`) and waits for it right away.
+  CommPoint issued(CommPoint point, double issue_us);
+
+  // The slice of a unit's elements this rank updates: the whole unit at stage 0 (every rank
+  // updates all of it identically), its shard otherwise. Offsets in elements of the unit.
+  size_t owned_begin(size_t u) const {
+    return config.stage == 0 ? 0 : static_cast<size_t>(rank) * layout.units()[u].shard;
+  }
+
+  size_t owned_numel(size_t u) const {
+    return config.stage == 0 ? layout.units()[u].numel : layout.units()[u].shard;
+  }
+
+  // This rank's working-dtype parameters the optimizer writes (see owned_begin).
+  void* owned_params(size_t u);
+
+  // The rank's reduced (and accumulated) gradient of what it owns, in accum_dtype.
+  void* owned_grads(size_t u);
+
+  // The rank's shard of the reduced gradient at every stage: the global norm is summed over
+  // shards, so stage 0 (which owns whole units) adds up in the same order as the others.
+  void* grad_shard(size_t u);
+
+  // Sums `bucket` (the unit's whole gradient from this rank, `dtype`) over the ranks and leaves
+  // this rank's reduced slice in `dest` (accum_dtype; added to it when `accumulate`). Everything
+  // runs on the communication stream in order, so the returned event covers the whole chain.
+  CommPoint reduce_to_shard(const Unit& unit, void* bucket, DType dtype, void* dest,
+                            bool accumulate);
+
+  // Sums a whole unit's gradient (`dtype`) over the ranks in place (stage 0).
+  CommPoint reduce_whole(const Unit& unit, void* bucket, DType dtype);
+
+  // The pre-divide keeps 16-bit sums over many ranks in range: divide by f before the sum,
+  // multiply the f back in the optimizer's gradient scale.
+  void prepare_for_reduction(void* bucket, DType dtype, size_t numel);
+
+  // Stage 3: starts unit u's all-gather into a pooled buffer. An optional prefetch stays within
+  // the live budget (stage3_max_live_parameters) and the planned buffers and says whether it
+  // started; a required gather always starts.
+  bool start_gather(int u, bool required);
+
+  bool prefetch(int u);
+
+  void gather(int u);
+
+  void release(int u);
+
+  // Each unit's gradient is reduced as soon as it is final, behind the rest of backward (as
+  // DDP does): stages 0-1 after the last micro-batch's backward of the unit, stages 2-3 after
+  // every micro-batch's, whose bucket is then free for the next unit once that collective ran.
+  void grads_ready(int u);
+
+  // Reduces unit u's gradient `source` (`dtype`) into what the rank keeps of it, alone or as
+  // part of its reduce_bucket_size pack. Returns the event after which `source` may be reused.
+  CommPoint reduce_unit(int u, void* source, DType dtype, bool accumulate);
+
+  // A unit of a packed reduction: its gradient is copied into its place in every rank region
+  // of the fusion buffer (in the reduction dtype); the pack's last unit issues the one
+  // collective and copies each unit's reduced part out to what the rank keeps.
+  CommPoint reduce_packed(int u, void* source, DType dtype, bool accumulate);
+
+  // One optimizer step in named phases: wait for the reductions, the global norm and overflow,
+  // the update of each rank's slice, the all-gathers that bring the slices back.
+  StepStats step();
+
+  void check_ready_for_step() const;
+
+  struct GradientCheck {
+    std::vector<float> unit_sums;  // each unit's sum of squared gradients over all ranks
+    float grad_norm = 0.0f;        // of the mean gradient of the global batch
+    float to_mean = 1.0f;          // the factor that takes the reduced gradients to that mean
+    bool overflow = false;
+  };
+
+  // One all-reduce of each unit's sum of squares over the shards gives the global norm, and
+  // tells every rank at once whether (and in which unit) a gradient overflowed anywhere.
+  GradientCheck check_gradients();
+
+  // fp16 lets the loss scaler decide; fp32 and bf16 stop on a non-finite gradient, naming the
+  // unit, unless told to skip such steps.
+  bool skip_step(const GradientCheck& check);
+
+  // Fused AdamW (or SGD) over what each rank owns, in passes of at most sub_group_size
+  // elements (DeepSpeed's bound on what one optimizer pass touches); each unit's slice may be
+  // cut into several pieces, which the element-wise update does not notice.
+  void update(float lr, float grad_scale);
+
+  // Brings every rank's updated slice back into the full parameters (stages 1-2, and stage
+  // 3's persistent units); the next forward's gather(u) waits for unit u only, so the
+  // all-gathers overlap with the forward.
+  void start_post_step_gathers();
+
+  // An allgather_bucket_size pack (stages 1-2): each unit's updated slice into its place in
+  // this rank's region of the fusion buffer, one all-gather of the regions, and every rank's
+  // slice of each unit back into its full parameters.
+  void gather_packed(const std::vector<int>& pack);
+
+  float current_lr() const {
+    return config.lr_schedule.type == LrScheduleType::kConstant
+               ? config.optimizer.lr
+               : schedule.lr_at(optimizer.step() + 1);
+  }
+
+  float loss_scale() const { return config.dtype == DType::kFloat16 ? loss_scaler.scale() : 1.0f; }
+
+  // Gradients start from zero for the next step.
+  void finish_step();
+
+  void check_unit(int u) const {
+    ZERO_CHECK(u >= 0 && u < static_cast<int>(units.size()),
+               "unit " << u << " does not exist; the model has " << units.size() << " units");
+  }
+
+  const ParamPlacement& placement(int p) const;
+
+  void* param(int p);
+
+  void* grad(int p);
+
+  Engine::StateView state_view(int u);
+
+  // Host memory for the n floats at `data`: the array itself on the CPU; on a GPU a fresh copy,
+  // which state_loaded() writes back.
+  float* host_view(float* data, size_t n);
+
+  void state_loaded();
+
+  std::vector<std::vector<float>> gather_full_params();
+
+  std::vector<std::vector<float>> gather_full_master();
+
+  Communicator& comm;
+  EngineConfig config;
+  std::shared_ptr<DeviceContext> device;  // before the allocator: its memory comes from here
+  std::unique_ptr<Communicator> owned_host_comm;
+  Communicator& host_comm;
+  Allocator allocator;
+  Allocator host_allocator;  // pinned host memory for the device's copies (host memory on the CPU)
+  Layout layout;
+  Optimizer optimizer;
+  LrSchedule schedule;
+  LossScaler loss_scaler;
+  int rank;
+  int world;
+  size_t elem;        // bytes per element of the working dtype
+  DType accum_dtype;  // of the kept gradients (see accumulation_dtype)
+  size_t accum;       // and its bytes per element
+  Trace trace;
+  BufferPool param_pool;
+  BufferPool grad_pool;
+  Buffer fp32_scratch;  // reductions in fp32 of a 16-bit gradient (reduce_in_fp32)
+  Buffer fusion;        // packed collectives (see pack_units); one at a time, in stream order
+  Buffer staging;       // the communicator's staging memory (set_staging_buffer)
+  PackedCollectives reduce_packs;
+  PackedCollectives gather_packs;
+  Buffer norm_sums;          // each unit's sum of squared gradients, all-reduced at step()
+  Buffer norm_sums_on_host;  // and their copy, which the host reads
+  std::map<float*, Buffer> host_state;  // state_view() copies of device arrays (CUDA only)
+  std::vector<UnitState> units;
+  size_t live = 0;  // elements of non-persistent stage-3 units gathered now
+  // Communication figures of the step in progress (StepStats). Busy time is added by markers
+  // on the communication stream, hence shared with its closures and atomic.
+  int collectives_issued = 0;
+  double comm_wait_us = 0.0;
+  std::shared_ptr<std::atomic<int64_t>> comm_busy_us = std::make_shared<std::atomic<int64_t>>(0);
+};
+
+}  // namespace zero

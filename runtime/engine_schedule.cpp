@@ -1,0 +1,329 @@
+#include "engine_internal.h"
+
+#include <algorithm>
+
+namespace zero {
+
+// The communication stream's current end, stamped when the stream gets there.
+CommPoint Engine::Impl::comm_point() {
+  if (!measures_comm()) return CommPoint{comm.stream().record(), nullptr};
+  auto done_us = std::make_shared<double>(0.0);
+  Event e = comm.stream().enqueue([done_us] { *done_us = Trace::now_us(); });
+  return CommPoint{std::move(e), std::move(done_us)};
+}
+
+// The one place compute waits for communication. comm_wait_ms adds how long compute was
+// exposed to it: from when compute needed the result (`needed_us`; now, by default) until
+// the stream got there, as the stream stamped it. Whether this thread happened to be
+// scheduled while the collective ran does not change the figure (ranks outnumber cores here).
+void Engine::Impl::wait_for_comm(const CommPoint& point, double needed_us) {
+  if (needed_us < 0.0) needed_us = Trace::now_us();
+  device->wait(point.event);  // rethrows a failed collective's error
+  if (point.done_us) comm_wait_us += std::max(0.0, *point.done_us - needed_us);
+}
+
+// An issued collective: with overlap_comm off, compute needs it from the moment it was
+// issued (`issue_us`) and waits for it right away.
+CommPoint Engine::Impl::issued(CommPoint point, double issue_us) {
+  if (!config.overlap_comm) wait_for_comm(point, issue_us);
+  return point;
+}
+
+// This rank's working-dtype parameters the optimizer writes (see owned_begin).
+void* Engine::Impl::owned_params(size_t u) {
+  UnitState& s = units[u];
+  if (config.stage == 3) return s.params_shard.data();
+  return byte_offset(s.params_full.data(), owned_begin(u) * elem);
+}
+
+// The rank's reduced (and accumulated) gradient of what it owns, in accum_dtype.
+void* Engine::Impl::owned_grads(size_t u) {
+  if (config.stage <= 1) return byte_offset(units[u].grads_full.data(), owned_begin(u) * accum);
+  return units[u].grads_shard.data();
+}
+
+// The rank's shard of the reduced gradient at every stage: the global norm is summed over
+// shards, so stage 0 (which owns whole units) adds up in the same order as the others.
+void* Engine::Impl::grad_shard(size_t u) {
+  const size_t begin = static_cast<size_t>(rank) * layout.units()[u].shard;
+  if (config.stage <= 1) return byte_offset(units[u].grads_full.data(), begin * accum);
+  return units[u].grads_shard.data();
+}
+
+// Sums `bucket` (the unit's whole gradient from this rank, `dtype`) over the ranks and leaves
+// this rank's reduced slice in `dest` (accum_dtype; added to it when `accumulate`). Everything
+// runs on the communication stream in order, so the returned event covers the whole chain.
+CommPoint Engine::Impl::reduce_to_shard(const Unit& unit, void* bucket, DType dtype, void* dest,
+                                        bool accumulate) {
+  const double issue_us = Trace::now_us();
+  const bool via_fp32 = config.reduce_in_fp32 && dtype != DType::kFloat32;
+  const DType wire = via_fp32 ? DType::kFloat32 : dtype;
+  const DType dest_dtype = accum_dtype;
+  const size_t numel = unit.numel;
+  const size_t shard = unit.shard;
+  prepare_for_reduction(bucket, dtype, numel);
+  comm.stream().wait(device->record());
+  DeviceContext* dev = device.get();
+  Stream* on = &comm.stream();
+  void* buf = bucket;
+  if (via_fp32) {
+    buf = fp32_scratch.data();
+    on->enqueue([=] { dev->cast(bucket, dtype, buf, DType::kFloat32, numel, on); });
+  }
+  const uint64_t bytes_on_wire = numel * dtype_size(wire);
+  if (!accumulate && wire == dest_dtype && config.reduce_scatter) {
+    return issued(traced("reduce_scatter", bytes_on_wire,
+                         [&] { return comm.reduce_scatter(buf, dest, shard, wire); }),
+                  issue_us);
+  }
+  void* slot = byte_offset(buf, rank * shard * dtype_size(wire));
+  if (config.reduce_scatter) {
+    traced("reduce_scatter", bytes_on_wire,
+           [&] { return comm.reduce_scatter(buf, slot, shard, wire); });
+  } else {
+    traced("all_reduce", bytes_on_wire, [&] { return comm.all_reduce(buf, buf, numel, wire); });
+  }
+  on->enqueue([=] {
+    if (dest == slot) return;
+    if (accumulate) {
+      dev->add(dest, dest_dtype, slot, wire, shard, on);
+    } else {
+      dev->cast(slot, wire, dest, dest_dtype, shard, on);
+    }
+  });
+  return issued(comm_point(), issue_us);
+}
+
+// Sums a whole unit's gradient (`dtype`) over the ranks in place (stage 0).
+CommPoint Engine::Impl::reduce_whole(const Unit& unit, void* bucket, DType dtype) {
+  const double issue_us = Trace::now_us();
+  const size_t numel = unit.numel;
+  prepare_for_reduction(bucket, dtype, numel);
+  comm.stream().wait(device->record());
+  if (config.reduce_in_fp32 && dtype != DType::kFloat32) {
+    DeviceContext* dev = device.get();
+    Stream* on = &comm.stream();
+    void* buf = fp32_scratch.data();
+    on->enqueue([=] { dev->cast(bucket, dtype, buf, DType::kFloat32, numel, on); });
+    traced("all_reduce", numel * sizeof(float),
+           [&] { return comm.all_reduce(buf, buf, numel, DType::kFloat32); });
+    on->enqueue([=] { dev->cast(buf, DType::kFloat32, bucket, dtype, numel, on); });
+  } else {
+    traced("all_reduce", numel * dtype_size(dtype),
+           [&] { return comm.all_reduce(bucket, bucket, numel, dtype); });
+  }
+  return issued(comm_point(), issue_us);
+}
+
+// The pre-divide keeps 16-bit sums over many ranks in range: divide by f before the sum,
+// multiply the f back in the optimizer's gradient scale.
+void Engine::Impl::prepare_for_reduction(void* bucket, DType dtype, size_t numel) {
+  if (config.gradient_predivide_factor != 1.0f) {
+    device->scale(bucket, dtype, 1.0f / config.gradient_predivide_factor, numel);
+  }
+}
+
+// Stage 3: starts unit u's all-gather into a pooled buffer. An optional prefetch stays within
+// the live budget (stage3_max_live_parameters) and the planned buffers and says whether it
+// started; a required gather always starts.
+bool Engine::Impl::start_gather(int u, bool required) {
+  UnitState& s = units[u];
+  if (s.gathered || config.stage != 3) return true;
+  const Unit& unit = layout.units()[u];
+  if (!required) {
+    const bool over_live_budget =
+        config.max_live_elements > 0 && live > 0 && live + unit.numel > config.max_live_elements;
+    if (over_live_budget || !param_pool.can_acquire_within_plan()) return false;
+  }
+  const double issue_us = Trace::now_us();
+  s.params_full = param_pool.acquire(/*zeroed=*/false);
+  // The pooled buffer may have just been released by compute: order the gather after it.
+  comm.stream().wait(device->record());
+  s.params_ready =
+      issued(traced("all_gather", unit.numel * elem,
+                    [&] {
+                      return comm.all_gather(s.params_shard.data(), s.params_full.data(),
+                                             unit.shard, config.dtype);
+                    }),
+             issue_us);
+  s.gathered = true;
+  live += unit.numel;
+  return true;
+}
+
+bool Engine::Impl::prefetch(int u) {
+  check_unit(u);
+  return start_gather(u, /*required=*/false);
+}
+
+void Engine::Impl::gather(int u) {
+  check_unit(u);
+  UnitState& s = units[u];
+  start_gather(u, /*required=*/true);
+  // Stages 1-2 after a step: the parameters come back through the post-step all-gather.
+  s.gathered = true;
+  wait_for_comm(s.params_ready);
+}
+
+void Engine::Impl::release(int u) {
+  check_unit(u);
+  UnitState& s = units[u];
+  if (config.stage != 3 || !s.gathered || s.persistent) return;
+  wait_for_comm(s.params_ready);
+  param_pool.give_back(std::move(s.params_full), CommPoint{device->record(), nullptr});
+  s.gathered = false;
+  live -= layout.units()[u].numel;
+}
+
+// Each unit's gradient is reduced as soon as it is final, behind the rest of backward (as
+// DDP does): stages 0-1 after the last micro-batch's backward of the unit, stages 2-3 after
+// every micro-batch's, whose bucket is then free for the next unit once that collective ran.
+void Engine::Impl::grads_ready(int u) {
+  check_unit(u);
+  UnitState& s = units[u];
+  const Unit& unit = layout.units()[u];
+  ZERO_CHECK(s.micro_batches_done < config.micro_batches,
+             "grads_ready(" << u << ") called " << s.micro_batches_done + 1
+                            << " times before step(); configured micro-batches per step: "
+                            << config.micro_batches);
+  ZERO_CHECK(!s.persistent, "grads_ready(" << u << "): unit " << u
+                                           << " holds the persistent parameters "
+                                              "(stage3_param_persistence_threshold); step() "
+                                              "reduces their gradients itself");
+  s.micro_batches_done += 1;
+  const bool last = s.micro_batches_done == config.micro_batches;
+  if (config.stage >= 2) {
+    if (s.bucket.empty()) s.bucket = grad_pool.acquire(/*zeroed=*/true);
+    const CommPoint bucket_read = reduce_unit(u, s.bucket.data(), config.dtype,
+                                              /*accumulate=*/s.micro_batches_done > 1);
+    grad_pool.give_back(std::move(s.bucket), bucket_read);
+    return;
+  }
+  if (!s.bucket.empty()) {
+    // This micro-batch's gradient into the accumulator of another dtype.
+    device->add(s.grads_full.data(), accum_dtype, s.bucket.data(), config.dtype, unit.numel);
+    grad_pool.give_back(std::move(s.bucket), CommPoint{device->record(), nullptr});
+  }
+  // Stages 0-1 keep whole gradients through accumulation and reduce them in place (stage 1's
+  // reduced slice lands at the rank's own offset in the full buffer).
+  if (last) reduce_unit(u, s.grads_full.data(), accum_dtype, /*accumulate=*/false);
+}
+
+// Reduces unit u's gradient `source` (`dtype`) into what the rank keeps of it, alone or as
+// part of its reduce_bucket_size pack. Returns the event after which `source` may be reused.
+CommPoint Engine::Impl::reduce_unit(int u, void* source, DType dtype, bool accumulate) {
+  UnitState& s = units[u];
+  const Unit& unit = layout.units()[u];
+  if (reduce_packs.fused(u)) return reduce_packed(u, source, dtype, accumulate);
+  s.grads_reduced = config.stage == 0
+                        ? reduce_whole(unit, source, dtype)
+                        : reduce_to_shard(unit, source, dtype, owned_grads(u), accumulate);
+  return s.grads_reduced;
+}
+
+// A unit of a packed reduction: its gradient is copied into its place in every rank region
+// of the fusion buffer (in the reduction dtype); the pack's last unit issues the one
+// collective and copies each unit's reduced part out to what the rank keeps.
+CommPoint Engine::Impl::reduce_packed(int u, void* source, DType dtype, bool accumulate) {
+  const double issue_us = Trace::now_us();
+  PackedCollectives& packs = reduce_packs;
+  const int p = packs.pack_of[u];
+  ZERO_CHECK(packs.filling == -1 || packs.filling == p,
+             "grads_ready(" << u << ") while the reduction bucket of unit "
+                            << packs.packs[packs.filling].front()
+                            << " still waits for units; with reduce_bucket_size packing "
+                               "units must become ready in backward order");
+  packs.filling = p;
+  const DType wire = reduction_dtype(config);
+  const size_t wire_size = dtype_size(wire);
+  const size_t region = packs.region[p];
+  const Unit& unit = layout.units()[u];
+  prepare_for_reduction(source, dtype, unit.numel);
+  comm.stream().wait(device->record());
+  DeviceContext* dev = device.get();
+  Stream* on = &comm.stream();
+  char* fused = static_cast<char*>(fusion.data());
+  const int ranks = world;
+  const size_t shard = unit.shard;
+  const size_t offset = packs.offset_of[u];
+  const char* from = static_cast<const char*>(source);
+  const size_t from_size = dtype_size(dtype);
+  on->enqueue([=] {
+    for (int r = 0; r < ranks; ++r) {
+      dev->cast(from + r * shard * from_size, dtype, fused + (r * region + offset) * wire_size,
+                wire, shard, on);
+    }
+  });
+  const CommPoint copied = comm_point();
+  units[u].grads_reduced = copied;
+  if (++packs.filled < packs.packs[p].size()) return copied;
+  packs.filling = -1;
+  packs.filled = 0;
+
+  const uint64_t bytes = ranks * region * wire_size;
+  if (config.stage == 0 || !config.reduce_scatter) {
+    traced("all_reduce", bytes,
+           [&] { return comm.all_reduce(fused, fused, ranks * region, wire); });
+  } else {
+    traced("reduce_scatter", bytes, [&] {
+      return comm.reduce_scatter(fused, fused + rank * region * wire_size, region, wire);
+    });
+  }
+  for (int v : packs.packs[p]) {
+    const size_t v_shard = layout.units()[v].shard;
+    const char* reduced = fused + packs.offset_of[v] * wire_size;
+    if (config.stage == 0) {
+      // Stage 0 keeps the whole sum: every rank region goes back to its place.
+      char* dest = static_cast<char*>(units[v].grads_full.data());
+      const DType to = accum_dtype;
+      on->enqueue([=] {
+        for (int r = 0; r < ranks; ++r) {
+          dev->cast(reduced + r * region * wire_size, wire, dest + r * v_shard * dtype_size(to), to,
+                    v_shard, on);
+        }
+      });
+      continue;
+    }
+    const char* mine = reduced + rank * region * wire_size;
+    void* dest = owned_grads(static_cast<size_t>(v));
+    const DType to = accum_dtype;
+    on->enqueue([=] {
+      if (accumulate) {
+        dev->add(dest, to, mine, wire, v_shard, on);
+      } else {
+        dev->cast(mine, wire, dest, to, v_shard, on);
+      }
+    });
+  }
+  const CommPoint reduced = issued(comm_point(), issue_us);
+  for (int v : packs.packs[p]) units[v].grads_reduced = reduced;
+  return copied;
+}
+
+const ParamPlacement& Engine::Impl::placement(int p) const {
+  ZERO_CHECK(p >= 0 && p < static_cast<int>(layout.params().size()),
+             "parameter " << p << " does not exist; the model has " << layout.params().size()
+                          << " parameters");
+  return layout.params()[p];
+}
+
+void* Engine::Impl::param(int p) {
+  const ParamPlacement& pl = placement(p);
+  UnitState& s = units[pl.unit];
+  ZERO_CHECK(s.gathered && !s.params_full.empty(),
+             "parameter '" << pl.name << "' used while unit " << pl.unit
+                           << " is not gathered; call gather(" << pl.unit << ") first");
+  return byte_offset(s.params_full.data(), pl.offset * elem);
+}
+
+void* Engine::Impl::grad(int p) {
+  const ParamPlacement& pl = placement(p);
+  UnitState& s = units[pl.unit];
+  if (!uses_grad_buckets(config) || s.persistent) {
+    return byte_offset(s.grads_full.data(), pl.offset * elem);
+  }
+  if (s.bucket.empty()) s.bucket = grad_pool.acquire(/*zeroed=*/true);
+  return byte_offset(s.bucket.data(), pl.offset * elem);
+}
+
+}  // namespace zero

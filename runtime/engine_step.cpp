@@ -1,0 +1,220 @@
+#include "engine_internal.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace zero {
+
+// One optimizer step in named phases: wait for the reductions, the global norm and overflow,
+// the update of each rank's slice, the all-gathers that bring the slices back.
+StepStats Engine::Impl::step() {
+  check_ready_for_step();
+  // The persistent unit's gradient was added to by every module's backward: reduce it now.
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (units[u].persistent) {
+      reduce_unit(static_cast<int>(u), units[u].grads_full.data(), config.dtype, false);
+    }
+  }
+  for (UnitState& s : units) wait_for_comm(s.grads_reduced);
+  const GradientCheck check = check_gradients();
+
+  StepStats stats;
+  stats.grad_norm = check.grad_norm;
+  stats.skipped = skip_step(check);
+  stats.loss_scale = loss_scale();
+  stats.lr = current_lr();
+  if (!stats.skipped) {
+    float clip = 1.0f;
+    if (config.gradient_clipping > 0.0f && stats.grad_norm > config.gradient_clipping) {
+      clip = config.gradient_clipping / (stats.grad_norm + 1e-6f);
+      stats.clipped = true;
+    }
+    update(stats.lr, clip * check.to_mean);
+    start_post_step_gathers();
+  }
+  finish_step();
+  stats.step = optimizer.step();
+  stats.collectives = collectives_issued;
+  stats.comm_busy_ms = static_cast<double>(comm_busy_us->exchange(0)) / 1000.0;
+  stats.comm_wait_ms = comm_wait_us / 1000.0;
+  collectives_issued = 0;
+  comm_wait_us = 0.0;
+  return stats;
+}
+
+void Engine::Impl::check_ready_for_step() const {
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (units[u].persistent) continue;  // reduced by the step itself
+    ZERO_CHECK(units[u].micro_batches_done == config.micro_batches,
+               "step() after " << units[u].micro_batches_done << " backward pass(es) of unit " << u
+                               << "; expected " << config.micro_batches
+                               << " (one grads_ready per unit per micro-batch)");
+    // A stage-3 unit gathered across the step would keep serving the old parameters.
+    ZERO_CHECK(config.stage != 3 || !units[u].gathered || units[u].persistent,
+               "step() while unit " << u << " is still gathered; release it first");
+  }
+}
+
+// One all-reduce of each unit's sum of squares over the shards gives the global norm, and
+// tells every rank at once whether (and in which unit) a gradient overflowed anywhere.
+Engine::Impl::GradientCheck Engine::Impl::check_gradients() {
+  float* unit_sums = norm_sums.as<float>();
+  {
+    ScopedSpan span(trace, "gradient norm");
+    for (size_t u = 0; u < units.size(); ++u) {
+      device->sum_squares(grad_shard(u), accum_dtype, layout.units()[u].shard, unit_sums + u);
+    }
+  }
+  comm.stream().wait(device->record());
+  wait_for_comm(traced("all_reduce", units.size() * sizeof(float), [&] {
+    return comm.all_reduce(unit_sums, unit_sums, units.size(), DType::kFloat32);
+  }));
+  // The one value the host must see each step: whether to skip, and how much to clip.
+  device->copy_to_host(norm_sums_on_host.data(), unit_sums, units.size() * sizeof(float));
+  GradientCheck check;
+  check.unit_sums.assign(norm_sums_on_host.as<float>(),
+                         norm_sums_on_host.as<float>() + units.size());
+  double total = 0.0;
+  for (float v : check.unit_sums) total += v;
+  // Gradients are summed over ranks and micro-batches and carry the loss scale (and the
+  // pre-divide): one factor takes them back to the mean gradient of the global batch.
+  check.to_mean =
+      config.gradient_predivide_factor /
+      (static_cast<float>(world) * static_cast<float>(config.micro_batches) * loss_scale());
+  check.grad_norm = static_cast<float>(std::sqrt(total)) * check.to_mean;
+  check.overflow = !std::isfinite(total);
+  return check;
+}
+
+// fp16 lets the loss scaler decide; fp32 and bf16 stop on a non-finite gradient, naming the
+// unit, unless told to skip such steps.
+bool Engine::Impl::skip_step(const GradientCheck& check) {
+  if (config.dtype == DType::kFloat16) return loss_scaler.update(check.overflow);
+  if (!check.overflow) return false;
+  const std::vector<float>& sums = check.unit_sums;
+  size_t bad = 0;
+  while (bad < sums.size() && std::isfinite(sums[bad])) ++bad;
+  const Unit& unit = layout.units()[bad < sums.size() ? bad : 0];
+  const std::string first_param =
+      unit.params.empty() ? "no parameters" : layout.params()[unit.params.front()].name;
+  ZERO_CHECK(config.skip_nonfinite_steps,
+             "step " << optimizer.step() + 1 << ": the gradient of unit " << bad
+                     << " (starting at parameter '" << first_param
+                     << "') is not finite on some rank; stopping (\"nonfinite_gradients\": "
+                        "\"skip\" in the config skips such steps instead)");
+  return true;
+}
+
+// Fused AdamW (or SGD) over what each rank owns, in passes of at most sub_group_size
+// elements (DeepSpeed's bound on what one optimizer pass touches); each unit's slice may be
+// cut into several pieces, which the element-wise update does not notice.
+void Engine::Impl::update(float lr, float grad_scale) {
+  optimizer.begin_step(lr);
+  const bool separate_master = config.dtype != DType::kFloat32;
+  const size_t limit = config.optimizer_sub_group_elements;
+  std::vector<ShardUpdate> group;
+  size_t group_numel = 0;
+  ScopedSpan optimizer_span(trace, "optimizer");
+  const auto flush = [&] {
+    if (!group.empty())
+      device->apply_optimizer(optimizer, group, accum_dtype, grad_scale, config.dtype);
+    group.clear();
+    group_numel = 0;
+  };
+  for (size_t u = 0; u < units.size(); ++u) {
+    UnitState& s = units[u];
+    void* working = owned_params(u);
+    const size_t n = owned_numel(u);
+    for (size_t begin = 0; begin < n;) {
+      const size_t room = limit == 0 ? n : limit - group_numel;
+      const size_t count = std::min(n - begin, room);
+      ShardUpdate piece;
+      piece.shard.n = count;
+      piece.shard.master =
+          separate_master ? s.master.as<float>() + begin : static_cast<float*>(working) + begin;
+      for (int k = 0; k < optimizer.state_count(); ++k) {
+        piece.shard.state[k] = s.state[k].as<float>() + begin;
+      }
+      piece.grad = byte_offset(owned_grads(u), begin * accum);
+      piece.param_out = separate_master ? byte_offset(working, begin * elem) : nullptr;
+      group.push_back(piece);
+      group_numel += count;
+      begin += count;
+      if (limit != 0 && group_numel == limit) flush();
+    }
+  }
+  flush();
+}
+
+// Brings every rank's updated slice back into the full parameters (stages 1-2, and stage
+// 3's persistent units); the next forward's gather(u) waits for unit u only, so the
+// all-gathers overlap with the forward.
+void Engine::Impl::start_post_step_gathers() {
+  if (config.stage == 0) return;
+  comm.stream().wait(device->record());
+  for (const std::vector<int>& pack : gather_packs.packs) {
+    if (pack.size() > 1) {
+      gather_packed(pack);
+      continue;
+    }
+    const int u = pack.front();
+    UnitState& s = units[u];
+    if (s.params_full.empty()) continue;
+    const Unit& unit = layout.units()[u];
+    const double issue_us = Trace::now_us();
+    s.params_ready = issued(traced("all_gather", unit.numel * elem,
+                                   [&] {
+                                     return comm.all_gather(owned_params(u), s.params_full.data(),
+                                                            unit.shard, config.dtype);
+                                   }),
+                            issue_us);
+    if (!s.persistent) s.gathered = false;
+  }
+}
+
+// An allgather_bucket_size pack (stages 1-2): each unit's updated slice into its place in
+// this rank's region of the fusion buffer, one all-gather of the regions, and every rank's
+// slice of each unit back into its full parameters.
+void Engine::Impl::gather_packed(const std::vector<int>& pack) {
+  const double issue_us = Trace::now_us();
+  const int p = gather_packs.pack_of[pack.front()];
+  const size_t region = gather_packs.region[p];
+  char* fused = static_cast<char*>(fusion.data());
+  DeviceContext* dev = device.get();
+  Stream* on = &comm.stream();
+  const size_t w = elem;
+  for (int u : pack) {
+    const char* mine = static_cast<const char*>(owned_params(u));
+    char* slot = fused + (rank * region + gather_packs.offset_of[u]) * w;
+    const size_t bytes = layout.units()[u].shard * w;
+    on->enqueue([=] { dev->copy(slot, mine, bytes, on); });
+  }
+  traced("all_gather", world * region * w,
+         [&] { return comm.all_gather(fused + rank * region * w, fused, region, config.dtype); });
+  for (int u : pack) {
+    char* full = static_cast<char*>(units[u].params_full.data());
+    const char* part = fused + gather_packs.offset_of[u] * w;
+    const size_t shard_bytes = layout.units()[u].shard * w;
+    const int ranks = world;
+    on->enqueue([=] {
+      for (int r = 0; r < ranks; ++r) {
+        dev->copy(full + r * shard_bytes, part + r * region * w, shard_bytes, on);
+      }
+    });
+  }
+  const CommPoint ready = issued(comm_point(), issue_us);
+  for (int u : pack) {
+    units[u].params_ready = ready;
+    units[u].gathered = false;
+  }
+}
+
+// Gradients start from zero for the next step.
+void Engine::Impl::finish_step() {
+  for (UnitState& s : units) {
+    if (!s.grads_full.empty()) device->zero(s.grads_full.data(), s.grads_full.bytes());
+    s.micro_batches_done = 0;
+  }
+}
+
+}  // namespace zero

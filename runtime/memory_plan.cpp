@@ -1,0 +1,212 @@
+#include "engine_internal.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "zero/collectives/mpi_communicator.h"
+#include "zero/runtime/estimate.h"
+
+namespace zero {
+
+namespace {
+
+// Collectives grouped as DeepSpeed's bucket keys ask: consecutive units, in the order their
+// collectives are issued, packed into one collective while their elements fit in `limit`
+// elements (a unit larger than it goes alone; 0: one collective per unit). Units themselves
+// stay the registered modules: packing groups collectives, it never widens a gather. A pack
+// never exceeds two of the largest unit either: its fusion buffer then costs no more than the
+// double-buffered gradient buckets beside it, where DeepSpeed's usual 5e8 would hold a whole
+// small model's gradient once more.
+std::vector<std::vector<int>> pack_units(const Layout& layout, size_t limit, bool backward) {
+  const size_t cap = limit == 0 ? 0 : std::min(limit, 2 * layout.max_unit_numel());
+  std::vector<std::vector<int>> packs;
+  size_t numel = 0;
+  bool open = false;  // whether the last pack takes more units
+  const int n = static_cast<int>(layout.units().size());
+  for (int i = 0; i < n; ++i) {
+    const int u = backward ? n - 1 - i : i;
+    const size_t unit_numel = layout.units()[u].numel;
+    if (!open || numel + unit_numel > cap) {
+      packs.emplace_back();
+      numel = 0;
+    }
+    packs.back().push_back(u);
+    numel += unit_numel;
+    // The persistent unit is reduced at the step, apart from backward's order: always alone.
+    open = cap > 0 && !layout.units()[u].persistent;
+    if (!open) numel = 0;
+  }
+  return packs;
+}
+
+// Elements of the largest pack of more than one unit: the fusion buffer's size (0: none).
+size_t max_fused_numel(const Layout& layout, size_t limit, bool backward) {
+  size_t most = 0;
+  for (const std::vector<int>& pack : pack_units(layout, limit, backward)) {
+    if (pack.size() < 2) continue;
+    size_t numel = 0;
+    for (int u : pack) numel += layout.units()[u].numel;
+    most = std::max(most, numel);
+  }
+  return most;
+}
+
+// What the CPU path's communicator (MPI) stages; CUDA's (NCCL) stages nothing.
+size_t planned_staging_bytes(const Layout& layout, const EngineConfig& config) {
+  if (config.device.is_cuda()) return 0;
+  const int ranks = layout.world_size();
+  return max_staging_bytes(layout, config, [ranks](CollectiveOp op, size_t count, DType dtype) {
+    return mpi_staging_bytes(op, count, dtype, ranks);
+  });
+}
+
+}  // namespace
+
+DType accumulation_dtype(const EngineConfig& config) {
+  if (config.grad_accum_dtype) return *config.grad_accum_dtype;
+  return config.dtype == DType::kBFloat16 ? DType::kFloat32 : config.dtype;
+}
+
+bool uses_grad_buckets(const EngineConfig& config) {
+  return config.stage >= 2 || accumulation_dtype(config) != config.dtype;
+}
+
+bool needs_fp32_scratch(const EngineConfig& config) {
+  const bool reduces_working_dtype =
+      config.stage >= 2 || accumulation_dtype(config) == config.dtype;
+  return config.reduce_in_fp32 && config.dtype != DType::kFloat32 && reduces_working_dtype;
+}
+
+size_t param_buffer_count(const Layout& layout, const EngineConfig& config) {
+  if (config.stage != 3) return 0;
+  const size_t max_unit = std::max<size_t>(layout.max_unit_numel(), 1);
+  return 2 + config.prefetch_elements / max_unit;
+}
+
+DType reduction_dtype(const EngineConfig& config) {
+  if (config.reduce_in_fp32) return DType::kFloat32;
+  return config.stage <= 1 ? accumulation_dtype(config) : config.dtype;
+}
+
+size_t fusion_bytes(const Layout& layout, const EngineConfig& config) {
+  const size_t reduce = max_fused_numel(layout, config.reduce_bucket_elements, true) *
+                        dtype_size(reduction_dtype(config));
+  const bool post_step_gathers = config.stage == 1 || config.stage == 2;
+  const size_t gather = post_step_gathers
+                            ? max_fused_numel(layout, config.allgather_bucket_elements, false) *
+                                  dtype_size(config.dtype)
+                            : 0;
+  return std::max(reduce, gather);
+}
+
+PackedCollectives::PackedCollectives(const Layout& layout, size_t limit, bool backward)
+    : packs(pack_units(layout, limit, backward)),
+      pack_of(layout.units().size()),
+      offset_of(layout.units().size()),
+      region(packs.size()) {
+  for (size_t p = 0; p < packs.size(); ++p) {
+    for (int u : packs[p]) {
+      pack_of[u] = static_cast<int>(p);
+      offset_of[u] = region[p];
+      region[p] += layout.units()[u].shard;
+    }
+  }
+}
+
+size_t max_staging_bytes(const Layout& layout, const EngineConfig& config,
+                         const StagingBytes& staging) {
+  const DType wire = reduction_dtype(config);
+  const bool all_reduce = config.stage == 0 || !config.reduce_scatter;
+  const CollectiveOp op = all_reduce ? CollectiveOp::kAllReduce : CollectiveOp::kReduceScatter;
+  const size_t ranks = static_cast<size_t>(layout.world_size());
+  size_t most = staging(CollectiveOp::kAllReduce, layout.units().size(), DType::kFloat32);
+  const PackedCollectives packs(layout, config.reduce_bucket_elements, /*backward=*/true);
+  for (size_t p = 0; p < packs.packs.size(); ++p) {
+    const size_t region = packs.region[p];
+    most = std::max(most, staging(op, all_reduce ? ranks * region : region, wire));
+  }
+  return most;
+}
+
+bool is_persistent(const Unit& unit, const EngineConfig& config) {
+  return config.stage == 3 && unit.persistent;
+}
+
+UnitBytes unit_bytes(const Unit& unit, const EngineConfig& config, int state_arrays) {
+  const size_t w = dtype_size(config.dtype);
+  const size_t g = dtype_size(accumulation_dtype(config));
+  const size_t full = unit.numel;
+  const size_t shard = unit.shard;
+  const size_t owned = config.stage == 0 ? full : shard;  // what this rank updates
+  UnitBytes b;
+  if (config.stage <= 2 || is_persistent(unit, config)) b.params_full = full * w;
+  if (config.stage == 3) b.params_shard = shard * w;
+  if (config.dtype != DType::kFloat32) b.master = owned * sizeof(float);
+  if (config.stage <= 1) b.grads_full = full * g;
+  if (is_persistent(unit, config)) b.grads_full = full * w;  // backward adds into it directly
+  if (config.stage >= 2) b.grads_shard = shard * g;
+  b.state = owned * sizeof(float);
+  b.state_arrays = state_arrays;
+  return b;
+}
+
+int optimizer_state_arrays(const OptimizerConfig& config) {
+  return Optimizer(config).state_count();
+}
+
+LayoutOptions layout_options(const EngineConfig& config, int world_size) {
+  LayoutOptions options;
+  options.world_size = world_size;
+  options.dtype = config.dtype;
+  options.alignment_bytes = config.alignment_bytes;
+  options.merge_bytes = config.merge_bytes;
+  options.persistent_below = config.stage == 3 ? config.persistence_threshold : 0;
+  return options;
+}
+
+MemoryPlan plan_memory(const Layout& layout, const EngineConfig& config) {
+  const int state_arrays = optimizer_state_arrays(config.optimizer);
+  MemoryPlan plan;
+  for (const Unit& unit : layout.units()) {
+    UnitBytes b = unit_bytes(unit, config, state_arrays);
+    plan.model_state += b.params_full + b.params_shard + b.master + b.grads_full + b.grads_shard +
+                        b.state * static_cast<size_t>(b.state_arrays);
+  }
+  const size_t max_unit = layout.max_unit_numel();
+  const size_t w = dtype_size(config.dtype);
+  plan.buffers += param_buffer_count(layout, config) * max_unit * w;
+  if (uses_grad_buckets(config)) plan.buffers += 2 * max_unit * w;  // double-buffered buckets
+  if (needs_fp32_scratch(config)) plan.buffers += max_unit * sizeof(float);
+  plan.buffers += fusion_bytes(layout, config);
+  plan.buffers += planned_staging_bytes(layout, config);
+  return plan;
+}
+
+// The estimator's view of this model on other stages and more ranks, for an out-of-memory
+// message: the exact plan of the engine for each stage here, the ZeRO formula beyond.
+std::string Engine::Impl::what_would_fit() const {
+  const uint64_t budget = allocator.limit();
+  std::ostringstream out;
+  out << "what the estimator says for this model (" << layout.numel() << " parameters, "
+      << dtype_name(config.dtype) << ")";
+  if (budget > 0) out << " against the limit of " << human_bytes(budget);
+  out << ":\n";
+  for (int stage = 0; stage <= 3; ++stage) {
+    EngineConfig other = config;
+    other.stage = stage;
+    const MemoryPlan plan = plan_memory(layout, other);
+    const uint64_t need = plan.model_state + plan.buffers;
+    out << "  stage " << stage << " on " << world << " rank(s): " << human_bytes(need)
+        << " per rank" << (budget > 0 && need <= budget ? " (fits)" : "")
+        << (stage == config.stage ? " <- this run" : "") << "\n";
+  }
+  for (int ranks : {world * 2, world * 4, world * 8}) {
+    const uint64_t need =
+        estimate_model_state(layout.padded_numel(), ranks, config.dtype, 3).total();
+    out << "  stage 3 on " << ranks << " ranks: about " << human_bytes(need)
+        << " of model state per rank" << (budget > 0 && need <= budget ? " (fits)" : "") << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace zero
