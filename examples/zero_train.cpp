@@ -23,12 +23,15 @@
 #include <iostream>
 #include <limits>
 #include <memory>
+#include <new>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "examples/mlp.h"
+#include "examples/run_checks.h"
 #include "zero/collectives/mpi_communicator.h"
 #if ZERO_HAVE_NCCL
 #include "zero/collectives/nccl_communicator.h"
@@ -403,10 +406,20 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::Communicator& c
   }
   const zero::examples::TeacherTask data(f.mlp, data_seed);
 
+  // A resumed run appends to the metrics file it continues, after a record marking the resume.
   std::ofstream metrics;
   if (rank == 0 && !f.metrics.empty()) {
-    metrics.open(f.metrics);
+    metrics.open(f.metrics, f.resume.empty() ? std::ios::trunc : std::ios::app);
     ZERO_CHECK(metrics.good(), "cannot open metrics file '" << f.metrics << "' for writing");
+    if (!f.resume.empty()) {
+      metrics << "{\"event\":\"resume\",\"step\":" << first_step - 1 << "}\n";
+    }
+  }
+  if (rank == 0 && !f.save_dir.empty() && f.save_every == 0) {
+    std::printf(
+        "checkpoints: --save-dir without --save-every: the last step (%ld) is saved at "
+        "the end\n",
+        f.steps);
   }
   const uint64_t state_bytes = max_over_ranks(host, engine.model_state_bytes());
   const uint64_t buffer_bytes = max_over_ranks(host, engine.buffer_bytes());
@@ -432,6 +445,9 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::Communicator& c
 
   for (long step = first_step; step <= f.steps; ++step) {
     const uint64_t bytes_before = comm.counters().total_bytes();
+    // The last step is always saved when there is a save directory.
+    const bool save_now =
+        !f.save_dir.empty() && ((f.save_every > 0 && step % f.save_every == 0) || step == f.steps);
     const auto start = std::chrono::steady_clock::now();
     // Host-side timers for wall_clock_breakdown (on CUDA, the time to queue the work).
     std::chrono::steady_clock::duration data_time{}, forward_time{}, backward_time{};
@@ -473,7 +489,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::Communicator& c
     global_loss /= static_cast<float>(world * micro_batches);
     const double step_ms = ms_since(start);
     const uint64_t step_bytes = comm.counters().total_bytes() - bytes_before;
-    if (f.save_every > 0 && step % f.save_every == 0) {
+    if (save_now) {
       zero::save_checkpoint(engine, f.save_dir, zero::TrainerState{step, data_seed},
                             zero::SaveOptions{tc.gather_16bit_weights_on_model_save});
       if (rank == 0) std::printf("checkpoint of step %ld saved in %s\n", step, f.save_dir.c_str());
@@ -524,6 +540,119 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::Communicator& c
   }
 }
 
+// A start-up problem of this process (an output path it cannot write): exit code 2, like a
+// usage or config error, and agreed with the other ranks the same way.
+class SetupError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+std::string text_of(double v) {
+  std::ostringstream out;
+  out << v;
+  return out.str();
+}
+
+// Every setting that must agree across ranks for them to train one model: a difference would
+// train silently wrong or hang in a collective. Named as the user knows them.
+std::vector<zero::examples::Setting> run_description(const Flags& f,
+                                                     const zero::TrainingConfig& tc) {
+  const zero::EngineConfig& e = tc.engine;
+  const zero::OptimizerConfig& o = e.optimizer;
+  const zero::LrScheduleConfig& s = e.lr_schedule;
+  const zero::LossScalerConfig& ls = e.loss_scaler;
+  std::ostringstream optimizer, schedule, scaler, zero_opt, model, fault;
+  optimizer << static_cast<int>(o.type) << " lr " << o.lr << " betas " << o.beta1 << " " << o.beta2
+            << " eps " << o.eps << " weight_decay " << o.weight_decay << " momentum " << o.momentum;
+  schedule << static_cast<int>(s.type) << " " << s.min_lr << ".." << s.max_lr << " warmup "
+           << s.warmup_steps << " (" << static_cast<int>(s.warmup_type) << ") total "
+           << s.total_steps << " cos_min_ratio " << s.cos_min_ratio;
+  scaler << ls.static_scale << " 2^" << ls.initial_scale_power << " window " << ls.scale_window
+         << " hysteresis " << ls.hysteresis << " min " << ls.min_scale;
+  zero_opt << "overlap_comm " << e.overlap_comm << " reduce_scatter " << e.reduce_scatter
+           << " reduce_bucket " << e.reduce_bucket_elements << " allgather_bucket "
+           << e.allgather_bucket_elements << " prefetch " << e.prefetch_elements << " persistence "
+           << e.persistence_threshold << " max_live " << e.max_live_elements << " reuse "
+           << e.max_reuse_distance << " sub_group " << e.optimizer_sub_group_elements
+           << " merge_bytes " << e.merge_bytes << " predivide " << e.gradient_predivide_factor
+           << " fp32_reduce " << e.reduce_in_fp32 << " grad_accum "
+           << (e.grad_accum_dtype ? zero::dtype_name(*e.grad_accum_dtype) : "default");
+  model << f.model << " " << f.mlp.input_dim << "-" << f.mlp.hidden_dim << "x" << f.mlp.layers
+        << "-" << f.mlp.output_dim;
+  fault << static_cast<int>(f.fault.kind) << "@" << f.fault.step;
+  return {
+      {"the model (--model, --input-dim, --hidden, --layers, --output-dim)", model.str()},
+      {"the ZeRO stage (--stage, zero_optimization.stage)", std::to_string(e.stage)},
+      {"the dtype (--dtype, bf16/fp16.enabled)", zero::dtype_name(e.dtype)},
+      {"--steps", std::to_string(f.steps)},
+      {"the global batch (--global-batch, train_batch_size)", std::to_string(tc.train_batch_size)},
+      {"the micro-batches (--micro-batches, gradient_accumulation_steps)",
+       std::to_string(tc.gradient_accumulation_steps)},
+      {"the seed (--seed, seed)", std::to_string(e.seed)},
+      {"the optimizer (--lr, --weight-decay, optimizer)", optimizer.str()},
+      {"the learning-rate schedule (--schedule, --warmup, scheduler)", schedule.str()},
+      {"the gradient clipping (--clip, gradient_clipping)", text_of(e.gradient_clipping)},
+      {"the fp16 loss scaler (fp16.*)", scaler.str()},
+      {"the non-finite policy (--nonfinite)", std::to_string(e.skip_nonfinite_steps)},
+      {"the ZeRO schedule (zero_optimization.*, --merge-bytes)", zero_opt.str()},
+      {"--save-dir", f.save_dir},
+      {"--save-every", std::to_string(f.save_every)},
+      {"--resume", f.resume},
+      {"--override-optimizer", std::to_string(tc.override_optimizer)},
+      {"--memory-limit", std::to_string(f.memory_limit)},
+      {"--device", f.cuda ? "cuda" : "cpu"},
+      {"--inject-fault", fault.str()},
+      {"--test-comm-delay-us", std::to_string(f.test_comm_delay_us)},
+  };
+}
+
+// Output paths are checked at start, not at the first save or after the last step. The save
+// directory is every rank's (each writes its shard) and rank 0 locks it for the job; the
+// metrics file and the trace are rank 0's.
+void check_outputs(const Flags& f, int rank, std::optional<zero::examples::SaveDirLock>* lock) {
+  if (!f.save_dir.empty()) {
+    const std::string why = zero::examples::unusable_save_dir(f.save_dir);
+    if (!why.empty()) throw SetupError("--save-dir: " + why);
+    if (rank == 0) {
+      try {
+        lock->emplace(f.save_dir);
+      } catch (const std::runtime_error& e) {
+        throw SetupError(std::string("--save-dir: ") + e.what());
+      }
+    }
+  }
+  if (rank != 0) return;
+  for (const auto& [flag, path] : {std::pair{"--metrics", &f.metrics}, {"--trace", &f.trace}}) {
+    if (path->empty()) continue;
+    const std::string why = zero::examples::unwritable_file(*path);
+    if (!why.empty()) throw SetupError(std::string(flag) + ": " + why);
+  }
+}
+
+// Exit codes: 0 done, 1 a runtime error, 2 a usage, config or setup error (nothing started),
+// 3 out of memory (the plan does not fit, or the system refused an allocation).
+constexpr int kExitOutOfMemory = 3;
+
+// Host memory of one micro-batch outside the engine's allocator, from the MLP's shapes: the
+// batch (inputs and targets), each layer's output kept for backward, and the gradients that
+// flow back (about as large again), in fp32.
+uint64_t activation_bytes(const Flags& f, const zero::TrainingConfig& tc) {
+  const uint64_t per_sample =
+      static_cast<uint64_t>(f.mlp.input_dim) + 2ull * static_cast<uint64_t>(f.mlp.output_dim) +
+      2ull * static_cast<uint64_t>(f.mlp.hidden_dim) * static_cast<uint64_t>(f.mlp.layers);
+  return static_cast<uint64_t>(tc.micro_batch_per_rank) * per_sample * 2 * sizeof(float);
+}
+
+// Ranks sharing this node (MPI_COMM_TYPE_SHARED), among which the host's memory is divided.
+int ranks_on_node() {
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int size = 1;
+  MPI_Comm_size(node, &size);
+  MPI_Comm_free(&node);
+  return size;
+}
+
 // Every rank's outcome of reading its flags and config, agreed before any other collective: a
 // problem seen by only some ranks (a file one rank cannot read) ends every rank at once with
 // exit code 2, instead of leaving the others in the engine's first collective until the
@@ -546,13 +675,19 @@ int main(int argc, char** argv) {
   const int rank = mpi.world_rank();
   Flags flags;
   zero::TrainingConfig config;
+  std::optional<zero::examples::SaveDirLock> save_dir_lock;
   std::string error;
   try {
     flags = parse_flags(argc, argv);
-    if (!flags.help) config = resolve_config(flags, mpi.world_size());
+    if (!flags.help) {
+      config = resolve_config(flags, mpi.world_size());
+      check_outputs(flags, rank, &save_dir_lock);
+    }
   } catch (const UsageError& e) {
     error = std::string(e.what()) + "\n" + kUsage;
   } catch (const zero::ConfigError& e) {
+    error = e.what();
+  } catch (const SetupError& e) {
     error = e.what();
   }
   const std::vector<int> failed = failed_ranks(!error.empty(), mpi.world_size());
@@ -573,6 +708,38 @@ int main(int argc, char** argv) {
   if (flags.help) {
     if (rank == 0) std::cout << kUsage;
     return 0;
+  }
+  const std::string disagreement =
+      zero::examples::first_disagreement(run_description(flags, config));
+  if (!disagreement.empty()) {
+    if (rank == 0) std::cerr << ("zero-train: " + disagreement + "\n");
+    return 2;
+  }
+  if (!flags.cuda && flags.memory_limit == 0) {
+    // Without --memory-limit the engine's budget is what the host can give this rank, less the
+    // activations and batch data, so a model that cannot fit is an error with the plan's
+    // numbers (exit 3), not a kill by the kernel halfway through allocating it.
+    const uint64_t host = zero::examples::host_memory_per_rank(ranks_on_node());
+    const uint64_t activations = activation_bytes(flags, config);
+    if (host > 0) {
+      if (host <= activations) {
+        if (rank == 0) {
+          std::cerr << ("zero-train: out of host memory: the activations and batch data of " +
+                        std::to_string(config.micro_batch_per_rank) +
+                        " samples per micro-batch need about " + zero::human_bytes(activations) +
+                        " per rank, and a rank may use " + zero::human_bytes(host) +
+                        "; lower --global-batch\n");
+        }
+        return kExitOutOfMemory;
+      }
+      config.engine.memory_limit_bytes = host - activations;
+      if (rank == 0) {
+        std::printf(
+            "host memory per rank: %s (available memory over the ranks on this node), "
+            "%s of it for activations and batch data\n",
+            zero::human_bytes(host).c_str(), zero::human_bytes(activations).c_str());
+      }
+    }
   }
   if (rank == 0) {
     for (const std::string& line : config.resolved_auto) std::printf("config: %s\n", line.c_str());
@@ -599,8 +766,16 @@ int main(int argc, char** argv) {
     // message, exit 2, and no rank is left in a collective.
     if (rank == 0) std::cerr << "zero-train: " << e.what() << "\n";
     return 2;
+  } catch (const zero::OutOfMemoryError& e) {
+    std::cerr << ("zero-train: rank " + std::to_string(rank) + ": " + e.what() + "\n");
+    MPI_Abort(MPI_COMM_WORLD, kExitOutOfMemory);
+  } catch (const std::bad_alloc&) {
+    std::cerr << ("zero-train: rank " + std::to_string(rank) +
+                  ": out of host memory (the system refused an allocation); lower "
+                  "--global-batch or the model size, or use more ranks\n");
+    MPI_Abort(MPI_COMM_WORLD, kExitOutOfMemory);
   } catch (const std::exception& e) {
-    std::cerr << "zero-train: rank " << rank << ": error: " << e.what() << "\n";
+    std::cerr << ("zero-train: rank " + std::to_string(rank) + ": error: " + e.what() + "\n");
     // The other ranks may be waiting in a collective this rank will never join: end the job.
     MPI_Abort(MPI_COMM_WORLD, 1);
   }

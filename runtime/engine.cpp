@@ -52,6 +52,19 @@ Engine::Impl::Impl(Communicator& c, const std::vector<ParamDecl>& decls, const E
   } else {
     gather_packs = PackedCollectives(layout, 0, false);
   }
+  // The plan against the limit before the first allocation: a model that cannot fit is refused
+  // with the plan's numbers at once, not after allocating most of it.
+  const MemoryPlan plan = plan_memory(layout, config);
+  if (config.memory_limit_bytes > 0 &&
+      plan.model_state + plan.buffers > config.memory_limit_bytes) {
+    std::ostringstream message;
+    message << "out of memory: the plan for this rank, " << human_bytes(plan.model_state)
+            << " of model state and " << human_bytes(plan.buffers)
+            << " of buffers, would pass the limit of " << human_bytes(config.memory_limit_bytes)
+            << "\n"
+            << what_would_fit();
+    throw OutOfMemoryError(message.str());
+  }
   try {
     allocate();
   } catch (const OutOfMemoryError& e) {

@@ -4,7 +4,6 @@
 #include <sstream>
 
 #include "zero/collectives/mpi_communicator.h"
-#include "zero/runtime/estimate.h"
 
 namespace zero {
 
@@ -184,6 +183,14 @@ MemoryPlan plan_memory(const Layout& layout, const EngineConfig& config) {
 
 // The estimator's view of this model on other stages and more ranks, for an out-of-memory
 // message: the exact plan of the engine for each stage here, the ZeRO formula beyond.
+// The plan of this model under another config and world size: the layout rebuilt as the
+// engine would build it there (padding and the persistent unit depend on both).
+MemoryPlan plan_elsewhere(const Layout& layout, const EngineConfig& config, int world_size) {
+  std::vector<ParamSpec> specs;
+  for (const ParamPlacement& p : layout.params()) specs.push_back({p.name, p.shape, p.module});
+  return plan_memory(Layout::build(specs, layout_options(config, world_size)), config);
+}
+
 std::string Engine::Impl::what_would_fit() const {
   const uint64_t budget = allocator.limit();
   std::ostringstream out;
@@ -191,21 +198,17 @@ std::string Engine::Impl::what_would_fit() const {
       << dtype_name(config.dtype) << ")";
   if (budget > 0) out << " against the limit of " << human_bytes(budget);
   out << ":\n";
-  for (int stage = 0; stage <= 3; ++stage) {
+  const auto row = [&](int stage, int ranks, bool this_run) {
     EngineConfig other = config;
     other.stage = stage;
-    const MemoryPlan plan = plan_memory(layout, other);
+    const MemoryPlan plan = plan_elsewhere(layout, other, ranks);
     const uint64_t need = plan.model_state + plan.buffers;
-    out << "  stage " << stage << " on " << world << " rank(s): " << human_bytes(need)
+    out << "  stage " << stage << " on " << ranks << " rank(s): " << human_bytes(need)
         << " per rank" << (budget > 0 && need <= budget ? " (fits)" : "")
-        << (stage == config.stage ? " <- this run" : "") << "\n";
-  }
-  for (int ranks : {world * 2, world * 4, world * 8}) {
-    const uint64_t need =
-        estimate_model_state(layout.padded_numel(), ranks, config.dtype, 3).total();
-    out << "  stage 3 on " << ranks << " ranks: about " << human_bytes(need)
-        << " of model state per rank" << (budget > 0 && need <= budget ? " (fits)" : "") << "\n";
-  }
+        << (this_run ? " <- this run" : "") << " (buffers " << human_bytes(plan.buffers) << ")\n";
+  };
+  for (int stage = 0; stage <= 3; ++stage) row(stage, world, stage == config.stage);
+  for (int ranks : {world * 2, world * 4, world * 8}) row(3, ranks, false);
   return out.str();
 }
 

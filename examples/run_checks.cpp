@@ -1,0 +1,168 @@
+#include "examples/run_checks.h"
+
+#include <fcntl.h>
+#include <mpi.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+namespace zero::examples {
+
+namespace {
+
+uint64_t fnv1a(const std::string& text) {
+  uint64_t hash = 14695981039346656037ull;
+  for (unsigned char c : text) {
+    hash ^= c;
+    hash *= 1099511628211ull;
+  }
+  return hash;
+}
+
+// Every rank's copy of one string (lengths first, then the bytes).
+std::vector<std::string> all_gather_strings(const std::string& mine, int world) {
+  const int length = static_cast<int>(mine.size());
+  std::vector<int> lengths(static_cast<size_t>(world));
+  MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  std::vector<int> offsets(static_cast<size_t>(world), 0);
+  for (int r = 1; r < world; ++r) offsets[r] = offsets[r - 1] + lengths[r - 1];
+  std::string all(static_cast<size_t>(offsets.back() + lengths.back()), '\0');
+  MPI_Allgatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(),
+                 MPI_CHAR, MPI_COMM_WORLD);
+  std::vector<std::string> out;
+  for (int r = 0; r < world; ++r) out.push_back(all.substr(offsets[r], lengths[r]));
+  return out;
+}
+
+std::string directory_of(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+// The first line of a file as a number, or 0 ("max" and unreadable files included).
+uint64_t read_number(const std::string& path) {
+  std::ifstream in(path);
+  std::string text;
+  if (!(in >> text)) return 0;
+  try {
+    return std::stoull(text);
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
+uint64_t mem_available_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::string first_disagreement(const std::vector<Setting>& settings) {
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  // Same build, same flags parser: every rank has the same list of names in the same order.
+  std::vector<uint64_t> mine;
+  for (const Setting& s : settings) mine.push_back(fnv1a(s.name + '\0' + s.value));
+  std::vector<uint64_t> all(mine.size() * static_cast<size_t>(world));
+  MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_UINT64_T, all.data(),
+                static_cast<int>(mine.size()), MPI_UINT64_T, MPI_COMM_WORLD);
+  for (size_t i = 0; i < settings.size(); ++i) {
+    bool same = true;
+    for (int r = 1; r < world; ++r) same = same && all[r * mine.size() + i] == all[i];
+    if (same) continue;
+    const std::vector<std::string> values = all_gather_strings(settings[i].value, world);
+    std::ostringstream message;
+    message << "the ranks run different jobs: " << settings[i].name << " is";
+    for (int r = 0; r < world; ++r) {
+      message << (r ? ", " : " ") << "'" << values[r] << "' on rank " << r;
+    }
+    message << "; every rank must be started with the same settings";
+    return message.str();
+  }
+  return "";
+}
+
+std::string unwritable_file(const std::string& path) {
+  struct stat info {};
+  if (stat(path.c_str(), &info) == 0) {
+    if (S_ISDIR(info.st_mode)) return "'" + path + "' is a directory, not a file";
+    if (access(path.c_str(), W_OK) != 0) return "'" + path + "' is not writable";
+    return "";
+  }
+  const std::string dir = directory_of(path);
+  if (stat(dir.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
+    return "the directory of '" + path + "' does not exist";
+  }
+  if (access(dir.c_str(), W_OK) != 0) return "the directory of '" + path + "' is not writable";
+  return "";
+}
+
+std::string unusable_save_dir(const std::string& dir) {
+  struct stat info {};
+  if (stat(dir.c_str(), &info) == 0) {
+    if (!S_ISDIR(info.st_mode)) return "'" + dir + "' exists and is not a directory";
+  } else if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    return "cannot create '" + dir + "': " + std::strerror(errno);
+  }
+  if (access(dir.c_str(), W_OK) != 0) return "'" + dir + "' is not writable";
+  return "";
+}
+
+SaveDirLock::SaveDirLock(const std::string& dir) {
+  const std::string path = dir + "/.zero-train.lock";
+  fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) {
+    throw std::runtime_error("cannot open the lock file '" + path + "': " + std::strerror(errno));
+  }
+  if (flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    close(fd_);
+    fd_ = -1;
+    throw std::runtime_error("the save directory '" + dir +
+                             "' is in use by another job (it holds " + path +
+                             "); give each job its own --save-dir");
+  }
+}
+
+SaveDirLock::~SaveDirLock() {
+  if (fd_ >= 0) close(fd_);  // closing releases the lock
+}
+
+SaveDirLock::SaveDirLock(SaveDirLock&& other) noexcept : fd_(other.fd_) {
+  other.fd_ = -1;
+}
+
+SaveDirLock& SaveDirLock::operator=(SaveDirLock&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) close(fd_);
+    fd_ = other.fd_;
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+uint64_t host_memory_per_rank(int ranks_on_node) {
+  uint64_t limit = mem_available_bytes();
+  for (const char* path :
+       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    const uint64_t cgroup = read_number(path);
+    if (cgroup > 0 && (limit == 0 || cgroup < limit)) limit = cgroup;
+  }
+  return limit / static_cast<uint64_t>(std::max(ranks_on_node, 1));
+}
+
+}  // namespace zero::examples

@@ -1,0 +1,57 @@
+// What zero-train checks before step 1, so that a mistake costs seconds, not a run: every rank
+// runs the same job, every output path is writable, one job at a time uses a save directory,
+// and the host has the memory the plan needs. Each check is collective where it must be (all
+// ranks call it) and fails on every rank at once.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace zero::examples {
+
+// One setting that must agree across ranks, by name (the flag or config key a user knows it
+// by) and value as text.
+struct Setting {
+  std::string name;
+  std::string value;
+};
+
+// Collective over MPI_COMM_WORLD: compares the settings of every rank (one exchange of a hash
+// per setting; the values of the first differing one only when some differ). Returns "" when
+// all agree, else a message naming the setting and each rank's value.
+std::string first_disagreement(const std::vector<Setting>& settings);
+
+// Why `path` cannot be written as a file (its directory missing or not writable, or the path a
+// directory), or "" when it can. Creates nothing.
+std::string unwritable_file(const std::string& path);
+
+// Why `dir` cannot hold checkpoints (a file, or not creatable or writable), or "". Creates the
+// directory when it is missing, as the first save would.
+std::string unusable_save_dir(const std::string& dir);
+
+// An exclusive lock on a save directory for the life of the object (flock on a lock file in
+// it): a second job that points at the same directory is refused at start instead of deleting
+// the first one's temporary checkpoint directories.
+class SaveDirLock {
+ public:
+  SaveDirLock() = default;
+  // Throws std::runtime_error naming the directory when another process holds the lock.
+  explicit SaveDirLock(const std::string& dir);
+  ~SaveDirLock();
+  SaveDirLock(SaveDirLock&& other) noexcept;
+  SaveDirLock& operator=(SaveDirLock&& other) noexcept;
+  SaveDirLock(const SaveDirLock&) = delete;
+  SaveDirLock& operator=(const SaveDirLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// Host memory one rank may use: the smallest of the cgroup's limit (v2 memory.max or v1
+// limit_in_bytes) and MemAvailable, divided by the ranks on this node; 0 when neither can be
+// read.
+uint64_t host_memory_per_rank(int ranks_on_node);
+
+}  // namespace zero::examples
