@@ -7,6 +7,7 @@
 #include <google/protobuf/text_format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -24,6 +25,34 @@ using google::protobuf::Message;
 using google::protobuf::Reflection;
 // Keeps keys in file order, so the first bad key reported is the first one in the file.
 using Json = nlohmann::ordered_json;
+
+// Messages show at most this many bytes of what a file holds: a 1 MB key does not make a 1 MB
+// message.
+constexpr size_t kShown = 64;
+
+// The first kShown bytes of `text`, cut back to a UTF-8 character boundary, then "...".
+std::string shown_part(const std::string& text) {
+  size_t cut = kShown;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  return text.substr(0, cut) + "...";
+}
+
+// A key as messages quote it: in full up to kShown bytes, else its shown part and its length.
+std::string quote_key(const std::string& key) {
+  if (key.size() <= kShown) return in_quotes(key);
+  return in_quotes(shown_part(key)) + " (" + std::to_string(key.size()) + " bytes)";
+}
+
+// A parser's message ends with the text it stopped at, after `marker` (nlohmann's "last read: ",
+// protobuf's "got: "): a long one is cut as keys are.
+std::string shorten_echo(const std::string& message, const std::string& marker) {
+  const size_t at = message.rfind(marker);
+  if (at == std::string::npos) return message;
+  const size_t begin = at + marker.size();
+  if (message.size() - begin <= kShown + 16) return message;
+  return message.substr(0, begin) + shown_part(message.substr(begin)) + " (" +
+         std::to_string(message.size() - begin) + " bytes)";
+}
 
 // ---------------------------------------------------------------------------------------------
 // Keys the schema does not have: a DeepSpeed option we lack, or a typo.
@@ -133,7 +162,7 @@ std::string unknown_key_message(const std::string& path, const std::string& key,
     return in_quotes(path) + " in " + where +
            " is a DeepSpeed option this runtime does not support yet";
   }
-  const std::string message = "unknown key " + in_quotes(path) + " in " + where;
+  const std::string message = "unknown key " + quote_key(path) + " in " + where;
   // A valid key written at the wrong level ("stage" at the top): point at where it belongs.
   std::vector<std::string> elsewhere;
   find_field_paths(config::TrainingConfig::descriptor(), "", key, &elsewhere);
@@ -143,16 +172,22 @@ std::string unknown_key_message(const std::string& path, const std::string& key,
   std::string closest;
   size_t closest_distance = std::numeric_limits<size_t>::max();
   std::vector<std::string> names;
+  const size_t limit = std::max<size_t>(2, key.size() / 3);
   for (int i = 0; i < parent->field_count(); ++i) {
     const std::string& name = parent->field(i)->name();
     names.push_back(name);
+    // The lengths alone bound the distance from below: a name that cannot come within the
+    // limit is not compared (a 1 MB key would otherwise take a table of 1 MB rows).
+    const size_t bound =
+        key.size() > name.size() ? key.size() - name.size() : name.size() - key.size();
+    if (bound > limit) continue;
     const size_t distance = edit_distance(key, name);
     if (distance < closest_distance) {
       closest = name;
       closest_distance = distance;
     }
   }
-  if (closest_distance <= std::max<size_t>(2, key.size() / 3)) {
+  if (closest_distance <= limit) {
     return message + "; did you mean " + in_quotes(closest) + "?";
   }
   return message + "; valid keys here: " + join(names, ", ");
@@ -329,7 +364,7 @@ config::TrainingConfig read_json(const std::string& text, const std::string& ori
       if (!object.keys.insert(object.last_key).second) {
         std::string path;
         for (const OpenObject& level : open) path = join_path(path, level.last_key);
-        config_error("duplicate key " + in_quotes(path) + " in " + origin);
+        config_error("duplicate key " + quote_key(path) + " in " + origin);
       }
     }
     return true;
@@ -344,7 +379,8 @@ config::TrainingConfig read_json(const std::string& text, const std::string& ori
     const std::string what = e.what();
     const size_t tag_end = what.find("] ");
     config_error("invalid JSON in " + origin + ": " +
-                 (tag_end == std::string::npos ? what : what.substr(tag_end + 2)));
+                 shorten_echo(tag_end == std::string::npos ? what : what.substr(tag_end + 2),
+                              "last read: "));
   }
   if (!root.is_object()) {
     config_error(origin + " must hold a JSON object of config keys, got " + describe(root));
@@ -424,12 +460,46 @@ bool unknown_field_of(const std::string& error, std::string* type, std::string* 
   return true;
 }
 
-config::TrainingConfig read_text_format(const std::string& text, const std::string& origin) {
+// Where `text` stops looking like protobuf text format, which opens with a field name and then
+// ':', '{' or '<' (after white space and # comments), or npos when it opens so. Prose ("this is
+// a config") and other files fail here, and are told they are not a config rather than that
+// their first word is an unknown key.
+size_t not_text_format_at(const std::string& text) {
+  const char* space = " \t\r\n";
+  size_t pos = text.find_first_not_of(space);
+  while (pos != std::string::npos && text[pos] == '#') {
+    pos = text.find('\n', pos);
+    if (pos != std::string::npos) pos = text.find_first_not_of(space, pos);
+  }
+  if (pos == std::string::npos) return std::string::npos;
+  const auto is_name_char = [&](size_t i, bool first) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    return std::isalpha(c) || c == '_' || (!first && std::isdigit(c));
+  };
+  if (!is_name_char(pos, true)) return pos;
+  size_t end = pos + 1;
+  while (end < text.size() && is_name_char(end, false)) ++end;
+  const size_t next = text.find_first_not_of(space, end);
+  if (next == std::string::npos || std::string(":{<").find(text[next]) == std::string::npos) {
+    return pos;
+  }
+  return std::string::npos;
+}
+
+config::TrainingConfig read_text_format(const std::string& text, size_t bom,
+                                        const std::string& origin) {
   config::TrainingConfig message;
   google::protobuf::TextFormat::Parser parser;
   FirstTextFormatError error;
   parser.RecordErrorsTo(&error);
   if (parser.ParseFromString(text, &message)) return message;
+  // `text` starts after any byte order mark; offsets count from the file's first byte.
+  const size_t not_config = not_text_format_at(text);
+  if (not_config != std::string::npos) {
+    config_error(origin + ": byte " + std::to_string(not_config + bom) +
+                 ": not JSON (a config is a JSON object, starting with '{') nor protobuf text "
+                 "format (a key, then ':' or '{')");
+  }
 
   const auto where = [&](int column) {
     return origin + " at line " + std::to_string(error.line + 1) + ", column " +
@@ -449,20 +519,26 @@ config::TrainingConfig read_text_format(const std::string& text, const std::stri
       config_error(unknown_key_message(join_path(parent_path, key), key, parent, where(column)));
     }
   }
-  config_error("cannot parse " + where(error.column) +
-               " as protobuf text format: " + (error.seen ? error.message : "unknown error"));
+  config_error("cannot parse " + where(error.column) + " as protobuf text format: " +
+               (error.seen ? shorten_echo(error.message, "got: ") : "unknown error"));
 }
 
 }  // namespace
 
 config::TrainingConfig parse_config_text(const std::string& text, const std::string& origin,
                                          std::set<std::string>* auto_keys) {
+  // Protobuf's parser and nlohmann's would each stop or go wrong at a NUL byte.
+  const size_t nul = text.find('\0');
+  if (nul != std::string::npos) {
+    config_error(origin + ": byte " + std::to_string(nul) + ": a NUL byte; a config is text");
+  }
   // A UTF-8 byte order mark is not content.
   const size_t start = text.compare(0, 3, "\xEF\xBB\xBF") == 0 ? 3 : 0;
   const size_t first = text.find_first_not_of(" \t\r\n", start);
   if (first == std::string::npos) config_error("config " + origin + " is empty");
-  return text[first] == '{' || text[first] == '[' ? read_json(text, origin, auto_keys)
-                                                  : read_text_format(text.substr(start), origin);
+  return text[first] == '{' || text[first] == '['
+             ? read_json(text, origin, auto_keys)
+             : read_text_format(text.substr(start), start, origin);
 }
 
 }  // namespace zero::config_internal

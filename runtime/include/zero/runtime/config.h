@@ -121,7 +121,9 @@ struct ConfigContext {
 // Parses a DeepSpeed-style JSON text (or protobuf text format when the first non-space
 // character is not '{'), validates it for world_size ranks and fills a TrainingConfig, with
 // "auto" values taken from `context`. `origin` (a file name) goes into every message. Throws
-// ConfigError.
+// ConfigError. A NUL byte, and text that is neither JSON nor text format (prose: it does not
+// open with a key and ':' or '{'), are errors that give the byte offset (from 0); keys longer
+// than 64 bytes are quoted cut short, with their length.
 TrainingConfig parse_training_config(const std::string& text, int world_size,
                                      const std::string& origin, const ConfigContext& context = {});
 
