@@ -31,14 +31,22 @@ std::optional<long> given(bool has, int64_t value) {
   return has ? std::optional<long>(value) : std::nullopt;
 }
 
-// train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps.
+// train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps; a file without
+// the first two takes the caller's global batch when its flag gives one.
 void read_batch_sizes(const config::TrainingConfig& c, int world_size, const std::string& origin,
-                      TrainingConfig* out) {
-  const BatchSizes batch = derive_batch_sizes(
-      given(c.has_train_batch_size(), c.train_batch_size()),
-      given(c.has_train_micro_batch_size_per_gpu(), c.train_micro_batch_size_per_gpu()),
-      given(c.has_gradient_accumulation_steps(), c.gradient_accumulation_steps()), world_size,
-      origin);
+                      const ConfigContext& context, TrainingConfig* out) {
+  const std::optional<long> steps =
+      given(c.has_gradient_accumulation_steps(), c.gradient_accumulation_steps());
+  const bool file_has_batch = c.has_train_batch_size() || c.has_train_micro_batch_size_per_gpu();
+  const BatchSizes batch =
+      !file_has_batch && context.batch_from_caller && context.train_batch_size
+          ? derive_batch_sizes(context.train_batch_size, std::nullopt,
+                               steps ? steps : context.gradient_accumulation_steps, world_size,
+                               context.source)
+          : derive_batch_sizes(
+                given(c.has_train_batch_size(), c.train_batch_size()),
+                given(c.has_train_micro_batch_size_per_gpu(), c.train_micro_batch_size_per_gpu()),
+                steps, world_size, origin);
   out->train_batch_size = batch.train_batch_size;
   out->micro_batch_per_rank = batch.micro_batch_per_rank;
   out->gradient_accumulation_steps = batch.gradient_accumulation_steps;
@@ -232,13 +240,13 @@ void read_ignored_keys(const config::TrainingConfig& c, std::vector<std::string>
 }
 
 TrainingConfig interpret(const config::TrainingConfig& c, int world_size, const std::string& origin,
-                         std::vector<std::string> resolved) {
+                         const ConfigContext& context, std::vector<std::string> resolved) {
   const Checker check(origin);
   TrainingConfig out;
   out.origin = origin;
   out.resolved_auto = std::move(resolved);
   EngineConfig& e = out.engine;
-  read_batch_sizes(c, world_size, origin, &out);
+  read_batch_sizes(c, world_size, origin, context, &out);
   read_run_keys(c, check, &out);
   // Precision first: grad_accum_dtype and communication_data_type are checked against it.
   read_precision(c, check, &e);
@@ -347,7 +355,7 @@ TrainingConfig parse_training_config(const std::string& text, int world_size,
   config::TrainingConfig message = config_internal::parse_config_text(text, origin, &auto_keys);
   std::vector<std::string> resolved;
   resolve_auto(auto_keys, context, world_size, origin, &message, &resolved);
-  return interpret(message, world_size, origin, std::move(resolved));
+  return interpret(message, world_size, origin, context, std::move(resolved));
 }
 
 TrainingConfig load_training_config(const std::string& path, int world_size,

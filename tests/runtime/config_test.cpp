@@ -805,5 +805,30 @@ TEST(Config, LongKeysAreQuotedCutShort) {
             "unknown key \"" + std::string(63, 'a') + "...\" (165 bytes) in ds.json");
 }
 
+// zero-train's --global-batch stands in for a file without batch keys (ConfigContext's
+// batch_from_caller); without the flag such a file is still an error.
+TEST(Config, CallersGlobalBatchStandsInForTheFile) {
+  ConfigContext flags;
+  flags.train_batch_size = 16;
+  flags.gradient_accumulation_steps = 2;
+  flags.batch_from_caller = true;
+  const std::string no_batch = R"({"zero_optimization": {"stage": 2}})";
+  TrainingConfig c = parse_training_config(no_batch, 2, "ds.json", flags);
+  EXPECT_EQ(c.train_batch_size, 16);
+  EXPECT_EQ(c.micro_batch_per_rank, 4);
+  EXPECT_EQ(c.gradient_accumulation_steps, 2);
+  EXPECT_EQ(c.engine.micro_batches, 2);
+  // The file's accumulation steps are kept; its batch keys, when given, are read as before.
+  c = parse_training_config(R"({"gradient_accumulation_steps": 4})", 2, "ds.json", flags);
+  EXPECT_EQ(c.micro_batch_per_rank, 2);
+  EXPECT_EQ(c.gradient_accumulation_steps, 4);
+  c = parse_training_config(R"({"train_batch_size": 8})", 2, "ds.json", flags);
+  EXPECT_EQ(c.train_batch_size, 8);
+  flags.batch_from_caller = false;
+  EXPECT_EQ(error_of(no_batch, 2, "ds.json", flags),
+            "neither \"train_batch_size\" nor \"train_micro_batch_size_per_gpu\" is given in "
+            "ds.json; at least one is required");
+}
+
 }  // namespace
 }  // namespace zero

@@ -116,6 +116,11 @@ struct ConfigContext {
   std::optional<long> total_num_steps;      // scheduler.params.total_num_steps
   std::optional<long> hidden_size;          // the model's: the three bucket-size keys
   std::string source = "the command line";  // where the values came from, for messages
+  // The caller's own flag gives the global batch (zero-train's --global-batch) and overrides the
+  // file's: a file with neither train_batch_size nor train_micro_batch_size_per_gpu then takes
+  // train_batch_size above (and gradient_accumulation_steps, unless the file has it) instead of
+  // being an error.
+  bool batch_from_caller = false;
 };
 
 // Parses a DeepSpeed-style JSON text (or protobuf text format when the first non-space
