@@ -275,6 +275,7 @@ Flags parse_flags(int argc, char** argv) {
 zero::ConfigContext auto_values(const Flags& f) {
   zero::ConfigContext c;
   c.train_batch_size = f.global_batch.value_or(kDefaultGlobalBatch);
+  c.batch_from_caller = f.global_batch.has_value();  // --global-batch overrides the file
   c.gradient_accumulation_steps = f.micro_batches.value_or(1);
   c.gradient_clipping = f.clip.value_or(0.0f);
   c.dtype = f.dtype.value_or(zero::DType::kFloat32);

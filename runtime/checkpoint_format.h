@@ -1,7 +1,8 @@
 // Inside the checkpoint code: names of the files, the manifest's text form, file helpers and
 // the reader that maps a saved parameter's elements to byte ranges of the shard files. Shared
-// by checkpoint.cpp (the collective save and load) and checkpoint_format.cpp (everything that
-// works without MPI). proto/checkpoint.proto documents the formats.
+// by checkpoint.cpp (the collective save and load) and the parts that work without MPI:
+// checkpoint_manifest.cpp (the manifest), checkpoint_files.cpp (CRC32C, file I/O, the shard
+// reader) and checkpoint_safetensors.cpp. proto/checkpoint.proto documents the formats.
 #pragma once
 
 #include <cstddef>
@@ -10,7 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "zero/runtime/checkpoint.h"
+#include "zero/runtime/checkpoint_info.h"
 
 namespace zero::checkpoint_files {
 

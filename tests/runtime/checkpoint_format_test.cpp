@@ -269,12 +269,68 @@ TEST(Safetensors, WriterOutputParsesFromTheSpec) {
     EXPECT_EQ(file.tensors[1].second.values, scalar);
     EXPECT_TRUE(file.tensors[2].second.values.empty());
     ASSERT_EQ(file.metadata.size(), 2u);
+    // The library's reader gives what the specification's does.
+    const LoadedSafetensors loaded = load_safetensors(path);
+    ASSERT_EQ(loaded.tensors.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(loaded.tensors[i].name, file.tensors[i].first);
+      EXPECT_EQ(loaded.tensors[i].dtype, dtype);
+      EXPECT_EQ(loaded.tensors[i].shape, file.tensors[i].second.shape);
+      EXPECT_EQ(loaded.tensors[i].values, file.tensors[i].second.values);
+    }
+    EXPECT_EQ(loaded.metadata, file.metadata);
   }
   const std::vector<float> wrong = {1.0f};
   EXPECT_THROW(write_safetensors(path, {{"x", {2}, &wrong}}, DType::kFloat32, {}), Error);
   EXPECT_THROW(
       write_safetensors(path, {{"x", {1}, &wrong}, {"x", {1}, &wrong}}, DType::kFloat32, {}),
       Error);
+  fs::remove_all(name);
+}
+
+// load_safetensors refuses a file whose header and data disagree, naming the file and why.
+TEST(Safetensors, ReaderRefusesInconsistentFiles) {
+  char name[] = "/tmp/zero_safetensors_bad_XXXXXX";
+  ASSERT_NE(mkdtemp(name), nullptr);
+  const std::string path = std::string(name) + "/m.safetensors";
+  const auto write = [&](const std::string& header, size_t data_bytes) {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    const uint64_t size = header.size();
+    out.write(reinterpret_cast<const char*>(&size), 8);
+    out << header << std::string(data_bytes, '\0');
+  };
+  const auto error_of = [&]() -> std::string {
+    try {
+      load_safetensors(path);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(read without an error)";
+  };
+  const auto expect_error = [&](const std::string& header, size_t data_bytes,
+                                const std::string& part) {
+    write(header, data_bytes);
+    const std::string message = error_of();
+    EXPECT_NE(message.find("safetensors file " + path + ": " + part), std::string::npos)
+        << header << " -> " << message;
+  };
+  expect_error(R"({"a": {"dtype": "I64", "shape": [1], "data_offsets": [0, 8]}})", 8,
+               "tensor 'a' has dtype \"I64\"; F32, BF16 and F16 are read");
+  expect_error(R"({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})", 8,
+               "tensor 'a' has 8 bytes for 3 elements");
+  expect_error(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})", 4,
+               "tensor 'a' has data_offsets outside the data");
+  expect_error(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})", 8,
+               "tensor 'a' starts at data byte 4, expected 0");
+  expect_error(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})", 8,
+               "the tensors cover 4 of 8 data bytes");
+  expect_error("[1, 2]", 0, "the header is not an object");
+  write(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})", 4);
+  EXPECT_EQ(load_safetensors(path).tensors.size(), 1u);
+  fs::resize_file(path, 12);
+  EXPECT_NE(error_of().find("header size"), std::string::npos) << error_of();
+  fs::resize_file(path, 3);
+  EXPECT_NE(error_of().find("shorter than its 8-byte header size"), std::string::npos);
   fs::remove_all(name);
 }
 

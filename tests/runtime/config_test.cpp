@@ -747,5 +747,88 @@ TEST(Config, BatchSizeDerivation) {
             "train_micro_batch_size_per_gpu 3 * world size 3 = 9");
 }
 
+// A config is text: a NUL byte is refused where it is, not read up to.
+TEST(Config, NulByteIsRefusedWithItsOffset) {
+  const std::string json("{\"train_batch_size\": 8}\0{\"stage\": 9}", 36);
+  EXPECT_EQ(error_of(json, 2, "config.json"), "config.json: byte 23: a NUL byte; a config is text");
+  const std::string text("train_batch_size: 8\n\0", 21);
+  EXPECT_EQ(error_of(text, 2, "ds.txt"), "ds.txt: byte 20: a NUL byte; a config is text");
+}
+
+// Text that is neither JSON nor text format is told so, with where it stops being either, not
+// that its first word is an unknown key; a text format file keeps its key-by-key messages.
+TEST(Config, ProseIsNotAConfig) {
+  const std::string not_config =
+      ": not JSON (a config is a JSON object, starting with '{') nor protobuf text format (a "
+      "key, then ':' or '{')";
+  EXPECT_EQ(error_of("this is not a config\n"), "ds.json: byte 0" + not_config);
+  EXPECT_EQ(error_of("\n\n  hello world"), "ds.json: byte 4" + not_config);
+  EXPECT_EQ(error_of("\xEF\xBB\xBFthis is prose"), "ds.json: byte 3" + not_config);
+  EXPECT_EQ(error_of("# a comment\n<html>"), "ds.json: byte 12" + not_config);
+  EXPECT_EQ(error_of("word"), "ds.json: byte 0" + not_config);
+  EXPECT_EQ(error_of("# a comment\ntrain_batch_size: 8\n", 2, "ds.txt"),
+            "(parsed without an error)");
+  EXPECT_EQ(error_of("stage: 3\n", 2, "ds.txt"),
+            "unknown key \"stage\" in ds.txt at line 1, column 1; did you mean "
+            "\"zero_optimization.stage\"?");
+}
+
+// A key of 1 MB is quoted by its first 64 bytes and its length, in every message that names it.
+TEST(Config, LongKeysAreQuotedCutShort) {
+  const std::string key(1 << 20, 'k');
+  const std::string quoted = "\"" + std::string(64, 'k') + "...\" (1048576 bytes)";
+  const std::string unknown = error_of("{\"" + key + "\": 1}");
+  EXPECT_EQ(unknown.substr(0, unknown.find(';')), "unknown key " + quoted + " in ds.json");
+  EXPECT_LT(unknown.size(), 1000u);
+  EXPECT_EQ(error_of("{\"zero_optimization\": {\"" + key + "\": 1, \"" + key + "\": 2}}"),
+            "duplicate key \"zero_optimization." + std::string(46, 'k') +
+                "...\" (1048594 bytes) in ds.json");
+  const std::string text = error_of(key + ": 1\n", 2, "ds.txt");
+  EXPECT_EQ(text.substr(0, text.find(';')),
+            "unknown key " + quoted + " in ds.txt at line 1, column 1");
+  EXPECT_LT(text.size(), 1000u);
+  // What a parser stopped at is cut the same way: an unterminated key, a long value.
+  const std::string unterminated = error_of("{\"" + key);
+  EXPECT_EQ(unterminated.substr(0, unterminated.find(" (")),
+            "invalid JSON in ds.json: parse error at line 1, column 1048579: syntax error while "
+            "parsing object key - invalid string: missing closing quote; last read: '\"" +
+                std::string(62, 'k') + "...");
+  EXPECT_LT(unterminated.size(), 400u);
+  EXPECT_EQ(error_of("train_batch_size: \"" + key + "\"", 2, "ds.txt"),
+            "cannot parse ds.txt at line 1, column 19 as protobuf text format: Expected integer, "
+            "got: \"" +
+                std::string(63, 'k') + "... (1048578 bytes)");
+  // Cut at a character boundary: 63 ASCII bytes, then a 2-byte character across byte 64.
+  const std::string utf8 = std::string(63, 'a') + "\xC3\xA9" + std::string(100, 'b');
+  const std::string cut = error_of("{\"" + utf8 + "\": 1}");
+  EXPECT_EQ(cut.substr(0, cut.find(';')),
+            "unknown key \"" + std::string(63, 'a') + "...\" (165 bytes) in ds.json");
+}
+
+// zero-train's --global-batch stands in for a file without batch keys (ConfigContext's
+// batch_from_caller); without the flag such a file is still an error.
+TEST(Config, CallersGlobalBatchStandsInForTheFile) {
+  ConfigContext flags;
+  flags.train_batch_size = 16;
+  flags.gradient_accumulation_steps = 2;
+  flags.batch_from_caller = true;
+  const std::string no_batch = R"({"zero_optimization": {"stage": 2}})";
+  TrainingConfig c = parse_training_config(no_batch, 2, "ds.json", flags);
+  EXPECT_EQ(c.train_batch_size, 16);
+  EXPECT_EQ(c.micro_batch_per_rank, 4);
+  EXPECT_EQ(c.gradient_accumulation_steps, 2);
+  EXPECT_EQ(c.engine.micro_batches, 2);
+  // The file's accumulation steps are kept; its batch keys, when given, are read as before.
+  c = parse_training_config(R"({"gradient_accumulation_steps": 4})", 2, "ds.json", flags);
+  EXPECT_EQ(c.micro_batch_per_rank, 2);
+  EXPECT_EQ(c.gradient_accumulation_steps, 4);
+  c = parse_training_config(R"({"train_batch_size": 8})", 2, "ds.json", flags);
+  EXPECT_EQ(c.train_batch_size, 8);
+  flags.batch_from_caller = false;
+  EXPECT_EQ(error_of(no_batch, 2, "ds.json", flags),
+            "neither \"train_batch_size\" nor \"train_micro_batch_size_per_gpu\" is given in "
+            "ds.json; at least one is required");
+}
+
 }  // namespace
 }  // namespace zero

@@ -11,26 +11,15 @@
 // once complete, and leftovers of an interrupted save are removed by the next one.
 #pragma once
 
-#include <cstddef>
-#include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
 
-#include "zero/kernels/dtype.h"
-#include "zero/optimizer/loss_scaler.h"
 #include "zero/optimizer/optimizer.h"
+#include "zero/runtime/checkpoint_info.h"
 #include "zero/runtime/engine.h"
-#include "zero/runtime/layout.h"
+#include "zero/runtime/safetensors.h"
 
 namespace zero {
-
-// What the training loop needs for an exact resume. Data and initialization are counter-based
-// (keyed by seed and step), so these two values are the whole data position and RNG state.
-struct TrainerState {
-  long step = 0;      // trainer steps done
-  uint64_t seed = 0;  // the run's seed
-};
 
 // Collective. Saves the engine's fp32 master weights, optimizer state, optimizer step and
 // loss-scaler state, and `trainer`, as DIR/step_<trainer.step, 8 digits>, then points
@@ -83,62 +72,5 @@ void load_checkpoint(Engine& engine, const std::string& path, TrainerState* trai
 // per line: `weight_decay 0.01 in the checkpoint, 0 in this run`. Empty when they agree.
 std::vector<std::string> optimizer_differences(const OptimizerConfig& saved,
                                                const OptimizerConfig& run);
-
-// CRC32C (Castagnoli polynomial, as iSCSI, ext4 and leveldb use): pass the previous result as
-// `crc` to continue over several buffers (start with 0).
-uint32_t crc32c(const void* data, size_t size, uint32_t crc = 0);
-
-// A checkpoint's manifest, read without MPI (zero-checkpoint, tests).
-struct CheckpointInfo {
-  struct File {
-    std::string name;  // relative to step_dir
-    uint64_t size = 0;
-    uint32_t crc32c = 0;
-  };
-  struct SavedUnit {
-    size_t numel = 0;
-    size_t shard = 0;
-  };
-  std::string step_dir;  // the resolved step directory
-  int world_size = 1;
-  int stage = 0;
-  DType dtype = DType::kFloat32;
-  size_t alignment_bytes = 0;
-  std::vector<ParamPlacement> params;  // registration order
-  std::vector<SavedUnit> units;
-  OptimizerConfig optimizer;
-  int state_count = 0;
-  long optimizer_step = 0;
-  LrScheduleConfig lr_schedule;
-  LossScaler::State loss_scaler{1.0f, 0, 0};
-  TrainerState trainer;
-  std::vector<File> files;  // rank order
-};
-
-// Resolves `path` as load_checkpoint does, checks the manifest's checksum and consistency (the
-// layout fits the world size, every file is listed with the size the layout implies) and
-// returns it. Throws zero::Error naming the file and the problem.
-CheckpointInfo read_checkpoint_info(const std::string& path);
-
-// Checks every shard file's size and CRC32C; returns one line per bad file ("rank_00001.bin:
-// checksum ..."), empty when all are good.
-std::vector<std::string> verify_checkpoint_files(const CheckpointInfo& info);
-
-// The full fp32 master of every parameter (registration order), read from the shard files
-// (their checksums verified first).
-std::vector<std::vector<float>> read_full_master(const CheckpointInfo& info);
-
-// Writes tensors in the safetensors format (8-byte little-endian header length, a JSON header
-// naming each tensor's dtype "F32", "BF16" or "F16", shape and data_offsets, then the raw data in
-// the order given). `dtype` is kFloat32, kBFloat16 or kFloat16 (rounded to nearest even).
-// Throws zero::Error.
-struct NamedTensor {
-  std::string name;
-  std::vector<int64_t> shape;
-  const std::vector<float>* values;
-};
-void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
-                       DType dtype,
-                       const std::vector<std::pair<std::string, std::string>>& metadata);
 
 }  // namespace zero

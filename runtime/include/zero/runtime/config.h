@@ -116,12 +116,19 @@ struct ConfigContext {
   std::optional<long> total_num_steps;      // scheduler.params.total_num_steps
   std::optional<long> hidden_size;          // the model's: the three bucket-size keys
   std::string source = "the command line";  // where the values came from, for messages
+  // The caller's own flag gives the global batch (zero-train's --global-batch) and overrides the
+  // file's: a file with neither train_batch_size nor train_micro_batch_size_per_gpu then takes
+  // train_batch_size above (and gradient_accumulation_steps, unless the file has it) instead of
+  // being an error.
+  bool batch_from_caller = false;
 };
 
 // Parses a DeepSpeed-style JSON text (or protobuf text format when the first non-space
 // character is not '{'), validates it for world_size ranks and fills a TrainingConfig, with
 // "auto" values taken from `context`. `origin` (a file name) goes into every message. Throws
-// ConfigError.
+// ConfigError. A NUL byte, and text that is neither JSON nor text format (prose: it does not
+// open with a key and ':' or '{'), are errors that give the byte offset (from 0); keys longer
+// than 64 bytes are quoted cut short, with their length.
 TrainingConfig parse_training_config(const std::string& text, int world_size,
                                      const std::string& origin, const ConfigContext& context = {});
 
