@@ -22,7 +22,7 @@
 #include "zero/collectives/communicator.h"
 #include "zero/collectives/flight_recorder.h"
 #include "zero/collectives/mpi_check.h"
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 
 namespace zero::backend {
 

@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <ctime>
 
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 
 namespace zero {
 

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "backend_common.h"
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 #include "zero/kernels/cpu_kernels.h"
 
 namespace zero {

@@ -22,7 +22,7 @@
 #include <unordered_map>
 
 #include "checkpoint_format.h"
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 #include "zero/runtime/checkpoint.h"
 #include "zero/runtime/config.h"
 

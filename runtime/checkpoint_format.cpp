@@ -21,7 +21,7 @@
 #include <sstream>
 
 #include "checkpoint_format.h"
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 #include "zero/proto/checkpoint.pb.h"
 
 // Shard files hold host memory as written: little-endian fp32 is the format.

@@ -13,7 +13,7 @@
 #if ZERO_HAVE_NCCL
 #include "zero/collectives/nccl_communicator.h"
 #endif
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 #include "zero/kernels/cpu_kernels.h"
 #include "zero/runtime/estimate.h"
 

@@ -8,7 +8,7 @@
 #include <iomanip>
 #include <utility>
 
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 #include "zero/runtime/engine.h"
 
 namespace zero {

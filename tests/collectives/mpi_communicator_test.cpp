@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "tests/expect_error.h"
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 
 namespace zero {
 namespace {

@@ -14,7 +14,7 @@
 
 #include "zero/collectives/collective_table.h"
 #include "zero/collectives/stream.h"
-#include "zero/kernels/dtype.h"
+#include "zero/core/dtype.h"
 
 namespace zero {
 

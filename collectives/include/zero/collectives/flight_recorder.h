@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "zero/collectives/communicator.h"
-#include "zero/kernels/dtype.h"
+#include "zero/core/dtype.h"
 
 namespace zero {
 

@@ -17,9 +17,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
+#include "zero/core/dtype.h"
 #include "zero/kernels/cuda_kernels.h"
-#include "zero/kernels/dtype.h"
 #include "zero/kernels/optimizer_math.h"
 
 namespace zero::kernels::cuda {

@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "zero/kernels/dtype.h"
+#include "zero/core/dtype.h"
 #include "zero/optimizer/loss_scaler.h"
 #include "zero/optimizer/optimizer.h"
 #include "zero/runtime/engine.h"
