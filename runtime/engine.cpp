@@ -338,12 +338,6 @@ MemoryPlan plan_memory(const Layout& layout, const EngineConfig& config) {
   return plan;
 }
 
-std::vector<uint64_t> all_gather_u64(Communicator& comm, uint64_t value) {
-  std::vector<uint64_t> all(comm.world_size());
-  comm.all_gather_sync(&value, all.data(), sizeof(uint64_t) / 2, DType::kBFloat16);
-  return all;
-}
-
 struct Engine::Impl {
   Impl(Communicator& c, const std::vector<ParamDecl>& decls, const EngineConfig& cfg)
       : comm(c),

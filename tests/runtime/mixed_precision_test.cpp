@@ -218,6 +218,9 @@ class SixteenBitSumCommunicator : public Communicator {
   Event all_gather(const void* send, void* recv, size_t count, DType dtype) override {
     return inner_->all_gather(send, recv, count, dtype);
   }
+  Event all_gather_bytes(const void* send, void* recv, size_t bytes) override {
+    return inner_->all_gather_bytes(send, recv, bytes);
+  }
   Event reduce_scatter(const void* send, void* recv, size_t count, DType dtype) override {
     reductions_.push_back({CollectiveOp::kReduceScatter, dtype});
     if (dtype == DType::kFloat32) return inner_->reduce_scatter(send, recv, count, dtype);
