@@ -41,7 +41,7 @@
 #include "zero/collectives/collective_table.h"
 #include "zero/collectives/mpi_check.h"
 #include "zero/collectives/mpi_communicator.h"
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 #include "zero/kernels/cpu_kernels.h"
 
 namespace {

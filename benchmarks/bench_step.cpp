@@ -55,7 +55,7 @@
 #include "examples/mlp.h"
 #include "zero/collectives/mpi_check.h"
 #include "zero/collectives/mpi_communicator.h"
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 #include "zero/runtime/engine.h"
 #include "zero/runtime/estimate.h"
 #include "zero/runtime/layout.h"

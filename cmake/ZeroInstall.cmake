@@ -15,7 +15,7 @@ include(CMakePackageConfigHelpers)
 
 # What gets installed, in one place. A name without a target in this build (zero_kernels_cuda
 # without CUDA, say) is skipped, so optional parts join by being listed here.
-set(ZERO_INSTALL_LIBRARIES zero_kernels zero_kernels_cuda zero_collectives zero_optimizer
+set(ZERO_INSTALL_LIBRARIES zero_core zero_kernels zero_kernels_cuda zero_collectives zero_optimizer
     zero_config_proto zero_runtime)
 set(ZERO_INSTALL_PROGRAMS zerorun zero-train zero-estimate zero-checkpoint zero-bench-optimizer
     zero-bench-collectives)

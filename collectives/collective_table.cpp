@@ -1,7 +1,7 @@
 // One row per collective: its name and the share of its buffer each rank sends.
 #include "zero/collectives/collective_table.h"
 
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 
 namespace zero {
 namespace {

@@ -9,4 +9,10 @@ uint64_t CommCounters::total_bytes() const {
   return total;
 }
 
+std::vector<uint64_t> all_gather_u64(Communicator& comm, uint64_t value) {
+  std::vector<uint64_t> all(static_cast<size_t>(comm.world_size()));
+  comm.all_gather_bytes_sync(&value, all.data(), sizeof(value));
+  return all;
+}
+
 }  // namespace zero

@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <ctime>
 
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 
 namespace zero {
 
@@ -23,10 +23,14 @@ const char* collective_state_name(CollectiveState state) {
   return "?";
 }
 
-std::string describe_collective(CollectiveOp op, size_t count, DType dtype) {
+const char* element_type_name(DType dtype, bool bytes) {
+  return bytes ? "byte" : dtype_name(dtype);
+}
+
+std::string describe_collective(CollectiveOp op, size_t count, DType dtype, bool bytes) {
   if (op == CollectiveOp::kBarrier) return "barrier()";
   return std::string(collective_op_name(op)) + "(" + std::to_string(count) + " x " +
-         dtype_name(dtype) + ")";
+         element_type_name(dtype, bytes) + ")";
 }
 
 FlightRecorder::FlightRecorder(size_t capacity)
@@ -35,12 +39,14 @@ FlightRecorder::FlightRecorder(size_t capacity)
   ring_.resize(capacity);
 }
 
-void FlightRecorder::enqueued(uint64_t sequence, CollectiveOp op, DType dtype, size_t count) {
+void FlightRecorder::enqueued(uint64_t sequence, CollectiveOp op, DType dtype, size_t count,
+                              bool bytes) {
   FlightEntry entry;
   entry.sequence = sequence;
   entry.op = op;
   entry.dtype = dtype;
   entry.count = count;
+  entry.bytes = bytes;
   entry.enqueued = Clock::now();
   std::lock_guard<std::mutex> lock(mutex_);
   ring_[next_] = entry;
@@ -147,7 +153,8 @@ std::string FlightRecorder::format(int rank) const {
     std::snprintf(line, sizeof(line),
                   "[rank %d] %8" PRIu64 "  %-14s  %-5s  %12zu  %-8s  %-12s  %-12s  %-12s  %s\n",
                   rank, e.sequence, collective_op_name(e.op),
-                  moves_data ? dtype_name(e.dtype) : "-", e.count, collective_state_name(e.state),
+                  moves_data ? element_type_name(e.dtype, e.bytes) : "-", e.count,
+                  collective_state_name(e.state),
                   time_of_day(e.enqueued, steady_origin_, wall_origin_).c_str(),
                   time_of_day(e.started, steady_origin_, wall_origin_).c_str(),
                   time_of_day(e.ended, steady_origin_, wall_origin_).c_str(),

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "backend_common.h"
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 #include "zero/kernels/cpu_kernels.h"
 
 namespace zero {
@@ -100,6 +100,7 @@ namespace {
 
 using backend::bytes_at;
 using backend::Clock;
+using backend::Payload;
 
 // The MPI type that moves elements of `dtype` unchanged: 16-bit floats travel as 16-bit
 // integers, since only the reductions need to know what they mean.
@@ -140,44 +141,54 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
   MpiCommunicator(std::chrono::milliseconds timeout, size_t max_elements_per_call)
       : CommunicatorBase(timeout), max_elements_per_call_(max_elements_per_call) {
     stream_ = std::make_unique<Stream>("comm");
-    watchdog_ = std::thread([this] { watch(); });
+    watchdog_.start(nullptr, [this](Clock::time_point now, std::chrono::milliseconds limit) {
+      return look(now, limit);
+    });
   }
 
   ~MpiCommunicator() override {
     // Drain first, with the watchdog still on guard: a queued collective that never finishes
     // aborts the job instead of hanging the destructor.
     stream_.reset();
-    stop_watchdog();
+    watchdog_.stop();
   }
 
   Stream& stream() override { return *stream_; }
 
   Event all_gather(const void* send, void* recv, size_t count, DType dtype) override {
-    const bool in_place = backend::check_all_gather(send, recv, count, dtype, rank_, size_);
-    return launch(CollectiveOp::kAllGather, count, dtype, count * size_,
-                  [=] { run_all_gather(in_place ? nullptr : send, recv, count, dtype); });
+    const size_t elem = dtype_size(dtype);
+    const bool in_place = backend::check_all_gather(send, recv, count, elem, rank_, size_);
+    const MPI_Datatype type = transport_type(dtype);
+    return launch(CollectiveOp::kAllGather, {count, dtype, false}, count * size_,
+                  [=] { run_all_gather(in_place ? nullptr : send, recv, count, type, elem); });
+  }
+
+  Event all_gather_bytes(const void* send, void* recv, size_t bytes) override {
+    const bool in_place = backend::check_all_gather(send, recv, bytes, 1, rank_, size_);
+    return launch(CollectiveOp::kAllGather, {bytes, DType::kFloat32, true}, bytes * size_,
+                  [=] { run_all_gather(in_place ? nullptr : send, recv, bytes, MPI_BYTE, 1); });
   }
 
   Event reduce_scatter(const void* send, void* recv, size_t count, DType dtype) override {
     const bool in_place = backend::check_reduce_scatter(send, recv, count, dtype, rank_, size_);
-    return launch(CollectiveOp::kReduceScatter, count, dtype, count * size_,
+    return launch(CollectiveOp::kReduceScatter, {count, dtype, false}, count * size_,
                   [=] { run_reduce_scatter(send, recv, count, dtype, in_place); });
   }
 
   Event all_reduce(const void* send, void* recv, size_t count, DType dtype) override {
     const bool in_place = backend::check_all_reduce(send, recv, count, dtype, size_);
-    return launch(CollectiveOp::kAllReduce, count, dtype, count,
+    return launch(CollectiveOp::kAllReduce, {count, dtype, false}, count,
                   [=] { run_all_reduce(in_place ? nullptr : send, recv, count, dtype); });
   }
 
   Event broadcast(void* buffer, size_t count, DType dtype, int root) override {
     backend::check_broadcast(buffer, count, dtype, root, size_);
-    return launch(CollectiveOp::kBroadcast, count, dtype, count,
+    return launch(CollectiveOp::kBroadcast, {count, dtype, false}, count,
                   [=] { run_broadcast(buffer, count, dtype, root); });
   }
 
   Event barrier() override {
-    return launch(CollectiveOp::kBarrier, 0, DType::kFloat32, 0,
+    return launch(CollectiveOp::kBarrier, {0, DType::kFloat32, false}, 0,
                   [this] { ZERO_MPI_CHECK(MPI_Barrier(mpi_comm_)); });
   }
 
@@ -208,8 +219,7 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
     bool active = false;
     CollectiveOp op = CollectiveOp::kBarrier;
     uint64_t sequence = 0;
-    size_t count = 0;
-    DType dtype = DType::kFloat32;
+    Payload payload;
     Clock::time_point start;
   };
 
@@ -218,22 +228,22 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
   // by the desync check when that is on (decided now, so a later set_desync_check never changes
   // a collective already queued on some ranks) and by the staging check.
   template <typename Body>
-  Event launch(CollectiveOp op, size_t count, DType dtype, uint64_t wire_elements, Body body) {
+  Event launch(CollectiveOp op, Payload payload, uint64_t wire_elements, Body body) {
     // The ring lower bound of the MPI calls made, in the element type they carry.
-    const uint64_t wire_bytes = wire_elements * dtype_size(wire_dtype(op, dtype));
-    const uint64_t sequence =
-        record_launch(op, count, dtype, bytes_sent_per_rank(op, wire_bytes, size_));
+    const size_t wire_element_bytes = payload.bytes ? 1 : dtype_size(wire_dtype(op, payload.dtype));
+    const uint64_t sequence = record_launch(
+        op, payload, bytes_sent_per_rank(op, wire_elements * wire_element_bytes, size_));
     const bool check_desync = desync_check();
-    return stream_->enqueue([this, op, sequence, count, dtype, check_desync, body] {
+    return stream_->enqueue([this, op, sequence, payload, check_desync, body] {
       recorder_.started(sequence);
-      start_watch(op, sequence, count, dtype);
+      start_watch(op, sequence, payload);
       struct StopWatch {
         MpiCommunicator* self;
         ~StopWatch() { self->stop_watch(); }
       } stop_on_exit{this};
       try {
-        if (check_desync) agree_on_collective(sequence, op, dtype, count);
-        check_staging(op, count, dtype);
+        if (check_desync) agree_on_collective(sequence, op, payload);
+        check_staging(op, payload.count, payload.dtype);
         body();
       } catch (const std::exception& e) {
         recorder_.finished(sequence, false);
@@ -274,11 +284,10 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
     return own_staging_.data();
   }
 
-  // send == nullptr: in place (this rank's block of recv already holds its contribution).
-  void run_all_gather(const void* send, void* recv, size_t count, DType dtype) {
+  // `count` elements of `type`, `elem` bytes each. send == nullptr: in place (this rank's block
+  // of recv already holds its contribution).
+  void run_all_gather(const void* send, void* recv, size_t count, MPI_Datatype type, size_t elem) {
     if (count == 0) return;
-    const MPI_Datatype type = transport_type(dtype);
-    const size_t elem = dtype_size(dtype);
     if (count <= max_elements_per_call_) {
       const int n = static_cast<int>(count);
       ZERO_MPI_CHECK(MPI_Allgather(send ? send : MPI_IN_PLACE, n, type, recv, n, type, mpi_comm_));
@@ -366,30 +375,25 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
 
   // --- watchdog -------------------------------------------------------------------------------
 
-  void start_watch(CollectiveOp op, uint64_t sequence, size_t count, DType dtype) {
-    std::lock_guard<std::mutex> lock(watch_mutex_);
-    running_ = {true, op, sequence, count, dtype, Clock::now()};
+  void start_watch(CollectiveOp op, uint64_t sequence, const Payload& payload) {
+    const auto lock = watchdog_.lock();
+    running_ = {true, op, sequence, payload, Clock::now()};
   }
 
   void stop_watch() {
-    std::lock_guard<std::mutex> lock(watch_mutex_);
+    const auto lock = watchdog_.lock();
     running_.active = false;
   }
 
   // The watchdog needs no wake-up per collective: when idle it sleeps a whole timeout (a
   // collective starting later has a later deadline), when one is running it sleeps until that
-  // one's deadline, then looks again. Only stop and set_timeout notify it.
-  void watch() {
-    std::unique_lock<std::mutex> lock(watch_mutex_);
-    while (!watch_stop_) {
-      const Clock::time_point now = Clock::now();
-      if (running_.active && now - running_.start >= timeout_) {
-        abort_collective(running_.op, running_.sequence, running_.count, running_.dtype,
-                         backend::not_finished_after(now - running_.start));
-      }
-      const Clock::time_point wake = running_.active ? running_.start + timeout_ : now + timeout_;
-      watch_changed_.wait_until(lock, wake);
+  // one's deadline, then looks again. Only stop and set_timeout wake it.
+  Clock::time_point look(Clock::time_point now, std::chrono::milliseconds timeout) {
+    if (running_.active && now - running_.start >= timeout) {
+      abort_collective(running_.op, running_.sequence, running_.payload,
+                       backend::not_finished_after(now - running_.start));
     }
+    return running_.active ? running_.start + timeout : now + timeout;
   }
 
   const size_t max_elements_per_call_;
@@ -404,7 +408,7 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
   ProvidedStaging staging_;
   std::vector<float> own_staging_;
 
-  // Shared between the worker and the watchdog, under watch_mutex_.
+  // Shared between the worker and the watchdog, under watchdog_.lock().
   Running running_;
 
   std::unique_ptr<Stream> stream_;

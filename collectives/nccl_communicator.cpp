@@ -41,6 +41,7 @@ namespace zero {
 namespace {
 
 using backend::Clock;
+using backend::Payload;
 
 // How often the watchdog looks at a running collective. Polling (not a blocking wait) is what
 // CUDA offers; ten looks a second cost nothing beside a collective and keep the report prompt.
@@ -103,7 +104,10 @@ class NcclCommunicatorImpl final : public backend::CommunicatorBase<NcclCommunic
     cuda_stream_ = cuda_stream_handle(*stream_);
     ZERO_CUDA_CHECK(cudaMalloc(&barrier_word_, sizeof(float)));
     ZERO_CUDA_CHECK(cudaMemsetAsync(barrier_word_, 0, sizeof(float), cuda_stream_));
-    watchdog_ = std::thread([this] { watch(); });
+    watchdog_.start([this] { cudaSetDevice(device_); },
+                    [this](Clock::time_point now, std::chrono::milliseconds limit) {
+                      return look(now, limit);
+                    });
   }
 
   ~NcclCommunicatorImpl() override {
@@ -114,7 +118,7 @@ class NcclCommunicatorImpl final : public backend::CommunicatorBase<NcclCommunic
     } catch (const std::exception& e) {
       std::fprintf(stderr, "zero: rank %d: draining the NCCL stream failed: %s\n", rank_, e.what());
     }
-    stop_watchdog();
+    watchdog_.stop();
     stream_.reset();
     if (cudaFree(barrier_word_) != cudaSuccess || ncclCommDestroy(comm_) != ncclSuccess) {
       std::fprintf(stderr, "zero: rank %d: releasing the NCCL communicator failed\n", rank_);
@@ -153,22 +157,18 @@ class NcclCommunicatorImpl final : public backend::CommunicatorBase<NcclCommunic
   }
 
   Event all_gather(const void* send, void* recv, size_t count, DType dtype) override {
-    backend::check_all_gather(send, recv, count, dtype, rank_, size_);
-    check_device_buffers(send, recv, count, "all_gather");
-    // NCCL sends every dtype natively: the requested bytes are the bytes on the wire.
-    const size_t block_bytes = count * dtype_size(dtype);
-    return launch(
-        CollectiveOp::kAllGather, count, dtype, sent(CollectiveOp::kAllGather, block_bytes * size_),
-        [=] {
-          ZERO_NCCL_CHECK(ncclAllGather(send, recv, count, nccl_type(dtype), comm_, cuda_stream_));
-        });
+    return gather({count, dtype, false}, send, recv, nccl_type(dtype));
+  }
+
+  Event all_gather_bytes(const void* send, void* recv, size_t bytes) override {
+    return gather({bytes, DType::kFloat32, true}, send, recv, ncclUint8);
   }
 
   Event reduce_scatter(const void* send, void* recv, size_t count, DType dtype) override {
     backend::check_reduce_scatter(send, recv, count, dtype, rank_, size_);
     check_device_buffers(send, recv, count, "reduce_scatter");
     const size_t block_bytes = count * dtype_size(dtype);
-    return launch(CollectiveOp::kReduceScatter, count, dtype,
+    return launch(CollectiveOp::kReduceScatter, {count, dtype, false},
                   sent(CollectiveOp::kReduceScatter, block_bytes * size_), [=] {
                     ZERO_NCCL_CHECK(ncclReduceScatter(send, recv, count, nccl_type(dtype), ncclSum,
                                                       comm_, cuda_stream_));
@@ -178,7 +178,7 @@ class NcclCommunicatorImpl final : public backend::CommunicatorBase<NcclCommunic
   Event all_reduce(const void* send, void* recv, size_t count, DType dtype) override {
     backend::check_all_reduce(send, recv, count, dtype, size_);
     check_device_buffers(send, recv, count, "all_reduce");
-    return launch(CollectiveOp::kAllReduce, count, dtype,
+    return launch(CollectiveOp::kAllReduce, {count, dtype, false},
                   sent(CollectiveOp::kAllReduce, count * dtype_size(dtype)), [=] {
                     ZERO_NCCL_CHECK(ncclAllReduce(send, recv, count, nccl_type(dtype), ncclSum,
                                                   comm_, cuda_stream_));
@@ -188,7 +188,7 @@ class NcclCommunicatorImpl final : public backend::CommunicatorBase<NcclCommunic
   Event broadcast(void* buffer, size_t count, DType dtype, int root) override {
     backend::check_broadcast(buffer, count, dtype, root, size_);
     check_device_buffers(buffer, buffer, count, "broadcast");
-    return launch(CollectiveOp::kBroadcast, count, dtype,
+    return launch(CollectiveOp::kBroadcast, {count, dtype, false},
                   sent(CollectiveOp::kBroadcast, count * dtype_size(dtype)), [=] {
                     ZERO_NCCL_CHECK(ncclBroadcast(buffer, buffer, count, nccl_type(dtype), root,
                                                   comm_, cuda_stream_));
@@ -198,7 +198,7 @@ class NcclCommunicatorImpl final : public backend::CommunicatorBase<NcclCommunic
   // NCCL has no barrier: an all-reduce of one word does the same. It is counted as a barrier,
   // with the bytes that all-reduce sends.
   Event barrier() override {
-    return launch(CollectiveOp::kBarrier, 0, DType::kFloat32,
+    return launch(CollectiveOp::kBarrier, {0, DType::kFloat32, false},
                   bytes_sent_per_rank(CollectiveOp::kAllReduce, sizeof(float), size_), [this] {
                     ZERO_NCCL_CHECK(ncclAllReduce(barrier_word_, barrier_word_, 1, ncclFloat32,
                                                   ncclSum, comm_, cuda_stream_));
@@ -210,13 +210,24 @@ class NcclCommunicatorImpl final : public backend::CommunicatorBase<NcclCommunic
   struct Pending {
     CollectiveOp op = CollectiveOp::kBarrier;
     uint64_t sequence = 0;
-    size_t count = 0;
-    DType dtype = DType::kFloat32;
+    Payload payload;
     std::shared_ptr<CudaEvent> start;  // complete when the collective can begin
     std::shared_ptr<CudaEvent> done;   // complete when it has finished
     bool started = false;              // watchdog only: start seen complete, at started_at
     Clock::time_point started_at;
   };
+
+  // all_gather and all_gather_bytes: `payload.count` elements of `type` from every rank.
+  Event gather(const Payload& payload, const void* send, void* recv, ncclDataType_t type) {
+    const size_t count = payload.count;
+    backend::check_all_gather(send, recv, count, payload.element_bytes(), rank_, size_);
+    check_device_buffers(send, recv, count, "all_gather");
+    // NCCL sends every type natively: the requested bytes are the bytes on the wire.
+    const size_t block_bytes = count * payload.element_bytes();
+    return launch(
+        CollectiveOp::kAllGather, payload, sent(CollectiveOp::kAllGather, block_bytes * size_),
+        [=] { ZERO_NCCL_CHECK(ncclAllGather(send, recv, count, type, comm_, cuda_stream_)); });
+  }
 
   void check_device_buffers(const void* send, const void* recv, size_t count, const char* op) {
     if (count == 0) return;
@@ -233,14 +244,14 @@ class NcclCommunicatorImpl final : public backend::CommunicatorBase<NcclCommunic
   // calling thread, like the MPI backend), runs the desync check when that is on (over MPI, as
   // the op is issued), and issues it; inside a group the events are recorded at end_group().
   template <typename Issue>
-  Event launch(CollectiveOp op, size_t count, DType dtype, uint64_t sent_bytes, Issue issue) {
-    const uint64_t sequence = record_launch(op, count, dtype, sent_bytes);
-    if (desync_check()) agree_on_collective(sequence, op, dtype, count);
+  Event launch(CollectiveOp op, const Payload& payload, uint64_t sent_bytes, Issue issue) {
+    const size_t count = payload.count;
+    const uint64_t sequence = record_launch(op, payload, sent_bytes);
+    if (desync_check()) agree_on_collective(sequence, op, payload);
     Pending p;
     p.op = op;
     p.sequence = sequence;
-    p.count = count;
-    p.dtype = dtype;
+    p.payload = payload;
     p.done = std::make_shared<CudaEvent>(device_);
     Event event(std::shared_ptr<const DeviceEvent>(p.done));
     ScopedDevice on(device_);
@@ -259,10 +270,10 @@ class NcclCommunicatorImpl final : public backend::CommunicatorBase<NcclCommunic
 
   void track(Pending p) {
     {
-      std::lock_guard<std::mutex> lock(watch_mutex_);
+      const auto lock = watchdog_.lock();
       pending_.push_back(std::move(p));
     }
-    watch_changed_.notify_one();
+    watchdog_.notify();
   }
 
   // --- watchdog -------------------------------------------------------------------------------
@@ -270,49 +281,41 @@ class NcclCommunicatorImpl final : public backend::CommunicatorBase<NcclCommunic
   // Idle, it sleeps until a collective is tracked; otherwise it looks every kPollInterval:
   // finished collectives are dropped from the front, the oldest unfinished one is timed from
   // the moment its start event was seen complete, and NCCL's asynchronous error is checked.
-  void watch() {
-    cudaSetDevice(device_);
-    std::unique_lock<std::mutex> lock(watch_mutex_);
-    while (!watch_stop_) {
-      if (pending_.empty()) {
-        watch_changed_.wait(lock, [&] { return watch_stop_ || !pending_.empty(); });
-        continue;
+  Clock::time_point look(Clock::time_point now, std::chrono::milliseconds timeout) {
+    if (pending_.empty()) return backend::Watchdog::kUntilNotified;
+    try {
+      while (!pending_.empty() && pending_.front().done->query()) {
+        if (!pending_.front().started) recorder_.started(pending_.front().sequence);
+        recorder_.finished(pending_.front().sequence, true);
+        pending_.pop_front();
       }
-      try {
-        while (!pending_.empty() && pending_.front().done->query()) {
-          if (!pending_.front().started) recorder_.started(pending_.front().sequence);
-          recorder_.finished(pending_.front().sequence, true);
-          pending_.pop_front();
-        }
-        ncclResult_t async = ncclSuccess;
-        ZERO_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
-        if (async != ncclSuccess && async != ncclInProgress) {
-          abort_job(pending_.empty() ? nullptr : &pending_.front(),
-                    std::string("failed inside NCCL: ") + ncclGetErrorString(async));
-        }
-        if (!pending_.empty()) {
-          Pending& head = pending_.front();
-          const Clock::time_point now = Clock::now();
-          if (!head.started && head.start->query()) {
-            head.started = true;
-            head.started_at = now;
-            recorder_.started(head.sequence);
-          }
-          if (head.started && now - head.started_at >= timeout_) {
-            abort_job(&head, backend::not_finished_after(now - head.started_at));
-          }
-        }
-      } catch (const std::exception& e) {
-        // A CUDA error while polling (e.g. a kernel fault on this device) ends the job as well.
-        abort_job(pending_.empty() ? nullptr : &pending_.front(), e.what());
+      ncclResult_t async = ncclSuccess;
+      ZERO_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+      if (async != ncclSuccess && async != ncclInProgress) {
+        abort_job(pending_.empty() ? nullptr : &pending_.front(),
+                  std::string("failed inside NCCL: ") + ncclGetErrorString(async));
       }
-      watch_changed_.wait_for(lock, std::min<Clock::duration>(kPollInterval, timeout_));
+      if (!pending_.empty()) {
+        Pending& head = pending_.front();
+        if (!head.started && head.start->query()) {
+          head.started = true;
+          head.started_at = now;
+          recorder_.started(head.sequence);
+        }
+        if (head.started && now - head.started_at >= timeout) {
+          abort_job(&head, backend::not_finished_after(now - head.started_at));
+        }
+      }
+    } catch (const std::exception& e) {
+      // A CUDA error while polling (e.g. a kernel fault on this device) ends the job as well.
+      abort_job(pending_.empty() ? nullptr : &pending_.front(), e.what());
     }
+    return Clock::now() + std::min<Clock::duration>(kPollInterval, timeout);
   }
 
   // The MPI backend's report, naming the oldest unfinished collective when there is one.
   [[noreturn]] void abort_job(const Pending* op, const std::string& what) {
-    if (op != nullptr) abort_collective(op->op, op->sequence, op->count, op->dtype, what);
+    if (op != nullptr) abort_collective(op->op, op->sequence, op->payload, what);
     print_report("zero: rank " + std::to_string(rank_) + ": NCCL communicator " + what +
                  "; aborting the job");
     end_job();
@@ -331,7 +334,7 @@ class NcclCommunicatorImpl final : public backend::CommunicatorBase<NcclCommunic
   bool in_group_ = false;
   std::vector<Pending> group_;
 
-  // Shared between the calling thread and the watchdog, under watch_mutex_.
+  // Shared between the calling thread and the watchdog, under watchdog_.lock().
   std::deque<Pending> pending_;
 };
 

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <string>
 
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 #include "zero/runtime/device.h"
 #if ZERO_HAVE_CUDA
 #include "examples/mlp_cuda.h"

@@ -36,7 +36,7 @@
 #if ZERO_HAVE_NCCL
 #include "zero/collectives/nccl_communicator.h"
 #endif
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 #include "zero/runtime/checkpoint.h"
 #include "zero/runtime/config.h"
 #include "zero/runtime/model.h"

@@ -17,7 +17,7 @@
 #include <thread>
 #include <utility>
 
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 
 extern char** environ;
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 
 namespace zero {
 

@@ -5,7 +5,7 @@
 
 #include <cmath>
 
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 #include "zero/kernels/optimizer_math.h"
 #if ZERO_HAVE_CUDA
 #include "zero/kernels/cuda_kernels.h"

@@ -22,7 +22,7 @@
 #include <unordered_map>
 
 #include "checkpoint_format.h"
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 #include "zero/runtime/checkpoint.h"
 #include "zero/runtime/config.h"
 
@@ -61,8 +61,7 @@ RankReport attempt(Work work) {
 
 std::vector<RankReport> exchange(Communicator& comm, const RankReport& mine) {
   std::vector<RankReport> all(comm.world_size());
-  // The communicator moves typed elements; bf16 all-gathers copy bytes without arithmetic.
-  comm.all_gather_sync(&mine, all.data(), sizeof(RankReport) / 2, DType::kBFloat16);
+  comm.all_gather_bytes_sync(&mine, all.data(), sizeof(RankReport));
   return all;
 }
 

@@ -14,7 +14,7 @@
 #include <utility>
 
 #include "checkpoint_format.h"
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 
 // Shard files hold host memory as written: little-endian fp32 is the format.
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "checkpoint files are little-endian");

@@ -14,7 +14,7 @@
 #include <utility>
 
 #include "checkpoint_format.h"
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 #include "zero/optimizer/optimizer.h"
 #include "zero/proto/checkpoint.pb.h"
 

@@ -14,8 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint_format.h"
-#include "zero/kernels/check.h"
-#include "zero/kernels/dtype.h"
+#include "zero/core/check.h"
+#include "zero/core/dtype.h"
 #include "zero/runtime/safetensors.h"
 
 namespace zero {

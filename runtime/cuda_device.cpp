@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "zero/collectives/cuda_stream.h"
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 #include "zero/kernels/cuda_check.h"
 #include "zero/kernels/cuda_kernels.h"
 

@@ -3,7 +3,7 @@
 
 #include <cstring>
 
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 #include "zero/kernels/cpu_kernels.h"
 #if ZERO_HAVE_CUDA
 #include "cuda_device.h"

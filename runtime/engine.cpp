@@ -7,7 +7,7 @@
 #if ZERO_HAVE_NCCL
 #include "zero/collectives/nccl_communicator.h"
 #endif
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 
 namespace zero {
 
@@ -223,12 +223,6 @@ void Engine::Impl::initialize(const std::vector<ParamDecl>& decls) {
       upload(s.master, DType::kFloat32, shard_begin, shard_end);
     }
   }
-}
-
-std::vector<uint64_t> all_gather_u64(Communicator& comm, uint64_t value) {
-  std::vector<uint64_t> all(comm.world_size());
-  comm.all_gather_sync(&value, all.data(), sizeof(uint64_t) / 2, DType::kBFloat16);
-  return all;
 }
 
 Engine::Engine(Communicator& comm, const std::vector<ParamDecl>& params, const EngineConfig& config)

@@ -2,7 +2,7 @@
 // keeps as a 1/N shard, so each line reads like a row of the paper's table.
 #include "zero/runtime/estimate.h"
 
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 
 namespace zero {
 

@@ -4,7 +4,7 @@
 #include <set>
 #include <sstream>
 
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 
 namespace zero {
 

@@ -6,7 +6,7 @@
 #include <sstream>
 #include <utility>
 
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 
 namespace zero {
 

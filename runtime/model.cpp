@@ -2,7 +2,7 @@
 
 #include <utility>
 
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 #include "zero/runtime/device.h"
 
 namespace zero {

@@ -8,8 +8,8 @@
 #include <iomanip>
 #include <utility>
 
-#include "zero/kernels/check.h"
-#include "zero/runtime/engine.h"
+#include "zero/collectives/communicator.h"
+#include "zero/core/check.h"
 
 namespace zero {
 
@@ -69,14 +69,12 @@ void Trace::clear() {
 void Trace::write_chrome_trace(Communicator& comm, const std::string& path) const {
   std::string text = serialize(spans());
   if (truncated_) text += "0\t0\t0\t0\t(trace truncated: span limit reached)\n";
-  // The communicator moves equal counts of typed elements: pad every rank's text to the
-  // longest, in 2-byte elements.
+  // An all-gather moves the same count from every rank: pad every rank's text to the longest.
   const std::vector<uint64_t> sizes = all_gather_u64(comm, text.size());
-  uint64_t longest = *std::max_element(sizes.begin(), sizes.end());
-  longest += longest % 2;
+  const uint64_t longest = *std::max_element(sizes.begin(), sizes.end());
   text.resize(longest, '\0');
   std::string all(longest * sizes.size(), '\0');
-  comm.all_gather_sync(text.data(), all.data(), longest / 2, DType::kBFloat16);
+  comm.all_gather_bytes_sync(text.data(), all.data(), longest);
   if (comm.rank() != 0) return;
 
   std::ofstream out(path);

@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 
 namespace zero::testing {
 

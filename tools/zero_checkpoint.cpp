@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "zero/kernels/dtype.h"
+#include "zero/core/dtype.h"
 #include "zero/runtime/checkpoint.h"
 
 namespace {

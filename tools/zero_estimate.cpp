@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "examples/mlp.h"
-#include "zero/kernels/dtype.h"
+#include "zero/core/dtype.h"
 #include "zero/runtime/engine.h"
 #include "zero/runtime/estimate.h"
 

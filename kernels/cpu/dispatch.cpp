@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "kernel_paths.h"
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 #include "zero/kernels/cpu_kernels.h"
 
 namespace zero::kernels {

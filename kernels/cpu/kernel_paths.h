@@ -5,7 +5,7 @@
 
 #include <cstddef>
 
-#include "zero/kernels/dtype.h"
+#include "zero/core/dtype.h"
 #include "zero/kernels/optimizer_math.h"
 
 namespace zero::kernels::detail {

@@ -1,8 +1,8 @@
 // Data movement: batched flatten/unflatten of many tensors per launch, and dtype casts. The
 // per-thread work is copy_slots_thread and cast_thread in cuda_kernel_bodies.h.
+#include "cuda_kernel_bodies.h"
 #include "dispatch.cuh"
 #include "zero/kernels/cuda_check.h"
-#include "zero/kernels/cuda_kernel_bodies.h"
 #include "zero/kernels/cuda_kernels.h"
 
 namespace zero::kernels::cuda {

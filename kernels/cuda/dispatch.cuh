@@ -4,8 +4,8 @@
 
 #include <type_traits>
 
-#include "zero/kernels/check.h"
-#include "zero/kernels/dtype.h"
+#include "zero/core/check.h"
+#include "zero/core/dtype.h"
 
 namespace zero::kernels::cuda {
 

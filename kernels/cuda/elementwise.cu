@@ -1,8 +1,8 @@
 // Single-tensor arithmetic in place: add (any dtype pair, e.g. fp32 gradients into bf16 storage)
 // and scale. The per-thread work is add_thread and scale_thread in cuda_kernel_bodies.h.
+#include "cuda_kernel_bodies.h"
 #include "dispatch.cuh"
 #include "zero/kernels/cuda_check.h"
-#include "zero/kernels/cuda_kernel_bodies.h"
 #include "zero/kernels/cuda_kernels.h"
 
 namespace zero::kernels::cuda {

@@ -1,8 +1,8 @@
 // Multi-tensor fused optimizers: one launch updates up to 64 tensors (master, optimizer state,
 // working copy); the per-thread work is adamw_thread and sgd_thread in cuda_kernel_bodies.h.
+#include "cuda_kernel_bodies.h"
 #include "dispatch.cuh"
 #include "zero/kernels/cuda_check.h"
-#include "zero/kernels/cuda_kernel_bodies.h"
 #include "zero/kernels/cuda_kernels.h"
 
 namespace zero::kernels::cuda {

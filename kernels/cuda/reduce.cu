@@ -1,9 +1,9 @@
 // Reductions over many tensors: the finite check (a device flag) and the sum of squares (two
 // stages, each in a fixed order, so the result depends only on the input). The per-thread work
 // is in cuda_kernel_bodies.h.
+#include "cuda_kernel_bodies.h"
 #include "dispatch.cuh"
 #include "zero/kernels/cuda_check.h"
-#include "zero/kernels/cuda_kernel_bodies.h"
 #include "zero/kernels/cuda_kernels.h"
 
 namespace zero::kernels::cuda {

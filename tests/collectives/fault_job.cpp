@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "zero/collectives/mpi_communicator.h"
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 
 namespace {
 

@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 
 namespace zero {
 namespace {

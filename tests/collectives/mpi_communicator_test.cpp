@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "tests/expect_error.h"
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 
 namespace zero {
 namespace {
@@ -249,6 +249,41 @@ TEST(Communicator, Barrier) {
   for (int i = 0; i < 5; ++i) comm->barrier_sync();
   EXPECT_EQ(comm->counters().calls[static_cast<size_t>(CollectiveOp::kBarrier)], 5u);
   EXPECT_EQ(comm->counters().bytes[static_cast<size_t>(CollectiveOp::kBarrier)], 0u);
+}
+
+// Raw bytes of any length (an odd one here), through one MPI call or split into pieces, in
+// place or not; counted as an all_gather of 1-byte elements and recorded as bytes.
+TEST(Communicator, AllGatherBytesMovesAnyNumberOfBytes) {
+  for (size_t limit : {static_cast<size_t>(INT_MAX), size_t{2}}) {
+    auto comm = make_mpi_communicator(limit);
+    const int n = comm->world_size();
+    const int rank = comm->rank();
+    const size_t bytes = 7;
+    std::vector<unsigned char> mine(bytes), all(bytes * n), in_place(bytes * n);
+    for (size_t i = 0; i < bytes; ++i) mine[i] = static_cast<unsigned char>(rank * 16 + i);
+    std::copy(mine.begin(), mine.end(), in_place.begin() + rank * bytes);
+    comm->all_gather_bytes_sync(mine.data(), all.data(), bytes);
+    comm->all_gather_bytes_sync(in_place.data() + rank * bytes, in_place.data(), bytes);
+    for (int r = 0; r < n; ++r) {
+      for (size_t i = 0; i < bytes; ++i) {
+        EXPECT_EQ(all[r * bytes + i], r * 16 + i) << "limit " << limit;
+        EXPECT_EQ(in_place[r * bytes + i], r * 16 + i) << "limit " << limit;
+      }
+    }
+    const CommCounters& c = comm->counters();
+    EXPECT_EQ(c.calls[static_cast<size_t>(CollectiveOp::kAllGather)], 2u);
+    EXPECT_EQ(c.bytes[static_cast<size_t>(CollectiveOp::kAllGather)],
+              2 * (bytes * n * static_cast<uint64_t>(n - 1) / n));
+    EXPECT_NE(comm->flight_record().find(" byte "), std::string::npos) << comm->flight_record();
+  }
+}
+
+TEST(Communicator, AllGatherU64GathersOneValuePerRank) {
+  auto comm = make_mpi_communicator();
+  const std::vector<uint64_t> all =
+      all_gather_u64(*comm, 0x0123456789abcdefULL + static_cast<uint64_t>(comm->rank()));
+  ASSERT_EQ(all.size(), static_cast<size_t>(comm->world_size()));
+  for (size_t r = 0; r < all.size(); ++r) EXPECT_EQ(all[r], 0x0123456789abcdefULL + r);
 }
 
 TEST(Communicator, CountersFollowTheRingFormulas) {

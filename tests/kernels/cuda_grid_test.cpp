@@ -12,8 +12,8 @@
 #include <random>
 #include <vector>
 
+#include "kernels/cuda/cuda_kernel_bodies.h"
 #include "zero/kernels/cpu_kernels.h"
-#include "zero/kernels/cuda_kernel_bodies.h"
 
 namespace zero::kernels::cuda {
 namespace {

@@ -13,8 +13,8 @@
 #include <tuple>
 #include <vector>
 
+#include "zero/core/dtype.h"
 #include "zero/kernels/cpu_kernels.h"
-#include "zero/kernels/dtype.h"
 
 namespace zero::kernels::testing {
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 #include "zero/launcher/launch_command.h"
 
 namespace zero::launcher {

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 #include "zero/optimizer/loss_scaler.h"
 
 namespace zero {

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "tests/expect_error.h"
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 #include "zero/optimizer/optimizer.h"
 
 namespace zero {

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "tests/expect_error.h"
-#include "zero/kernels/check.h"
-#include "zero/kernels/dtype.h"
+#include "zero/core/check.h"
+#include "zero/core/dtype.h"
 #include "zero/optimizer/optimizer.h"
 
 namespace zero {

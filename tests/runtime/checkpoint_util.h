@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "examples/mlp.h"
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 #include "zero/runtime/checkpoint.h"
 #include "zero/runtime/model.h"
 

@@ -12,7 +12,7 @@
 
 #include "tests/expect_error.h"
 #include "tests/runtime/train_util.h"
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 
 namespace zero {
 namespace {

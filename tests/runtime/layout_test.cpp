@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 #include "zero/runtime/layout.h"
 
 namespace zero {

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "tests/runtime/train_util.h"
-#include "zero/kernels/check.h"
-#include "zero/kernels/dtype.h"
+#include "zero/core/check.h"
+#include "zero/core/dtype.h"
 
 namespace zero {
 namespace {
@@ -217,6 +217,9 @@ class SixteenBitSumCommunicator : public Communicator {
   int world_size() const override { return inner_->world_size(); }
   Event all_gather(const void* send, void* recv, size_t count, DType dtype) override {
     return inner_->all_gather(send, recv, count, dtype);
+  }
+  Event all_gather_bytes(const void* send, void* recv, size_t bytes) override {
+    return inner_->all_gather_bytes(send, recv, bytes);
   }
   Event reduce_scatter(const void* send, void* recv, size_t count, DType dtype) override {
     reductions_.push_back({CollectiveOp::kReduceScatter, dtype});
@@ -458,8 +461,8 @@ TEST(Scheduling, DeepSpeedBucketSizesKeepStage3Sharded) {
 }
 
 // Per parameter, as DeepSpeed: with a threshold between the MLP's biases (24 and 4 elements)
-// and weights (96 and more), stage 3 keeps the biases whole on every rank and still shards and gathers every
-// weight: one more unit, a little more model state, fewer bytes on the wire.
+// and weights (96 and more), stage 3 keeps the biases whole on every rank and still shards and
+// gathers every weight: one more unit, a little more model state, fewer bytes on the wire.
 TEST(Scheduling, PersistenceThresholdIsPerParameter) {
   const uint64_t n = static_cast<uint64_t>(world_size());
   RunOptions o;

@@ -32,6 +32,10 @@ class DelayedCommunicator final : public Communicator {
     delay();
     return inner_->all_gather(send, recv, count, dtype);
   }
+  Event all_gather_bytes(const void* send, void* recv, size_t bytes) override {
+    delay();
+    return inner_->all_gather_bytes(send, recv, bytes);
+  }
   Event reduce_scatter(const void* send, void* recv, size_t count, DType dtype) override {
     delay();
     return inner_->reduce_scatter(send, recv, count, dtype);

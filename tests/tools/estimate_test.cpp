@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 #include "zero/runtime/estimate.h"
 
 namespace zero {

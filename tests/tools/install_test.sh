@@ -23,7 +23,7 @@ run_quietly() {
 }
 
 run_quietly "$cmake" --install "$build" --prefix "$prefix"
-for installed in bin/zerorun bin/zero-train bin/zero-estimate include/zero/kernels/check.h \
+for installed in bin/zerorun bin/zero-train bin/zero-estimate include/zero/core/check.h \
                  include/zero/runtime/model.h include/zero/collectives/mpi_communicator.h \
                  lib/cmake/zero/zeroConfig.cmake lib/cmake/zero/zeroConfigVersion.cmake \
                  lib/cmake/zero/zeroTargets.cmake; do

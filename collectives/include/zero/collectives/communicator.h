@@ -11,10 +11,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "zero/collectives/collective_table.h"
 #include "zero/collectives/stream.h"
-#include "zero/kernels/dtype.h"
+#include "zero/core/dtype.h"
 
 namespace zero {
 
@@ -40,6 +41,10 @@ class Communicator {
   // send == recv + rank * count elements is allowed (in place: the rank's slot already holds
   // its contribution).
   virtual Event all_gather(const void* send, void* recv, size_t count, DType dtype) = 0;
+  // The same on raw bytes: recv (bytes * world_size) = each rank's send (bytes), in rank order;
+  // in place as above. For what is not an element type (sizes, fingerprints, text, structs);
+  // the backend moves them as bytes (MPI_BYTE, ncclUint8), counted and recorded as all_gather.
+  virtual Event all_gather_bytes(const void* send, void* recv, size_t bytes) = 0;
   // recv (count) = sum over ranks of send[rank * count, (rank + 1) * count); send holds
   // count * world_size elements. bf16/fp16 are summed in fp32 and rounded once.
   // recv == send + rank * count elements is allowed (in place).
@@ -107,6 +112,9 @@ class Communicator {
   void all_gather_sync(const void* send, void* recv, size_t count, DType dtype) {
     all_gather(send, recv, count, dtype).wait();
   }
+  void all_gather_bytes_sync(const void* send, void* recv, size_t bytes) {
+    all_gather_bytes(send, recv, bytes).wait();
+  }
   void reduce_scatter_sync(const void* send, void* recv, size_t count, DType dtype) {
     reduce_scatter(send, recv, count, dtype).wait();
   }
@@ -118,5 +126,9 @@ class Communicator {
   }
   void barrier_sync() { barrier().wait(); }
 };
+
+// All-gathers one 64-bit value from every rank, in rank order (a blocking byte all-gather; the
+// value is host memory, so `comm` is a communicator on host memory).
+std::vector<uint64_t> all_gather_u64(Communicator& comm, uint64_t value);
 
 }  // namespace zero

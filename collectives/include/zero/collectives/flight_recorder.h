@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "zero/collectives/communicator.h"
-#include "zero/kernels/dtype.h"
+#include "zero/core/dtype.h"
 
 namespace zero {
 
@@ -25,8 +25,13 @@ enum class CollectiveState : uint8_t { kEnqueued, kRunning, kDone, kFailed };
 // enqueued, running, done, failed.
 const char* collective_state_name(CollectiveState state);
 
-// "all_reduce(1000 x fp32)"; "barrier()" for the op that moves no data.
-std::string describe_collective(CollectiveOp op, size_t count, DType dtype);
+// The element type a collective carries: dtype_name(dtype), or "byte" for the raw bytes of
+// Communicator::all_gather_bytes (dtype then unused).
+const char* element_type_name(DType dtype, bool bytes);
+
+// "all_reduce(1000 x fp32)", "all_gather(16 x byte)" (bytes); "barrier()" for the op that moves
+// no data.
+std::string describe_collective(CollectiveOp op, size_t count, DType dtype, bool bytes = false);
 
 // One collective as the recorder saw it. A time that has not happened yet (started or ended)
 // is the clock's epoch, time_point{}.
@@ -36,6 +41,7 @@ struct FlightEntry {
   CollectiveOp op = CollectiveOp::kBarrier;
   DType dtype = DType::kFloat32;
   size_t count = 0;
+  bool bytes = false;  // all_gather_bytes: count is bytes, dtype unused
   CollectiveState state = CollectiveState::kEnqueued;
   Clock::time_point enqueued, started, ended;
 };
@@ -50,7 +56,8 @@ class FlightRecorder {
   FlightRecorder& operator=(const FlightRecorder&) = delete;
 
   // A new entry, state enqueued; when the ring is full it replaces the oldest entry.
-  void enqueued(uint64_t sequence, CollectiveOp op, DType dtype, size_t count);
+  // `bytes`: a byte all-gather of `count` bytes (dtype unused).
+  void enqueued(uint64_t sequence, CollectiveOp op, DType dtype, size_t count, bool bytes = false);
   // State running, start time now. A sequence number no longer in the ring (more than
   // capacity() collectives were enqueued after it) is ignored: there is nowhere to record it.
   void started(uint64_t sequence);

@@ -4,7 +4,7 @@
 
 #include <cuda_runtime.h>
 
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 
 // ZERO_CUDA_CHECK(cudaXxx(...)): throws zero::Error when the call does not return cudaSuccess.
 #define ZERO_CUDA_CHECK(call)                                                   \

@@ -10,8 +10,8 @@
 
 #include <cstddef>
 
+#include "zero/core/dtype.h"
 #include "zero/kernels/cpu_kernels.h"
-#include "zero/kernels/dtype.h"
 #include "zero/kernels/optimizer_math.h"
 
 struct CUstream_st;

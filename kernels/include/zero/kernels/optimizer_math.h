@@ -5,7 +5,7 @@
 
 #include <cmath>
 
-#include "zero/kernels/dtype.h"
+#include "zero/core/dtype.h"
 
 namespace zero {
 

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "zero/core/dtype.h"
 #include "zero/kernels/cpu_kernels.h"
-#include "zero/kernels/dtype.h"
 
 struct CUstream_st;
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "zero/kernels/dtype.h"
+#include "zero/core/dtype.h"
 #include "zero/optimizer/loss_scaler.h"
 #include "zero/optimizer/optimizer.h"
 #include "zero/runtime/layout.h"

@@ -71,7 +71,7 @@
 #include <string>
 #include <vector>
 
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 #include "zero/runtime/engine.h"
 
 namespace zero {

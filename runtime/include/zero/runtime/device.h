@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "zero/collectives/stream.h"
-#include "zero/kernels/dtype.h"
+#include "zero/core/dtype.h"
 #include "zero/optimizer/optimizer.h"
 #include "zero/runtime/memory.h"
 

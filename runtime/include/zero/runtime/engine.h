@@ -219,8 +219,4 @@ MemoryPlan plan_memory(const Layout& layout, const EngineConfig& config);
 // benchmarks plan with the same one).
 LayoutOptions layout_options(const EngineConfig& config, int world_size);
 
-// All-gathers one 64-bit value from every rank (the Communicator moves typed elements; eight
-// bytes travel as four 2-byte elements, with no arithmetic on them).
-std::vector<uint64_t> all_gather_u64(Communicator& comm, uint64_t value);
-
 }  // namespace zero

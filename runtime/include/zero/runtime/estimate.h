@@ -15,7 +15,7 @@
 
 #include <cstdint>
 
-#include "zero/kernels/dtype.h"
+#include "zero/core/dtype.h"
 
 namespace zero {
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "zero/kernels/dtype.h"
+#include "zero/core/dtype.h"
 
 namespace zero {
 

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <string>
 
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
 
 namespace zero {
 

@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "zero/kernels/dtype.h"
+#include "zero/core/dtype.h"
 
 namespace zero {
 

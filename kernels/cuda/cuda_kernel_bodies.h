@@ -3,7 +3,8 @@
 // with blockIdx.x and threadIdx.x, and tests/kernels/cuda_grid_test.cpp, built by g++ on
 // machines without a GPU, calls it for every block and thread of the same grid in loops. That
 // checks the indexing, the tails and the multi-tensor tables exactly, leaving a GPU session only
-// speed and what a loop cannot see.
+// speed and what a loop cannot see. Private to kernels/ (not installed): the .cu files include it
+// from their folder, the test by its path from the repository root.
 //
 // Work division: every kernel hands each block one chunk of one tensor (kChunkElements elements,
 // or kChunkBytes bytes for copies). Thread t of a block takes vectors t, t + 256, t + 512, ... of
@@ -17,9 +18,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "zero/kernels/check.h"
+#include "zero/core/check.h"
+#include "zero/core/dtype.h"
 #include "zero/kernels/cuda_kernels.h"
-#include "zero/kernels/dtype.h"
 #include "zero/kernels/optimizer_math.h"
 
 namespace zero::kernels::cuda {
