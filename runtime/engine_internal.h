@@ -162,8 +162,8 @@ bool needs_fp32_scratch(const EngineConfig& config);
 DType reduction_dtype(const EngineConfig& config);
 
 // Gathered-parameter buffers of stage 3: the unit computing, the next one in flight, and as
-// many more as stage3_prefetch_bucket_size asks to have gathered ahead. Prefetches never take
-// more, so the plan holds.
+// many more as stage3_prefetch_bucket_size asks to have gathered ahead, and never more than
+// the units there are to gather. Prefetches never take more, so the plan holds.
 size_t param_buffer_count(const Layout& layout, const EngineConfig& config);
 
 // The fusion buffer packed collectives go through: the larger of the gradient packs (in the

@@ -79,7 +79,10 @@ bool needs_fp32_scratch(const EngineConfig& config) {
 size_t param_buffer_count(const Layout& layout, const EngineConfig& config) {
   if (config.stage != 3) return 0;
   const size_t max_unit = std::max<size_t>(layout.max_unit_numel(), 1);
-  return 2 + config.prefetch_elements / max_unit;
+  const size_t gathered_units = static_cast<size_t>(
+      std::count_if(layout.units().begin(), layout.units().end(),
+                    [&](const Unit& unit) { return !is_persistent(unit, config); }));
+  return std::min(2 + config.prefetch_elements / max_unit, gathered_units);
 }
 
 DType reduction_dtype(const EngineConfig& config) {

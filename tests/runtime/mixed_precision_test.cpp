@@ -480,6 +480,21 @@ TEST(Scheduling, PersistenceThresholdIsPerParameter) {
   EXPECT_LT(biases.comm_bytes[1], plain.comm_bytes[1]);
 }
 
+// stage3_prefetch_bucket_size larger than the model (DeepSpeed's default 5e7 on a small one)
+// prefetches every unit, and the pool holds one buffer per unit, not prefetch_elements' worth
+// (it once reserved 4 GiB for 1 << 30).
+TEST(Scheduling, PrefetchBucketLargerThanTheModelHoldsOneBufferPerUnit) {
+  RunOptions o;
+  o.stage = 3;
+  o.steps = 1;
+  o.mlp = MlpConfig{32, 128, 16, 8};
+  o.tweak = [](EngineConfig& c) { c.prefetch_elements = size_t{1} << 30; };
+  const TrainResult run = train(o);
+  const uint64_t n = static_cast<uint64_t>(world_size());
+  const uint64_t layer = (128 * 128 + 128 + 64 * n) * sizeof(float);
+  EXPECT_LE(run.buffer_bytes, (8 + 2) * layer + 2 * layer / n) << run.buffer_bytes;
+}
+
 TEST(Scheduling, ReuseAndPersistenceSaveCommunication) {
   if (world_size() < 2) GTEST_SKIP() << "one rank communicates nothing";
   RunOptions o;
