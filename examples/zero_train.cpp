@@ -716,29 +716,33 @@ int main(int argc, char** argv) {
     if (rank == 0) std::cerr << ("zero-train: " + disagreement + "\n");
     return 2;
   }
-  if (!flags.cuda && flags.memory_limit == 0) {
-    // Without --memory-limit the engine's budget is what the host can give this rank, less the
-    // activations and batch data, so a model that cannot fit is an error with the plan's
-    // numbers (exit 3), not a kill by the kernel halfway through allocating it.
-    const uint64_t host = zero::examples::host_memory_per_rank(ranks_on_node());
+  if (!flags.cuda) {
+    // The budget of a rank (--memory-limit, else what the host can give it) holds the
+    // activations and batch data too: the engine's limit is the rest. So a model or a batch
+    // that cannot fit is an error with the plan's numbers (exit 3), not a kill by the kernel
+    // halfway through allocating it, and --memory-limit bounds what the process holds.
+    const uint64_t budget = flags.memory_limit > 0
+                                ? flags.memory_limit
+                                : zero::examples::host_memory_per_rank(ranks_on_node());
+    const std::string source =
+        flags.memory_limit > 0 ? "--memory-limit" : "available memory over the ranks on this node";
     const uint64_t activations = activation_bytes(flags, config);
-    if (host > 0) {
-      if (host <= activations) {
+    if (budget > 0) {
+      if (budget <= activations) {
         if (rank == 0) {
           std::cerr << ("zero-train: out of host memory: the activations and batch data of " +
                         std::to_string(config.micro_batch_per_rank) +
                         " samples per micro-batch need about " + zero::human_bytes(activations) +
-                        " per rank, and a rank may use " + zero::human_bytes(host) +
-                        "; lower --global-batch\n");
+                        " per rank, and a rank may use " + zero::human_bytes(budget) + " (" +
+                        source + "); lower --global-batch\n");
         }
         return kExitOutOfMemory;
       }
-      config.engine.memory_limit_bytes = host - activations;
+      config.engine.memory_limit_bytes = budget - activations;
       if (rank == 0) {
-        std::printf(
-            "host memory per rank: %s (available memory over the ranks on this node), "
-            "%s of it for activations and batch data\n",
-            zero::human_bytes(host).c_str(), zero::human_bytes(activations).c_str());
+        std::printf("memory per rank: %s (%s), %s of it for activations and batch data\n",
+                    zero::human_bytes(budget).c_str(), source.c_str(),
+                    zero::human_bytes(activations).c_str());
       }
     }
   }
