@@ -5,13 +5,15 @@
 //                            a pooled buffer; stages 1-2 wait for the post-step all-gather)
 //   release(u)               stage 3: give the gathered buffer back once compute is done
 //   grads_ready(u)           unit u's backward for this micro-batch is complete: reduce now
-//                            (stage 0 on the last micro-batch, stages 2-3 every micro-batch)
+//                            (stages 0-1 on the last micro-batch, stages 2-3 every one),
+//                            behind the rest of backward
 //   step()                   finish reductions, global-norm clip, update each rank's shard
 //
 // Stage by stage (fp32 working dtype, Ψ padded parameters, N ranks):
 //   0: full params, full grads, full Adam state         16Ψ    all-reduce grads
-//   1: full params, full grads, Adam state of the shard  8Ψ+8Ψ/N   reduce-scatter at step,
-//                                                                  all-gather params after it
+//   1: full params, full grads, Adam state of the shard  8Ψ+8Ψ/N   reduce-scatter per unit
+//                                                                  after its last micro-batch,
+//                                                                  all-gather params after step
 //   2: full params, grad shard, Adam state of the shard  4Ψ+12Ψ/N  reduce-scatter per unit in
 //                                                                  backward, all-gather after
 //   3: param shard, grad shard, Adam state of the shard  16Ψ/N     all-gather before forward
