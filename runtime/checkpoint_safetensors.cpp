@@ -55,8 +55,13 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
   text.append((8 - (8 + text.size()) % 8) % 8, ' ');
   const uint64_t header_size = text.size();
 
-  // Written to a temporary name and renamed, so a failed export leaves no truncated file.
-  const std::string tmp = path + ".tmp";
+  // Written to a temporary name and renamed, so a failed export leaves no truncated file. The
+  // name carries the process id: two writers of one path never share (and delete) a temp file.
+  struct stat target {};
+  ZERO_CHECK(::stat(path.c_str(), &target) != 0 || !S_ISDIR(target.st_mode),
+             path << " is a directory; give the safetensors file's name (e.g. " << path
+                  << "/model.safetensors)");
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   ZERO_CHECK(fd >= 0, "cannot create " << tmp << ": " << std::strerror(errno));
   try {
@@ -84,8 +89,11 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
   const int rc = ::close(fd);
   if (rc != 0) ::unlink(tmp.c_str());
   ZERO_CHECK(rc == 0, "cannot close " << tmp << ": " << std::strerror(errno));
-  ZERO_CHECK(::rename(tmp.c_str(), path.c_str()) == 0,
-             "cannot rename " << tmp << " to " << path << ": " << std::strerror(errno));
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    ::unlink(tmp.c_str());
+    ZERO_FAIL("cannot rename " << tmp << " to " << path << ": " << std::strerror(error));
+  }
 }
 
 namespace {

@@ -288,6 +288,27 @@ TEST(Safetensors, WriterOutputParsesFromTheSpec) {
   fs::remove_all(name);
 }
 
+// An export to a directory's name is refused before anything is written, and a write that
+// fails leaves no temporary file beside its target (zero-checkpoint export --to DIR once left
+// DIR.tmp behind).
+TEST(Safetensors, ADirectoryTargetIsRefusedAndLeavesNothing) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("zero_safetensors_dir_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "target");
+  const std::vector<float> values = {1.0f, 2.0f};
+  try {
+    write_safetensors((dir / "target").string(), {{"x", {2}, &values}}, DType::kFloat32, {});
+    FAIL() << "a directory was taken as the target file";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is a directory"), std::string::npos) << e.what();
+  }
+  size_t entries = 0;
+  for (const auto& entry : fs::directory_iterator(dir)) entries += entry.path() != dir / "target";
+  EXPECT_EQ(entries, 0u) << "something was left beside the target";
+  fs::remove_all(dir);
+}
+
 // load_safetensors refuses a file whose header and data disagree, naming the file and why.
 TEST(Safetensors, ReaderRefusesInconsistentFiles) {
   char name[] = "/tmp/zero_safetensors_bad_XXXXXX";
