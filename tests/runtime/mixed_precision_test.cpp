@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "tests/runtime/forwarding_communicator.h"
 #include "tests/runtime/train_util.h"
 #include "zero/core/check.h"
 #include "zero/core/dtype.h"
@@ -204,52 +205,27 @@ TEST(MixedPrecision, Fp32ReductionAndPredivideGiveTheSameTraining) {
 // addition (rank 0's value, then rank 1's, ...), as a backend that reduces natively in bf16 or
 // fp16 does (NCCL's ring); fp32 reductions and everything else are the MPI communicator's,
 // which sums 16-bit values in fp32 and rounds once. It records the dtype of each reduction.
-class SixteenBitSumCommunicator : public Communicator {
+class SixteenBitSumCommunicator : public ForwardingCommunicator {
  public:
   struct Reduction {
     CollectiveOp op;
     DType dtype;
   };
 
-  SixteenBitSumCommunicator() : inner_(make_mpi_communicator()) {}
+  SixteenBitSumCommunicator() : ForwardingCommunicator(make_mpi_communicator()) {}
 
-  int rank() const override { return inner_->rank(); }
-  int world_size() const override { return inner_->world_size(); }
-  Event all_gather(const void* send, void* recv, size_t count, DType dtype) override {
-    return inner_->all_gather(send, recv, count, dtype);
-  }
-  Event all_gather_bytes(const void* send, void* recv, size_t bytes) override {
-    return inner_->all_gather_bytes(send, recv, bytes);
-  }
   Event reduce_scatter(const void* send, void* recv, size_t count, DType dtype) override {
     reductions_.push_back({CollectiveOp::kReduceScatter, dtype});
-    if (dtype == DType::kFloat32) return inner_->reduce_scatter(send, recv, count, dtype);
+    if (dtype == DType::kFloat32) return inner().reduce_scatter(send, recv, count, dtype);
     const size_t offset = static_cast<size_t>(rank()) * count;
     return sum_in_16_bits(send, count * static_cast<size_t>(world_size()), offset, recv, count,
                           dtype);
   }
   Event all_reduce(const void* send, void* recv, size_t count, DType dtype) override {
     reductions_.push_back({CollectiveOp::kAllReduce, dtype});
-    if (dtype == DType::kFloat32) return inner_->all_reduce(send, recv, count, dtype);
+    if (dtype == DType::kFloat32) return inner().all_reduce(send, recv, count, dtype);
     return sum_in_16_bits(send, count, 0, recv, count, dtype);
   }
-  Event broadcast(void* buffer, size_t count, DType dtype, int root) override {
-    return inner_->broadcast(buffer, count, dtype, root);
-  }
-  Event barrier() override { return inner_->barrier(); }
-  Stream& stream() override { return inner_->stream(); }
-  const CommCounters& counters() const override { return inner_->counters(); }
-  void set_timeout(std::chrono::milliseconds timeout) override { inner_->set_timeout(timeout); }
-  void set_desync_check(bool enabled) override { inner_->set_desync_check(enabled); }
-  bool desync_check() const override { return inner_->desync_check(); }
-  std::string flight_record() const override { return inner_->flight_record(); }
-  size_t staging_bytes(CollectiveOp op, size_t count, DType dtype) const override {
-    return inner_->staging_bytes(op, count, dtype);
-  }
-  void set_staging_buffer(void* data, size_t bytes) override {
-    inner_->set_staging_buffer(data, bytes);
-  }
-  void clear_staging_buffer() override { inner_->clear_staging_buffer(); }
 
   const std::vector<Reduction>& reductions() const { return reductions_; }
 
@@ -260,8 +236,8 @@ class SixteenBitSumCommunicator : public Communicator {
                        DType dtype) {
     const int world = world_size();
     auto all = std::make_shared<std::vector<uint16_t>>(total * static_cast<size_t>(world));
-    inner_->all_gather(send, all->data(), total, dtype);
-    return inner_->stream().enqueue([=] {
+    inner().all_gather(send, all->data(), total, dtype);
+    return inner().stream().enqueue([=] {
       auto* out = static_cast<uint16_t*>(recv);
       for (size_t e = 0; e < count; ++e) {
         float sum = 0.0f;
@@ -275,7 +251,6 @@ class SixteenBitSumCommunicator : public Communicator {
     });
   }
 
-  std::unique_ptr<Communicator> inner_;
   std::vector<Reduction> reductions_;
 };
 
