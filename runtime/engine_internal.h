@@ -119,7 +119,8 @@ struct UnitBytes {
   size_t params_full = 0;   // working dtype, whole unit (stages 0-2; persistent units at 3)
   size_t params_shard = 0;  // working dtype, this rank's slice (stage 3)
   size_t master = 0;        // fp32 master when the working dtype is not fp32
-  size_t grads_full = 0;    // accumulation dtype, whole unit (stages 0-1)
+  size_t grads_full = 0;    // accumulation dtype, whole unit (stages 0-1; working dtype for
+                            // stage 3's persistent unit)
   size_t grads_shard = 0;   // accumulation dtype, slice (stages 2-3)
   size_t state = 0;         // each optimizer state array (fp32)
   int state_arrays = 0;
@@ -129,7 +130,8 @@ struct UnitState {
   Buffer params_full;
   Buffer params_shard;
   Buffer master;
-  Buffer grads_full;  // stages 0-1: the reduced (and accumulated) gradient, accumulation dtype
+  Buffer grads_full;  // stages 0-1: the reduced (and accumulated) gradient, accumulation dtype;
+                      // stage 3's persistent unit: its gradient until the step
   Buffer bucket;      // a pooled working-dtype gradient during backward (uses_grad_buckets)
   Buffer grads_shard;
   Buffer state[2];
@@ -185,7 +187,8 @@ struct Engine::Impl {
   Impl(Communicator& c, const std::vector<ParamDecl>& decls, const EngineConfig& cfg);
 
   // The estimator's view of this model on other stages and more ranks, for an out-of-memory
-  // message: the exact plan of the engine for each stage here, the ZeRO formula beyond.
+  // message: the engine's exact plan, buffers included, for each stage here and for stage 3
+  // on 2, 4 and 8 times the ranks.
   std::string what_would_fit() const;
 
   static EngineConfig validated(const EngineConfig& c, Communicator& comm);
