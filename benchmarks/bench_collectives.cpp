@@ -38,6 +38,8 @@
 #include <string>
 #include <vector>
 
+#include "examples/cli.h"
+#include "examples/metrics_writer.h"
 #include "zero/collectives/collective_table.h"
 #include "zero/collectives/mpi_check.h"
 #include "zero/collectives/mpi_communicator.h"
@@ -77,27 +79,20 @@ const char* kUsage =
 
 // Parses a non-negative integer with an optional K/M/G suffix (powers of 1024).
 bool parse_bytes(const std::string& text, size_t* out) {
-  if (text.empty() || text[0] == '-') return false;
-  char* end = nullptr;
-  errno = 0;
-  unsigned long long value = std::strtoull(text.c_str(), &end, 10);
-  if (end == text.c_str() || errno != 0) return false;
-  unsigned long long unit = 1;
-  std::string suffix(end);
-  if (suffix == "K" || suffix == "k") unit = 1ull << 10;
-  if (suffix == "M" || suffix == "m") unit = 1ull << 20;
-  if (suffix == "G" || suffix == "g") unit = 1ull << 30;
-  if (unit == 1 && !suffix.empty()) return false;
-  if (value > SIZE_MAX / unit) return false;
-  *out = static_cast<size_t>(value * unit);
+  std::string digits = text;
+  const uint64_t unit = zero::examples::strip_byte_suffix(&digits);
+  long value = 0;
+  if (text.empty() || text[0] == '-' || !zero::examples::parse_integer(digits, &value)) {
+    return false;
+  }
+  if (static_cast<uint64_t>(value) > SIZE_MAX / unit) return false;
+  *out = static_cast<size_t>(static_cast<uint64_t>(value) * unit);
   return true;
 }
 
 bool parse_int(const std::string& text, int min, int* out) {
-  char* end = nullptr;
-  errno = 0;
-  long value = std::strtol(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || errno != 0 || value < min || value > INT_MAX) return false;
+  long value = 0;
+  if (!zero::examples::parse_integer(text, &value) || value < min || value > INT_MAX) return false;
   *out = static_cast<int>(value);
   return true;
 }
@@ -427,25 +422,20 @@ void print_result(const Result& r) {
 }
 
 bool write_json(const std::string& path, const std::vector<Record>& records, DType dtype) {
-  FILE* f = std::fopen(path.c_str(), "w");
-  if (f == nullptr) return false;
-  std::fprintf(f, "[\n");
-  for (size_t i = 0; i < records.size(); ++i) {
-    const Record& rec = records[i];
-    std::fprintf(f,
-                 "  {\"op\": \"%s\", \"backend\": \"%s\", \"dtype\": \"%s\", \"bytes\": %zu, "
-                 "\"time_us\": %.3f, \"algbw_GBps\": %.4f, \"busbw_GBps\": %.4f, \"wrong\": ",
-                 zero::collective_op_name(rec.op), rec.backend, zero::dtype_name(dtype), rec.bytes,
-                 rec.result.time_us, rec.result.algbw, rec.result.busbw);
-    if (rec.result.checked) {
-      std::fprintf(f, "%llu}", static_cast<unsigned long long>(rec.result.wrong));
-    } else {
-      std::fprintf(f, "null}");
-    }
-    std::fprintf(f, "%s\n", i + 1 < records.size() ? "," : "");
+  using zero::examples::rounded;
+  std::vector<zero::examples::JsonRecord> json;
+  for (const Record& rec : records) {
+    json.push_back({{"op", zero::collective_op_name(rec.op)},
+                    {"backend", rec.backend},
+                    {"dtype", zero::dtype_name(dtype)},
+                    {"bytes", rec.bytes},
+                    {"time_us", rounded(rec.result.time_us, 3)},
+                    {"algbw_GBps", rounded(rec.result.algbw, 4)},
+                    {"busbw_GBps", rounded(rec.result.busbw, 4)},
+                    {"wrong", rec.result.checked ? zero::examples::JsonRecord(rec.result.wrong)
+                                                 : zero::examples::JsonRecord()}});
   }
-  std::fprintf(f, "]\n");
-  return std::fclose(f) == 0;
+  return zero::examples::write_json_array(path, json);
 }
 
 // min, min*f, min*f^2, ... up to max (never overflowing).

@@ -40,7 +40,6 @@
 #include <mpi.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <climits>
 #include <cmath>
@@ -52,6 +51,8 @@
 #include <string>
 #include <vector>
 
+#include "examples/cli.h"
+#include "examples/metrics_writer.h"
 #include "examples/mlp.h"
 #include "zero/collectives/mpi_check.h"
 #include "zero/collectives/mpi_communicator.h"
@@ -116,42 +117,12 @@ const char* kUsage =
     "  --memory-table  print plan_memory against the ZeRO formula for 1..--max-ranks ranks\n"
     "                  (default 8) and every stage, without starting MPI\n";
 
-[[noreturn]] void usage_error(const std::string& message) {
-  std::fprintf(stderr, "zero-bench-step: %s\n%s", message.c_str(), kUsage);
-  std::exit(2);
-}
-
-long parse_long(const std::string& flag, const std::string& text, long min_value,
-                long max_value = LONG_MAX) {
-  char* end = nullptr;
-  errno = 0;
-  const long value = std::strtol(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || errno != 0) {
-    usage_error(flag + " expects an integer, got '" + text + "'");
-  }
-  if (value < min_value || value > max_value) {
-    usage_error(flag + " must be between " + std::to_string(min_value) + " and " +
-                std::to_string(max_value) + ", got " + text);
-  }
-  return value;
-}
+using zero::examples::parse_between;
+using zero::examples::split_commas;
+using zero::examples::usage_error;
 
 int parse_int(const std::string& flag, const std::string& text, int min_value) {
-  return static_cast<int>(parse_long(flag, text, min_value, INT_MAX));
-}
-
-std::vector<std::string> split_commas(const std::string& flag, const std::string& text) {
-  std::vector<std::string> items;
-  size_t begin = 0;
-  while (true) {
-    const size_t comma = text.find(',', begin);
-    const std::string item = text.substr(begin, comma - begin);
-    if (item.empty()) usage_error(flag + " has an empty item in '" + text + "'");
-    items.push_back(item);
-    if (comma == std::string::npos) break;
-    begin = comma + 1;
-  }
-  return items;
+  return static_cast<int>(parse_between(flag, text, min_value, INT_MAX));
 }
 
 Options parse_options(int argc, char** argv) {
@@ -180,7 +151,7 @@ Options parse_options(int argc, char** argv) {
     } else if (flag == "--stages") {
       opt.stages.clear();
       for (const std::string& item : split_commas(flag, value)) {
-        const int stage = static_cast<int>(parse_long(flag, item, 0, 3));
+        const int stage = static_cast<int>(parse_between(flag, item, 0, 3));
         if (std::find(opt.stages.begin(), opt.stages.end(), stage) != opt.stages.end()) {
           usage_error("--stages lists stage " + item + " twice");
         }
@@ -196,7 +167,7 @@ Options parse_options(int argc, char** argv) {
     } else if (flag == "--layers") {
       opt.mlp.layers = parse_int(flag, value, 1);
     } else if (flag == "--global-batch") {
-      opt.global_batch = parse_long(flag, value, 1);
+      opt.global_batch = parse_between(flag, value, 1, LONG_MAX);
     } else if (flag == "--micro-batches") {
       opt.micro_batches = parse_int(flag, value, 1);
     } else if (flag == "--steps") {
@@ -206,17 +177,17 @@ Options parse_options(int argc, char** argv) {
     } else if (flag == "--rounds") {
       opt.rounds = parse_int(flag, value, 1);
     } else if (flag == "--merge-bytes") {
-      opt.merge_bytes = static_cast<size_t>(parse_long(flag, value, 0));
+      opt.merge_bytes = static_cast<size_t>(parse_between(flag, value, 0, LONG_MAX));
     } else if (flag == "--overlap-comm") {
-      opt.overlap_comm = parse_long(flag, value, 0, 1) == 1;
+      opt.overlap_comm = parse_between(flag, value, 0, 1) == 1;
     } else if (flag == "--max-elements-per-call") {
-      opt.max_elements_per_call = static_cast<size_t>(parse_long(flag, value, 1, INT_MAX));
+      opt.max_elements_per_call = static_cast<size_t>(parse_between(flag, value, 1, INT_MAX));
     } else if (flag == "--json") {
       opt.json_path = value;
     } else if (flag == "--trace") {
       opt.trace_prefix = value;
     } else if (flag == "--max-ranks") {
-      opt.max_ranks = static_cast<int>(parse_long(flag, value, 1, 1024));
+      opt.max_ranks = static_cast<int>(parse_between(flag, value, 1, 1024));
     } else {
       usage_error("unknown flag " + flag);
     }
@@ -229,20 +200,6 @@ Options parse_options(int argc, char** argv) {
 }
 
 // --- the model as the engine sees it ---------------------------------------------------------
-
-// The parameter specs ZeroModel registers for the MLP (module-prefixed names), for plan_memory.
-std::vector<zero::ParamSpec> mlp_specs(const zero::examples::MlpConfig& mlp) {
-  std::vector<zero::ParamSpec> specs;
-  const std::vector<zero::NamedModule> modules = zero::examples::make_mlp(mlp);
-  for (size_t m = 0; m < modules.size(); ++m) {
-    for (zero::ParamDecl decl : modules[m].module->parameters()) {
-      decl.spec.name = modules[m].name + "." + decl.spec.name;
-      decl.spec.module = static_cast<int>(m);
-      specs.push_back(decl.spec);
-    }
-  }
-  return specs;
-}
 
 zero::EngineConfig engine_config(const Options& opt, int stage, DType dtype, bool trace) {
   zero::EngineConfig config;
@@ -277,16 +234,13 @@ double mib(uint64_t bytes) {
 // --- memory table: plan_memory against the formula, no MPI ------------------------------------
 
 int memory_table(const Options& opt) {
-  const std::vector<zero::ParamSpec> specs = mlp_specs(opt.mlp);
-  std::FILE* json = nullptr;
-  if (!opt.json_path.empty()) {
-    json = std::fopen(opt.json_path.c_str(), "w");
-    if (json == nullptr) {
-      std::fprintf(stderr, "zero-bench-step: cannot write %s\n", opt.json_path.c_str());
-      return 1;
-    }
-    std::fprintf(json, "[\n");
+  const std::vector<zero::ParamSpec> specs = zero::examples::mlp_param_specs(opt.mlp);
+  // The file is created (or emptied) at once, so a path that cannot be written fails first.
+  if (!opt.json_path.empty() && !zero::examples::write_json_array(opt.json_path, {})) {
+    std::fprintf(stderr, "zero-bench-step: cannot write %s\n", opt.json_path.c_str());
+    return 1;
   }
+  std::vector<zero::examples::JsonRecord> json;
   std::printf(
       "# zero-bench-step --memory-table: model-state bytes per rank the engine plans\n"
       "# (plan_memory, what it allocates byte for byte) against the ZeRO formula\n"
@@ -294,7 +248,6 @@ int memory_table(const Options& opt) {
       opt.mlp.input_dim, opt.mlp.hidden_dim, opt.mlp.layers, opt.mlp.output_dim);
   std::printf("# %5s %6s %6s %12s %12s %14s %14s %14s %8s\n", "dtype", "stage", "ranks", "params",
               "padded", "formula(B)", "plan(B)", "buffers(B)", "plan/f");
-  bool first = true;
   for (DType dtype : opt.dtypes) {
     for (int stage : opt.stages) {
       for (int ranks = 1; ranks <= opt.max_ranks; ++ranks) {
@@ -310,24 +263,19 @@ int memory_table(const Options& opt) {
                     static_cast<unsigned long long>(plan.model_state),
                     static_cast<unsigned long long>(plan.buffers),
                     static_cast<double>(plan.model_state) / static_cast<double>(formula));
-        if (json != nullptr) {
-          std::fprintf(
-              json,
-              "%s  {\"dtype\": \"%s\", \"stage\": %d, \"world_size\": %d, \"params\": %zu, "
-              "\"padded_params\": %zu, \"formula_bytes\": %llu, "
-              "\"plan_model_state_bytes\": %llu, \"plan_buffer_bytes\": %llu}",
-              first ? "" : ",\n", zero::dtype_name(dtype), stage, ranks, layout.numel(),
-              layout.padded_numel(), static_cast<unsigned long long>(formula),
-              static_cast<unsigned long long>(plan.model_state),
-              static_cast<unsigned long long>(plan.buffers));
-          first = false;
-        }
+        json.push_back({{"dtype", zero::dtype_name(dtype)},
+                        {"stage", stage},
+                        {"world_size", ranks},
+                        {"params", layout.numel()},
+                        {"padded_params", layout.padded_numel()},
+                        {"formula_bytes", formula},
+                        {"plan_model_state_bytes", plan.model_state},
+                        {"plan_buffer_bytes", plan.buffers}});
       }
     }
   }
-  if (json != nullptr) {
-    std::fprintf(json, "\n]\n");
-    if (std::fclose(json) != 0) {
+  if (!opt.json_path.empty()) {
+    if (!zero::examples::write_json_array(opt.json_path, json)) {
       std::fprintf(stderr, "zero-bench-step: error writing %s\n", opt.json_path.c_str());
       return 1;
     }
@@ -469,43 +417,42 @@ Record summarize(StageRun& run, int world) {
   return r;
 }
 
-std::string json_fraction(double v) {
-  if (v < 0) return "null";
-  char text[32];
-  std::snprintf(text, sizeof(text), "%.4f", v);
-  return text;
-}
-
+// --json: one record per stage and dtype, figures rounded as the report shows them.
 bool write_json(const std::string& path, const std::vector<Record>& records, const Options& opt) {
-  std::FILE* f = std::fopen(path.c_str(), "w");
-  if (f == nullptr) return false;
-  std::fprintf(f, "[\n");
-  for (size_t i = 0; i < records.size(); ++i) {
-    const Record& r = records[i];
-    std::fprintf(f,
-                 "  {\"stage\": %d, \"dtype\": \"%s\", \"world_size\": %d, \"params\": %zu, "
-                 "\"padded_params\": %zu, \"input_dim\": %d, \"hidden\": %d, \"output_dim\": %d, "
-                 "\"layers\": %d, \"global_batch\": %ld, \"micro_batches\": %d, \"steps\": %d, "
-                 "\"warmup\": %d, \"median_step_ms\": %.4f, \"min_step_ms\": %.4f, "
-                 "\"max_step_ms\": %.4f, \"overlap_comm\": %s, \"compute_ms\": %.4f, "
-                 "\"comm_ms\": %.4f, \"exposed_comm_ms\": %.4f, \"overlap_fraction\": %.4f, "
-                 "\"collectives_per_step\": %.2f, ",
-                 r.stage, zero::dtype_name(r.dtype), r.world, r.params, r.padded_params,
-                 opt.mlp.input_dim, opt.mlp.hidden_dim, opt.mlp.output_dim, opt.mlp.layers,
-                 opt.global_batch, opt.micro_batches, r.steps, opt.warmup, r.median_ms, r.min_ms,
-                 r.max_ms, opt.overlap_comm ? "true" : "false", r.compute_ms, r.comm_ms,
-                 r.exposed_ms, r.overlap, r.collectives);
-    std::fprintf(f,
-                 "\"model_state_bytes\": %llu, \"plan_model_state_bytes\": %llu, "
-                 "\"peak_bytes\": %llu, \"ratio_to_stage0\": %s, \"final_loss\": %.6g}%s\n",
-                 static_cast<unsigned long long>(r.model_state_bytes),
-                 static_cast<unsigned long long>(r.plan_model_state_bytes),
-                 static_cast<unsigned long long>(r.peak_bytes),
-                 r.ratio_to_stage0 < 0 ? "null" : json_fraction(r.ratio_to_stage0).c_str(),
-                 r.final_loss, i + 1 < records.size() ? "," : "");
+  using zero::examples::rounded;
+  std::vector<zero::examples::JsonRecord> json;
+  for (const Record& r : records) {
+    json.push_back({{"stage", r.stage},
+                    {"dtype", zero::dtype_name(r.dtype)},
+                    {"world_size", r.world},
+                    {"params", r.params},
+                    {"padded_params", r.padded_params},
+                    {"input_dim", opt.mlp.input_dim},
+                    {"hidden", opt.mlp.hidden_dim},
+                    {"output_dim", opt.mlp.output_dim},
+                    {"layers", opt.mlp.layers},
+                    {"global_batch", opt.global_batch},
+                    {"micro_batches", opt.micro_batches},
+                    {"steps", r.steps},
+                    {"warmup", opt.warmup},
+                    {"median_step_ms", rounded(r.median_ms, 4)},
+                    {"min_step_ms", rounded(r.min_ms, 4)},
+                    {"max_step_ms", rounded(r.max_ms, 4)},
+                    {"overlap_comm", opt.overlap_comm},
+                    {"compute_ms", rounded(r.compute_ms, 4)},
+                    {"comm_ms", rounded(r.comm_ms, 4)},
+                    {"exposed_comm_ms", rounded(r.exposed_ms, 4)},
+                    {"overlap_fraction", rounded(r.overlap, 4)},
+                    {"collectives_per_step", rounded(r.collectives, 2)},
+                    {"model_state_bytes", r.model_state_bytes},
+                    {"plan_model_state_bytes", r.plan_model_state_bytes},
+                    {"peak_bytes", r.peak_bytes},
+                    {"ratio_to_stage0", r.ratio_to_stage0 < 0 ? zero::examples::JsonRecord()
+                                                              : zero::examples::JsonRecord(
+                                                                    rounded(r.ratio_to_stage0, 4))},
+                    {"final_loss", r.final_loss}});
   }
-  std::fprintf(f, "]\n");
-  return std::fclose(f) == 0;
+  return zero::examples::write_json_array(path, json);
 }
 
 std::string percent(double fraction) {
@@ -649,7 +596,13 @@ int run_benchmark(const Options& opt, zero::Communicator& comm) {
 
 int main(int argc, char** argv) {
   // Flags are checked before MPI starts, so a usage error exits 2 on every rank at once.
-  const Options opt = parse_options(argc, argv);
+  Options opt;
+  try {
+    opt = parse_options(argc, argv);
+  } catch (const zero::examples::UsageError& e) {
+    std::fprintf(stderr, "zero-bench-step: %s\n%s", e.what(), kUsage);
+    return 2;
+  }
   // Ranks already use every core; OpenBLAS threads on top would only contend with them.
   openblas_set_num_threads(1);
   if (opt.memory_table) {

@@ -142,6 +142,19 @@ std::vector<NamedModule> make_mlp(const MlpConfig& config) {
   return modules;
 }
 
+std::vector<ParamSpec> mlp_param_specs(const MlpConfig& config) {
+  std::vector<ParamSpec> specs;
+  const std::vector<NamedModule> modules = make_mlp(config);
+  for (size_t m = 0; m < modules.size(); ++m) {
+    for (ParamDecl decl : modules[m].module->parameters()) {
+      decl.spec.name = modules[m].name + "." + decl.spec.name;
+      decl.spec.module = static_cast<int>(m);
+      specs.push_back(decl.spec);
+    }
+  }
+  return specs;
+}
+
 namespace {
 // Keys of the teacher's weights and of the inputs live in separate ranges of the counter
 // space from the student's parameters (which use small parameter indices).

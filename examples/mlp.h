@@ -57,6 +57,10 @@ class Linear : public Module {
 
 std::vector<NamedModule> make_mlp(const MlpConfig& config);
 
+// The parameters of make_mlp(config) as the engine names and groups them ("layers.0.weight",
+// module 0, ...): what Layout::build takes, for planning memory without building a model.
+std::vector<ParamSpec> mlp_param_specs(const MlpConfig& config);
+
 // One micro-batch of the synthetic task: rows [first_sample, first_sample + count) of the
 // global batch of `step`.
 struct Batch {

@@ -10,7 +10,6 @@
 // With --model, the example model's real layout is planned instead: padding, units and the
 // engine's pooled buffers included, the exact bytes the engine then allocates (the defaults
 // are zero-train's). Exit code 2 for bad arguments.
-#include <cerrno>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
@@ -19,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "examples/cli.h"
 #include "examples/mlp.h"
 #include "zero/core/dtype.h"
 #include "zero/runtime/engine.h"
@@ -45,10 +45,7 @@ struct Options {
   size_t merge_bytes = 32 * 1024;  // zero-train's default
 };
 
-[[noreturn]] void usage_error(const std::string& message) {
-  std::fprintf(stderr, "zero-estimate: %s\n%s", message.c_str(), kUsage);
-  std::exit(2);
-}
+using zero::examples::usage_error;
 
 bool is_digit(char c) {
   return c >= '0' && c <= '9';
@@ -112,12 +109,11 @@ uint64_t parse_param_count(const std::string& text) {
 
 // A whole number within [min_value, max_value] for `flag`, else a usage error.
 long parse_whole(const std::string& flag, const std::string& text, long min_value, long max_value) {
-  bool digits_only = !text.empty();
-  for (char c : text) digits_only = digits_only && is_digit(c);
-  if (!digits_only) usage_error(flag + " needs a whole number, got '" + text + "'");
-  errno = 0;
-  const long value = std::strtol(text.c_str(), nullptr, 10);
-  if (errno == ERANGE || value < min_value || value > max_value) {
+  if (!zero::examples::is_digits(text)) {
+    usage_error(flag + " needs a whole number, got '" + text + "'");
+  }
+  long value = 0;
+  if (!zero::examples::parse_integer(text, &value) || value < min_value || value > max_value) {
     usage_error(flag + " must be from " + std::to_string(min_value) + " to " +
                 std::to_string(max_value) + ", got " + text);
   }
@@ -184,15 +180,7 @@ double gigabytes(uint64_t bytes) {
 // The example MLP's layout as the engine builds it at this world size, and the engine's own
 // plan for each stage.
 int plan_model(const Options& options) {
-  std::vector<zero::ParamSpec> specs;
-  const std::vector<zero::NamedModule> modules = zero::examples::make_mlp(options.mlp);
-  for (size_t m = 0; m < modules.size(); ++m) {
-    for (zero::ParamDecl d : modules[m].module->parameters()) {
-      d.spec.name = modules[m].name + "." + d.spec.name;
-      d.spec.module = static_cast<int>(m);
-      specs.push_back(d.spec);
-    }
-  }
+  const std::vector<zero::ParamSpec> specs = zero::examples::mlp_param_specs(options.mlp);
   zero::EngineConfig config;
   config.dtype = options.dtype;
   config.merge_bytes = options.merge_bytes;
@@ -215,7 +203,13 @@ int plan_model(const Options& options) {
 }
 
 int main(int argc, char** argv) {
-  const Options options = parse_options(std::vector<std::string>(argv + 1, argv + argc));
+  Options options;
+  try {
+    options = parse_options(std::vector<std::string>(argv + 1, argv + argc));
+  } catch (const zero::examples::UsageError& e) {
+    std::fprintf(stderr, "zero-estimate: %s\n%s", e.what(), kUsage);
+    return 2;
+  }
   if (options.model) return plan_model(options);
   const bool mixed = options.dtype != zero::DType::kFloat32;
   std::printf("%llu parameters, %d ranks, %s parameters and gradients\n",

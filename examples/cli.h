@@ -1,0 +1,53 @@
+// Command-line helpers shared by the drivers: zero-train, zero-estimate, zero-bench-step and
+// zero-bench-collectives. Each program keeps its own flags and messages; what they share is
+// here, so that "an integer", "a byte size" and "a list" mean the same thing in all of them.
+// Used by examples/, tools/ and benchmarks/; the runtime does not depend on it.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace zero::examples {
+
+// A bad command line. Thrown, not exited on: the program decides how to report it (zero-train
+// must first tell the other ranks).
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Throws UsageError(message).
+[[noreturn]] void usage_error(const std::string& message);
+
+// `text` as a decimal integer, the whole of it, within the range of long; false otherwise.
+bool parse_integer(const std::string& text, long* out);
+
+// True when `text` is one or more of 0-9 and nothing else.
+bool is_digits(const std::string& text);
+
+// Removes a final K, M or G (either case) from `text` and returns its unit in bytes (powers of
+// 1024); 1 when there is none.
+uint64_t strip_byte_suffix(std::string* text);
+
+// An integer of at least `min_value` for `flag`: "FLAG expects an integer, got 'TEXT'", or
+// "FLAG must be at least MIN".
+long parse_at_least(const std::string& flag, const std::string& text, long min_value);
+
+// An integer from `min_value` to `max_value` for `flag`: "FLAG expects an integer, got 'TEXT'",
+// or "FLAG must be between MIN and MAX, got TEXT".
+long parse_between(const std::string& flag, const std::string& text, long min_value,
+                   long max_value);
+
+// A finite number of at least `min_value` for `flag`: "FLAG expects a number, got 'TEXT'", or
+// "FLAG must be at least MIN".
+float parse_float_at_least(const std::string& flag, const std::string& text, float min_value);
+
+// 512, 64K, 300M, 2G (powers of 1024), at least 1: the messages of parse_at_least.
+uint64_t parse_bytes(const std::string& flag, const std::string& text);
+
+// "a,b,c" as its items: "FLAG has an empty item in 'TEXT'" for an empty one.
+std::vector<std::string> split_commas(const std::string& flag, const std::string& text);
+
+}  // namespace zero::examples

@@ -1,0 +1,285 @@
+#include "examples/train_flags.h"
+
+#include <sstream>
+
+#include "examples/cli.h"
+
+namespace zero::examples {
+
+const char* const kTrainUsage =
+    "usage: zero-train [--config FILE] [--model mlp] [--steps N] [--stage 0|1|2|3]\n"
+    "                  [--dtype fp32|bf16|fp16] [--seed S] [--global-batch B]\n"
+    "                  [--micro-batches K] [--lr X] [--weight-decay X] [--clip X]\n"
+    "                  [--schedule constant|warmup|linear|cosine] [--warmup N]\n"
+    "                  [--steps-per-print N] [--metrics FILE] [--trace FILE]\n"
+    "                  [--input-dim N] [--hidden N] [--output-dim N] [--layers N]\n"
+    "                  [--merge-bytes N] [--threads N] [--memory-limit BYTES[K|M|G]]\n"
+    "                  [--save-dir DIR] [--save-every K] [--resume DIR|latest]\n"
+    "                  [--override-optimizer]\n"
+    "                  [--nonfinite error|skip] [--inject-fault "
+    "inf-grad|kill|stop|skip-step@STEP]\n"
+    "                  [--device cpu|cuda] [--test-comm-delay-us N]\n";
+
+namespace {
+
+// The run's values where neither a flag nor the config gives one.
+constexpr long kDefaultGlobalBatch = 24;
+constexpr float kDefaultLr = 1e-3f;
+constexpr float kDefaultWeightDecay = 0.0f;
+
+Fault parse_fault(const std::string& v) {
+  const size_t at = v.find('@');
+  const std::string kind = v.substr(0, at);
+  Fault fault;
+  if (kind == "inf-grad") fault.kind = Fault::kInfGrad;
+  if (kind == "kill") fault.kind = Fault::kKill;
+  if (kind == "stop") fault.kind = Fault::kStop;
+  if (kind == "skip-step") fault.kind = Fault::kSkipStep;
+  if (fault.kind == Fault::kNone || at == std::string::npos) {
+    usage_error("--inject-fault expects inf-grad|kill|stop|skip-step@STEP, got '" + v + "'");
+  }
+  fault.step = parse_at_least("--inject-fault", v.substr(at + 1), 1);
+  return fault;
+}
+
+// What "auto" in a config file becomes: the flags, or zero-train's defaults for them (the values
+// the run uses when the file does not say), and the MLP's hidden size.
+zero::ConfigContext auto_values(const Flags& f) {
+  zero::ConfigContext c;
+  c.train_batch_size = f.global_batch.value_or(kDefaultGlobalBatch);
+  c.batch_from_caller = f.global_batch.has_value();  // --global-batch overrides the file
+  c.gradient_accumulation_steps = f.micro_batches.value_or(1);
+  c.gradient_clipping = f.clip.value_or(0.0f);
+  c.dtype = f.dtype.value_or(zero::DType::kFloat32);
+  c.lr = f.lr.value_or(kDefaultLr);
+  c.weight_decay = f.weight_decay.value_or(kDefaultWeightDecay);
+  c.warmup_num_steps = f.warmup.value_or(0);
+  c.total_num_steps = f.steps;
+  c.hidden_size = f.mlp.hidden_dim;
+  c.source = "zero-train's flags or their defaults";
+  return c;
+}
+
+std::string text_of(double v) {
+  std::ostringstream out;
+  out << v;
+  return out.str();
+}
+
+}  // namespace
+
+Flags parse_flags(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "-h" || flag == "--help") {
+      f.help = true;
+      return f;
+    }
+    if (flag == "--override-optimizer") {
+      f.override_optimizer = true;
+      continue;
+    }
+    if (i + 1 >= argc) usage_error("missing value after " + flag);
+    const std::string v = argv[++i];
+    if (flag == "--config") {
+      f.config = v;
+    } else if (flag == "--model") {
+      f.model = v;
+    } else if (flag == "--steps") {
+      f.steps = parse_at_least(flag, v, 1);
+    } else if (flag == "--stage") {
+      f.stage = static_cast<int>(parse_at_least(flag, v, 0));
+      if (*f.stage > 3) usage_error("--stage must be 0, 1, 2 or 3");
+    } else if (flag == "--dtype") {
+      zero::DType dtype;
+      if (!zero::parse_dtype(v, &dtype)) usage_error("--dtype must be fp32, bf16 or fp16");
+      f.dtype = dtype;
+    } else if (flag == "--seed") {
+      f.seed = static_cast<uint64_t>(parse_at_least(flag, v, 0));
+    } else if (flag == "--global-batch") {
+      f.global_batch = parse_at_least(flag, v, 1);
+    } else if (flag == "--micro-batches") {
+      f.micro_batches = static_cast<int>(parse_at_least(flag, v, 1));
+    } else if (flag == "--lr") {
+      f.lr = parse_float_at_least(flag, v, 0.0f);
+    } else if (flag == "--weight-decay") {
+      f.weight_decay = parse_float_at_least(flag, v, 0.0f);
+    } else if (flag == "--clip") {
+      f.clip = parse_float_at_least(flag, v, 0.0f);
+    } else if (flag == "--schedule") {
+      if (v != "constant" && v != "warmup" && v != "linear" && v != "cosine") {
+        usage_error("unknown schedule '" + v + "' (constant, warmup, linear, cosine)");
+      }
+      f.schedule = v;
+    } else if (flag == "--warmup") {
+      f.warmup = parse_at_least(flag, v, 0);
+    } else if (flag == "--steps-per-print") {
+      f.steps_per_print = parse_at_least(flag, v, 1);
+    } else if (flag == "--metrics") {
+      f.metrics = v;
+    } else if (flag == "--trace") {
+      f.trace = v;
+    } else if (flag == "--input-dim") {
+      f.mlp.input_dim = static_cast<int>(parse_at_least(flag, v, 1));
+    } else if (flag == "--hidden") {
+      f.mlp.hidden_dim = static_cast<int>(parse_at_least(flag, v, 1));
+    } else if (flag == "--output-dim") {
+      f.mlp.output_dim = static_cast<int>(parse_at_least(flag, v, 1));
+    } else if (flag == "--layers") {
+      f.mlp.layers = static_cast<int>(parse_at_least(flag, v, 1));
+    } else if (flag == "--merge-bytes") {
+      f.merge_bytes = static_cast<size_t>(parse_at_least(flag, v, 0));
+    } else if (flag == "--threads") {
+      f.threads = static_cast<int>(parse_at_least(flag, v, 1));
+    } else if (flag == "--device") {
+      if (v != "cpu" && v != "cuda") usage_error("--device must be cpu or cuda, got '" + v + "'");
+      f.cuda = v == "cuda";
+#if !ZERO_HAVE_NCCL
+      if (f.cuda) usage_error("--device cuda: this zero-train was built without CUDA and NCCL");
+#endif
+    } else if (flag == "--inject-fault") {
+      f.fault = parse_fault(v);
+    } else if (flag == "--save-dir") {
+      f.save_dir = v;
+    } else if (flag == "--save-every") {
+      f.save_every = parse_at_least(flag, v, 1);
+    } else if (flag == "--resume") {
+      f.resume = v;
+    } else if (flag == "--nonfinite") {
+      if (v != "error" && v != "skip") usage_error("--nonfinite must be error or skip");
+      f.skip_nonfinite = v == "skip";
+    } else if (flag == "--memory-limit") {
+      f.memory_limit = parse_bytes(flag, v);
+    } else if (flag == "--test-comm-delay-us") {
+      f.test_comm_delay_us = parse_at_least(flag, v, 0);
+    } else {
+      usage_error("unknown flag " + flag);
+    }
+  }
+  if (f.model != "mlp") usage_error("unknown model '" + f.model + "' (available: mlp)");
+  if (f.save_every > 0 && f.save_dir.empty()) usage_error("--save-every needs --save-dir");
+  if (f.resume == "latest" && f.save_dir.empty()) {
+    usage_error("--resume latest needs --save-dir (the directory whose latest checkpoint to load)");
+  }
+  if (f.cuda && !f.trace.empty()) {
+    usage_error("--trace is CPU-only: on a GPU its host-time spans would show launches, not work");
+  }
+  if (f.cuda && f.test_comm_delay_us > 0) {
+    usage_error("--test-comm-delay-us delays the CPU communication stream; not with --device cuda");
+  }
+  return f;
+}
+
+// The config file (or the built-in defaults), then every flag the user gave on top.
+zero::TrainingConfig resolve_config(const Flags& f, int world_size) {
+  zero::TrainingConfig tc;
+  if (!f.config.empty()) {
+    tc = zero::load_training_config(f.config, world_size, auto_values(f));
+  } else {
+    tc.engine.stage = 3;
+    tc.engine.optimizer.lr = kDefaultLr;
+    tc.engine.optimizer.weight_decay = kDefaultWeightDecay;
+    tc.engine.merge_bytes = 32 * 1024;
+    tc.train_batch_size = kDefaultGlobalBatch;
+    tc.steps_per_print = 1;
+    tc.origin = "the command line";
+  }
+  zero::EngineConfig& e = tc.engine;
+  if (f.stage) e.stage = *f.stage;
+  if (f.dtype) e.dtype = *f.dtype;
+  if (f.seed) e.seed = *f.seed;
+  if (f.weight_decay) e.optimizer.weight_decay = *f.weight_decay;
+  if (f.clip) e.gradient_clipping = *f.clip;
+  if (f.merge_bytes) e.merge_bytes = *f.merge_bytes;
+  if (f.steps_per_print) tc.steps_per_print = *f.steps_per_print;
+  if (f.lr) {
+    e.optimizer.lr = *f.lr;
+    e.lr_schedule.max_lr = *f.lr;
+  }
+  if (f.schedule) {
+    const std::string& s = *f.schedule;
+    e.lr_schedule.type = s == "constant" ? zero::LrScheduleType::kConstant
+                         : s == "warmup" ? zero::LrScheduleType::kWarmup
+                         : s == "linear" ? zero::LrScheduleType::kWarmupLinearDecay
+                                         : zero::LrScheduleType::kWarmupCosine;
+    e.lr_schedule.max_lr = e.optimizer.lr;
+    e.lr_schedule.min_lr = 0.0f;
+    e.lr_schedule.total_steps = f.steps;
+  }
+  if (f.warmup) e.lr_schedule.warmup_steps = *f.warmup;
+  if (f.global_batch || f.micro_batches) {
+    const zero::BatchSizes b = zero::derive_batch_sizes(
+        f.global_batch ? *f.global_batch : tc.train_batch_size, std::nullopt,
+        f.micro_batches ? *f.micro_batches : tc.gradient_accumulation_steps, world_size,
+        "--global-batch/--micro-batches");
+    tc.train_batch_size = b.train_batch_size;
+    tc.micro_batch_per_rank = b.micro_batch_per_rank;
+    tc.gradient_accumulation_steps = b.gradient_accumulation_steps;
+  } else if (f.config.empty()) {
+    const zero::BatchSizes b =
+        zero::derive_batch_sizes(tc.train_batch_size, std::nullopt, 1, world_size, tc.origin);
+    tc.micro_batch_per_rank = b.micro_batch_per_rank;
+    tc.gradient_accumulation_steps = b.gradient_accumulation_steps;
+  }
+  e.micro_batches = tc.gradient_accumulation_steps;
+  e.kernel_threads = f.threads;
+  e.memory_limit_bytes = f.memory_limit;
+  if (f.skip_nonfinite) e.skip_nonfinite_steps = *f.skip_nonfinite;
+  if (f.override_optimizer) tc.override_optimizer = true;
+  e.trace = !f.trace.empty();
+  return tc;
+}
+
+std::vector<zero::examples::Setting> run_description(const Flags& f,
+                                                     const zero::TrainingConfig& tc) {
+  const zero::EngineConfig& e = tc.engine;
+  const zero::OptimizerConfig& o = e.optimizer;
+  const zero::LrScheduleConfig& s = e.lr_schedule;
+  const zero::LossScalerConfig& ls = e.loss_scaler;
+  std::ostringstream optimizer, schedule, scaler, zero_opt, model, fault;
+  optimizer << static_cast<int>(o.type) << " lr " << o.lr << " betas " << o.beta1 << " " << o.beta2
+            << " eps " << o.eps << " weight_decay " << o.weight_decay << " momentum " << o.momentum;
+  schedule << static_cast<int>(s.type) << " " << s.min_lr << ".." << s.max_lr << " warmup "
+           << s.warmup_steps << " (" << static_cast<int>(s.warmup_type) << ") total "
+           << s.total_steps << " cos_min_ratio " << s.cos_min_ratio;
+  scaler << ls.static_scale << " 2^" << ls.initial_scale_power << " window " << ls.scale_window
+         << " hysteresis " << ls.hysteresis << " min " << ls.min_scale;
+  zero_opt << "overlap_comm " << e.overlap_comm << " reduce_scatter " << e.reduce_scatter
+           << " reduce_bucket " << e.reduce_bucket_elements << " allgather_bucket "
+           << e.allgather_bucket_elements << " prefetch " << e.prefetch_elements << " persistence "
+           << e.persistence_threshold << " max_live " << e.max_live_elements << " reuse "
+           << e.max_reuse_distance << " sub_group " << e.optimizer_sub_group_elements
+           << " merge_bytes " << e.merge_bytes << " predivide " << e.gradient_predivide_factor
+           << " fp32_reduce " << e.reduce_in_fp32 << " grad_accum "
+           << (e.grad_accum_dtype ? zero::dtype_name(*e.grad_accum_dtype) : "default");
+  model << f.model << " " << f.mlp.input_dim << "-" << f.mlp.hidden_dim << "x" << f.mlp.layers
+        << "-" << f.mlp.output_dim;
+  fault << static_cast<int>(f.fault.kind) << "@" << f.fault.step;
+  return {
+      {"the model (--model, --input-dim, --hidden, --layers, --output-dim)", model.str()},
+      {"the ZeRO stage (--stage, zero_optimization.stage)", std::to_string(e.stage)},
+      {"the dtype (--dtype, bf16/fp16.enabled)", zero::dtype_name(e.dtype)},
+      {"--steps", std::to_string(f.steps)},
+      {"the global batch (--global-batch, train_batch_size)", std::to_string(tc.train_batch_size)},
+      {"the micro-batches (--micro-batches, gradient_accumulation_steps)",
+       std::to_string(tc.gradient_accumulation_steps)},
+      {"the seed (--seed, seed)", std::to_string(e.seed)},
+      {"the optimizer (--lr, --weight-decay, optimizer)", optimizer.str()},
+      {"the learning-rate schedule (--schedule, --warmup, scheduler)", schedule.str()},
+      {"the gradient clipping (--clip, gradient_clipping)", text_of(e.gradient_clipping)},
+      {"the fp16 loss scaler (fp16.*)", scaler.str()},
+      {"the non-finite policy (--nonfinite)", std::to_string(e.skip_nonfinite_steps)},
+      {"the ZeRO schedule (zero_optimization.*, --merge-bytes)", zero_opt.str()},
+      {"--save-dir", f.save_dir},
+      {"--save-every", std::to_string(f.save_every)},
+      {"--resume", f.resume},
+      {"--override-optimizer", std::to_string(tc.override_optimizer)},
+      {"--memory-limit", std::to_string(f.memory_limit)},
+      {"--device", f.cuda ? "cuda" : "cpu"},
+      {"--inject-fault", fault.str()},
+      {"--test-comm-delay-us", std::to_string(f.test_comm_delay_us)},
+  };
+}
+
+}  // namespace zero::examples

@@ -1,0 +1,73 @@
+// zero-train's command line: the flags as given, parsed and checked, and how they combine with a
+// DeepSpeed-style config into the run's TrainingConfig (the file first, every flag given on top).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "examples/mlp.h"
+#include "examples/run_checks.h"
+#include "zero/core/dtype.h"
+#include "zero/runtime/config.h"
+
+namespace zero::examples {
+
+// --inject-fault KIND@STEP, for users (and our tests) to check how their setup fails. The last
+// rank misbehaves at that step: inf-grad makes its loss gradient infinite; kill and stop send it
+// SIGKILL or SIGSTOP between forward and backward; skip-step makes it skip the optimizer step
+// (and the collectives in it) while the others wait there.
+struct Fault {
+  enum Kind { kNone, kInfGrad, kKill, kStop, kSkipStep } kind = kNone;
+  long step = 0;
+};
+
+// Flags as given: unset ones leave the config file's (or the built-in default's) value.
+struct Flags {
+  std::string model = "mlp";
+  std::string config;
+  long steps = 20;
+  std::optional<int> stage;
+  std::optional<uint64_t> seed;
+  std::optional<long> global_batch;
+  std::optional<int> micro_batches;
+  std::optional<float> lr;
+  std::optional<float> weight_decay;
+  std::optional<float> clip;
+  std::optional<std::string> schedule;
+  std::optional<long> warmup;
+  std::optional<zero::DType> dtype;
+  std::optional<size_t> merge_bytes;
+  std::optional<long> steps_per_print;
+  std::string metrics;
+  std::string trace;
+  zero::examples::MlpConfig mlp;
+  int threads = 1;
+  bool cuda = false;
+  uint64_t memory_limit = 0;
+  std::string save_dir;
+  long save_every = 0;
+  std::string resume;
+  std::optional<bool> skip_nonfinite;
+  Fault fault;
+  long test_comm_delay_us = 0;
+  bool override_optimizer = false;
+  bool help = false;
+};
+
+// zero-train's usage text, printed after a usage error and for --help.
+extern const char* const kTrainUsage;
+
+// The flags of argv; throws UsageError (examples/cli.h) for a bad command line.
+Flags parse_flags(int argc, char** argv);
+
+// The config file (or the built-in defaults), then every flag the user gave on top. Throws
+// zero::ConfigError for a config that cannot be read or does not fit the flags.
+TrainingConfig resolve_config(const Flags& f, int world_size);
+
+// Every setting that must agree across ranks for them to train one model: a difference would
+// train silently wrong or hang in a collective. Named as the user knows them.
+std::vector<Setting> run_description(const Flags& f, const TrainingConfig& tc);
+
+}  // namespace zero::examples
