@@ -23,6 +23,7 @@
 
 #include "checkpoint_format.h"
 #include "zero/core/check.h"
+#include "zero/core/text.h"
 #include "zero/runtime/checkpoint.h"
 #include "zero/runtime/config.h"
 
@@ -299,12 +300,6 @@ void commit(Engine& engine, const TrainerState& trainer, const std::vector<RankR
 }
 
 // ---- Load.
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
 
 // Same parameter names and shapes on both sides; returns, per engine parameter, its saved index.
 std::vector<size_t> match_params(const Layout& layout, const CheckpointInfo& info) {

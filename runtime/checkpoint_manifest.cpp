@@ -10,11 +10,11 @@
 #include <cstdio>
 #include <limits>
 #include <set>
-#include <sstream>
 #include <utility>
 
 #include "checkpoint_format.h"
 #include "zero/core/check.h"
+#include "zero/core/text.h"
 #include "zero/optimizer/optimizer.h"
 #include "zero/proto/checkpoint.pb.h"
 
@@ -45,13 +45,6 @@ const char* schedule_type_name(LrScheduleType t) {
       return "warmup_cosine";
   }
   return "?";
-}
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::ostringstream out;
-  out << "[";
-  for (size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
-  out << "]";
-  return out.str();
 }
 
 // Collects the text-format parser's complaints with their 1-based line and column.

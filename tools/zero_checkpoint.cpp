@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "zero/core/dtype.h"
+#include "zero/core/text.h"
 #include "zero/runtime/checkpoint.h"
 
 namespace {
@@ -29,12 +30,6 @@ constexpr const char* kUsage =
 [[noreturn]] void usage_error(const std::string& message) {
   std::fprintf(stderr, "zero-checkpoint: %s\n%s", message.c_str(), kUsage);
   std::exit(2);
-}
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
 }
 
 const char* optimizer_name(zero::OptimizerType type) {
@@ -72,7 +67,7 @@ int info(const std::string& dir) {
               c.params.size(), elements, c.units.size(), padded);
   for (const zero::ParamPlacement& p : c.params) {
     std::printf("  %-32s %-16s numel %-10zu unit %-4d offset %zu\n", p.name.c_str(),
-                shape_text(p.shape).c_str(), p.numel, p.unit, p.offset);
+                zero::shape_text(p.shape).c_str(), p.numel, p.unit, p.offset);
   }
   std::printf("files        %zu\n", c.files.size());
   for (const zero::CheckpointInfo::File& f : c.files) {
