@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 
 #if defined(__CUDACC__)
@@ -48,6 +49,38 @@ inline bool parse_dtype(const std::string& s, DType* out) {
   if (s == "fp16" || s == "float16" || s == "half") {
     *out = DType::kFloat16;
     return true;
+  }
+  return false;
+}
+
+// Parses only the short names dtype_name gives (fp32, bf16, fp16), as configs spell them.
+inline bool parse_dtype_name(const std::string& s, DType* out) {
+  DType t = DType::kFloat32;
+  if (!parse_dtype(s, &t) || s != dtype_name(t)) return false;
+  *out = t;
+  return true;
+}
+
+// The safetensors format's names: F32, BF16, F16.
+inline const char* safetensors_dtype_name(DType t) {
+  switch (t) {
+    case DType::kFloat32:
+      return "F32";
+    case DType::kBFloat16:
+      return "BF16";
+    case DType::kFloat16:
+      return "F16";
+  }
+  return "?";
+}
+
+// Parses F32, BF16 or F16 (exactly); returns false on anything else.
+inline bool parse_safetensors_dtype(const std::string& s, DType* out) {
+  for (DType t : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+    if (s == safetensors_dtype_name(t)) {
+      *out = t;
+      return true;
+    }
   }
   return false;
 }
