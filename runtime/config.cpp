@@ -117,7 +117,7 @@ void read_communication(const config::TrainingConfig& c, const Checker& check, E
   if (c.has_communication_data_type()) {
     const std::string& name = c.communication_data_type();
     DType comm = DType::kFloat32;
-    if (!parse_dtype_name(name, &comm)) {
+    if (!parse_dtype(name, &comm, /*short_only=*/true)) {
       check.fail("communication_data_type", "\"fp32\", \"fp16\" or \"bf16\"", in_quotes(name));
     }
     // The engine reduces gradients in the working dtype, or in fp32 when told to.
@@ -205,7 +205,7 @@ void read_data_types(const config::DataTypes& types, const Checker& check, Engin
   if (types.has_grad_accum_dtype()) {
     const std::string& name = types.grad_accum_dtype();
     DType accum = DType::kFloat32;
-    if (!parse_dtype_name(name, &accum)) {
+    if (!parse_dtype(name, &accum, /*short_only=*/true)) {
       check.fail("data_types.grad_accum_dtype", "\"fp32\", \"fp16\" or \"bf16\"", in_quotes(name));
     }
     // Accumulating in a narrower type than the working one, or another 2-byte one, is not a
