@@ -12,20 +12,6 @@ namespace {
 
 constexpr double kPi = 3.14159265358979323846;
 
-const char* schedule_name(LrScheduleType type) {
-  switch (type) {
-    case LrScheduleType::kConstant:
-      return "constant";
-    case LrScheduleType::kWarmup:
-      return "WarmupLR";
-    case LrScheduleType::kWarmupLinearDecay:
-      return "WarmupDecayLR";
-    case LrScheduleType::kWarmupCosine:
-      return "WarmupCosineLR";
-  }
-  return "?";
-}
-
 bool is_decay(LrScheduleType type) {
   return type == LrScheduleType::kWarmupLinearDecay || type == LrScheduleType::kWarmupCosine;
 }
@@ -36,7 +22,7 @@ LrSchedule::LrSchedule(const LrScheduleConfig& config) : config_(config) {
   const LrScheduleType type = config.type;
   ZERO_CHECK(type == LrScheduleType::kConstant || type == LrScheduleType::kWarmup || is_decay(type),
              "lr schedule: unknown type " << static_cast<int>(type));
-  const char* name = schedule_name(type);
+  const char* name = lr_schedule_type_name(type);
   ZERO_CHECK(config.max_lr >= 0.0f && std::isfinite(config.max_lr),
              name << ": max_lr must be finite and >= 0, got " << config.max_lr);
   if (type == LrScheduleType::kConstant) return;
@@ -64,7 +50,7 @@ LrSchedule::LrSchedule(const LrScheduleConfig& config) : config_(config) {
 }
 
 float LrSchedule::lr_at(long step) const {
-  ZERO_CHECK(step >= 1, schedule_name(config_.type) << ": steps start at 1, got " << step);
+  ZERO_CHECK(step >= 1, lr_schedule_type_name(config_.type) << ": steps start at 1, got " << step);
   const double max_lr = config_.max_lr;
   if (config_.type == LrScheduleType::kConstant) return config_.max_lr;
 

@@ -15,18 +15,6 @@ namespace zero {
 
 namespace {
 
-const char* optimizer_name(OptimizerType type) {
-  switch (type) {
-    case OptimizerType::kAdamW:
-      return "AdamW";
-    case OptimizerType::kAdam:
-      return "Adam";
-    case OptimizerType::kSgd:
-      return "SGD";
-  }
-  return "?";
-}
-
 // NaN fails both comparisons, so it is rejected as well. The kernels run in fp32, where a
 // value just below 1 may round to 1 and zero the bias correction 1 - beta^t.
 void check_in_unit_interval(double value, const char* name) {
@@ -65,7 +53,7 @@ void Optimizer::begin_step(float lr) {
 }
 
 void Optimizer::check_update(const ShardState& shard, const void* grad) const {
-  const char* name = optimizer_name(config_.type);
+  const char* name = optimizer_type_name(config_.type);
   // Bias corrections divide by 1 - beta^t, which is 0 at t = 0.
   ZERO_CHECK(step_ >= 1, name << ": apply() before begin_step() (step counter is " << step_ << ")");
   ZERO_CHECK(shard.master != nullptr, name << ": shard has no master array");

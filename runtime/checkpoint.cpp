@@ -23,6 +23,7 @@
 
 #include "checkpoint_format.h"
 #include "zero/core/check.h"
+#include "zero/core/text.h"
 #include "zero/runtime/checkpoint.h"
 #include "zero/runtime/config.h"
 
@@ -300,12 +301,6 @@ void commit(Engine& engine, const TrainerState& trainer, const std::vector<RankR
 
 // ---- Load.
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
-
 // Same parameter names and shapes on both sides; returns, per engine parameter, its saved index.
 std::vector<size_t> match_params(const Layout& layout, const CheckpointInfo& info) {
   const std::string manifest = join(info.step_dir, checkpoint_files::kManifestName);
@@ -361,16 +356,10 @@ std::vector<std::vector<float>> stage_state(Engine& engine, const CheckpointInfo
   return staged;
 }
 
-const char* optimizer_name(OptimizerType type) {
-  switch (type) {
-    case OptimizerType::kAdamW:
-      return "AdamW";
-    case OptimizerType::kAdam:
-      return "Adam (adam_w_mode false)";
-    case OptimizerType::kSgd:
-      return "SGD";
-  }
-  return "?";
+// DeepSpeed's name, with the setting that tells Adam from AdamW there.
+std::string optimizer_name(OptimizerType type) {
+  const std::string name = optimizer_type_name(type);
+  return type == OptimizerType::kAdam ? name + " (adam_w_mode false)" : name;
 }
 
 std::string number(double v) {
@@ -385,7 +374,7 @@ std::vector<std::string> optimizer_differences(const OptimizerConfig& saved,
                                                const OptimizerConfig& run) {
   std::vector<std::string> out;
   if (saved.type != run.type) {
-    out.push_back(std::string("type ") + optimizer_name(saved.type) + " in the checkpoint, " +
+    out.push_back("type " + optimizer_name(saved.type) + " in the checkpoint, " +
                   optimizer_name(run.type) + " in this run");
   }
   // The manifest holds each value as written from the run's float or double, so equality is

@@ -4,55 +4,21 @@
 #include <google/protobuf/io/tokenizer.h>
 #include <google/protobuf/text_format.h>
 
-#include <array>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
 #include <limits>
 #include <set>
-#include <sstream>
 #include <utility>
 
 #include "checkpoint_format.h"
 #include "zero/core/check.h"
+#include "zero/core/text.h"
 #include "zero/optimizer/optimizer.h"
 #include "zero/proto/checkpoint.pb.h"
 
 namespace zero::checkpoint_files {
 namespace {
-
-const char* optimizer_type_name(OptimizerType t) {
-  switch (t) {
-    case OptimizerType::kAdamW:
-      return "adamw";
-    case OptimizerType::kAdam:
-      return "adam";
-    case OptimizerType::kSgd:
-      return "sgd";
-  }
-  return "?";
-}
-
-const char* schedule_type_name(LrScheduleType t) {
-  switch (t) {
-    case LrScheduleType::kConstant:
-      return "constant";
-    case LrScheduleType::kWarmup:
-      return "warmup";
-    case LrScheduleType::kWarmupLinearDecay:
-      return "warmup_linear_decay";
-    case LrScheduleType::kWarmupCosine:
-      return "warmup_cosine";
-  }
-  return "?";
-}
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::ostringstream out;
-  out << "[";
-  for (size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
-  out << "]";
-  return out.str();
-}
 
 // Collects the text-format parser's complaints with their 1-based line and column.
 class ParseErrors : public google::protobuf::io::ErrorCollector {
@@ -181,13 +147,7 @@ void read_params(const zero::checkpoint::Manifest& m, const Bad& bad, Checkpoint
 
 // The optimizer's type, hyperparameters, number of state arrays and step.
 void read_optimizer(const zero::checkpoint::Optimizer& opt, const Bad& bad, CheckpointInfo* info) {
-  if (opt.type() == "adamw") {
-    info->optimizer.type = OptimizerType::kAdamW;
-  } else if (opt.type() == "adam") {
-    info->optimizer.type = OptimizerType::kAdam;
-  } else if (opt.type() == "sgd") {
-    info->optimizer.type = OptimizerType::kSgd;
-  } else {
+  if (!parse_optimizer_type_key(opt.type(), &info->optimizer.type)) {
     bad("unknown optimizer type '" + opt.type() + "'");
   }
   info->optimizer.lr = static_cast<float>(opt.lr());
@@ -212,27 +172,18 @@ void read_optimizer(const zero::checkpoint::Optimizer& opt, const Bad& bad, Chec
 
 void read_lr_schedule(const zero::checkpoint::LrSchedule& lr, const Bad& bad,
                       CheckpointInfo* info) {
-  const std::array<LrScheduleType, 4> schedules = {
-      LrScheduleType::kConstant, LrScheduleType::kWarmup, LrScheduleType::kWarmupLinearDecay,
-      LrScheduleType::kWarmupCosine};
-  bool schedule_known = false;
-  for (LrScheduleType t : schedules) {
-    if (lr.type() == schedule_type_name(t)) {
-      info->lr_schedule.type = t;
-      schedule_known = true;
-    }
+  if (!parse_lr_schedule_type_key(lr.type(), &info->lr_schedule.type)) {
+    bad("unknown lr_schedule type '" + lr.type() + "'");
   }
-  if (!schedule_known) bad("unknown lr_schedule type '" + lr.type() + "'");
   info->lr_schedule.max_lr = static_cast<float>(lr.max_lr());
   info->lr_schedule.min_lr = static_cast<float>(lr.min_lr());
   info->lr_schedule.warmup_steps = static_cast<long>(lr.warmup_steps());
   info->lr_schedule.total_steps = static_cast<long>(lr.total_steps());
   info->lr_schedule.cos_min_ratio = static_cast<float>(lr.cos_min_ratio());
-  if (lr.warmup_type() == "log") {
-    info->lr_schedule.warmup_type = LrWarmupType::kLog;
-  } else if (lr.warmup_type() == "linear" || lr.warmup_type().empty()) {
+  // A manifest without warmup_type has a linear warm-up.
+  if (lr.warmup_type().empty()) {
     info->lr_schedule.warmup_type = LrWarmupType::kLinear;
-  } else {
+  } else if (!parse_lr_warmup_type(lr.warmup_type(), &info->lr_schedule.warmup_type)) {
     bad("unknown lr_schedule warmup_type '" + lr.warmup_type() + "'");
   }
 }
@@ -311,7 +262,7 @@ std::string manifest_text(const CheckpointInfo& info) {
     out->set_shard(u.shard);
   }
   zero::checkpoint::Optimizer* opt = m.mutable_optimizer();
-  opt->set_type(optimizer_type_name(info.optimizer.type));
+  opt->set_type(optimizer_type_key(info.optimizer.type));
   opt->set_lr(info.optimizer.lr);
   opt->set_beta1(info.optimizer.beta1);
   opt->set_beta2(info.optimizer.beta2);
@@ -321,13 +272,13 @@ std::string manifest_text(const CheckpointInfo& info) {
   opt->set_state_count(info.state_count);
   opt->set_step(info.optimizer_step);
   zero::checkpoint::LrSchedule* lr = m.mutable_lr_schedule();
-  lr->set_type(schedule_type_name(info.lr_schedule.type));
+  lr->set_type(lr_schedule_type_key(info.lr_schedule.type));
   lr->set_max_lr(info.lr_schedule.max_lr);
   lr->set_min_lr(info.lr_schedule.min_lr);
   lr->set_warmup_steps(info.lr_schedule.warmup_steps);
   lr->set_total_steps(info.lr_schedule.total_steps);
   lr->set_cos_min_ratio(info.lr_schedule.cos_min_ratio);
-  lr->set_warmup_type(info.lr_schedule.warmup_type == LrWarmupType::kLog ? "log" : "linear");
+  lr->set_warmup_type(lr_warmup_type_name(info.lr_schedule.warmup_type));
   m.mutable_loss_scaler()->set_scale(info.loss_scaler.scale);
   m.mutable_loss_scaler()->set_hysteresis_left(info.loss_scaler.hysteresis_left);
   m.mutable_loss_scaler()->set_clean_steps(info.loss_scaler.clean_steps);

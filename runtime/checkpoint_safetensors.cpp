@@ -42,11 +42,9 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
     ZERO_CHECK(numel == t.values->size(), "safetensors: tensor '" << t.name << "' has "
                                                                   << t.values->size()
                                                                   << " values for its shape");
-    const char* type = dtype == DType::kFloat32    ? "F32"
-                       : dtype == DType::kBFloat16 ? "BF16"
-                                                   : "F16";
-    header[t.name] = {
-        {"dtype", type}, {"shape", t.shape}, {"data_offsets", {offset, offset + numel * elem}}};
+    header[t.name] = {{"dtype", safetensors_dtype_name(dtype)},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + numel * elem}}};
     offset += numel * elem;
   }
   std::string text = header.dump();
@@ -123,13 +121,7 @@ LoadedTensor tensor_of(const std::string& name, const nlohmann::json& entry, uin
   LoadedTensor t;
   t.name = name;
   const nlohmann::json& dtype = entry.value("dtype", nlohmann::json());
-  if (dtype == "F32") {
-    t.dtype = DType::kFloat32;
-  } else if (dtype == "BF16") {
-    t.dtype = DType::kBFloat16;
-  } else if (dtype == "F16") {
-    t.dtype = DType::kFloat16;
-  } else {
+  if (!dtype.is_string() || !parse_safetensors_dtype(dtype.get<std::string>(), &t.dtype)) {
     bad("has dtype " + dtype.dump() + "; F32, BF16 and F16 are read");
   }
   const nlohmann::json& shape = entry.value("shape", nlohmann::json());

@@ -110,22 +110,29 @@ void read_precision(const config::TrainingConfig& c, const Checker& check, Engin
   }
 }
 
+// A dtype key (`name` its value) that may only be the working dtype or fp32; `rule` ends the
+// message that says so.
+DType working_or_fp32(const std::string& key, const std::string& name, DType working,
+                      const Checker& check, const std::string& rule) {
+  DType t = DType::kFloat32;
+  if (!parse_dtype(name, &t, /*short_only=*/true)) {
+    check.fail(key, "\"fp32\", \"fp16\" or \"bf16\"", in_quotes(name));
+  }
+  if (t != working && t != DType::kFloat32) {
+    config_error(in_quotes(key) + " in " + check.origin() + " is " + in_quotes(name) +
+                 " but the working dtype is " + dtype_name(working) + "; " + rule);
+  }
+  return t;
+}
+
 // communication_data_type and gradient_predivide_factor: how gradients are reduced. Checked
 // against the working dtype, so read after read_precision.
 void read_communication(const config::TrainingConfig& c, const Checker& check, EngineConfig* e) {
-  const std::string& origin = check.origin();
   if (c.has_communication_data_type()) {
-    const std::string& name = c.communication_data_type();
-    DType comm = DType::kFloat32;
-    if ((name != "fp32" && name != "fp16" && name != "bf16") || !parse_dtype(name, &comm)) {
-      check.fail("communication_data_type", "\"fp32\", \"fp16\" or \"bf16\"", in_quotes(name));
-    }
     // The engine reduces gradients in the working dtype, or in fp32 when told to.
-    if (comm != e->dtype && comm != DType::kFloat32) {
-      config_error("\"communication_data_type\" in " + origin + " is " + in_quotes(name) +
-                   " but the working dtype is " + dtype_name(e->dtype) +
-                   "; gradients are reduced in the working dtype or in fp32");
-    }
+    const DType comm =
+        working_or_fp32("communication_data_type", c.communication_data_type(), e->dtype, check,
+                        "gradients are reduced in the working dtype or in fp32");
     e->reduce_in_fp32 = comm == DType::kFloat32 && e->dtype != DType::kFloat32;
   }
   if (c.has_gradient_predivide_factor()) {
@@ -201,21 +208,12 @@ void read_zero_optimization(const config::ZeroOptimization& zero, const Checker&
 
 // data_types.grad_accum_dtype, checked against the working dtype.
 void read_data_types(const config::DataTypes& types, const Checker& check, EngineConfig* e) {
-  const std::string& origin = check.origin();
   if (types.has_grad_accum_dtype()) {
-    const std::string& name = types.grad_accum_dtype();
-    DType accum = DType::kFloat32;
-    if ((name != "fp32" && name != "fp16" && name != "bf16") || !parse_dtype(name, &accum)) {
-      check.fail("data_types.grad_accum_dtype", "\"fp32\", \"fp16\" or \"bf16\"", in_quotes(name));
-    }
     // Accumulating in a narrower type than the working one, or another 2-byte one, is not a
     // mode DeepSpeed has either.
-    if (accum != e->dtype && accum != DType::kFloat32) {
-      config_error("\"data_types.grad_accum_dtype\" in " + origin + " is " + in_quotes(name) +
-                   " but the working dtype is " + dtype_name(e->dtype) +
-                   "; gradients accumulate in the working dtype or in fp32");
-    }
-    e->grad_accum_dtype = accum;
+    e->grad_accum_dtype =
+        working_or_fp32("data_types.grad_accum_dtype", types.grad_accum_dtype(), e->dtype, check,
+                        "gradients accumulate in the working dtype or in fp32");
   }
 }
 

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "zero/core/text.h"
 #include "zero/proto/config.pb.h"
 #include "zero/runtime/config.h"
 
@@ -46,12 +47,6 @@ inline std::string number_text(double value) {
 inline std::string lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
-}
-
-inline std::string join(const std::vector<std::string>& items, const char* separator) {
-  std::string out;
-  for (size_t i = 0; i < items.size(); ++i) out += (i ? separator : "") + items[i];
-  return out;
 }
 
 // Step 1: the text -> the message. JSON when the first non-space character (after a UTF-8 byte

@@ -36,41 +36,40 @@ void read_optimizer(const config::Optimizer& section, const Checker& check, Opti
   if (!section.has_type()) {
     config_error("\"optimizer.type\" is missing in " + origin + "; expected Adam, AdamW or SGD");
   }
-  const std::string type = lower(section.type());
   const config::OptimizerParams& params = section.params();
   // DeepSpeed hands params to its FusedAdam or to torch.optim.SGD: their defaults apply.
   OptimizerConfig optimizer;
   optimizer.weight_decay = 0.0f;
-  std::string type_name;
-  if (type == "adam" || type == "adamw") {
-    type_name = type == "adam" ? "Adam" : "AdamW";
+  OptimizerType named = OptimizerType::kAdamW;
+  if (!parse_optimizer_type_name(section.type(), &named)) {
+    static const std::set<std::string> deepspeed_only = {"adagrad",    "lamb",       "lion",
+                                                         "muadam",     "muadamw",    "musgd",
+                                                         "onebitadam", "onebitlamb", "zerooneadam"};
+    if (deepspeed_only.count(lower(section.type())) != 0) {
+      config_error("\"optimizer.type\" in " + origin + " is " + in_quotes(section.type()) +
+                   ", a DeepSpeed optimizer this runtime does not support yet (supported: "
+                   "Adam, AdamW, SGD)");
+    }
+    check.fail("optimizer.type", "Adam, AdamW or SGD", in_quotes(section.type()));
+  }
+  const std::string type_name = optimizer_type_name(named);
+  if (named == OptimizerType::kSgd) {
+    check_params_taken(params, {"lr", "momentum", "weight_decay"}, "optimizer.params", type_name,
+                       origin);
+    optimizer.type = OptimizerType::kSgd;
+  } else {
     check_params_taken(params, {"lr", "betas", "eps", "weight_decay", "adam_w_mode"},
                        "optimizer.params", type_name, origin);
     // DeepSpeed's Adam is AdamW unless adam_w_mode says otherwise.
     optimizer.type = OptimizerType::kAdamW;
     if (params.has_adam_w_mode() && !params.adam_w_mode()) {
-      if (type == "adamw") {
+      if (named == OptimizerType::kAdamW) {
         config_error(
             "\"optimizer.params.adam_w_mode\" in " + origin +
             " is false, but the type is AdamW; use type Adam for Adam with L2 weight decay");
       }
       optimizer.type = OptimizerType::kAdam;
     }
-  } else if (type == "sgd") {
-    type_name = "SGD";
-    check_params_taken(params, {"lr", "momentum", "weight_decay"}, "optimizer.params", type_name,
-                       origin);
-    optimizer.type = OptimizerType::kSgd;
-  } else {
-    static const std::set<std::string> deepspeed_only = {"adagrad",    "lamb",       "lion",
-                                                         "muadam",     "muadamw",    "musgd",
-                                                         "onebitadam", "onebitlamb", "zerooneadam"};
-    if (deepspeed_only.count(type) != 0) {
-      config_error("\"optimizer.type\" in " + origin + " is " + in_quotes(section.type()) +
-                   ", a DeepSpeed optimizer this runtime does not support yet (supported: "
-                   "Adam, AdamW, SGD)");
-    }
-    check.fail("optimizer.type", "Adam, AdamW or SGD", in_quotes(section.type()));
   }
 
   if (params.has_lr()) {
@@ -113,47 +112,43 @@ void read_scheduler(const config::Scheduler& section, float optimizer_lr, const 
     config_error("\"scheduler.type\" is missing in " + origin +
                  "; expected WarmupLR, WarmupDecayLR or WarmupCosineLR");
   }
-  const std::string type = lower(section.type());
   const config::SchedulerParams& params = section.params();
   LrScheduleConfig schedule;
-  std::string type_name;
-  if (type == "warmuplr") {
-    type_name = "WarmupLR";
-    schedule.type = LrScheduleType::kWarmup;
+  // "constant" names no scheduler here, not a DeepSpeed scheduler type.
+  if (!parse_lr_schedule_type_name(section.type(), &schedule.type) ||
+      schedule.type == LrScheduleType::kConstant) {
+    const std::string type = lower(section.type());
+    if (type == "onecycle" || type == "lrrangetest") {
+      config_error("\"scheduler.type\" in " + origin + " is " + in_quotes(section.type()) +
+                   ", a DeepSpeed scheduler this runtime does not support yet (supported: "
+                   "WarmupLR, WarmupDecayLR, WarmupCosineLR)");
+    }
+    check.fail("scheduler.type", "WarmupLR, WarmupDecayLR or WarmupCosineLR",
+               in_quotes(section.type()));
+  }
+  const std::string type_name = lr_schedule_type_name(schedule.type);
+  if (schedule.type == LrScheduleType::kWarmup) {
     check_params_taken(params,
                        {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type"},
                        "scheduler.params", type_name, origin);
-  } else if (type == "warmupdecaylr") {
-    type_name = "WarmupDecayLR";
-    schedule.type = LrScheduleType::kWarmupLinearDecay;
+  } else if (schedule.type == LrScheduleType::kWarmupLinearDecay) {
     check_params_taken(
         params,
         {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "total_num_steps"},
         "scheduler.params", type_name, origin);
-  } else if (type == "warmupcosinelr") {
-    type_name = "WarmupCosineLR";
-    schedule.type = LrScheduleType::kWarmupCosine;
+  } else {
     check_params_taken(
         params,
         {"total_num_steps", "warmup_min_ratio", "cos_min_ratio", "warmup_num_steps", "warmup_type"},
         "scheduler.params", type_name, origin);
-  } else if (type == "onecycle" || type == "lrrangetest") {
-    config_error("\"scheduler.type\" in " + origin + " is " + in_quotes(section.type()) +
-                 ", a DeepSpeed scheduler this runtime does not support yet (supported: "
-                 "WarmupLR, WarmupDecayLR, WarmupCosineLR)");
-  } else {
-    check.fail("scheduler.type", "WarmupLR, WarmupDecayLR or WarmupCosineLR",
-               in_quotes(section.type()));
   }
 
   // DeepSpeed's default warm-up is "log". (DeepSpeed falls back to it, with a warning, for a
   // name it does not know; a typo here is an error instead.)
-  if (params.has_warmup_type()) {
-    const std::string& warmup = params.warmup_type();
-    if (warmup != "log" && warmup != "linear") {
-      check.fail("scheduler.params.warmup_type", "\"log\" or \"linear\"", in_quotes(warmup));
-    }
-    schedule.warmup_type = warmup == "log" ? LrWarmupType::kLog : LrWarmupType::kLinear;
+  if (params.has_warmup_type() &&
+      !parse_lr_warmup_type(params.warmup_type(), &schedule.warmup_type)) {
+    check.fail("scheduler.params.warmup_type", "\"log\" or \"linear\"",
+               in_quotes(params.warmup_type()));
   }
   schedule.warmup_steps = params.has_warmup_num_steps()
                               ? check.integer("scheduler.params.warmup_num_steps",

@@ -8,18 +8,9 @@
 #include "zero/collectives/nccl_communicator.h"
 #endif
 #include "zero/core/check.h"
+#include "zero/core/text.h"
 
 namespace zero {
-
-namespace {
-
-std::string join_ranks(const std::vector<int>& ranks) {
-  std::ostringstream out;
-  for (size_t i = 0; i < ranks.size(); ++i) out << (i ? ", " : "") << ranks[i];
-  return out.str();
-}
-
-}  // namespace
 
 Engine::Impl::Impl(Communicator& c, const std::vector<ParamDecl>& decls, const EngineConfig& cfg)
     : comm(c),
@@ -136,7 +127,7 @@ void Engine::Impl::check_same_model_on_all_ranks() {
     if (differing.empty()) continue;
     std::string mine_text = i < layout.params().size() ? layout.describe_param(i) : "nothing";
     ZERO_FAIL("the model differs across ranks: parameter #"
-              << i << " differs between rank 0 and rank(s) " << join_ranks(differing)
+              << i << " differs between rank 0 and rank(s) " << join(differing, ", ")
               << "; this rank (" << rank << ") registered " << mine_text
               << "; every rank must register the same parameters in the same order");
   }

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "zero/core/check.h"
+#include "zero/core/text.h"
 
 namespace zero {
 
@@ -185,9 +186,8 @@ uint64_t Layout::fingerprint(uint64_t extra) const {
 std::string Layout::describe_param(size_t index) const {
   const ParamPlacement& p = params_.at(index);
   std::ostringstream out;
-  out << "'" << p.name << "' [";
-  for (size_t i = 0; i < p.shape.size(); ++i) out << (i ? ", " : "") << p.shape[i];
-  out << "] " << dtype_name(options_.dtype) << " (module " << p.module << ")";
+  out << "'" << p.name << "' " << shape_text(p.shape) << " " << dtype_name(options_.dtype)
+      << " (module " << p.module << ")";
   return out.str();
 }
 

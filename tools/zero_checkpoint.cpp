@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "zero/core/dtype.h"
+#include "zero/core/text.h"
+#include "zero/optimizer/optimizer.h"
 #include "zero/runtime/checkpoint.h"
 
 namespace {
@@ -29,24 +31,6 @@ constexpr const char* kUsage =
 [[noreturn]] void usage_error(const std::string& message) {
   std::fprintf(stderr, "zero-checkpoint: %s\n%s", message.c_str(), kUsage);
   std::exit(2);
-}
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
-
-const char* optimizer_name(zero::OptimizerType type) {
-  switch (type) {
-    case zero::OptimizerType::kAdamW:
-      return "adamw";
-    case zero::OptimizerType::kAdam:
-      return "adam";
-    case zero::OptimizerType::kSgd:
-      return "sgd";
-  }
-  return "?";
 }
 
 int info(const std::string& dir) {
@@ -63,16 +47,16 @@ int info(const std::string& dir) {
   std::printf(
       "optimizer    %s, step %ld, lr %g, betas %g %g, eps %g, weight decay %g, "
       "momentum %g, %d state array(s)\n",
-      optimizer_name(c.optimizer.type), c.optimizer_step, c.optimizer.lr, c.optimizer.beta1,
-      c.optimizer.beta2, c.optimizer.eps, c.optimizer.weight_decay, c.optimizer.momentum,
-      c.state_count);
+      zero::optimizer_type_key(c.optimizer.type), c.optimizer_step, c.optimizer.lr,
+      c.optimizer.beta1, c.optimizer.beta2, c.optimizer.eps, c.optimizer.weight_decay,
+      c.optimizer.momentum, c.state_count);
   std::printf("loss scaler  scale %g, hysteresis left %d, clean steps %ld\n", c.loss_scaler.scale,
               c.loss_scaler.hysteresis_left, c.loss_scaler.clean_steps);
   std::printf("parameters   %zu (%zu elements) in %zu units (%zu elements padded)\n",
               c.params.size(), elements, c.units.size(), padded);
   for (const zero::ParamPlacement& p : c.params) {
     std::printf("  %-32s %-16s numel %-10zu unit %-4d offset %zu\n", p.name.c_str(),
-                shape_text(p.shape).c_str(), p.numel, p.unit, p.offset);
+                zero::shape_text(p.shape).c_str(), p.numel, p.unit, p.offset);
   }
   std::printf("files        %zu\n", c.files.size());
   for (const zero::CheckpointInfo::File& f : c.files) {

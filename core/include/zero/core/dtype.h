@@ -22,32 +22,60 @@ inline size_t dtype_size(DType t) {
   return t == DType::kFloat32 ? 4 : 2;
 }
 
-// Short names used in configs, flags and metrics: fp32, bf16, fp16.
-inline const char* dtype_name(DType t) {
-  switch (t) {
-    case DType::kFloat32:
-      return "fp32";
-    case DType::kBFloat16:
-      return "bf16";
-    case DType::kFloat16:
-      return "fp16";
+// The names of each dtype, one row per dtype: the short name used in configs, flags and
+// metrics (dtype_name), the longer ones parse_dtype also takes (bf16 has no alias: its long
+// name stands twice), and the safetensors format's.
+struct DTypeNames {
+  DType type;
+  const char* name;
+  const char* long_name;
+  const char* alias;
+  const char* safetensors;
+};
+inline constexpr DTypeNames kDTypeNames[] = {
+    {DType::kFloat32, "fp32", "float32", "float", "F32"},
+    {DType::kBFloat16, "bf16", "bfloat16", "bfloat16", "BF16"},
+    {DType::kFloat16, "fp16", "float16", "half", "F16"},
+};
+
+inline const DTypeNames* dtype_names(DType t) {
+  for (const DTypeNames& n : kDTypeNames) {
+    if (n.type == t) return &n;
   }
-  return "?";
+  return nullptr;
 }
 
-// Parses fp32/bf16/fp16 (and float32/bfloat16/float16); returns false on anything else.
-inline bool parse_dtype(const std::string& s, DType* out) {
-  if (s == "fp32" || s == "float32" || s == "float") {
-    *out = DType::kFloat32;
-    return true;
+// Short names: fp32, bf16, fp16.
+inline const char* dtype_name(DType t) {
+  const DTypeNames* n = dtype_names(t);
+  return n ? n->name : "?";
+}
+
+// The safetensors format's names: F32, BF16, F16.
+inline const char* safetensors_dtype_name(DType t) {
+  const DTypeNames* n = dtype_names(t);
+  return n ? n->safetensors : "?";
+}
+
+// Parses fp32/bf16/fp16 (and float32/bfloat16/float16, float, half); returns false on anything
+// else. With short_only, only the short names dtype_name gives, as configs spell them.
+inline bool parse_dtype(const std::string& s, DType* out, bool short_only = false) {
+  for (const DTypeNames& n : kDTypeNames) {
+    if (s == n.name || (!short_only && (s == n.long_name || s == n.alias))) {
+      *out = n.type;
+      return true;
+    }
   }
-  if (s == "bf16" || s == "bfloat16") {
-    *out = DType::kBFloat16;
-    return true;
-  }
-  if (s == "fp16" || s == "float16" || s == "half") {
-    *out = DType::kFloat16;
-    return true;
+  return false;
+}
+
+// Parses F32, BF16 or F16 (exactly); returns false on anything else.
+inline bool parse_safetensors_dtype(const std::string& s, DType* out) {
+  for (const DTypeNames& n : kDTypeNames) {
+    if (s == n.safetensors) {
+      *out = n.type;
+      return true;
+    }
   }
   return false;
 }

@@ -17,6 +17,18 @@ namespace zero {
 
 enum class OptimizerType { kAdamW, kAdam, kSgd };
 
+// The text forms of the enums below (optimizer_names.cpp) have two spellings on purpose:
+//   name  DeepSpeed's, in configs (any case) and messages: "AdamW", "Adam", "SGD";
+//         "WarmupLR", "WarmupDecayLR", "WarmupCosineLR", and "constant" for no scheduler.
+//   key   the checkpoint manifest's (zero-checkpoint prints it too): "adamw", "adam", "sgd";
+//         "constant", "warmup", "warmup_linear_decay", "warmup_cosine".
+// A warm-up type has one: "log" or "linear". Each parse returns false, leaving *out as it
+// was, on a text that is none of them.
+const char* optimizer_type_name(OptimizerType type);
+const char* optimizer_type_key(OptimizerType type);
+bool parse_optimizer_type_name(const std::string& name, OptimizerType* out);  // any case
+bool parse_optimizer_type_key(const std::string& key, OptimizerType* out);    // exact
+
 struct OptimizerConfig {
   OptimizerType type = OptimizerType::kAdamW;
   float lr = 1e-3f;
@@ -113,6 +125,13 @@ class Optimizer {
 // One extension: warmup_steps 0 means no warm-up (DeepSpeed rejects 0).
 enum class LrScheduleType { kConstant, kWarmup, kWarmupLinearDecay, kWarmupCosine };
 enum class LrWarmupType { kLog, kLinear };
+
+const char* lr_schedule_type_name(LrScheduleType type);
+const char* lr_schedule_type_key(LrScheduleType type);
+bool parse_lr_schedule_type_name(const std::string& name, LrScheduleType* out);  // any case
+bool parse_lr_schedule_type_key(const std::string& key, LrScheduleType* out);    // exact
+const char* lr_warmup_type_name(LrWarmupType type);
+bool parse_lr_warmup_type(const std::string& name, LrWarmupType* out);  // exact
 
 struct LrScheduleConfig {
   LrScheduleType type = LrScheduleType::kConstant;
