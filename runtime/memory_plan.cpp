@@ -189,9 +189,16 @@ MemoryPlan plan_memory(const Layout& layout, const EngineConfig& config) {
 // The plan of this model under another config and world size: the layout rebuilt as the
 // engine would build it there (padding and the persistent unit depend on both).
 MemoryPlan plan_elsewhere(const Layout& layout, const EngineConfig& config, int world_size) {
+  const LayoutOptions wanted = layout_options(config, world_size);
+  const LayoutOptions& have = layout.options();
+  const bool same_layout = wanted.world_size == have.world_size && wanted.dtype == have.dtype &&
+                           wanted.alignment_bytes == have.alignment_bytes &&
+                           wanted.merge_bytes == have.merge_bytes &&
+                           wanted.persistent_below == have.persistent_below;
+  if (same_layout) return plan_memory(layout, config);
   std::vector<ParamSpec> specs;
   for (const ParamPlacement& p : layout.params()) specs.push_back({p.name, p.shape, p.module});
-  return plan_memory(Layout::build(specs, layout_options(config, world_size)), config);
+  return plan_memory(Layout::build(specs, wanted), config);
 }
 
 std::string Engine::Impl::what_would_fit() const {
