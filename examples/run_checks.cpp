@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -116,8 +117,11 @@ std::string unusable_save_dir(const std::string& dir) {
   struct stat info {};
   if (stat(dir.c_str(), &info) == 0) {
     if (!S_ISDIR(info.st_mode)) return "'" + dir + "' exists and is not a directory";
-  } else if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    return "cannot create '" + dir + "': " + std::strerror(errno);
+  } else {
+    // Missing parents too, as the first save would create them.
+    std::error_code error;
+    std::filesystem::create_directories(dir, error);
+    if (error) return "cannot create '" + dir + "': " + error.message();
   }
   if (access(dir.c_str(), W_OK) != 0) return "'" + dir + "' is not writable";
   return "";

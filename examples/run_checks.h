@@ -28,7 +28,7 @@ std::string first_disagreement(const std::vector<Setting>& settings);
 std::string unwritable_file(const std::string& path);
 
 // Why `dir` cannot hold checkpoints (a file, or not creatable or writable), or "". Creates the
-// directory when it is missing, as the first save would.
+// directory (and its parents) when it is missing, as the first save would.
 std::string unusable_save_dir(const std::string& dir);
 
 // An exclusive lock on a save directory for the life of the object (flock on a lock file in
