@@ -38,11 +38,7 @@ Engine::Impl::Impl(Communicator& c, const std::vector<ParamDecl>& decls, const E
   check_same_model_on_all_ranks();
   allocator.set_limit(config.memory_limit_bytes);
   reduce_packs = PackedCollectives(layout, config.reduce_bucket_elements, /*backward=*/true);
-  if (config.stage == 1 || config.stage == 2) {
-    gather_packs = PackedCollectives(layout, config.allgather_bucket_elements, false);
-  } else {
-    gather_packs = PackedCollectives(layout, 0, false);
-  }
+  gather_packs = PackedCollectives(layout, gather_bucket_elements(config), /*backward=*/false);
   // The plan against the limit before the first allocation: a model that cannot fit is refused
   // with the plan's numbers at once, not after allocating most of it.
   const MemoryPlan plan = plan_memory(layout, config);

@@ -168,6 +168,10 @@ DType reduction_dtype(const EngineConfig& config);
 // the units there are to gather. Prefetches never take more, so the plan holds.
 size_t param_buffer_count(const Layout& layout, const EngineConfig& config);
 
+// allgather_bucket_size packs the post-step all-gathers of stages 1-2; stage 3 gathers each
+// unit when it is needed, so nothing is packed there (0).
+size_t gather_bucket_elements(const EngineConfig& config);
+
 // The fusion buffer packed collectives go through: the larger of the gradient packs (in the
 // reduction dtype) and the stage 1-2 parameter packs (working dtype).
 size_t fusion_bytes(const Layout& layout, const EngineConfig& config);

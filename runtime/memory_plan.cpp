@@ -93,12 +93,13 @@ DType reduction_dtype(const EngineConfig& config) {
 size_t fusion_bytes(const Layout& layout, const EngineConfig& config) {
   const size_t reduce = max_fused_numel(layout, config.reduce_bucket_elements, true) *
                         dtype_size(reduction_dtype(config));
-  const bool post_step_gathers = config.stage == 1 || config.stage == 2;
-  const size_t gather = post_step_gathers
-                            ? max_fused_numel(layout, config.allgather_bucket_elements, false) *
-                                  dtype_size(config.dtype)
-                            : 0;
+  const size_t gather =
+      max_fused_numel(layout, gather_bucket_elements(config), false) * dtype_size(config.dtype);
   return std::max(reduce, gather);
+}
+
+size_t gather_bucket_elements(const EngineConfig& config) {
+  return config.stage == 1 || config.stage == 2 ? config.allgather_bucket_elements : 0;
 }
 
 PackedCollectives::PackedCollectives(const Layout& layout, size_t limit, bool backward)
