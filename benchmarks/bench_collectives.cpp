@@ -38,8 +38,8 @@
 #include <string>
 #include <vector>
 
-#include "examples/cli.h"
-#include "examples/metrics_writer.h"
+#include "driver/cli.h"
+#include "driver/metrics_writer.h"
 #include "zero/collectives/collective_table.h"
 #include "zero/collectives/mpi_check.h"
 #include "zero/collectives/mpi_communicator.h"
@@ -80,9 +80,9 @@ const char* kUsage =
 // Parses a non-negative integer with an optional K/M/G suffix (powers of 1024).
 bool parse_bytes(const std::string& text, size_t* out) {
   std::string digits = text;
-  const uint64_t unit = zero::examples::strip_byte_suffix(&digits);
+  const uint64_t unit = zero::driver::strip_byte_suffix(&digits);
   long value = 0;
-  if (text.empty() || text[0] == '-' || !zero::examples::parse_integer(digits, &value)) {
+  if (text.empty() || text[0] == '-' || !zero::driver::parse_integer(digits, &value)) {
     return false;
   }
   if (static_cast<uint64_t>(value) > SIZE_MAX / unit) return false;
@@ -92,7 +92,7 @@ bool parse_bytes(const std::string& text, size_t* out) {
 
 bool parse_int(const std::string& text, int min, int* out) {
   long value = 0;
-  if (!zero::examples::parse_integer(text, &value) || value < min || value > INT_MAX) return false;
+  if (!zero::driver::parse_integer(text, &value) || value < min || value > INT_MAX) return false;
   *out = static_cast<int>(value);
   return true;
 }
@@ -422,8 +422,8 @@ void print_result(const Result& r) {
 }
 
 bool write_json(const std::string& path, const std::vector<Record>& records, DType dtype) {
-  using zero::examples::rounded;
-  std::vector<zero::examples::JsonRecord> json;
+  using zero::driver::rounded;
+  std::vector<zero::driver::JsonRecord> json;
   for (const Record& rec : records) {
     json.push_back({{"op", zero::collective_op_name(rec.op)},
                     {"backend", rec.backend},
@@ -432,10 +432,10 @@ bool write_json(const std::string& path, const std::vector<Record>& records, DTy
                     {"time_us", rounded(rec.result.time_us, 3)},
                     {"algbw_GBps", rounded(rec.result.algbw, 4)},
                     {"busbw_GBps", rounded(rec.result.busbw, 4)},
-                    {"wrong", rec.result.checked ? zero::examples::JsonRecord(rec.result.wrong)
-                                                 : zero::examples::JsonRecord()}});
+                    {"wrong", rec.result.checked ? zero::driver::JsonRecord(rec.result.wrong)
+                                                 : zero::driver::JsonRecord()}});
   }
-  return zero::examples::write_json_array(path, json);
+  return zero::driver::write_json_array(path, json);
 }
 
 // min, min*f, min*f^2, ... up to max (never overflowing).

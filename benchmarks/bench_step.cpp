@@ -51,9 +51,9 @@
 #include <string>
 #include <vector>
 
-#include "examples/cli.h"
-#include "examples/metrics_writer.h"
-#include "examples/mlp.h"
+#include "driver/cli.h"
+#include "driver/metrics_writer.h"
+#include "models/mlp.h"
 #include "zero/collectives/mpi_check.h"
 #include "zero/collectives/mpi_communicator.h"
 #include "zero/core/check.h"
@@ -76,7 +76,7 @@ using zero::DType;
 // per parameter per step (forward and backward GEMMs) against at most 12 bytes of collectives
 // per parameter, so compute dominates; the narrow ends keep the batch generation cheap.
 struct Options {
-  zero::examples::MlpConfig mlp{64, 1024, 64, 6};
+  zero::models::MlpConfig mlp{64, 1024, 64, 6};
   long global_batch = 256;
   int micro_batches = 1;
   int steps = 12;
@@ -117,9 +117,9 @@ const char* kUsage =
     "  --memory-table  print plan_memory against the ZeRO formula for 1..--max-ranks ranks\n"
     "                  (default 8) and every stage, without starting MPI\n";
 
-using zero::examples::parse_between;
-using zero::examples::split_commas;
-using zero::examples::usage_error;
+using zero::driver::parse_between;
+using zero::driver::split_commas;
+using zero::driver::usage_error;
 
 int parse_int(const std::string& flag, const std::string& text, int min_value) {
   return static_cast<int>(parse_between(flag, text, min_value, INT_MAX));
@@ -215,7 +215,7 @@ zero::EngineConfig engine_config(const Options& opt, int stage, DType dtype, boo
 
 // Multiply-adds of every GEMM one rank runs per step, counted as 2 flops each: forward x W^T,
 // backward dW and dx per layer, and the teacher's two GEMMs that make the targets.
-double gemm_flops_per_rank(const zero::examples::MlpConfig& mlp, double samples_per_rank) {
+double gemm_flops_per_rank(const zero::models::MlpConfig& mlp, double samples_per_rank) {
   double layer_products = 0;
   for (int l = 0; l < mlp.layers; ++l) {
     const double in = l == 0 ? mlp.input_dim : mlp.hidden_dim;
@@ -234,13 +234,13 @@ double mib(uint64_t bytes) {
 // --- memory table: plan_memory against the formula, no MPI ------------------------------------
 
 int memory_table(const Options& opt) {
-  const std::vector<zero::ParamSpec> specs = zero::examples::mlp_param_specs(opt.mlp);
+  const std::vector<zero::ParamSpec> specs = zero::models::mlp_param_specs(opt.mlp);
   // The file is created (or emptied) at once, so a path that cannot be written fails first.
-  if (!opt.json_path.empty() && !zero::examples::write_json_array(opt.json_path, {})) {
+  if (!opt.json_path.empty() && !zero::driver::write_json_array(opt.json_path, {})) {
     std::fprintf(stderr, "zero-bench-step: cannot write %s\n", opt.json_path.c_str());
     return 1;
   }
-  std::vector<zero::examples::JsonRecord> json;
+  std::vector<zero::driver::JsonRecord> json;
   std::printf(
       "# zero-bench-step --memory-table: model-state bytes per rank the engine plans\n"
       "# (plan_memory, what it allocates byte for byte) against the ZeRO formula\n"
@@ -275,7 +275,7 @@ int memory_table(const Options& opt) {
     }
   }
   if (!opt.json_path.empty()) {
-    if (!zero::examples::write_json_array(opt.json_path, json)) {
+    if (!zero::driver::write_json_array(opt.json_path, json)) {
       std::fprintf(stderr, "zero-bench-step: error writing %s\n", opt.json_path.c_str());
       return 1;
     }
@@ -298,7 +298,7 @@ struct StageRun {
 };
 
 // Everything one optimizer step does, micro-batch by micro-batch; returns the engine's figures.
-zero::StepStats train_step(StageRun& run, const zero::examples::TeacherTask& task,
+zero::StepStats train_step(StageRun& run, const zero::models::TeacherTask& task,
                            const Options& opt, int rank, int world) {
   zero::Trace& trace = run.model->engine().trace();
   const long per_micro_batch = opt.global_batch / (static_cast<long>(world) * opt.micro_batches);
@@ -307,7 +307,7 @@ zero::StepStats train_step(StageRun& run, const zero::examples::TeacherTask& tas
   for (int k = 0; k < opt.micro_batches; ++k) {
     // Micro-batch k of the global batch is split across ranks in contiguous blocks.
     const int64_t first = (static_cast<int64_t>(k) * world + rank) * per_micro_batch;
-    zero::examples::Batch batch;
+    zero::models::Batch batch;
     {
       zero::ScopedSpan span(trace, "data");
       batch = task.batch(run.data_step, first, per_micro_batch);
@@ -316,7 +316,7 @@ zero::StepStats train_step(StageRun& run, const zero::examples::TeacherTask& tas
     zero::Tensor grad;
     {
       zero::ScopedSpan span(trace, "loss");
-      loss_sum += zero::examples::mse_loss(prediction, batch.targets, grad);
+      loss_sum += zero::models::mse_loss(prediction, batch.targets, grad);
     }
     run.model->backward(grad);
   }
@@ -326,7 +326,7 @@ zero::StepStats train_step(StageRun& run, const zero::examples::TeacherTask& tas
 }
 
 // One block of measured steps: barrier, steps (adding up the engine's figures), drain.
-void measure_block(StageRun& run, const zero::examples::TeacherTask& task, const Options& opt,
+void measure_block(StageRun& run, const zero::models::TeacherTask& task, const Options& opt,
                    zero::Communicator& comm, int steps) {
   zero::Engine& engine = run.model->engine();
   comm.stream().synchronize();
@@ -419,8 +419,8 @@ Record summarize(StageRun& run, int world) {
 
 // --json: one record per stage and dtype, figures rounded as the report shows them.
 bool write_json(const std::string& path, const std::vector<Record>& records, const Options& opt) {
-  using zero::examples::rounded;
-  std::vector<zero::examples::JsonRecord> json;
+  using zero::driver::rounded;
+  std::vector<zero::driver::JsonRecord> json;
   for (const Record& r : records) {
     json.push_back({{"stage", r.stage},
                     {"dtype", zero::dtype_name(r.dtype)},
@@ -447,12 +447,12 @@ bool write_json(const std::string& path, const std::vector<Record>& records, con
                     {"model_state_bytes", r.model_state_bytes},
                     {"plan_model_state_bytes", r.plan_model_state_bytes},
                     {"peak_bytes", r.peak_bytes},
-                    {"ratio_to_stage0", r.ratio_to_stage0 < 0 ? zero::examples::JsonRecord()
-                                                              : zero::examples::JsonRecord(
+                    {"ratio_to_stage0", r.ratio_to_stage0 < 0 ? zero::driver::JsonRecord()
+                                                              : zero::driver::JsonRecord(
                                                                     rounded(r.ratio_to_stage0, 4))},
                     {"final_loss", r.final_loss}});
   }
-  return zero::examples::write_json_array(path, json);
+  return zero::driver::write_json_array(path, json);
 }
 
 std::string percent(double fraction) {
@@ -541,7 +541,7 @@ int run_benchmark(const Options& opt, zero::Communicator& comm) {
     }
     return 2;
   }
-  const zero::examples::TeacherTask task(opt.mlp, 1);
+  const zero::models::TeacherTask task(opt.mlp, 1);
   std::vector<Record> records;
   bool header_printed = false;
   for (DType dtype : opt.dtypes) {
@@ -550,7 +550,7 @@ int run_benchmark(const Options& opt, zero::Communicator& comm) {
       runs[i].stage = opt.stages[i];
       runs[i].dtype = dtype;
       runs[i].model = std::make_unique<zero::ZeroModel>(
-          comm, zero::examples::make_mlp(opt.mlp),
+          comm, zero::models::make_mlp(opt.mlp),
           engine_config(opt, opt.stages[i], dtype, !opt.trace_prefix.empty()));
       for (int w = 0; w < opt.warmup; ++w) train_step(runs[i], task, opt, rank, world);
     }
@@ -599,7 +599,7 @@ int main(int argc, char** argv) {
   Options opt;
   try {
     opt = parse_options(argc, argv);
-  } catch (const zero::examples::UsageError& e) {
+  } catch (const zero::driver::UsageError& e) {
     std::fprintf(stderr, "zero-bench-step: %s\n%s", e.what(), kUsage);
     return 2;
   }

@@ -2,9 +2,14 @@
 
 #include <sstream>
 
-#include "examples/cli.h"
+#include "driver/cli.h"
 
 namespace zero::examples {
+
+using driver::parse_at_least;
+using driver::parse_bytes;
+using driver::parse_float_at_least;
+using driver::usage_error;
 
 const char* const kTrainUsage =
     "usage: zero-train [--config FILE] [--model mlp] [--steps N] [--stage 0|1|2|3]\n"

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "examples/mlp.h"
+#include "models/mlp.h"
 #include "examples/run_checks.h"
 #include "zero/core/dtype.h"
 #include "zero/runtime/config.h"
@@ -42,7 +42,7 @@ struct Flags {
   std::optional<long> steps_per_print;
   std::string metrics;
   std::string trace;
-  zero::examples::MlpConfig mlp;
+  zero::models::MlpConfig mlp;
   int threads = 1;
   bool cuda = false;
   uint64_t memory_limit = 0;
@@ -59,7 +59,7 @@ struct Flags {
 // zero-train's usage text, printed after a usage error and for --help.
 extern const char* const kTrainUsage;
 
-// The flags of argv; throws UsageError (examples/cli.h) for a bad command line.
+// The flags of argv; throws UsageError (driver/cli.h) for a bad command line.
 Flags parse_flags(int argc, char** argv);
 
 // The config file (or the built-in defaults), then every flag the user gave on top. Throws

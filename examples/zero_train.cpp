@@ -28,9 +28,9 @@
 #include <string>
 #include <vector>
 
-#include "examples/cli.h"
-#include "examples/metrics_writer.h"
-#include "examples/mlp.h"
+#include "driver/cli.h"
+#include "driver/metrics_writer.h"
+#include "models/mlp.h"
 #include "examples/run_checks.h"
 #include "examples/train_flags.h"
 #include "zero/collectives/mpi_communicator.h"
@@ -48,8 +48,8 @@ namespace {
 
 using zero::examples::Fault;
 using zero::examples::Flags;
-using zero::examples::json_number;
-using zero::examples::JsonRecord;
+using zero::driver::json_number;
+using zero::driver::JsonRecord;
 
 double to_ms(std::chrono::steady_clock::duration d) {
   return std::chrono::duration<double, std::milli>(d).count();
@@ -79,7 +79,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::Communicator& c
     comm.stream().set_delay_for_testing(std::chrono::microseconds(f.test_comm_delay_us));
   }
 
-  zero::ZeroModel model(comm, zero::examples::make_mlp(f.mlp), config);
+  zero::ZeroModel model(comm, zero::models::make_mlp(f.mlp), config);
   zero::Engine& engine = model.engine();
   // Metrics, memory figures and traces are host values: they travel over MPI even when the
   // engine's collectives run through NCCL.
@@ -100,13 +100,13 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::Communicator& c
       std::printf("resumed from %s at step %ld\n", f.resume.c_str(), resumed.step);
     }
   }
-  const zero::examples::TeacherTask data(f.mlp, data_seed);
+  const zero::models::TeacherTask data(f.mlp, data_seed);
 
   // A resumed run appends to the metrics file it continues, after a record marking the resume.
-  zero::examples::MetricsWriter metrics;
+  zero::driver::MetricsWriter metrics;
   if (rank == 0 && !f.metrics.empty()) {
-    metrics.open(f.metrics, f.resume.empty() ? zero::examples::MetricsWriter::Mode::kTruncate
-                                             : zero::examples::MetricsWriter::Mode::kAppend);
+    metrics.open(f.metrics, f.resume.empty() ? zero::driver::MetricsWriter::Mode::kTruncate
+                                             : zero::driver::MetricsWriter::Mode::kAppend);
     if (!f.resume.empty()) metrics.write(JsonRecord{{"event", "resume"}, {"step", first_step - 1}});
   }
   if (rank == 0 && !f.save_dir.empty() && f.save_every == 0) {
@@ -151,13 +151,13 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::Communicator& c
       const int64_t first =
           (static_cast<int64_t>(k) * world + rank) * static_cast<int64_t>(per_micro_batch);
       const auto data_start = std::chrono::steady_clock::now();
-      zero::examples::Batch batch = data.batch(step, first, per_micro_batch);
+      zero::models::Batch batch = data.batch(step, first, per_micro_batch);
       data_time += std::chrono::steady_clock::now() - data_start;
       const auto forward_start = std::chrono::steady_clock::now();
       zero::Tensor prediction = model.forward(batch.inputs.to(device));
       forward_time += std::chrono::steady_clock::now() - forward_start;
       zero::Tensor grad;
-      loss_sum += zero::examples::mse_loss(prediction, batch.targets.to(device), grad);
+      loss_sum += zero::models::mse_loss(prediction, batch.targets.to(device), grad);
       const bool faulty = step == f.fault.step && k == micro_batches - 1 && rank == world - 1;
       if (faulty && f.fault.kind == Fault::kInfGrad) {
         std::vector<float> values = grad.to_host();
@@ -320,7 +320,7 @@ int main(int argc, char** argv) {
       config = zero::examples::resolve_config(flags, mpi.world_size());
       check_outputs(flags, rank, &save_dir_lock);
     }
-  } catch (const zero::examples::UsageError& e) {
+  } catch (const zero::driver::UsageError& e) {
     error = std::string(e.what()) + "\n" + zero::examples::kTrainUsage;
   } catch (const zero::ConfigError& e) {
     error = e.what();

@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "examples/cli.h"
-#include "examples/mlp.h"
+#include "driver/cli.h"
+#include "models/mlp.h"
 #include "zero/core/dtype.h"
 #include "zero/runtime/engine.h"
 #include "zero/runtime/estimate.h"
@@ -41,11 +41,11 @@ struct Options {
   zero::DType dtype = zero::DType::kBFloat16;  // mixed precision, as in the paper
   std::optional<int> stage;
   bool model = false;
-  zero::examples::MlpConfig mlp;
+  zero::models::MlpConfig mlp;
   size_t merge_bytes = 32 * 1024;  // zero-train's default
 };
 
-using zero::examples::usage_error;
+using zero::driver::usage_error;
 
 bool is_digit(char c) {
   return c >= '0' && c <= '9';
@@ -109,11 +109,11 @@ uint64_t parse_param_count(const std::string& text) {
 
 // A whole number within [min_value, max_value] for `flag`, else a usage error.
 long parse_whole(const std::string& flag, const std::string& text, long min_value, long max_value) {
-  if (!zero::examples::is_digits(text)) {
+  if (!zero::driver::is_digits(text)) {
     usage_error(flag + " needs a whole number, got '" + text + "'");
   }
   long value = 0;
-  if (!zero::examples::parse_integer(text, &value) || value < min_value || value > max_value) {
+  if (!zero::driver::parse_integer(text, &value) || value < min_value || value > max_value) {
     usage_error(flag + " must be from " + std::to_string(min_value) + " to " +
                 std::to_string(max_value) + ", got " + text);
   }
@@ -180,7 +180,7 @@ double gigabytes(uint64_t bytes) {
 // The example MLP's layout as the engine builds it at this world size, and the engine's own
 // plan for each stage.
 int plan_model(const Options& options) {
-  const std::vector<zero::ParamSpec> specs = zero::examples::mlp_param_specs(options.mlp);
+  const std::vector<zero::ParamSpec> specs = zero::models::mlp_param_specs(options.mlp);
   zero::EngineConfig config;
   config.dtype = options.dtype;
   config.merge_bytes = options.merge_bytes;
@@ -206,7 +206,7 @@ int main(int argc, char** argv) {
   Options options;
   try {
     options = parse_options(std::vector<std::string>(argv + 1, argv + argc));
-  } catch (const zero::examples::UsageError& e) {
+  } catch (const zero::driver::UsageError& e) {
     std::fprintf(stderr, "zero-estimate: %s\n%s", e.what(), kUsage);
     return 2;
   }

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "cuda_test_util.h"
-#include "examples/mlp.h"
+#include "models/mlp.h"
 #include "tests/expect_error.h"
 #include "zero/collectives/mpi_communicator.h"
 #include "zero/collectives/nccl_communicator.h"
@@ -27,8 +27,8 @@ namespace {
 
 constexpr int kSteps = 12;
 
-examples::MlpConfig small_mlp() {
-  examples::MlpConfig mlp;
+models::MlpConfig small_mlp() {
+  models::MlpConfig mlp;
   mlp.input_dim = 24;
   mlp.hidden_dim = 96;
   mlp.output_dim = 8;
@@ -62,15 +62,15 @@ struct TrainedRun {
 
 TrainedRun train(const EngineConfig& config, int steps = kSteps) {
   std::unique_ptr<Communicator> comm = communicator(config.device.is_cuda());
-  ZeroModel model(*comm, examples::make_mlp(small_mlp()), config);
+  ZeroModel model(*comm, models::make_mlp(small_mlp()), config);
   const std::shared_ptr<DeviceContext>& device = model.engine().device_context();
-  const examples::TeacherTask task(small_mlp(), 3);
+  const models::TeacherTask task(small_mlp(), 3);
   TrainedRun run;
   for (int step = 1; step <= steps; ++step) {
-    const examples::Batch batch = task.batch(step, 0, 32);
+    const models::Batch batch = task.batch(step, 0, 32);
     Tensor grad;
     run.losses.push_back(
-        examples::mse_loss(model.forward(batch.inputs.to(device)), batch.targets.to(device), grad));
+        models::mse_loss(model.forward(batch.inputs.to(device)), batch.targets.to(device), grad));
     model.backward(grad);
     run.grad_norms.push_back(model.step().grad_norm);
   }
@@ -181,8 +181,8 @@ TEST_F(GpuModel, TensorsMoveBetweenHostAndDevice) {
 
 TEST_F(GpuModel, AHostInputToAGpuModelIsAnError) {
   std::unique_ptr<Communicator> comm = communicator(true);
-  ZeroModel model(*comm, examples::make_mlp(small_mlp()), config_for(3, DType::kFloat32, true));
-  const examples::Batch batch = examples::TeacherTask(small_mlp(), 3).batch(1, 0, 4);
+  ZeroModel model(*comm, models::make_mlp(small_mlp()), config_for(3, DType::kFloat32, true));
+  const models::Batch batch = models::TeacherTask(small_mlp(), 3).batch(1, 0, 4);
   testing::expect_error_naming(
       [&] { model.forward(batch.inputs); },
       "the input of forward() is in host memory but the model runs on cuda:0");
@@ -204,13 +204,13 @@ TEST_F(GpuModel, CheckpointSavedOnTheGpuResumesOnTheCpu) {
   std::vector<std::vector<float>> saved_master;
   {
     std::unique_ptr<Communicator> comm = communicator(true);
-    ZeroModel model(*comm, examples::make_mlp(small_mlp()), gpu_config);
+    ZeroModel model(*comm, models::make_mlp(small_mlp()), gpu_config);
     const std::shared_ptr<DeviceContext>& device = model.engine().device_context();
-    const examples::TeacherTask task(small_mlp(), 3);
+    const models::TeacherTask task(small_mlp(), 3);
     for (int step = 1; step <= 3; ++step) {
-      const examples::Batch batch = task.batch(step, 0, 32);
+      const models::Batch batch = task.batch(step, 0, 32);
       Tensor grad;
-      examples::mse_loss(model.forward(batch.inputs.to(device)), batch.targets.to(device), grad);
+      models::mse_loss(model.forward(batch.inputs.to(device)), batch.targets.to(device), grad);
       model.backward(grad);
       model.step();
     }
@@ -218,7 +218,7 @@ TEST_F(GpuModel, CheckpointSavedOnTheGpuResumesOnTheCpu) {
     saved_master = model.engine().gather_full_master();
   }
   std::unique_ptr<Communicator> comm = communicator(false);
-  ZeroModel model(*comm, examples::make_mlp(small_mlp()), config_for(1, DType::kBFloat16, false));
+  ZeroModel model(*comm, models::make_mlp(small_mlp()), config_for(1, DType::kBFloat16, false));
   TrainerState trainer;
   load_checkpoint(model.engine(), dir, &trainer);
   EXPECT_EQ(trainer.step, 3);

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "examples/mlp.h"
+#include "models/mlp.h"
 #include "zero/core/check.h"
 #include "zero/runtime/checkpoint.h"
 #include "zero/runtime/model.h"
@@ -26,7 +26,7 @@ namespace zero::testing {
 struct TrainSetup {
   int stage = 3;
   DType dtype = DType::kFloat32;
-  examples::MlpConfig mlp{8, 24, 4, 3};
+  models::MlpConfig mlp{8, 24, 4, 3};
   uint64_t seed = 7;  // data, and initialization unless init_seed is set
   uint64_t init_seed = 0;
   long global_batch = 24;  // divisible by 1, 2, 3 and 4 ranks
@@ -48,16 +48,16 @@ class CheckpointTrainer {
     config.optimizer.lr = setup.lr;
     config.optimizer.type = setup.optimizer;
     config.optimizer.weight_decay = setup.weight_decay;
-    model_ = std::make_unique<ZeroModel>(comm, examples::make_mlp(setup.mlp), config);
+    model_ = std::make_unique<ZeroModel>(comm, models::make_mlp(setup.mlp), config);
   }
 
   float step(long step) {
     const int world = comm_.world_size();
     const long per_rank = setup_.global_batch / world;
-    examples::Batch batch =
+    models::Batch batch =
         task_.batch(step, static_cast<int64_t>(comm_.rank()) * per_rank, per_rank);
     Tensor grad;
-    float loss = examples::mse_loss(model_->forward(batch.inputs), batch.targets, grad);
+    float loss = models::mse_loss(model_->forward(batch.inputs), batch.targets, grad);
     model_->backward(grad);
     model_->step();
     float total = 0.0f;
@@ -70,7 +70,7 @@ class CheckpointTrainer {
  private:
   Communicator& comm_;
   TrainSetup setup_;
-  examples::TeacherTask task_;
+  models::TeacherTask task_;
   std::unique_ptr<ZeroModel> model_;
 };
 

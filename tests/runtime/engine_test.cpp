@@ -18,7 +18,7 @@ namespace zero {
 namespace {
 
 using namespace zero::testing;
-using examples::MlpConfig;
+using models::MlpConfig;
 
 TEST(Engine, EveryStageGivesTheSameLosses) {
   const TrainResult reference = train(RunOptions{});
@@ -275,9 +275,9 @@ std::vector<float> train_awkward(int stage) {
   std::unique_ptr<Communicator> comm = make_mpi_communicator();
   std::vector<NamedModule> modules;
   modules.push_back({"bias_in", std::make_unique<Bias1>()});
-  modules.push_back({"mlp0", std::make_unique<examples::Linear>(4, 300, true)});
+  modules.push_back({"mlp0", std::make_unique<models::Linear>(4, 300, true)});
   modules.push_back({"awkward", std::make_unique<Awkward>(300)});
-  modules.push_back({"mlp1", std::make_unique<examples::Linear>(300, 4, false)});
+  modules.push_back({"mlp1", std::make_unique<models::Linear>(300, 4, false)});
   modules.push_back({"bias_out", std::make_unique<Bias1>()});
   EngineConfig config;
   config.stage = stage;
@@ -289,14 +289,14 @@ std::vector<float> train_awkward(int stage) {
   for (const Unit& u : layout.units()) EXPECT_EQ(u.numel % (16 * comm->world_size()), 0u);
 
   MlpConfig task_shape{4, 8, 4, 2};
-  examples::TeacherTask task(task_shape, 3);
+  models::TeacherTask task(task_shape, 3);
   std::vector<float> losses;
   const int world = comm->world_size();
   const long per_rank = 12 / world;
   for (int step = 1; step <= 8; ++step) {
-    examples::Batch batch = task.batch(step, comm->rank() * per_rank, per_rank);
+    models::Batch batch = task.batch(step, comm->rank() * per_rank, per_rank);
     Tensor grad;
-    float loss = examples::mse_loss(model.forward(batch.inputs), batch.targets, grad);
+    float loss = models::mse_loss(model.forward(batch.inputs), batch.targets, grad);
     model.backward(grad);
     model.step();
     float total = 0.0f;

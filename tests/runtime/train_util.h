@@ -11,14 +11,14 @@
 #include <string>
 #include <vector>
 
-#include "examples/mlp.h"
+#include "models/mlp.h"
 #include "tests/runtime/reference_training.h"
 #include "zero/collectives/mpi_communicator.h"
 #include "zero/runtime/model.h"
 
 namespace zero::testing {
 
-using examples::MlpConfig;
+using models::MlpConfig;
 
 struct TrainResult {
   std::vector<float> losses;
@@ -76,8 +76,8 @@ inline TrainResult train(const RunOptions& o) {
   }
   TrainResult run;
   {
-    ZeroModel model(*comm, examples::make_mlp(o.mlp), config);
-    examples::TeacherTask task(o.mlp, o.seed);
+    ZeroModel model(*comm, models::make_mlp(o.mlp), config);
+    models::TeacherTask task(o.mlp, o.seed);
     run.model_state_bytes = model.engine().model_state_bytes();
     run.buffer_bytes = model.engine().buffer_bytes();
     run.plan = plan_memory(model.engine().layout(), config);
@@ -87,9 +87,9 @@ inline TrainResult train(const RunOptions& o) {
       float loss_sum = 0.0f;
       for (int k = 0; k < o.micro_batches; ++k) {
         const int64_t first = (static_cast<int64_t>(k) * world + comm->rank()) * per_micro;
-        examples::Batch batch = task.batch(step, first, per_micro);
+        models::Batch batch = task.batch(step, first, per_micro);
         Tensor grad;
-        loss_sum += examples::mse_loss(model.forward(batch.inputs), batch.targets, grad);
+        loss_sum += models::mse_loss(model.forward(batch.inputs), batch.targets, grad);
         const bool inject =
             step == o.inf_grad_step && k == o.micro_batches - 1 && comm->rank() == world - 1;
         if (inject) grad.data()[0] = std::numeric_limits<float>::infinity();
@@ -152,9 +152,9 @@ inline TrainResult train_unsharded(const RunOptions& o) {
   run.lr = o.lr;
   run.weight_decay = o.weight_decay;
   run.clip = o.clip;
-  const examples::TeacherTask task(o.mlp, o.seed);
+  const models::TeacherTask task(o.mlp, o.seed);
   auto data = [&](long step, int64_t first, int64_t count) {
-    const examples::Batch batch = task.batch(step, first, count);
+    const models::Batch batch = task.batch(step, first, count);
     return reference::Rows{batch.inputs.to_host(), batch.targets.to_host()};
   };
   // The engine's initializer: a function of the seed and the element's identity only.

@@ -1,11 +1,11 @@
-#include "examples/cli.h"
+#include "driver/cli.h"
 
 #include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
 
-namespace zero::examples {
+namespace zero::driver {
 
 void usage_error(const std::string& message) {
   throw UsageError(message);
@@ -91,4 +91,4 @@ std::vector<std::string> split_commas(const std::string& flag, const std::string
   return items;
 }
 
-}  // namespace zero::examples
+}  // namespace zero::driver

@@ -1,7 +1,7 @@
 // The example MLP's GPU math: see mlp_cuda.h.
 #include <cublas_v2.h>
 
-#include "examples/mlp_cuda.h"
+#include "models/mlp_cuda.h"
 #include "zero/kernels/cuda_check.h"
 
 // ZERO_CUBLAS_CHECK(cublasXxx(...)): throws zero::Error naming the call, the status, file and line.
@@ -13,7 +13,7 @@
     }                                                                                \
   } while (0)
 
-namespace zero::examples::gpu {
+namespace zero::models::gpu {
 
 namespace {
 
@@ -122,4 +122,4 @@ void mse_diff(CUstream_st* stream, const float* p, const float* t, float* diff, 
   ZERO_CUDA_CHECK_LAUNCH();
 }
 
-}  // namespace zero::examples::gpu
+}  // namespace zero::models::gpu

@@ -8,7 +8,7 @@
 
 struct CUstream_st;
 
-namespace zero::examples::gpu {
+namespace zero::models::gpu {
 
 // A cuBLAS handle of the current device.
 class Blas {
@@ -40,4 +40,4 @@ void column_sums(CUstream_st* stream, const float* g, int rows, int cols, float*
 void mse_diff(CUstream_st* stream, const float* p, const float* t, float* diff, float* grad,
               size_t n);
 
-}  // namespace zero::examples::gpu
+}  // namespace zero::models::gpu

@@ -1,10 +1,10 @@
-#include "examples/metrics_writer.h"
+#include "driver/metrics_writer.h"
 
 #include <cmath>
 
 #include "zero/core/check.h"
 
-namespace zero::examples {
+namespace zero::driver {
 
 JsonRecord json_number(double v) {
   if (!std::isfinite(v)) return nullptr;
@@ -39,4 +39,4 @@ bool write_json_array(const std::string& path, const std::vector<JsonRecord>& re
   return !out.fail();
 }
 
-}  // namespace zero::examples
+}  // namespace zero::driver

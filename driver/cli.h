@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-namespace zero::examples {
+namespace zero::driver {
 
 // A bad command line. Thrown, not exited on: the program decides how to report it (zero-train
 // must first tell the other ranks).
@@ -50,4 +50,4 @@ uint64_t parse_bytes(const std::string& flag, const std::string& text);
 // "a,b,c" as its items: "FLAG has an empty item in 'TEXT'" for an empty one.
 std::vector<std::string> split_commas(const std::string& flag, const std::string& text);
 
-}  // namespace zero::examples
+}  // namespace zero::driver

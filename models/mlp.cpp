@@ -1,4 +1,4 @@
-#include "examples/mlp.h"
+#include "models/mlp.h"
 
 #include <cblas.h>
 
@@ -8,10 +8,10 @@
 #include "zero/core/check.h"
 #include "zero/runtime/device.h"
 #if ZERO_HAVE_CUDA
-#include "examples/mlp_cuda.h"
+#include "models/mlp_cuda.h"
 #endif
 
-namespace zero::examples {
+namespace zero::models {
 
 Linear::Linear(int in_features, int out_features, bool relu)
     : in_features_(in_features), out_features_(out_features), relu_(relu) {}
@@ -226,4 +226,4 @@ float mse_loss(const Tensor& prediction, const Tensor& target, Tensor& grad) {
   return static_cast<float>(sum / static_cast<double>(n));
 }
 
-}  // namespace zero::examples
+}  // namespace zero::models

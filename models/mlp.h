@@ -12,7 +12,7 @@
 
 #include "zero/runtime/model.h"
 
-namespace zero::examples {
+namespace zero::models {
 
 namespace gpu {
 class Blas;
@@ -84,4 +84,4 @@ class TeacherTask {
 // the prediction (the target must be on the same one).
 float mse_loss(const Tensor& prediction, const Tensor& target, Tensor& grad);
 
-}  // namespace zero::examples
+}  // namespace zero::models

@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace zero::examples {
+namespace zero::driver {
 
 using JsonRecord = nlohmann::ordered_json;
 
@@ -40,4 +40,4 @@ class MetricsWriter {
 // written.
 bool write_json_array(const std::string& path, const std::vector<JsonRecord>& records);
 
-}  // namespace zero::examples
+}  // namespace zero::driver
