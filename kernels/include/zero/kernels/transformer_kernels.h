@@ -1,0 +1,79 @@
+// The operations of a GPT-2 (models/gpt2) on the CPU, in fp32: embeddings, LayerNorm, GEMMs
+// through OpenBLAS, GELU, causal self-attention and the fused softmax + cross-entropy. Each has
+// its forward and its backward. Row-major arrays, llm.c's shapes: B sequences of T positions,
+// C channels, NH heads of C / NH channels, vocabulary V padded to Vp columns.
+//
+// Gradient conventions: gradients of parameters (dweight, dbias, dwte, dwpe) are added into
+// (+=), so micro-batches and the two uses of a tied embedding sum up. Gradients of inputs are
+// overwritten, except layernorm_backward's dinp, which is added into: it lands on the residual
+// stream, which already holds the gradient of the skip connection.
+//
+// Threads: opt.threads splits each kernel's rows (or columns) over threads, and sets OpenBLAS's
+// thread count for the GEMMs. Every kernel returns the same bits for any thread count.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "zero/kernels/cpu_kernels.h"
+
+namespace zero::kernels {
+
+// out[b, t, :] = wte[token[b, t], :] + wpe[t, :]. Token ids arrive as floats (exact integers,
+// the way the model's input tensor carries them) and must lie in [0, V): the caller checks.
+void embedding_forward(float* out, const float* tokens, const float* wte, const float* wpe, int B,
+                       int T, int C, const KernelOptions& opt = {});
+// dwte[token, :] += dout[b, t, :]; dwpe[t, :] += sum over b of dout[b, t, :].
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const float* tokens, int B,
+                        int T, int C, const KernelOptions& opt = {});
+
+// out = (inp - mean) * rstd * weight + bias over the last dimension of inp [N, C]; mean and rstd
+// [N] are saved for the backward.
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C, float eps, const KernelOptions& opt = {});
+// dinp += d/dinp; dweight += ...; dbias += ....
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean,
+                        const float* rstd, int N, int C, const KernelOptions& opt = {});
+
+// How a weight matrix is stored: [in, out] (Hugging Face GPT-2's Conv1D: out = inp @ W) or
+// [out, in] (a tied LM head reading the token embedding: out = inp @ W^T).
+enum class WeightLayout { kInOut, kOutIn };
+// out[N, OC] = inp[N, C] @ W + bias (bias may be null).
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
+                    int C, int OC, WeightLayout layout, const KernelOptions& opt = {});
+// dinp = dout @ W^T (skipped when dinp is null); dweight += inp^T @ dout in the weight's layout;
+// dbias += the column sums of dout (skipped when dbias is null).
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                     const float* inp, const float* weight, int N, int C, int OC,
+                     WeightLayout layout, const KernelOptions& opt = {});
+
+// GELU with GPT-2's tanh approximation, element-wise over n values; dinp = gelu'(inp) * dout.
+void gelu_forward(float* out, const float* inp, size_t n, const KernelOptions& opt = {});
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n,
+                   const KernelOptions& opt = {});
+
+// Causal self-attention. qkv [B, T, 3C] holds q, k and v side by side (head h uses channels
+// [h * C/NH, (h + 1) * C/NH) of each); out [B, T, C] = softmax(q k^T / sqrt(C/NH), causal) v.
+// lse [B, NH, T] saves each query row's log-sum-exp of the scaled scores, so backward recomputes
+// the probabilities instead of keeping a T x T matrix per head.
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
+                       const KernelOptions& opt = {});
+// dqkv [B, T, 3C] = the gradient of out with respect to qkv (overwritten), from dout and what
+// forward saved (its qkv, out and lse).
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                        const float* lse, int B, int T, int C, int NH,
+                        const KernelOptions& opt = {});
+
+// Fused softmax + cross-entropy over logits [N, Vp] of which the first V columns are real (the
+// rest pad the GEMM and never enter the loss). losses[n] = logsumexp(logits[n, :V]) -
+// logits[n, target[n]]; lse [N] is saved for the backward. targets must lie in [0, V).
+void cross_entropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets,
+                           int N, int V, int Vp, const KernelOptions& opt = {});
+// dlogits[n, v] = (softmax(logits[n])[v] - [v == target[n]]) * dloss for v < V, 0 in the
+// padding. dlogits may be logits itself (the logits are then consumed).
+void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
+                            const int32_t* targets, float dloss, int N, int V, int Vp,
+                            const KernelOptions& opt = {});
+
+}  // namespace zero::kernels
