@@ -1,7 +1,7 @@
 # Installation and the CMake package. `cmake --install <build> --prefix P` puts into P:
 #   include/zero/<folder>/...        the public headers of every installed library
 #   lib/libzero_*.a                  the libraries
-#   bin/                             zerorun, zero-train, zero-estimate, the benchmarks
+#   bin/                             zerorun, zero-train, the tools, the benchmarks
 #   lib/cmake/zero/                  zeroConfig.cmake and the exported targets
 # so a user's project says find_package(zero CONFIG REQUIRED) and links zero::zero (every
 # library), or one of zero::kernels, zero::collectives, zero::optimizer, zero::runtime, ...
@@ -17,8 +17,8 @@ include(CMakePackageConfigHelpers)
 # without CUDA, say) is skipped, so optional parts join by being listed here.
 set(ZERO_INSTALL_LIBRARIES zero_core zero_kernels zero_kernels_cuda zero_collectives zero_optimizer
     zero_config_proto zero_runtime)
-set(ZERO_INSTALL_PROGRAMS zerorun zero-train zero-estimate zero-checkpoint zero-bench-optimizer
-    zero-bench-collectives)
+set(ZERO_INSTALL_PROGRAMS zerorun zero-train zero-estimate zero-checkpoint zero-tokenize
+    zero-bench-optimizer zero-bench-collectives)
 
 # find_dependency() lines for the imported targets our libraries link, by namespace. A
 # namespace missing here stops the configure step: a package that cannot find its own
