@@ -8,8 +8,12 @@
 // overwritten, except layernorm_backward's dinp, which is added into: it lands on the residual
 // stream, which already holds the gradient of the skip connection.
 //
-// Threads: opt.threads splits each kernel's rows (or columns) over threads, and sets OpenBLAS's
-// thread count for the GEMMs. Every kernel returns the same bits for any thread count.
+// Threads: opt.threads splits each kernel's rows (or columns, or attention's (sequence, head)
+// pairs) over threads. The GEMMs run as fixed blocks of rows or columns spread over the same
+// threads, each block one single-threaded OpenBLAS call (the kernels set OpenBLAS's thread count
+// to 1), because OpenBLAS's own threading changes the bits with the thread count. Every kernel
+// returns the same bits for any thread count. The AVX2 and scalar paths (cpu_kernels.h) agree
+// with each other and with the exact definitions to float rounding, not bit for bit.
 #pragma once
 
 #include <cstddef>
@@ -33,8 +37,8 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
                        const float* bias, int N, int C, float eps, const KernelOptions& opt = {});
 // dinp += d/dinp; dweight += ...; dbias += ....
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                        const float* inp, const float* weight, const float* mean,
-                        const float* rstd, int N, int C, const KernelOptions& opt = {});
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int N, int C, const KernelOptions& opt = {});
 
 // How a weight matrix is stored: [in, out] (Hugging Face GPT-2's Conv1D: out = inp @ W) or
 // [out, in] (a tied LM head reading the token embedding: out = inp @ W^T).
@@ -44,9 +48,9 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
                     int C, int OC, WeightLayout layout, const KernelOptions& opt = {});
 // dinp = dout @ W^T (skipped when dinp is null); dweight += inp^T @ dout in the weight's layout;
 // dbias += the column sums of dout (skipped when dbias is null).
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, int N, int C, int OC,
-                     WeightLayout layout, const KernelOptions& opt = {});
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int C, int OC, WeightLayout layout,
+                     const KernelOptions& opt = {});
 
 // GELU with GPT-2's tanh approximation, element-wise over n values; dinp = gelu'(inp) * dout.
 void gelu_forward(float* out, const float* inp, size_t n, const KernelOptions& opt = {});

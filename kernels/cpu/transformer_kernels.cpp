@@ -1,0 +1,395 @@
+// The public transformer kernels: check arguments, split rows, columns, (sequence, head) pairs
+// or GEMM blocks over threads, and call the active path's loops (transformer_paths.h) or
+// OpenBLAS.
+// Sums over rows (the gradients of shared parameters) are split by columns, each column summed
+// over the rows in order, so that no result depends on the thread count.
+#include "zero/kernels/transformer_kernels.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <initializer_list>
+#include <thread>
+#include <vector>
+
+#include "transformer_paths.h"
+#include "zero/core/check.h"
+
+// OpenBLAS's own extensions; Debian's cblas.h declares them only when it is OpenBLAS's copy.
+extern "C" {
+void openblas_set_num_threads(int num_threads);
+int openblas_get_num_threads(void);
+}
+
+namespace zero::kernels {
+namespace {
+
+using detail::TransformerPath;
+
+// A thread costs tens of microseconds to start, so each one must get at least this much work
+// (in elements read or written, roughly).
+constexpr size_t kMinWorkPerThread = size_t{1} << 15;
+// Column ranges start on multiples of 16 floats (64 bytes), so no two threads write one line.
+constexpr size_t kColumnGranule = 16;
+
+const TransformerPath& active_path() {
+  return cpu_has_avx2() ? detail::kTransformerAvx2Path : detail::kTransformerScalarPath;
+}
+
+// Runs fn(begin, end) over items [0, items) split into contiguous chunks, one per thread, each
+// starting on a multiple of `granule`; work_per_item sizes how many threads are worth starting.
+// The calling thread takes the first chunk. Every item is processed by exactly one call.
+template <typename Fn>
+void parallel_for(size_t items, size_t work_per_item, size_t granule, const KernelOptions& opt,
+                  Fn&& fn) {
+  ZERO_CHECK(opt.threads >= 1, "KernelOptions.threads must be at least 1, got " << opt.threads);
+  size_t threads = std::min({static_cast<size_t>(opt.threads), (items + granule - 1) / granule,
+                             items * work_per_item / kMinWorkPerThread});
+  if (threads <= 1) {
+    fn(size_t{0}, items);
+    return;
+  }
+  size_t chunk = (items + threads - 1) / threads;
+  chunk = (chunk + granule - 1) / granule * granule;
+  std::vector<std::thread> workers;
+  std::exception_ptr failure;
+  try {
+    for (size_t begin = chunk; begin < items; begin += chunk) {
+      workers.emplace_back(fn, begin, std::min(items, begin + chunk));
+    }
+    fn(size_t{0}, std::min(items, chunk));
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  for (std::thread& worker : workers) worker.join();
+  if (failure) std::rethrow_exception(failure);
+}
+
+void check_sizes(const char* kernel, std::initializer_list<int> sizes) {
+  for (int size : sizes) ZERO_CHECK(size >= 0, kernel << ": negative size " << size);
+}
+
+void check_buffer(const void* p, size_t n, const char* kernel, const char* name) {
+  ZERO_CHECK(p != nullptr || n == 0, kernel << ": " << name << " is null for " << n << " values");
+}
+
+size_t product(int a, int b) {
+  return static_cast<size_t>(a) * static_cast<size_t>(b);
+}
+
+// OpenBLAS returns different bits for different thread counts (it splits the work its own
+// way), so every GEMM runs as fixed blocks of kGemmBlock rows or columns of C, whichever of
+// its dimensions is larger: the blocks depend on the shapes alone, our threads take whole
+// blocks, and OpenBLAS runs single-threaded inside each. 128 keeps the repeated packing of the
+// other operand near 1% of the work while giving 2 threads enough blocks to balance.
+constexpr int kGemmBlock = 128;
+
+// C [M, N] = A [M, K] @ B [K, N] + beta C, row-major, each operand optionally transposed as in
+// cblas_sgemm.
+void blocked_sgemm(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N, int K,
+                   const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc,
+                   const KernelOptions& opt) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {  // an empty sum; OpenBLAS would reject the leading dimensions of 0
+    for (int row = 0; row < M; ++row) {
+      for (int col = 0; col < N; ++col) C[product(row, ldc) + col] *= beta;
+    }
+    return;
+  }
+  ZERO_CHECK(opt.threads >= 1, "KernelOptions.threads must be at least 1, got " << opt.threads);
+  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+  const bool by_rows = M >= N;
+  const int extent = by_rows ? M : N;
+  const size_t blocks = (extent + kGemmBlock - 1) / kGemmBlock;
+  const size_t work_per_block = static_cast<size_t>(kGemmBlock) * (by_rows ? N : M) * K;
+  parallel_for(blocks, work_per_block, 1, opt, [&](size_t begin, size_t end) {
+    for (size_t block = begin; block < end; ++block) {
+      const int first = static_cast<int>(block) * kGemmBlock;
+      const int size = std::min(kGemmBlock, extent - first);
+      if (by_rows) {
+        const float* a = A + (trans_a == CblasNoTrans ? product(first, lda) : first);
+        cblas_sgemm(CblasRowMajor, trans_a, trans_b, size, N, K, 1.0f, a, lda, B, ldb, beta,
+                    C + product(first, ldc), ldc);
+      } else {
+        const float* b = B + (trans_b == CblasNoTrans ? first : product(first, ldb));
+        cblas_sgemm(CblasRowMajor, trans_a, trans_b, M, size, K, 1.0f, A, lda, b, ldb, beta,
+                    C + first, ldc);
+      }
+    }
+  });
+}
+
+// sums[c] += the sum over rows n of value(n, c) for c in [0, C), rows added in order. Threads
+// take column ranges; each range sums into a zeroed local buffer first, so += adds one total.
+template <typename Value>
+void add_column_sums(float* sums, size_t rows, size_t C, const KernelOptions& opt, Value&& value) {
+  parallel_for(C, rows, kColumnGranule, opt, [&](size_t begin, size_t end) {
+    std::vector<float> local(end - begin, 0.0f);
+    for (size_t n = 0; n < rows; ++n) {
+      for (size_t c = begin; c < end; ++c) local[c - begin] += value(n, c);
+    }
+    for (size_t c = begin; c < end; ++c) sums[c] += local[c - begin];
+  });
+}
+
+}  // namespace
+
+void embedding_forward(float* out, const float* tokens, const float* wte, const float* wpe, int B,
+                       int T, int C, const KernelOptions& opt) {
+  check_sizes("embedding_forward", {B, T, C});
+  const size_t rows = product(B, T);
+  check_buffer(out, rows * C, "embedding_forward", "out");
+  check_buffer(tokens, rows, "embedding_forward", "tokens");
+  check_buffer(wpe, product(T, C), "embedding_forward", "wpe");
+  check_buffer(wte, rows * C, "embedding_forward", "wte");
+  parallel_for(rows, C, 1, opt, [&](size_t begin, size_t end) {
+    for (size_t row = begin; row < end; ++row) {
+      const float* token_row = wte + static_cast<size_t>(tokens[row]) * C;
+      const float* position_row = wpe + (row % T) * C;
+      float* o = out + row * C;
+      for (int c = 0; c < C; ++c) o[c] = token_row[c] + position_row[c];
+    }
+  });
+}
+
+// A token's row of dwte gathers every position holding it, so threads split the columns and
+// each walks all positions in order.
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const float* tokens, int B,
+                        int T, int C, const KernelOptions& opt) {
+  check_sizes("embedding_backward", {B, T, C});
+  const size_t rows = product(B, T);
+  check_buffer(dout, rows * C, "embedding_backward", "dout");
+  check_buffer(tokens, rows, "embedding_backward", "tokens");
+  check_buffer(dwpe, product(T, C), "embedding_backward", "dwpe");
+  check_buffer(dwte, rows * C, "embedding_backward", "dwte");
+  parallel_for(C, rows, kColumnGranule, opt, [&](size_t begin, size_t end) {
+    for (size_t row = 0; row < rows; ++row) {
+      const float* d = dout + row * C;
+      float* token_grad = dwte + static_cast<size_t>(tokens[row]) * C;
+      float* position_grad = dwpe + (row % T) * C;
+      for (size_t c = begin; c < end; ++c) {
+        token_grad[c] += d[c];
+        position_grad[c] += d[c];
+      }
+    }
+  });
+}
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C, float eps, const KernelOptions& opt) {
+  check_sizes("layernorm_forward", {N, C});
+  const size_t n = product(N, C);
+  check_buffer(out, n, "layernorm_forward", "out");
+  check_buffer(inp, n, "layernorm_forward", "inp");
+  check_buffer(mean, N, "layernorm_forward", "mean");
+  check_buffer(rstd, N, "layernorm_forward", "rstd");
+  check_buffer(weight, C, "layernorm_forward", "weight");
+  check_buffer(bias, C, "layernorm_forward", "bias");
+  const TransformerPath& path = active_path();
+  parallel_for(N, C, 1, opt, [&](size_t begin, size_t end) {
+    path.layernorm_forward(out + begin * C, mean + begin, rstd + begin, inp + begin * C, weight,
+                           bias, end - begin, C, eps);
+  });
+}
+
+// dinp row by row on the active path; dweight and dbias as column sums of dout * norm and dout.
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int N, int C, const KernelOptions& opt) {
+  check_sizes("layernorm_backward", {N, C});
+  const size_t n = product(N, C);
+  check_buffer(dinp, n, "layernorm_backward", "dinp");
+  check_buffer(dout, n, "layernorm_backward", "dout");
+  check_buffer(inp, n, "layernorm_backward", "inp");
+  check_buffer(dweight, C, "layernorm_backward", "dweight");
+  check_buffer(dbias, C, "layernorm_backward", "dbias");
+  check_buffer(weight, C, "layernorm_backward", "weight");
+  check_buffer(mean, N, "layernorm_backward", "mean");
+  check_buffer(rstd, N, "layernorm_backward", "rstd");
+  const TransformerPath& path = active_path();
+  parallel_for(N, C, 1, opt, [&](size_t begin, size_t end) {
+    path.layernorm_backward_input(dinp + begin * C, dout + begin * C, inp + begin * C, weight,
+                                  mean + begin, rstd + begin, end - begin, C);
+  });
+  const size_t cols = C;
+  add_column_sums(dweight, N, cols, opt, [&](size_t row, size_t c) {
+    return dout[row * cols + c] * ((inp[row * cols + c] - mean[row]) * rstd[row]);
+  });
+  add_column_sums(dbias, N, cols, opt, [&](size_t row, size_t c) { return dout[row * cols + c]; });
+}
+
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
+                    int C, int OC, WeightLayout layout, const KernelOptions& opt) {
+  check_sizes("matmul_forward", {N, C, OC});
+  check_buffer(out, product(N, OC), "matmul_forward", "out");
+  check_buffer(inp, product(N, C), "matmul_forward", "inp");
+  check_buffer(weight, product(C, OC), "matmul_forward", "weight");
+  // The bias is written first and the GEMM adds onto it (beta = 1).
+  if (bias) {
+    parallel_for(N, OC, 1, opt, [&](size_t begin, size_t end) {
+      for (size_t row = begin; row < end; ++row) {
+        std::memcpy(out + row * OC, bias, static_cast<size_t>(OC) * sizeof(float));
+      }
+    });
+  }
+  const bool in_out = layout == WeightLayout::kInOut;
+  blocked_sgemm(CblasNoTrans, in_out ? CblasNoTrans : CblasTrans, N, OC, C, inp, C, weight,
+                in_out ? OC : C, bias ? 1.0f : 0.0f, out, OC, opt);
+}
+
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int C, int OC, WeightLayout layout,
+                     const KernelOptions& opt) {
+  check_sizes("matmul_backward", {N, C, OC});
+  check_buffer(dout, product(N, OC), "matmul_backward", "dout");
+  check_buffer(inp, product(N, C), "matmul_backward", "inp");
+  check_buffer(weight, product(C, OC), "matmul_backward", "weight");
+  check_buffer(dweight, product(C, OC), "matmul_backward", "dweight");
+  const bool in_out = layout == WeightLayout::kInOut;
+  if (dinp) {
+    // dinp [N, C] = dout [N, OC] @ W^T, where W^T is [OC, C].
+    blocked_sgemm(CblasNoTrans, in_out ? CblasTrans : CblasNoTrans, N, C, OC, dout, OC, weight,
+                  in_out ? OC : C, 0.0f, dinp, C, opt);
+  }
+  if (in_out) {
+    // dW [C, OC] += inp^T @ dout.
+    blocked_sgemm(CblasTrans, CblasNoTrans, C, OC, N, inp, C, dout, OC, 1.0f, dweight, OC, opt);
+  } else {
+    // dW [OC, C] += dout^T @ inp.
+    blocked_sgemm(CblasTrans, CblasNoTrans, OC, C, N, dout, OC, inp, C, 1.0f, dweight, C, opt);
+  }
+  if (dbias) {
+    const size_t cols = OC;
+    add_column_sums(dbias, N, cols, opt,
+                    [&](size_t row, size_t c) { return dout[row * cols + c]; });
+  }
+}
+
+void gelu_forward(float* out, const float* inp, size_t n, const KernelOptions& opt) {
+  check_buffer(out, n, "gelu_forward", "out");
+  check_buffer(inp, n, "gelu_forward", "inp");
+  const TransformerPath& path = active_path();
+  parallel_for(n, 1, kColumnGranule, opt, [&](size_t begin, size_t end) {
+    path.gelu_forward(out + begin, inp + begin, end - begin);
+  });
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n,
+                   const KernelOptions& opt) {
+  check_buffer(dinp, n, "gelu_backward", "dinp");
+  check_buffer(inp, n, "gelu_backward", "inp");
+  check_buffer(dout, n, "gelu_backward", "dout");
+  const TransformerPath& path = active_path();
+  parallel_for(n, 1, kColumnGranule, opt, [&](size_t begin, size_t end) {
+    path.gelu_backward(dinp + begin, inp + begin, dout + begin, end - begin);
+  });
+}
+
+namespace {
+
+void check_attention(const char* kernel, int B, int T, int C, int NH) {
+  check_sizes(kernel, {B, T, C, NH});
+  ZERO_CHECK(NH > 0 && C % NH == 0,
+             kernel << ": " << NH << " heads do not divide " << C << " channels");
+}
+
+}  // namespace
+
+// One (sequence, head) pair per work item: each costs about T^2 / 2 * head_size multiply-adds.
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
+                       const KernelOptions& opt) {
+  check_attention("attention_forward", B, T, C, NH);
+  check_buffer(out, product(B, T) * C, "attention_forward", "out");
+  check_buffer(lse, product(B, NH) * T, "attention_forward", "lse");
+  check_buffer(qkv, product(B, T) * 3 * C, "attention_forward", "qkv");
+  const TransformerPath& path = active_path();
+  const size_t head_size = C / NH;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_size));
+  parallel_for(product(B, NH), product(T, T) * head_size, 1, opt, [&](size_t begin, size_t end) {
+    std::vector<float> scores(T);
+    for (size_t pair = begin; pair < end; ++pair) {
+      size_t b = pair / NH, h = pair % NH;
+      path.attention_forward(out + b * T * C + h * head_size, lse + pair * T,
+                             qkv + b * T * 3 * C + h * head_size, T, C, head_size, scale,
+                             scores.data());
+    }
+  });
+}
+
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                        const float* lse, int B, int T, int C, int NH, const KernelOptions& opt) {
+  check_attention("attention_backward", B, T, C, NH);
+  check_buffer(dqkv, product(B, T) * 3 * C, "attention_backward", "dqkv");
+  check_buffer(dout, product(B, T) * C, "attention_backward", "dout");
+  check_buffer(qkv, product(B, T) * 3 * C, "attention_backward", "qkv");
+  check_buffer(out, product(B, T) * C, "attention_backward", "out");
+  check_buffer(lse, product(B, NH) * T, "attention_backward", "lse");
+  const TransformerPath& path = active_path();
+  const size_t head_size = C / NH;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_size));
+  parallel_for(product(B, NH), product(T, T) * head_size, 1, opt, [&](size_t begin, size_t end) {
+    std::vector<float> probs(T);
+    for (size_t pair = begin; pair < end; ++pair) {
+      size_t b = pair / NH, h = pair % NH;
+      size_t channel = h * head_size;
+      path.attention_backward(dqkv + b * T * 3 * C + channel, dout + b * T * C + channel,
+                              qkv + b * T * 3 * C + channel, out + b * T * C + channel,
+                              lse + pair * T, T, C, head_size, scale, probs.data());
+    }
+  });
+}
+
+namespace {
+
+void check_cross_entropy(const char* kernel, const int32_t* targets, int N, int V, int Vp) {
+  check_sizes(kernel, {N, V, Vp});
+  ZERO_CHECK(V >= 1 && V <= Vp, kernel << ": V = " << V << " must lie in [1, Vp = " << Vp << "]");
+  check_buffer(targets, N, kernel, "targets");
+  for (int n = 0; n < N; ++n) {
+    ZERO_CHECK(targets[n] >= 0 && targets[n] < V, kernel << ": target " << targets[n] << " of row "
+                                                         << n << " is outside [0, " << V << ")");
+  }
+}
+
+}  // namespace
+
+void cross_entropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets,
+                           int N, int V, int Vp, const KernelOptions& opt) {
+  check_cross_entropy("cross_entropy_forward", targets, N, V, Vp);
+  check_buffer(losses, N, "cross_entropy_forward", "losses");
+  check_buffer(lse, N, "cross_entropy_forward", "lse");
+  check_buffer(logits, product(N, Vp), "cross_entropy_forward", "logits");
+  const TransformerPath& path = active_path();
+  parallel_for(N, V, 1, opt, [&](size_t begin, size_t end) {
+    for (size_t n = begin; n < end; ++n) {
+      const float* row = logits + n * Vp;
+      lse[n] = path.logsumexp(row, V);
+      losses[n] = lse[n] - row[targets[n]];
+    }
+  });
+}
+
+// Written in place row by row: every value of a row is read before it is overwritten, so
+// dlogits may be logits.
+void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
+                            const int32_t* targets, float dloss, int N, int V, int Vp,
+                            const KernelOptions& opt) {
+  check_cross_entropy("cross_entropy_backward", targets, N, V, Vp);
+  check_buffer(dlogits, product(N, Vp), "cross_entropy_backward", "dlogits");
+  check_buffer(logits, product(N, Vp), "cross_entropy_backward", "logits");
+  check_buffer(lse, N, "cross_entropy_backward", "lse");
+  const TransformerPath& path = active_path();
+  parallel_for(N, Vp, 1, opt, [&](size_t begin, size_t end) {
+    for (size_t n = begin; n < end; ++n) {
+      float* d = dlogits + n * Vp;
+      path.scaled_exp(d, logits + n * Vp, lse[n], dloss, V);
+      d[targets[n]] -= dloss;
+      std::memset(d + V, 0, static_cast<size_t>(Vp - V) * sizeof(float));
+    }
+  });
+}
+
+}  // namespace zero::kernels

@@ -1,0 +1,52 @@
+// The two implementations transformer_kernels.cpp chooses between for the loops that dominate
+// the transformer kernels' time: plain scalar loops (transformer_scalar.cpp) and AVX2/FMA loops
+// (transformer_avx2.cpp). Unlike the optimizer kernels, the two paths need not agree bit for
+// bit: the AVX2 path fuses multiply-adds and evaluates exp with its own polynomial. Each agrees
+// with the exact (double precision) definitions to float rounding.
+//
+// Every entry works on whole rows, or on one (sequence, head) pair of attention, so a value
+// never depends on how the dispatcher split the work over threads.
+#pragma once
+
+#include <cstddef>
+
+namespace zero::kernels::detail {
+
+// GELU's tanh approximation: gelu(x) = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3).
+// Both paths evaluate it as x * sigmoid(2u) = x / (1 + exp(-2u)), which is the same function
+// without the cancellation 1 + tanh(u) suffers for negative x. exp's argument is capped at
+// kGeluMaxExpArg so that it stays finite (gelu is then below 1e-36 in magnitude anyway).
+constexpr float kGeluSqrt2OverPi = 0.7978845608028654f;
+constexpr float kGeluCubic = 0.044715f;
+constexpr float kGeluMaxExpArg = 88.0f;
+
+struct TransformerPath {
+  // `rows` rows of C values: out, mean and rstd as in layernorm_forward.
+  void (*layernorm_forward)(float* out, float* mean, float* rstd, const float* inp,
+                            const float* weight, const float* bias, size_t rows, size_t C,
+                            float eps);
+  // dinp += the gradient of `rows` rows (dweight and dbias are summed over columns elsewhere).
+  void (*layernorm_backward_input)(float* dinp, const float* dout, const float* inp,
+                                   const float* weight, const float* mean, const float* rstd,
+                                   size_t rows, size_t C);
+  void (*gelu_forward)(float* out, const float* inp, size_t n);
+  void (*gelu_backward)(float* dinp, const float* inp, const float* dout, size_t n);
+  // One (sequence, head) pair. qkv points at the sequence's q channels of the head (k follows
+  // at +C, v at +2C, rows 3C apart); out and dout at the head's channels of row 0 (rows C
+  // apart); lse at the pair's T values. scores: T floats of scratch.
+  void (*attention_forward)(float* out, float* lse, const float* qkv, size_t T, size_t C,
+                            size_t head_size, float scale, float* scores);
+  // dqkv as qkv; the head's channels of dq, dk and dv are overwritten for all T rows.
+  void (*attention_backward)(float* dqkv, const float* dout, const float* qkv, const float* out,
+                             const float* lse, size_t T, size_t C, size_t head_size, float scale,
+                             float* probs);
+  // log(sum of exp(x[i])) over n values, computed around their maximum.
+  float (*logsumexp)(const float* x, size_t n);
+  // y[i] = exp(x[i] - shift) * factor; y may be x.
+  void (*scaled_exp)(float* y, const float* x, float shift, float factor, size_t n);
+};
+
+extern const TransformerPath kTransformerScalarPath;
+extern const TransformerPath kTransformerAvx2Path;
+
+}  // namespace zero::kernels::detail
