@@ -69,7 +69,8 @@ PY
     status=1
   fi
   # 2. The GPU tests, one program each.
-  for test in cuda_kernels_test cuda_stream_test nccl_communicator_test engine_gpu_test; do
+  for test in cuda_kernels_test transformer_kernels_gpu_test cuda_stream_test nccl_communicator_test \
+              engine_gpu_test; do
     start=$SECONDS
     if timeout 180 "$bin/$test" > "$out/$test.log" 2>&1; then
       note "$test: passed in $((SECONDS - start)) s ($(grep -E '^\[ +(PASSED|SKIPPED) +\] [0-9]+ tests?' "$out/$test.log" | tr -s ' ' | paste -sd ' '))"
