@@ -64,54 +64,78 @@ void Optimizer::check_update(const ShardState& shard, const void* grad) const {
   }
 }
 
-SgdStepConstants Optimizer::sgd_constants() const {
+float Optimizer::decay_of(const std::optional<float>& weight_decay) const {
+  if (!weight_decay) return config_.weight_decay;
+  ZERO_CHECK(*weight_decay >= 0.0f && std::isfinite(*weight_decay),
+             "optimizer: a shard's weight_decay must be finite and >= 0, got " << *weight_decay);
+  return *weight_decay;
+}
+
+SgdStepConstants Optimizer::sgd_constants(float weight_decay) const {
   SgdStepConstants c;
   c.lr = lr_;
   c.momentum = config_.momentum;
-  c.weight_decay = config_.weight_decay;
+  c.weight_decay = weight_decay;
   // PyTorch fills the momentum buffer with the first gradient instead of decaying zeros.
   c.first_step = step_ == 1;
   return c;
 }
 
-AdamWStepConstants Optimizer::adamw_constants() const {
+AdamWStepConstants Optimizer::adamw_constants(float weight_decay) const {
   const bool decoupled = config_.type == OptimizerType::kAdamW;
-  return adamw_step_constants(lr_, config_.beta1, config_.beta2, config_.eps, config_.weight_decay,
-                              step_, decoupled);
+  return adamw_step_constants(lr_, config_.beta1, config_.beta2, config_.eps, weight_decay, step_,
+                              decoupled);
 }
 
 void Optimizer::apply(const ShardState& shard, const void* grad, DType grad_dtype, float grad_scale,
                       void* param_out, DType param_dtype, const kernels::KernelOptions& opt) const {
-  check_update(shard, grad);
+  apply(ShardUpdate{shard, grad, param_out, std::nullopt}, grad_dtype, grad_scale, param_dtype,
+        opt);
+}
+
+void Optimizer::apply(const ShardUpdate& u, DType grad_dtype, float grad_scale, DType param_dtype,
+                      const kernels::KernelOptions& opt) const {
+  check_update(u.shard, u.grad);
+  const float decay = decay_of(u.weight_decay);
+  const ShardState& shard = u.shard;
   if (config_.type == OptimizerType::kSgd) {
-    kernels::fused_sgd(shard.master, shard.state[0], grad, grad_dtype, grad_scale, param_out,
-                       param_dtype, shard.n, sgd_constants(), opt);
+    kernels::fused_sgd(shard.master, shard.state[0], u.grad, grad_dtype, grad_scale, u.param_out,
+                       param_dtype, shard.n, sgd_constants(decay), opt);
     return;
   }
-  kernels::fused_adamw(shard.master, shard.state[0], shard.state[1], grad, grad_dtype, grad_scale,
-                       param_out, param_dtype, shard.n, adamw_constants(), opt);
+  kernels::fused_adamw(shard.master, shard.state[0], shard.state[1], u.grad, grad_dtype, grad_scale,
+                       u.param_out, param_dtype, shard.n, adamw_constants(decay), opt);
 }
 
 #if ZERO_HAVE_CUDA
 void Optimizer::apply_cuda(const std::vector<ShardUpdate>& shards, DType grad_dtype,
                            float grad_scale, DType param_dtype, CUstream_st* stream) const {
   for (const ShardUpdate& u : shards) check_update(u.shard, u.grad);
-  if (config_.type == OptimizerType::kSgd) {
-    std::vector<kernels::cuda::SgdTensor> tensors;
-    for (const ShardUpdate& u : shards) {
-      tensors.push_back({u.shard.master, u.shard.state[0], u.grad, u.param_out, u.shard.n});
+  // The step's constants hold the decay: one launch per run of shards that share it.
+  for (size_t first = 0; first < shards.size();) {
+    const float decay = decay_of(shards[first].weight_decay);
+    size_t end = first + 1;
+    while (end < shards.size() && decay_of(shards[end].weight_decay) == decay) ++end;
+    if (config_.type == OptimizerType::kSgd) {
+      std::vector<kernels::cuda::SgdTensor> tensors;
+      for (size_t i = first; i < end; ++i) {
+        const ShardUpdate& u = shards[i];
+        tensors.push_back({u.shard.master, u.shard.state[0], u.grad, u.param_out, u.shard.n});
+      }
+      kernels::cuda::fused_sgd(tensors.data(), tensors.size(), grad_dtype, param_dtype, grad_scale,
+                               sgd_constants(decay), {}, stream);
+    } else {
+      std::vector<kernels::cuda::AdamWTensor> tensors;
+      for (size_t i = first; i < end; ++i) {
+        const ShardUpdate& u = shards[i];
+        tensors.push_back(
+            {u.shard.master, u.shard.state[0], u.shard.state[1], u.grad, u.param_out, u.shard.n});
+      }
+      kernels::cuda::fused_adamw(tensors.data(), tensors.size(), grad_dtype, param_dtype,
+                                 grad_scale, adamw_constants(decay), {}, stream);
     }
-    kernels::cuda::fused_sgd(tensors.data(), tensors.size(), grad_dtype, param_dtype, grad_scale,
-                             sgd_constants(), {}, stream);
-    return;
+    first = end;
   }
-  std::vector<kernels::cuda::AdamWTensor> tensors;
-  for (const ShardUpdate& u : shards) {
-    tensors.push_back(
-        {u.shard.master, u.shard.state[0], u.shard.state[1], u.grad, u.param_out, u.shard.n});
-  }
-  kernels::cuda::fused_adamw(tensors.data(), tensors.size(), grad_dtype, param_dtype, grad_scale,
-                             adamw_constants(), {}, stream);
 }
 #endif
 

@@ -70,7 +70,7 @@ class CpuDeviceContext : public DeviceContext {
   void apply_optimizer(const Optimizer& optimizer, const std::vector<ShardUpdate>& shards,
                        DType grad_dtype, float grad_scale, DType param_dtype) override {
     for (const ShardUpdate& u : shards) {
-      optimizer.apply(u.shard, u.grad, grad_dtype, grad_scale, u.param_out, param_dtype, options_);
+      optimizer.apply(u, grad_dtype, grad_scale, param_dtype, options_);
     }
   }
 

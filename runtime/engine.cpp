@@ -1,6 +1,7 @@
 #include "engine_internal.h"
 
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 
 #include "zero/collectives/mpi_communicator.h"
@@ -33,7 +34,8 @@ Engine::Impl::Impl(Communicator& c, const std::vector<ParamDecl>& decls, const E
       param_pool(allocator, *device, MemoryCategory::kPrefetch, layout.max_unit_numel() * elem,
                  [this](const CommPoint& p) { wait_for_comm(p); }),
       grad_pool(allocator, *device, MemoryCategory::kCommBuffer, layout.max_unit_numel() * elem,
-                [this](const CommPoint& p) { wait_for_comm(p); }) {
+                [this](const CommPoint& p) { wait_for_comm(p); }),
+      decay_runs(decay_runs_of(decls)) {
   if (config.desync_check) comm.set_desync_check(true);
   check_same_model_on_all_ranks();
   allocator.set_limit(config.memory_limit_bytes);
@@ -98,8 +100,34 @@ EngineConfig Engine::Impl::validated(const EngineConfig& c, Communicator& comm) 
 std::vector<ParamSpec> Engine::Impl::specs_of(const std::vector<ParamDecl>& decls) {
   std::vector<ParamSpec> specs;
   specs.reserve(decls.size());
-  for (const ParamDecl& d : decls) specs.push_back(d.spec);
+  for (const ParamDecl& d : decls) {
+    specs.push_back(d.spec);
+    specs.back().trainable = d.trainable;
+  }
   return specs;
+}
+
+std::vector<std::vector<DecayRun>> Engine::Impl::decay_runs_of(
+    const std::vector<ParamDecl>& decls) const {
+  std::vector<std::vector<DecayRun>> runs(layout.units().size());
+  for (size_t u = 0; u < runs.size(); ++u) {
+    runs[u].push_back(DecayRun{0, config.optimizer.weight_decay});
+    bool first = true;
+    for (int p : layout.units()[u].params) {
+      const ParamDecl& d = decls[p];
+      const float decay = d.weight_decay.value_or(config.optimizer.weight_decay);
+      ZERO_CHECK(
+          decay >= 0.0f && std::isfinite(decay),
+          "parameter '" << d.spec.name << "': weight_decay must be finite and >= 0, got " << decay);
+      if (first) {
+        runs[u].back().weight_decay = decay;
+      } else if (decay != runs[u].back().weight_decay) {
+        runs[u].push_back(DecayRun{layout.params()[p].offset, decay});
+      }
+      first = false;
+    }
+  }
+  return runs;
 }
 
 // Compares the layout's fingerprint across ranks before any collective depends on it: a rank
@@ -289,7 +317,7 @@ void Engine::state_loaded() {
   impl_->state_loaded();
 }
 void Engine::release_state_views() {
-  impl_->host_state.clear();
+  impl_->release_state_views();
 }
 long Engine::optimizer_step() const {
   return impl_->optimizer.step();

@@ -97,7 +97,7 @@ class BufferPool {
 // so one reduce-scatter or all-gather of the regions serves every unit at once.
 struct PackedCollectives {
   std::vector<std::vector<int>> packs;
-  std::vector<int> pack_of;       // unit -> its pack
+  std::vector<int> pack_of;       // unit -> its pack (-1: a frozen unit, in no pack)
   std::vector<size_t> offset_of;  // unit -> its offset inside a rank region, in elements
   std::vector<size_t> region;     // pack -> elements of one rank region
   int filling = -1;               // the pack whose units are being copied in, if any
@@ -105,7 +105,7 @@ struct PackedCollectives {
 
   PackedCollectives() = default;
   PackedCollectives(const Layout& layout, size_t limit, bool backward);
-  bool fused(int u) const { return packs[pack_of[u]].size() > 1; }
+  bool fused(int u) const { return pack_of[u] >= 0 && packs[pack_of[u]].size() > 1; }
 };
 
 // Bytes of staging memory a collective needs in the communicator: what the MPI backend sums
@@ -140,6 +140,21 @@ struct UnitState {
   bool gathered = false;
   bool persistent = false;
   int micro_batches_done = 0;
+};
+
+// Elements of a unit from `begin` (an element offset in the unit) up to the next run's begin
+// (or the unit's end) are updated with this weight decay. Padding joins the run before it: it
+// stays zero under any decay.
+struct DecayRun {
+  size_t begin = 0;
+  float weight_decay = 0.0f;
+};
+
+// A frozen unit's view for a checkpoint: its values in fp32 (when the working dtype is not)
+// and zero optimizer state, which the checkpoint format holds for every unit.
+struct FrozenView {
+  Buffer master;
+  Buffer state[2];
 };
 
 inline char* byte_offset(void* p, size_t bytes) {
@@ -198,6 +213,10 @@ struct Engine::Impl {
   static EngineConfig validated(const EngineConfig& c, Communicator& comm);
 
   static std::vector<ParamSpec> specs_of(const std::vector<ParamDecl>& decls);
+
+  // Each unit's weight-decay runs (ParamDecl::weight_decay, else the optimizer's), adjacent
+  // parameters with the same decay in one run.
+  std::vector<std::vector<DecayRun>> decay_runs_of(const std::vector<ParamDecl>& decls) const;
 
   // Compares the layout's fingerprint across ranks before any collective depends on it: a rank
   // with a different model would otherwise hang or corrupt data in a mismatched collective.
@@ -332,13 +351,18 @@ struct Engine::Impl {
 
   // Fused AdamW (or SGD) over what each rank owns, in passes of at most sub_group_size
   // elements (DeepSpeed's bound on what one optimizer pass touches); each unit's slice may be
-  // cut into several pieces, which the element-wise update does not notice.
+  // cut into several pieces, which the element-wise update does not notice, and is cut where
+  // the weight decay changes. Frozen units are left out.
   void update(float lr, float grad_scale);
 
   // Brings every rank's updated slice back into the full parameters (stages 1-2, and stage
   // 3's persistent units); the next forward's gather(u) waits for unit u only, so the
-  // all-gathers overlap with the forward.
-  void start_post_step_gathers();
+  // all-gathers overlap with the forward. Frozen units only `with_frozen` (after a load):
+  // no step changes them.
+  void start_post_step_gathers(bool with_frozen = false);
+
+  // One unit's all-gather of the rank slices into its full parameters (stages 1-2).
+  void gather_one(int u);
 
   // An allgather_bucket_size pack (stages 1-2): each unit's updated slice into its place in
   // this rank's region of the fusion buffer, one all-gather of the regions, and every rank's
@@ -373,7 +397,13 @@ struct Engine::Impl {
   // which state_loaded() writes back.
   float* host_view(float* data, size_t n);
 
+  // A frozen unit's values as a state view: the working parameters (fp32) or an fp32 copy of
+  // them, which state_loaded() writes back, and zero optimizer state.
+  Engine::StateView frozen_state_view(int u);
+
   void state_loaded();
+
+  void release_state_views();
 
   std::vector<std::vector<float>> gather_full_params();
 
@@ -405,7 +435,9 @@ struct Engine::Impl {
   PackedCollectives gather_packs;
   Buffer norm_sums;          // each unit's sum of squared gradients, all-reduced at step()
   Buffer norm_sums_on_host;  // and their copy, which the host reads
-  std::map<float*, Buffer> host_state;  // state_view() copies of device arrays (CUDA only)
+  std::map<float*, Buffer> host_state;     // state_view() copies of device arrays (CUDA only)
+  std::map<int, FrozenView> frozen_views;  // state_view() of frozen units, by unit
+  std::vector<std::vector<DecayRun>> decay_runs;  // per unit
   std::vector<UnitState> units;
   size_t live = 0;  // elements of non-persistent stage-3 units gathered now
   // Communication figures of the step in progress (StepStats). Busy time is added by markers

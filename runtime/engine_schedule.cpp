@@ -182,6 +182,7 @@ void Engine::Impl::grads_ready(int u) {
   check_unit(u);
   UnitState& s = units[u];
   const Unit& unit = layout.units()[u];
+  if (!unit.trainable) return;  // frozen: no gradient to reduce
   ZERO_CHECK(s.micro_batches_done < config.micro_batches,
              "grads_ready(" << u << ") called " << s.micro_batches_done + 1
                             << " times before step(); configured micro-batches per step: "
@@ -319,6 +320,7 @@ void* Engine::Impl::param(int p) {
 void* Engine::Impl::grad(int p) {
   const ParamPlacement& pl = placement(p);
   UnitState& s = units[pl.unit];
+  if (!pl.trainable) return nullptr;
   if (!uses_grad_buckets(config) || s.persistent) {
     return byte_offset(s.grads_full.data(), pl.offset * elem);
   }

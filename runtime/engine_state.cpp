@@ -1,5 +1,7 @@
 #include "engine_internal.h"
 
+#include <algorithm>
+
 #include "zero/kernels/cpu_kernels.h"
 
 namespace zero {
@@ -8,6 +10,7 @@ Engine::StateView Engine::Impl::state_view(int u) {
   check_unit(u);
   // A post-step all-gather or a prefetch may still be reading these arrays.
   device->wait(comm.stream().record());
+  if (!layout.units()[u].trainable) return frozen_state_view(u);
   UnitState& s = units[u];
   Engine::StateView view;
   view.begin = owned_begin(u);
@@ -33,19 +36,57 @@ float* Engine::Impl::host_view(float* data, size_t n) {
   return copy.as<float>();
 }
 
+Engine::StateView Engine::Impl::frozen_state_view(int u) {
+  const size_t n = owned_numel(u);
+  Engine::StateView view;
+  view.begin = owned_begin(u);
+  view.end = view.begin + n;
+  FrozenView& frozen = frozen_views[u];
+  if (config.dtype == DType::kFloat32) {
+    view.master = host_view(static_cast<float*>(owned_params(u)), n);
+  } else {
+    std::vector<char> working(n * elem);
+    device->copy_to_host(working.data(), owned_params(u), working.size());
+    frozen.master = host_allocator.allocate(n * sizeof(float), MemoryCategory::kOther);
+    kernels::cast(working.data(), config.dtype, frozen.master.data(), DType::kFloat32, n);
+    view.master = frozen.master.as<float>();
+  }
+  view.state_count = optimizer.state_count();
+  for (int k = 0; k < view.state_count; ++k) {
+    frozen.state[k] = host_allocator.allocate(n * sizeof(float), MemoryCategory::kOther);
+    std::fill_n(frozen.state[k].as<float>(), n, 0.0f);
+    view.state[k] = frozen.state[k].as<float>();
+  }
+  return view;
+}
+
 void Engine::Impl::state_loaded() {
   device->wait(comm.stream().record());
   for (const auto& [data, copy] : host_state)
     device->copy_from_host(data, copy.data(), copy.bytes());
   host_state.clear();
   for (size_t u = 0; u < units.size(); ++u) {
-    if (config.dtype != DType::kFloat32) {
+    if (config.dtype != DType::kFloat32 && layout.units()[u].trainable) {
       device->cast(units[u].master.data(), DType::kFloat32, owned_params(u), config.dtype,
                    owned_numel(u));
     }
   }
-  start_post_step_gathers();
+  // A frozen unit's 16-bit values come back from the fp32 copy its view handed out.
+  for (const auto& [u, frozen] : frozen_views) {
+    if (frozen.master.empty()) continue;
+    const size_t n = owned_numel(u);
+    std::vector<char> working(n * elem);
+    kernels::cast(frozen.master.data(), DType::kFloat32, working.data(), config.dtype, n);
+    device->copy_from_host(owned_params(u), working.data(), working.size());
+  }
+  frozen_views.clear();
+  start_post_step_gathers(/*with_frozen=*/true);
   for (UnitState& s : units) wait_for_comm(s.params_ready);
+}
+
+void Engine::Impl::release_state_views() {
+  host_state.clear();
+  frozen_views.clear();
 }
 
 std::vector<std::vector<float>> Engine::Impl::gather_full_params() {
@@ -68,9 +109,14 @@ std::vector<std::vector<float>> Engine::Impl::gather_full_params() {
 
 std::vector<std::vector<float>> Engine::Impl::gather_full_master() {
   if (config.dtype == DType::kFloat32) return gather_full_params();
-  std::vector<std::vector<float>> out(layout.params().size());
+  // Frozen units keep no master: their values are the working parameters.
+  const bool any_frozen = std::any_of(layout.units().begin(), layout.units().end(),
+                                      [](const Unit& unit) { return !unit.trainable; });
+  std::vector<std::vector<float>> out =
+      any_frozen ? gather_full_params() : std::vector<std::vector<float>>(layout.params().size());
   for (size_t u = 0; u < units.size(); ++u) {
     const Unit& unit = layout.units()[u];
+    if (!unit.trainable) continue;
     std::vector<float> full(unit.numel);
     if (config.stage == 0) {
       device->copy_to_host(full.data(), units[u].master.data(), unit.numel * sizeof(float));

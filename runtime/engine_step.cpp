@@ -45,7 +45,7 @@ StepStats Engine::Impl::step() {
 void Engine::Impl::check_ready_for_step() const {
   for (size_t u = 0; u < units.size(); ++u) {
     if (units[u].persistent) continue;  // reduced by the step itself
-    ZERO_CHECK(units[u].micro_batches_done == config.micro_batches,
+    ZERO_CHECK(!layout.units()[u].trainable || units[u].micro_batches_done == config.micro_batches,
                "step() after " << units[u].micro_batches_done << " backward pass(es) of unit " << u
                                << "; expected " << config.micro_batches
                                << " (one grads_ready per unit per micro-batch)");
@@ -61,7 +61,10 @@ Engine::Impl::GradientCheck Engine::Impl::check_gradients() {
   float* unit_sums = norm_sums.as<float>();
   {
     ScopedSpan span(trace, "gradient norm");
+    // Frozen units have no gradient: they add nothing to the norm.
+    device->zero(unit_sums, units.size() * sizeof(float));
     for (size_t u = 0; u < units.size(); ++u) {
+      if (!layout.units()[u].trainable) continue;
       device->sum_squares(grad_shard(u), accum_dtype, layout.units()[u].shard, unit_sums + u);
     }
   }
@@ -122,12 +125,19 @@ void Engine::Impl::update(float lr, float grad_scale) {
     group_numel = 0;
   };
   for (size_t u = 0; u < units.size(); ++u) {
+    if (!layout.units()[u].trainable) continue;
     UnitState& s = units[u];
     void* working = owned_params(u);
     const size_t n = owned_numel(u);
+    const size_t first = owned_begin(u);
+    const std::vector<DecayRun>& runs = decay_runs[u];
+    size_t run = 0;
     for (size_t begin = 0; begin < n;) {
+      // The decay run holding element `begin` of the slice, and where it ends in the slice.
+      while (run + 1 < runs.size() && runs[run + 1].begin <= first + begin) ++run;
+      const size_t run_end = run + 1 < runs.size() ? runs[run + 1].begin - first : n;
       const size_t room = limit == 0 ? n : limit - group_numel;
-      const size_t count = std::min(n - begin, room);
+      const size_t count = std::min({n - begin, room, run_end - begin});
       ShardUpdate piece;
       piece.shard.n = count;
       piece.shard.master =
@@ -137,6 +147,7 @@ void Engine::Impl::update(float lr, float grad_scale) {
       }
       piece.grad = byte_offset(owned_grads(u), begin * accum);
       piece.param_out = separate_master ? byte_offset(working, begin * elem) : nullptr;
+      piece.weight_decay = runs[run].weight_decay;
       group.push_back(piece);
       group_numel += count;
       begin += count;
@@ -149,27 +160,34 @@ void Engine::Impl::update(float lr, float grad_scale) {
 // Brings every rank's updated slice back into the full parameters (stages 1-2, and stage
 // 3's persistent units); the next forward's gather(u) waits for unit u only, so the
 // all-gathers overlap with the forward.
-void Engine::Impl::start_post_step_gathers() {
+void Engine::Impl::start_post_step_gathers(bool with_frozen) {
   if (config.stage == 0) return;
   comm.stream().wait(device->record());
   for (const std::vector<int>& pack : gather_packs.packs) {
     if (pack.size() > 1) {
       gather_packed(pack);
-      continue;
+    } else {
+      gather_one(pack.front());
     }
-    const int u = pack.front();
-    UnitState& s = units[u];
-    if (s.params_full.empty()) continue;
-    const Unit& unit = layout.units()[u];
-    const double issue_us = Trace::now_us();
-    s.params_ready = issued(traced("all_gather", unit.numel * elem,
-                                   [&] {
-                                     return comm.all_gather(owned_params(u), s.params_full.data(),
-                                                            unit.shard, config.dtype);
-                                   }),
-                            issue_us);
-    if (!s.persistent) s.gathered = false;
   }
+  if (!with_frozen) return;
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (!layout.units()[u].trainable) gather_one(static_cast<int>(u));
+  }
+}
+
+void Engine::Impl::gather_one(int u) {
+  UnitState& s = units[u];
+  if (s.params_full.empty()) return;
+  const Unit& unit = layout.units()[u];
+  const double issue_us = Trace::now_us();
+  s.params_ready = issued(traced("all_gather", unit.numel * elem,
+                                 [&] {
+                                   return comm.all_gather(owned_params(u), s.params_full.data(),
+                                                          unit.shard, config.dtype);
+                                 }),
+                          issue_us);
+  if (!s.persistent) s.gathered = false;
 }
 
 // An allgather_bucket_size pack (stages 1-2): each unit's updated slice into its place in

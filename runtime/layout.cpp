@@ -70,17 +70,31 @@ Layout Layout::build(const std::vector<ParamSpec>& specs, const LayoutOptions& o
     p.shape = spec.shape;
     p.numel = numel;
     p.module = spec.module;
+    p.trainable = spec.trainable;
+    // A unit is reduced and updated as a whole: a module's parameters are frozen or trained
+    // together (FSDP's rule for a flat parameter). Its parameters are consecutive, so a mix
+    // shows where the flag changes from one parameter to the next.
+    if (!layout.params_.empty() && layout.params_.back().module == p.module) {
+      const ParamPlacement& q = layout.params_.back();
+      ZERO_CHECK(q.trainable == p.trainable,
+                 "layout: module " << p.module << " has frozen and trainable parameters: '"
+                                   << (p.trainable ? q.name : p.name) << "' is frozen, '"
+                                   << (p.trainable ? p.name : q.name)
+                                   << "' trainable; freeze all of a module's parameters or none");
+    }
     layout.params_.push_back(p);
   }
 
   const auto is_persistent = [&](const ParamPlacement& p) {
-    return p.numel < options.persistent_below;
+    return p.trainable && p.numel < options.persistent_below;
   };
 
   // Bytes each module needs when its (not persistent) parameters are laid out aligned.
   int num_modules = specs.empty() ? 0 : specs.back().module + 1;
   std::vector<size_t> module_elems(num_modules, 0);
+  std::vector<bool> module_trainable(num_modules, true);
   for (const ParamPlacement& p : layout.params_) {
+    module_trainable[p.module] = p.trainable;
     if (is_persistent(p)) continue;
     module_elems[p.module] = round_up(module_elems[p.module], align) + p.numel;
   }
@@ -95,10 +109,12 @@ Layout Layout::build(const std::vector<ParamSpec>& specs, const LayoutOptions& o
                      [&](const ParamPlacement& p) { return p.module == m && !is_persistent(p); }))
       continue;  // a module with nothing outside the persistent unit has no unit
     size_t merged = round_up(unit_elems, align) + module_elems[m];
-    bool fits = !layout.units_.empty() && merged * elem <= options.merge_bytes;
+    bool fits = !layout.units_.empty() && merged * elem <= options.merge_bytes &&
+                layout.units_.back().trainable == module_trainable[m];
     if (!fits) {
       layout.units_.emplace_back();
       layout.units_.back().first_module = m;
+      layout.units_.back().trainable = module_trainable[m];
       unit_elems = 0;
     }
     layout.units_.back().last_module = m;
@@ -168,6 +184,8 @@ uint64_t Layout::param_fingerprint(size_t index) const {
   for (int64_t d : p.shape) h.add_u64(static_cast<uint64_t>(d));
   h.add_u64(static_cast<uint64_t>(options_.dtype));
   h.add_u64(static_cast<uint64_t>(p.module));
+  // Only when frozen, so the prints of trained parameters stay what they always were.
+  if (!p.trainable) h.add_u64(1);
   return h.value();
 }
 
@@ -187,7 +205,7 @@ std::string Layout::describe_param(size_t index) const {
   const ParamPlacement& p = params_.at(index);
   std::ostringstream out;
   out << "'" << p.name << "' " << shape_text(p.shape) << " " << dtype_name(options_.dtype)
-      << " (module " << p.module << ")";
+      << " (module " << p.module << (p.trainable ? "" : ", frozen") << ")";
   return out.str();
 }
 

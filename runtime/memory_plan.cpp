@@ -15,7 +15,8 @@ namespace {
 // stay the registered modules: packing groups collectives, it never widens a gather. A pack
 // never exceeds two of the largest unit either: its fusion buffer then costs no more than the
 // double-buffered gradient buckets beside it, where DeepSpeed's usual 5e8 would hold a whole
-// small model's gradient once more.
+// small model's gradient once more. Frozen units are in no pack: they are neither reduced nor
+// updated, so neither kind of collective has anything of theirs to carry.
 std::vector<std::vector<int>> pack_units(const Layout& layout, size_t limit, bool backward) {
   const size_t cap = limit == 0 ? 0 : std::min(limit, 2 * layout.max_unit_numel());
   std::vector<std::vector<int>> packs;
@@ -24,6 +25,7 @@ std::vector<std::vector<int>> pack_units(const Layout& layout, size_t limit, boo
   const int n = static_cast<int>(layout.units().size());
   for (int i = 0; i < n; ++i) {
     const int u = backward ? n - 1 - i : i;
+    if (!layout.units()[u].trainable) continue;
     const size_t unit_numel = layout.units()[u].numel;
     if (!open || numel + unit_numel > cap) {
       packs.emplace_back();
@@ -104,7 +106,7 @@ size_t gather_bucket_elements(const EngineConfig& config) {
 
 PackedCollectives::PackedCollectives(const Layout& layout, size_t limit, bool backward)
     : packs(pack_units(layout, limit, backward)),
-      pack_of(layout.units().size()),
+      pack_of(layout.units().size(), -1),
       offset_of(layout.units().size()),
       region(packs.size()) {
   for (size_t p = 0; p < packs.size(); ++p) {
@@ -144,6 +146,7 @@ UnitBytes unit_bytes(const Unit& unit, const EngineConfig& config, int state_arr
   UnitBytes b;
   if (config.stage <= 2 || is_persistent(unit, config)) b.params_full = full * w;
   if (config.stage == 3) b.params_shard = shard * w;
+  if (!unit.trainable) return b;  // frozen: its working parameters are all it holds
   if (config.dtype != DType::kFloat32) b.master = owned * sizeof(float);
   if (config.stage <= 1) b.grads_full = full * g;
   if (is_persistent(unit, config)) b.grads_full = full * w;  // backward adds into it directly
@@ -198,7 +201,8 @@ MemoryPlan plan_elsewhere(const Layout& layout, const EngineConfig& config, int 
                            wanted.persistent_below == have.persistent_below;
   if (same_layout) return plan_memory(layout, config);
   std::vector<ParamSpec> specs;
-  for (const ParamPlacement& p : layout.params()) specs.push_back({p.name, p.shape, p.module});
+  for (const ParamPlacement& p : layout.params())
+    specs.push_back({p.name, p.shape, p.module, p.trainable});
   return plan_memory(Layout::build(specs, wanted), config);
 }
 

@@ -1,5 +1,7 @@
 #include "zero/runtime/model.h"
 
+#include <algorithm>
+#include <map>
 #include <utility>
 
 #include "zero/core/check.h"
@@ -119,19 +121,91 @@ void ParamRef::add_f32(const float* values) const {
   device->add(data, dtype, values, DType::kFloat32, numel);
 }
 
+namespace {
+
+std::string module_label(const NamedModule& module, size_t index) {
+  return "module #" + std::to_string(index) + " ('" + module.name + "')";
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1] ? 1 : 0)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// Up to five registered names within a few edits of `name`, nearest first, for a message.
+std::string close_names(const std::string& name, const std::map<std::string, int>& names) {
+  std::vector<std::pair<size_t, std::string>> close;
+  const size_t limit = std::max<size_t>(2, name.size() / 3);
+  for (const auto& entry : names) {
+    const size_t distance = edit_distance(name, entry.first);
+    if (distance <= limit) close.emplace_back(distance, entry.first);
+  }
+  std::sort(close.begin(), close.end());
+  if (close.empty()) return "";
+  std::string text = "; close names: ";
+  for (size_t i = 0; i < close.size() && i < 5; ++i) {
+    text += (i == 0 ? "'" : ", '") + close[i].second + "'";
+  }
+  return text;
+}
+
+}  // namespace
+
 ZeroModel::ZeroModel(Communicator& comm, std::vector<NamedModule> modules,
                      const EngineConfig& config)
     : modules_(std::move(modules)) {
   std::vector<ParamDecl> decls;
+  std::map<std::string, int> index_of;  // full name -> registration index
   module_params_.resize(modules_.size());
+  own_params_.resize(modules_.size());
   for (size_t m = 0; m < modules_.size(); ++m) {
-    ZERO_CHECK(modules_[m].module != nullptr,
-               "module #" << m << " ('" << modules_[m].name << "') is null");
+    ZERO_CHECK(modules_[m].module != nullptr, module_label(modules_[m], m) << " is null");
+    const std::string& prefix = modules_[m].name;
     for (ParamDecl d : modules_[m].module->parameters()) {
-      d.spec.name = modules_[m].name + "." + d.spec.name;
+      d.spec.name = prefix.empty() ? d.spec.name : prefix + "." + d.spec.name;
       d.spec.module = static_cast<int>(m);
+      if (!module_params_[m].empty()) {
+        const ParamDecl& first = decls[module_params_[m].front()];
+        ZERO_CHECK(first.trainable == d.trainable,
+                   module_label(modules_[m], m)
+                       << " has frozen and trainable parameters: '"
+                       << (d.trainable ? first.spec.name : d.spec.name) << "' is frozen, '"
+                       << (d.trainable ? d.spec.name : first.spec.name)
+                       << "' trainable; freeze all of a module's parameters or none");
+      }
+      index_of.emplace(d.spec.name, static_cast<int>(decls.size()));
       module_params_[m].push_back(static_cast<int>(decls.size()));
       decls.push_back(std::move(d));
+    }
+    own_params_[m] = module_params_[m].size();
+  }
+  for (size_t m = 0; m < modules_.size(); ++m) {
+    for (const std::string& name : modules_[m].module->tied_parameters()) {
+      const auto found = index_of.find(name);
+      ZERO_CHECK(found != index_of.end(), module_label(modules_[m], m)
+                                              << " ties to '" << name
+                                              << "', which no module declares"
+                                              << close_names(name, index_of));
+      const size_t owner = static_cast<size_t>(decls[found->second].spec.module);
+      ZERO_CHECK(owner < m, module_label(modules_[m], m)
+                                << " ties to '" << name << "' of "
+                                << (owner == m ? "itself" : module_label(modules_[owner], owner))
+                                << "; a module ties only to parameters of earlier modules, "
+                                   "which declare them");
+      std::vector<int>& params = module_params_[m];
+      ZERO_CHECK(std::find(params.begin(), params.end(), found->second) == params.end(),
+                 module_label(modules_[m], m) << " ties to '" << name << "' twice");
+      params.push_back(found->second);
     }
   }
   engine_ = std::make_unique<Engine>(comm, decls, config);
@@ -155,6 +229,39 @@ std::vector<ParamRef> ZeroModel::grads_of(int module) {
                             engine_->device_context()});
   }
   return refs;
+}
+
+// The units holding what the modules of `module`'s unit (or `module` alone, when it has no
+// unit) tie to, other than that unit, are gathered for the whole unit: gathered before the
+// unit's prefetches take the planned buffers. Returns those this call gathered, which
+// release_tied gives back; one gathered already (prefetched, or the persistent unit) stays so.
+std::vector<int> ZeroModel::gather_tied(int module) {
+  const Layout& layout = engine_->layout();
+  const int u = layout.unit_of_module(module);
+  const int first = u >= 0 ? layout.units()[u].first_module : module;
+  const int last = u >= 0 ? layout.units()[u].last_module : module;
+  std::vector<int> owners;
+  for (int m = first; m <= last; ++m) {
+    if (layout.unit_of_module(m) != u) continue;
+    for (size_t i = own_params_[m]; i < module_params_[m].size(); ++i) {
+      const int owner = layout.params()[module_params_[m][i]].unit;
+      if (owner != u && std::find(owners.begin(), owners.end(), owner) == owners.end()) {
+        owners.push_back(owner);
+      }
+    }
+  }
+  std::vector<int> gathered;
+  for (int owner : owners) {
+    if (!engine_->is_gathered(owner)) gathered.push_back(owner);
+    engine_->gather(owner);
+  }
+  return gathered;
+}
+
+// Releases the units gather_tied gathered, then refills the prefetch they held back.
+void ZeroModel::release_tied(const std::vector<int>& units, int unit, int direction) {
+  for (int owner : units) engine_->release(owner);
+  if (!units.empty() && unit >= 0) prefetch_after(unit, direction);
 }
 
 namespace {
@@ -218,20 +325,25 @@ Tensor ZeroModel::forward(const Tensor& input) {
   check_on_engine_device(input, "the input of forward()");
   const Layout& layout = engine_->layout();
   Tensor current = input;
+  std::vector<int> tied;  // units gathered for the current unit's tied parameters
   for (int m = 0; m < static_cast<int>(modules_.size()); ++m) {
     const int u = layout.unit_of_module(m);
     const bool first_of_unit = u >= 0 && layout.units()[u].first_module == m;
     const bool last_of_unit = u >= 0 && layout.units()[u].last_module == m;
-    if (first_of_unit) {
-      engine_->gather(u);
-      prefetch_after(u, +1);
-    }
+    if (first_of_unit) engine_->gather(u);
+    if (first_of_unit) tied = gather_tied(m);
+    // A module without a unit of its own (all its parameters tied or persistent) may sit
+    // inside a merged unit: its tied units are its own business.
+    const std::vector<int> own_tied = u < 0 ? gather_tied(m) : std::vector<int>();
+    if (first_of_unit) prefetch_after(u, +1);
     Tensor out;
     {
       ScopedSpan span(engine_->trace(), "forward " + modules_[m].name);
       modules_[m].module->forward(current, out, params_of(m));
     }
     current = std::move(out);
+    release_tied(own_tied, u, +1);
+    if (last_of_unit) release_tied(tied, u, +1);
     if (last_of_unit && !keep_for_backward(u)) engine_->release(u);
     // Backward starts with the last module's unit: start its gather now, behind the rest of
     // forward (the persistent unit, if any, comes after it and is always gathered).
@@ -255,24 +367,30 @@ Tensor ZeroModel::backward(const Tensor& grad_output) {
   if (scale != 1.0f) {
     engine_->device_context()->scale(current.data(), DType::kFloat32, scale, current.numel());
   }
+  std::vector<int> tied;  // units gathered for the current unit's tied parameters
   for (int m = static_cast<int>(modules_.size()) - 1; m >= 0; --m) {
     const int u = layout.unit_of_module(m);
     const bool first_of_unit = u >= 0 && layout.units()[u].first_module == m;
     const bool last_of_unit = u >= 0 && layout.units()[u].last_module == m;
-    if (last_of_unit) {
-      engine_->gather(u);
-      prefetch_after(u, -1);
-    }
+    if (last_of_unit) engine_->gather(u);
+    if (last_of_unit) tied = gather_tied(m);
+    // A module without a unit of its own (all its parameters tied or persistent) may sit
+    // inside a merged unit: its tied units are its own business.
+    const std::vector<int> own_tied = u < 0 ? gather_tied(m) : std::vector<int>();
+    if (last_of_unit) prefetch_after(u, -1);
     Tensor grad_in;
     {
       ScopedSpan span(engine_->trace(), "backward " + modules_[m].name);
       modules_[m].module->backward(current, grad_in, params_of(m), grads_of(m));
     }
     current = std::move(grad_in);
+    // A tied parameter's gradient stays in its owner's buffer until the owner's grads_ready.
     if (first_of_unit) {
       engine_->grads_ready(u);
       engine_->release(u);
     }
+    release_tied(own_tied, u, -1);
+    if (first_of_unit) release_tied(tied, u, -1);
   }
   return current;
 }

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,12 +50,14 @@ struct ShardState {
   size_t n = 0;
 };
 
-// One shard's part of a step: its arrays, its gradient, and where its working copy goes (null:
-// nowhere, the master is the working copy).
+// One shard's part of a step: its arrays, its gradient, where its working copy goes (null:
+// nowhere, the master is the working copy), and its own weight decay (a parameter group's;
+// nullopt: the config's).
 struct ShardUpdate {
   ShardState shard;
   const void* grad = nullptr;
   void* param_out = nullptr;
+  std::optional<float> weight_decay = std::nullopt;
 };
 
 class Optimizer {
@@ -74,10 +77,14 @@ class Optimizer {
   // before the first begin_step() or when a pointer the update needs is null.
   void apply(const ShardState& shard, const void* grad, DType grad_dtype, float grad_scale,
              void* param_out, DType param_dtype, const kernels::KernelOptions& opt = {}) const;
+  // The same, with the shard's own weight decay (ShardUpdate::weight_decay).
+  void apply(const ShardUpdate& update, DType grad_dtype, float grad_scale, DType param_dtype,
+             const kernels::KernelOptions& opt = {}) const;
 
 #if ZERO_HAVE_CUDA
   // The same update of several shards in device memory, enqueued on `stream` (a cudaStream_t)
-  // as multi-tensor launches; bitwise the CPU result.
+  // as multi-tensor launches (one per run of shards with the same weight decay); bitwise the
+  // CPU result.
   void apply_cuda(const std::vector<ShardUpdate>& shards, DType grad_dtype, float grad_scale,
                   DType param_dtype, CUstream_st* stream) const;
 #endif
@@ -95,8 +102,9 @@ class Optimizer {
 
  private:
   void check_update(const ShardState& shard, const void* grad) const;
-  SgdStepConstants sgd_constants() const;
-  AdamWStepConstants adamw_constants() const;
+  float decay_of(const std::optional<float>& weight_decay) const;
+  SgdStepConstants sgd_constants(float weight_decay) const;
+  AdamWStepConstants adamw_constants(float weight_decay) const;
 
   OptimizerConfig config_;
   long step_ = 0;

@@ -6,7 +6,7 @@
 //   release(u)               stage 3: give the gathered buffer back once compute is done
 //   grads_ready(u)           unit u's backward for this micro-batch is complete: reduce now
 //                            (stages 0-1 on the last micro-batch, stages 2-3 every one),
-//                            behind the rest of backward
+//                            behind the rest of backward (nothing for a frozen unit)
 //   step()                   finish reductions, global-norm clip, update each rank's shard
 //
 // Stage by stage (fp32 working dtype, Ψ padded parameters, N ranks):
@@ -104,6 +104,14 @@ struct EngineConfig {
 struct ParamDecl {
   ParamSpec spec;
   ParamInit init;
+  // This parameter's AdamW (decoupled) or SGD (coupled) decay, as a PyTorch parameter group
+  // sets it; nullopt: the optimizer's weight_decay. GPT-2 decays only tensors of >= 2 dims.
+  std::optional<float> weight_decay = std::nullopt;
+  // False: frozen. All parameters of a module are frozen or none (an error otherwise). A frozen
+  // module's unit has no gradient, no optimizer state and no fp32 master (its working
+  // parameters are its values); it is never reduced or updated, and the gradient norm and
+  // clipping leave it out. Engine::grad() of a frozen parameter is null.
+  bool trainable = true;
 };
 
 struct StepStats {
@@ -155,7 +163,9 @@ class Engine {
   // memory (valid while its unit is gathered).
   void* param(int param);
   // Where backward accumulates the gradient of `param` for the current micro-batch, in the
-  // working dtype (adds, as PyTorch's .grad does). Valid until the unit's grads_ready.
+  // working dtype (adds, as PyTorch's .grad does). Valid until the unit's grads_ready, and may
+  // be written before the unit's own backward (a tied parameter's later user adds first).
+  // Null for a frozen parameter.
   void* grad(int param);
   DType dtype() const;
 
@@ -175,7 +185,9 @@ class Engine {
   // otherwise) of the master weights (the working parameters themselves when they are fp32)
   // and of each optimizer state array. A checkpoint saves the rank's shard of these and a load
   // overwrites them, then calls state_loaded(). The pointers are host memory: on CUDA, copies
-  // made by state_view() that state_loaded() writes back (valid until then).
+  // made by state_view() that state_loaded() writes back (valid until then). A frozen unit's
+  // master is its values (an fp32 copy for a 16-bit working dtype) and its optimizer state
+  // zeros, so checkpoints keep one format and save and restore frozen values.
   struct StateView {
     size_t begin = 0;
     size_t end = 0;

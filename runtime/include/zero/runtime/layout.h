@@ -19,6 +19,9 @@ struct ParamSpec {
   std::string name;
   std::vector<int64_t> shape;  // may contain 0 (an empty parameter)
   int module = 0;              // index of the wrapped module; non-decreasing in registration order
+  // False: a frozen parameter (the engine sets it from ParamDecl::trainable). A module's
+  // parameters are all trainable or all frozen, as FSDP requires of a flat parameter.
+  bool trainable = true;
 };
 
 struct LayoutOptions {
@@ -26,10 +29,12 @@ struct LayoutOptions {
   DType dtype = DType::kFloat32;  // working dtype of parameters and gradients
   size_t alignment_bytes = 64;    // every parameter (and every shard) starts at this alignment
   // Neighbouring modules merge into one unit while the unit stays at or below this many bytes;
-  // 0 keeps one unit per module. A module larger than the threshold is a unit of its own.
+  // 0 keeps one unit per module. A module larger than the threshold is a unit of its own, and
+  // frozen and trainable modules never share a unit.
   size_t merge_bytes = 0;
   // Parameters with fewer elements than this go to one persistent unit after the others, which
-  // stage 3 keeps whole on every rank (stage3_param_persistence_threshold); 0: none.
+  // stage 3 keeps whole on every rank (stage3_param_persistence_threshold); 0: none. Frozen
+  // parameters stay in their module's unit: the persistent unit is trained.
   size_t persistent_below = 0;
 };
 
@@ -40,6 +45,7 @@ struct ParamPlacement {
   int module = 0;
   int unit = 0;
   size_t offset = 0;  // element offset inside the unit's flat buffer
+  bool trainable = true;
 };
 
 struct Unit {
@@ -47,6 +53,7 @@ struct Unit {
   int first_module = 0;     // of a module unit; the persistent unit belongs to no one module
   int last_module = 0;
   bool persistent = false;  // the small parameters of every module (persistent_below)
+  bool trainable = true;    // false: frozen modules only (no gradient, no optimizer state)
   size_t used = 0;          // elements up to the end of the last parameter
   size_t numel = 0;         // padded: a multiple of world_size * alignment elements
   size_t shard = 0;         // numel / world_size
@@ -55,7 +62,8 @@ struct Unit {
 class Layout {
  public:
   // Throws zero::Error for bad specs (decreasing module index, negative dimension, empty name,
-  // duplicate name) or options (world_size < 1, alignment not a multiple of the element size).
+  // duplicate name, a module with both frozen and trainable parameters) or options
+  // (world_size < 1, alignment not a multiple of the element size).
   static Layout build(const std::vector<ParamSpec>& specs, const LayoutOptions& options);
 
   const std::vector<ParamPlacement>& params() const { return params_; }

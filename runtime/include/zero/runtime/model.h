@@ -71,13 +71,19 @@ struct ParamRef {
 class Module {
  public:
   virtual ~Module() = default;
-  // Parameters with names local to the module ("weight"); the model prefixes the module name.
+  // Parameters with names local to the module ("weight"); the model prefixes the module name
+  // and a "." ("h.0" + "." + "weight"), or nothing when the module's name is empty.
   virtual std::vector<ParamDecl> parameters() const = 0;
+  // Full names ("wte.weight") of parameters declared by earlier modules that this module uses
+  // too (GPT-2's LM head reuses the token embedding). Their refs follow the module's own in
+  // params and grads, in this order; the gradients of every use sum into the one parameter.
+  virtual std::vector<std::string> tied_parameters() const { return {}; }
   // out = f(in). Keeps whatever backward needs (its input, say) until backward runs. Inputs,
   // outputs, parameters and gradients are all on the engine's device.
   virtual void forward(const Tensor& in, Tensor& out, const std::vector<ParamRef>& params) = 0;
   // grad_in = df/din · grad_out; adds df/dparam · grad_out into grads (accumulating, so
-  // micro-batches sum up).
+  // micro-batches sum up). A frozen parameter's grad has null data: add nothing to it, but
+  // still compute grad_in.
   virtual void backward(const Tensor& grad_out, Tensor& grad_in,
                         const std::vector<ParamRef>& params,
                         const std::vector<ParamRef>& grads) = 0;
@@ -90,10 +96,15 @@ struct NamedModule {
 
 class ZeroModel {
  public:
+  // Throws zero::Error for a null module, a duplicate full parameter name, a module with both
+  // frozen and trainable parameters, and a tied name that is unknown (close names are listed)
+  // or not of an earlier module.
   ZeroModel(Communicator& comm, std::vector<NamedModule> modules, const EngineConfig& config);
 
   // Runs every module in order; at stage 3 each unit is gathered before its first module and
   // released after its last, while the next unit's all-gather runs on the communication stream.
+  // The units holding parameters a unit's modules tie to are gathered with it (and released
+  // with it, unless they were gathered already).
   // The input must be on the engine's device (Tensor::to(engine().device_context())).
   Tensor forward(const Tensor& input);
   // Runs the modules in reverse; each unit's gradients are handed to the engine as soon as the
@@ -109,11 +120,15 @@ class ZeroModel {
   void check_on_engine_device(const Tensor& tensor, const char* what) const;
   void prefetch_after(int unit, int direction);
   bool keep_for_backward(int unit) const;
+  std::vector<int> gather_tied(int module);
+  void release_tied(const std::vector<int>& units, int unit, int direction);
   std::vector<ParamRef> params_of(int module);
   std::vector<ParamRef> grads_of(int module);
 
   std::vector<NamedModule> modules_;
-  std::vector<std::vector<int>> module_params_;  // registration indices per module
+  std::vector<std::vector<int>> module_params_;  // registration indices per module: its own,
+                                                 // then those it ties to
+  std::vector<size_t> own_params_;               // per module: how many are its own
   std::unique_ptr<Engine> engine_;
 };
 

@@ -1,0 +1,281 @@
+// The module API's features for GPT-2 on every stage, at 1-4 ranks, against unsharded training
+// in double (model_features_util.h): a parameter tied into a later module, weight-decay groups,
+// and a frozen module; the scheduling options that touch the gradient buffers (micro-batches,
+// overlap_comm off, reduce_bucket_size packing, sub-groups, merging, persistence) and 16-bit
+// precision; checkpoints with frozen values; and the declaration errors.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tests/expect_error.h"
+#include "tests/runtime/checkpoint_util.h"
+#include "tests/runtime/model_features_util.h"
+#include "tests/runtime/train_util.h"
+#include "zero/runtime/checkpoint.h"
+
+namespace zero {
+namespace {
+
+using namespace zero::testing::features;
+using zero::testing::expect_close;
+using zero::testing::expect_error_naming;
+
+FeatureRun run_at(int stage, int steps, std::function<void(EngineConfig&)> tweak = nullptr) {
+  FeatureRun run;
+  run.stage = stage;
+  run.steps = steps;
+  run.tweak = std::move(tweak);
+  return run;
+}
+
+// Scheduling options that must not change the numbers, each with the name a failure shows.
+std::vector<std::pair<std::string, FeatureRun>> schedules() {
+  std::vector<std::pair<std::string, FeatureRun>> cases;
+  cases.emplace_back("plain", FeatureRun{});
+  FeatureRun accumulated;
+  accumulated.micro_batches = 2;
+  accumulated.clip = 0.05f;
+  cases.emplace_back("two micro-batches, clipping", accumulated);
+  FeatureRun packed = accumulated;
+  packed.tweak = [](EngineConfig& c) {
+    c.overlap_comm = false;
+    c.reduce_bucket_elements = 1 << 20;
+  };
+  cases.emplace_back("two micro-batches, overlap_comm off, reduce buckets packed", packed);
+  FeatureRun merged;
+  merged.tweak = [](EngineConfig& c) {
+    c.merge_bytes = 1 << 16;
+    c.optimizer_sub_group_elements = 7;
+    c.persistence_threshold = 11;
+  };
+  cases.emplace_back("merged units, sub-groups of 7, persistent 1-D parameters", merged);
+  FeatureRun prefetching = accumulated;
+  prefetching.tweak = [](EngineConfig& c) {
+    c.prefetch_elements = 1 << 20;
+    c.max_live_elements = 1;
+    c.max_reuse_distance = 1 << 20;
+  };
+  cases.emplace_back("two micro-batches, deep prefetch, live budget 1, reuse", prefetching);
+  return cases;
+}
+
+void expect_matches(const Result& run, const Result& reference, const std::string& what,
+                    double rel = 1e-4, double param_rel = 1e-5, double floor = 1e-6) {
+  expect_close(run.losses, reference.losses, rel, what + " losses");
+  expect_close(run.grad_norms, reference.grad_norms, rel, what + " gradient norms");
+  ASSERT_EQ(run.final_params.size(), reference.final_params.size()) << what;
+  for (size_t p = 0; p < run.final_params.size(); ++p) {
+    expect_close(run.final_params[p], reference.final_params[p], param_rel,
+                 what + ", " + declarations()[p].name, floor);
+  }
+}
+
+// Every stage and schedule against the reference.
+void expect_every_stage_matches(const Net& net) {
+  for (const auto& [name, schedule] : schedules()) {
+    const Result reference = train_reference(net, schedule);
+    EXPECT_LT(reference.losses.back(), reference.losses.front()) << name;
+    for (int stage = 0; stage <= 3; ++stage) {
+      FeatureRun run = schedule;
+      run.stage = stage;
+      expect_matches(train(net, run), reference, name + ", stage " + std::to_string(stage));
+    }
+  }
+}
+
+TEST(ModelFeatures, UnnamedModuleRegistersWithoutPrefix) {
+  const Result run = train(Net{}, run_at(0, 1));
+  const std::vector<std::string> expected = {"wte.weight", "wpe.bias", "h.0.w", "h.0.b",
+                                             "h.1.w",      "h.1.b",    "head.b"};
+  EXPECT_EQ(run.names, expected);
+}
+
+// The head adds its gradient of wte.weight before the embedding's backward: the two must sum
+// into the one parameter at every stage, however the buffers are scheduled.
+TEST(ModelFeatures, TiedParameterMatchesUnshardedTraining) {
+  expect_every_stage_matches(Net{});
+}
+
+TEST(ModelFeatures, WeightDecayGroupsMatchUnshardedTraining) {
+  Net groups;
+  groups.no_decay = 0.0f;  // PyTorch's GPT-2 groups: 1-D tensors are not decayed
+  for (const auto& [name, schedule] : schedules()) {
+    FeatureRun run = schedule;
+    run.weight_decay = 0.5f;  // large enough that the groups differ visibly
+    const Result reference = train_reference(groups, run);
+    const Result decay_all = train_reference(Net{}, run);
+    EXPECT_NE(reference.final_params[1], decay_all.final_params[1]) << name;
+    for (int stage = 0; stage <= 3; ++stage) {
+      run.stage = stage;
+      expect_matches(train(groups, run), reference, name + ", stage " + std::to_string(stage));
+    }
+  }
+}
+
+TEST(ModelFeatures, FrozenModuleMatchesUnshardedTraining) {
+  Net frozen;
+  frozen.freeze_h1 = true;
+  const std::vector<Decl> decls = declarations();
+  for (const auto& [name, schedule] : schedules()) {
+    const Result reference = train_reference(frozen, schedule);
+    for (int stage = 0; stage <= 3; ++stage) {
+      FeatureRun run = schedule;
+      run.stage = stage;
+      const std::string what = name + ", stage " + std::to_string(stage);
+      const Result result = train(frozen, run);
+      expect_matches(result, reference, what);
+      EXPECT_TRUE(result.frozen_grads_null) << what << ": the frozen module got gradients";
+      // Never updated: still exactly the initial values, weight decay included.
+      for (size_t p : {4u, 5u}) {
+        for (size_t e = 0; e < result.final_params[p].size(); ++e) {
+          ASSERT_EQ(result.final_params[p][e],
+                    init_value(5, p, e, ParamInit{InitKind::kUniform, decls[p].scale}))
+              << what << ", " << decls[p].name << " element " << e;
+        }
+      }
+      // No gradient, master or optimizer state: less model state, as the plan says. (Merged,
+      // the frozen unit's own padding can outweigh that on a model this small.)
+      EXPECT_EQ(result.model_state_bytes, result.plan.model_state) << what;
+      if (!run.tweak) {
+        EXPECT_LT(result.model_state_bytes, train(Net{}, run_at(stage, 1)).model_state_bytes)
+            << what;
+      }
+    }
+  }
+}
+
+// merge_bytes never puts a frozen module into a trainable unit: h.1 stays a unit of its own
+// between the merged trainable ones.
+TEST(ModelFeatures, FrozenModulesNeverMergeWithTrainableOnes) {
+  Net frozen;
+  frozen.freeze_h1 = true;
+  const FeatureRun run = run_at(3, 1, [](EngineConfig& c) { c.merge_bytes = 1 << 16; });
+  EXPECT_EQ(train(Net{}, run).units, 1u);
+  EXPECT_EQ(train(frozen, run).units, 3u);
+}
+
+// All three at once in bf16 (fp32 and bf16 accumulation) and fp16, where gradients go through
+// 16-bit buckets and accumulators: within 16-bit rounding of the reference.
+TEST(ModelFeatures, AllFeaturesIn16BitPrecision) {
+  Net net;
+  net.freeze_h1 = true;
+  net.no_decay = 0.0f;
+  FeatureRun base;
+  base.micro_batches = 2;
+  base.weight_decay = 0.5f;
+  const Result reference = train_reference(net, base);
+  const std::vector<std::pair<std::string, std::function<void(EngineConfig&)>>> precisions = {
+      {"bf16, fp32 accumulation", [](EngineConfig& c) { c.dtype = DType::kBFloat16; }},
+      {"bf16, bf16 accumulation",
+       [](EngineConfig& c) {
+         c.dtype = DType::kBFloat16;
+         c.grad_accum_dtype = DType::kBFloat16;
+       }},
+      {"fp16, packed reduce buckets", [](EngineConfig& c) {
+         c.dtype = DType::kFloat16;
+         c.loss_scaler.initial_scale_power = 8;
+         c.reduce_bucket_elements = 1 << 20;
+       }}};
+  for (const auto& [name, precision] : precisions) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      FeatureRun run = base;
+      run.stage = stage;
+      run.tweak = precision;
+      const std::string what = name + ", stage " + std::to_string(stage);
+      const Result result = train(net, run);
+      expect_matches(result, reference, what, 3e-2, 3e-2, 3e-3);
+      EXPECT_TRUE(result.frozen_grads_null) << what;
+      EXPECT_EQ(result.model_state_bytes, result.plan.model_state) << what;
+    }
+  }
+}
+
+// A checkpoint saves the frozen values and a load restores them: the resumed run starts from a
+// model initialized with another seed, so a frozen value left out would show.
+TEST(ModelFeatures, CheckpointsSaveAndRestoreFrozenValues) {
+  std::unique_ptr<Communicator> comm = make_mpi_communicator();
+  Net net;
+  net.freeze_h1 = true;
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    for (int stage : {1, 3}) {
+      const std::string dir = zero::testing::shared_temp_dir(*comm);
+      const std::string what = std::string(dtype_name(dtype)) + ", stage " + std::to_string(stage);
+      FeatureRun run = run_at(stage, 4, [dtype](EngineConfig& c) { c.dtype = dtype; });
+      run.after_step = [&](ZeroModel& model, int step) {
+        if (step == 2) save_checkpoint(model.engine(), dir, TrainerState{step, 5});
+      };
+      const Result whole = train(net, run);
+      FeatureRun resumed = run;
+      resumed.first_step = 3;
+      resumed.after_step = nullptr;
+      resumed.before = [&](ZeroModel& model) { load_checkpoint(model.engine(), dir, nullptr); };
+      const Result second = train(net, resumed, /*seed=*/99);
+      EXPECT_EQ(second.final_params, whole.final_params) << what;
+      if (comm->rank() == 0) std::filesystem::remove_all(dir);
+    }
+  }
+}
+
+class Plain : public Module {
+ public:
+  Plain(std::vector<ParamDecl> params, std::vector<std::string> tied)
+      : params_(std::move(params)), tied_(std::move(tied)) {}
+  std::vector<ParamDecl> parameters() const override { return params_; }
+  std::vector<std::string> tied_parameters() const override { return tied_; }
+  void forward(const Tensor& in, Tensor& out, const std::vector<ParamRef>&) override { out = in; }
+  void backward(const Tensor& g, Tensor& gin, const std::vector<ParamRef>&,
+                const std::vector<ParamRef>&) override {
+    gin = g;
+  }
+
+ private:
+  std::vector<ParamDecl> params_;
+  std::vector<std::string> tied_;
+};
+
+ParamDecl param(const std::string& name, bool trainable = true) {
+  ParamDecl d{ParamSpec{name, {4}, 0}, ParamInit{}};
+  d.trainable = trainable;
+  return d;
+}
+
+void expect_model_error(std::vector<std::pair<std::string, Plain>> specs,
+                        const std::string& needle) {
+  std::unique_ptr<Communicator> comm = make_mpi_communicator();
+  std::vector<NamedModule> modules;
+  for (auto& [name, module] : specs) {
+    modules.push_back({name, std::make_unique<Plain>(std::move(module))});
+  }
+  expect_error_naming([&] { ZeroModel model(*comm, std::move(modules), EngineConfig{}); }, needle);
+}
+
+TEST(ModelFeatures, BadDeclarationsAreNamedErrors) {
+  using Specs = std::vector<std::pair<std::string, Plain>>;
+  const auto specs = [](Plain first, Plain second) {
+    Specs s;
+    s.emplace_back("", std::move(first));
+    s.emplace_back("head", std::move(second));
+    return s;
+  };
+  expect_model_error(specs(Plain({param("wte.weight")}, {}), Plain({}, {"wte.wieght"})),
+                     "module #1 ('head') ties to 'wte.wieght', which no module declares; close "
+                     "names: 'wte.weight'");
+  expect_model_error(specs(Plain({param("wte.weight")}, {"head.b"}), Plain({param("b")}, {})),
+                     "module #0 ('') ties to 'head.b' of module #1 ('head'); a module ties only "
+                     "to parameters of earlier modules");
+  expect_model_error(specs(Plain({param("w")}, {}), Plain({param("b")}, {"head.b"})),
+                     "module #1 ('head') ties to 'head.b' of itself");
+  expect_model_error(specs(Plain({param("w")}, {}), Plain({}, {"w", "w"})),
+                     "module #1 ('head') ties to 'w' twice");
+  expect_model_error(specs(Plain({param("w")}, {}), Plain({param("a"), param("b", false)}, {})),
+                     "module #1 ('head') has frozen and trainable parameters: 'head.b' is frozen, "
+                     "'head.a' trainable");
+  expect_model_error(specs(Plain({param("head.b")}, {}), Plain({param("b")}, {})),
+                     "parameter name 'head.b' is registered twice");
+}
+
+}  // namespace
+}  // namespace zero
