@@ -1,17 +1,7 @@
 // The example MLP's GPU math: see mlp_cuda.h.
-#include <cublas_v2.h>
-
 #include "models/mlp_cuda.h"
+#include "zero/kernels/cublas_check.h"
 #include "zero/kernels/cuda_check.h"
-
-// ZERO_CUBLAS_CHECK(cublasXxx(...)): throws zero::Error naming the call, the status, file and line.
-#define ZERO_CUBLAS_CHECK(call)                                                      \
-  do {                                                                               \
-    const cublasStatus_t zero_cublas_status_ = (call);                               \
-    if (zero_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                              \
-      ZERO_FAIL(#call << " failed: " << cublasGetStatusString(zero_cublas_status_)); \
-    }                                                                                \
-  } while (0)
 
 namespace zero::models::gpu {
 

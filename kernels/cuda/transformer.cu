@@ -1,20 +1,10 @@
 // The GPT-2 kernels of cuda_transformer_kernels.h. The per-thread work is in
 // transformer_kernel_bodies.h; the kernels here only put the barriers between its phases and
 // the reduction trees around them. The GEMMs are cuBLAS's.
-#include <cublas_v2.h>
-
 #include "transformer_kernel_bodies.h"
+#include "zero/kernels/cublas_check.h"
 #include "zero/kernels/cuda_check.h"
 #include "zero/kernels/cuda_transformer_kernels.h"
-
-// ZERO_CUBLAS_CHECK(cublasXxx(...)): throws zero::Error naming the call and the status.
-#define ZERO_CUBLAS_CHECK(call)                                                      \
-  do {                                                                               \
-    const cublasStatus_t zero_cublas_status_ = (call);                               \
-    if (zero_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                              \
-      ZERO_FAIL(#call << " failed: " << cublasGetStatusString(zero_cublas_status_)); \
-    }                                                                                \
-  } while (0)
 
 namespace zero::kernels::cuda {
 
