@@ -3,21 +3,27 @@
 #include <sstream>
 
 #include "driver/cli.h"
+#include "zero/core/check.h"
 
 namespace zero::examples {
 
 using driver::parse_at_least;
+using driver::parse_between;
 using driver::parse_bytes;
 using driver::parse_float_at_least;
 using driver::usage_error;
 
 const char* const kTrainUsage =
-    "usage: zero-train [--config FILE] [--model mlp] [--steps N] [--stage 0|1|2|3]\n"
+    "usage: zero-train [--config FILE] [--model mlp|gpt2] [--steps N] [--stage 0|1|2|3]\n"
     "                  [--dtype fp32|bf16|fp16] [--seed S] [--global-batch B]\n"
     "                  [--micro-batches K] [--lr X] [--weight-decay X] [--clip X]\n"
     "                  [--schedule constant|warmup|linear|cosine] [--warmup N]\n"
     "                  [--steps-per-print N] [--metrics FILE] [--trace FILE]\n"
-    "                  [--input-dim N] [--hidden N] [--output-dim N] [--layers N]\n"
+    "                  mlp:  [--input-dim N] [--hidden N] [--output-dim N] [--layers N]\n"
+    "                  gpt2: --data FILES [--val-data FILES] [--val-every K] [--val-batches M]\n"
+    "                        [--preset tiny|gpt2-124M|gpt2-350M|gpt2-774M|gpt2-1.5B]\n"
+    "                        [--n-layer N] [--n-head N] [--n-embd N] [--vocab-size N]\n"
+    "                        [--block-size N] [--seq-len N] [--decay-all] [--init-from FILE]\n"
     "                  [--merge-bytes N] [--threads N] [--memory-limit BYTES[K|M|G]]\n"
     "                  [--save-dir DIR] [--save-every K] [--resume DIR|latest]\n"
     "                  [--override-optimizer]\n"
@@ -49,9 +55,20 @@ Fault parse_fault(const std::string& v) {
 
 // What "auto" in a config file becomes: the flags, or zero-train's defaults for them (the values
 // the run uses when the file does not say), and the MLP's hidden size.
-zero::ConfigContext auto_values(const Flags& f) {
+// --global-batch need not divide over ranks and micro-batches (DeepSpeed's train_batch_size
+// must): the slices then differ by one sample, weighted by their sizes (see batch_slice). The
+// config's batch rule is checked with the batch rounded up to the next multiple, and the run
+// then takes the flag's own value.
+long divisible_batch(long global, long slices) {
+  return global >= slices && global % slices != 0 ? (global / slices + 1) * slices : global;
+}
+
+zero::ConfigContext auto_values(const Flags& f, int world_size) {
   zero::ConfigContext c;
-  c.train_batch_size = f.global_batch.value_or(kDefaultGlobalBatch);
+  c.train_batch_size =
+      f.global_batch ? divisible_batch(*f.global_batch,
+                                       static_cast<long>(f.micro_batches.value_or(1)) * world_size)
+                     : kDefaultGlobalBatch;
   c.batch_from_caller = f.global_batch.has_value();  // --global-batch overrides the file
   c.gradient_accumulation_steps = f.micro_batches.value_or(1);
   c.gradient_clipping = f.clip.value_or(0.0f);
@@ -60,9 +77,88 @@ zero::ConfigContext auto_values(const Flags& f) {
   c.weight_decay = f.weight_decay.value_or(kDefaultWeightDecay);
   c.warmup_num_steps = f.warmup.value_or(0);
   c.total_num_steps = f.steps;
-  c.hidden_size = f.mlp.hidden_dim;
+  c.hidden_size = f.model == "gpt2" ? f.gpt2.n_embd : f.mlp.hidden_dim;
   c.source = "zero-train's flags or their defaults";
   return c;
+}
+
+// The MLP's size flags; false for another flag.
+bool parse_mlp_flag(const std::string& flag, const std::string& v, Flags* f) {
+  int* field = flag == "--input-dim"    ? &f->mlp.input_dim
+               : flag == "--hidden"     ? &f->mlp.hidden_dim
+               : flag == "--output-dim" ? &f->mlp.output_dim
+               : flag == "--layers"     ? &f->mlp.layers
+                                        : nullptr;
+  if (field == nullptr) return false;
+  *field = static_cast<int>(parse_between(flag, v, 1, 1 << 30));
+  return true;
+}
+
+// The GPT-2's flags; false for another flag. A preset sets every size, so it must come before
+// the size flags it is combined with (checked in check_model_flags).
+bool parse_gpt2_flag(const std::string& flag, const std::string& v, Flags* f) {
+  if (flag == "--preset") {
+    if (!zero::models::gpt2_preset(v, &f->gpt2)) {
+      usage_error("unknown --preset '" + v + "' (" + zero::models::gpt2_preset_names() + ")");
+    }
+    for (const std::string& given : f->gpt2_flags) {
+      if (given == "--n-layer" || given == "--n-head" || given == "--n-embd" ||
+          given == "--vocab-size" || given == "--block-size") {
+        usage_error("--preset sets every size: give it before " + given);
+      }
+    }
+    return true;
+  }
+  int* size = flag == "--n-layer"      ? &f->gpt2.n_layer
+              : flag == "--n-head"     ? &f->gpt2.n_head
+              : flag == "--n-embd"     ? &f->gpt2.n_embd
+              : flag == "--vocab-size" ? &f->gpt2.vocab_size
+              : flag == "--block-size" ? &f->gpt2.block_size
+              : flag == "--seq-len"    ? &f->seq_len
+                                       : nullptr;
+  if (size != nullptr) {
+    *size = static_cast<int>(parse_between(flag, v, 1, 1 << 30));
+  } else if (flag == "--data") {
+    f->data = v;
+  } else if (flag == "--val-data") {
+    f->val_data = v;
+  } else if (flag == "--val-every") {
+    f->val_every = parse_at_least(flag, v, 1);
+  } else if (flag == "--val-batches") {
+    f->val_batches = parse_at_least(flag, v, 1);
+  } else if (flag == "--init-from") {
+    f->init_from = v;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// Each model's flags only with that model, and what the GPT-2 needs to run.
+void check_model_flags(Flags* f) {
+  if (f->model != "mlp" && f->model != "gpt2") {
+    usage_error("unknown model '" + f->model + "' (available: mlp, gpt2)");
+  }
+  const bool gpt2 = f->model == "gpt2";
+  const std::vector<std::string>& other = gpt2 ? f->mlp_flags : f->gpt2_flags;
+  if (!other.empty()) {
+    usage_error(other.front() + " is a flag of --model " + (gpt2 ? "mlp" : "gpt2") +
+                ", and this run trains --model " + f->model);
+  }
+  if (!gpt2) return;
+  if (f->data.empty())
+    usage_error("--model gpt2 needs --data FILES (token files; see zero-tokenize)");
+  if (f->val_every > 0 && f->val_data.empty()) usage_error("--val-every needs --val-data");
+  try {
+    zero::models::check_gpt2_config(f->gpt2);
+  } catch (const zero::Error& e) {
+    usage_error(e.what());
+  }
+  if (f->seq_len == 0) f->seq_len = f->gpt2.block_size;
+  if (f->seq_len > f->gpt2.block_size) {
+    usage_error("--seq-len " + std::to_string(f->seq_len) + " is longer than the block size " +
+                std::to_string(f->gpt2.block_size) + " (the position embedding's rows)");
+  }
 }
 
 std::string text_of(double v) {
@@ -83,6 +179,11 @@ Flags parse_flags(int argc, char** argv) {
     }
     if (flag == "--override-optimizer") {
       f.override_optimizer = true;
+      continue;
+    }
+    if (flag == "--decay-all") {
+      f.gpt2.decay_matrices_only = false;
+      f.gpt2_flags.push_back(flag);
       continue;
     }
     if (i + 1 >= argc) usage_error("missing value after " + flag);
@@ -125,14 +226,10 @@ Flags parse_flags(int argc, char** argv) {
       f.metrics = v;
     } else if (flag == "--trace") {
       f.trace = v;
-    } else if (flag == "--input-dim") {
-      f.mlp.input_dim = static_cast<int>(parse_at_least(flag, v, 1));
-    } else if (flag == "--hidden") {
-      f.mlp.hidden_dim = static_cast<int>(parse_at_least(flag, v, 1));
-    } else if (flag == "--output-dim") {
-      f.mlp.output_dim = static_cast<int>(parse_at_least(flag, v, 1));
-    } else if (flag == "--layers") {
-      f.mlp.layers = static_cast<int>(parse_at_least(flag, v, 1));
+    } else if (parse_mlp_flag(flag, v, &f)) {
+      f.mlp_flags.push_back(flag);
+    } else if (parse_gpt2_flag(flag, v, &f)) {
+      f.gpt2_flags.push_back(flag);
     } else if (flag == "--merge-bytes") {
       f.merge_bytes = static_cast<size_t>(parse_at_least(flag, v, 0));
     } else if (flag == "--threads") {
@@ -162,8 +259,11 @@ Flags parse_flags(int argc, char** argv) {
       usage_error("unknown flag " + flag);
     }
   }
-  if (f.model != "mlp") usage_error("unknown model '" + f.model + "' (available: mlp)");
+  check_model_flags(&f);
   if (f.save_every > 0 && f.save_dir.empty()) usage_error("--save-every needs --save-dir");
+  if (!f.init_from.empty() && !f.resume.empty()) {
+    usage_error("--init-from and --resume both give the weights: the checkpoint has them");
+  }
   if (f.resume == "latest" && f.save_dir.empty()) {
     usage_error("--resume latest needs --save-dir (the directory whose latest checkpoint to load)");
   }
@@ -180,7 +280,7 @@ Flags parse_flags(int argc, char** argv) {
 zero::TrainingConfig resolve_config(const Flags& f, int world_size) {
   zero::TrainingConfig tc;
   if (!f.config.empty()) {
-    tc = zero::load_training_config(f.config, world_size, auto_values(f));
+    tc = zero::load_training_config(f.config, world_size, auto_values(f, world_size));
   } else {
     tc.engine.stage = 3;
     tc.engine.optimizer.lr = kDefaultLr;
@@ -214,10 +314,13 @@ zero::TrainingConfig resolve_config(const Flags& f, int world_size) {
   }
   if (f.warmup) e.lr_schedule.warmup_steps = *f.warmup;
   if (f.global_batch || f.micro_batches) {
-    const zero::BatchSizes b = zero::derive_batch_sizes(
-        f.global_batch ? *f.global_batch : tc.train_batch_size, std::nullopt,
-        f.micro_batches ? *f.micro_batches : tc.gradient_accumulation_steps, world_size,
-        "--global-batch/--micro-batches");
+    const long global = f.global_batch ? *f.global_batch : tc.train_batch_size;
+    const int accumulation = f.micro_batches ? *f.micro_batches : tc.gradient_accumulation_steps;
+    const long slices = static_cast<long>(accumulation) * world_size;
+    zero::BatchSizes b = zero::derive_batch_sizes(
+        f.global_batch ? divisible_batch(global, slices) : global, std::nullopt, accumulation,
+        world_size, "--global-batch/--micro-batches");
+    b.train_batch_size = global;
     tc.train_batch_size = b.train_batch_size;
     tc.micro_batch_per_rank = b.micro_batch_per_rank;
     tc.gradient_accumulation_steps = b.gradient_accumulation_steps;
@@ -258,11 +361,19 @@ std::vector<zero::examples::Setting> run_description(const Flags& f,
            << " merge_bytes " << e.merge_bytes << " predivide " << e.gradient_predivide_factor
            << " fp32_reduce " << e.reduce_in_fp32 << " grad_accum "
            << (e.grad_accum_dtype ? zero::dtype_name(*e.grad_accum_dtype) : "default");
-  model << f.model << " " << f.mlp.input_dim << "-" << f.mlp.hidden_dim << "x" << f.mlp.layers
-        << "-" << f.mlp.output_dim;
+  if (f.model == "gpt2") {
+    const zero::models::Gpt2Config& g = f.gpt2;
+    model << "gpt2 " << g.n_layer << "x" << g.n_embd << " heads " << g.n_head << " vocab "
+          << g.vocab_size << " block " << g.block_size << " seq " << f.seq_len << " decay_all "
+          << !g.decay_matrices_only << " data " << f.data << " val " << f.val_data << " every "
+          << f.val_every << " x" << f.val_batches << " init " << f.init_from;
+  } else {
+    model << f.model << " " << f.mlp.input_dim << "-" << f.mlp.hidden_dim << "x" << f.mlp.layers
+          << "-" << f.mlp.output_dim;
+  }
   fault << static_cast<int>(f.fault.kind) << "@" << f.fault.step;
   return {
-      {"the model (--model, --input-dim, --hidden, --layers, --output-dim)", model.str()},
+      {"the model (--model and its flags)", model.str()},
       {"the ZeRO stage (--stage, zero_optimization.stage)", std::to_string(e.stage)},
       {"the dtype (--dtype, bf16/fp16.enabled)", zero::dtype_name(e.dtype)},
       {"--steps", std::to_string(f.steps)},

@@ -7,8 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "models/mlp.h"
 #include "examples/run_checks.h"
+#include "models/gpt2.h"
+#include "models/mlp.h"
 #include "zero/core/dtype.h"
 #include "zero/runtime/config.h"
 
@@ -43,6 +44,17 @@ struct Flags {
   std::string metrics;
   std::string trace;
   zero::models::MlpConfig mlp;
+  std::vector<std::string> mlp_flags;  // the MLP's size flags given (not for --model gpt2)
+  // --model gpt2: the architecture (a --preset, then any size flag on top), the sequence length
+  // (the block size unless given), the token files and validation, and initial weights.
+  zero::models::Gpt2Config gpt2;
+  std::vector<std::string> gpt2_flags;  // the GPT-2's flags given (not for --model mlp)
+  int seq_len = 0;
+  std::string data;
+  std::string val_data;
+  long val_every = 0;
+  long val_batches = 4;
+  std::string init_from;
   int threads = 1;
   bool cuda = false;
   uint64_t memory_limit = 0;

@@ -1,15 +1,19 @@
-// zero-train: trains an example model with the ZeRO engine on the ranks mpirun started.
+// zero-train: trains a model of models/ with the ZeRO engine on the ranks mpirun started.
 //
+//   zerorun -np 2 -- zero-train --model gpt2 --preset tiny --data train.bin --stage 3
 //   zerorun -np 2 -- zero-train --model mlp --stage 3 --steps 20 --metrics run.jsonl
 //   zerorun -np 4 -- zero-train --config ds_config.json --steps 100 --trace run.trace.json
 //
+// The model is a TrainTask (train_task.h): the MLP on its synthetic teacher task, or the GPT-2
+// on llm.c token files (--data, --val-data), from Hugging Face weights with --init-from.
 // Settings come from a DeepSpeed-style config (--config) when given, and command-line flags
 // override it; "auto" in the file takes the flag's value (or its default), as Hugging Face's
 // Trainer does, and rank 0 prints each value it resolved and each config key it ignores. Rank 0
 // prints a memory summary at start and a progress line every steps_per_print steps (with
 // wall_clock_breakdown, a "time (ms) | forward: ..." line after it, as DeepSpeed); --metrics
-// writes JSON lines (an "init" record, then one "step" record per step); --trace writes a Chrome
-// trace of every rank's compute and collectives.
+// writes JSON lines (an "init" record with the model's config, then one "step" record per step,
+// with tokens_per_s and, every --val-every steps, val_loss); --trace writes a Chrome trace of
+// every rank's compute and collectives.
 // --device cuda trains on each rank's node-local GPU, with NCCL collectives (builds with CUDA).
 #include <mpi.h>
 
@@ -30,9 +34,9 @@
 
 #include "driver/cli.h"
 #include "driver/metrics_writer.h"
-#include "models/mlp.h"
 #include "examples/run_checks.h"
 #include "examples/train_flags.h"
+#include "examples/train_task.h"
 #include "zero/collectives/mpi_communicator.h"
 #if ZERO_HAVE_NCCL
 #include "zero/collectives/nccl_communicator.h"
@@ -46,10 +50,10 @@ extern "C" void openblas_set_num_threads(int num_threads);
 
 namespace {
 
-using zero::examples::Fault;
-using zero::examples::Flags;
 using zero::driver::json_number;
 using zero::driver::JsonRecord;
+using zero::examples::Fault;
+using zero::examples::Flags;
 
 double to_ms(std::chrono::steady_clock::duration d) {
   return std::chrono::duration<double, std::milli>(d).count();
@@ -69,17 +73,18 @@ double mib(uint64_t bytes) {
   return static_cast<double>(bytes) / (1 << 20);
 }
 
-void train(const Flags& f, const zero::TrainingConfig& tc, zero::Communicator& comm) {
+void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::TrainTask& task,
+           zero::Communicator& comm) {
   const int rank = comm.rank();
   const int world = comm.world_size();
   const zero::EngineConfig& config = tc.engine;
-  const long per_micro_batch = tc.micro_batch_per_rank;
+  const long per_micro_batch = tc.micro_batch_per_rank;  // the largest slice
   const int micro_batches = tc.gradient_accumulation_steps;
   if (f.test_comm_delay_us > 0) {
     comm.stream().set_delay_for_testing(std::chrono::microseconds(f.test_comm_delay_us));
   }
 
-  zero::ZeroModel model(comm, zero::models::make_mlp(f.mlp), config);
+  zero::ZeroModel model(comm, task.take_modules(), config);
   zero::Engine& engine = model.engine();
   // Metrics, memory figures and traces are host values: they travel over MPI even when the
   // engine's collectives run through NCCL.
@@ -100,7 +105,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::Communicator& c
       std::printf("resumed from %s at step %ld\n", f.resume.c_str(), resumed.step);
     }
   }
-  const zero::models::TeacherTask data(f.mlp, data_seed);
+  task.start(engine, data_seed);
 
   // A resumed run appends to the metrics file it continues, after a record marking the resume.
   zero::driver::MetricsWriter metrics;
@@ -118,23 +123,30 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::Communicator& c
   const uint64_t state_bytes = max_over_ranks(host, engine.model_state_bytes());
   const uint64_t buffer_bytes = max_over_ranks(host, engine.buffer_bytes());
   if (rank == 0) {
+    // Slices differ by one sample when the batch does not divide (see batch_slice).
+    const long smallest = tc.train_batch_size / (static_cast<long>(micro_batches) * world);
+    const std::string per_slice = smallest == per_micro_batch ? std::to_string(per_micro_batch)
+                                                              : std::to_string(smallest) + "-" +
+                                                                    std::to_string(per_micro_batch);
     std::printf(
-        "zero-train: mlp in %s, %zu params (%zu padded) in %zu units, stage %d, %d rank(s), "
-        "global batch %ld = %ld per micro-batch x %d micro-batches x %d ranks\n",
-        zero::dtype_name(config.dtype), engine.layout().numel(), engine.layout().padded_numel(),
-        engine.layout().units().size(), config.stage, world, tc.train_batch_size, per_micro_batch,
-        micro_batches, world);
+        "zero-train: %s in %s, %zu params (%zu padded) in %zu units, stage %d, %d rank(s), "
+        "global batch %ld = %s per micro-batch x %d micro-batches x %d ranks\n",
+        task.description().c_str(), zero::dtype_name(config.dtype), engine.layout().numel(),
+        engine.layout().padded_numel(), engine.layout().units().size(), config.stage, world,
+        tc.train_batch_size, per_slice.c_str(), micro_batches, world);
     std::printf("memory on rank 0 at start:\n%s", engine.allocator().summary().c_str());
     std::fflush(stdout);
-    metrics.write(JsonRecord{{"event", "init"},
-                             {"world_size", world},
-                             {"stage", config.stage},
-                             {"dtype", zero::dtype_name(config.dtype)},
-                             {"params", engine.layout().numel()},
-                             {"padded_params", engine.layout().padded_numel()},
-                             {"units", engine.layout().units().size()},
-                             {"model_state_bytes", state_bytes},
-                             {"buffer_bytes", buffer_bytes}});
+    JsonRecord init{{"event", "init"},
+                    {"world_size", world},
+                    {"stage", config.stage},
+                    {"dtype", zero::dtype_name(config.dtype)},
+                    {"params", engine.layout().numel()},
+                    {"padded_params", engine.layout().padded_numel()},
+                    {"units", engine.layout().units().size()},
+                    {"model_state_bytes", state_bytes},
+                    {"buffer_bytes", buffer_bytes}};
+    init.update(task.model_record());
+    metrics.write(init);
   }
 
   for (long step = first_step; step <= f.steps; ++step) {
@@ -148,16 +160,19 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::Communicator& c
     float loss_sum = 0.0f;
     for (int k = 0; k < micro_batches; ++k) {
       // Micro-batch k of the global batch is split across ranks in contiguous blocks.
-      const int64_t first =
-          (static_cast<int64_t>(k) * world + rank) * static_cast<int64_t>(per_micro_batch);
+      const zero::examples::BatchSlice slice =
+          zero::examples::batch_slice(tc.train_batch_size, micro_batches, world, k, rank);
       const auto data_start = std::chrono::steady_clock::now();
-      zero::models::Batch batch = data.batch(step, first, per_micro_batch);
+      const zero::Tensor input = task.input(step, slice.first, slice.count);
       data_time += std::chrono::steady_clock::now() - data_start;
       const auto forward_start = std::chrono::steady_clock::now();
-      zero::Tensor prediction = model.forward(batch.inputs.to(device));
+      zero::Tensor prediction = model.forward(input.to(device));
       forward_time += std::chrono::steady_clock::now() - forward_start;
       zero::Tensor grad;
-      loss_sum += zero::models::mse_loss(prediction, batch.targets.to(device), grad);
+      loss_sum += task.loss(prediction, grad) * slice.weight;
+      if (slice.weight != 1.0f) {
+        device->scale(grad.data(), zero::DType::kFloat32, slice.weight, grad.numel());
+      }
       const bool faulty = step == f.fault.step && k == micro_batches - 1 && rank == world - 1;
       if (faulty && f.fault.kind == Fault::kInfGrad) {
         std::vector<float> values = grad.to_host();
@@ -182,6 +197,9 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::Communicator& c
     host.all_reduce_sync(&loss_sum, &global_loss, 1, zero::DType::kFloat32);
     global_loss /= static_cast<float>(world * micro_batches);
     const double step_ms = ms_since(start);
+    // Validation is outside the step's time: forward only, on the validation batches.
+    std::optional<float> val_loss;
+    if (task.validates(step)) val_loss = task.validation_loss(model, host);
     const uint64_t step_bytes = comm.counters().total_bytes() - bytes_before;
     if (save_now) {
       zero::save_checkpoint(engine, f.save_dir, zero::TrainerState{step, data_seed},
@@ -195,12 +213,15 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::Communicator& c
       std::printf("step %ld: gradient overflow, step skipped; loss scale now %g\n", step,
                   stats.loss_scale);
     }
+    const double tokens_per_s = static_cast<double>(tc.train_batch_size) *
+                                static_cast<double>(task.tokens_per_sample()) / (step_ms / 1000.0);
+    if (val_loss) std::printf("step %5ld/%ld  val_loss %.6f\n", step, f.steps, *val_loss);
     if (step % tc.steps_per_print == 0 || step == f.steps || stats.skipped) {
       std::printf(
-          "step %5ld/%ld  loss %.6f  lr %.3g  scale %g  grad_norm %.4f  %.2f ms  %.0f samples/s  "
+          "step %5ld/%ld  loss %.6f  lr %.3g  scale %g  grad_norm %.4f  %.2f ms  %.0f %s/s  "
           "state %.2f MiB  peak %.2f MiB\n",
           step, f.steps, global_loss, stats.lr, stats.loss_scale, stats.grad_norm, step_ms,
-          static_cast<double>(tc.train_batch_size) / (step_ms / 1000.0), mib(step_state),
+          tokens_per_s, task.tokens_per_sample() > 1 ? "tokens" : "samples", mib(step_state),
           mib(peak));
       if (tc.wall_clock_breakdown) {
         // DeepSpeed's per-step breakdown, rank 0's timers. The engine reports one wait for all
@@ -214,21 +235,24 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::Communicator& c
       }
       std::fflush(stdout);
     }
-    metrics.write(JsonRecord{{"event", "step"},
-                             {"step", step},
-                             {"loss", json_number(global_loss)},
-                             {"grad_norm", json_number(stats.grad_norm)},
-                             {"lr", json_number(stats.lr)},
-                             {"step_ms", json_number(step_ms)},
-                             {"data_ms", json_number(to_ms(data_time))},
-                             {"collectives", stats.collectives},
-                             {"comm_busy_ms", json_number(stats.comm_busy_ms)},
-                             {"comm_wait_ms", json_number(stats.comm_wait_ms)},
-                             {"comm_bytes", step_bytes},
-                             {"model_state_bytes", step_state},
-                             {"peak_bytes", peak},
-                             {"loss_scale", json_number(stats.loss_scale)},
-                             {"skipped", stats.skipped}});
+    JsonRecord record{{"event", "step"},
+                      {"step", step},
+                      {"loss", json_number(global_loss)},
+                      {"grad_norm", json_number(stats.grad_norm)},
+                      {"lr", json_number(stats.lr)},
+                      {"step_ms", json_number(step_ms)},
+                      {"tokens_per_s", json_number(tokens_per_s)},
+                      {"data_ms", json_number(to_ms(data_time))},
+                      {"collectives", stats.collectives},
+                      {"comm_busy_ms", json_number(stats.comm_busy_ms)},
+                      {"comm_wait_ms", json_number(stats.comm_wait_ms)},
+                      {"comm_bytes", step_bytes},
+                      {"model_state_bytes", step_state},
+                      {"peak_bytes", peak},
+                      {"loss_scale", json_number(stats.loss_scale)},
+                      {"skipped", stats.skipped}};
+    if (val_loss) record["val_loss"] = json_number(*val_loss);
+    metrics.write(record);
   }
   if (!f.trace.empty()) {
     engine.trace().write_chrome_trace(host, f.trace);
@@ -270,16 +294,6 @@ void check_outputs(const Flags& f, int rank, std::optional<zero::examples::SaveD
 // 3 out of memory (the plan does not fit, or the system refused an allocation).
 constexpr int kExitOutOfMemory = 3;
 
-// Host memory of one micro-batch outside the engine's allocator, from the MLP's shapes: the
-// batch (inputs and targets), each layer's output kept for backward, and the gradients that
-// flow back (about as large again), in fp32.
-uint64_t activation_bytes(const Flags& f, const zero::TrainingConfig& tc) {
-  const uint64_t per_sample =
-      static_cast<uint64_t>(f.mlp.input_dim) + 2ull * static_cast<uint64_t>(f.mlp.output_dim) +
-      2ull * static_cast<uint64_t>(f.mlp.hidden_dim) * static_cast<uint64_t>(f.mlp.layers);
-  return static_cast<uint64_t>(tc.micro_batch_per_rank) * per_sample * 2 * sizeof(float);
-}
-
 // Ranks sharing this node (MPI_COMM_TYPE_SHARED), among which the host's memory is divided.
 int ranks_on_node() {
   MPI_Comm node;
@@ -313,18 +327,23 @@ int main(int argc, char** argv) {
   Flags flags;
   zero::TrainingConfig config;
   std::optional<zero::examples::SaveDirLock> save_dir_lock;
+  std::unique_ptr<zero::examples::TrainTask> task;
   std::string error;
   try {
     flags = zero::examples::parse_flags(argc, argv);
     if (!flags.help) {
       config = zero::examples::resolve_config(flags, mpi.world_size());
       check_outputs(flags, rank, &save_dir_lock);
+      // The model and its data files (a token file that cannot be read stops the run here).
+      task = zero::examples::make_train_task(flags, config);
     }
   } catch (const zero::driver::UsageError& e) {
     error = std::string(e.what()) + "\n" + zero::examples::kTrainUsage;
   } catch (const zero::ConfigError& e) {
     error = e.what();
   } catch (const SetupError& e) {
+    error = e.what();
+  } catch (const zero::Error& e) {
     error = e.what();
   }
   const std::vector<int> failed = failed_ranks(!error.empty(), mpi.world_size());
@@ -362,7 +381,7 @@ int main(int argc, char** argv) {
                                 : zero::examples::host_memory_per_rank(ranks_on_node());
     const std::string source =
         flags.memory_limit > 0 ? "--memory-limit" : "available memory over the ranks on this node";
-    const uint64_t activations = activation_bytes(flags, config);
+    const uint64_t activations = task->activation_bytes(config.micro_batch_per_rank);
     if (budget > 0) {
       if (budget <= activations) {
         if (rank == 0) {
@@ -401,7 +420,7 @@ int main(int argc, char** argv) {
 #endif
     if (!comm) comm = zero::make_mpi_communicator();
     config.engine.device = device;
-    train(flags, config, *comm);
+    train(flags, config, *task, *comm);
   } catch (const zero::ConfigError& e) {
     // Raised on every rank at once (a resume whose checkpoint disagrees with the run): one
     // message, exit 2, and no rank is left in a collective.

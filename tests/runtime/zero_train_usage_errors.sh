@@ -33,7 +33,24 @@ expect "--memory-limit expects an integer, got '12Q'" --memory-limit 12Q
 expect "--nonfinite must be error or skip" --nonfinite warn
 expect "--save-every needs --save-dir" --save-every 5
 expect "--resume latest needs --save-dir" --resume latest
-expect "unknown model 'gpt' (available: mlp)" --model gpt
+expect "unknown model 'gpt' (available: mlp, gpt2)" --model gpt
+# The GPT-2's flags, and each model's flags only with that model.
+tokens="$(dirname "${BASH_SOURCE[0]}")/../data/gpt2/tokens.bin"
+expect "--model gpt2 needs --data FILES (token files; see zero-tokenize)" --model gpt2
+expect "--hidden is a flag of --model mlp, and this run trains --model gpt2" \
+  --model gpt2 --data "$tokens" --hidden 8
+expect "--n-layer is a flag of --model gpt2, and this run trains --model mlp" --n-layer 2
+expect "unknown --preset 'gpt3' (tiny, gpt2-124M, gpt2-350M, gpt2-774M, gpt2-1.5B)" \
+  --model gpt2 --data "$tokens" --preset gpt3
+expect "--preset sets every size: give it before --n-layer" \
+  --model gpt2 --data "$tokens" --n-layer 2 --preset tiny
+expect "--seq-len 65 is longer than the block size 64 (the position embedding's rows)" \
+  --model gpt2 --data "$tokens" --block-size 64 --seq-len 65
+expect "GPT-2 n_embd (64) must be a multiple of n_head (5)" \
+  --model gpt2 --data "$tokens" --n-embd 64 --n-head 5
+expect "--val-every needs --val-data" --model gpt2 --data "$tokens" --val-every 10
+expect "--init-from and --resume both give the weights: the checkpoint has them" \
+  --model gpt2 --data "$tokens" --init-from x.safetensors --resume ckpt
 if [[ $failures -ne 0 ]]; then
   echo "$failures usage error(s) not reported as expected"
   exit 1

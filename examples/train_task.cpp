@@ -1,0 +1,193 @@
+#include "examples/train_task.h"
+
+#include <optional>
+#include <utility>
+
+#include "models/gpt2.h"
+#include "models/mlp.h"
+#include "models/token_data.h"
+#include "zero/core/check.h"
+
+namespace zero::examples {
+
+namespace {
+
+// The MLP learning a fixed random teacher network (models/mlp.h).
+class MlpTask : public TrainTask {
+ public:
+  explicit MlpTask(const models::MlpConfig& config) : config_(config) {}
+
+  std::string description() const override { return "mlp"; }
+  driver::JsonRecord model_record() const override {
+    return {{"model", "mlp"},
+            {"input_dim", config_.input_dim},
+            {"hidden_dim", config_.hidden_dim},
+            {"output_dim", config_.output_dim},
+            {"layers", config_.layers}};
+  }
+  std::vector<NamedModule> take_modules() override { return models::make_mlp(config_); }
+  void start(Engine&, uint64_t data_seed) override { data_.emplace(config_, data_seed); }
+
+  Tensor input(long step, int64_t first, int64_t count) override {
+    models::Batch batch = data_->batch(step, first, count);
+    targets_ = std::move(batch.targets);
+    return std::move(batch.inputs);
+  }
+  float loss(const Tensor& output, Tensor& grad) override {
+    return models::mse_loss(output, targets_.to(output.device()), grad);
+  }
+  int64_t tokens_per_sample() const override { return 1; }
+  bool validates(long) const override { return false; }
+  float validation_loss(ZeroModel&, Communicator&) override { return 0.0f; }
+
+  // The batch (inputs and targets), each layer's output kept for backward, and the gradients
+  // that flow back (about as large again), in fp32.
+  uint64_t activation_bytes(int64_t samples) const override {
+    const uint64_t per_sample =
+        static_cast<uint64_t>(config_.input_dim) +
+        2ull * static_cast<uint64_t>(config_.output_dim) +
+        2ull * static_cast<uint64_t>(config_.hidden_dim) * static_cast<uint64_t>(config_.layers);
+    return static_cast<uint64_t>(samples) * per_sample * 2 * sizeof(float);
+  }
+
+ private:
+  models::MlpConfig config_;
+  std::optional<models::TeacherTask> data_;
+  Tensor targets_;
+};
+
+// The GPT-2 on token files: samples are sequences of seq_len tokens (models/token_data.h).
+class Gpt2Task : public TrainTask {
+ public:
+  Gpt2Task(const Flags& f, long global_batch, int kernel_threads)
+      : config_(f.gpt2),
+        seq_len_(f.seq_len),
+        global_batch_(global_batch),
+        init_from_(f.init_from),
+        val_every_(f.val_every),
+        val_batches_(f.val_batches),
+        train_(f.data),
+        model_(models::make_gpt2(config_, kernel_threads)) {
+    check_vocabulary(train_, "--data");
+    if (!f.val_data.empty()) {
+      val_.emplace(f.val_data);
+      check_vocabulary(*val_, "--val-data");
+    }
+    // A batch must fit in the data; the error says how many tokens it needs.
+    train_.batches_per_pass(static_cast<int>(global_batch_), seq_len_);
+    if (val_) val_->batches_per_pass(static_cast<int>(global_batch_), seq_len_);
+  }
+
+  std::string description() const override {
+    return "gpt2 (" + std::to_string(config_.n_layer) + " layers, " +
+           std::to_string(config_.n_head) + " heads, " + std::to_string(config_.n_embd) +
+           " wide, vocab " + std::to_string(config_.vocab_size) + ", seq " +
+           std::to_string(seq_len_) + ")";
+  }
+  driver::JsonRecord model_record() const override {
+    return {{"model", "gpt2"},
+            {"n_layer", config_.n_layer},
+            {"n_head", config_.n_head},
+            {"n_embd", config_.n_embd},
+            {"vocab_size", config_.vocab_size},
+            {"block_size", config_.block_size},
+            {"seq_len", seq_len_},
+            {"train_tokens", train_.size()},
+            {"flops_per_token", models::gpt2_flops_per_token(config_, seq_len_)}};
+  }
+  std::vector<NamedModule> take_modules() override { return std::move(model_.modules); }
+  void start(Engine& engine, uint64_t) override {
+    if (!init_from_.empty()) models::load_gpt2_weights(engine, init_from_);
+  }
+
+  Tensor input(long step, int64_t first, int64_t count) override {
+    return read(train_, step - 1, first, count);
+  }
+  float loss(const Tensor& output, Tensor& grad) override {
+    // The model's output is its loss; the gradient of the loss with respect to itself is 1.
+    grad = Tensor({1}, {1.0f}, output.device());
+    return output.to_host()[0];
+  }
+  int64_t tokens_per_sample() const override { return seq_len_; }
+
+  bool validates(long step) const override {
+    return val_ && val_every_ > 0 && step % val_every_ == 0;
+  }
+  // Each batch's loss is the mean over its sequences: every rank takes its contiguous slice of
+  // each batch (batch_slice, one micro-batch), and the slices' sums add up to the batch's,
+  // whatever the world size.
+  float validation_loss(ZeroModel& model, Communicator& host) override {
+    const BatchSlice slice = batch_slice(global_batch_, 1, host.world_size(), 0, host.rank());
+    double sum = 0.0;
+    for (long b = 0; b < val_batches_; ++b) {
+      const Tensor tokens = read(*val_, b, slice.first, slice.count);
+      const Tensor out = model.forward(tokens.to(model.engine().device_context()));
+      sum += static_cast<double>(out.to_host()[0]) * static_cast<double>(slice.count);
+    }
+    float mine = static_cast<float>(sum), total = 0.0f;
+    host.all_reduce_sync(&mine, &total, 1, DType::kFloat32);
+    return total / static_cast<float>(global_batch_ * val_batches_);
+  }
+
+  // Per position of a micro-batch: the residual stream and the saved activations of each block
+  // (about 16 C floats: LayerNorm outputs, qkv, attention output, the 4C MLP hidden twice), the
+  // logits with their gradient in place, and the embedding output; fp32.
+  uint64_t activation_bytes(int64_t samples) const override {
+    const uint64_t positions = static_cast<uint64_t>(samples) * static_cast<uint64_t>(seq_len_);
+    const uint64_t per_position = 16ull * config_.n_embd * config_.n_layer +
+                                  static_cast<uint64_t>(config_.vocab_size) + 4ull * config_.n_embd;
+    return positions * per_position * sizeof(float);
+  }
+
+ private:
+  // Every token must index the embedding: checked once, before training, naming the first bad one.
+  void check_vocabulary(const models::TokenData& data, const char* flag) const {
+    const std::optional<models::TokenLocation> bad = data.first_token_at_least(config_.vocab_size);
+    ZERO_CHECK(!bad, flag << ": token " << bad->token << " at index " << bad->index << " of "
+                          << bad->file << " is not below the vocabulary size " << config_.vocab_size
+                          << " (--vocab-size)");
+  }
+
+  Tensor read(const models::TokenData& data, long batch, int64_t first, int64_t count) {
+    Tensor tokens({count, seq_len_});
+    model_.targets->ids.resize(static_cast<size_t>(count * seq_len_));
+    data.read_sequences(batch, static_cast<int>(global_batch_), seq_len_, static_cast<int>(first),
+                        static_cast<int>(count), tokens.data(), model_.targets->ids.data());
+    return tokens;
+  }
+
+  models::Gpt2Config config_;
+  int seq_len_;
+  long global_batch_;
+  std::string init_from_;
+  long val_every_;
+  long val_batches_;
+  models::TokenData train_;
+  std::optional<models::TokenData> val_;
+  models::Gpt2 model_;
+};
+
+}  // namespace
+
+BatchSlice batch_slice(int64_t global_batch, int micro_batches, int world_size, int micro_batch,
+                       int rank) {
+  const int64_t slices = static_cast<int64_t>(micro_batches) * world_size;
+  const int64_t index = static_cast<int64_t>(micro_batch) * world_size + rank;
+  const int64_t base = global_batch / slices;
+  const int64_t extra = global_batch % slices;  // the first `extra` slices take one more
+  BatchSlice slice;
+  slice.first = index * base + (index < extra ? index : extra);
+  slice.count = base + (index < extra ? 1 : 0);
+  if (extra != 0) {
+    slice.weight = static_cast<float>(static_cast<double>(slice.count * slices) /
+                                      static_cast<double>(global_batch));
+  }
+  return slice;
+}
+
+std::unique_ptr<TrainTask> make_train_task(const Flags& flags, const TrainingConfig& config) {
+  if (flags.model == "mlp") return std::make_unique<MlpTask>(flags.mlp);
+  return std::make_unique<Gpt2Task>(flags, config.train_batch_size, config.engine.kernel_threads);
+}
+
+}  // namespace zero::examples

@@ -1,0 +1,76 @@
+// GPT-2 on the engine: what llm.c trains. Token and position embeddings, pre-LN blocks (causal
+// self-attention with one fused QKV matrix, GELU with the tanh approximation, a 4x MLP), a final
+// LayerNorm and an LM head tied to the token embedding; the loss is the mean cross-entropy over
+// every position. Parameters carry Hugging Face GPT-2's names and layouts (`wte.weight`,
+// `h.0.attn.c_attn.weight` stored [in, out], ...), so weights import and export unchanged.
+//
+// ZeRO units: the embeddings, each block, and the head (the final LayerNorm; it reads `wte`
+// through a tied parameter, so the embedding's gradient is the sum of both uses). The model's
+// input is a micro-batch of token ids as floats [B, T] (exact below 2^24); its output is the
+// micro-batch's mean loss [1]. The targets of a micro-batch are handed over before its forward.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zero/runtime/layout.h"
+#include "zero/runtime/model.h"
+
+namespace zero::models {
+
+struct Gpt2Config {
+  int n_layer = 2;
+  int n_head = 4;
+  int n_embd = 64;
+  int vocab_size = 256;
+  int block_size = 64;  // the longest sequence (rows of the position embedding)
+  float layer_norm_eps = 1e-5f;
+  // Weight decay only on tensors with two or more dimensions (the embeddings and the four
+  // matrices of each block), as GPT-2 training recipes do; false decays every tensor.
+  bool decay_matrices_only = true;
+};
+
+// "tiny", "gpt2-124M", "gpt2-350M", "gpt2-774M", "gpt2-1.5B"; false for another name.
+bool gpt2_preset(const std::string& name, Gpt2Config* config);
+const char* gpt2_preset_names();  // "tiny, gpt2-124M, ..." for messages
+// Throws zero::Error naming the first bad field (sizes < 1, n_embd not divisible by n_head).
+void check_gpt2_config(const Gpt2Config& config);
+
+// The targets of the micro-batch the next forward computes the loss of: token ids, one per
+// input position, each below the vocabulary size.
+struct Gpt2Targets {
+  std::vector<int32_t> ids;
+};
+
+class Gpt2Head;
+
+struct Gpt2 {
+  std::vector<NamedModule> modules;
+  std::shared_ptr<Gpt2Targets> targets;
+  Gpt2Head* head = nullptr;  // owned by modules.back()
+};
+
+// The modules of a GPT-2; kernel_threads: threads of every CPU kernel and GEMM.
+Gpt2 make_gpt2(const Gpt2Config& config, int kernel_threads);
+
+// The parameters make_gpt2(config) registers, for planning memory without building a model.
+std::vector<ParamSpec> gpt2_param_specs(const Gpt2Config& config);
+
+// The logits of the last forward [B * T, vocab], in the device's memory (valid until backward
+// consumes them).
+const Tensor& gpt2_logits(const Gpt2& model);
+
+// FLOPs of one training step (forward and backward) per token, as llm.c and PaLM count them:
+// 6 per parameter of the matrices plus the attention's 12 * n_layer * n_embd * T.
+double gpt2_flops_per_token(const Gpt2Config& config, int seq_len);
+
+// Overwrites the model's weights with those of a Hugging Face GPT-2 safetensors file (names and
+// layouts as GPT2Model saves them; a "transformer." prefix is accepted, the attention's `bias`
+// and `masked_bias` buffers and a tied `lm_head.weight` are ignored). A missing, extra or
+// misshaped tensor is a zero::Error naming it. Collective: every rank reads the file and keeps
+// its shard.
+void load_gpt2_weights(Engine& engine, const std::string& path);
+
+}  // namespace zero::models

@@ -1,0 +1,60 @@
+// The GPT-2's operations on the memory its activations live in: the CPU kernels
+// (kernels/transformer_kernels.h) on host memory, the CUDA kernels and cuBLAS
+// (kernels/cuda_transformer_kernels.h) on a GPU's, on the engine's compute stream. The modules
+// of gpt2.cpp call these and never ask which device they run on. Private to models/.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "zero/kernels/transformer_kernels.h"
+#include "zero/runtime/device.h"
+
+namespace zero::models {
+
+class Gpt2Ops {
+ public:
+  virtual ~Gpt2Ops() = default;
+
+  // The kernels, with the arguments and conventions of transformer_kernels.h.
+  virtual void embedding_forward(float* out, const float* tokens, const float* wte,
+                                 const float* wpe, int B, int T, int C) = 0;
+  virtual void embedding_backward(float* dwte, float* dwpe, const float* dout, const float* tokens,
+                                  int B, int T, int C) = 0;
+  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                                 const float* weight, const float* bias, int N, int C,
+                                 float eps) = 0;
+  virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                  const float* inp, const float* weight, const float* mean,
+                                  const float* rstd, int N, int C) = 0;
+  virtual void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
+                              int N, int C, int OC, kernels::WeightLayout layout) = 0;
+  virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                               const float* inp, const float* weight, int N, int C, int OC,
+                               kernels::WeightLayout layout) = 0;
+  virtual void gelu_forward(float* out, const float* inp, size_t n) = 0;
+  virtual void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) = 0;
+  virtual void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C,
+                                 int NH) = 0;
+  virtual void attention_backward(float* dqkv, const float* dout, const float* qkv,
+                                  const float* out, const float* lse, int B, int T, int C,
+                                  int NH) = 0;
+  virtual void cross_entropy_forward(float* losses, float* lse, const float* logits,
+                                     const int32_t* targets, int N, int V) = 0;
+  virtual void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
+                                      const int32_t* targets, float dloss, int N, int V) = 0;
+
+  // dst[i] += src[i]: the residual connections.
+  virtual void add(float* dst, const float* src, size_t n) = 0;
+  // The targets in this memory (host memory as they are; a GPU copy, kept until the next call).
+  virtual const int32_t* targets(const std::vector<int32_t>& ids) = 0;
+};
+
+// The CPU's, with `threads` per kernel.
+std::unique_ptr<Gpt2Ops> make_cpu_gpt2_ops(int threads);
+// The GPU's of a CUDA device context (builds with CUDA only; elsewhere a zero::Error).
+std::unique_ptr<Gpt2Ops> make_cuda_gpt2_ops(std::shared_ptr<DeviceContext> device);
+
+}  // namespace zero::models
