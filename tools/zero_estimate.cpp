@@ -3,11 +3,13 @@
 //   zero-estimate --params 7.5B --ranks 64 [--dtype bf16|fp16|fp32] [--stage S]
 //   zero-estimate --model mlp [--input-dim N --hidden N --output-dim N --layers N]
 //                 [--merge-bytes N] --ranks 2 [--dtype D] [--stage S]
+//   zero-estimate --model gpt2 [--preset gpt2-1.5B] [--n-layer N --n-head N --n-embd N
+//                 --vocab-size N --block-size N] --ranks 8 [--dtype D] [--stage S]
 //
 // prints one row per stage (or only stage S): parameters, gradients, optimizer state (fp32
 // master and Adam moments) and their total per rank, in GB (1e9 bytes) and in bytes. With the
 // arguments above it gives the ZeRO paper's Figure 1: 120 GB, 31.4 GB, 16.6 GB and 1.88 GB.
-// With --model, the example model's real layout is planned instead: padding, units and the
+// With --model, the model's real layout is planned instead: padding, units and the
 // engine's pooled buffers included, the exact bytes the engine then allocates (the defaults
 // are zero-train's). Exit code 2 for bad arguments.
 #include <climits>
@@ -19,7 +21,9 @@
 #include <vector>
 
 #include "driver/cli.h"
+#include "models/gpt2.h"
 #include "models/mlp.h"
+#include "zero/core/check.h"
 #include "zero/core/dtype.h"
 #include "zero/runtime/engine.h"
 #include "zero/runtime/estimate.h"
@@ -32,16 +36,19 @@ constexpr const char* kUsage =
     "  --ranks N   data-parallel ranks (N >= 1)\n"
     "  --dtype D   dtype of parameters and gradients: bf16 (default), fp16 or fp32\n"
     "  --stage S   print only ZeRO stage S (0-3); default: every stage\n"
-    "  --model mlp instead of --params: plan the example MLP's real layout (and its shape\n"
-    "              flags --input-dim --hidden --output-dim --layers --merge-bytes)\n";
+    "  --model mlp instead of --params: plan the MLP's real layout (and its shape\n"
+    "              flags --input-dim --hidden --output-dim --layers --merge-bytes)\n"
+    "  --model gpt2 the same for the GPT-2: --preset tiny|gpt2-124M|gpt2-350M|gpt2-774M|\n"
+    "              gpt2-1.5B, then --n-layer --n-head --n-embd --vocab-size --block-size\n";
 
 struct Options {
   uint64_t params = 0;
   int ranks = 0;
   zero::DType dtype = zero::DType::kBFloat16;  // mixed precision, as in the paper
   std::optional<int> stage;
-  bool model = false;
+  std::string model;  // "mlp" or "gpt2"; empty: --params
   zero::models::MlpConfig mlp;
+  zero::models::Gpt2Config gpt2;
   size_t merge_bytes = 32 * 1024;  // zero-train's default
 };
 
@@ -131,7 +138,10 @@ Options parse_options(const std::vector<std::string>& args) {
       std::exit(0);
     }
     const bool model_flag = flag == "--model" || flag == "--input-dim" || flag == "--hidden" ||
-                            flag == "--output-dim" || flag == "--layers" || flag == "--merge-bytes";
+                            flag == "--output-dim" || flag == "--layers" ||
+                            flag == "--merge-bytes" || flag == "--preset" || flag == "--n-layer" ||
+                            flag == "--n-head" || flag == "--n-embd" || flag == "--vocab-size" ||
+                            flag == "--block-size";
     if (flag != "--params" && flag != "--ranks" && flag != "--dtype" && flag != "--stage" &&
         !model_flag) {
       usage_error(flag.compare(0, 1, "-") == 0 ? "unknown option '" + flag + "'"
@@ -152,8 +162,14 @@ Options parse_options(const std::vector<std::string>& args) {
     } else if (flag == "--stage") {
       options.stage = static_cast<int>(parse_whole(flag, value, 0, 3));
     } else if (flag == "--model") {
-      if (value != "mlp") usage_error("--model must be mlp, got '" + value + "'");
-      options.model = true;
+      if (value != "mlp" && value != "gpt2") {
+        usage_error("--model must be mlp or gpt2, got '" + value + "'");
+      }
+      options.model = value;
+    } else if (flag == "--preset") {
+      if (!zero::models::gpt2_preset(value, &options.gpt2)) {
+        usage_error("unknown --preset '" + value + "' (" + zero::models::gpt2_preset_names() + ")");
+      }
     } else if (flag == "--merge-bytes") {
       options.merge_bytes = static_cast<size_t>(parse_whole(flag, value, 0, INT_MAX));
     } else {
@@ -162,10 +178,22 @@ Options parse_options(const std::vector<std::string>& args) {
       if (flag == "--hidden") options.mlp.hidden_dim = v;
       if (flag == "--output-dim") options.mlp.output_dim = v;
       if (flag == "--layers") options.mlp.layers = v;
+      if (flag == "--n-layer") options.gpt2.n_layer = v;
+      if (flag == "--n-head") options.gpt2.n_head = v;
+      if (flag == "--n-embd") options.gpt2.n_embd = v;
+      if (flag == "--vocab-size") options.gpt2.vocab_size = v;
+      if (flag == "--block-size") options.gpt2.block_size = v;
     }
   }
-  if (options.model && have_params) usage_error("give --params or --model, not both");
-  if (options.model) have_params = true;
+  if (!options.model.empty() && have_params) usage_error("give --params or --model, not both");
+  if (!options.model.empty()) have_params = true;
+  if (options.model == "gpt2") {
+    try {
+      zero::models::check_gpt2_config(options.gpt2);
+    } catch (const zero::Error& e) {
+      usage_error(e.what());
+    }
+  }
   if (!have_params) usage_error("missing --params P (the number of parameters)");
   if (!have_ranks) usage_error("missing --ranks N (the number of data-parallel ranks)");
   return options;
@@ -177,17 +205,19 @@ double gigabytes(uint64_t bytes) {
 
 }  // namespace
 
-// The example MLP's layout as the engine builds it at this world size, and the engine's own
-// plan for each stage.
+// The model's layout as the engine builds it at this world size, and the engine's own plan for
+// each stage.
 int plan_model(const Options& options) {
-  const std::vector<zero::ParamSpec> specs = zero::models::mlp_param_specs(options.mlp);
+  const std::vector<zero::ParamSpec> specs = options.model == "gpt2"
+                                                 ? zero::models::gpt2_param_specs(options.gpt2)
+                                                 : zero::models::mlp_param_specs(options.mlp);
   zero::EngineConfig config;
   config.dtype = options.dtype;
   config.merge_bytes = options.merge_bytes;
   const zero::Layout layout =
       zero::Layout::build(specs, zero::layout_options(config, options.ranks));
-  std::printf("mlp: %zu parameters (%zu padded) in %zu units, %d ranks, %s\n", layout.numel(),
-              layout.padded_numel(), layout.units().size(), options.ranks,
+  std::printf("%s: %zu parameters (%zu padded) in %zu units, %d ranks, %s\n", options.model.c_str(),
+              layout.numel(), layout.padded_numel(), layout.units().size(), options.ranks,
               zero::dtype_name(options.dtype));
   std::printf("stage  model state bytes  buffer bytes  total bytes per rank\n");
   for (int stage = 0; stage <= 3; ++stage) {
@@ -210,7 +240,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "zero-estimate: %s\n%s", e.what(), kUsage);
     return 2;
   }
-  if (options.model) return plan_model(options);
+  if (!options.model.empty()) return plan_model(options);
   const bool mixed = options.dtype != zero::DType::kFloat32;
   std::printf("%llu parameters, %d ranks, %s parameters and gradients\n",
               static_cast<unsigned long long>(options.params), options.ranks,
