@@ -80,6 +80,16 @@ PY
       status=1
     fi
   done
+  # The GPT-2 trained on the GPU at every stage against PyTorch (tests/models/gpt2_golden.sh).
+  start=$SECONDS
+  if timeout 300 bash "$root/tests/models/gpt2_golden.sh" "$bin" 1 --device cuda -- \
+       > "$out/gpt2_golden_gpu.log" 2>&1; then
+    note "gpt2_golden_gpu: passed in $((SECONDS - start)) s"
+  else
+    note "gpt2_golden_gpu: FAILED (see gpt2_golden_gpu.log)"
+    grep -E "FAIL|error" "$out/gpt2_golden_gpu.log" | head -20 | tee -a "$summary"
+    status=1
+  fi
 else
   # 1. Build. One architecture keeps it short; the whole tree, so every gpu-labelled test is there.
   start=$SECONDS

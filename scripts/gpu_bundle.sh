@@ -2,7 +2,8 @@
 # Packs the GPU check into one archive that runs on a GPU machine without building there: that
 # machine's image has CUDA, NCCL and cuBLAS but not our other dependencies (MPI, protobuf,
 # OpenBLAS, GoogleTest) and cannot install them. Builds the CUDA tree here, then packs
-#   bin/   the gpu-labelled test programs, zero-train and the GPU optimizer benchmark
+#   bin/   the gpu-labelled test programs, zero-train (with zero-checkpoint and gpt2_golden_check
+#          for the GPT-2 on the GPU against PyTorch) and the GPU optimizer benchmark
 #   lib/   every shared library they (and OpenMPI's plugins) load, except the C library, the C++
 #          runtime and CUDA's own libraries, which the GPU machine has
 #   mpi/   OpenMPI's plugins, help texts and orted, laid out under a prefix that OPAL_PREFIX
@@ -30,7 +31,7 @@ bundle="$staging/zero-gpu-bundle"
 mkdir -p "$bundle"
 
 programs=(cuda_kernels_test transformer_kernels_gpu_test cuda_stream_test nccl_communicator_test
-          engine_gpu_test zero-train zero-bench-optimizer-gpu)
+          engine_gpu_test zero-train zero-checkpoint gpt2_golden_check zero-bench-optimizer-gpu)
 
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DZERO_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$arch" > /dev/null
