@@ -1,0 +1,128 @@
+// zero-train's flags override its config file, each one, as the README promises: a config sets
+// every value a flag can also set, and the flags then set other values. Without the flags the
+// file's values stand, so the test sees each flag make the difference.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "examples/train_flags.h"
+
+namespace zero::examples {
+namespace {
+
+// A DeepSpeed config giving every setting zero-train has a flag for.
+std::string write_config() {
+  const std::string path = ::testing::TempDir() + "/train_flags_test_config.json";
+  std::ofstream(path) << R"({
+    "train_batch_size": 8,
+    "gradient_accumulation_steps": 2,
+    "gradient_clipping": 0.5,
+    "steps_per_print": 7,
+    "seed": 5,
+    "bf16": {"enabled": true},
+    "zero_optimization": {"stage": 1},
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.2}},
+    "scheduler": {"type": "WarmupLR",
+                  "params": {"warmup_max_lr": 0.01, "warmup_num_steps": 10}}
+  })";
+  return path;
+}
+
+TrainingConfig resolve(std::vector<std::string> args) {
+  args.insert(args.begin(), "zero-train");
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  const Flags flags = parse_flags(static_cast<int>(argv.size()), argv.data());
+  return resolve_config(flags, 2);
+}
+
+TEST(TrainFlags, TheConfigAloneGivesItsValues) {
+  const TrainingConfig tc = resolve({"--config", write_config()});
+  EXPECT_EQ(tc.engine.stage, 1);
+  EXPECT_EQ(tc.engine.dtype, DType::kBFloat16);
+  EXPECT_EQ(tc.engine.seed, 5u);
+  EXPECT_EQ(tc.train_batch_size, 8);
+  EXPECT_EQ(tc.gradient_accumulation_steps, 2);
+  EXPECT_EQ(tc.micro_batch_per_rank, 2);
+  EXPECT_FLOAT_EQ(tc.engine.optimizer.lr, 0.01f);
+  EXPECT_FLOAT_EQ(tc.engine.optimizer.weight_decay, 0.2f);
+  EXPECT_FLOAT_EQ(tc.engine.gradient_clipping, 0.5f);
+  EXPECT_EQ(tc.engine.lr_schedule.type, LrScheduleType::kWarmup);
+  EXPECT_EQ(tc.engine.lr_schedule.warmup_steps, 10);
+  EXPECT_EQ(tc.steps_per_print, 7);
+}
+
+TEST(TrainFlags, EveryFlagOverridesTheConfig) {
+  const TrainingConfig tc = resolve({"--config",
+                                     write_config(),
+                                     "--stage",
+                                     "3",
+                                     "--dtype",
+                                     "fp16",
+                                     "--seed",
+                                     "9",
+                                     "--global-batch",
+                                     "12",
+                                     "--micro-batches",
+                                     "3",
+                                     "--lr",
+                                     "0.002",
+                                     "--weight-decay",
+                                     "0.05",
+                                     "--clip",
+                                     "2",
+                                     "--schedule",
+                                     "cosine",
+                                     "--warmup",
+                                     "4",
+                                     "--steps-per-print",
+                                     "2",
+                                     "--merge-bytes",
+                                     "100",
+                                     "--steps",
+                                     "40"});
+  EXPECT_EQ(tc.engine.stage, 3);
+  EXPECT_EQ(tc.engine.dtype, DType::kFloat16);
+  EXPECT_EQ(tc.engine.seed, 9u);
+  EXPECT_EQ(tc.train_batch_size, 12);
+  EXPECT_EQ(tc.gradient_accumulation_steps, 3);
+  EXPECT_EQ(tc.engine.micro_batches, 3);
+  EXPECT_EQ(tc.micro_batch_per_rank, 2);
+  EXPECT_FLOAT_EQ(tc.engine.optimizer.lr, 0.002f);
+  EXPECT_FLOAT_EQ(tc.engine.optimizer.weight_decay, 0.05f);
+  EXPECT_FLOAT_EQ(tc.engine.gradient_clipping, 2.0f);
+  EXPECT_EQ(tc.engine.lr_schedule.type, LrScheduleType::kWarmupCosine);
+  EXPECT_FLOAT_EQ(tc.engine.lr_schedule.max_lr, 0.002f);
+  EXPECT_EQ(tc.engine.lr_schedule.warmup_steps, 4);
+  EXPECT_EQ(tc.engine.lr_schedule.total_steps, 40);
+  EXPECT_EQ(tc.steps_per_print, 2);
+  EXPECT_EQ(tc.engine.merge_bytes, 100u);
+}
+
+// --lr alone moves the schedule's peak with it: a WarmupLR from the file warms up to the flag's
+// rate, not the file's.
+TEST(TrainFlags, LrFlagMovesTheConfigSchedulePeak) {
+  const TrainingConfig tc = resolve({"--config", write_config(), "--lr", "0.003"});
+  EXPECT_EQ(tc.engine.lr_schedule.type, LrScheduleType::kWarmup);
+  EXPECT_FLOAT_EQ(tc.engine.lr_schedule.max_lr, 0.003f);
+  EXPECT_FLOAT_EQ(tc.engine.optimizer.lr, 0.003f);
+}
+
+// --global-batch alone keeps the file's accumulation steps; --micro-batches alone keeps its
+// batch.
+TEST(TrainFlags, BatchFlagsEachOverrideTheirOwnValue) {
+  TrainingConfig tc = resolve({"--config", write_config(), "--global-batch", "16"});
+  EXPECT_EQ(tc.train_batch_size, 16);
+  EXPECT_EQ(tc.gradient_accumulation_steps, 2);
+  EXPECT_EQ(tc.micro_batch_per_rank, 4);
+  tc = resolve({"--config", write_config(), "--micro-batches", "4"});
+  EXPECT_EQ(tc.train_batch_size, 8);
+  EXPECT_EQ(tc.gradient_accumulation_steps, 4);
+  EXPECT_EQ(tc.micro_batch_per_rank, 1);
+}
+
+}  // namespace
+}  // namespace zero::examples
