@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -167,6 +168,28 @@ uint64_t host_memory_per_rank(int ranks_on_node) {
     if (cgroup > 0 && (limit == 0 || cgroup < limit)) limit = cgroup;
   }
   return limit / static_cast<uint64_t>(std::max(ranks_on_node, 1));
+}
+
+namespace {
+
+// A "Name:   1234 kB" line of /proc/self/status, in bytes.
+uint64_t status_kib_field(const std::string& name) {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.compare(0, name.size() + 1, name + ":") != 0) continue;
+    return std::strtoull(line.c_str() + name.size() + 1, nullptr, 10) * 1024;
+  }
+  return 0;
+}
+
+}  // namespace
+
+uint64_t resident_bytes() {
+  return status_kib_field("VmRSS");
+}
+
+uint64_t peak_resident_bytes() {
+  return status_kib_field("VmHWM");
 }
 
 }  // namespace zero::examples

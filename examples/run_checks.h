@@ -54,4 +54,9 @@ class SaveDirLock {
 // read.
 uint64_t host_memory_per_rank(int ranks_on_node);
 
+// This process's resident memory now (VmRSS) and its peak so far (VmHWM), from
+// /proc/self/status; 0 where it cannot be read.
+uint64_t resident_bytes();
+uint64_t peak_resident_bytes();
+
 }  // namespace zero::examples

@@ -12,6 +12,12 @@ namespace zero::examples {
 
 namespace {
 
+uint64_t numel(const ParamSpec& spec) {
+  uint64_t n = 1;
+  for (int64_t d : spec.shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
 // The MLP learning a fixed random teacher network (models/mlp.h).
 class MlpTask : public TrainTask {
  public:
@@ -48,6 +54,13 @@ class MlpTask : public TrainTask {
         2ull * static_cast<uint64_t>(config_.output_dim) +
         2ull * static_cast<uint64_t>(config_.hidden_dim) * static_cast<uint64_t>(config_.layers);
     return static_cast<uint64_t>(samples) * per_sample * 2 * sizeof(float);
+  }
+  // Each Linear computes its weight and bias gradients into fp32 tensors of its own, then adds
+  // them into the engine's; with 16-bit storage it also converts its parameters to fp32.
+  uint64_t module_bytes(DType dtype) const override {
+    uint64_t params = 0;
+    for (const ParamSpec& spec : models::mlp_param_specs(config_)) params += numel(spec);
+    return params * sizeof(float) * (dtype == DType::kFloat32 ? 1 : 2);
   }
 
  private:
@@ -137,6 +150,14 @@ class Gpt2Task : public TrainTask {
     const uint64_t per_position = 16ull * config_.n_embd * config_.n_layer +
                                   static_cast<uint64_t>(config_.vocab_size) + 4ull * config_.n_embd;
     return positions * per_position * sizeof(float);
+  }
+  // fp32 kernels add gradients straight into fp32 storage; with 16-bit storage each module keeps
+  // fp32 copies of its parameters and of their gradients (gpt2.cpp's ParamSlots).
+  uint64_t module_bytes(DType dtype) const override {
+    if (dtype == DType::kFloat32) return 0;
+    uint64_t params = 0;
+    for (const ParamSpec& spec : models::gpt2_param_specs(config_)) params += numel(spec);
+    return params * 2 * sizeof(float);
   }
 
  private:

@@ -58,6 +58,10 @@ class TrainTask {
 
   // Host memory of one micro-batch outside the engine's allocator (activations, batch data).
   virtual uint64_t activation_bytes(int64_t samples_per_micro_batch) const = 0;
+  // Host memory the modules keep beside the engine's for the run: their fp32 working copies of
+  // parameters and gradients (what a module computes in before adding it into the engine's
+  // storage), for the working dtype.
+  virtual uint64_t module_bytes(DType dtype) const = 0;
 };
 
 // The task of --model; throws zero::Error when its data cannot be read.

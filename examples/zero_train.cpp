@@ -84,6 +84,9 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
     comm.stream().set_delay_for_testing(std::chrono::microseconds(f.test_comm_delay_us));
   }
 
+  // What the process holds before the engine allocates (the program, MPI, the libraries): the
+  // base of the resident-memory plan.
+  const uint64_t baseline_resident = zero::examples::resident_bytes();
   zero::ZeroModel model(comm, task.take_modules(), config);
   zero::Engine& engine = model.engine();
   // Metrics, memory figures and traces are host values: they travel over MPI even when the
@@ -122,6 +125,12 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
   }
   const uint64_t state_bytes = max_over_ranks(host, engine.model_state_bytes());
   const uint64_t buffer_bytes = max_over_ranks(host, engine.buffer_bytes());
+  // The resident memory a rank should peak at: its start, the engine's plan, and the task's
+  // activations and batch data. The step records put the measured peak beside it.
+  const uint64_t baseline_resident_max = max_over_ranks(host, baseline_resident);
+  const uint64_t planned_resident = max_over_ranks(
+      host, baseline_resident + engine.model_state_bytes() + engine.buffer_bytes() +
+                task.activation_bytes(per_micro_batch) + task.module_bytes(config.dtype));
   if (rank == 0) {
     // Slices differ by one sample when the batch does not divide (see batch_slice).
     const long smallest = tc.train_batch_size / (static_cast<long>(micro_batches) * world);
@@ -144,7 +153,9 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
                     {"padded_params", engine.layout().padded_numel()},
                     {"units", engine.layout().units().size()},
                     {"model_state_bytes", state_bytes},
-                    {"buffer_bytes", buffer_bytes}};
+                    {"buffer_bytes", buffer_bytes},
+                    {"baseline_resident_bytes", baseline_resident_max},
+                    {"planned_resident_bytes", planned_resident}};
     init.update(task.model_record());
     metrics.write(init);
   }
@@ -208,6 +219,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
     }
     const uint64_t step_state = max_over_ranks(host, engine.model_state_bytes());
     const uint64_t peak = max_over_ranks(host, engine.allocator().stats().peak_total);
+    const uint64_t peak_resident = max_over_ranks(host, zero::examples::peak_resident_bytes());
     if (rank != 0) continue;
     if (stats.skipped) {
       std::printf("step %ld: gradient overflow, step skipped; loss scale now %g\n", step,
@@ -249,6 +261,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
                       {"comm_bytes", step_bytes},
                       {"model_state_bytes", step_state},
                       {"peak_bytes", peak},
+                      {"peak_resident_bytes", peak_resident},
                       {"loss_scale", json_number(stats.loss_scale)},
                       {"skipped", stats.skipped}};
     if (val_loss) record["val_loss"] = json_number(*val_loss);
@@ -373,7 +386,8 @@ int main(int argc, char** argv) {
   }
   if (!flags.cuda) {
     // The budget of a rank (--memory-limit, else what the host can give it) holds the
-    // activations and batch data too: the engine's limit is the rest. So a model or a batch
+    // activations, batch data and the modules' own working copies too: the engine's limit is
+    // the rest. So a model or a batch
     // that cannot fit is an error with the plan's numbers (exit 3), not a kill by the kernel
     // halfway through allocating it, and --memory-limit bounds what the process holds.
     const uint64_t budget = flags.memory_limit > 0
@@ -381,23 +395,28 @@ int main(int argc, char** argv) {
                                 : zero::examples::host_memory_per_rank(ranks_on_node());
     const std::string source =
         flags.memory_limit > 0 ? "--memory-limit" : "available memory over the ranks on this node";
-    const uint64_t activations = task->activation_bytes(config.micro_batch_per_rank);
+    const uint64_t activations = task->activation_bytes(config.micro_batch_per_rank) +
+                                 task->module_bytes(config.engine.dtype);
     if (budget > 0) {
       if (budget <= activations) {
         if (rank == 0) {
           std::cerr << ("zero-train: out of host memory: the activations and batch data of " +
                         std::to_string(config.micro_batch_per_rank) +
-                        " samples per micro-batch need about " + zero::human_bytes(activations) +
-                        " per rank, and a rank may use " + zero::human_bytes(budget) + " (" +
-                        source + "); lower --global-batch\n");
+                        " samples per micro-batch and the modules' fp32 working copies need "
+                        "about " +
+                        zero::human_bytes(activations) + " per rank, and a rank may use " +
+                        zero::human_bytes(budget) + " (" + source +
+                        "); lower --global-batch or the model size, or use more ranks\n");
         }
         return kExitOutOfMemory;
       }
       config.engine.memory_limit_bytes = budget - activations;
       if (rank == 0) {
-        std::printf("memory per rank: %s (%s), %s of it for activations and batch data\n",
-                    zero::human_bytes(budget).c_str(), source.c_str(),
-                    zero::human_bytes(activations).c_str());
+        std::printf(
+            "memory per rank: %s (%s), %s of it for activations, batch data and the modules' "
+            "working copies\n",
+            zero::human_bytes(budget).c_str(), source.c_str(),
+            zero::human_bytes(activations).c_str());
       }
     }
   }

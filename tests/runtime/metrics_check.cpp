@@ -4,6 +4,8 @@
 //                                    within REL relative (0 = bitwise)
 //   metrics_check --steps N loss-falls RATIO A.jsonl   the last loss is below RATIO x the first
 //   metrics_check --steps N skipped-at STEP A.jsonl    exactly STEP was skipped, every loss finite
+//   metrics_check --steps N resident-within FRAC A.jsonl   the measured peak resident memory of
+//                                    the last step is within FRAC of the planned one
 //   metrics_check trace RANKS T.json                  a Chrome trace with compute and collective
 //                                                      spans from each of RANKS ranks
 // Every metrics file must hold each step of its run once, in order, up to the last one, N: a
@@ -30,6 +32,8 @@ struct Metrics {
   std::vector<double> losses;  // NaN where the record holds null
   std::vector<bool> skipped;
   std::vector<double> loss_scales;
+  double planned_resident = 0.0;  // bytes, from the init record
+  double peak_resident = 0.0;     // bytes, from the last step record
 };
 
 // Filled from the command line: the step every metrics file must end at (required), and the
@@ -56,12 +60,14 @@ Metrics read_metrics(const std::string& path, long first_step) {
     if (record["event"] == "init") {
       m.world_size = record.at("world_size").get<int>();
       m.stage = record.at("stage").get<int>();
+      m.planned_resident = record.value("planned_resident_bytes", 0.0);
     } else if (record["event"] == "step") {
       const auto& loss = record.at("loss");
       m.steps.push_back(record.at("step").get<long>());
       m.losses.push_back(loss.is_null() ? std::nan("") : loss.get<double>());
       m.skipped.push_back(record.value("skipped", false));
       m.loss_scales.push_back(record.value("loss_scale", 1.0));
+      m.peak_resident = record.value("peak_resident_bytes", 0.0);
     }
   }
   if (m.losses.empty()) {
@@ -132,6 +138,16 @@ int loss_falls(double ratio, const std::string& path) {
   return last < ratio * first ? 0 : 1;
 }
 
+int resident_within(double fraction, const std::string& path) {
+  const Metrics m = read_metrics(path, 1);
+  const double mib = 1024.0 * 1024.0;
+  const double off = m.peak_resident / m.planned_resident - 1.0;
+  std::printf("%s: peak resident %.1f MiB, planned %.1f MiB (%+.1f %%, limit %.0f %%)\n",
+              path.c_str(), m.peak_resident / mib, m.planned_resident / mib, 100.0 * off,
+              100.0 * fraction);
+  return m.planned_resident > 0.0 && std::fabs(off) <= fraction ? 0 : 1;
+}
+
 int skipped_at(long step, const std::string& path) {
   const Metrics m = read_metrics(path, 1);
   int failures = 0;
@@ -183,6 +199,7 @@ int usage() {
   std::cerr << "usage: metrics_check --steps N [--from K] same-losses REL A.jsonl B.jsonl...\n"
                "       metrics_check --steps N loss-falls RATIO A.jsonl\n"
                "       metrics_check --steps N skipped-at STEP A.jsonl\n"
+               "       metrics_check --steps N resident-within FRAC A.jsonl\n"
                "       metrics_check trace RANKS T.json\n";
   return 2;
 }
@@ -210,6 +227,9 @@ int main(int argc, char** argv) {
   }
   if (args.size() == 3 && args[0] == "loss-falls") {
     return loss_falls(std::atof(args[1].c_str()), args[2]);
+  }
+  if (args.size() == 3 && args[0] == "resident-within") {
+    return resident_within(std::atof(args[1].c_str()), args[2]);
   }
   if (args.size() == 3 && args[0] == "skipped-at") {
     const long step = std::atol(args[1].c_str());
