@@ -395,28 +395,31 @@ int main(int argc, char** argv) {
                                 : zero::examples::host_memory_per_rank(ranks_on_node());
     const std::string source =
         flags.memory_limit > 0 ? "--memory-limit" : "available memory over the ranks on this node";
-    const uint64_t activations = task->activation_bytes(config.micro_batch_per_rank) +
-                                 task->module_bytes(config.engine.dtype);
+    const uint64_t activations = task->activation_bytes(config.micro_batch_per_rank);
+    const uint64_t module_copies = task->module_bytes(config.engine.dtype);
+    const uint64_t outside_engine = activations + module_copies;
     if (budget > 0) {
-      if (budget <= activations) {
+      if (budget <= outside_engine) {
         if (rank == 0) {
           std::cerr << ("zero-train: out of host memory: the activations and batch data of " +
-                        std::to_string(config.micro_batch_per_rank) +
-                        " samples per micro-batch and the modules' fp32 working copies need "
-                        "about " +
-                        zero::human_bytes(activations) + " per rank, and a rank may use " +
-                        zero::human_bytes(budget) + " (" + source +
-                        "); lower --global-batch or the model size, or use more ranks\n");
+                        std::to_string(config.micro_batch_per_rank) + " samples per micro-batch (" +
+                        zero::human_bytes(activations) +
+                        ") and the modules' fp32 working copies (" +
+                        zero::human_bytes(module_copies) + ") need " +
+                        zero::human_bytes(outside_engine) + " per rank, and a rank may use " +
+                        zero::human_bytes(budget) + " (" + source + "); lower " +
+                        (activations >= module_copies ? "--global-batch" : "the model size") +
+                        "\n");
         }
         return kExitOutOfMemory;
       }
-      config.engine.memory_limit_bytes = budget - activations;
+      config.engine.memory_limit_bytes = budget - outside_engine;
       if (rank == 0) {
         std::printf(
             "memory per rank: %s (%s), %s of it for activations, batch data and the modules' "
             "working copies\n",
             zero::human_bytes(budget).c_str(), source.c_str(),
-            zero::human_bytes(activations).c_str());
+            zero::human_bytes(outside_engine).c_str());
       }
     }
   }
