@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# zero-estimate --model mlp plans the same bytes the engine then allocates:
-#   estimate_matches_engine.sh ZERO_ESTIMATE METRICS.jsonl RANKS STAGE
-# METRICS is the metrics file of a zero-train run at RANKS ranks and STAGE with its defaults;
-# its init record's model_state_bytes and buffer_bytes must equal the estimate's row.
+# zero-estimate --model plans the same bytes the engine then allocates:
+#   estimate_matches_engine.sh ZERO_ESTIMATE METRICS.jsonl RANKS STAGE [MODEL FLAGS...]
+# METRICS is the metrics file of a zero-train run at RANKS ranks and STAGE with its defaults
+# and the model flags given (default: --model mlp); its init record's model_state_bytes and
+# buffer_bytes must equal the estimate's row.
 set -euo pipefail
 estimate="$1" metrics="$2" ranks="$3" stage="$4"
-row="$("$estimate" --model mlp --ranks "$ranks" --dtype fp32 --stage "$stage" | tail -1)"
+shift 4
+model=(--model mlp)
+if [[ $# -gt 0 ]]; then model=("$@"); fi
+row="$("$estimate" "${model[@]}" --ranks "$ranks" --dtype fp32 --stage "$stage" | tail -1)"
 read -r _ planned_state planned_buffers _ <<<"$row"
 init="$(grep '"event":"init"' "$metrics")"
 measured_state="$(sed -E 's/.*"model_state_bytes":([0-9]+).*/\1/' <<<"$init")"
