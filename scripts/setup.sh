@@ -11,6 +11,7 @@ packages=(
   libopenblas-dev nlohmann-json3-dev
   gnuplot-nox python3
   clang libclang-rt-14-dev
+  iproute2  # ip and tc, for the network namespaces of the multi-node tests
   fortunes  # English text (/usr/share/games/fortunes) for zero-tokenize and the GPT-2's tests
 )
 

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# zero-train on 2 nodes x 2 ranks against the same job on one node with 4 ranks, at stages 0-3:
+# the same losses and the same checkpoint, bit for bit (the ranks hold the same shards and MPI
+# picks its reduction algorithms by the number of ranks and bytes, not by where ranks run).
+# Each node must also have received, over its link, what any reduction needs from the other
+# node: its contribution to the half of the gradients this node's ranks reduce, every step (a
+# job that stayed on one node moves only a few KB of control messages there).
+#   train_across_nodes.sh BIN_DIR STEPS [ZERO_TRAIN_ARGS...]
+set -euo pipefail
+bin="$1"
+steps="$2"
+shift 2
+# shellcheck source=SCRIPTDIR/cluster_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/cluster_lib.sh"
+
+start_cluster 2
+
+# train NAME LAUNCHER...: the job, its output kept in $work/NAME.log and shown if it fails.
+train() {
+  local name="$1"
+  shift
+  "$@" "$bin/zero-train" --stage "$stage" --steps "$steps" "${train_args[@]}" \
+    --metrics "$work/$name.jsonl" --save-dir "$work/$name" > "$work/$name.log" 2>&1 || {
+    cat "$work/$name.log"
+    echo "FAIL: $name: zero-train failed"
+    exit 1
+  }
+}
+
+train_args=("$@")
+for stage in 0 1 2 3; do
+  echo "stage $stage:"
+  train "one_node$stage" "$bin/zerorun" -np 4 --
+  before0="$(link_bytes node0)"
+  before1="$(link_bytes node1)"
+  train "two_nodes$stage" on_cluster "$bin/zerorun" --hostfile "$hostfile" --
+  params="$(grep -o '"params":[0-9]*' "$work/two_nodes$stage.jsonl" | cut -d: -f2)"
+  at_least=$((steps * params * 4 / 2))
+  expect_received node0 "$before0" "$at_least"
+  expect_received node1 "$before1" "$at_least"
+  "$bin/metrics_check" --steps "$steps" same-losses 0 "$work/one_node$stage.jsonl" \
+    "$work/two_nodes$stage.jsonl"
+  diff -r "$work/one_node$stage" "$work/two_nodes$stage" \
+    || { echo "FAIL: the checkpoints of stage $stage differ"; exit 1; }
+  echo "checkpoints of step $steps identical"
+done
