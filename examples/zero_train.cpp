@@ -134,7 +134,8 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
         task.description().c_str(), zero::dtype_name(config.dtype), engine.layout().numel(),
         engine.layout().padded_numel(), engine.layout().units().size(), config.stage, world,
         tc.train_batch_size, per_slice.c_str(), micro_batches, world);
-    std::printf("memory on rank 0 at start:\n%s", engine.allocator().summary().c_str());
+    std::printf("memory on rank 0 at start:\n%s%s", engine.allocator().summary().c_str(),
+                task.activation_summary(per_micro_batch).c_str());
     std::fflush(stdout);
     JsonRecord init{{"event", "init"},
                     {"world_size", world},
@@ -146,6 +147,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
                     {"model_state_bytes", state_bytes},
                     {"buffer_bytes", buffer_bytes}};
     init.update(task.model_record());
+    init["activation_bytes_planned"] = task.activation_bytes(per_micro_batch);
     metrics.write(init);
   }
 
@@ -208,6 +210,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
     }
     const uint64_t step_state = max_over_ranks(host, engine.model_state_bytes());
     const uint64_t peak = max_over_ranks(host, engine.allocator().stats().peak_total);
+    const JsonRecord activations = task.activation_record();
     if (rank != 0) continue;
     if (stats.skipped) {
       std::printf("step %ld: gradient overflow, step skipped; loss scale now %g\n", step,
@@ -252,6 +255,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
                       {"loss_scale", json_number(stats.loss_scale)},
                       {"skipped", stats.skipped}};
     if (val_loss) record["val_loss"] = json_number(*val_loss);
+    record.update(activations);
     metrics.write(record);
   }
   if (!f.trace.empty()) {

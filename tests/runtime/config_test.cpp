@@ -62,9 +62,29 @@ const std::vector<BadConfig>& bad_configs() {
       {R"({"train_batch_size": 8, "checkpoint": {"tag_validation": "Warn"}})",
        R"("checkpoint.tag_validation" in ds.json is a DeepSpeed option this runtime does not )"
        R"(support yet)"},
-      {R"({"train_batch_size": 8, "activation_checkpointing": {}})",
-       R"("activation_checkpointing" in ds.json is a DeepSpeed option this runtime does not )"
-       R"(support yet)"},
+      {R"({"train_batch_size": 8, "autotuning": {}})",
+       R"("autotuning" in ds.json is a DeepSpeed option this runtime does not support yet)"},
+      // activation_checkpointing: the options that are not built say so when true.
+      {R"({"train_batch_size": 8, "activation_checkpointing": {"partition_activations": true}})",
+       R"("activation_checkpointing" in ds.json: partition_activations splits checkpoints over )"
+       R"(tensor-parallel ranks, and this runtime has no tensor parallelism; set it to false or )"
+       R"(leave it out)"},
+      {R"({"train_batch_size": 8, "activation_checkpointing": {"cpu_checkpointing": true}})",
+       R"("activation_checkpointing" in ds.json: cpu_checkpointing (checkpoints in pinned host )"
+       R"(memory, prefetched back) is not built yet; on the CPU checkpoints are in host memory )"
+       R"(already; set it to false or leave it out)"},
+      {R"({"train_batch_size": 8,
+          "activation_checkpointing": {"contiguous_memory_optimization": true}})",
+       R"("activation_checkpointing" in ds.json: contiguous_memory_optimization (checkpoints in )"
+       R"(one preallocated buffer) is not built yet; set it to false or leave it out)"},
+      {R"({"train_batch_size": 8, "activation_checkpointing": {"profile": true}})",
+       R"("activation_checkpointing" in ds.json: profile (per-block forward, recompute and )"
+       R"(backward times) is not built yet; set it to false or leave it out)"},
+      {R"({"train_batch_size": 8, "activation_checkpointing": {"mode": "partial"}})",
+       R"("activation_checkpointing.mode" in ds.json must be "none", "selective" or "full", )"
+       R"(got "partial")"},
+      {R"({"train_batch_size": 8, "activation_checkpointing": {"number_checkpoints": 0}})",
+       R"("activation_checkpointing.number_checkpoints" in ds.json must be at least 1, got 0)"},
       {R"({"train_batch_size": 8, "optimizer": {"type": "Adam", "params": {"amsgrad": true}}})",
        R"("optimizer.params.amsgrad" in ds.json is a DeepSpeed option this runtime does not )"
        R"(support yet)"},
@@ -681,6 +701,24 @@ TEST(Config, HonouredAndIgnoredKeys) {
           R"({"train_batch_size": 8, "data_types": {"grad_accum_dtype": "fp32"}})", 2, "ds.json")
           .engine;
   EXPECT_EQ(fp32.grad_accum_dtype, DType::kFloat32);
+}
+
+// DeepSpeed's activation_checkpointing section as a Megatron-DeepSpeed user writes it, with our
+// mode; absent, nothing is recomputed.
+TEST(Config, ActivationCheckpointing) {
+  const TrainingConfig c = parse_training_config(
+      R"({"train_batch_size": 8, "activation_checkpointing": {"mode": "selective",
+          "number_checkpoints": 4, "partition_activations": false, "cpu_checkpointing": false,
+          "contiguous_memory_optimization": false, "synchronize_checkpoint_boundary": false,
+          "profile": false}})",
+      2, "ds.json");
+  EXPECT_EQ(c.activation_checkpointing.mode, "selective");
+  EXPECT_EQ(c.activation_checkpointing.number_checkpoints, 4);
+  EXPECT_TRUE(c.activation_checkpointing.number_checkpoints_given);
+  EXPECT_TRUE(c.ignored_keys.empty());
+  const TrainingConfig absent = parse_training_config(R"({"train_batch_size": 8})", 2, "ds.json");
+  EXPECT_EQ(absent.activation_checkpointing.mode, "none");
+  EXPECT_FALSE(absent.activation_checkpointing.number_checkpoints_given);
 }
 
 TEST(Config, CommunicationDataType) {
