@@ -24,6 +24,8 @@ const char* const kTrainUsage =
     "                        [--preset tiny|gpt2-124M|gpt2-350M|gpt2-774M|gpt2-1.5B]\n"
     "                        [--n-layer N] [--n-head N] [--n-embd N] [--vocab-size N]\n"
     "                        [--block-size N] [--seq-len N] [--decay-all] [--init-from FILE]\n"
+    "                        [--activation-checkpointing none|selective|full]\n"
+    "                        [--number-checkpoints N]\n"
     "                  [--merge-bytes N] [--threads N] [--memory-limit BYTES[K|M|G]]\n"
     "                  [--save-dir DIR] [--save-every K] [--resume DIR|latest]\n"
     "                  [--override-optimizer]\n"
@@ -128,6 +130,14 @@ bool parse_gpt2_flag(const std::string& flag, const std::string& v, Flags* f) {
     f->val_batches = parse_at_least(flag, v, 1);
   } else if (flag == "--init-from") {
     f->init_from = v;
+  } else if (flag == "--activation-checkpointing") {
+    zero::models::Recompute recompute;
+    if (!zero::models::parse_recompute(v, &recompute)) {
+      usage_error("--activation-checkpointing must be none, selective or full, got '" + v + "'");
+    }
+    f->activation_checkpointing = v;
+  } else if (flag == "--number-checkpoints") {
+    f->number_checkpoints = parse_between(flag, v, 1, 1 << 30);
   } else {
     return false;
   }
@@ -336,6 +346,22 @@ zero::TrainingConfig resolve_config(const Flags& f, int world_size) {
   if (f.skip_nonfinite) e.skip_nonfinite_steps = *f.skip_nonfinite;
   if (f.override_optimizer) tc.override_optimizer = true;
   e.trace = !f.trace.empty();
+  zero::ActivationCheckpointingConfig& ac = tc.activation_checkpointing;
+  if (f.activation_checkpointing) ac.mode = *f.activation_checkpointing;
+  if (f.number_checkpoints) {
+    ac.number_checkpoints = *f.number_checkpoints;
+    ac.number_checkpoints_given = true;
+  }
+  if (ac.mode != "none" && f.model != "gpt2") {
+    throw zero::ConfigError("activation_checkpointing.mode \"" + ac.mode + "\" in " + tc.origin +
+                            ": only --model gpt2 recomputes activations");
+  }
+  if (ac.mode == "none" && ac.number_checkpoints_given) {
+    tc.ignored_keys.push_back(
+        "activation_checkpointing.number_checkpoints is ignored: no block is checkpointed "
+        "(activation_checkpointing.mode or --activation-checkpointing selects selective or "
+        "full)");
+  }
   return tc;
 }
 
@@ -367,6 +393,8 @@ std::vector<zero::examples::Setting> run_description(const Flags& f,
           << g.vocab_size << " block " << g.block_size << " seq " << f.seq_len << " decay_all "
           << !g.decay_matrices_only << " data " << f.data << " val " << f.val_data << " every "
           << f.val_every << " x" << f.val_batches << " init " << f.init_from;
+    model << " recompute " << tc.activation_checkpointing.mode << " checkpoints "
+          << tc.activation_checkpointing.number_checkpoints;
   } else {
     model << f.model << " " << f.mlp.input_dim << "-" << f.mlp.hidden_dim << "x" << f.mlp.layers
           << "-" << f.mlp.output_dim;

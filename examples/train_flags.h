@@ -55,6 +55,10 @@ struct Flags {
   long val_every = 0;
   long val_batches = 4;
   std::string init_from;
+  // --activation-checkpointing and --number-checkpoints (over the config's
+  // activation_checkpointing.mode and number_checkpoints).
+  std::optional<std::string> activation_checkpointing;
+  std::optional<long> number_checkpoints;
   int threads = 1;
   bool cuda = false;
   uint64_t memory_limit = 0;

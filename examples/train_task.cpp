@@ -1,6 +1,7 @@
 #include "examples/train_task.h"
 
 #include <optional>
+#include <sstream>
 #include <utility>
 
 #include "models/gpt2.h"
@@ -62,6 +63,8 @@ class MlpTask : public TrainTask {
     for (const ParamSpec& spec : models::mlp_param_specs(config_)) params += numel(spec);
     return params * sizeof(float) * (dtype == DType::kFloat32 ? 1 : 2);
   }
+  std::string activation_summary(int64_t) const override { return ""; }
+  driver::JsonRecord activation_record() const override { return driver::JsonRecord::object(); }
 
  private:
   models::MlpConfig config_;
@@ -72,15 +75,17 @@ class MlpTask : public TrainTask {
 // The GPT-2 on token files: samples are sequences of seq_len tokens (models/token_data.h).
 class Gpt2Task : public TrainTask {
  public:
-  Gpt2Task(const Flags& f, long global_batch, int kernel_threads)
+  Gpt2Task(const Flags& f, long global_batch, int kernel_threads,
+           const models::Gpt2Checkpointing& checkpointing)
       : config_(f.gpt2),
+        checkpointing_(checkpointing),
         seq_len_(f.seq_len),
         global_batch_(global_batch),
         init_from_(f.init_from),
         val_every_(f.val_every),
         val_batches_(f.val_batches),
         train_(f.data),
-        model_(models::make_gpt2(config_, kernel_threads)) {
+        model_(models::make_gpt2(config_, kernel_threads, checkpointing_)) {
     check_vocabulary(train_, "--data");
     if (!f.val_data.empty()) {
       val_.emplace(f.val_data);
@@ -106,7 +111,9 @@ class Gpt2Task : public TrainTask {
             {"block_size", config_.block_size},
             {"seq_len", seq_len_},
             {"train_tokens", train_.size()},
-            {"flops_per_token", models::gpt2_flops_per_token(config_, seq_len_)}};
+            {"flops_per_token", models::gpt2_flops_per_token(config_, seq_len_)},
+            {"activation_checkpointing", models::recompute_name(checkpointing_.recompute)},
+            {"number_checkpoints", checkpointed_blocks()}};
   }
   std::vector<NamedModule> take_modules() override { return std::move(model_.modules); }
   void start(Engine& engine, uint64_t) override {
@@ -142,14 +149,33 @@ class Gpt2Task : public TrainTask {
     return total / static_cast<float>(global_batch_ * val_batches_);
   }
 
-  // Per position of a micro-batch: the residual stream and the saved activations of each block
-  // (about 16 C floats: LayerNorm outputs, qkv, attention output, the 4C MLP hidden twice), the
-  // logits with their gradient in place, and the embedding output; fp32.
+  // The activations the model holds (gpt2_memory.h's formula), the residual-stream tensors in
+  // flight between modules (a block's output, and in backward the gradient coming in and the one
+  // going out: 3 N C), and the batch (token ids, as given and on the device, and targets).
   uint64_t activation_bytes(int64_t samples) const override {
-    const uint64_t positions = static_cast<uint64_t>(samples) * static_cast<uint64_t>(seq_len_);
-    const uint64_t per_position = 16ull * config_.n_embd * config_.n_layer +
-                                  static_cast<uint64_t>(config_.vocab_size) + 4ull * config_.n_embd;
-    return positions * per_position * sizeof(float);
+    const uint64_t N = static_cast<uint64_t>(samples) * static_cast<uint64_t>(seq_len_);
+    const uint64_t in_flight = 3 * N * static_cast<uint64_t>(config_.n_embd) + 3 * N;
+    return formula(samples).total() + in_flight * sizeof(float);
+  }
+  std::string activation_summary(int64_t samples) const override {
+    const models::Gpt2ActivationBytes bytes = formula(samples);
+    std::ostringstream out;
+    out << "activations of " << samples << " x " << seq_len_ << " tokens ("
+        << models::recompute_name(checkpointing_.recompute) << " recomputation, "
+        << checkpointed_blocks() << " of " << config_.n_layer
+        << " blocks checkpointed): " << human_bytes(bytes.total()) << " = blocks "
+        << human_bytes(bytes.kept()) << " (per block " << human_bytes(bytes.blocks.front())
+        << " .. " << human_bytes(bytes.blocks.back()) << ") + recompute "
+        << human_bytes(bytes.recompute) << " + backward " << human_bytes(bytes.backward)
+        << " + embedding and head " << human_bytes(bytes.embedding + bytes.head) << "\n";
+    return out.str();
+  }
+  driver::JsonRecord activation_record() const override {
+    const models::Gpt2ActivationBytes bytes = models::gpt2_held_activations(model_);
+    return {{"activation_bytes", bytes.total()},
+            {"activation_kept_bytes", bytes.kept()},
+            {"activation_block_bytes", bytes.blocks},
+            {"activation_recompute_bytes", bytes.recompute}};
   }
   // fp32 kernels add gradients straight into fp32 storage; with 16-bit storage each module keeps
   // fp32 copies of its parameters and of their gradients (gpt2.cpp's ParamSlots).
@@ -177,7 +203,19 @@ class Gpt2Task : public TrainTask {
     return tokens;
   }
 
+  models::Gpt2ActivationBytes formula(int64_t samples) const {
+    return models::gpt2_activation_formula(config_, checkpointing_, samples, seq_len_);
+  }
+  int checkpointed_blocks() const {
+    int n = 0;
+    for (int i = 0; i < config_.n_layer; ++i) {
+      n += models::gpt2_block_checkpointed(checkpointing_, i, config_.n_layer) ? 1 : 0;
+    }
+    return n;
+  }
+
   models::Gpt2Config config_;
+  models::Gpt2Checkpointing checkpointing_;
   int seq_len_;
   long global_batch_;
   std::string init_from_;
@@ -208,7 +246,12 @@ BatchSlice batch_slice(int64_t global_batch, int micro_batches, int world_size, 
 
 std::unique_ptr<TrainTask> make_train_task(const Flags& flags, const TrainingConfig& config) {
   if (flags.model == "mlp") return std::make_unique<MlpTask>(flags.mlp);
-  return std::make_unique<Gpt2Task>(flags, config.train_batch_size, config.engine.kernel_threads);
+  models::Gpt2Checkpointing checkpointing;
+  models::parse_recompute(config.activation_checkpointing.mode, &checkpointing.recompute);
+  checkpointing.number_checkpoints =
+      static_cast<int>(config.activation_checkpointing.number_checkpoints);
+  return std::make_unique<Gpt2Task>(flags, config.train_batch_size, config.engine.kernel_threads,
+                                    checkpointing);
 }
 
 }  // namespace zero::examples

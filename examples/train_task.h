@@ -62,6 +62,12 @@ class TrainTask {
   // parameters and gradients (what a module computes in before adding it into the engine's
   // storage), for the working dtype.
   virtual uint64_t module_bytes(DType dtype) const = 0;
+  // Lines for the memory summary at start: the activations of a micro-batch of `samples`, by
+  // where they are held; empty when the model does not count them.
+  virtual std::string activation_summary(int64_t samples_per_micro_batch) const = 0;
+  // The activation bytes the model's modules hold now (after a step), for the step records:
+  // empty when the model does not count them.
+  virtual driver::JsonRecord activation_record() const = 0;
 };
 
 // The task of --model; throws zero::Error when its data cannot be read.

@@ -143,7 +143,8 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
         task.description().c_str(), zero::dtype_name(config.dtype), engine.layout().numel(),
         engine.layout().padded_numel(), engine.layout().units().size(), config.stage, world,
         tc.train_batch_size, per_slice.c_str(), micro_batches, world);
-    std::printf("memory on rank 0 at start:\n%s", engine.allocator().summary().c_str());
+    std::printf("memory on rank 0 at start:\n%s%s", engine.allocator().summary().c_str(),
+                task.activation_summary(per_micro_batch).c_str());
     std::fflush(stdout);
     JsonRecord init{{"event", "init"},
                     {"world_size", world},
@@ -157,6 +158,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
                     {"baseline_resident_bytes", baseline_resident_max},
                     {"planned_resident_bytes", planned_resident}};
     init.update(task.model_record());
+    init["activation_bytes_planned"] = task.activation_bytes(per_micro_batch);
     metrics.write(init);
   }
 
@@ -220,6 +222,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
     const uint64_t step_state = max_over_ranks(host, engine.model_state_bytes());
     const uint64_t peak = max_over_ranks(host, engine.allocator().stats().peak_total);
     const uint64_t peak_resident = max_over_ranks(host, zero::examples::peak_resident_bytes());
+    const JsonRecord activations = task.activation_record();
     if (rank != 0) continue;
     if (stats.skipped) {
       std::printf("step %ld: gradient overflow, step skipped; loss scale now %g\n", step,
@@ -265,6 +268,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
                       {"loss_scale", json_number(stats.loss_scale)},
                       {"skipped", stats.skipped}};
     if (val_loss) record["val_loss"] = json_number(*val_loss);
+    record.update(activations);
     metrics.write(record);
   }
   if (!f.trace.empty()) {

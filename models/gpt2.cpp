@@ -3,7 +3,8 @@
 #include <cmath>
 #include <utility>
 
-#include "models/gpt2_ops.h"
+#include "models/gpt2_block.h"
+#include "models/gpt2_common.h"
 #include "zero/core/check.h"
 #include "zero/runtime/device.h"
 
@@ -11,109 +12,24 @@ namespace zero::models {
 
 namespace {
 
+using gpt2_detail::bytes_of;
+using gpt2_detail::ensure;
+using gpt2_detail::param;
+using gpt2_detail::ParamSlots;
+using gpt2_detail::uniform_bound;
 using kernels::WeightLayout;
-
-// GPT-2 initializes its weights from N(0, 0.02); the engine draws uniform values, so the bound
-// gives the same standard deviation (a uniform in [-a, a) has std a / sqrt(3)).
-float uniform_bound(float std) {
-  return std * std::sqrt(3.0f);
-}
-
-// A parameter of the model. With decay_matrices_only, 1-D tensors (LayerNorm gains, biases) are
-// in the group without weight decay, as GPT-2 recipes (and the PyTorch reference) put them.
-ParamDecl param(const Gpt2Config& config, const char* name, std::vector<int64_t> shape,
-                ParamInit init) {
-  ParamDecl decl{ParamSpec{name, std::move(shape), 0}, init};
-  if (config.decay_matrices_only && decl.spec.shape.size() < 2) decl.weight_decay = 0.0f;
-  return decl;
-}
-
-// The device of tensors in a parameter's memory: null (host memory) on the CPU.
-std::shared_ptr<DeviceContext> device_memory(const std::shared_ptr<DeviceContext>& device) {
-  return device && device->device().is_cuda() ? device : nullptr;
-}
-
-// `tensor` holding `shape`, reallocated (zero-filled) only when its size changes: activations
-// keep their memory from one micro-batch to the next.
-void ensure(Tensor& tensor, std::vector<int64_t> shape, const std::shared_ptr<DeviceContext>& on) {
-  size_t numel = 1;
-  for (int64_t d : shape) numel *= static_cast<size_t>(d);
-  if (tensor.numel() != numel || tensor.device() != on) tensor = Tensor(std::move(shape), on);
-}
-
-// Where a kernel adds a parameter's gradient: the gradient storage itself when it is fp32;
-// otherwise a zeroed fp32 scratch, added into the 16-bit storage by flush_grad (rounding once).
-float* grad_target(const ParamRef& grad, Tensor& scratch) {
-  if (grad.dtype == DType::kFloat32) return static_cast<float*>(grad.data);
-  ensure(scratch, {static_cast<int64_t>(grad.numel)}, device_memory(grad.device));
-  grad.device->zero(scratch.data(), grad.numel * sizeof(float));
-  return scratch.data();
-}
-
-void flush_grad(const ParamRef& grad, const Tensor& scratch) {
-  if (grad.dtype != DType::kFloat32) grad.add_f32(scratch.data());
-}
-
-// A parameter's values in fp32 and the target of its gradient, one per parameter of a module.
-struct ParamSlots {
-  std::vector<Tensor> values;  // fp32 copies of 16-bit parameters
-  std::vector<Tensor> grads;   // fp32 gradients of 16-bit parameters
-
-  explicit ParamSlots(size_t count) : values(count), grads(count) {}
-  const float* value(const std::vector<ParamRef>& params, size_t i) {
-    return params[i].as_f32(values[i]);
-  }
-  float* grad(const std::vector<ParamRef>& grads_in, size_t i) {
-    return grad_target(grads_in[i], grads[i]);
-  }
-  void flush(const std::vector<ParamRef>& grads_in) {
-    for (size_t i = 0; i < grads_in.size(); ++i) flush_grad(grads_in[i], grads[i]);
-  }
-};
-
-// The operations of the memory a module's activations live in, made at first use and shared by
-// every module of the model (one cuBLAS handle, one copy of the targets).
-class Gpt2Backend {
- public:
-  explicit Gpt2Backend(int threads) : threads_(threads) {}
-  Gpt2Ops& ops_for(const Tensor& t) {
-    if (!t.device()) {
-      if (!cpu_) cpu_ = make_cpu_gpt2_ops(threads_);
-      return *cpu_;
-    }
-    if (!cuda_ || cuda_device_ != t.device()) {
-      cuda_ = make_cuda_gpt2_ops(t.device());
-      cuda_device_ = t.device();
-    }
-    return *cuda_;
-  }
-
- private:
-  int threads_;
-  std::unique_ptr<Gpt2Ops> cpu_;
-  std::unique_ptr<Gpt2Ops> cuda_;
-  std::shared_ptr<DeviceContext> cuda_device_;
-};
-
-// Input gradients of a block's inner operations, shared by every block: backward runs one block
-// at a time, so one set serves them all.
-struct BlockScratch {
-  Tensor d_hidden4;  // [N, 4C] gradient of the GELU output, then of the MLP's first matrix
-  Tensor d_fc;       // [N, 4C]
-  Tensor d_norm;     // [N, C] gradient of a LayerNorm's output
-  Tensor d_att;      // [N, C]
-  Tensor d_qkv;      // [N, 3C]
-};
 
 int64_t rows_of(const Tensor& t) {
   return t.numel() / t.shape().back();
 }
 
+}  // namespace
+
 // ---------------------------------------------------------------------------------------------
 // wte and wpe: out[b, t] = wte[token] + wpe[t].
-class Embedding : public Module {
+class Gpt2Embedding : public Module {
  public:
-  Embedding(const Gpt2Config& config, std::shared_ptr<Gpt2Backend> backend)
+  Gpt2Embedding(const Gpt2Config& config, std::shared_ptr<gpt2_detail::Gpt2Backend> backend)
       : config_(config), backend_(std::move(backend)) {}
 
   std::vector<ParamDecl> parameters() const override {
@@ -156,163 +72,20 @@ class Embedding : public Module {
     grad_in = Tensor();  // token ids have no gradient
   }
 
+  uint64_t activation_bytes() const { return bytes_of(tokens_); }
+
  private:
   Gpt2Config config_;
-  std::shared_ptr<Gpt2Backend> backend_;
+  std::shared_ptr<gpt2_detail::Gpt2Backend> backend_;
   ParamSlots slots_{2};
   Tensor tokens_;
 };
 
 // ---------------------------------------------------------------------------------------------
-// One pre-LN block: x2 = x + proj(attention(ln_1(x))); out = x2 + mlp(ln_2(x2)).
-class Block : public Module {
- public:
-  // Parameter indices, in Hugging Face's order.
-  enum {
-    kLn1W,
-    kLn1B,
-    kQkvW,
-    kQkvB,
-    kProjW,
-    kProjB,
-    kLn2W,
-    kLn2B,
-    kFcW,
-    kFcB,
-    kFcProjW,
-    kFcProjB,
-    kParams
-  };
-
-  Block(const Gpt2Config& config, std::shared_ptr<Gpt2Backend> backend,
-        std::shared_ptr<BlockScratch> scratch)
-      : config_(config), backend_(std::move(backend)), scratch_(std::move(scratch)) {}
-
-  std::vector<ParamDecl> parameters() const override {
-    const int64_t C = config_.n_embd;
-    const ParamInit ones{InitKind::kOnes, 0.0f};
-    const ParamInit zeros{InitKind::kZeros, 0.0f};
-    const ParamInit weight{InitKind::kUniform, uniform_bound(0.02f)};
-    // GPT-2 scales the residual projections by 1 / sqrt(2 * n_layer): each block adds two.
-    const ParamInit residual{InitKind::kUniform,
-                             uniform_bound(0.02f / std::sqrt(2.0f * config_.n_layer))};
-    auto decl = [this](const char* name, std::vector<int64_t> shape, ParamInit init) {
-      return param(config_, name, std::move(shape), init);
-    };
-    return {decl("ln_1.weight", {C}, ones),
-            decl("ln_1.bias", {C}, zeros),
-            decl("attn.c_attn.weight", {C, 3 * C}, weight),
-            decl("attn.c_attn.bias", {3 * C}, zeros),
-            decl("attn.c_proj.weight", {C, C}, residual),
-            decl("attn.c_proj.bias", {C}, zeros),
-            decl("ln_2.weight", {C}, ones),
-            decl("ln_2.bias", {C}, zeros),
-            decl("mlp.c_fc.weight", {C, 4 * C}, weight),
-            decl("mlp.c_fc.bias", {4 * C}, zeros),
-            decl("mlp.c_proj.weight", {4 * C, C}, residual),
-            decl("mlp.c_proj.bias", {C}, zeros)};
-  }
-
-  void forward(const Tensor& in, Tensor& out, const std::vector<ParamRef>& params) override {
-    const int C = config_.n_embd;
-    ZERO_CHECK(in.shape().size() == 3 && in.shape()[2] == C,
-               "a GPT-2 block takes activations [batch, seq, " << C << "]");
-    const int B = static_cast<int>(in.shape()[0]);
-    const int T = static_cast<int>(in.shape()[1]);
-    const int N = B * T;
-    const int NH = config_.n_head;
-    auto w = [&](int i) { return slots_.value(params, i); };
-    Gpt2Ops& ops = backend_->ops_for(in);
-    const std::shared_ptr<DeviceContext>& dev = in.device();
-    input_ = in;
-    ensure(ln1_, {N, C}, dev);
-    ensure(ln1_mean_, {N}, dev);
-    ensure(ln1_rstd_, {N}, dev);
-    ensure(qkv_, {N, 3 * C}, dev);
-    ensure(att_, {N, C}, dev);
-    ensure(lse_, {B, NH, T}, dev);
-    ensure(x2_, {B, T, C}, dev);
-    ensure(ln2_, {N, C}, dev);
-    ensure(ln2_mean_, {N}, dev);
-    ensure(ln2_rstd_, {N}, dev);
-    ensure(fc_, {N, 4 * C}, dev);
-    ensure(gelu_, {N, 4 * C}, dev);
-    ensure(out, {B, T, C}, dev);
-
-    ops.layernorm_forward(ln1_.data(), ln1_mean_.data(), ln1_rstd_.data(), in.data(), w(kLn1W),
-                          w(kLn1B), N, C, config_.layer_norm_eps);
-    ops.matmul_forward(qkv_.data(), ln1_.data(), w(kQkvW), w(kQkvB), N, C, 3 * C,
-                       WeightLayout::kInOut);
-    ops.attention_forward(att_.data(), lse_.data(), qkv_.data(), B, T, C, NH);
-    ops.matmul_forward(x2_.data(), att_.data(), w(kProjW), w(kProjB), N, C, C,
-                       WeightLayout::kInOut);
-    ops.add(x2_.data(), in.data(), x2_.numel());  // the residual
-    ops.layernorm_forward(ln2_.data(), ln2_mean_.data(), ln2_rstd_.data(), x2_.data(), w(kLn2W),
-                          w(kLn2B), N, C, config_.layer_norm_eps);
-    ops.matmul_forward(fc_.data(), ln2_.data(), w(kFcW), w(kFcB), N, C, 4 * C,
-                       WeightLayout::kInOut);
-    ops.gelu_forward(gelu_.data(), fc_.data(), fc_.numel());
-    ops.matmul_forward(out.data(), gelu_.data(), w(kFcProjW), w(kFcProjB), N, 4 * C, C,
-                       WeightLayout::kInOut);
-    ops.add(out.data(), x2_.data(), out.numel());
-  }
-
-  void backward(const Tensor& grad_out, Tensor& grad_in, const std::vector<ParamRef>& params,
-                const std::vector<ParamRef>& grads) override {
-    const int C = config_.n_embd;
-    const int B = static_cast<int>(input_.shape()[0]);
-    const int T = static_cast<int>(input_.shape()[1]);
-    const int N = B * T;
-    auto w = [&](int i) { return slots_.value(params, i); };
-    auto g = [&](int i) { return slots_.grad(grads, i); };
-    Gpt2Ops& ops = backend_->ops_for(grad_out);
-    const std::shared_ptr<DeviceContext>& dev = grad_out.device();
-    BlockScratch& s = *scratch_;
-    ensure(s.d_hidden4, {N, 4 * C}, dev);
-    ensure(s.d_fc, {N, 4 * C}, dev);
-    ensure(s.d_norm, {N, C}, dev);
-    ensure(s.d_att, {N, C}, dev);
-    ensure(s.d_qkv, {N, 3 * C}, dev);
-
-    // The skip connection carries grad_out to x2 unchanged; the MLP's gradient is added to it.
-    Tensor d_x2 = grad_out;
-    ops.matmul_backward(s.d_hidden4.data(), g(kFcProjW), g(kFcProjB), grad_out.data(), gelu_.data(),
-                        w(kFcProjW), N, 4 * C, C, WeightLayout::kInOut);
-    ops.gelu_backward(s.d_fc.data(), fc_.data(), s.d_hidden4.data(), fc_.numel());
-    ops.matmul_backward(s.d_norm.data(), g(kFcW), g(kFcB), s.d_fc.data(), ln2_.data(), w(kFcW), N,
-                        C, 4 * C, WeightLayout::kInOut);
-    ops.layernorm_backward(d_x2.data(), g(kLn2W), g(kLn2B), s.d_norm.data(), x2_.data(), w(kLn2W),
-                           ln2_mean_.data(), ln2_rstd_.data(), N, C);
-    // The same for the attention half: x's gradient is x2's plus the attention path's.
-    ops.matmul_backward(s.d_att.data(), g(kProjW), g(kProjB), d_x2.data(), att_.data(), w(kProjW),
-                        N, C, C, WeightLayout::kInOut);
-    ops.attention_backward(s.d_qkv.data(), s.d_att.data(), qkv_.data(), att_.data(), lse_.data(), B,
-                           T, C, config_.n_head);
-    ops.matmul_backward(s.d_norm.data(), g(kQkvW), g(kQkvB), s.d_qkv.data(), ln1_.data(), w(kQkvW),
-                        N, C, 3 * C, WeightLayout::kInOut);
-    grad_in = std::move(d_x2);
-    ops.layernorm_backward(grad_in.data(), g(kLn1W), g(kLn1B), s.d_norm.data(), input_.data(),
-                           w(kLn1W), ln1_mean_.data(), ln1_rstd_.data(), N, C);
-    slots_.flush(grads);
-  }
-
- private:
-  Gpt2Config config_;
-  std::shared_ptr<Gpt2Backend> backend_;
-  std::shared_ptr<BlockScratch> scratch_;
-  ParamSlots slots_{kParams};
-  // What backward needs from forward.
-  Tensor input_, ln1_, ln1_mean_, ln1_rstd_, qkv_, att_, lse_, x2_, ln2_, ln2_mean_, ln2_rstd_, fc_,
-      gelu_;
-};
-
-}  // namespace
-
-// ---------------------------------------------------------------------------------------------
 // ln_f, then logits = ln_f(x) @ wte^T and the mean cross-entropy against the targets.
 class Gpt2Head : public Module {
  public:
-  Gpt2Head(const Gpt2Config& config, std::shared_ptr<Gpt2Backend> backend,
+  Gpt2Head(const Gpt2Config& config, std::shared_ptr<gpt2_detail::Gpt2Backend> backend,
            std::shared_ptr<Gpt2Targets> targets)
       : config_(config), backend_(std::move(backend)), targets_(std::move(targets)) {}
 
@@ -379,10 +152,16 @@ class Gpt2Head : public Module {
   }
 
   const Tensor& logits() const { return logits_; }
+  // What forward keeps for backward, and backward's own ln_f gradient.
+  uint64_t kept_bytes() const {
+    return bytes_of(input_) + bytes_of(norm_) + bytes_of(mean_) + bytes_of(rstd_) +
+           bytes_of(logits_) + bytes_of(losses_) + bytes_of(lse_);
+  }
+  uint64_t backward_bytes() const { return bytes_of(d_norm_); }
 
  private:
   Gpt2Config config_;
-  std::shared_ptr<Gpt2Backend> backend_;
+  std::shared_ptr<gpt2_detail::Gpt2Backend> backend_;
   std::shared_ptr<Gpt2Targets> targets_;
   ParamSlots slots_{3};
   Tensor input_, norm_, mean_, rstd_, logits_, losses_, lse_, d_norm_;
@@ -426,21 +205,39 @@ void check_gpt2_config(const Gpt2Config& c) {
   ZERO_CHECK(c.block_size >= 1, "GPT-2 block_size must be at least 1, got " << c.block_size);
 }
 
-Gpt2 make_gpt2(const Gpt2Config& config, int kernel_threads) {
+Gpt2 make_gpt2(const Gpt2Config& config, int kernel_threads,
+               const Gpt2Checkpointing& checkpointing) {
   check_gpt2_config(config);
-  auto backend = std::make_shared<Gpt2Backend>(kernel_threads);
+  check_gpt2_checkpointing(checkpointing, config.n_layer);
+  auto backend = std::make_shared<gpt2_detail::Gpt2Backend>(kernel_threads);
   Gpt2 model;
   model.targets = std::make_shared<Gpt2Targets>();
-  model.modules.push_back({"", std::make_unique<Embedding>(config, backend)});
-  auto scratch = std::make_shared<BlockScratch>();
+  auto embedding = std::make_unique<Gpt2Embedding>(config, backend);
+  model.embedding = embedding.get();
+  model.modules.push_back({"", std::move(embedding)});
+  model.shared = std::make_shared<Gpt2BlockShared>();
   for (int i = 0; i < config.n_layer; ++i) {
-    model.modules.push_back(
-        {"h." + std::to_string(i), std::make_unique<Block>(config, backend, scratch)});
+    const Recompute recompute = gpt2_block_checkpointed(checkpointing, i, config.n_layer)
+                                    ? checkpointing.recompute
+                                    : Recompute::kNone;
+    auto block = std::make_unique<Gpt2Block>(config, recompute, backend, model.shared);
+    model.blocks.push_back(block.get());
+    model.modules.push_back({"h." + std::to_string(i), std::move(block)});
   }
   auto head = std::make_unique<Gpt2Head>(config, backend, model.targets);
   model.head = head.get();
   model.modules.push_back({"ln_f", std::move(head)});
   return model;
+}
+
+Gpt2ActivationBytes gpt2_held_activations(const Gpt2& model) {
+  Gpt2ActivationBytes bytes;
+  bytes.embedding = model.embedding->activation_bytes();
+  for (const Gpt2Block* block : model.blocks) bytes.blocks.push_back(block->kept_bytes());
+  bytes.recompute = model.shared->recompute_bytes();
+  bytes.head = model.head->kept_bytes();
+  bytes.backward = model.shared->backward_bytes() + model.head->backward_bytes();
+  return bytes;
 }
 
 std::vector<ParamSpec> gpt2_param_specs(const Gpt2Config& config) {

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "models/gpt2_memory.h"
 #include "zero/runtime/layout.h"
 #include "zero/runtime/model.h"
 
@@ -44,16 +45,31 @@ struct Gpt2Targets {
   std::vector<int32_t> ids;
 };
 
+class Gpt2Embedding;
+class Gpt2Block;
 class Gpt2Head;
+struct Gpt2BlockShared;
 
 struct Gpt2 {
   std::vector<NamedModule> modules;
   std::shared_ptr<Gpt2Targets> targets;
-  Gpt2Head* head = nullptr;  // owned by modules.back()
+  // Owned by modules (which may move into a ZeroModel): for gpt2_held_activations.
+  Gpt2Embedding* embedding = nullptr;
+  std::vector<Gpt2Block*> blocks;
+  Gpt2Head* head = nullptr;
+  std::shared_ptr<Gpt2BlockShared> shared;  // the buffers the blocks use in turn
 };
 
-// The modules of a GPT-2; kernel_threads: threads of every CPU kernel and GEMM.
-Gpt2 make_gpt2(const Gpt2Config& config, int kernel_threads);
+// The modules of a GPT-2; kernel_threads: threads of every CPU kernel and GEMM; checkpointing:
+// which blocks recompute what in backward (gpt2_memory.h). Throws zero::Error for a bad config
+// or a number_checkpoints outside 0..n_layer.
+Gpt2 make_gpt2(const Gpt2Config& config, int kernel_threads,
+               const Gpt2Checkpointing& checkpointing = {});
+
+// The activation bytes the model's modules hold now, counted from their tensors: after a
+// forward and backward of B sequences of T tokens, gpt2_activation_formula(config, checkpointing,
+// B, T). Valid while the modules live.
+Gpt2ActivationBytes gpt2_held_activations(const Gpt2& model);
 
 // The parameters make_gpt2(config) registers, for planning memory without building a model.
 std::vector<ParamSpec> gpt2_param_specs(const Gpt2Config& config);

@@ -217,6 +217,46 @@ void read_data_types(const config::DataTypes& types, const Checker& check, Engin
   }
 }
 
+// activation_checkpointing: the mode and number_checkpoints; the DeepSpeed options that are not
+// built are accepted only false.
+void read_activation_checkpointing(const config::ActivationCheckpointing& a, const Checker& check,
+                                   ActivationCheckpointingConfig* out) {
+  const std::string& origin = check.origin();
+  if (a.has_mode()) {
+    if (a.mode() != "none" && a.mode() != "selective" && a.mode() != "full") {
+      check.fail("activation_checkpointing.mode", "\"none\", \"selective\" or \"full\"",
+                 in_quotes(a.mode()));
+    }
+    out->mode = a.mode();
+  }
+  if (a.has_number_checkpoints()) {
+    out->number_checkpoints = check.integer("activation_checkpointing.number_checkpoints",
+                                            a.number_checkpoints(), 1, kMaxInt);
+    out->number_checkpoints_given = true;
+  }
+  const std::pair<bool, const char*> not_built[] = {
+      {a.partition_activations(),
+       "partition_activations splits checkpoints over tensor-parallel ranks, and this runtime "
+       "has no tensor parallelism"},
+      {a.cpu_checkpointing(),
+       "cpu_checkpointing (checkpoints in pinned host memory, prefetched back) is not built "
+       "yet; on the CPU checkpoints are in host memory already"},
+      {a.contiguous_memory_optimization(),
+       "contiguous_memory_optimization (checkpoints in one preallocated buffer) is not built "
+       "yet"},
+      {a.synchronize_checkpoint_boundary(),
+       "synchronize_checkpoint_boundary (a device synchronization at each checkpoint) is not "
+       "built yet"},
+      {a.profile(), "profile (per-block forward, recompute and backward times) is not built yet"},
+  };
+  for (const auto& [given, why] : not_built) {
+    if (given) {
+      config_error("\"activation_checkpointing\" in " + origin + ": " + why +
+                   "; set it to false or leave it out");
+    }
+  }
+}
+
 // Keys whose effect here would be none: accepted, and each named once with why.
 void read_ignored_keys(const config::TrainingConfig& c, std::vector<std::string>* ignored) {
   if (c.has_memory_breakdown()) {
@@ -253,6 +293,7 @@ TrainingConfig interpret(const config::TrainingConfig& c, int world_size, const 
   read_data_types(c.data_types(), check, &e);
   out.wall_clock_breakdown = c.wall_clock_breakdown();
   out.override_optimizer = c.checkpoint().override_optimizer();
+  read_activation_checkpointing(c.activation_checkpointing(), check, &out.activation_checkpointing);
   read_ignored_keys(c, &out.ignored_keys);
 
   if (c.has_optimizer()) read_optimizer(c.optimizer(), check, &e.optimizer);

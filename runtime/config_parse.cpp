@@ -61,7 +61,6 @@ std::string shorten_echo(const std::string& message, const std::string& marker) 
 // own message so that a user does not hunt for a typo in a key DeepSpeed itself accepts.
 const std::set<std::string>& unsupported_deepspeed_keys() {
   static const std::set<std::string> keys = {
-      "activation_checkpointing",
       "aio",
       "amp",
       "autotuning",

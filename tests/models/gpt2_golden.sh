@@ -11,8 +11,11 @@
 set -euo pipefail
 bin="$1"; np="$2"; shift 2
 device=cpu; dtype=fp32; reference_tolerance=1e-5
+checkpointing=none; checkpoints=()
 while [ "$1" != "--" ]; do
   case "$1" in
+    --activation-checkpointing) checkpointing="$2" ;;
+    --number-checkpoints) checkpoints=(--number-checkpoints "$2") ;;
     --device) device="$2" ;;
     --dtype) dtype="$2" ;;
     --reference-tolerance) reference_tolerance="$2" ;;
@@ -36,22 +39,42 @@ if [ "$np" -gt 2 ]; then parity=1e-6; fi
 # of 1e-2). They then agree to the dtype's precision, as each does with PyTorch.
 if [ "$dtype" = bf16 ]; then parity="$reference_tolerance"; fi
 
-for stage in 0 1 2 3; do
-  run="$work/stage$stage"
-  launch=()
-  if [ $# -gt 0 ]; then launch=("$@" -np "$np"); fi
+# train STAGE NAME [FLAGS...]: one zero-train run of the reference, its weights exported.
+train() {
+  local stage="$1" run="$work/$2"
+  shift 2
+  local launch=()
+  if [ ${#mpiexec[@]} -gt 0 ]; then launch=("${mpiexec[@]}" -np "$np"); fi
   "${launch[@]}" "$bin/zero-train" --model gpt2 --config "$data/adamw.json" --stage "$stage" \
     --device "$device" --dtype "$dtype" \
     --n-layer 2 --n-head 4 --n-embd 64 --vocab-size 256 --block-size 64 --seq-len 32 \
     --global-batch 4 --steps 3 --data "$data/tokens.bin" --init-from "$data/model.safetensors" \
     --val-data "$data/tokens.bin" --val-every 1 --val-batches 1 \
-    --metrics "$run.jsonl" --save-dir "$run.ckpt" > "$run.log" 2>&1 || {
+    --metrics "$run.jsonl" --save-dir "$run.ckpt" "$@" > "$run.log" 2>&1 || {
     cat "$run.log"; echo "zero-train failed at stage $stage on $np rank(s)"; exit 1; }
   "$bin/zero-checkpoint" export "$run.ckpt" --to "$run.safetensors" > /dev/null
+}
+mpiexec=("$@")
+
+for stage in 0 1 2 3; do
+  run="$work/stage$stage"
+  recompute=()
+  if [ "$checkpointing" != none ]; then
+    train "$stage" "plain$stage"
+    recompute=(--activation-checkpointing "$checkpointing" "${checkpoints[@]}")
+  fi
+  train "$stage" "stage$stage" "${recompute[@]}"
   same=()
   if [ "$stage" -gt 0 ]; then same=(--same-as "$work/stage0.safetensors" --tolerance "$parity"); fi
-  echo "stage $stage, $np rank(s), $device, $dtype:"
+  echo "stage $stage, $np rank(s), $device, $dtype, activation checkpointing $checkpointing:"
   "$bin/gpt2_golden_check" --expected "$data/expected.json" --metrics "$run.jsonl" \
     --final "$run.safetensors" --reference-tolerance "$reference_tolerance" --expect-val 1 \
     "${same[@]}"
+  if [ "$checkpointing" != none ]; then
+    echo "stage $stage with activation checkpointing $checkpointing against without, bitwise:"
+    "$bin/gpt2_golden_check" --expected "$data/expected.json" --metrics "$run.jsonl" \
+      --final "$run.safetensors" --reference-tolerance "$reference_tolerance" \
+      --same-as "$work/plain$stage.safetensors" --tolerance 0 \
+      --same-metrics-as "$work/plain$stage.jsonl"
+  fi
 done

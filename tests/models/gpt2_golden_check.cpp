@@ -4,11 +4,12 @@
 // last step, every parameter's L2 norm within R relative and its sum within 10 R of its L2 norm
 // (a 16-bit run is held to the fp32 reference with a larger R). With --same-as, the exported
 // weights must also equal another run's: bit for bit (--tolerance 0) or within a relative
-// tolerance per parameter's L2 norm (stage parity across world sizes).
+// tolerance per parameter's L2 norm (stage parity across world sizes). With --same-metrics-as,
+// every step's loss, gradient norm and validation loss must equal another run's bit for bit.
 //
 //   gpt2_golden_check --expected E.json --metrics run.jsonl --final final.safetensors
 //                     [--reference-tolerance R] [--same-as other.safetensors --tolerance X]
-//                     [--expect-val 1]
+//                     [--expect-val 1] [--same-metrics-as other.jsonl]
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -43,16 +44,40 @@ std::map<std::string, std::vector<float>> tensors_of(const std::string& path) {
   return out;
 }
 
-int check(const std::map<std::string, std::string>& args) {
-  std::ifstream expected_file(args.at("--expected"));
-  const nlohmann::json expected = nlohmann::json::parse(expected_file);
-
+std::vector<nlohmann::json> step_records(const std::string& path) {
   std::vector<nlohmann::json> steps;
-  std::ifstream metrics(args.at("--metrics"));
+  std::ifstream metrics(path);
   for (std::string line; std::getline(metrics, line);) {
     const nlohmann::json record = nlohmann::json::parse(line);
     if (record.value("event", "") == "step") steps.push_back(record);
   }
+  return steps;
+}
+
+// The metrics record floats, written with every digit JSON needs: equal text, equal bits.
+void check_same_metrics(const std::vector<nlohmann::json>& steps, const std::string& other_path) {
+  const std::vector<nlohmann::json> other = step_records(other_path);
+  if (other.size() != steps.size()) {
+    std::printf("FAIL the run has %zu steps, the other run %zu\n", steps.size(), other.size());
+    ++failures;
+    return;
+  }
+  for (size_t s = 0; s < steps.size(); ++s) {
+    for (const char* key : {"loss", "grad_norm", "val_loss"}) {
+      if (steps[s].value(key, nlohmann::json()) == other[s].value(key, nlohmann::json())) continue;
+      std::printf("FAIL step %zu %s: %s, the other run has %s (bitwise)\n", s + 1, key,
+                  steps[s].value(key, nlohmann::json()).dump().c_str(),
+                  other[s].value(key, nlohmann::json()).dump().c_str());
+      ++failures;
+    }
+  }
+}
+
+int check(const std::map<std::string, std::string>& args) {
+  std::ifstream expected_file(args.at("--expected"));
+  const nlohmann::json expected = nlohmann::json::parse(expected_file);
+
+  const std::vector<nlohmann::json> steps = step_records(args.at("--metrics"));
   if (steps.size() != expected["steps"].size()) {
     std::printf("FAIL the run has %zu steps, the reference %zu\n", steps.size(),
                 expected["steps"].size());
@@ -132,6 +157,7 @@ int check(const std::map<std::string, std::string>& args) {
                   tolerance * std::sqrt(norm));
     }
   }
+  if (args.count("--same-metrics-as")) check_same_metrics(steps, args.at("--same-metrics-as"));
   std::printf("%s: %d failure(s)\n", failures == 0 ? "PASS" : "FAIL", failures);
   return failures == 0 ? 0 : 1;
 }

@@ -8,9 +8,11 @@
 
 #include <cmath>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "models/gpt2.h"
@@ -49,13 +51,14 @@ double l2(const std::vector<float>& v) {
 // The model's modules on fp32 parameters and gradients owned here, by full name.
 struct Harness {
   Gpt2Config config = reference_config();
-  Gpt2 model = make_gpt2(config, 2);
+  Gpt2 model;
   std::shared_ptr<DeviceContext> cpu = DeviceContext::create(Device::cpu());
   std::map<std::string, std::vector<float>> values, grads;
   std::map<std::string, std::vector<int64_t>> shapes;
   std::vector<std::vector<std::string>> names;  // per module: its own, then its tied ones
 
-  Harness() {
+  explicit Harness(const Gpt2Checkpointing& checkpointing = {})
+      : model(make_gpt2(config, 2, checkpointing)) {
     for (const LoadedTensor& t : load_safetensors(kData + "model.safetensors").tensors) {
       values[t.name] = t.values;
       grads[t.name].assign(t.values.size(), 0.0f);
@@ -164,6 +167,105 @@ TEST(Gpt2, PresetsAndConfigChecks) {
     FAIL() << "n_embd 768 with 5 heads was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("multiple of n_head"), std::string::npos) << e.what();
+  }
+}
+
+// One step (two micro-batches, so gradients accumulate) of a model with `checkpointing`: the
+// losses, the logits of the last forward and every gradient.
+struct StepResult {
+  std::vector<float> losses, logits;
+  std::map<std::string, std::vector<float>> grads;
+};
+
+StepResult run_step(const Gpt2Checkpointing& checkpointing, int B, int T) {
+  Harness h(checkpointing);
+  const Tensor tokens = reference_batch(h, B, T);
+  StepResult r;
+  for (int micro_batch = 0; micro_batch < 2; ++micro_batch) {
+    r.losses.push_back(h.forward(tokens));
+    r.logits = gpt2_logits(h.model).to_host();
+    h.backward();
+  }
+  r.grads = h.grads;
+  return r;
+}
+
+const Gpt2Checkpointing kSettings[] = {
+    {Recompute::kSelective, 0},
+    {Recompute::kFull, 0},
+    {Recompute::kSelective, 1},  // block 0 of 2 recomputes, block 1 keeps everything
+    {Recompute::kFull, 1},
+};
+
+std::string label(const Gpt2Checkpointing& c) {
+  return std::string(recompute_name(c.recompute)) + " number_checkpoints " +
+         std::to_string(c.number_checkpoints);
+}
+
+// Recomputation runs the same kernels on the same inputs: the losses, the logits and every
+// gradient are bit for bit those without checkpointing.
+TEST(Gpt2Checkpointing, BitwiseEqualToNoCheckpointing) {
+  const StepResult none = run_step({}, 4, 32);
+  for (const Gpt2Checkpointing& c : kSettings) {
+    const StepResult r = run_step(c, 4, 32);
+    EXPECT_EQ(r.losses, none.losses) << label(c);
+    EXPECT_EQ(r.logits, none.logits) << label(c);
+    for (const auto& [name, grad] : none.grads) {
+      EXPECT_EQ(r.grads.at(name), grad) << label(c) << ": " << name;
+    }
+  }
+}
+
+// The bytes the modules hold, counted from their tensors, are the formula of gpt2_memory.h, at
+// two micro-batch sizes and two sequence lengths, for every setting.
+TEST(Gpt2Checkpointing, HeldActivationsEqualTheFormula) {
+  std::vector<Gpt2Checkpointing> settings = {{Recompute::kNone, 0}};
+  settings.insert(settings.end(), std::begin(kSettings), std::end(kSettings));
+  for (const auto& [B, T] : {std::pair{4, 32}, std::pair{2, 64}, std::pair{1, 16}}) {
+    std::vector<uint64_t> kept;
+    for (const Gpt2Checkpointing& c : settings) {
+      Harness h(c);
+      const Tensor tokens = reference_batch(h, B, T);
+      h.forward(tokens);
+      h.backward();
+      const Gpt2ActivationBytes held = gpt2_held_activations(h.model);
+      const Gpt2ActivationBytes formula = gpt2_activation_formula(h.config, c, B, T);
+      const std::string what = label(c) + " B " + std::to_string(B) + " T " + std::to_string(T);
+      EXPECT_EQ(held.embedding, formula.embedding) << what;
+      EXPECT_EQ(held.blocks, formula.blocks) << what;
+      EXPECT_EQ(held.recompute, formula.recompute) << what;
+      EXPECT_EQ(held.head, formula.head) << what;
+      EXPECT_EQ(held.backward, formula.backward) << what;
+      EXPECT_EQ(held.total(), formula.total()) << what;
+      kept.push_back(held.kept());
+    }
+    // none > selective > full, and a block in full keeps its input alone: B T C floats.
+    EXPECT_GT(kept[0], kept[1]);
+    EXPECT_GT(kept[1], kept[2]);
+    EXPECT_EQ(kept[2], 2u * B * T * 64 * sizeof(float));
+  }
+}
+
+TEST(Gpt2Checkpointing, NumberCheckpointsSpreadsBlocksEvenly) {
+  auto chosen = [](Recompute r, int n, int layers) {
+    std::vector<int> out;
+    for (int i = 0; i < layers; ++i) {
+      if (gpt2_block_checkpointed({r, n}, i, layers)) out.push_back(i);
+    }
+    return out;
+  };
+  EXPECT_EQ(chosen(Recompute::kFull, 4, 12), (std::vector<int>{0, 3, 6, 9}));
+  EXPECT_EQ(chosen(Recompute::kFull, 5, 12), (std::vector<int>{0, 2, 4, 7, 9}));
+  EXPECT_EQ(chosen(Recompute::kSelective, 0, 3), (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(chosen(Recompute::kNone, 2, 3), std::vector<int>{});
+  try {
+    make_gpt2(reference_config(), 1, {Recompute::kFull, 3});
+    FAIL() << "3 checkpoints of 2 layers were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("number_checkpoints 3 must be between 1 and the model's 2"),
+        std::string::npos)
+        << e.what();
   }
 }
 

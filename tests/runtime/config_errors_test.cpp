@@ -48,9 +48,29 @@ const std::vector<BadConfig>& bad_configs() {
       {R"({"train_batch_size": 8, "checkpoint": {"tag_validation": "Warn"}})",
        R"("checkpoint.tag_validation" in ds.json is a DeepSpeed option this runtime does not )"
        R"(support yet)"},
-      {R"({"train_batch_size": 8, "activation_checkpointing": {}})",
-       R"("activation_checkpointing" in ds.json is a DeepSpeed option this runtime does not )"
-       R"(support yet)"},
+      {R"({"train_batch_size": 8, "autotuning": {}})",
+       R"("autotuning" in ds.json is a DeepSpeed option this runtime does not support yet)"},
+      // activation_checkpointing: the options that are not built say so when true.
+      {R"({"train_batch_size": 8, "activation_checkpointing": {"partition_activations": true}})",
+       R"("activation_checkpointing" in ds.json: partition_activations splits checkpoints over )"
+       R"(tensor-parallel ranks, and this runtime has no tensor parallelism; set it to false or )"
+       R"(leave it out)"},
+      {R"({"train_batch_size": 8, "activation_checkpointing": {"cpu_checkpointing": true}})",
+       R"("activation_checkpointing" in ds.json: cpu_checkpointing (checkpoints in pinned host )"
+       R"(memory, prefetched back) is not built yet; on the CPU checkpoints are in host memory )"
+       R"(already; set it to false or leave it out)"},
+      {R"({"train_batch_size": 8,
+          "activation_checkpointing": {"contiguous_memory_optimization": true}})",
+       R"("activation_checkpointing" in ds.json: contiguous_memory_optimization (checkpoints in )"
+       R"(one preallocated buffer) is not built yet; set it to false or leave it out)"},
+      {R"({"train_batch_size": 8, "activation_checkpointing": {"profile": true}})",
+       R"("activation_checkpointing" in ds.json: profile (per-block forward, recompute and )"
+       R"(backward times) is not built yet; set it to false or leave it out)"},
+      {R"({"train_batch_size": 8, "activation_checkpointing": {"mode": "partial"}})",
+       R"("activation_checkpointing.mode" in ds.json must be "none", "selective" or "full", )"
+       R"(got "partial")"},
+      {R"({"train_batch_size": 8, "activation_checkpointing": {"number_checkpoints": 0}})",
+       R"("activation_checkpointing.number_checkpoints" in ds.json must be at least 1, got 0)"},
       {R"({"train_batch_size": 8, "optimizer": {"type": "Adam", "params": {"amsgrad": true}}})",
        R"("optimizer.params.amsgrad" in ds.json is a DeepSpeed option this runtime does not )"
        R"(support yet)"},

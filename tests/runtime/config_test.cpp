@@ -300,6 +300,24 @@ TEST(Config, HonouredAndIgnoredKeys) {
   EXPECT_EQ(fp32.grad_accum_dtype, DType::kFloat32);
 }
 
+// DeepSpeed's activation_checkpointing section as a Megatron-DeepSpeed user writes it, with our
+// mode; absent, nothing is recomputed.
+TEST(Config, ActivationCheckpointing) {
+  const TrainingConfig c = parse_training_config(
+      R"({"train_batch_size": 8, "activation_checkpointing": {"mode": "selective",
+          "number_checkpoints": 4, "partition_activations": false, "cpu_checkpointing": false,
+          "contiguous_memory_optimization": false, "synchronize_checkpoint_boundary": false,
+          "profile": false}})",
+      2, "ds.json");
+  EXPECT_EQ(c.activation_checkpointing.mode, "selective");
+  EXPECT_EQ(c.activation_checkpointing.number_checkpoints, 4);
+  EXPECT_TRUE(c.activation_checkpointing.number_checkpoints_given);
+  EXPECT_TRUE(c.ignored_keys.empty());
+  const TrainingConfig absent = parse_training_config(R"({"train_batch_size": 8})", 2, "ds.json");
+  EXPECT_EQ(absent.activation_checkpointing.mode, "none");
+  EXPECT_FALSE(absent.activation_checkpointing.number_checkpoints_given);
+}
+
 TEST(Config, CommunicationDataType) {
   const auto engine_of = [](const std::string& extra) {
     return parse_training_config(R"({"train_batch_size": 8, )" + extra + "}", 2, "ds.json").engine;

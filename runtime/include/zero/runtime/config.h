@@ -3,7 +3,7 @@
 // as is where the meaning is the same; every key is either honoured or rejected with a
 // ConfigError that names it (callers exit with code 2 and start nothing):
 //   - an unknown key names its full path and suggests the closest valid key;
-//   - a well-known DeepSpeed key we do not support yet (offload, activation checkpointing, ...)
+//   - a well-known DeepSpeed key we do not support yet (offload, autotuning, ...)
 //     says so, as opposed to being called a misspelling;
 //   - wrong types name the key and the expected type; integer keys accept integral numbers
 //     written as 5e8 (in JSON; text format has protobuf's own syntax); duplicate keys are errors
@@ -52,6 +52,10 @@
 //   seed               ours; absent: EngineConfig's.
 //   wall_clock_breakdown -> TrainingConfig's wall_clock_breakdown (per-step timing lines).
 //   checkpoint         ours: override_optimizer (see TrainingConfig).
+//   activation_checkpointing  -> ActivationCheckpointingConfig: number_checkpoints (at least 1)
+//                      and our mode ("none", "selective", "full"; absent: none). Its other
+//                      DeepSpeed keys are accepted false; true is an error saying the feature is
+//                      not built (partition_activations: it needs tensor parallelism).
 //
 // Accepted and ignored, because ignoring them cannot change the result; each one a file gives
 // is listed in TrainingConfig::ignored_keys with the reason: memory_breakdown,
@@ -82,8 +86,17 @@ class ConfigError : public Error {
   using Error::Error;
 };
 
+// activation_checkpointing: what the model recomputes in backward. The runtime only carries it:
+// the model's code applies it (models/gpt2_memory.h).
+struct ActivationCheckpointingConfig {
+  std::string mode = "none";    // "none", "selective" or "full"
+  long number_checkpoints = 0;  // checkpointed blocks, spread evenly; 0: every block
+  bool number_checkpoints_given = false;
+};
+
 struct TrainingConfig {
   EngineConfig engine;
+  ActivationCheckpointingConfig activation_checkpointing;
   long train_batch_size = 0;            // samples per optimizer step, all ranks together
   long micro_batch_per_rank = 0;        // samples per micro-batch on one rank
   int gradient_accumulation_steps = 1;  // equals engine.micro_batches

@@ -1,0 +1,199 @@
+#include "models/gpt2_block.h"
+
+#include <utility>
+
+#include "zero/core/check.h"
+
+namespace zero::models {
+
+using gpt2_detail::bytes_of;
+using gpt2_detail::ensure;
+using kernels::WeightLayout;
+
+namespace {
+
+// Whether a block with `recompute` keeps tensor `a` from forward to backward (gpt2_memory.h's
+// table). The outputs of one operation (a LayerNorm's output, mean and rstd; the attention's
+// output and lse) are kept or recomputed together.
+bool keeps(Recompute recompute, int a) {
+  switch (recompute) {
+    case Recompute::kNone:
+      return true;
+    case Recompute::kSelective:
+      return a == kInput || a == kQkv || a == kAtt || a == kLse || a == kX2 || a == kFc;
+    case Recompute::kFull:
+      return a == kInput;
+  }
+  return true;
+}
+
+std::vector<int64_t> shape_of(int a, int B, int T, int C, int NH) {
+  const int64_t N = static_cast<int64_t>(B) * T;
+  switch (a) {
+    case kInput:
+    case kX2:
+      return {B, T, C};
+    case kLn1:
+    case kLn2:
+    case kAtt:
+      return {N, C};
+    case kLn1Mean:
+    case kLn1Rstd:
+    case kLn2Mean:
+    case kLn2Rstd:
+      return {N};
+    case kQkv:
+      return {N, 3 * C};
+    case kLse:
+      return {B, NH, T};
+    default:  // kFc, kGelu
+      return {N, 4 * static_cast<int64_t>(C)};
+  }
+}
+
+}  // namespace
+
+uint64_t Gpt2BlockShared::recompute_bytes() const {
+  uint64_t sum = 0;
+  for (const Tensor& t : recomputed) sum += bytes_of(t);
+  return sum;
+}
+
+uint64_t Gpt2BlockShared::backward_bytes() const {
+  return bytes_of(d_hidden4) + bytes_of(d_fc) + bytes_of(d_norm) + bytes_of(d_att) +
+         bytes_of(d_qkv);
+}
+
+Gpt2Block::Gpt2Block(const Gpt2Config& config, Recompute recompute,
+                     std::shared_ptr<gpt2_detail::Gpt2Backend> backend,
+                     std::shared_ptr<Gpt2BlockShared> shared)
+    : config_(config),
+      recompute_(recompute),
+      backend_(std::move(backend)),
+      shared_(std::move(shared)) {}
+
+std::vector<ParamDecl> Gpt2Block::parameters() const {
+  using gpt2_detail::uniform_bound;
+  const int64_t C = config_.n_embd;
+  const ParamInit ones{InitKind::kOnes, 0.0f};
+  const ParamInit zeros{InitKind::kZeros, 0.0f};
+  const ParamInit weight{InitKind::kUniform, uniform_bound(0.02f)};
+  // GPT-2 scales the residual projections by 1 / sqrt(2 * n_layer): each block adds two.
+  const ParamInit residual{InitKind::kUniform,
+                           uniform_bound(0.02f / std::sqrt(2.0f * config_.n_layer))};
+  auto decl = [this](const char* name, std::vector<int64_t> shape, ParamInit init) {
+    return gpt2_detail::param(config_, name, std::move(shape), init);
+  };
+  return {decl("ln_1.weight", {C}, ones),
+          decl("ln_1.bias", {C}, zeros),
+          decl("attn.c_attn.weight", {C, 3 * C}, weight),
+          decl("attn.c_attn.bias", {3 * C}, zeros),
+          decl("attn.c_proj.weight", {C, C}, residual),
+          decl("attn.c_proj.bias", {C}, zeros),
+          decl("ln_2.weight", {C}, ones),
+          decl("ln_2.bias", {C}, zeros),
+          decl("mlp.c_fc.weight", {C, 4 * C}, weight),
+          decl("mlp.c_fc.bias", {4 * C}, zeros),
+          decl("mlp.c_proj.weight", {4 * C, C}, residual),
+          decl("mlp.c_proj.bias", {C}, zeros)};
+}
+
+Tensor& Gpt2Block::at(int a) {
+  return keeps(recompute_, a) ? kept_[a] : shared_->recomputed[a];
+}
+
+uint64_t Gpt2Block::kept_bytes() const {
+  uint64_t sum = 0;
+  for (const Tensor& t : kept_) sum += bytes_of(t);
+  return sum;
+}
+
+void Gpt2Block::forward(const Tensor& in, Tensor& out, const std::vector<ParamRef>& params) {
+  const int C = config_.n_embd;
+  ZERO_CHECK(in.shape().size() == 3 && in.shape()[2] == C,
+             "a GPT-2 block takes activations [batch, seq, " << C << "]");
+  B_ = static_cast<int>(in.shape()[0]);
+  T_ = static_cast<int>(in.shape()[1]);
+  kept_[kInput] = in;
+  for (int a = kInput + 1; a < kBlockActivations; ++a) {
+    ensure(at(a), shape_of(a, B_, T_, C, config_.n_head), in.device());
+  }
+  ensure(out, {B_, T_, C}, in.device());
+  run_forward(params, &out);
+}
+
+void Gpt2Block::run_forward(const std::vector<ParamRef>& params, Tensor* out) {
+  const int C = config_.n_embd;
+  const int N = B_ * T_;
+  const float eps = config_.layer_norm_eps;
+  auto w = [&](int i) { return slots_.value(params, i); };
+  auto p = [&](int a) { return at(a).data(); };
+  // In backward, an operation runs again when this block did not keep what it makes.
+  auto makes = [&](int a) { return out != nullptr || !keeps(recompute_, a); };
+  Gpt2Ops& ops = backend_->ops_for(kept_[kInput]);
+  if (makes(kLn1)) {
+    ops.layernorm_forward(p(kLn1), p(kLn1Mean), p(kLn1Rstd), p(kInput), w(kLn1W), w(kLn1B), N, C,
+                          eps);
+  }
+  if (makes(kQkv)) {
+    ops.matmul_forward(p(kQkv), p(kLn1), w(kQkvW), w(kQkvB), N, C, 3 * C, WeightLayout::kInOut);
+  }
+  if (makes(kAtt)) ops.attention_forward(p(kAtt), p(kLse), p(kQkv), B_, T_, C, config_.n_head);
+  if (makes(kX2)) {
+    ops.matmul_forward(p(kX2), p(kAtt), w(kProjW), w(kProjB), N, C, C, WeightLayout::kInOut);
+    ops.add(p(kX2), p(kInput), static_cast<size_t>(N) * C);  // the residual
+  }
+  if (makes(kLn2)) {
+    ops.layernorm_forward(p(kLn2), p(kLn2Mean), p(kLn2Rstd), p(kX2), w(kLn2W), w(kLn2B), N, C, eps);
+  }
+  if (makes(kFc)) {
+    ops.matmul_forward(p(kFc), p(kLn2), w(kFcW), w(kFcB), N, C, 4 * C, WeightLayout::kInOut);
+  }
+  if (makes(kGelu)) ops.gelu_forward(p(kGelu), p(kFc), static_cast<size_t>(N) * 4 * C);
+  if (out == nullptr) return;
+  ops.matmul_forward(out->data(), p(kGelu), w(kFcProjW), w(kFcProjB), N, 4 * C, C,
+                     WeightLayout::kInOut);
+  ops.add(out->data(), p(kX2), out->numel());
+}
+
+void Gpt2Block::backward(const Tensor& grad_out, Tensor& grad_in,
+                         const std::vector<ParamRef>& params, const std::vector<ParamRef>& grads) {
+  const int C = config_.n_embd;
+  const int N = B_ * T_;
+  // The recomputed tensors of this block: the shared buffers hold another block's by now.
+  if (recompute_ != Recompute::kNone) run_forward(params, nullptr);
+  auto w = [&](int i) { return slots_.value(params, i); };
+  auto g = [&](int i) { return slots_.grad(grads, i); };
+  auto p = [&](int a) { return at(a).data(); };
+  Gpt2Ops& ops = backend_->ops_for(grad_out);
+  const std::shared_ptr<DeviceContext>& dev = grad_out.device();
+  Gpt2BlockShared& s = *shared_;
+  ensure(s.d_hidden4, {N, 4 * C}, dev);
+  ensure(s.d_fc, {N, 4 * C}, dev);
+  ensure(s.d_norm, {N, C}, dev);
+  ensure(s.d_att, {N, C}, dev);
+  ensure(s.d_qkv, {N, 3 * C}, dev);
+
+  // The skip connection carries grad_out to x2 unchanged; the MLP's gradient is added to it.
+  Tensor d_x2 = grad_out;
+  ops.matmul_backward(s.d_hidden4.data(), g(kFcProjW), g(kFcProjB), grad_out.data(), p(kGelu),
+                      w(kFcProjW), N, 4 * C, C, WeightLayout::kInOut);
+  ops.gelu_backward(s.d_fc.data(), p(kFc), s.d_hidden4.data(), static_cast<size_t>(N) * 4 * C);
+  ops.matmul_backward(s.d_norm.data(), g(kFcW), g(kFcB), s.d_fc.data(), p(kLn2), w(kFcW), N, C,
+                      4 * C, WeightLayout::kInOut);
+  ops.layernorm_backward(d_x2.data(), g(kLn2W), g(kLn2B), s.d_norm.data(), p(kX2), w(kLn2W),
+                         p(kLn2Mean), p(kLn2Rstd), N, C);
+  // The same for the attention half: x's gradient is x2's plus the attention path's.
+  ops.matmul_backward(s.d_att.data(), g(kProjW), g(kProjB), d_x2.data(), p(kAtt), w(kProjW), N, C,
+                      C, WeightLayout::kInOut);
+  ops.attention_backward(s.d_qkv.data(), s.d_att.data(), p(kQkv), p(kAtt), p(kLse), B_, T_, C,
+                         config_.n_head);
+  ops.matmul_backward(s.d_norm.data(), g(kQkvW), g(kQkvB), s.d_qkv.data(), p(kLn1), w(kQkvW), N, C,
+                      3 * C, WeightLayout::kInOut);
+  grad_in = std::move(d_x2);
+  ops.layernorm_backward(grad_in.data(), g(kLn1W), g(kLn1B), s.d_norm.data(), p(kInput), w(kLn1W),
+                         p(kLn1Mean), p(kLn1Rstd), N, C);
+  slots_.flush(grads);
+}
+
+}  // namespace zero::models

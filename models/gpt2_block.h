@@ -1,0 +1,97 @@
+// One GPT-2 block, with activation checkpointing (gpt2_memory.h: what each setting keeps and
+// recomputes). Private to models/.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "models/gpt2_common.h"
+
+namespace zero::models {
+
+// The tensors a block's forward makes for its backward, in the order forward makes them.
+enum BlockActivation {
+  kInput,  // the block's input, also ln_1's
+  kLn1,
+  kLn1Mean,
+  kLn1Rstd,
+  kQkv,
+  kAtt,  // the attention's output
+  kLse,  // its log-sum-exp per row and head
+  kX2,   // the residual stream after the attention, ln_2's input
+  kLn2,
+  kLn2Mean,
+  kLn2Rstd,
+  kFc,    // the GELU's input
+  kGelu,  // its output, c_proj's input
+  kBlockActivations
+};
+
+// Buffers every block uses in turn: backward runs one block at a time.
+struct Gpt2BlockShared {
+  // The recomputed tensors of the checkpointed block being processed (only those its setting
+  // recomputes are allocated).
+  Tensor recomputed[kBlockActivations];
+  // Input gradients of a block's inner operations.
+  Tensor d_hidden4;  // [N, 4C] gradient of the GELU output, then of the MLP's first matrix
+  Tensor d_fc;       // [N, 4C]
+  Tensor d_norm;     // [N, C] gradient of a LayerNorm's output
+  Tensor d_att;      // [N, C]
+  Tensor d_qkv;      // [N, 3C]
+
+  uint64_t recompute_bytes() const;
+  uint64_t backward_bytes() const;
+};
+
+// One pre-LN block: x2 = x + proj(attention(ln_1(x))); out = x2 + mlp(ln_2(x2)). With
+// `recompute` other than kNone, forward keeps only what that setting keeps and backward first
+// reruns the operations that make the rest, with the same kernels on the same inputs (the
+// parameters backward is given: at stage 3 the engine gathers them for backward), so the results
+// are bitwise those without checkpointing.
+class Gpt2Block : public Module {
+ public:
+  // Parameter indices, in Hugging Face's order.
+  enum {
+    kLn1W,
+    kLn1B,
+    kQkvW,
+    kQkvB,
+    kProjW,
+    kProjB,
+    kLn2W,
+    kLn2B,
+    kFcW,
+    kFcB,
+    kFcProjW,
+    kFcProjB,
+    kParams
+  };
+
+  Gpt2Block(const Gpt2Config& config, Recompute recompute,
+            std::shared_ptr<gpt2_detail::Gpt2Backend> backend,
+            std::shared_ptr<Gpt2BlockShared> shared);
+
+  std::vector<ParamDecl> parameters() const override;
+  void forward(const Tensor& in, Tensor& out, const std::vector<ParamRef>& params) override;
+  void backward(const Tensor& grad_out, Tensor& grad_in, const std::vector<ParamRef>& params,
+                const std::vector<ParamRef>& grads) override;
+
+  // Bytes of the activations this block keeps from forward to backward.
+  uint64_t kept_bytes() const;
+
+ private:
+  Tensor& at(int a);
+  // The forward's operations: all of them (and the output) when out is given; otherwise, in
+  // backward, only those making tensors this block does not keep.
+  void run_forward(const std::vector<ParamRef>& params, Tensor* out);
+
+  Gpt2Config config_;
+  Recompute recompute_;
+  std::shared_ptr<gpt2_detail::Gpt2Backend> backend_;
+  std::shared_ptr<Gpt2BlockShared> shared_;
+  gpt2_detail::ParamSlots slots_{kParams};
+  int B_ = 0, T_ = 0;
+  Tensor kept_[kBlockActivations];  // those this block keeps (the others stay empty)
+};
+
+}  // namespace zero::models

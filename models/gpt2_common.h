@@ -1,0 +1,104 @@
+// What the GPT-2's modules share: parameter declarations, activation buffers, fp32 views of
+// parameters and gradients, and the operations of the memory activations live in. Private to
+// models/ (gpt2.cpp and gpt2_block.cpp).
+#pragma once
+
+#include <cmath>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "models/gpt2.h"
+#include "models/gpt2_ops.h"
+#include "zero/runtime/device.h"
+
+namespace zero::models::gpt2_detail {
+
+// GPT-2 initializes its weights from N(0, 0.02); the engine draws uniform values, so the bound
+// gives the same standard deviation (a uniform in [-a, a) has std a / sqrt(3)).
+inline float uniform_bound(float std) {
+  return std * std::sqrt(3.0f);
+}
+
+// A parameter of the model. With decay_matrices_only, 1-D tensors (LayerNorm gains, biases) are
+// in the group without weight decay, as GPT-2 recipes (and the PyTorch reference) put them.
+inline ParamDecl param(const Gpt2Config& config, const char* name, std::vector<int64_t> shape,
+                       ParamInit init) {
+  ParamDecl decl{ParamSpec{name, std::move(shape), 0}, init};
+  if (config.decay_matrices_only && decl.spec.shape.size() < 2) decl.weight_decay = 0.0f;
+  return decl;
+}
+
+// The device of tensors in a parameter's memory: null (host memory) on the CPU.
+inline std::shared_ptr<DeviceContext> device_memory(const std::shared_ptr<DeviceContext>& device) {
+  return device && device->device().is_cuda() ? device : nullptr;
+}
+
+// `tensor` holding `shape`, reallocated (zero-filled) only when its size changes: activations
+// keep their memory from one micro-batch to the next.
+inline void ensure(Tensor& tensor, std::vector<int64_t> shape,
+                   const std::shared_ptr<DeviceContext>& on) {
+  size_t numel = 1;
+  for (int64_t d : shape) numel *= static_cast<size_t>(d);
+  if (tensor.numel() != numel || tensor.device() != on) tensor = Tensor(std::move(shape), on);
+}
+
+inline uint64_t bytes_of(const Tensor& t) {
+  return t.numel() * sizeof(float);
+}
+
+// Where a kernel adds a parameter's gradient: the gradient storage itself when it is fp32;
+// otherwise a zeroed fp32 scratch, added into the 16-bit storage by flush_grad (rounding once).
+inline float* grad_target(const ParamRef& grad, Tensor& scratch) {
+  if (grad.dtype == DType::kFloat32) return static_cast<float*>(grad.data);
+  ensure(scratch, {static_cast<int64_t>(grad.numel)}, device_memory(grad.device));
+  grad.device->zero(scratch.data(), grad.numel * sizeof(float));
+  return scratch.data();
+}
+
+inline void flush_grad(const ParamRef& grad, const Tensor& scratch) {
+  if (grad.dtype != DType::kFloat32) grad.add_f32(scratch.data());
+}
+
+// A parameter's values in fp32 and the target of its gradient, one per parameter of a module.
+struct ParamSlots {
+  std::vector<Tensor> values;  // fp32 copies of 16-bit parameters
+  std::vector<Tensor> grads;   // fp32 gradients of 16-bit parameters
+
+  explicit ParamSlots(size_t count) : values(count), grads(count) {}
+  const float* value(const std::vector<ParamRef>& params, size_t i) {
+    return params[i].as_f32(values[i]);
+  }
+  float* grad(const std::vector<ParamRef>& grads_in, size_t i) {
+    return grad_target(grads_in[i], grads[i]);
+  }
+  void flush(const std::vector<ParamRef>& grads_in) {
+    for (size_t i = 0; i < grads_in.size(); ++i) flush_grad(grads_in[i], grads[i]);
+  }
+};
+
+// The operations of the memory a module's activations live in, made at first use and shared by
+// every module of the model (one cuBLAS handle, one copy of the targets).
+class Gpt2Backend {
+ public:
+  explicit Gpt2Backend(int threads) : threads_(threads) {}
+  Gpt2Ops& ops_for(const Tensor& t) {
+    if (!t.device()) {
+      if (!cpu_) cpu_ = make_cpu_gpt2_ops(threads_);
+      return *cpu_;
+    }
+    if (!cuda_ || cuda_device_ != t.device()) {
+      cuda_ = make_cuda_gpt2_ops(t.device());
+      cuda_device_ = t.device();
+    }
+    return *cuda_;
+  }
+
+ private:
+  int threads_;
+  std::unique_ptr<Gpt2Ops> cpu_;
+  std::unique_ptr<Gpt2Ops> cuda_;
+  std::shared_ptr<DeviceContext> cuda_device_;
+};
+
+}  // namespace zero::models::gpt2_detail

@@ -1,0 +1,86 @@
+#include "models/gpt2_memory.h"
+
+#include "models/gpt2.h"
+#include "zero/core/check.h"
+
+namespace zero::models {
+
+const char* recompute_name(Recompute recompute) {
+  switch (recompute) {
+    case Recompute::kNone:
+      return "none";
+    case Recompute::kSelective:
+      return "selective";
+    case Recompute::kFull:
+      return "full";
+  }
+  return "?";
+}
+
+bool parse_recompute(const std::string& name, Recompute* recompute) {
+  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    if (name == recompute_name(r)) {
+      *recompute = r;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool gpt2_block_checkpointed(const Gpt2Checkpointing& checkpointing, int layer, int n_layer) {
+  if (checkpointing.recompute == Recompute::kNone) return false;
+  const int64_t n =
+      checkpointing.number_checkpoints == 0 ? n_layer : checkpointing.number_checkpoints;
+  // Blocks floor(j * L / n), j < n: layer is one when some j lands on it, i.e. when the
+  // smallest j with j * L >= layer * n gives exactly layer.
+  const int64_t j = (static_cast<int64_t>(layer) * n + n_layer - 1) / n_layer;
+  return j < n && j * n_layer / n == layer;
+}
+
+void check_gpt2_checkpointing(const Gpt2Checkpointing& checkpointing, int n_layer) {
+  ZERO_CHECK(checkpointing.number_checkpoints >= 0 && checkpointing.number_checkpoints <= n_layer,
+             "number_checkpoints " << checkpointing.number_checkpoints
+                                   << " must be between 1 and the model's " << n_layer
+                                   << " layers (each checkpoint is one block)");
+}
+
+uint64_t Gpt2ActivationBytes::kept() const {
+  uint64_t sum = 0;
+  for (uint64_t b : blocks) sum += b;
+  return sum;
+}
+
+uint64_t Gpt2ActivationBytes::total() const {
+  return embedding + kept() + recompute + head + backward;
+}
+
+Gpt2ActivationBytes gpt2_activation_formula(const Gpt2Config& config,
+                                            const Gpt2Checkpointing& checkpointing, int64_t B,
+                                            int64_t T) {
+  const uint64_t N = static_cast<uint64_t>(B * T);
+  const uint64_t C = static_cast<uint64_t>(config.n_embd);
+  const uint64_t H = static_cast<uint64_t>(config.n_head);
+  const uint64_t V = static_cast<uint64_t>(config.vocab_size);
+  const uint64_t f = sizeof(float);
+  uint64_t kept = N * (16 * C + 4 + H);  // a block that is not checkpointed
+  uint64_t recomputed = 0;               // what a checkpointed one rebuilds
+  if (checkpointing.recompute == Recompute::kSelective) {
+    kept = N * (10 * C + H);
+    recomputed = N * (6 * C + 4);
+  } else if (checkpointing.recompute == Recompute::kFull) {
+    kept = N * C;
+    recomputed = N * (15 * C + 4 + H);
+  }
+  Gpt2ActivationBytes bytes;
+  bytes.embedding = N * f;
+  for (int layer = 0; layer < config.n_layer; ++layer) {
+    const bool checkpointed = gpt2_block_checkpointed(checkpointing, layer, config.n_layer);
+    bytes.blocks.push_back((checkpointed ? kept : N * (16 * C + 4 + H)) * f);
+  }
+  bytes.recompute = recomputed * f;
+  bytes.head = N * (2 * C + V + 4) * f;
+  bytes.backward = 14 * N * C * f;
+  return bytes;
+}
+
+}  // namespace zero::models

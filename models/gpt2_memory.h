@@ -1,0 +1,89 @@
+// The GPT-2's activation memory: which tensors each block keeps from its forward to its
+// backward under each activation-checkpointing setting, and the formula for their bytes, written
+// once here. gpt2_activation_formula computes it from the sizes alone; gpt2_held_activations
+// (gpt2.h) adds up the tensors a running model actually holds, and the tests hold the two equal.
+//
+// Per block, N = B * T positions, C = n_embd, H = n_head, fp32 (4 bytes; activations are fp32
+// whatever the working dtype), in floats:
+//
+//   tensor                     floats   none  selective  full
+//   block input (ln_1's input)  N C      kept  kept       kept
+//   ln_1 output, mean, rstd     N C+2N   kept  recomp.    recomp.
+//   qkv (ln_1 @ c_attn)         3 N C    kept  kept       recomp.
+//   attention output, lse       N C+N H  kept  kept       recomp.
+//   x2 (ln_2's input)           N C      kept  kept       recomp.
+//   ln_2 output, mean, rstd     N C+2N   kept  recomp.    recomp.
+//   fc (GELU's input)           4 N C    kept  kept       recomp.
+//   GELU output                 4 N C    kept  recomp.    recomp.
+//
+//   none:      N (16 C + 4 + H)        selective: N (10 C + H)        full: N C
+//
+// Korthikanti et al. (2022) count sbh (34 + 5 a s / h) bytes per layer for 16-bit activations:
+// 16 tensors of s b h elements (the 16 C above: 2 bytes each, 32 bytes) plus two 1-byte dropout
+// masks (we have no dropout), and 5 a s^2 b for the attention scores, softmax output and its
+// dropout mask. Their selective recomputation drops that last term only. Our attention kernels
+// never store scores or probabilities: they keep the log-sum-exp of each row (the N H floats),
+// and backward recomputes the probabilities from it, so "none" here is already their selective
+// layout. Our selective therefore recomputes the next cheapest tensors instead: those that take
+// linear time to rebuild from kept ones (both LayerNorms, from the block input and x2, and the
+// GELU, from fc), never a GEMM or the attention. Full keeps only the block input and reruns the
+// whole block forward before its backward.
+//
+// The recomputed tensors of a checkpointed block live in buffers every block shares (backward
+// runs one block at a time), sized for one block: full N (15 C + 4 + H), selective N (6 C + 4).
+// Outside the blocks: the embedding keeps the token ids (N), the head its input, ln_f's output,
+// mean and rstd, the logits (their gradient is written in place) and per-position losses and
+// log-sum-exps: N (2 C + V + 4). Backward's own working set, shared by the blocks: the
+// gradients of a block's inner tensors (4C twice, C twice, 3C) and the head's ln_f gradient:
+// 14 N C. The residual-stream tensors in flight between modules are the caller's, not counted.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace zero::models {
+
+struct Gpt2Config;
+
+// What a checkpointed block recomputes in backward (the table above).
+enum class Recompute { kNone, kSelective, kFull };
+
+// "none", "selective", "full".
+const char* recompute_name(Recompute recompute);
+// False for another name.
+bool parse_recompute(const std::string& name, Recompute* recompute);
+
+struct Gpt2Checkpointing {
+  Recompute recompute = Recompute::kNone;
+  // DeepSpeed's number_checkpoints: how many blocks are checkpointed, spread evenly over the
+  // layers (block floor(j * n_layer / n) for j < n: every k-th block when n divides n_layer
+  // into k); the others keep everything. 0: every block.
+  int number_checkpoints = 0;
+};
+
+// Whether block `layer` of `n_layer` recomputes (false everywhere with Recompute::kNone).
+bool gpt2_block_checkpointed(const Gpt2Checkpointing& checkpointing, int layer, int n_layer);
+
+// Throws zero::Error for a number_checkpoints below 0 or above n_layer.
+void check_gpt2_checkpointing(const Gpt2Checkpointing& checkpointing, int n_layer);
+
+// Activation bytes of a model, by where they are held.
+struct Gpt2ActivationBytes {
+  uint64_t embedding = 0;
+  std::vector<uint64_t> blocks;  // kept from forward to backward, per block
+  uint64_t recompute = 0;        // the shared buffers of recomputed tensors
+  uint64_t head = 0;
+  uint64_t backward = 0;  // gradients of inner tensors, shared by the blocks
+
+  uint64_t kept() const;   // the sum of blocks
+  uint64_t total() const;  // everything above
+};
+
+// The formula: what a model of `config` holds after a forward and backward of B sequences of
+// T tokens.
+Gpt2ActivationBytes gpt2_activation_formula(const Gpt2Config& config,
+                                            const Gpt2Checkpointing& checkpointing, int64_t B,
+                                            int64_t T);
+
+}  // namespace zero::models
