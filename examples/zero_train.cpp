@@ -42,6 +42,7 @@
 #include "zero/collectives/nccl_communicator.h"
 #endif
 #include "zero/core/check.h"
+#include "zero/kernels/blas_core.h"
 #include "zero/runtime/checkpoint.h"
 #include "zero/runtime/config.h"
 #include "zero/runtime/model.h"
@@ -434,6 +435,10 @@ int main(int argc, char** argv) {
   }
   // Ranks already use every core; OpenBLAS threads on top would only contend with them.
   openblas_set_num_threads(1);
+  const std::string blas_warning = zero::kernels::blas_core_warning();
+  if (rank == 0 && !flags.cuda && !blas_warning.empty()) {
+    std::fprintf(stderr, "zero-train: %s\n", blas_warning.c_str());
+  }
   try {
     std::unique_ptr<zero::Communicator> comm;
     zero::Device device = zero::Device::cpu();

@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "zero/core/check.h"
+#include "zero/kernels/blas_core.h"
 
 extern char** environ;
 
@@ -123,8 +124,10 @@ const char* usage_text() {
          "  --dry-run        print the mpirun command instead of running it\n"
          "  -h, --help       print this text\n"
          "environment: ZERO_MPIRUN names the mpirun to use (default: mpirun on PATH);\n"
-         "             ZERO_* and NCCL_* variables, OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and\n"
-         "             CUDA_VISIBLE_DEVICES are passed on to the ranks\n";
+         "             ZERO_* and NCCL_* variables, OMP_NUM_THREADS, OPENBLAS_NUM_THREADS,\n"
+         "             OPENBLAS_CORETYPE and CUDA_VISIBLE_DEVICES are passed on to the ranks;\n"
+         "             without a hostfile and OPENBLAS_CORETYPE, ranks on a CPU that OpenBLAS\n"
+         "             does not recognise get the core type that suits it (AVX2 or AVX-512)\n";
 }
 
 LaunchRequest parse_arguments(const std::vector<std::string>& args) {
@@ -249,12 +252,13 @@ HostFacts current_host() {
   host.is_root = geteuid() == 0;
   host.cores = count_cores();
   for (char** entry = environ; *entry != nullptr; ++entry) host.environment.emplace_back(*entry);
+  host.blas_core = kernels::better_blas_core();
   return host;
 }
 
 std::vector<std::string> forwarded_variables(const std::vector<std::string>& environment) {
   static const std::set<std::string> kSingles = {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                                                 "CUDA_VISIBLE_DEVICES"};
+                                                 "OPENBLAS_CORETYPE", "CUDA_VISIBLE_DEVICES"};
   std::set<std::string> names;
   for (const std::string& entry : environment) {
     const std::string name = entry.substr(0, entry.find('='));
@@ -304,9 +308,13 @@ std::vector<std::string> build_mpirun_command(const std::string& mpirun,
   std::vector<std::string> command = {mpirun, "-np", std::to_string(ranks)};
   if (host.is_root) command.push_back("--allow-run-as-root");
   command.insert(command.end(), placement.begin(), placement.end());
-  for (const std::string& name : forwarded_variables(host.environment)) {
-    command.insert(command.end(), {"-x", name});
+  const std::vector<std::string> forwarded = forwarded_variables(host.environment);
+  const bool user_set_core =
+      std::find(forwarded.begin(), forwarded.end(), "OPENBLAS_CORETYPE") != forwarded.end();
+  if (hosts.empty() && !host.blas_core.empty() && !user_set_core) {
+    command.insert(command.end(), {"-x", "OPENBLAS_CORETYPE=" + host.blas_core});
   }
+  for (const std::string& name : forwarded) command.insert(command.end(), {"-x", name});
   command.insert(command.end(), request.program.begin(), request.program.end());
   return command;
 }

@@ -207,14 +207,14 @@ TEST(BuildMpirunCommand, AllFlagsTogether) {
              "--mca", "mpi_yield_when_idle", "1", "-x", "ZERO_LOG", "/bin/echo", "hi"}));
 }
 
-// The same forwarding rules for other variables: NCCL_* by prefix, three by exact name.
+// The same forwarding rules for other variables: NCCL_* by prefix, four by exact name.
 TEST(ForwardedVariables, PicksRuntimeThreadAndDeviceVariables) {
-  EXPECT_EQ(forwarded_variables({"NCCL_DEBUG=INFO", "NCCL_=1", "OMP_NUM_THREADS=2",
-                                 "OMP_PROC_BIND=true", "OPENBLAS_NUM_THREADS=1",
-                                 "CUDA_VISIBLE_DEVICES=0,1", "CUDA_HOME=/usr/local/cuda",
-                                 "ZERO_STAGE=3", "HOME=/root", "MY_NCCL_X=1"}),
-            (Words{"CUDA_VISIBLE_DEVICES", "NCCL_DEBUG", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                   "ZERO_STAGE"}));
+  EXPECT_EQ(forwarded_variables(
+                {"NCCL_DEBUG=INFO", "NCCL_=1", "OMP_NUM_THREADS=2", "OMP_PROC_BIND=true",
+                 "OPENBLAS_NUM_THREADS=1", "OPENBLAS_CORETYPE=Haswell", "CUDA_VISIBLE_DEVICES=0,1",
+                 "CUDA_HOME=/usr/local/cuda", "ZERO_STAGE=3", "HOME=/root", "MY_NCCL_X=1"}),
+            (Words{"CUDA_VISIBLE_DEVICES", "NCCL_DEBUG", "OMP_NUM_THREADS", "OPENBLAS_CORETYPE",
+                   "OPENBLAS_NUM_THREADS", "ZERO_STAGE"}));
   EXPECT_EQ(forwarded_variables({}), Words{});
 }
 
@@ -253,6 +253,22 @@ TEST(BuildMpirunCommand, NpTakesFewerRanksThanSlots) {
   EXPECT_EQ(
       build_mpirun_command("mpirun", hostfile_request(6, 0), host_with(false, 1), kTwoHosts)[2],
       "6");
+}
+
+// The OpenBLAS core type goes to ranks on this host unless the user chose one; never over a
+// hostfile, whose hosts may have other CPUs.
+TEST(BuildMpirunCommand, SetsTheBetterBlasCoreForRanksHere) {
+  HostFacts host = host_with(false, 8);
+  host.blas_core = "SkylakeX";
+  EXPECT_EQ(build_mpirun_command("mpirun", request_for(2, {"train"}), host),
+            (Words{"mpirun", "-np", "2", "-x", "OPENBLAS_CORETYPE=SkylakeX", "train"}));
+  host.environment = {"OPENBLAS_CORETYPE=Haswell"};
+  EXPECT_EQ(build_mpirun_command("mpirun", request_for(2, {"train"}), host),
+            (Words{"mpirun", "-np", "2", "-x", "OPENBLAS_CORETYPE", "train"}));
+  host.environment.clear();
+  EXPECT_EQ(build_mpirun_command("mpirun", hostfile_request(2, 0), host, kTwoHosts),
+            (Words{"mpirun", "-np", "2", "--host", "node-a:4,node-b:2", "--map-by", "slot",
+                   "--bind-to", "none", "train", "--steps", "3"}));
 }
 
 std::string hostfile_build_error(const LaunchRequest& request) {

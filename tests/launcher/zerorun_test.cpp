@@ -60,6 +60,10 @@ TEST(Zerorun, DryRunPrintsTheMpirunCommand) {
   if (zero::launcher::current_host().cores < 4) {
     expected += " --oversubscribe --bind-to none --mca mpi_yield_when_idle 1";
   }
+  const std::string blas_core = zero::launcher::current_host().blas_core;
+  if (!blas_core.empty() && std::getenv("OPENBLAS_CORETYPE") == nullptr) {
+    expected += " -x OPENBLAS_CORETYPE=" + blas_core;
+  }
   expected += " /bin/echo hi\n";
   EXPECT_EQ(outcome.out, expected);
   EXPECT_EQ(outcome.err, "");

@@ -6,7 +6,8 @@
 // On this host alone (no hostfile) it becomes
 //
 //   mpirun -np N [--allow-run-as-root] [--oversubscribe --bind-to none
-//          --mca mpi_yield_when_idle 1] [-x NAME ...] program [args...]
+//          --mca mpi_yield_when_idle 1] [-x OPENBLAS_CORETYPE=CORE] [-x NAME ...]
+//          program [args...]
 //
 // and over the hosts of a hostfile
 //
@@ -77,14 +78,19 @@ struct HostFacts {
   bool is_root = false;                  // OpenMPI refuses root unless told
   unsigned cores = 1;                    // cores this process may run on
   std::vector<std::string> environment;  // "NAME=value" entries
+  // The OpenBLAS core type the ranks should load when OpenBLAS would pick slower kernels than
+  // this CPU can run (zero/kernels/blas_core.h); "" when its own choice is fine.
+  std::string blas_core;
 };
 
 // The facts of this process: geteuid(), the cores in its affinity mask (physical cores when
-// the CPU topology is readable, as OpenMPI counts slots), and environ.
+// the CPU topology is readable, as OpenMPI counts slots), environ, and the better OpenBLAS core
+// for this CPU.
 HostFacts current_host();
 
 // The variables forwarded to every rank with -x, sorted and each once: every ZERO_* and NCCL_*
-// variable, and OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and CUDA_VISIBLE_DEVICES when set.
+// variable, and OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, OPENBLAS_CORETYPE and
+// CUDA_VISIBLE_DEVICES when set.
 // (OpenMPI passes only a few variables of its own to ranks on other hosts.)
 std::vector<std::string> forwarded_variables(const std::vector<std::string>& environment);
 
@@ -92,6 +98,10 @@ std::vector<std::string> forwarded_variables(const std::vector<std::string>& env
 //
 // Without hosts, every rank runs here: ranks beyond the cores need --oversubscribe, and then
 // waiting ranks must yield their core instead of spinning on it, and must not be bound to one.
+// When host.blas_core names a core and the user has not set OPENBLAS_CORETYPE, the ranks get
+// OPENBLAS_CORETYPE=host.blas_core: OpenBLAS reads it only when it loads, so it must be in the
+// ranks' environment from their start. Not with hosts: their CPUs are not this one, and a core
+// type a CPU cannot run stops the program on an illegal instruction.
 //
 // With hosts (from a hostfile), each host's slots are capped at request.num_gpus when it is
 // set; the rank count is request.ranks when set, else the sum of the slots, and it may not

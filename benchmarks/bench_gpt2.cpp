@@ -1,0 +1,349 @@
+// zero-bench-gpt2: training steps of the GPT-2 (models/gpt2.h) at ZeRO stages 0-3 on the ranks
+// mpirun started, side by side, as tokens per second and model FLOPs utilisation (MFU).
+//
+//   zerorun -np 1 -- zero-bench-gpt2                     the issue's model at 1 rank, fp32
+//   zerorun -np 2 -- zero-bench-gpt2 --dtype fp32,bf16 --json gpt2.json
+//
+// The default model is issue 14's target: 6 layers, 384 wide, 6 heads, T = 256, vocabulary
+// 50257, a global batch of 8 sequences. Steps are measured as zero-bench-step measures them
+// (benchmarks/stage_bench.h; bench_step.cpp's header says how): every stage's engine alive at
+// once, measured in interleaved rounds, a step's time the slowest rank's, the median over steps.
+//
+//  - Data: synthetic. Every token id is drawn uniformly from the vocabulary by a hash of (seed,
+//    step, sequence, position), so no file is needed and every world size sees the same batch;
+//    a throughput benchmark does not care what the tokens say (the loss stays near ln(vocab)).
+//  - tokens/s: global batch x T over the median step time.
+//  - MFU: the model's FLOPs per second (gpt2_flops_per_token(), llm.c's and PaLM's count: 6 per
+//    matrix parameter plus the attention's 12 x layers x width x T, per token) over the sgemm
+//    peak of this job, measured in the same run: every rank times a large cblas_sgemm at the
+//    same moment, on its --threads threads, before and after the steps; each rank's best
+//    GFLOP/s, summed over the ranks, is the peak. So MFU says how close the whole step (every
+//    GEMM, the element-wise kernels, the optimizer, the collectives) comes to the GEMM speed of
+//    the same cores under the same load.
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "benchmarks/stage_bench.h"
+#include "driver/cli.h"
+#include "driver/metrics_writer.h"
+#include "models/gpt2.h"
+#include "zero/collectives/mpi_check.h"
+#include "zero/kernels/blas_core.h"
+#include "zero/runtime/trace.h"
+
+extern "C" {
+void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,
+                 const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc);
+void openblas_set_num_threads(int num_threads);
+}
+
+namespace {
+
+using zero::DType;
+using zero::bench::Record;
+using zero::bench::StageRun;
+
+struct Options {
+  zero::models::Gpt2Config gpt2;
+  int seq_len = 256;
+  long global_batch = 8;
+  uint64_t seed = 1;
+  int peak_size = 2048;  // M = N = K of the sgemm that measures the peak
+  zero::bench::StageOptions run;
+};
+
+Options default_options() {
+  Options opt;
+  opt.gpt2.n_layer = 6;
+  opt.gpt2.n_head = 6;
+  opt.gpt2.n_embd = 384;
+  opt.gpt2.vocab_size = 50257;
+  opt.gpt2.block_size = 256;
+  // A step of this model takes seconds on one core: few steps, each stage measured in a block
+  // of one step per round, so load from other processes lands on every stage alike.
+  opt.run.steps = 3;
+  opt.run.warmup = 1;
+  opt.run.rounds = 3;
+  return opt;
+}
+
+const std::string kUsage =
+    std::string(
+        "usage: zero-bench-gpt2 [--n-layer N] [--n-head N] [--n-embd N] [--vocab-size N]\n"
+        "                       [--seq-len T] [--global-batch B] [--seed S] [--peak-size N]\n"
+        "                       [--dtype LIST] [--stages LIST] [--steps N] [--warmup N]\n"
+        "                       [--rounds R] [--threads N] [--json FILE] [other step flags]\n"
+        "  --n-layer, --n-head, --n-embd, --vocab-size   the GPT-2 (default 6, 6, 384, 50257)\n"
+        "  --seq-len       tokens per sequence, also the block size (default 256)\n"
+        "  --global-batch  sequences per step over all ranks (default 8)\n"
+        "  --seed          seed of the synthetic token ids (default 1)\n"
+        "  --peak-size     M = N = K of the sgemm that measures the peak (default 2048)\n"
+        "  (--steps, --warmup, --rounds default to 3, 1, 3)\n") +
+    zero::bench::kStageUsage;
+
+Options parse_options(int argc, char** argv) {
+  using zero::driver::parse_between;
+  Options opt = default_options();
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "-h" || flag == "--help") {
+      std::printf("%s", kUsage.c_str());
+      std::exit(0);
+    }
+    if (i + 1 >= argc) zero::driver::usage_error("missing value after " + flag);
+    const std::string value = argv[++i];
+    if (zero::bench::parse_stage_flag(flag, value, &opt.run)) continue;
+    const auto count = [&] { return static_cast<int>(parse_between(flag, value, 1, INT_MAX)); };
+    if (flag == "--n-layer") {
+      opt.gpt2.n_layer = count();
+    } else if (flag == "--n-head") {
+      opt.gpt2.n_head = count();
+    } else if (flag == "--n-embd") {
+      opt.gpt2.n_embd = count();
+    } else if (flag == "--vocab-size") {
+      opt.gpt2.vocab_size = count();
+    } else if (flag == "--seq-len") {
+      opt.seq_len = count();
+      opt.gpt2.block_size = opt.seq_len;
+    } else if (flag == "--global-batch") {
+      opt.global_batch = count();
+    } else if (flag == "--seed") {
+      opt.seed = static_cast<uint64_t>(parse_between(flag, value, 0, LONG_MAX));
+    } else if (flag == "--peak-size") {
+      opt.peak_size = count();
+    } else {
+      zero::driver::usage_error("unknown flag " + flag);
+    }
+  }
+  zero::bench::check_stage_options(opt.run);
+  try {
+    zero::models::check_gpt2_config(opt.gpt2);
+  } catch (const zero::Error& e) {
+    zero::driver::usage_error(e.what());
+  }
+  return opt;
+}
+
+// --- data and the step -----------------------------------------------------------------------
+
+// splitmix64: a well-mixed 64-bit hash, so neighbouring positions get unrelated tokens.
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Sequences [first, first + count) of step's global batch: T + 1 tokens each, the first T the
+// input (token ids as floats, exact below 2^24), the last T the targets.
+zero::Tensor synthetic_batch(const Options& opt, long step, int64_t first, int64_t count,
+                             zero::models::Gpt2Targets& targets) {
+  const int T = opt.seq_len;
+  zero::Tensor tokens({count, T});
+  targets.ids.resize(static_cast<size_t>(count * T));
+  float* in = tokens.data();
+  for (int64_t s = 0; s < count; ++s) {
+    const uint64_t sequence = mix(opt.seed ^ mix(static_cast<uint64_t>(step) * 1000003ull +
+                                                 static_cast<uint64_t>(first + s)));
+    for (int t = 0; t <= T; ++t) {
+      const auto id = static_cast<int32_t>(mix(sequence + static_cast<uint64_t>(t)) %
+                                           static_cast<uint64_t>(opt.gpt2.vocab_size));
+      if (t < T) in[s * T + t] = static_cast<float>(id);
+      if (t > 0) targets.ids[static_cast<size_t>(s * T + t - 1)] = id;
+    }
+  }
+  return tokens;
+}
+
+// The model's output is its mean loss; the gradient of the loss with respect to itself is 1.
+zero::StepStats train_step(StageRun& run, zero::models::Gpt2Targets& targets, const Options& opt,
+                           int rank, int world) {
+  zero::Trace& trace = run.model->engine().trace();
+  const long per_micro_batch =
+      opt.global_batch / (static_cast<long>(world) * opt.run.micro_batches);
+  float loss_sum = 0.0f;
+  for (int k = 0; k < opt.run.micro_batches; ++k) {
+    const int64_t first = (static_cast<int64_t>(k) * world + rank) * per_micro_batch;
+    zero::Tensor tokens;
+    {
+      zero::ScopedSpan span(trace, "data");
+      tokens = synthetic_batch(opt, run.data_step, first, per_micro_batch, targets);
+    }
+    const zero::Tensor loss = run.model->forward(tokens);
+    loss_sum += loss.to_host()[0];
+    run.model->backward(zero::Tensor({1}, {1.0f}, loss.device()));
+  }
+  const zero::StepStats stats = run.model->step();
+  run.last_loss = loss_sum / static_cast<float>(opt.run.micro_batches);
+  return stats;
+}
+
+// --- the sgemm peak --------------------------------------------------------------------------
+
+// The best GFLOP/s of three n x n x n cblas_sgemm calls on `threads` threads, after one
+// unmeasured call; every rank runs it at the same moment (a barrier first), as the steps do.
+double sgemm_gflops(int n, int threads) {
+  const size_t elements = static_cast<size_t>(n) * static_cast<size_t>(n);
+  std::vector<float> a(elements), b(elements), c(elements);
+  for (size_t i = 0; i < elements; ++i) {
+    a[i] = static_cast<float>(i % 7) * 0.1f;
+    b[i] = static_cast<float>(i % 5) * 0.1f;
+  }
+  openblas_set_num_threads(threads);
+  ZERO_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+  double best = 0.0;
+  for (int rep = 0; rep < 4; ++rep) {
+    const auto start = std::chrono::steady_clock::now();
+    // 101 = CblasRowMajor, 111 = CblasNoTrans
+    cblas_sgemm(101, 111, 111, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (rep > 0) best = std::max(best, 2.0 * n * static_cast<double>(n) * n / s / 1e9);
+  }
+  // The kernels split their GEMMs over threads themselves and want OpenBLAS on one.
+  openblas_set_num_threads(1);
+  return best;
+}
+
+// --- results ---------------------------------------------------------------------------------
+
+struct Throughput {
+  double tokens_per_s = 0;
+  double model_gflops = 0;  // model FLOPs per second / 1e9
+  double mfu = 0;
+};
+
+Throughput throughput(const Record& r, const Options& opt, double peak_gflops) {
+  Throughput t;
+  const double tokens = static_cast<double>(opt.global_batch) * opt.seq_len;
+  t.tokens_per_s = tokens / (r.median_ms / 1000.0);
+  t.model_gflops = t.tokens_per_s * zero::models::gpt2_flops_per_token(opt.gpt2, opt.seq_len) / 1e9;
+  t.mfu = peak_gflops > 0 ? t.model_gflops / peak_gflops : 0.0;
+  return t;
+}
+
+bool write_json(const std::vector<Record>& records, const Options& opt, double peak_gflops) {
+  using zero::driver::rounded;
+  std::vector<zero::driver::JsonRecord> json;
+  for (const Record& r : records) {
+    const Throughput t = throughput(r, opt, peak_gflops);
+    zero::driver::JsonRecord record = zero::bench::record_json(r, opt.run);
+    record["model"] = "gpt2";
+    record["n_layer"] = opt.gpt2.n_layer;
+    record["n_head"] = opt.gpt2.n_head;
+    record["n_embd"] = opt.gpt2.n_embd;
+    record["vocab_size"] = opt.gpt2.vocab_size;
+    record["seq_len"] = opt.seq_len;
+    record["global_batch"] = opt.global_batch;
+    record["threads"] = opt.run.kernel_threads;
+    record["data"] = "synthetic";
+    record["flops_per_token"] = zero::models::gpt2_flops_per_token(opt.gpt2, opt.seq_len);
+    record["tokens_per_s"] = rounded(t.tokens_per_s, 2);
+    record["model_gflops_per_s"] = rounded(t.model_gflops, 3);
+    record["sgemm_peak_gflops"] = rounded(peak_gflops, 3);
+    record["mfu"] = rounded(t.mfu, 4);
+    record["blas_core"] = zero::kernels::blas_core_name();
+    json.push_back(record);
+  }
+  return zero::driver::write_json_array(opt.run.json_path, json);
+}
+
+void print_header(const Options& opt, int world, size_t params) {
+  std::printf(
+      "# zero-bench-gpt2: gpt2 %d layers x %d wide, %d heads, T %d, vocab %d (%zu params), %d "
+      "rank(s), global batch %ld (%ld per rank, %d micro-batch(es)), synthetic token ids\n"
+      "# %d measured steps per stage in %d interleaved round(s) after %d warm-up step(s); %d "
+      "kernel thread(s) per rank; OpenBLAS core %s; %.1f MFLOP per token\n",
+      opt.gpt2.n_layer, opt.gpt2.n_embd, opt.gpt2.n_head, opt.seq_len, opt.gpt2.vocab_size, params,
+      world, opt.global_batch, opt.global_batch / world, opt.run.micro_batches, opt.run.steps,
+      opt.run.rounds, opt.run.warmup, opt.run.kernel_threads,
+      zero::kernels::blas_core_name().c_str(),
+      zero::models::gpt2_flops_per_token(opt.gpt2, opt.seq_len) / 1e6);
+  zero::bench::print_record_header();
+}
+
+void print_throughput(const std::vector<Record>& records, const Options& opt, double peak) {
+  std::printf("# sgemm peak of this job: %.1f GFLOP/s (%d x %d x %d, best per rank, summed)\n",
+              peak, opt.peak_size, opt.peak_size, opt.peak_size);
+  std::printf("# %5s %5s %12s %12s %7s %8s\n", "stage", "dtype", "tokens_per_s", "model_GFLOPs",
+              "MFU", "vs_st0");
+  for (const Record& r : records) {
+    const Throughput t = throughput(r, opt, peak);
+    char ratio[16] = "-";  // tokens/s over stage 0's
+    if (r.ratio_to_stage0 > 0) std::snprintf(ratio, sizeof(ratio), "%.3f", 1.0 / r.ratio_to_stage0);
+    std::printf("  %5d %5s %12.1f %12.2f %7s %8s\n", r.stage, zero::dtype_name(r.dtype),
+                t.tokens_per_s, t.model_gflops, zero::bench::percent(t.mfu).c_str(), ratio);
+  }
+}
+
+int run_benchmark(const Options& opt, zero::Communicator& comm) {
+  const int rank = comm.rank();
+  const int world = comm.world_size();
+  if (opt.global_batch % (static_cast<long>(world) * opt.run.micro_batches) != 0) {
+    if (rank == 0) {
+      std::fprintf(stderr,
+                   "zero-bench-gpt2: --global-batch %ld does not split into %d rank(s) x %d "
+                   "micro-batch(es) of equal size\n",
+                   opt.global_batch, world, opt.run.micro_batches);
+    }
+    return 2;
+  }
+  double own_peak = sgemm_gflops(opt.peak_size, opt.run.kernel_threads);
+  // Each stage's model has its own targets, which its loss reads.
+  std::vector<std::shared_ptr<zero::models::Gpt2Targets>> targets(4);
+  const zero::bench::MakeModel make_model = [&](int stage, DType dtype, bool trace) {
+    zero::models::Gpt2 gpt2 = zero::models::make_gpt2(opt.gpt2, opt.run.kernel_threads);
+    targets[static_cast<size_t>(stage)] = gpt2.targets;
+    return std::make_unique<zero::ZeroModel>(
+        comm, std::move(gpt2.modules), zero::bench::engine_config(opt.run, stage, dtype, trace));
+  };
+  const zero::bench::TrainStep step = [&](StageRun& run) {
+    return train_step(run, *targets[static_cast<size_t>(run.stage)], opt, rank, world);
+  };
+  std::vector<Record> records;
+  for (DType dtype : opt.run.dtypes) {
+    const std::vector<Record> dtype_records =
+        zero::bench::measure_stages(opt.run, dtype, comm, make_model, step);
+    if (rank == 0) {
+      if (records.empty()) print_header(opt, world, dtype_records.front().params);
+      for (const Record& r : dtype_records) zero::bench::print_record(r);
+      std::fflush(stdout);
+    }
+    records.insert(records.end(), dtype_records.begin(), dtype_records.end());
+  }
+  own_peak = std::max(own_peak, sgemm_gflops(opt.peak_size, opt.run.kernel_threads));
+  double peak = 0.0;
+  ZERO_MPI_CHECK(MPI_Allreduce(&own_peak, &peak, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+  if (rank != 0) return 0;
+  print_throughput(records, opt, peak);
+  if (!opt.run.json_path.empty() && !write_json(records, opt, peak)) {
+    std::fprintf(stderr, "zero-bench-gpt2: cannot write %s\n", opt.run.json_path.c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Flags are checked before MPI starts, so a usage error exits 2 on every rank at once.
+  Options opt;
+  try {
+    opt = parse_options(argc, argv);
+  } catch (const zero::driver::UsageError& e) {
+    std::fprintf(stderr, "zero-bench-gpt2: %s\n%s", e.what(), kUsage.c_str());
+    return 2;
+  }
+  return zero::bench::run_with_mpi(
+      &argc, &argv, "zero-bench-gpt2", opt.run,
+      [&](zero::Communicator& comm) { return run_benchmark(opt, comm); });
+}

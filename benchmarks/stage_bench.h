@@ -1,0 +1,107 @@
+// What the step benchmarks share (zero-bench-step's MLP, zero-bench-gpt2's GPT-2): the flags
+// that choose stages, dtypes and how many steps to measure; one engine per ZeRO stage, all alive
+// at once on one communicator, measured in interleaved rounds; and each stage's record combined
+// over the ranks. bench_step.cpp's header comment says how and why it measures this way.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "driver/metrics_writer.h"
+#include "zero/collectives/communicator.h"
+#include "zero/runtime/engine.h"
+#include "zero/runtime/model.h"
+
+namespace zero::bench {
+
+struct StageOptions {
+  std::vector<DType> dtypes{DType::kFloat32};
+  std::vector<int> stages{0, 1, 2, 3};
+  int micro_batches = 1;
+  int steps = 12;
+  int warmup = 2;
+  int rounds = 4;
+  size_t merge_bytes = 0;
+  bool overlap_comm = true;
+  size_t max_elements_per_call = 0;  // 0: the communicator's default (INT_MAX)
+  int kernel_threads = 1;
+  std::string json_path;
+  std::string trace_prefix;
+};
+
+// The usage lines of StageOptions' flags, for a program's usage text.
+extern const char* const kStageUsage;
+
+// Takes `flag` and its `value` into `opt` when it is one of StageOptions' flags; false when it
+// is not. Throws driver::UsageError for a bad value.
+bool parse_stage_flag(const std::string& flag, const std::string& value, StageOptions* opt);
+// Checks what single flags cannot: every round measures at least one step.
+void check_stage_options(const StageOptions& opt);
+
+EngineConfig engine_config(const StageOptions& opt, int stage, DType dtype, bool trace);
+
+// One stage's engine and what was measured of it on this rank.
+struct StageRun {
+  int stage = 0;
+  DType dtype = DType::kFloat32;
+  std::unique_ptr<ZeroModel> model;
+  long data_step = 0;           // which global batch the next step trains on
+  std::vector<double> step_ms;  // this rank's measured steps
+  double busy_ms = 0;           // sum of StepStats::comm_busy_ms over the measured steps
+  double wait_ms = 0;           // sum of StepStats::comm_wait_ms
+  long collectives = 0;         // sum of StepStats::collectives
+  float last_loss = 0.0f;
+};
+
+// One stage and dtype, combined over the ranks.
+struct Record {
+  int stage = 0;
+  DType dtype = DType::kFloat32;
+  int world = 1;
+  size_t params = 0;
+  size_t padded_params = 0;
+  int steps = 0;
+  double median_ms = 0, min_ms = 0, max_ms = 0;  // of the slowest rank's step
+  // Per step, mean over ranks: step time minus comm wait, comm busy, comm wait, collectives.
+  double compute_ms = 0;
+  double comm_ms = 0;
+  double exposed_ms = 0;
+  double collectives = 0;
+  double overlap = 0;  // 1 - sum(wait) / sum(busy), clamped to [0, 1]
+  uint64_t model_state_bytes = 0;
+  uint64_t peak_bytes = 0;
+  uint64_t plan_model_state_bytes = 0;
+  double ratio_to_stage0 = -1;  // step time over stage 0's; negative: stage 0 was not measured
+  double final_loss = 0;
+};
+
+// The model of one stage, and everything one optimizer step does to it (batch, forward, loss,
+// backward, step), returning the engine's figures and setting run.last_loss.
+using MakeModel = std::function<std::unique_ptr<ZeroModel>(int stage, DType dtype, bool trace)>;
+using TrainStep = std::function<StepStats(StageRun& run)>;
+
+// Collective: builds every stage's model for `dtype`, warms each up, measures them in
+// interleaved rounds and returns one record per stage (on every rank), ratios to stage 0 set.
+// With opt.trace_prefix, writes PREFIX.stageS.DTYPE.json, a Chrome trace of each stage's last
+// round.
+std::vector<Record> measure_stages(const StageOptions& opt, DType dtype, Communicator& comm,
+                                   const MakeModel& make_model, const TrainStep& train_step);
+
+// The keys of a record every step benchmark writes; the program adds its model's.
+driver::JsonRecord record_json(const Record& r, const StageOptions& opt);
+
+double mib(uint64_t bytes);
+std::string percent(double fraction);  // "-" for a negative fraction
+// The table zero-bench-step prints, one line per record under its header.
+void print_record_header();
+void print_record(const Record& r);
+
+// main() of a step benchmark after its flags are parsed: OpenBLAS on one thread, MPI started,
+// the communicator made, `run` called; an exception aborts the whole job with a message.
+int run_with_mpi(int* argc, char*** argv, const char* program, const StageOptions& opt,
+                 const std::function<int(Communicator&)>& run);
+
+}  // namespace zero::bench
