@@ -6,11 +6,10 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <exception>
-#include <thread>
 #include <vector>
 
 #include "kernel_paths.h"
+#include "thread_pool.h"
 #include "zero/core/check.h"
 #include "zero/kernels/cpu_kernels.h"
 
@@ -19,10 +18,10 @@ namespace {
 
 using detail::KernelPath;
 
-// A thread costs tens of microseconds to start, so each one must get enough elements to
-// amortize it; chunks start on multiples of 64 elements so they begin on a cache line when the
-// buffer does, and no two threads write the same line.
-constexpr size_t kMinElementsPerThread = size_t{1} << 16;
+// Waking a pooled worker costs a few microseconds (a futex wake and a context switch), so each
+// one must get enough elements to amortize it; chunks start on multiples of 64 elements so they
+// begin on a cache line when the buffer does, and no two threads write the same line.
+constexpr size_t kMinElementsPerThread = size_t{1} << 15;
 constexpr size_t kChunkAlignment = 64;
 
 // F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does not know "f16c".
@@ -63,31 +62,14 @@ void* advance(void* p, DType t, size_t i) {
   return static_cast<char*>(p) + i * dtype_size(t);
 }
 
-// Runs fn(begin, end) over [0, n) split into contiguous chunks, one per thread, each chunk
-// starting on a multiple of `alignment`. The calling thread takes the first chunk. Each chunk
-// is processed exactly as a single-threaded call would process those elements.
+// Runs fn(begin, end) over [0, n) split into contiguous chunks, one per thread of the kernel
+// pool, each chunk starting on a multiple of `alignment`. The calling thread takes the first
+// chunk. Each chunk is processed exactly as a single-threaded call would process those elements.
 template <typename Fn>
 void run_chunks(size_t n, const KernelOptions& opt, size_t alignment, Fn&& fn) {
   ZERO_CHECK(opt.threads >= 1, "KernelOptions.threads must be at least 1, got " << opt.threads);
-  size_t threads = std::min(static_cast<size_t>(opt.threads), n / kMinElementsPerThread);
-  if (threads <= 1) {
-    fn(size_t{0}, n);
-    return;
-  }
-  size_t chunk = (n + threads - 1) / threads;
-  chunk = (chunk + alignment - 1) / alignment * alignment;
-  std::vector<std::thread> workers;
-  std::exception_ptr failure;
-  try {
-    for (size_t begin = chunk; begin < n; begin += chunk) {
-      workers.emplace_back(fn, begin, std::min(n, begin + chunk));
-    }
-    fn(size_t{0}, std::min(n, chunk));
-  } catch (...) {
-    failure = std::current_exception();
-  }
-  for (std::thread& worker : workers) worker.join();
-  if (failure) std::rethrow_exception(failure);
+  const size_t threads = std::min(static_cast<size_t>(opt.threads), n / kMinElementsPerThread);
+  detail::run_chunks_on_pool(n, threads, alignment, fn);
 }
 
 void check_buffer(const void* p, size_t n, const char* name) {

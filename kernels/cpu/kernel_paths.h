@@ -26,6 +26,13 @@ struct KernelPath {
   void (*scale)(void* x, DType dtype, float alpha, size_t n);
 };
 
+// The AVX2 optimizer loops write working copies of at least this many elements (well past the
+// L2 cache together with the state) with non-temporal stores: the copy is written without being
+// read, so a cached store would first read every line from memory (2 more bytes per parameter
+// for a 16-bit copy), and the copy is next read by the following forward pass, long after it
+// would have left the cache anyway. Smaller copies stay cached for that next read.
+constexpr size_t kStreamingMinElements = size_t{1} << 18;
+
 extern const KernelPath kScalarPath;
 extern const KernelPath kAvx2Path;
 

@@ -10,11 +10,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <exception>
 #include <initializer_list>
-#include <thread>
 #include <vector>
 
+#include "thread_pool.h"
 #include "transformer_paths.h"
 #include "zero/core/check.h"
 
@@ -29,7 +28,7 @@ namespace {
 
 using detail::TransformerPath;
 
-// A thread costs tens of microseconds to start, so each one must get at least this much work
+// Waking a pooled worker costs a few microseconds, so each one must get at least this much work
 // (in elements read or written, roughly).
 constexpr size_t kMinWorkPerThread = size_t{1} << 15;
 // Column ranges start on multiples of 16 floats (64 bytes), so no two threads write one line.
@@ -39,8 +38,9 @@ const TransformerPath& active_path() {
   return cpu_has_avx2() ? detail::kTransformerAvx2Path : detail::kTransformerScalarPath;
 }
 
-// Runs fn(begin, end) over items [0, items) split into contiguous chunks, one per thread, each
-// starting on a multiple of `granule`; work_per_item sizes how many threads are worth starting.
+// Runs fn(begin, end) over items [0, items) split into contiguous chunks, one per thread of the
+// kernel pool, each starting on a multiple of `granule`; work_per_item sizes how many threads
+// are worth waking.
 // The calling thread takes the first chunk. Every item is processed by exactly one call.
 template <typename Fn>
 void parallel_for(size_t items, size_t work_per_item, size_t granule, const KernelOptions& opt,
@@ -48,24 +48,7 @@ void parallel_for(size_t items, size_t work_per_item, size_t granule, const Kern
   ZERO_CHECK(opt.threads >= 1, "KernelOptions.threads must be at least 1, got " << opt.threads);
   size_t threads = std::min({static_cast<size_t>(opt.threads), (items + granule - 1) / granule,
                              items * work_per_item / kMinWorkPerThread});
-  if (threads <= 1) {
-    fn(size_t{0}, items);
-    return;
-  }
-  size_t chunk = (items + threads - 1) / threads;
-  chunk = (chunk + granule - 1) / granule * granule;
-  std::vector<std::thread> workers;
-  std::exception_ptr failure;
-  try {
-    for (size_t begin = chunk; begin < items; begin += chunk) {
-      workers.emplace_back(fn, begin, std::min(items, begin + chunk));
-    }
-    fn(size_t{0}, std::min(items, chunk));
-  } catch (...) {
-    failure = std::current_exception();
-  }
-  for (std::thread& worker : workers) worker.join();
-  if (failure) std::rethrow_exception(failure);
+  detail::run_chunks_on_pool(items, threads, granule, fn);
 }
 
 void check_sizes(const char* kernel, std::initializer_list<int> sizes) {

@@ -5,12 +5,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
 
 #include "kernel_test_util.h"
+#include "kernels/cpu/kernel_paths.h"
 #include "zero/core/check.h"
 #include "zero/kernels/cpu_kernels.h"
 #include "zero/kernels/optimizer_math.h"
@@ -105,6 +108,48 @@ TEST_P(OptimizerKernelTest, AdamWMatchesScalarReferenceBitwise) {
           }
         }
       }
+    }
+  }
+}
+
+// Working copies of kStreamingMinElements or more are written with non-temporal stores after a
+// scalar head that aligns them: every alignment of the copy (0-7 elements off a 64-byte line,
+// and one byte off, which cannot be streamed) must give the reference's bits.
+TEST_P(OptimizerKernelTest, AdamWStreamedWorkingCopyMatchesScalarReferenceBitwise) {
+  std::mt19937 rng(99);
+  const AdamWStepConstants c = adamw_step_constants(1e-3f, 0.9, 0.999, 1e-8f, 0.01f, 2);
+  const size_t n = detail::kStreamingMinElements + 37;
+  for (DType param_dtype : kDTypes) {
+    for (size_t offset = 0; offset <= 8; ++offset) {
+      const bool byte_off = offset == 8;
+      SCOPED_TRACE(::testing::Message() << "param_out=" << dtype_name(param_dtype)
+                                        << (byte_off ? " one byte off" : " offset=") << offset);
+      GuardedBuffer master(DType::kFloat32, n, 0), m(DType::kFloat32, n, 0),
+          v(DType::kFloat32, n, 0), grad(DType::kBFloat16, n, 0);
+      fill_uniform(master, rng, 1.0f);
+      fill_uniform(m, rng, 0.1f);
+      fill_uniform(v, rng, 0.01f, /*non_negative=*/true);
+      fill_uniform(grad, rng, 2.0f);
+      GuardedBuffer want_master = master, want_m = m, want_v = v;
+      GuardedBuffer want_out(param_dtype, n, 0);
+      reference_adamw(want_master, want_m, want_v, grad, 1.0f, &want_out, c);
+      // The copy is written into a 64-byte aligned array, `offset` elements after a line (or one
+      // byte after), between guard bytes, and read back into a GuardedBuffer to compare.
+      const size_t element = dtype_size(param_dtype);
+      const size_t start = byte_off ? 1 : offset * element;
+      std::vector<unsigned char> bytes(64 + start + n * element + 128, 0xA5);
+      const size_t align = (64 - reinterpret_cast<uintptr_t>(bytes.data()) % 64) % 64;
+      unsigned char* out = bytes.data() + align + 64 + start;
+      fused_adamw(master.floats(), m.floats(), v.floats(), grad.data(), DType::kBFloat16, 1.0f, out,
+                  param_dtype, n, c, options());
+      GuardedBuffer got_out(param_dtype, n, 0);
+      std::memcpy(got_out.data(), out, n * element);
+      EXPECT_TRUE(same_bits(master, want_master)) << "master";
+      EXPECT_TRUE(same_bits(m, want_m)) << "m";
+      EXPECT_TRUE(same_bits(v, want_v)) << "v";
+      EXPECT_TRUE(same_bits(got_out, want_out)) << "param_out";
+      EXPECT_EQ(out[n * element], 0xA5) << "wrote past the working copy";
+      EXPECT_EQ(out[-1], 0xA5) << "wrote before the working copy";
     }
   }
 }

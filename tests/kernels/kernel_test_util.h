@@ -21,7 +21,7 @@ namespace zero::kernels::testing {
 enum class Path { kAvx2, kScalar };
 
 // Odd sizes exercise the vector tails; 140003 spans three sum_squares blocks and is large
-// enough for two threads to split it (65536 elements per thread at least).
+// enough for two threads to split it (32768 elements per thread at least).
 inline const std::vector<size_t> kSizes = {0, 1, 7, 8, 15, 17, 1000, 4099, 140003};
 // Element offsets from a 64-byte aligned start, so loads and stores are unaligned.
 inline const std::vector<size_t> kOffsets = {0, 1, 2, 3};

@@ -12,8 +12,10 @@
 namespace zero::kernels {
 
 // Intra-rank parallelism: the range is split into `threads` contiguous chunks (1 = the calling
-// thread only), each starting on a multiple of 64 elements and run on its own std::thread.
-// Ranges below 65536 elements per thread use fewer threads, down to the calling thread alone.
+// thread only), each starting on a multiple of 64 elements; the calling thread runs the first
+// and the workers of a persistent pool (started once, asleep between calls) the others.
+// Ranges below 32768 elements per thread use fewer threads, down to the calling thread alone;
+// so does a call made while another thread's call is using the pool.
 // Every kernel returns the same bits for any thread count (sum_squares included: it sums in
 // fixed blocks, see kernels/cpu/kernel_paths.h).
 struct KernelOptions {

@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""Our fused AdamW against DeepSpeed's CPUAdam, side by side in one process.
+
+DeepSpeed's CPUAdam is built from the deepspeed package's own sources (csrc/adam/cpu_adam*.cpp
+and csrc/includes, as its op_builder compiles them: -O3 -march=native -fopenmp and the SIMD
+width the CPU has) with torch.utils.cpp_extension; ours is benchmarks/deepspeed/zero_adamw_ext.cpp
+linked against the build's libzero_kernels.a. Both update the same fp32 tensors (AdamW, decoupled
+weight decay 0.01, bias correction), alternating step by step, at each thread count; a STREAM
+triad moving the same 28 bytes per parameter runs in the same rotation as the yardstick.
+
+  benchmarks/deepspeed_cpu_adam.py --deepspeed-src DIR   DIR holds csrc/ (an unpacked sdist, or
+                                                        an installed deepspeed/ops)
+  benchmarks/deepspeed_cpu_adam.py --deepspeed-src deepspeed-X.tar.gz
+  benchmarks/deepspeed_cpu_adam.py [--params 64] [--threads 1,2] [--reps 8] [--json PATH]
+
+Without --deepspeed-src it looks for an installed deepspeed package's csrc. Exits 0 with a
+line starting "skipped:" when torch or the DeepSpeed sources are missing.
+"""
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import tarfile
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BYTES_PER_PARAM = 28  # read param, grad, m, v; write param, m, v (fp32)
+
+
+def skip(reason):
+    print(f"skipped: {reason}")
+    sys.exit(0)
+
+
+def find_deepspeed_csrc(given, scratch):
+    """The directory holding csrc/adam and csrc/includes, or None."""
+    candidates = []
+    if given:
+        if os.path.isfile(given) and tarfile.is_tarfile(given):
+            with tarfile.open(given) as tar:
+                members = [m for m in tar.getmembers() if "/csrc/" in m.name]
+                tar.extractall(scratch, members=members)
+            candidates += [os.path.join(scratch, d) for d in os.listdir(scratch)]
+        candidates += [given, os.path.join(given, "deepspeed", "ops")]
+    else:
+        spec = importlib.util.find_spec("deepspeed")
+        if spec and spec.submodule_search_locations:
+            for location in spec.submodule_search_locations:
+                candidates += [os.path.join(location, "ops"), os.path.dirname(location)]
+    for candidate in candidates:
+        if os.path.isfile(os.path.join(candidate, "csrc", "adam", "cpu_adam_impl.cpp")):
+            return os.path.join(candidate, "csrc")
+    return None
+
+
+def simd_flag():
+    with open("/proc/cpuinfo") as f:
+        flags = f.read()
+    return "-D__AVX512__" if "avx512" in flags else "-D__AVX256__"
+
+
+def build_extensions(csrc, build_dir, verbose):
+    from torch.utils.cpp_extension import load
+    library = os.path.join(build_dir, "lib", "libzero_kernels.a")
+    if not os.path.exists(library):
+        raise SystemExit(f"{library} is missing: build the zero_kernels target first")
+    ds = load(name="ds_cpu_adam_bench",
+              sources=[os.path.join(csrc, "adam", "cpu_adam.cpp"),
+                       os.path.join(csrc, "adam", "cpu_adam_impl.cpp")],
+              extra_include_paths=[os.path.join(csrc, "includes")],
+              extra_cflags=["-O3", "-g", "-Wno-reorder", "-march=native", "-fopenmp", simd_flag()],
+              extra_ldflags=["-fopenmp"], verbose=verbose)
+    ours = load(name="zero_adamw_bench",
+                sources=[os.path.join(ROOT, "benchmarks", "deepspeed", "zero_adamw_ext.cpp")],
+                extra_include_paths=[os.path.join(ROOT, "kernels", "include"),
+                                     os.path.join(ROOT, "core", "include")],
+                extra_cflags=["-O3"], extra_ldflags=[library, "-lpthread"], verbose=verbose)
+    return ds, ours
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--deepspeed-src")
+    parser.add_argument("--build-dir", default=os.environ.get("ZERO_BUILD_DIR",
+                                                              os.path.join(ROOT, "build")))
+    parser.add_argument("--params", type=int, default=64, help="Mi parameters")
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--reps", type=int, default=8)
+    parser.add_argument("--json")
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args()
+    try:
+        import torch
+    except ImportError:
+        skip("python3 has no torch (pip install torch), so DeepSpeed's CPUAdam cannot be built")
+    scratch = tempfile.mkdtemp(prefix="ds-csrc-")
+    csrc = find_deepspeed_csrc(args.deepspeed_src, scratch)
+    if csrc is None:
+        skip("no DeepSpeed sources: pass --deepspeed-src with the deepspeed sdist (pip download "
+             "deepspeed --no-deps --no-binary :all:) or install deepspeed")
+    ds, ours = build_extensions(csrc, args.build_dir, args.verbose)
+
+    n = args.params << 20
+    lr, beta1, beta2, eps, wd = 1e-3, 0.9, 0.999, 1e-8, 0.01
+    ds.create_adam(0, lr, beta1, beta2, eps, wd, True, False)
+    state = {}
+    for who in ("deepspeed", "zero"):
+        state[who] = [torch.rand(n) * 2 - 1, torch.rand(n) * 2 - 1, torch.zeros(n), torch.zeros(n)]
+    triad_n = n * BYTES_PER_PARAM // 12
+    triad_arrays = [torch.zeros(triad_n), torch.ones(triad_n), torch.full((triad_n,), 2.0)]
+    step = {"deepspeed": 0, "zero": 0}
+
+    def run(who, threads):
+        if who == "triad":
+            ours.triad(*triad_arrays, 3.0, threads)
+            return
+        step[who] += 1
+        p, g, m, v = state[who]
+        if who == "deepspeed":
+            ds.adam_update(0, step[who], lr, beta1, beta2, eps, wd, True, p, g, m, v)
+        else:
+            ours.adamw(p, g, m, v, step[who], lr, beta1, beta2, eps, wd, threads)
+
+    results = []
+    for threads in (int(t) for t in args.threads.split(",")):
+        torch.set_num_threads(threads)  # DeepSpeed's OpenMP loop follows torch's thread count
+        times = {"deepspeed": [], "zero": [], "triad": []}
+        for who in times:
+            run(who, threads)  # warm-up
+        for _ in range(args.reps):
+            for who in times:
+                start = time.perf_counter()
+                run(who, threads)
+                times[who].append(time.perf_counter() - start)
+        ratios = [d / z for d, z in zip(times["deepspeed"], times["zero"])]
+        row = {"params": n, "threads": threads,
+               "zero_over_deepspeed_median": statistics.median(ratios),
+               "zero_over_deepspeed_best": min(times["deepspeed"]) / min(times["zero"])}
+        for who, t in times.items():
+            row[who] = {"best_mparams": n / min(t) / 1e6,
+                        "median_mparams": n / statistics.median(t) / 1e6,
+                        "best_GBps": BYTES_PER_PARAM * n / min(t) / 1e9,
+                        "median_GBps": BYTES_PER_PARAM * n / statistics.median(t) / 1e9}
+        for who in ("deepspeed", "zero"):
+            row[who]["vs_triad_best"] = row[who]["best_GBps"] / row["triad"]["best_GBps"]
+        results.append(row)
+
+    print(f"torch {torch.__version__}, DeepSpeed sources {csrc}, {args.params}Mi fp32 params, "
+          f"{args.reps} alternating reps")
+    print(f"{'threads':>7s} {'impl':>10s} {'best Mp/s':>10s} {'med Mp/s':>10s} {'best GB/s':>10s} "
+          f"{'vs triad':>9s}")
+    for row in results:
+        for who in ("deepspeed", "zero", "triad"):
+            r = row[who]
+            print(f"{row['threads']:7d} {who:>10s} {r['best_mparams']:10.0f} "
+                  f"{r['median_mparams']:10.0f} {r['best_GBps']:10.2f} "
+                  f"{r.get('vs_triad_best', 1.0):9.2f}")
+        print(f"{row['threads']:7d} zero/deepspeed: {row['zero_over_deepspeed_median']:.2f} "
+              f"(median of pairs), {row['zero_over_deepspeed_best']:.2f} (best against best)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"torch": torch.__version__, "bytes_per_param": BYTES_PER_PARAM,
+                       "results": results}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
