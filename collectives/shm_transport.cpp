@@ -147,14 +147,11 @@ void SharedMemoryTransport::all_gather(const void* send, void* recv, size_t byte
   for (size_t offset = 0; offset < bytes_per_rank; offset += kSlotBytes) {
     const size_t n = std::min(kSlotBytes, bytes_per_rank - offset);
     std::memcpy(slot(rank_), at(send, offset), n);
+    // Before the barrier: work done while peers may still be copying.
+    if (!in_place) std::memcpy(at(recv, rank_ * bytes_per_rank + offset), at(send, offset), n);
     barrier();
     for (int p = 0; p < size_; ++p) {
-      unsigned char* out = at(recv, p * bytes_per_rank + offset);
-      if (p != rank_) {
-        std::memcpy(out, slot(p), n);
-      } else if (!in_place) {
-        std::memcpy(out, at(send, offset), n);
-      }
+      if (p != rank_) std::memcpy(at(recv, p * bytes_per_rank + offset), slot(p), n);
     }
     next_chunk();
   }

@@ -55,8 +55,8 @@ Bytes reference_sum(int ranks, size_t first, size_t n, DType dtype) {
   return out;
 }
 
-// Odd sizes, and sizes past one chunk (a 1 MiB slot holds 131072 fp32 elements of an all-reduce
-// or 65536 of each of 2 ranks' reduce-scatter blocks) that end inside a later one.
+// Odd sizes, and sizes past one chunk (a 256 KiB slot holds 32768 fp32 elements of an
+// all-reduce, or of each of 2 ranks' reduce-scatter blocks) that end inside a later one.
 const size_t kCounts[] = {1, 7, 63, 65, 1001, 131073, 300007};
 
 class ShmTest : public ::testing::TestWithParam<DType> {
