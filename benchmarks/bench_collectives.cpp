@@ -1,6 +1,7 @@
-// zero-bench-collectives: our MPI Communicator against the raw MPI calls it wraps, side by
-// side, on the same buffers, reported the way nccl-tests reports (size, count, type, then per
-// backend time, algbw, busbw, #wrong). Run under mpirun:
+// zero-bench-collectives: our CPU Communicator on its default path (shared memory when every
+// rank is on one node), the same forced onto MPI (CpuTransport::kMpi), and the raw MPI calls,
+// side by side, on the same buffers, reported the way nccl-tests reports (size, count, type,
+// then per backend time, algbw, busbw, #wrong). Run under mpirun:
 //
 //   mpirun -np 2 zero-bench-collectives -b 16M -e 128M -f 2 -o all
 //
@@ -17,9 +18,10 @@
 //   #wrong   elements that differ from the exact result, summed over ranks. Inputs are small
 //            integers, so sums are exact in every dtype and every reduction order.
 //
-// The "zero" backend enqueues ops on the communicator's stream and waits for the last; the
-// "mpi" backend makes the same calls directly on the calling thread, on its own duplicate of
-// MPI_COMM_WORLD. The two alternate in blocks of iterations (see Bench::measure). MPI cannot sum
+// The "zero" and "zero-mpi" backends enqueue ops on their communicator's stream and wait for
+// the last; the "mpi" backend makes the same calls directly on the calling thread, on its own
+// duplicate of MPI_COMM_WORLD. The three alternate in blocks of iterations (see Bench::measure).
+// The last column is zero's busbw over mpi's. MPI cannot sum
 // 16-bit floats, so for half/bfloat16 reductions the mpi column is what a program without our
 // communicator would write: cast to fp32, the fp32 MPI reduction, cast back, all on the calling
 // thread (the same work our worker does). Moving 16-bit data (all_gather, broadcast) is a plain
@@ -184,11 +186,17 @@ struct Record {
   Result result;
 };
 
+// The columns, in order: our default path, ours forced onto MPI, raw MPI.
+constexpr int kBackends = 3;
+constexpr int kRawMpi = 2;
+const char* const kBackendNames[kBackends] = {"zero", "zero-mpi", "mpi"};
+
 class Bench {
  public:
-  Bench(const Options& opt, zero::Communicator& comm) : opt_(opt), comm_(comm) {
-    rank_ = comm.rank();
-    n_ = comm.world_size();
+  // comms: ours on the default path, then forced onto MPI.
+  Bench(const Options& opt, std::array<zero::Communicator*, 2> comms) : opt_(opt), comms_(comms) {
+    rank_ = comms[0]->rank();
+    n_ = comms[0]->world_size();
     ZERO_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &raw_comm_));
   }
   ~Bench() { MPI_Comm_free(&raw_comm_); }
@@ -209,26 +217,27 @@ class Bench {
     if (opt_.dtype != DType::kFloat32) staged_.assign(send_elems(op, max_count), 0.0f);
   }
 
-  // Times both backends on one size; [0] is zero, [1] is mpi. The timed iterations alternate
+  // Times every backend on one size, in kBackendNames' order. The timed iterations alternate
   // between the backends in blocks, so a burst of load from other processes on a shared
-  // machine lands on both alike instead of on whichever ran during it.
-  std::array<Result, 2> measure(CollectiveOp op, size_t count) {
+  // machine lands on all alike instead of on whichever ran during it.
+  std::array<Result, kBackends> measure(CollectiveOp op, size_t count) {
     fill_inputs(op, count);  // also touches every page before timing
-    for (int backend = 0; backend < 2; ++backend) {
-      for (int i = 0; i < opt_.warmup; ++i) run(op, count, backend == 0);
+    for (int backend = 0; backend < kBackends; ++backend) {
+      for (int i = 0; i < opt_.warmup; ++i) run(op, count, backend);
     }
-    double seconds[2] = {0, 0};
+    double seconds[kBackends] = {};
     const int block = (opt_.iters + kTimingBlocks - 1) / kTimingBlocks;
     for (int first = 0; first < opt_.iters; first += block) {
       const int iters = std::min(block, opt_.iters - first);
-      for (int backend = 0; backend < 2; ++backend) {
-        seconds[backend] += time_block(op, count, backend == 0, iters);
+      for (int backend = 0; backend < kBackends; ++backend) {
+        seconds[backend] += time_block(op, count, backend, iters);
       }
     }
-    ZERO_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, seconds, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+    ZERO_MPI_CHECK(
+        MPI_Allreduce(MPI_IN_PLACE, seconds, kBackends, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
 
-    std::array<Result, 2> results;
-    for (int backend = 0; backend < 2; ++backend) {
+    std::array<Result, kBackends> results;
+    for (int backend = 0; backend < kBackends; ++backend) {
       Result& r = results[backend];
       const double per_op = seconds[backend] / opt_.iters;
       r.time_us = per_op * 1e6;
@@ -236,7 +245,7 @@ class Bench {
       r.busbw = r.algbw * bus_factor(op, n_);
       if (opt_.check) {
         fill_inputs(op, count);
-        run(op, count, backend == 0);
+        run(op, count, backend);
         r.wrong = count_wrong(op, count);
         r.checked = true;
       }
@@ -269,12 +278,12 @@ class Bench {
 
   // Seconds this rank spends on `iters` back-to-back ops, started together on all ranks. Ours
   // are all enqueued at once and only the last is waited for, as the engine uses them.
-  double time_block(CollectiveOp op, size_t count, bool ours, int iters) {
+  double time_block(CollectiveOp op, size_t count, int backend, int iters) {
     ZERO_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
     const double start = MPI_Wtime();
-    if (ours) {
+    if (backend != kRawMpi) {
       zero::Event last;
-      for (int i = 0; i < iters; ++i) last = issue(op, count);
+      for (int i = 0; i < iters; ++i) last = issue(*comms_[backend], op, count);
       last.wait();
     } else {
       for (int i = 0; i < iters; ++i) raw(op, count);
@@ -282,28 +291,28 @@ class Bench {
     return MPI_Wtime() - start;
   }
 
-  void run(CollectiveOp op, size_t count, bool ours) {
-    if (ours) {
-      issue(op, count).wait();
+  void run(CollectiveOp op, size_t count, int backend) {
+    if (backend != kRawMpi) {
+      issue(*comms_[backend], op, count).wait();
     } else {
       raw(op, count);
     }
   }
 
-  zero::Event issue(CollectiveOp op, size_t count) {
+  zero::Event issue(zero::Communicator& comm, CollectiveOp op, size_t count) {
     switch (op) {
       case CollectiveOp::kAllGather:
-        return comm_.all_gather(send_.data(), recv_.data(), count, opt_.dtype);
+        return comm.all_gather(send_.data(), recv_.data(), count, opt_.dtype);
       case CollectiveOp::kReduceScatter:
-        return comm_.reduce_scatter(send_.data(), recv_.data(), count, opt_.dtype);
+        return comm.reduce_scatter(send_.data(), recv_.data(), count, opt_.dtype);
       case CollectiveOp::kAllReduce:
-        return comm_.all_reduce(send_.data(), recv_.data(), count, opt_.dtype);
+        return comm.all_reduce(send_.data(), recv_.data(), count, opt_.dtype);
       case CollectiveOp::kBroadcast:
-        return comm_.broadcast(send_.data(), count, opt_.dtype, 0);
+        return comm.broadcast(send_.data(), count, opt_.dtype, 0);
       case CollectiveOp::kBarrier:
         break;
     }
-    return comm_.barrier();
+    return comm.barrier();
   }
 
   // The same collective as plain MPI on the calling thread (see the file comment for 16-bit
@@ -382,7 +391,7 @@ class Bench {
   }
 
   const Options& opt_;
-  zero::Communicator& comm_;
+  std::array<zero::Communicator*, 2> comms_;
   MPI_Comm raw_comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int n_ = 1;
@@ -406,10 +415,14 @@ void print_header(const Options& opt, int n) {
 
 void print_op_header(CollectiveOp op, int n) {
   std::printf("#\n# %s, busbw factor %.3f\n", zero::collective_op_name(op), bus_factor(op, n));
-  std::printf("# %36s %-38s %-38s %s\n", "", "zero", "mpi", "busbw");
-  std::printf("# %10s %12s %6s   %9s %8s %8s %8s   %9s %8s %8s %8s   %s\n", "size(B)", "count",
-              "type", "time(us)", "algbw", "busbw", "#wrong", "time(us)", "algbw", "busbw",
-              "#wrong", "zero/mpi");
+  std::printf("# %36s", "");
+  for (const char* name : kBackendNames) std::printf(" %-38s", name);
+  std::printf(" %s\n", "busbw");
+  std::printf("# %10s %12s %6s", "size(B)", "count", "type");
+  for (int b = 0; b < kBackends; ++b) {
+    std::printf("   %9s %8s %8s %8s", "time(us)", "algbw", "busbw", "#wrong");
+  }
+  std::printf("   %s\n", "zero/mpi");
 }
 
 void print_result(const Result& r) {
@@ -450,7 +463,9 @@ std::vector<size_t> sizes_to_run(const Options& opt) {
 
 int run_bench(const Options& opt, int rank, int n) {
   auto comm = zero::make_mpi_communicator();
-  Bench bench(opt, *comm);
+  auto over_mpi =
+      zero::make_mpi_communicator(static_cast<size_t>(INT_MAX), zero::CpuTransport::kMpi);
+  Bench bench(opt, {comm.get(), over_mpi.get()});
   std::vector<Record> records;
   uint64_t total_wrong = 0;
   if (rank == 0) print_header(opt, n);
@@ -464,34 +479,35 @@ int run_bench(const Options& opt, int rank, int n) {
     }
     bench.allocate(op, bench.count_for(op, opt.max_bytes));
     if (rank == 0) print_op_header(op, n);
-    double zero_busbw_sum = 0, mpi_busbw_sum = 0;
+    double busbw_sum[kBackends] = {};
     int sizes = 0;
     for (size_t bytes : sizes_to_run(opt)) {
       const size_t count = bench.count_for(op, bytes);
       if (count == 0) continue;  // less than one element per rank
-      const std::array<Result, 2> both = bench.measure(op, count);
-      const Result& ours = both[0];
-      const Result& theirs = both[1];
+      const std::array<Result, kBackends> all = bench.measure(op, count);
       const size_t size = bench.bytes_for(op, count);
-      records.push_back({op, "zero", size, ours});
-      records.push_back({op, "mpi", size, theirs});
-      total_wrong += ours.wrong + theirs.wrong;
-      zero_busbw_sum += ours.busbw;
-      mpi_busbw_sum += theirs.busbw;
+      for (int b = 0; b < kBackends; ++b) {
+        records.push_back({op, kBackendNames[b], size, all[b]});
+        total_wrong += all[b].wrong;
+        busbw_sum[b] += all[b].busbw;
+      }
       ++sizes;
       if (rank == 0) {
         std::printf("  %10zu %12zu %6s", size, size / zero::dtype_size(opt.dtype),
                     zero::dtype_name(opt.dtype));
-        print_result(ours);
-        print_result(theirs);
-        std::printf("   %8.3f\n", theirs.busbw > 0 ? ours.busbw / theirs.busbw : 0.0);
+        for (const Result& r : all) print_result(r);
+        const double raw = all[kRawMpi].busbw;
+        std::printf("   %8.3f\n", raw > 0 ? all[0].busbw / raw : 0.0);
         std::fflush(stdout);
       }
     }
     if (rank == 0 && sizes > 0) {
-      std::printf("# %s avg busbw: zero %.3f GB/s, mpi %.3f GB/s, zero/mpi %.3f\n",
-                  zero::collective_op_name(op), zero_busbw_sum / sizes, mpi_busbw_sum / sizes,
-                  mpi_busbw_sum > 0 ? zero_busbw_sum / mpi_busbw_sum : 0.0);
+      std::printf("# %s avg busbw:", zero::collective_op_name(op));
+      for (int b = 0; b < kBackends; ++b) {
+        std::printf(" %s %.3f GB/s,", kBackendNames[b], busbw_sum[b] / sizes);
+      }
+      const double raw = busbw_sum[kRawMpi];
+      std::printf(" zero/mpi %.3f\n", raw > 0 ? busbw_sum[0] / raw : 0.0);
     }
   }
   if (rank == 0) {

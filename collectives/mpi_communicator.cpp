@@ -6,7 +6,10 @@
 // collective shows up as a message naming the op instead of a silent hang. A flight recorder
 // keeps the last 64 collectives and their states; it is printed whenever the job is stopped
 // here (watchdog, desync check) or a collective fails. In the desync-check mode the ranks
-// compare each collective's description before running it.
+// compare each collective's description before running it. When every rank is on one node,
+// reduce-scatter, all-gather and all-reduce run over a shared-memory window instead
+// (shm_transport.h) inside the same launch, so the watchdog, flight recorder and desync check
+// treat them as they treat MPI calls.
 #include "zero/collectives/mpi_communicator.h"
 
 #include <mpi.h>
@@ -15,6 +18,7 @@
 #include <chrono>
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <mutex>
@@ -23,6 +27,7 @@
 #include <vector>
 
 #include "backend_common.h"
+#include "shm_transport.h"
 #include "zero/core/check.h"
 #include "zero/kernels/cpu_kernels.h"
 
@@ -136,10 +141,50 @@ struct OwnedDatatype {
   }
 };
 
+CpuTransport transport_from_environment() {
+  const char* text = std::getenv("ZERO_COLLECTIVES");
+  const std::string value = text == nullptr ? "" : text;
+  if (value.empty() || value == "auto") return CpuTransport::kFromEnvironment;
+  if (value == "mpi") return CpuTransport::kMpi;
+  if (value == "shm") return CpuTransport::kSharedMemory;
+  ZERO_FAIL("ZERO_COLLECTIVES must be auto, mpi or shm, got '" << value << "'");
+}
+
+// Whether every rank of `comm` is on this rank's node (then on every rank alike).
+bool on_one_node(MPI_Comm comm, int size) {
+  MPI_Comm node = MPI_COMM_NULL;
+  ZERO_MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  int node_size = 0;
+  ZERO_MPI_CHECK(MPI_Comm_size(node, &node_size));
+  ZERO_MPI_CHECK(MPI_Comm_free(&node));
+  return node_size == size;
+}
+
+// Shared memory or not, the same answer on every rank: each rank's wish (from `requested` or
+// its own environment) is combined with MPI_MIN, so a rank told "mpi" makes the job use MPI.
+bool use_shared_memory(CpuTransport requested, MPI_Comm comm, int size) {
+  if (requested == CpuTransport::kFromEnvironment) requested = transport_from_environment();
+  int wanted = 0;
+  if (requested != CpuTransport::kMpi) {
+    const bool one_node = on_one_node(comm, size);
+    ZERO_CHECK(one_node || requested != CpuTransport::kSharedMemory,
+               "the shared-memory transport (ZERO_COLLECTIVES=shm) needs every rank on one node; "
+               "this job spans nodes");
+    wanted = one_node ? 1 : 0;
+  }
+  int agreed = 0;
+  ZERO_MPI_CHECK(MPI_Allreduce(&wanted, &agreed, 1, MPI_INT, MPI_MIN, comm));
+  return agreed == 1;
+}
+
 class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
  public:
-  MpiCommunicator(std::chrono::milliseconds timeout, size_t max_elements_per_call)
+  MpiCommunicator(std::chrono::milliseconds timeout, size_t max_elements_per_call,
+                  CpuTransport transport)
       : CommunicatorBase(timeout), max_elements_per_call_(max_elements_per_call) {
+    if (use_shared_memory(transport, mpi_comm_, size_)) {
+      shm_ = std::make_unique<backend::SharedMemoryTransport>(mpi_comm_);
+    }
     stream_ = std::make_unique<Stream>("comm");
     watchdog_.start(nullptr, [this](Clock::time_point now, std::chrono::milliseconds limit) {
       return look(now, limit);
@@ -159,26 +204,46 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
     const size_t elem = dtype_size(dtype);
     const bool in_place = backend::check_all_gather(send, recv, count, elem, rank_, size_);
     const MPI_Datatype type = transport_type(dtype);
-    return launch(CollectiveOp::kAllGather, {count, dtype, false}, count * size_,
-                  [=] { run_all_gather(in_place ? nullptr : send, recv, count, type, elem); });
+    return launch(CollectiveOp::kAllGather, {count, dtype, false}, count * size_, [=] {
+      if (shm_) {
+        shm_->all_gather(send, recv, count * elem);
+      } else {
+        run_all_gather(in_place ? nullptr : send, recv, count, type, elem);
+      }
+    });
   }
 
   Event all_gather_bytes(const void* send, void* recv, size_t bytes) override {
     const bool in_place = backend::check_all_gather(send, recv, bytes, 1, rank_, size_);
-    return launch(CollectiveOp::kAllGather, {bytes, DType::kFloat32, true}, bytes * size_,
-                  [=] { run_all_gather(in_place ? nullptr : send, recv, bytes, MPI_BYTE, 1); });
+    return launch(CollectiveOp::kAllGather, {bytes, DType::kFloat32, true}, bytes * size_, [=] {
+      if (shm_) {
+        shm_->all_gather(send, recv, bytes);
+      } else {
+        run_all_gather(in_place ? nullptr : send, recv, bytes, MPI_BYTE, 1);
+      }
+    });
   }
 
   Event reduce_scatter(const void* send, void* recv, size_t count, DType dtype) override {
     const bool in_place = backend::check_reduce_scatter(send, recv, count, dtype, rank_, size_);
-    return launch(CollectiveOp::kReduceScatter, {count, dtype, false}, count * size_,
-                  [=] { run_reduce_scatter(send, recv, count, dtype, in_place); });
+    return launch(CollectiveOp::kReduceScatter, {count, dtype, false}, count * size_, [=] {
+      if (shm_) {
+        shm_->reduce_scatter(send, recv, count, dtype);
+      } else {
+        run_reduce_scatter(send, recv, count, dtype, in_place);
+      }
+    });
   }
 
   Event all_reduce(const void* send, void* recv, size_t count, DType dtype) override {
     const bool in_place = backend::check_all_reduce(send, recv, count, dtype, size_);
-    return launch(CollectiveOp::kAllReduce, {count, dtype, false}, count,
-                  [=] { run_all_reduce(in_place ? nullptr : send, recv, count, dtype); });
+    return launch(CollectiveOp::kAllReduce, {count, dtype, false}, count, [=] {
+      if (shm_) {
+        shm_->all_reduce(send, recv, count, dtype);
+      } else {
+        run_all_reduce(in_place ? nullptr : send, recv, count, dtype);
+      }
+    });
   }
 
   Event broadcast(void* buffer, size_t count, DType dtype, int root) override {
@@ -192,6 +257,8 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
                   [this] { ZERO_MPI_CHECK(MPI_Barrier(mpi_comm_)); });
   }
 
+  // The MPI figure also with shared memory, which stages in its window instead: a plan made
+  // without MPI (mpi_staging_bytes) then still matches what a run allocates.
   size_t staging_bytes(CollectiveOp op, size_t count, DType dtype) const override {
     return mpi_staging_bytes(op, count, dtype, size_, max_elements_per_call_);
   }
@@ -229,8 +296,11 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
   // a collective already queued on some ranks) and by the staging check.
   template <typename Body>
   Event launch(CollectiveOp op, Payload payload, uint64_t wire_elements, Body body) {
-    // The ring lower bound of the MPI calls made, in the element type they carry.
-    const size_t wire_element_bytes = payload.bytes ? 1 : dtype_size(wire_dtype(op, payload.dtype));
+    // The ring lower bound of the MPI calls made, in the element type they carry; the
+    // shared-memory path moves every element type as it is.
+    const DType wire =
+        shm_ && op != CollectiveOp::kBroadcast ? payload.dtype : wire_dtype(op, payload.dtype);
+    const size_t wire_element_bytes = payload.bytes ? 1 : dtype_size(wire);
     const uint64_t sequence = record_launch(
         op, payload, bytes_sent_per_rank(op, wire_elements * wire_element_bytes, size_));
     const bool check_desync = desync_check();
@@ -398,6 +468,10 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
 
   const size_t max_elements_per_call_;
 
+  // Set when reduce-scatter, all-gather and all-reduce run over shared memory; used by the
+  // worker only.
+  std::unique_ptr<backend::SharedMemoryTransport> shm_;
+
   // Staging memory: the worker's, between collectives also the caller's (set_staging_buffer
   // drains the stream before it writes them).
   struct ProvidedStaging {
@@ -446,11 +520,12 @@ std::unique_ptr<Communicator> make_mpi_communicator() {
   return make_mpi_communicator(static_cast<size_t>(INT_MAX));
 }
 
-std::unique_ptr<Communicator> make_mpi_communicator(size_t max_elements_per_call) {
+std::unique_ptr<Communicator> make_mpi_communicator(size_t max_elements_per_call,
+                                                    CpuTransport transport) {
   ZERO_CHECK(max_elements_per_call >= 1 && max_elements_per_call <= static_cast<size_t>(INT_MAX),
              "max_elements_per_call must be 1 to INT_MAX, got " << max_elements_per_call);
   return std::make_unique<MpiCommunicator>(backend::timeout_from_environment(),
-                                           max_elements_per_call);
+                                           max_elements_per_call, transport);
 }
 
 }  // namespace zero

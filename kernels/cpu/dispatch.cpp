@@ -246,6 +246,20 @@ void scale(void* x, DType dtype, float alpha, size_t n, const KernelOptions& opt
   });
 }
 
+void sum_in_order(void* dst, const void* const* srcs, size_t sources, DType dtype, size_t n,
+                  const KernelOptions& opt) {
+  check_buffer(dst, n, "sum_in_order: dst");
+  check_dtype(dtype, "sum_in_order: dst");
+  ZERO_CHECK(sources >= 1, "sum_in_order: needs at least one source");
+  for (size_t k = 0; k < sources; ++k) check_buffer(srcs[k], n, "sum_in_order: source");
+  const KernelPath& path = active_path();
+  // The sources stay whole pointers and each chunk passes its offset: they are one array that
+  // every chunk shares, and offsetting them would need a copy of it per chunk.
+  run_chunks(n, opt, kChunkAlignment, [&](size_t begin, size_t end) {
+    path.sum_in_order(dst, srcs, sources, begin, dtype, end - begin);
+  });
+}
+
 void flatten(const TensorSlot* tensors, size_t count, void* flat, DType dtype,
              const KernelOptions& opt) {
   copy_slots(tensors, count, nullptr, flat, dtype, opt);

@@ -24,6 +24,8 @@ struct KernelPath {
   bool (*all_finite)(const void* x, DType dtype, size_t n);
   void (*accumulate)(float* dst, const float* src, size_t n);
   void (*scale)(void* x, DType dtype, float alpha, size_t n);
+  void (*sum_in_order)(void* dst, const void* const* srcs, size_t sources, size_t offset,
+                       DType dtype, size_t n);
 };
 
 // The AVX2 optimizer loops write working copies of at least this many elements (well past the

@@ -359,9 +359,24 @@ void scale_avx2(void* x, DType dtype, float alpha, size_t n) {
   kScalarPath.scale(advance(x, dtype, done), dtype, alpha, n - done);
 }
 
+// Each 8-lane step loads every source before it stores, so dst may be one of the sources.
+void sum_in_order_avx2(void* dst, const void* const* srcs, size_t sources, size_t offset,
+                       DType dtype, size_t n) {
+  with_dtype(dtype, [&](auto t) {
+    constexpr DType T = decltype(t)::value;
+    for (size_t i = offset; i + kWidth <= offset + n; i += kWidth) {
+      __m256 sum = load8<T>(srcs[0], i);
+      for (size_t k = 1; k < sources; ++k) sum = _mm256_add_ps(sum, load8<T>(srcs[k], i));
+      store8<T>(dst, i, sum);
+    }
+  });
+  const size_t done = n - n % kWidth;
+  kScalarPath.sum_in_order(dst, srcs, sources, offset + done, dtype, n - done);
+}
+
 }  // namespace
 
-const KernelPath kAvx2Path = {adamw_avx2,      sgd_avx2,        cast_avx2, sum_squares_block_avx2,
-                              all_finite_avx2, accumulate_avx2, scale_avx2};
+const KernelPath kAvx2Path = {adamw_avx2,      sgd_avx2,        cast_avx2,  sum_squares_block_avx2,
+                              all_finite_avx2, accumulate_avx2, scale_avx2, sum_in_order_avx2};
 
 }  // namespace zero::kernels::detail

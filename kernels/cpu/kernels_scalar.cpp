@@ -59,10 +59,19 @@ void scale_scalar(void* x, DType dtype, float alpha, size_t n) {
   for (size_t i = 0; i < n; ++i) store_from_float(x, dtype, i, load_as_float(x, dtype, i) * alpha);
 }
 
+void sum_in_order_scalar(void* dst, const void* const* srcs, size_t sources, size_t offset,
+                         DType dtype, size_t n) {
+  for (size_t i = offset; i < offset + n; ++i) {
+    float sum = load_as_float(srcs[0], dtype, i);
+    for (size_t k = 1; k < sources; ++k) sum += load_as_float(srcs[k], dtype, i);
+    store_from_float(dst, dtype, i, sum);
+  }
+}
+
 }  // namespace
 
 const KernelPath kScalarPath = {
-    adamw_scalar,      sgd_scalar,        cast_scalar, sum_squares_block_scalar,
-    all_finite_scalar, accumulate_scalar, scale_scalar};
+    adamw_scalar,      sgd_scalar,        cast_scalar,  sum_squares_block_scalar,
+    all_finite_scalar, accumulate_scalar, scale_scalar, sum_in_order_scalar};
 
 }  // namespace zero::kernels::detail

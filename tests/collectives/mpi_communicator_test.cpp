@@ -58,13 +58,25 @@ template <typename Expected>
 
 const size_t kCounts[] = {0, 1, 7, 1001, 65537};
 
-// Parameter: element type, and the most elements one MPI call may carry (INT_MAX: whole;
-// small: every larger collective is split into pieces).
-class CommTest : public ::testing::TestWithParam<std::tuple<DType, size_t>> {
+// How a CommTest's communicator moves data: over MPI with the most elements one MPI call may
+// carry (INT_MAX: whole; small: every larger collective is split into pieces), or over shared
+// memory (all ranks of these tests share one node).
+struct Path {
+  const char* name;
+  size_t max_elements_per_call;
+  CpuTransport transport;
+};
+const Path kPaths[] = {{"mpi_whole", static_cast<size_t>(INT_MAX), CpuTransport::kMpi},
+                       {"mpi_split1000", 1000, CpuTransport::kMpi},
+                       {"shm", static_cast<size_t>(INT_MAX), CpuTransport::kSharedMemory}};
+
+// Parameter: element type, and the path.
+class CommTest : public ::testing::TestWithParam<std::tuple<DType, Path>> {
  protected:
   void SetUp() override {
     dtype = std::get<0>(GetParam());
-    comm = make_mpi_communicator(std::get<1>(GetParam()));
+    const Path& path = std::get<1>(GetParam());
+    comm = make_mpi_communicator(path.max_elements_per_call, path.transport);
     rank = comm->rank();
     n = comm->world_size();
   }
@@ -232,17 +244,15 @@ TEST_P(CommTest, WaitsForComputeStreamBeforeReading) {
   EXPECT_TRUE(matches(buf, count, [&](size_t i) { return sum(i); }));
 }
 
-std::string param_name(const ::testing::TestParamInfo<std::tuple<DType, size_t>>& info) {
-  const size_t limit = std::get<1>(info.param);
-  return std::string(dtype_name(std::get<0>(info.param))) +
-         (limit == static_cast<size_t>(INT_MAX) ? "_whole" : "_split" + std::to_string(limit));
+std::string param_name(const ::testing::TestParamInfo<std::tuple<DType, Path>>& info) {
+  return std::string(dtype_name(std::get<0>(info.param))) + "_" + std::get<1>(info.param).name;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllDtypes, CommTest,
-    ::testing::Combine(::testing::Values(DType::kFloat32, DType::kBFloat16, DType::kFloat16),
-                       ::testing::Values(static_cast<size_t>(INT_MAX), static_cast<size_t>(1000))),
-    param_name);
+INSTANTIATE_TEST_SUITE_P(AllDtypes, CommTest,
+                         ::testing::Combine(::testing::Values(DType::kFloat32, DType::kBFloat16,
+                                                              DType::kFloat16),
+                                            ::testing::ValuesIn(kPaths)),
+                         param_name);
 
 TEST(Communicator, Barrier) {
   auto comm = make_mpi_communicator();
@@ -286,8 +296,9 @@ TEST(Communicator, AllGatherU64GathersOneValuePerRank) {
   for (size_t r = 0; r < all.size(); ++r) EXPECT_EQ(all[r], 0x0123456789abcdefULL + r);
 }
 
+// Over MPI, whose 16-bit reductions send fp32 (see the next test for shared memory).
 TEST(Communicator, CountersFollowTheRingFormulas) {
-  auto comm = make_mpi_communicator();
+  auto comm = make_mpi_communicator(INT_MAX, CpuTransport::kMpi);
   const int n = comm->world_size();
   const uint64_t m = static_cast<uint64_t>(n - 1);  // ring steps
   std::vector<float> a(1000 * n), b(1000 * n);
@@ -321,26 +332,31 @@ TEST(Communicator, CountersFollowTheRingFormulas) {
 // The MPI backend sums 16-bit floats in fp32, so its 16-bit reductions send 4 bytes an element;
 // moves send 16-bit floats as they are. The counters must say what went over MPI, not what was
 // asked for: at 2 or more ranks a bf16 or fp16 reduction counts twice the requested bytes.
-TEST(Communicator, CountersCountTheBytesTheMpiCallsSend) {
-  auto comm = make_mpi_communicator();
-  const uint64_t n = static_cast<uint64_t>(comm->world_size()), m = n - 1;
-  std::vector<float> a(1000 * n), b(1000 * n);
-  auto at = [](CollectiveOp op) { return static_cast<size_t>(op); };
-  for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
-    const std::string what = dtype_name(dtype);
-    const CommCounters before = comm->counters();
-    comm->reduce_scatter(a.data(), b.data(), 10, dtype);  // 10 n elements, sent as fp32
-    comm->all_reduce(a.data(), b.data(), 100, dtype);     // 100 elements, sent as fp32
-    comm->all_gather(a.data(), b.data(), 10, dtype);      // 10 n elements, sent as they are
-    comm->broadcast(a.data(), 7, dtype, 0);               // 7 elements, sent as they are
-    comm->barrier_sync();
-    const CommCounters& after = comm->counters();
-    auto sent = [&](CollectiveOp op) { return after.bytes[at(op)] - before.bytes[at(op)]; };
-    const uint64_t elem = dtype_size(dtype);
-    EXPECT_EQ(sent(CollectiveOp::kReduceScatter), 10 * n * 4 * m / n) << what;
-    EXPECT_EQ(sent(CollectiveOp::kAllReduce), 100 * 4 * 2 * m / n) << what;
-    EXPECT_EQ(sent(CollectiveOp::kAllGather), 10 * n * elem * m / n) << what;
-    EXPECT_EQ(sent(CollectiveOp::kBroadcast), 7 * elem) << what;
+// Shared memory moves every element type as it is.
+TEST(Communicator, CountersCountTheBytesTheCallsSend) {
+  for (CpuTransport transport : {CpuTransport::kMpi, CpuTransport::kSharedMemory}) {
+    auto comm = make_mpi_communicator(INT_MAX, transport);
+    const uint64_t n = static_cast<uint64_t>(comm->world_size()), m = n - 1;
+    std::vector<float> a(1000 * n), b(1000 * n);
+    auto at = [](CollectiveOp op) { return static_cast<size_t>(op); };
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+      const bool mpi = transport == CpuTransport::kMpi;
+      const std::string what = std::string(dtype_name(dtype)) + (mpi ? " mpi" : " shm");
+      const uint64_t reduced = mpi ? 4 : dtype_size(dtype);
+      const CommCounters before = comm->counters();
+      comm->reduce_scatter(a.data(), b.data(), 10, dtype);  // 10 n elements
+      comm->all_reduce(a.data(), b.data(), 100, dtype);     // 100 elements
+      comm->all_gather(a.data(), b.data(), 10, dtype);      // 10 n elements, sent as they are
+      comm->broadcast(a.data(), 7, dtype, 0);               // 7 elements, sent as they are
+      comm->barrier_sync();
+      const CommCounters& after = comm->counters();
+      auto sent = [&](CollectiveOp op) { return after.bytes[at(op)] - before.bytes[at(op)]; };
+      const uint64_t elem = dtype_size(dtype);
+      EXPECT_EQ(sent(CollectiveOp::kReduceScatter), 10 * n * reduced * m / n) << what;
+      EXPECT_EQ(sent(CollectiveOp::kAllReduce), 100 * reduced * 2 * m / n) << what;
+      EXPECT_EQ(sent(CollectiveOp::kAllGather), 10 * n * elem * m / n) << what;
+      EXPECT_EQ(sent(CollectiveOp::kBroadcast), 7 * elem) << what;
+    }
   }
 }
 
@@ -373,9 +389,10 @@ TEST(Communicator, StagingBytesOfEachCollective) {
 
 // A provided buffer is where the staging happens: after a bf16 reduction, its front holds this
 // rank's fp32 sums (where MPI_IN_PLACE leaves them). After clear_staging_buffer it is no longer
-// touched, and the communicator stages in its own memory again.
+// touched, and the communicator stages in its own memory again. Over MPI: shared memory stages
+// in its window.
 TEST(Communicator, ProvidedStagingBufferIsWhereReductionsStage) {
-  auto comm = make_mpi_communicator();
+  auto comm = make_mpi_communicator(INT_MAX, CpuTransport::kMpi);
   const int rank = comm->rank(), n = comm->world_size();
   const size_t count = 1001;
   const DType dtype = DType::kBFloat16;

@@ -37,5 +37,53 @@ TEST(TypedAccumulate, Fp32MatchesTheFp32Kernel) {
   EXPECT_EQ(a, typed);
 }
 
+// Values whose fp32 sums depend on the order of the additions (1e8 + 1 - 1e8 is 0 left to
+// right, 1 in any order that cancels first), so a kernel adding in another order fails.
+float order_sensitive_value(size_t source, size_t i) {
+  const float big = 1e8f * static_cast<float>(1 + i % 3);
+  switch (source % 3) {
+    case 0:
+      return big;
+    case 1:
+      return 0.37f * static_cast<float>(i % 101) - 9.0f;
+    default:
+      return -big;
+  }
+}
+
+TEST(SumInOrder, AddsSourcesLeftToRightInFp32AndRoundsOnce) {
+  for (bool scalar : {false, true}) {
+    force_scalar_for_testing(scalar);
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+      const size_t elem = dtype_size(dtype);
+      for (size_t sources : {size_t{1}, size_t{2}, size_t{3}, size_t{4}}) {
+        for (size_t n : {size_t{0}, size_t{1}, size_t{17}, size_t{70001}}) {
+          std::vector<std::vector<unsigned char>> src(sources,
+                                                      std::vector<unsigned char>(n * elem));
+          std::vector<const void*> pointers;
+          for (size_t k = 0; k < sources; ++k) {
+            for (size_t i = 0; i < n; ++i) {
+              store_from_float(src[k].data(), dtype, i, order_sensitive_value(k, i));
+            }
+            pointers.push_back(src[k].data());
+          }
+          std::vector<unsigned char> expected(n * elem);
+          for (size_t i = 0; i < n; ++i) {
+            float sum = load_as_float(src[0].data(), dtype, i);
+            for (size_t k = 1; k < sources; ++k) sum += load_as_float(src[k].data(), dtype, i);
+            store_from_float(expected.data(), dtype, i, sum);
+          }
+          // dst is the last source: the kernel must read every source before it writes.
+          void* dst = src.back().data();
+          sum_in_order(dst, pointers.data(), sources, dtype, n, KernelOptions{2});
+          EXPECT_EQ(src.back(), expected)
+              << dtype_name(dtype) << " sources=" << sources << " n=" << n << " scalar=" << scalar;
+        }
+      }
+    }
+  }
+  force_scalar_for_testing(false);
+}
+
 }  // namespace
 }  // namespace zero::kernels

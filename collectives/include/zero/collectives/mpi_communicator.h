@@ -38,13 +38,27 @@ class MpiSession {
 size_t mpi_staging_bytes(CollectiveOp op, size_t count, DType dtype, int world_size,
                          size_t max_elements_per_call = static_cast<size_t>(INT_MAX));
 
+// How the CPU communicator moves reduce-scatter, all-gather and all-reduce between its ranks
+// (broadcast, barrier and the desync check always go through MPI).
+enum class CpuTransport {
+  // ZERO_COLLECTIVES in the environment: "mpi" or "shm" as below; unset, empty or "auto":
+  // shared memory when every rank is on one node, else MPI. Jobs spanning nodes use MPI alone
+  // (there is no hierarchical path yet).
+  kFromEnvironment,
+  kMpi,           // MPI calls only: jobs spanning nodes, and comparisons
+  kSharedMemory,  // an MPI-3 shared window (shm_transport.h); an error unless on one node
+};
+
 // Creates the MPI communicator over MPI_COMM_WORLD (duplicated, so our traffic never matches a
 // user's). Timeout from the environment ZERO_COLLECTIVE_TIMEOUT_S when set, else 300 s.
+// Collective: every rank creates it together (it may allocate a shared window).
 std::unique_ptr<Communicator> make_mpi_communicator();
 
 // Same, with every MPI call limited to `max_elements_per_call` elements (1 to INT_MAX; the
 // default is INT_MAX, the most an MPI count can hold): longer collectives are split into
-// pieces. Tests pass a small limit to exercise the split path without gigabyte buffers.
-std::unique_ptr<Communicator> make_mpi_communicator(size_t max_elements_per_call);
+// pieces. Tests pass a small limit to exercise the split path without gigabyte buffers. The
+// shared-memory path has no such limit (it works in chunks of its own).
+std::unique_ptr<Communicator> make_mpi_communicator(
+    size_t max_elements_per_call, CpuTransport transport = CpuTransport::kFromEnvironment);
 
 }  // namespace zero

@@ -60,6 +60,13 @@ void accumulate(float* dst, const float* src, size_t n, const KernelOptions& opt
 // The same for any dtype: each 16-bit sum is computed in fp32 and rounded once.
 void accumulate(void* dst, const void* src, DType dtype, size_t n, const KernelOptions& opt = {});
 
+// dst[i] = srcs[0][i] + srcs[1][i] + ... + srcs[sources - 1][i], added in that order in fp32
+// and rounded once to dtype (every source and dst are of dtype): the reduction of a collective
+// over shared memory, whose result must not depend on which rank arrives first. dst may be one
+// of the sources.
+void sum_in_order(void* dst, const void* const* srcs, size_t sources, DType dtype, size_t n,
+                  const KernelOptions& opt = {});
+
 // x[i] *= alpha.
 void scale(void* x, DType dtype, float alpha, size_t n, const KernelOptions& opt = {});
 

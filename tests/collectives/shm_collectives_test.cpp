@@ -1,0 +1,181 @@
+// The shared-memory path of the CPU communicator (collectives/shm_transport.h) on 1-4 ranks:
+// its results against a scalar reference that adds the ranks in order 0, 1, ..., N-1 in fp32
+// and rounds once, bit for bit, for every reduction and dtype, in place or not, at odd sizes
+// and at sizes that span several of its chunks; at 2 ranks also against the MPI path (a + b
+// commutes, so MPI's order cannot differ). And how the path is chosen.
+//
+// The inputs are chosen so that the order of the additions shows: ranks contribute values of
+// very different magnitudes and signs, so adding them in any other order changes the bits.
+#include <gtest/gtest.h>
+
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tests/expect_error.h"
+#include "zero/collectives/mpi_communicator.h"
+#include "zero/core/check.h"
+
+namespace zero {
+namespace {
+
+// Rank r's element i, before rounding to the dtype: a fraction in [0.5, 1.5) times a scale that
+// cycles through large, tiny, negative large and small over the ranks: even 16-bit inputs then
+// span more bits than fp32 holds, so their sums round differently in another order.
+float value(int rank, size_t i) {
+  const float scales[] = {3.0e4f, 3.0e-3f, -2.9e4f, 1.0f};
+  const uint64_t hash = (i * 2654435761u + static_cast<uint64_t>(rank) * 40503u) % 1000003u;
+  return scales[rank % 4] * (0.5f + static_cast<float>(hash) / 1000003.0f);
+}
+
+using Bytes = std::vector<unsigned char>;
+
+// n elements of value(rank, first + i) rounded to dtype.
+Bytes contribution(int rank, size_t first, size_t n, DType dtype) {
+  Bytes out(n * dtype_size(dtype));
+  for (size_t i = 0; i < n; ++i) store_from_float(out.data(), dtype, i, value(rank, first + i));
+  return out;
+}
+
+// The fixed-order sum of elements [first, first + n) over `ranks` ranks: each rank's element as
+// rounded to dtype, added in rank order in fp32, rounded once.
+Bytes reference_sum(int ranks, size_t first, size_t n, DType dtype) {
+  Bytes out(n * dtype_size(dtype));
+  std::vector<Bytes> all;
+  for (int r = 0; r < ranks; ++r) all.push_back(contribution(r, first, n, dtype));
+  for (size_t i = 0; i < n; ++i) {
+    float sum = load_as_float(all[0].data(), dtype, i);
+    for (int r = 1; r < ranks; ++r)
+      sum += load_as_float(all[static_cast<size_t>(r)].data(), dtype, i);
+    store_from_float(out.data(), dtype, i, sum);
+  }
+  return out;
+}
+
+// Odd sizes, and sizes past one chunk (a 256 KiB slot holds 32768 fp32 elements of an
+// all-reduce, or of each of 2 ranks' reduce-scatter blocks) that end inside a later one.
+const size_t kCounts[] = {1, 7, 63, 65, 1001, 131073, 300007};
+
+class ShmTest : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    dtype = GetParam();
+    comm = make_mpi_communicator(INT_MAX, CpuTransport::kSharedMemory);
+    mpi = make_mpi_communicator(INT_MAX, CpuTransport::kMpi);
+    rank = comm->rank();
+    n = comm->world_size();
+  }
+  size_t elem() const { return dtype_size(dtype); }
+
+  DType dtype = DType::kFloat32;
+  std::unique_ptr<Communicator> comm, mpi;
+  int rank = 0;
+  int n = 1;
+};
+
+TEST_P(ShmTest, ReduceScatterAddsRanksInOrder) {
+  for (size_t count : kCounts) {
+    const Bytes send = contribution(rank, 0, count * n, dtype);
+    const Bytes expected = reference_sum(n, rank * count, count, dtype);
+    Bytes recv(count * elem()), in_place = send;
+    comm->reduce_scatter_sync(send.data(), recv.data(), count, dtype);
+    EXPECT_TRUE(recv == expected) << "count " << count;
+    comm->reduce_scatter_sync(in_place.data(), in_place.data() + rank * count * elem(), count,
+                              dtype);
+    EXPECT_EQ(
+        0, std::memcmp(in_place.data() + rank * count * elem(), expected.data(), expected.size()))
+        << "in place, count " << count;
+    if (n <= 2) {
+      Bytes over_mpi(count * elem());
+      mpi->reduce_scatter_sync(send.data(), over_mpi.data(), count, dtype);
+      EXPECT_TRUE(recv == over_mpi) << "against MPI, count " << count;
+    }
+  }
+}
+
+TEST_P(ShmTest, AllReduceAddsRanksInOrder) {
+  for (size_t count : kCounts) {
+    const Bytes send = contribution(rank, 0, count, dtype);
+    const Bytes expected = reference_sum(n, 0, count, dtype);
+    Bytes recv(count * elem()), in_place = send;
+    comm->all_reduce_sync(send.data(), recv.data(), count, dtype);
+    EXPECT_TRUE(recv == expected) << "count " << count;
+    comm->all_reduce_sync(in_place.data(), in_place.data(), count, dtype);
+    EXPECT_TRUE(in_place == expected) << "in place, count " << count;
+    if (n <= 2) {
+      Bytes over_mpi(count * elem());
+      mpi->all_reduce_sync(send.data(), over_mpi.data(), count, dtype);
+      EXPECT_TRUE(recv == over_mpi) << "against MPI, count " << count;
+    }
+  }
+}
+
+TEST_P(ShmTest, AllGatherCopiesEveryRankExactly) {
+  for (size_t count : kCounts) {
+    Bytes expected;
+    for (int r = 0; r < n; ++r) {
+      const Bytes part = contribution(r, 0, count, dtype);
+      expected.insert(expected.end(), part.begin(), part.end());
+    }
+    const Bytes send = contribution(rank, 0, count, dtype);
+    Bytes recv(count * n * elem()), in_place(count * n * elem(), 0xab);
+    comm->all_gather_sync(send.data(), recv.data(), count, dtype);
+    EXPECT_TRUE(recv == expected) << "count " << count;
+    std::memcpy(in_place.data() + rank * count * elem(), send.data(), send.size());
+    comm->all_gather_sync(in_place.data() + rank * count * elem(), in_place.data(), count, dtype);
+    EXPECT_TRUE(in_place == expected) << "in place, count " << count;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllDtypes, ShmTest,
+                         ::testing::Values(DType::kFloat32, DType::kBFloat16, DType::kFloat16),
+                         [](const ::testing::TestParamInfo<DType>& param) {
+                           return std::string(dtype_name(param.param));
+                         });
+
+// Elements of the reductions' wire type in the counters of a bf16 reduce-scatter of 10 elements
+// per rank: 4 bytes each over MPI (fp32), 2 over shared memory (bf16 as it is).
+uint64_t bf16_reduce_scatter_element_bytes(Communicator& comm) {
+  const uint64_t n = static_cast<uint64_t>(comm.world_size());
+  if (n == 1) return 0;  // a single rank sends nothing either way
+  std::vector<uint16_t> a(10 * n), b(10);
+  const uint64_t before = comm.counters().total_bytes();
+  comm.reduce_scatter_sync(a.data(), b.data(), 10, DType::kBFloat16);
+  return (comm.counters().total_bytes() - before) / (10 * (n - 1));
+}
+
+// Every rank of these tests is on one node, so the communicator picks shared memory by itself;
+// ZERO_COLLECTIVES=mpi forces MPI, =shm asks for shared memory, anything else is an error. The
+// path shows in the counters (bf16 reductions: 4 bytes an element over MPI, 2 over shm).
+TEST(Communicator, TransportFollowsTheEnvironment) {
+  const char* saved = std::getenv("ZERO_COLLECTIVES");
+  const std::string restore = saved ? saved : "";
+  const uint64_t one_rank = 0;
+  const bool alone = make_mpi_communicator()->world_size() == 1;
+  unsetenv("ZERO_COLLECTIVES");
+  EXPECT_EQ(bf16_reduce_scatter_element_bytes(*make_mpi_communicator()), alone ? one_rank : 2);
+  const std::pair<const char*, uint64_t> settings[] = {
+      {"auto", 2}, {"", 2}, {"shm", 2}, {"mpi", 4}};
+  for (const auto& [setting, bytes] : settings) {
+    setenv("ZERO_COLLECTIVES", setting, 1);
+    EXPECT_EQ(bf16_reduce_scatter_element_bytes(*make_mpi_communicator()), alone ? one_rank : bytes)
+        << "ZERO_COLLECTIVES=" << setting;
+  }
+  // An explicit transport wins over the environment.
+  EXPECT_EQ(bf16_reduce_scatter_element_bytes(
+                *make_mpi_communicator(INT_MAX, CpuTransport::kSharedMemory)),
+            alone ? one_rank : 2);
+  setenv("ZERO_COLLECTIVES", "nccl", 1);
+  testing::expect_error_naming([] { make_mpi_communicator(); }, "ZERO_COLLECTIVES must be");
+  if (saved) {
+    setenv("ZERO_COLLECTIVES", restore.c_str(), 1);
+  } else {
+    unsetenv("ZERO_COLLECTIVES");
+  }
+}
+
+}  // namespace
+}  // namespace zero
