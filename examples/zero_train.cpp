@@ -126,6 +126,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
   }
   const uint64_t state_bytes = max_over_ranks(host, engine.model_state_bytes());
   const uint64_t buffer_bytes = max_over_ranks(host, engine.buffer_bytes());
+  const uint64_t nvme_bytes = max_over_ranks(host, engine.nvme_bytes());
   // The resident memory a rank should peak at: its start, the engine's plan, and the task's
   // activations and batch data. The step records put the measured peak beside it.
   const uint64_t baseline_resident_max = max_over_ranks(host, baseline_resident);
@@ -146,6 +147,11 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
         tc.train_batch_size, per_slice.c_str(), micro_batches, world);
     std::printf("memory on rank 0 at start:\n%s%s", engine.allocator().summary().c_str(),
                 task.activation_summary(per_micro_batch).c_str());
+    if (nvme_bytes > 0) {
+      std::printf("nvme per rank: %s of optimizer state under %s\n",
+                  zero::human_bytes(nvme_bytes).c_str(),
+                  config.offload_optimizer.nvme_path.c_str());
+    }
     std::fflush(stdout);
     JsonRecord init{{"event", "init"},
                     {"world_size", world},
@@ -156,6 +162,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
                     {"units", engine.layout().units().size()},
                     {"model_state_bytes", state_bytes},
                     {"buffer_bytes", buffer_bytes},
+                    {"nvme_bytes", nvme_bytes},
                     {"baseline_resident_bytes", baseline_resident_max},
                     {"planned_resident_bytes", planned_resident}};
     init.update(task.model_record());

@@ -173,6 +173,9 @@ void read_zero_optimization(const config::ZeroOptimization& zero, const Checker&
     e.allgather_bucket_elements = static_cast<size_t>(check.integer(
         "zero_optimization.allgather_bucket_size", zero.allgather_bucket_size(), 1, max_elements));
   }
+  // DeepSpeed's default of 1e9: for memory-resident state it changes only how the update is
+  // cut into passes (not its result); with NVMe offload it is the unit of I/O.
+  e.optimizer_sub_group_elements = 1000000000;
   if (zero.has_sub_group_size()) {
     e.optimizer_sub_group_elements = static_cast<size_t>(
         check.integer("zero_optimization.sub_group_size", zero.sub_group_size(), 1, max_elements));
@@ -272,8 +275,8 @@ void read_ignored_keys(const config::TrainingConfig& c, std::vector<std::string>
   if (c.zero_optimization().has_round_robin_gradients()) {
     ignored->push_back(
         "zero_optimization.round_robin_gradients is ignored: it orders "
-        "gradient copies to CPU offload, which this runtime does not do; "
-        "results are the same");
+        "gradient copies to a GPU run's host-side optimizer, which the CPU path does not "
+        "make; results are the same");
   }
 }
 
@@ -291,6 +294,7 @@ TrainingConfig interpret(const config::TrainingConfig& c, int world_size, const 
   read_communication(c, check, &e);
   read_zero_optimization(c.zero_optimization(), check, &out);
   read_data_types(c.data_types(), check, &e);
+  read_offload(c, check, &out);
   out.wall_clock_breakdown = c.wall_clock_breakdown();
   out.override_optimizer = c.checkpoint().override_optimizer();
   read_activation_checkpointing(c.activation_checkpointing(), check, &out.activation_checkpointing);

@@ -61,7 +61,7 @@ std::string shorten_echo(const std::string& message, const std::string& marker) 
 // own message so that a user does not hunt for a typo in a key DeepSpeed itself accepts.
 const std::set<std::string>& unsupported_deepspeed_keys() {
   static const std::set<std::string> keys = {
-      "aio",
+      "aio.use_gds",
       "amp",
       "autotuning",
       "comms_logger",
@@ -98,8 +98,8 @@ const std::set<std::string>& unsupported_deepspeed_keys() {
       "zero_optimization.memory_efficient_linear",
       "zero_optimization.mics_hierarchical_params_gather",
       "zero_optimization.mics_shard_size",
-      "zero_optimization.offload_optimizer",
-      "zero_optimization.offload_param",
+      "zero_optimization.offload_optimizer.ratio",
+      "zero_optimization.offload_optimizer.super_offload",
       "zero_optimization.stage3_gather_fp16_weights_on_model_save",
       "zero_optimization.zero_hpz_partition_size",
       "zero_optimization.zero_quantized_gradients",

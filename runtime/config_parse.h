@@ -3,6 +3,7 @@
 //                         hints for unknown keys); JSON "auto" values are set aside
 //   config_auto.cpp       resolve_auto(): those "auto" keys filled in from the run
 //   config_sections.cpp   the optimizer and scheduler sections -> OptimizerConfig, LrScheduleConfig
+//   config_offload.cpp    offload_optimizer, offload_param and aio -> EngineConfig
 //   config.cpp            the message -> TrainingConfig, a reader per section, and
 //                         DeepSpeed's batch-size rule
 // Every problem is a ConfigError naming the key; the first one found stops the parse.
@@ -98,5 +99,7 @@ class Checker {
 void read_optimizer(const config::Optimizer& section, const Checker& check, OptimizerConfig* out);
 void read_scheduler(const config::Scheduler& section, float optimizer_lr, const Checker& check,
                     LrScheduleConfig* out);
+// offload_optimizer, offload_param and aio (config_offload.cpp); after the stage is read.
+void read_offload(const config::TrainingConfig& c, const Checker& check, TrainingConfig* out);
 
 }  // namespace zero::config_internal

@@ -59,7 +59,9 @@ Engine::Impl::Impl(Communicator& c, const std::vector<ParamDecl>& decls, const E
   } catch (const OutOfMemoryError& e) {
     throw OutOfMemoryError(std::string(e.what()) + what_would_fit());
   }
+  sub_groups = plan_sub_groups();
   initialize(decls);
+  if (offloads_optimizer_to_nvme(config)) open_offload(decls);
 }
 
 EngineConfig Engine::Impl::validated(const EngineConfig& c, Communicator& comm) {
@@ -90,6 +92,25 @@ EngineConfig Engine::Impl::validated(const EngineConfig& c, Communicator& comm) 
   ZERO_CHECK(c.gradient_predivide_factor > 0.0f,
              "gradient_predivide_factor must be > 0, got " << c.gradient_predivide_factor);
   ZERO_CHECK(c.kernel_threads >= 1, "kernel threads must be at least 1, got " << c.kernel_threads);
+  if (offloads_optimizer_to_nvme(c)) {
+    ZERO_CHECK(!c.device.is_cuda(), "optimizer offload to nvme is not supported yet on "
+                                        << device_name(c.device) << "; it runs on the CPU path");
+    ZERO_CHECK(c.stage >= 1, "optimizer offload to nvme needs ZeRO stage 1, 2 or 3, not stage "
+                                 << c.stage << " (there is no partitioned optimizer to move)");
+    const int needed = 1 + (c.offload_optimizer.pipeline_read ? 1 : 0) +
+                       (c.offload_optimizer.pipeline_write ? 1 : 0);
+    ZERO_CHECK(c.offload_optimizer.buffer_count >= needed,
+               "optimizer offload to nvme needs at least "
+                   << needed << " staging buffers with these pipeline settings, got buffer_count "
+                   << c.offload_optimizer.buffer_count);
+    ZERO_CHECK(c.aio.block_size >= kNvmeAlignment && c.aio.block_size % kNvmeAlignment == 0 &&
+                   c.aio.queue_depth >= 1 && c.aio.intra_op_parallelism >= 1,
+               "aio needs a block_size that is a multiple of "
+                   << kNvmeAlignment
+                   << " and a queue_depth and intra_op_parallelism of at least 1");
+  }
+  ZERO_CHECK(c.offload_param.device != OffloadDevice::kNvme,
+             "parameter offload to nvme is not supported yet (offload_param device nvme)");
   ZERO_CHECK(!c.grad_accum_dtype || *c.grad_accum_dtype == DType::kFloat32 ||
                  *c.grad_accum_dtype == c.dtype,
              "gradients accumulate in fp32 or in the working dtype ("
@@ -336,6 +357,9 @@ uint64_t Engine::model_state_bytes() const {
 }
 uint64_t Engine::buffer_bytes() const {
   return impl_->allocator.stats().buffers();
+}
+uint64_t Engine::nvme_bytes() const {
+  return impl_->offload && impl_->offload->file ? impl_->offload->file->bytes() : 0;
 }
 std::vector<std::vector<float>> Engine::gather_full_params() {
   return impl_->gather_full_params();

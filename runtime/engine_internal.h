@@ -5,6 +5,8 @@
 //   engine_schedule.cpp  the primitives: gather, prefetch, release, grads_ready, reductions
 //   engine_step.cpp      step(): reduce, norm and overflow, update, post-step all-gathers
 //   engine_state.cpp     checkpoint access: state views, state_loaded, full parameters
+//   engine_offload.cpp   optimizer state on NVMe: the file's records, the streamed update, and
+//                        the records read and written for checkpoint access
 #pragma once
 
 #include <atomic>
@@ -16,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "nvme_store.h"
 #include "zero/runtime/engine.h"
 #include "zero/runtime/trace.h"
 
@@ -155,6 +158,49 @@ struct DecayRun {
 struct FrozenView {
   Buffer master;
   Buffer state[2];
+};
+
+// A run of one unit's owned elements [begin, begin + count) (offsets in the rank's slice) that
+// one optimizer pass updates with one weight decay.
+struct Piece {
+  size_t unit = 0;
+  size_t begin = 0;
+  size_t count = 0;
+  float weight_decay = 0.0f;
+};
+
+// With optimizer state on NVMe, the rank's file is one record per sub-group: the sub-group's
+// elements (the trainable units' owned slices, concatenated in unit order, cut every
+// sub_group_size elements, exactly as the update's passes are cut) of each offloaded array (the
+// fp32 master when the working dtype is not fp32, then each optimizer state array), each array
+// padded to kNvmeAlignment so a record is read and written whole with O_DIRECT.
+struct NvmeRecords {
+  struct Record {
+    uint64_t offset = 0;     // in the file
+    size_t numel = 0;        // elements of the sub-group
+    size_t array_bytes = 0;  // one array's bytes in the record (aligned); arrays follow each other
+  };
+  std::vector<Record> records;
+  int arrays = 0;              // offloaded arrays per element
+  bool master = false;         // whether array 0 is the master
+  uint64_t file_bytes = 0;     // the rank's file
+  size_t slot_bytes = 0;       // one staging buffer: the largest record
+  uint64_t staging_bytes = 0;  // buffer_count slots and the slack to align them
+};
+bool offloads_optimizer_to_nvme(const EngineConfig& config);
+// The records for `layout` (every rank's are the same: shards are equal).
+NvmeRecords nvme_records(const Layout& layout, const EngineConfig& config, int state_arrays);
+
+// The engine's NVMe-offloaded optimizer state.
+struct OffloadedOptimizer {
+  NvmeRecords layout;
+  std::vector<size_t> unit_first;  // unit -> first element of its owned slice in the sub-groups
+  Buffer staging_memory;           // buffer_count slots (and alignment slack)
+  char* slots = nullptr;           // the first aligned slot
+  std::unique_ptr<NvmeFile> file;  // after the buffers: destroyed first, ending its transfers
+  int cached = -1;                 // the record slot 0 holds for checkpoint access (-1: none)
+  // state_view() copies of units' arrays, which state_loaded() writes back into the records.
+  std::map<int, std::vector<Buffer>> views;
 };
 
 inline char* byte_offset(void* p, size_t bytes) {
@@ -355,6 +401,24 @@ struct Engine::Impl {
   // the weight decay changes. Frozen units are left out.
   void update(float lr, float grad_scale);
 
+  // The passes of update(): each a list of pieces of at most sub_group_size elements in all.
+  std::vector<std::vector<Piece>> plan_sub_groups() const;
+
+  // The piece's update with its master and state arrays at `master` and `state` (null master:
+  // the working parameters are the master).
+  ShardUpdate piece_update(const Piece& piece, float* master, float* const* state);
+
+  // NVMe offload (engine_offload.cpp): creates the file and writes the initial master into it;
+  // update() with the sub-groups streamed through the staging buffers (read k + 1 and write
+  // k - 1 while k is stepped, as pipeline_read and pipeline_write ask); and the unit's arrays
+  // read out of and written back into the records for checkpoints.
+  void open_offload(const std::vector<ParamDecl>& decls);
+  void update_offloaded(float grad_scale);
+  Engine::StateView offloaded_state_view(int u);
+  void write_back_offloaded_views();
+  // Reads record k into slot 0 (kept there for the next unit of the same record).
+  char* cached_record(int k);
+
   // Brings every rank's updated slice back into the full parameters (stages 1-2, and stage
   // 3's persistent units); the next forward's gather(u) waits for unit u only, so the
   // all-gathers overlap with the forward. Frozen units only `with_frozen` (after a load):
@@ -439,6 +503,8 @@ struct Engine::Impl {
   std::map<int, FrozenView> frozen_views;  // state_view() of frozen units, by unit
   std::vector<std::vector<DecayRun>> decay_runs;  // per unit
   std::vector<UnitState> units;
+  std::vector<std::vector<Piece>> sub_groups;   // update()'s passes
+  std::unique_ptr<OffloadedOptimizer> offload;  // optimizer state on NVMe, if offloaded
   size_t live = 0;  // elements of non-persistent stage-3 units gathered now
   // Communication figures of the step in progress (StepStats). Busy time is added by markers
   // on the communication stream, hence shared with its closures and atomic.

@@ -11,6 +11,7 @@ Engine::StateView Engine::Impl::state_view(int u) {
   // A post-step all-gather or a prefetch may still be reading these arrays.
   device->wait(comm.stream().record());
   if (!layout.units()[u].trainable) return frozen_state_view(u);
+  if (offload) return offloaded_state_view(u);
   UnitState& s = units[u];
   Engine::StateView view;
   view.begin = owned_begin(u);
@@ -65,8 +66,9 @@ void Engine::Impl::state_loaded() {
   for (const auto& [data, copy] : host_state)
     device->copy_from_host(data, copy.data(), copy.bytes());
   host_state.clear();
+  if (offload) write_back_offloaded_views();
   for (size_t u = 0; u < units.size(); ++u) {
-    if (config.dtype != DType::kFloat32 && layout.units()[u].trainable) {
+    if (config.dtype != DType::kFloat32 && layout.units()[u].trainable && !offload) {
       device->cast(units[u].master.data(), DType::kFloat32, owned_params(u), config.dtype,
                    owned_numel(u));
     }
@@ -86,6 +88,7 @@ void Engine::Impl::state_loaded() {
 
 void Engine::Impl::release_state_views() {
   host_state.clear();
+  if (offload) offload->views.clear();
   frozen_views.clear();
 }
 
@@ -118,15 +121,18 @@ std::vector<std::vector<float>> Engine::Impl::gather_full_master() {
     const Unit& unit = layout.units()[u];
     if (!unit.trainable) continue;
     std::vector<float> full(unit.numel);
+    // Offloaded: the master comes out of the records, into a host copy the gather reads.
+    float* master =
+        offload ? offloaded_state_view(static_cast<int>(u)).master : units[u].master.as<float>();
     if (config.stage == 0) {
-      device->copy_to_host(full.data(), units[u].master.data(), unit.numel * sizeof(float));
+      device->copy_to_host(full.data(), master, unit.numel * sizeof(float));
     } else {
       Buffer gathered = allocator.allocate(unit.numel * sizeof(float), MemoryCategory::kOther);
       comm.stream().wait(device->record());
-      device->wait(
-          comm.all_gather(units[u].master.data(), gathered.data(), unit.shard, DType::kFloat32));
+      device->wait(comm.all_gather(master, gathered.data(), unit.shard, DType::kFloat32));
       device->copy_to_host(full.data(), gathered.data(), unit.numel * sizeof(float));
     }
+    if (offload) offload->views.erase(static_cast<int>(u));
     for (int p : unit.params) {
       const ParamPlacement& pl = layout.params()[p];
       out[p].assign(full.begin() + static_cast<ptrdiff_t>(pl.offset),

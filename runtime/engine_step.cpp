@@ -110,24 +110,52 @@ bool Engine::Impl::skip_step(const GradientCheck& check) {
 
 // Fused AdamW (or SGD) over what each rank owns, in passes of at most sub_group_size
 // elements (DeepSpeed's bound on what one optimizer pass touches); each unit's slice may be
-// cut into several pieces, which the element-wise update does not notice.
+// cut into several pieces, which the element-wise update does not notice. NVMe-offloaded state
+// goes through the same passes and pieces, streamed (engine_offload.cpp).
 void Engine::Impl::update(float lr, float grad_scale) {
   optimizer.begin_step(lr);
-  const bool separate_master = config.dtype != DType::kFloat32;
-  const size_t limit = config.optimizer_sub_group_elements;
-  std::vector<ShardUpdate> group;
-  size_t group_numel = 0;
   ScopedSpan optimizer_span(trace, "optimizer");
-  const auto flush = [&] {
-    if (!group.empty())
-      device->apply_optimizer(optimizer, group, accum_dtype, grad_scale, config.dtype);
+  if (offload) {
+    update_offloaded(grad_scale);
+    return;
+  }
+  const bool separate_master = config.dtype != DType::kFloat32;
+  std::vector<ShardUpdate> group;
+  for (const std::vector<Piece>& pieces : sub_groups) {
     group.clear();
-    group_numel = 0;
-  };
+    for (const Piece& piece : pieces) {
+      UnitState& s = units[piece.unit];
+      float* state[2] = {s.state[0].as<float>(), s.state[1].as<float>()};
+      for (float*& array : state) {
+        if (array != nullptr) array += piece.begin;
+      }
+      float* master = separate_master ? s.master.as<float>() + piece.begin : nullptr;
+      group.push_back(piece_update(piece, master, state));
+    }
+    device->apply_optimizer(optimizer, group, accum_dtype, grad_scale, config.dtype);
+  }
+}
+
+ShardUpdate Engine::Impl::piece_update(const Piece& piece, float* master, float* const* state) {
+  void* working = owned_params(piece.unit);
+  ShardUpdate update;
+  update.shard.n = piece.count;
+  update.shard.master = master != nullptr ? master : static_cast<float*>(working) + piece.begin;
+  for (int k = 0; k < optimizer.state_count(); ++k) update.shard.state[k] = state[k];
+  update.grad = byte_offset(owned_grads(piece.unit), piece.begin * accum);
+  update.param_out = master != nullptr ? byte_offset(working, piece.begin * elem) : nullptr;
+  update.weight_decay = piece.weight_decay;
+  return update;
+}
+
+// Each unit's slice is cut where its weight decay changes and where a pass reaches
+// sub_group_size elements; frozen units are left out.
+std::vector<std::vector<Piece>> Engine::Impl::plan_sub_groups() const {
+  const size_t limit = config.optimizer_sub_group_elements;
+  std::vector<std::vector<Piece>> groups(1);
+  size_t group_numel = 0;
   for (size_t u = 0; u < units.size(); ++u) {
     if (!layout.units()[u].trainable) continue;
-    UnitState& s = units[u];
-    void* working = owned_params(u);
     const size_t n = owned_numel(u);
     const size_t first = owned_begin(u);
     const std::vector<DecayRun>& runs = decay_runs[u];
@@ -138,23 +166,17 @@ void Engine::Impl::update(float lr, float grad_scale) {
       const size_t run_end = run + 1 < runs.size() ? runs[run + 1].begin - first : n;
       const size_t room = limit == 0 ? n : limit - group_numel;
       const size_t count = std::min({n - begin, room, run_end - begin});
-      ShardUpdate piece;
-      piece.shard.n = count;
-      piece.shard.master =
-          separate_master ? s.master.as<float>() + begin : static_cast<float*>(working) + begin;
-      for (int k = 0; k < optimizer.state_count(); ++k) {
-        piece.shard.state[k] = s.state[k].as<float>() + begin;
-      }
-      piece.grad = byte_offset(owned_grads(u), begin * accum);
-      piece.param_out = separate_master ? byte_offset(working, begin * elem) : nullptr;
-      piece.weight_decay = runs[run].weight_decay;
-      group.push_back(piece);
+      groups.back().push_back(Piece{u, begin, count, runs[run].weight_decay});
       group_numel += count;
       begin += count;
-      if (limit != 0 && group_numel == limit) flush();
+      if (limit != 0 && group_numel == limit) {
+        groups.emplace_back();
+        group_numel = 0;
+      }
     }
   }
-  flush();
+  if (groups.back().empty()) groups.pop_back();
+  return groups;
 }
 
 // Brings every rank's updated slice back into the full parameters (stages 1-2, and stage

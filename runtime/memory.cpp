@@ -72,6 +72,8 @@ const char* memory_category_name(MemoryCategory c) {
       return "activation";
     case MemoryCategory::kOther:
       return "other";
+    case MemoryCategory::kNvmeStaging:
+      return "nvme-staging";
   }
   return "?";
 }
@@ -92,7 +94,8 @@ uint64_t MemoryStats::model_state() const {
 
 uint64_t MemoryStats::buffers() const {
   return current[index_of(MemoryCategory::kCommBuffer)] +
-         current[index_of(MemoryCategory::kPrefetch)];
+         current[index_of(MemoryCategory::kPrefetch)] +
+         current[index_of(MemoryCategory::kNvmeStaging)];
 }
 
 Buffer::~Buffer() {

@@ -147,11 +147,13 @@ UnitBytes unit_bytes(const Unit& unit, const EngineConfig& config, int state_arr
   if (config.stage <= 2 || is_persistent(unit, config)) b.params_full = full * w;
   if (config.stage == 3) b.params_shard = shard * w;
   if (!unit.trainable) return b;  // frozen: its working parameters are all it holds
-  if (config.dtype != DType::kFloat32) b.master = owned * sizeof(float);
+  // Offloaded to NVMe, the master and optimizer state are in the rank's file, not in memory.
+  const bool on_nvme = offloads_optimizer_to_nvme(config);
+  if (config.dtype != DType::kFloat32 && !on_nvme) b.master = owned * sizeof(float);
   if (config.stage <= 1) b.grads_full = full * g;
   if (is_persistent(unit, config)) b.grads_full = full * w;  // backward adds into it directly
   if (config.stage >= 2) b.grads_shard = shard * g;
-  b.state = owned * sizeof(float);
+  b.state = on_nvme ? 0 : owned * sizeof(float);
   b.state_arrays = state_arrays;
   return b;
 }
@@ -185,6 +187,9 @@ MemoryPlan plan_memory(const Layout& layout, const EngineConfig& config) {
   if (needs_fp32_scratch(config)) plan.buffers += max_unit * sizeof(float);
   plan.buffers += fusion_bytes(layout, config);
   plan.buffers += planned_staging_bytes(layout, config);
+  const NvmeRecords records = nvme_records(layout, config, state_arrays);
+  plan.buffers += records.staging_bytes;
+  plan.nvme = records.file_bytes;
   return plan;
 }
 

@@ -9,6 +9,7 @@ packages=(
   protobuf-compiler libprotobuf-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev nlohmann-json3-dev
+  liburing-dev  # io_uring for NVMe offload
   gnuplot-nox python3
   clang libclang-rt-14-dev
   iproute2  # ip and tc, for the network namespaces of the multi-node tests

@@ -39,7 +39,10 @@ constexpr const char* kUsage =
     "  --model mlp instead of --params: plan the MLP's real layout (and its shape\n"
     "              flags --input-dim --hidden --output-dim --layers --merge-bytes)\n"
     "  --model gpt2 the same for the GPT-2: --preset tiny|gpt2-124M|gpt2-350M|gpt2-774M|\n"
-    "              gpt2-1.5B, then --n-layer --n-head --n-embd --vocab-size --block-size\n";
+    "              gpt2-1.5B, then --n-layer --n-head --n-embd --vocab-size --block-size\n"
+    "  with --model: --offload-optimizer none|nvme (the optimizer state on NVMe),\n"
+    "              --sub-group-size N (default 1e9) and --buffer-count N (default 4), as the\n"
+    "              config's offload_optimizer and sub_group_size; the nvme column is the file\n";
 
 struct Options {
   uint64_t params = 0;
@@ -50,6 +53,9 @@ struct Options {
   zero::models::MlpConfig mlp;
   zero::models::Gpt2Config gpt2;
   size_t merge_bytes = 32 * 1024;  // zero-train's default
+  bool offload_nvme = false;
+  size_t sub_group_size = 1000000000;  // DeepSpeed's default, as the config takes it
+  int buffer_count = 4;
 };
 
 using zero::driver::usage_error;
@@ -141,7 +147,8 @@ Options parse_options(const std::vector<std::string>& args) {
                             flag == "--output-dim" || flag == "--layers" ||
                             flag == "--merge-bytes" || flag == "--preset" || flag == "--n-layer" ||
                             flag == "--n-head" || flag == "--n-embd" || flag == "--vocab-size" ||
-                            flag == "--block-size";
+                            flag == "--block-size" || flag == "--offload-optimizer" ||
+                            flag == "--sub-group-size" || flag == "--buffer-count";
     if (flag != "--params" && flag != "--ranks" && flag != "--dtype" && flag != "--stage" &&
         !model_flag) {
       usage_error(flag.compare(0, 1, "-") == 0 ? "unknown option '" + flag + "'"
@@ -170,6 +177,15 @@ Options parse_options(const std::vector<std::string>& args) {
       if (!zero::models::gpt2_preset(value, &options.gpt2)) {
         usage_error("unknown --preset '" + value + "' (" + zero::models::gpt2_preset_names() + ")");
       }
+    } else if (flag == "--offload-optimizer") {
+      if (value != "none" && value != "nvme") {
+        usage_error("--offload-optimizer must be none or nvme, got '" + value + "'");
+      }
+      options.offload_nvme = value == "nvme";
+    } else if (flag == "--sub-group-size") {
+      options.sub_group_size = static_cast<size_t>(parse_whole(flag, value, 1, LONG_MAX));
+    } else if (flag == "--buffer-count") {
+      options.buffer_count = static_cast<int>(parse_whole(flag, value, 1, 1024));
     } else if (flag == "--merge-bytes") {
       options.merge_bytes = static_cast<size_t>(parse_whole(flag, value, 0, INT_MAX));
     } else {
@@ -214,20 +230,26 @@ int plan_model(const Options& options) {
   zero::EngineConfig config;
   config.dtype = options.dtype;
   config.merge_bytes = options.merge_bytes;
+  config.optimizer_sub_group_elements = options.sub_group_size;
+  config.offload_optimizer.buffer_count = options.buffer_count;
+  if (options.offload_nvme) config.offload_optimizer.device = zero::OffloadDevice::kNvme;
   const zero::Layout layout =
       zero::Layout::build(specs, zero::layout_options(config, options.ranks));
   std::printf("%s: %zu parameters (%zu padded) in %zu units, %d ranks, %s\n", options.model.c_str(),
               layout.numel(), layout.padded_numel(), layout.units().size(), options.ranks,
               zero::dtype_name(options.dtype));
-  std::printf("stage  model state bytes  buffer bytes  total bytes per rank\n");
+  std::printf("stage  model state bytes  buffer bytes  total bytes per rank  nvme bytes\n");
   for (int stage = 0; stage <= 3; ++stage) {
     if (options.stage && *options.stage != stage) continue;
+    // Stage 0 has no partitioned optimizer to offload (the engine refuses it).
+    if (options.offload_nvme && stage == 0) continue;
     config.stage = stage;
     const zero::MemoryPlan plan = zero::plan_memory(layout, config);
-    std::printf("%5d  %17llu  %12llu  %20llu\n", stage,
+    std::printf("%5d  %17llu  %12llu  %20llu  %10llu\n", stage,
                 static_cast<unsigned long long>(plan.model_state),
                 static_cast<unsigned long long>(plan.buffers),
-                static_cast<unsigned long long>(plan.model_state + plan.buffers));
+                static_cast<unsigned long long>(plan.model_state + plan.buffers),
+                static_cast<unsigned long long>(plan.nvme));
   }
   return 0;
 }

@@ -76,7 +76,8 @@ TEST(Config, HuggingFaceZero2Fp16File) {
   EXPECT_EQ(c.ignored_keys,
             std::vector<std::string>{
                 "zero_optimization.round_robin_gradients is ignored: it orders gradient copies "
-                "to CPU offload, which this runtime does not do; results are the same"});
+                "to a GPU run's host-side optimizer, which the CPU path does not make; results "
+                "are the same"});
   expect_engine_accepts(e);
 }
 

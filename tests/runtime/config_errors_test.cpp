@@ -39,12 +39,11 @@ const std::vector<BadConfig>& bad_configs() {
        R"(initial_scale_power, loss_scale_window, hysteresis, min_loss_scale)"},
       // DeepSpeed keys we lack say so instead of calling them typos.
       {R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
-          "offload_optimizer": {"device": "cpu"}}})",
-       R"("zero_optimization.offload_optimizer" in ds.json is a DeepSpeed option this runtime )"
-       R"(does not support yet)"},
-      {R"({"train_batch_size": 8, "zero_optimization": {"offload_param": {"device": "cpu"}}})",
-       R"("zero_optimization.offload_param" in ds.json is a DeepSpeed option this runtime does )"
-       R"(not support yet)"},
+          "offload_optimizer": {"device": "cpu", "ratio": 0.3}}})",
+       R"("zero_optimization.offload_optimizer.ratio" in ds.json is a DeepSpeed option this )"
+       R"(runtime does not support yet)"},
+      {R"({"train_batch_size": 8, "aio": {"use_gds": true}})",
+       R"("aio.use_gds" in ds.json is a DeepSpeed option this runtime does not support yet)"},
       {R"({"train_batch_size": 8, "checkpoint": {"tag_validation": "Warn"}})",
        R"("checkpoint.tag_validation" in ds.json is a DeepSpeed option this runtime does not )"
        R"(support yet)"},
@@ -260,8 +259,8 @@ TEST(Config, TextFormatErrorsSayWhere) {
   EXPECT_EQ(error_of("train_batch_size: 8\nzero_optimization {\n  stgae: 3\n}\n", 2, "ds.txt"),
             "unknown key \"zero_optimization.stgae\" in ds.txt at line 3, column 3; did you mean "
             "\"stage\"?");
-  EXPECT_EQ(error_of("train_batch_size: 8\nzero_optimization { offload_param { } }\n", 2, "ds.txt"),
-            "\"zero_optimization.offload_param\" in ds.txt at line 2, column 21 is a DeepSpeed "
+  EXPECT_EQ(error_of("train_batch_size: 8\naio { use_gds: true }\n", 2, "ds.txt"),
+            "\"aio.use_gds\" in ds.txt at line 2, column 7 is a DeepSpeed "
             "option this runtime does not support yet");
   EXPECT_EQ(error_of("train_batch_size: \"eight\"\n", 2, "ds.txt"),
             "cannot parse ds.txt at line 1, column 19 as protobuf text format: Expected integer, "

@@ -179,7 +179,9 @@ TEST(Config, AbsentKeysTakeTheDocumentedDefaults) {
   EXPECT_EQ(e.max_reuse_distance, 0u);
   EXPECT_EQ(e.reduce_bucket_elements, 0u);
   EXPECT_EQ(e.allgather_bucket_elements, 0u);
-  EXPECT_EQ(e.optimizer_sub_group_elements, 0u);
+  EXPECT_EQ(e.optimizer_sub_group_elements, 1000000000u);  // DeepSpeed's 1e9
+  EXPECT_EQ(e.offload_optimizer.device, OffloadDevice::kNone);
+  EXPECT_EQ(e.offload_param.device, OffloadDevice::kNone);
   EXPECT_FALSE(e.grad_accum_dtype.has_value());
   EXPECT_FALSE(c.wall_clock_breakdown);
   EXPECT_FALSE(c.gather_16bit_weights_on_model_save);
@@ -292,7 +294,8 @@ TEST(Config, HonouredAndIgnoredKeys) {
                 "zero_allow_untested_optimizer is ignored: every optimizer here is built into the "
                 "engine and runs at every stage",
                 "zero_optimization.round_robin_gradients is ignored: it orders gradient copies to "
-                "CPU offload, which this runtime does not do; results are the same"}));
+                "a GPU run's host-side optimizer, which the CPU path does not make; results are "
+                "the same"}));
   const EngineConfig fp32 =
       parse_training_config(
           R"({"train_batch_size": 8, "data_types": {"grad_accum_dtype": "fp32"}})", 2, "ds.json")

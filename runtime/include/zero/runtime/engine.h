@@ -40,6 +40,46 @@
 
 namespace zero {
 
+// Where model state lives below the engine's own memory (DeepSpeed's offload_optimizer and
+// offload_param devices). kCpu is host memory: on the CPU path that is where state already is.
+enum class OffloadDevice { kNone, kCpu, kNvme };
+const char* offload_device_name(OffloadDevice device);
+
+// offload_optimizer, with DeepSpeed's defaults. With kNvme each rank's fp32 master (when the
+// working dtype is not fp32; fp32's master is the working parameters) and optimizer state live
+// in one file under nvme_path, and the step streams them through buffer_count staging buffers
+// of one sub-group (sub_group_size elements) each.
+struct OptimizerOffload {
+  OffloadDevice device = OffloadDevice::kNone;
+  std::string nvme_path = "/local_nvme";
+  bool pin_memory = false;  // host memory is what the CPU path has; no effect there
+  int buffer_count = 4;
+  bool pipeline_read = false;   // read sub-group k+1 while k is stepped
+  bool pipeline_write = false;  // write sub-group k-1 back while k is stepped
+  bool fast_init = false;       // DeepSpeed's faster start for NVMe; no effect here
+};
+
+// offload_param, with DeepSpeed's defaults (stage 3 only; cpu is accepted on the CPU path,
+// where parameter shards already live in host memory).
+struct ParamOffload {
+  OffloadDevice device = OffloadDevice::kNone;
+  std::string nvme_path = "/local_nvme";
+  bool pin_memory = false;
+  int buffer_count = 5;
+  size_t buffer_size = 100000000;  // elements
+  size_t max_in_cpu = 1000000000;  // elements
+};
+
+// aio: how the NVMe files are read and written (io_uring, O_DIRECT), with DeepSpeed's defaults.
+struct AioConfig {
+  size_t block_size = 1048576;   // bytes per request; a multiple of 4096
+  int queue_depth = 8;           // requests in flight per I/O thread
+  int intra_op_parallelism = 1;  // I/O threads one transfer is split over
+  bool single_submit = false;    // true: one system call per request, not one per batch
+  bool overlap_events = true;    // true: a completed request is replaced at once; false: the
+                                 // next batch starts when the whole previous one completed
+};
+
 struct EngineConfig {
   // Where the buffers live and the compute runs. A CUDA device needs a communicator on device
   // memory (make_nccl_communicator); the CPU one on host memory (make_mpi_communicator).
@@ -83,7 +123,11 @@ struct EngineConfig {
   size_t persistence_threshold = 0;  // stage3_param_persistence_threshold: parameters with
                                      // fewer elements stay whole on every rank for the run
   // sub_group_size: at most this many elements in one optimizer pass (0: every shard at once).
+  // With NVMe offload also the unit of I/O: one sub-group's state is read, stepped, written.
   size_t optimizer_sub_group_elements = 0;
+  OptimizerOffload offload_optimizer;
+  ParamOffload offload_param;
+  AioConfig aio;
   size_t max_live_elements = 0;   // stage3_max_live_parameters: cap on gathered elements
   size_t max_reuse_distance = 0;  // stage3_max_reuse_distance: at the end of forward, keep a
                                   // unit gathered if backward needs it again within this
@@ -179,6 +223,8 @@ class Engine {
   // communication/prefetch buffers, as the allocator counts them.
   uint64_t model_state_bytes() const;
   uint64_t buffer_bytes() const;
+  // Bytes of this rank's NVMe file (optimizer offload to nvme; 0 otherwise).
+  uint64_t nvme_bytes() const;
 
   // Checkpoint access. For each unit, the fp32 training state this rank holds: elements
   // [begin, end) of the unit's flat layout (the whole unit at stage 0, the rank's shard
@@ -225,7 +271,9 @@ class Engine {
 // during one, and the tests hold the two equal.
 struct MemoryPlan {
   uint64_t model_state = 0;  // params, grads, master, optimizer state
-  uint64_t buffers = 0;      // pooled gradient buckets, gathered-parameter buffers, fp32 scratch
+  uint64_t buffers = 0;      // pooled gradient buckets, gathered-parameter buffers, fp32 scratch,
+                             // NVMe staging buffers
+  uint64_t nvme = 0;         // the rank's file of NVMe-offloaded optimizer state
 };
 MemoryPlan plan_memory(const Layout& layout, const EngineConfig& config);
 

@@ -31,8 +31,9 @@ enum class MemoryCategory : uint8_t {
   kPrefetch,        // gathered full parameters of live units at stage 3
   kActivation,
   kOther,
+  kNvmeStaging,  // aligned buffers NVMe-offloaded optimizer state is read into and written from
 };
-constexpr int kNumMemoryCategories = 9;
+constexpr int kNumMemoryCategories = 10;
 
 const char* memory_category_name(MemoryCategory c);
 
@@ -96,7 +97,7 @@ struct MemoryStats {
   uint64_t peak_total = 0;
   // Sum of current bytes over the model-state categories.
   uint64_t model_state() const;
-  // Sum of current bytes over kCommBuffer and kPrefetch.
+  // Sum of current bytes over kCommBuffer, kPrefetch and kNvmeStaging.
   uint64_t buffers() const;
 };
 

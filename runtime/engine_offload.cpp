@@ -1,0 +1,290 @@
+// Optimizer state on NVMe (ZeRO-Infinity's offload_optimizer device nvme), on the CPU path:
+// each rank's fp32 master (16-bit working dtypes) and optimizer state live in one file of
+// records, one per sub-group (NvmeRecords). The step streams the records through a few aligned
+// staging buffers and runs the same kernels on the same pieces, in the same order, as
+// memory-resident state: the result is bitwise the same.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+
+#include "engine_internal.h"
+#include "zero/core/check.h"
+
+namespace zero {
+
+const char* offload_device_name(OffloadDevice device) {
+  switch (device) {
+    case OffloadDevice::kNone:
+      return "none";
+    case OffloadDevice::kCpu:
+      return "cpu";
+    case OffloadDevice::kNvme:
+      return "nvme";
+  }
+  return "?";
+}
+
+bool offloads_optimizer_to_nvme(const EngineConfig& config) {
+  return config.offload_optimizer.device == OffloadDevice::kNvme;
+}
+
+NvmeRecords nvme_records(const Layout& layout, const EngineConfig& config, int state_arrays) {
+  NvmeRecords r;
+  if (!offloads_optimizer_to_nvme(config)) return r;
+  r.master = config.dtype != DType::kFloat32;
+  r.arrays = (r.master ? 1 : 0) + state_arrays;
+  size_t total = 0;
+  for (const Unit& unit : layout.units()) {
+    if (unit.trainable) total += config.stage == 0 ? unit.numel : unit.shard;
+  }
+  if (r.arrays == 0 || total == 0) return r;
+  const size_t limit = config.optimizer_sub_group_elements == 0
+                           ? total
+                           : std::min(total, config.optimizer_sub_group_elements);
+  for (size_t first = 0; first < total; first += limit) {
+    NvmeRecords::Record record;
+    record.offset = r.file_bytes;
+    record.numel = std::min(limit, total - first);
+    record.array_bytes = nvme_align_up(record.numel * sizeof(float));
+    r.file_bytes += record.array_bytes * static_cast<size_t>(r.arrays);
+    r.slot_bytes = std::max(r.slot_bytes, record.array_bytes * static_cast<size_t>(r.arrays));
+    r.records.push_back(record);
+  }
+  const auto slots = static_cast<uint64_t>(config.offload_optimizer.buffer_count);
+  r.staging_bytes = slots * r.slot_bytes + kNvmeAlignment;
+  return r;
+}
+
+void Engine::Impl::open_offload(const std::vector<ParamDecl>& decls) {
+  offload = std::make_unique<OffloadedOptimizer>();
+  OffloadedOptimizer& o = *offload;
+  o.layout = nvme_records(layout, config, optimizer.state_count());
+  size_t first = 0;
+  o.unit_first.assign(units.size(), 0);
+  for (size_t u = 0; u < units.size(); ++u) {
+    o.unit_first[u] = first;
+    if (layout.units()[u].trainable) first += owned_numel(u);
+  }
+  if (o.layout.records.empty()) return;  // nothing to offload (no state, nothing trainable)
+  o.staging_memory = allocator.allocate(o.layout.staging_bytes, MemoryCategory::kNvmeStaging);
+  const auto base = reinterpret_cast<uintptr_t>(o.staging_memory.data());
+  o.slots = static_cast<char*>(o.staging_memory.data()) + (nvme_align_up(base) - base);
+  // One file per rank and run: the pid keeps jobs sharing nvme_path apart.
+  const std::string path = config.offload_optimizer.nvme_path + "/zero_optimizer_rank" +
+                           std::to_string(rank) + "." + std::to_string(::getpid()) + ".swp";
+  o.file = std::make_unique<NvmeFile>(path, o.layout.file_bytes, config.aio, rank);
+  if (!o.layout.master) return;  // the state starts as zeros: what fallocate's extents read as
+  // The initial master, record by record: the value of each element is a function of the seed
+  // and its identity only, as in memory (initialize()).
+  const std::vector<Piece> all = [&] {
+    std::vector<Piece> pieces;
+    for (const std::vector<Piece>& group : sub_groups)
+      pieces.insert(pieces.end(), group.begin(), group.end());
+    return pieces;
+  }();
+  size_t next = 0;
+  for (size_t k = 0; k < o.layout.records.size(); ++k) {
+    const NvmeRecords::Record& record = o.layout.records[k];
+    std::memset(o.slots, 0, record.array_bytes * static_cast<size_t>(o.layout.arrays));
+    auto* master = reinterpret_cast<float*>(o.slots);
+    for (size_t at = 0; at < record.numel; at += all[next].count, ++next) {
+      const Piece& piece = all[next];
+      const Unit& unit = layout.units()[piece.unit];
+      const size_t region = owned_begin(piece.unit) + piece.begin;
+      for (int i : unit.params) {
+        const ParamPlacement& p = layout.params()[i];
+        const size_t begin = std::clamp(region, p.offset, p.offset + p.numel);
+        const size_t end = std::clamp(region + piece.count, p.offset, p.offset + p.numel);
+        for (size_t e = begin; e < end; ++e) {
+          master[at + e - region] = init_value(config.seed, i, e - p.offset, decls[i].init);
+        }
+      }
+    }
+    o.file->wait(o.file->write(o.slots, record.offset,
+                               record.array_bytes * static_cast<size_t>(o.layout.arrays)));
+  }
+}
+
+// Each record through a staging slot: read (ahead by one with pipeline_read), step its pieces,
+// write (left in flight with pipeline_write, waited for when its slot is needed again). Slots
+// are taken oldest first, so a slot's write is the earliest one issued.
+void Engine::Impl::update_offloaded(float grad_scale) {
+  OffloadedOptimizer& o = *offload;
+  const NvmeRecords& records = o.layout;
+  o.cached = -1;  // the step rewrites every record
+  if (records.records.empty()) {
+    // Nothing is offloaded (no optimizer state in fp32): the passes run as in memory.
+    std::vector<ShardUpdate> group;
+    float* none[2] = {nullptr, nullptr};
+    for (const std::vector<Piece>& pieces : sub_groups) {
+      group.clear();
+      for (const Piece& piece : pieces) group.push_back(piece_update(piece, nullptr, none));
+      device->apply_optimizer(optimizer, group, accum_dtype, grad_scale, config.dtype);
+    }
+    return;
+  }
+  const size_t slot_count = static_cast<size_t>(config.offload_optimizer.buffer_count);
+  std::vector<NvmeFile::Ticket> slot_ticket(slot_count);
+  std::deque<size_t> free_slots;
+  for (size_t i = 0; i < slot_count; ++i) free_slots.push_back(i);
+  std::deque<size_t> writing;  // slots with a write in flight, oldest first
+  std::vector<size_t> slot_of(records.records.size(), 0);
+  std::vector<NvmeFile::Ticket> read_of(records.records.size());
+  const auto slot_memory = [&](size_t slot) { return o.slots + slot * records.slot_bytes; };
+  const auto record_bytes = [&](size_t k) {
+    return records.records[k].array_bytes * static_cast<size_t>(records.arrays);
+  };
+  const auto start_read = [&](size_t k) {
+    if (free_slots.empty()) {
+      const size_t oldest = writing.front();
+      writing.pop_front();
+      o.file->wait(slot_ticket[oldest]);
+      free_slots.push_back(oldest);
+    }
+    const size_t slot = free_slots.front();
+    free_slots.pop_front();
+    slot_of[k] = slot;
+    read_of[k] = o.file->read(slot_memory(slot), records.records[k].offset, record_bytes(k));
+  };
+  // Every transfer in flight ends before the slots can be given up, also when one failed.
+  const auto drain = [&] {
+    while (!writing.empty()) {
+      o.file->wait(slot_ticket[writing.front()]);
+      free_slots.push_back(writing.front());
+      writing.pop_front();
+    }
+  };
+  try {
+    const size_t count = records.records.size();
+    std::vector<ShardUpdate> group;
+    for (size_t k = 0; k < count; ++k) {
+      if (!read_of[k]) start_read(k);
+      if (config.offload_optimizer.pipeline_read && k + 1 < count) start_read(k + 1);
+      o.file->wait(read_of[k]);
+      read_of[k].reset();
+      const size_t slot = slot_of[k];
+      const size_t stride = records.records[k].array_bytes / sizeof(float);
+      auto* arrays = reinterpret_cast<float*>(slot_memory(slot));
+      float* const master_array = records.master ? arrays : nullptr;
+      float* const first_state = arrays + (records.master ? stride : 0);
+      group.clear();
+      size_t at = 0;
+      for (const Piece& piece : sub_groups[k]) {
+        float* state[2] = {first_state + at, first_state + stride + at};
+        group.push_back(
+            piece_update(piece, master_array != nullptr ? master_array + at : nullptr, state));
+        at += piece.count;
+      }
+      device->apply_optimizer(optimizer, group, accum_dtype, grad_scale, config.dtype);
+      slot_ticket[slot] =
+          o.file->write(slot_memory(slot), records.records[k].offset, record_bytes(k));
+      writing.push_back(slot);
+      if (!config.offload_optimizer.pipeline_write) drain();
+    }
+    drain();
+  } catch (...) {
+    for (NvmeFile::Ticket& ticket : read_of) {
+      try {
+        o.file->wait(ticket);
+      } catch (const Error&) {
+        // The first error is the one being reported.
+      }
+    }
+    for (size_t slot : writing) {
+      try {
+        o.file->wait(slot_ticket[slot]);
+      } catch (const Error&) {
+        // As above.
+      }
+    }
+    throw;
+  }
+}
+
+char* Engine::Impl::cached_record(int k) {
+  OffloadedOptimizer& o = *offload;
+  if (o.cached != k) {
+    o.cached = -1;
+    const NvmeRecords::Record& record = o.layout.records[k];
+    o.file->wait(o.file->read(o.slots, record.offset,
+                              record.array_bytes * static_cast<size_t>(o.layout.arrays)));
+    o.cached = k;
+  }
+  return o.slots;
+}
+
+// A trainable unit's state view: host copies of its owned arrays, read out of the records its
+// slice spans (the master is the working parameters themselves in fp32).
+Engine::StateView Engine::Impl::offloaded_state_view(int u) {
+  OffloadedOptimizer& o = *offload;
+  Engine::StateView view;
+  view.begin = owned_begin(u);
+  view.end = view.begin + owned_numel(u);
+  view.state_count = optimizer.state_count();
+  const size_t n = view.end - view.begin;
+  std::vector<Buffer>& copies = o.views[u];
+  copies.clear();
+  const int arrays = o.layout.arrays;
+  for (int a = 0; a < arrays; ++a) {
+    copies.push_back(host_allocator.allocate(n * sizeof(float), MemoryCategory::kOther));
+  }
+  const size_t unit_first = o.unit_first[u];
+  size_t record_first = 0;
+  for (size_t k = 0; k < o.layout.records.size(); ++k) {
+    const NvmeRecords::Record& record = o.layout.records[k];
+    const size_t lo = std::max(record_first, unit_first);
+    const size_t hi = std::min(record_first + record.numel, unit_first + n);
+    if (lo < hi) {
+      const char* data = cached_record(static_cast<int>(k));
+      for (int a = 0; a < arrays; ++a) {
+        std::memcpy(copies[a].as<float>() + (lo - unit_first),
+                    data + a * record.array_bytes + (lo - record_first) * sizeof(float),
+                    (hi - lo) * sizeof(float));
+      }
+    }
+    record_first += record.numel;
+  }
+  const int first_state = o.layout.master ? 1 : 0;
+  view.master = o.layout.master ? copies[0].as<float>() : static_cast<float*>(owned_params(u));
+  for (int k = 0; k < view.state_count; ++k) view.state[k] = copies[first_state + k].as<float>();
+  return view;
+}
+
+// state_loaded() with offloaded state: every record some view overlaps is read, patched from
+// the views and written back; a 16-bit working copy is rounded from its view's master.
+void Engine::Impl::write_back_offloaded_views() {
+  OffloadedOptimizer& o = *offload;
+  if (o.views.empty()) return;
+  size_t record_first = 0;
+  for (size_t k = 0; k < o.layout.records.size(); ++k) {
+    const NvmeRecords::Record& record = o.layout.records[k];
+    char* data = nullptr;
+    for (const auto& [u, copies] : o.views) {
+      const size_t unit_first = o.unit_first[u];
+      const size_t lo = std::max(record_first, unit_first);
+      const size_t hi = std::min(record_first + record.numel, unit_first + owned_numel(u));
+      if (lo >= hi) continue;
+      if (data == nullptr) data = cached_record(static_cast<int>(k));
+      for (size_t a = 0; a < copies.size(); ++a) {
+        std::memcpy(data + a * record.array_bytes + (lo - record_first) * sizeof(float),
+                    copies[a].as<float>() + (lo - unit_first), (hi - lo) * sizeof(float));
+      }
+    }
+    if (data != nullptr) {
+      o.file->wait(o.file->write(data, record.offset,
+                                 record.array_bytes * static_cast<size_t>(o.layout.arrays)));
+    }
+    record_first += record.numel;
+  }
+  if (o.layout.master) {
+    for (const auto& [u, copies] : o.views) {
+      device->cast(copies[0].data(), DType::kFloat32, owned_params(u), config.dtype,
+                   owned_numel(u));
+    }
+  }
+  o.views.clear();
+}
+
+}  // namespace zero

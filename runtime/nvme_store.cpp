@@ -1,0 +1,319 @@
+#include "nvme_store.h"
+
+#include <fcntl.h>
+#include <liburing.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <sstream>
+#include <unordered_set>
+#include <utility>
+
+#include "zero/core/check.h"
+#include "zero/runtime/memory.h"
+
+namespace zero {
+
+struct NvmeFile::Transfer {
+  int remaining = 0;  // requests not yet completed; under done_mutex_
+  std::string error;  // the first failure, with where it was seen
+};
+
+namespace {
+
+// One request of at most aio.block_size bytes; `done` counts what completed (a short transfer
+// is continued from there).
+struct Request {
+  NvmeFile::Ticket transfer;
+  bool write = false;
+  char* buffer = nullptr;
+  uint64_t offset = 0;
+  size_t bytes = 0;
+  size_t done = 0;
+  bool inject_eio = false;
+};
+
+std::string errno_text(int error) {
+  std::ostringstream out;
+  out << std::strerror(error) << " (errno " << error << ")";
+  return out.str();
+}
+
+std::string located(const std::string& message, const char* file, int line) {
+  std::ostringstream out;
+  out << message << " (" << file << ":" << line << ")";
+  return out.str();
+}
+
+}  // namespace
+
+void check_free_space(const std::string& dir, uint64_t bytes, const std::string& what) {
+  struct statvfs fs {};
+  ZERO_CHECK(::statvfs(dir.c_str(), &fs) == 0,
+             "cannot check the free space of nvme_path " << dir << ": " << errno_text(errno));
+  const uint64_t free_bytes = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
+  ZERO_CHECK(free_bytes >= bytes, "nvme_path " << dir << " has " << free_bytes << " bytes ("
+                                               << human_bytes(free_bytes) << ") free, but " << what
+                                               << " needs " << bytes << " bytes ("
+                                               << human_bytes(bytes) << ")");
+}
+
+struct NvmeFile::Worker {
+  Worker(NvmeFile& owner, int depth) : file(owner) {
+    const int error = io_uring_queue_init(static_cast<unsigned>(depth), &ring, 0);
+    ZERO_CHECK(error == 0, "cannot set up io_uring (queue depth " << depth << ") for " << file.path_
+                                                                  << ": " << errno_text(-error));
+    thread = std::thread([this] { run(); });
+  }
+
+  ~Worker() {
+    {
+      const std::lock_guard<std::mutex> lock(mutex);
+      stop = true;
+    }
+    wake.notify_one();
+    thread.join();
+    io_uring_queue_exit(&ring);
+  }
+
+  void push(Request request) {
+    {
+      const std::lock_guard<std::mutex> lock(mutex);
+      queue.push_back(std::move(request));
+    }
+    wake.notify_one();
+  }
+
+  // Completes `r` (fully done or failed) on the file's accounting.
+  void complete(Request* r, const std::string& error) {
+    file.finish(*r->transfer, error);
+    in_flight.erase(r);
+    delete r;
+  }
+
+  std::string describe(const Request& r) const {
+    std::ostringstream out;
+    out << "nvme: " << (r.write ? "write" : "read") << " of " << file.path_ << " at offset "
+        << r.offset + r.done << " (" << r.bytes - r.done << " bytes) failed: ";
+    return out.str();
+  }
+
+  // Takes requests while the ring has room: as others complete with overlap_events, else
+  // only once the whole previous batch completed.
+  std::vector<Request*> take() {
+    std::unique_lock<std::mutex> lock(mutex);
+    if (in_flight.empty()) wake.wait(lock, [&] { return stop || !queue.empty(); });
+    std::vector<Request*> batch;
+    if (!file.aio_.overlap_events && !in_flight.empty()) return batch;
+    while (!queue.empty() &&
+           in_flight.size() + batch.size() < static_cast<size_t>(file.aio_.queue_depth)) {
+      batch.push_back(new Request(std::move(queue.front())));
+      queue.pop_front();
+    }
+    return batch;
+  }
+
+  void submit(std::vector<Request*>& batch) {
+    for (Request* r : batch) {
+      io_uring_sqe* sqe = io_uring_get_sqe(&ring);
+      in_flight.insert(r);
+      if (sqe == nullptr) {
+        complete(r,
+                 located(describe(*r) + "no free io_uring submission entry", __FILE__, __LINE__));
+        continue;
+      }
+      const unsigned length = static_cast<unsigned>(r->bytes - r->done);
+      if (r->write) {
+        io_uring_prep_write(sqe, file.fd_, r->buffer + r->done, length, r->offset + r->done);
+      } else {
+        io_uring_prep_read(sqe, file.fd_, r->buffer + r->done, length, r->offset + r->done);
+      }
+      io_uring_sqe_set_data(sqe, r);
+      if (file.aio_.single_submit) submit_now({r});
+    }
+    if (!file.aio_.single_submit && !batch.empty()) submit_now(batch);
+  }
+
+  void submit_now(const std::vector<Request*>& requests) {
+    int submitted = 0;
+    do {
+      submitted = io_uring_submit(&ring);
+    } while (submitted == -EINTR);
+    if (submitted >= 0) return;
+    // Nothing of these reached the kernel: they fail here, each with the reason.
+    for (Request* r : requests) {
+      complete(r, located(describe(*r) + "io_uring_submit: " + errno_text(-submitted), __FILE__,
+                          __LINE__));
+    }
+  }
+
+  void reap() {
+    io_uring_cqe* cqe = nullptr;
+    int error = 0;
+    do {
+      error = io_uring_wait_cqe(&ring, &cqe);
+    } while (error == -EINTR);
+    if (error < 0) {
+      // The ring itself failed: no completion can be matched to a request, so all fail.
+      const std::unordered_set<Request*> failed = in_flight;
+      for (Request* r : failed) {
+        complete(r, located(describe(*r) + "io_uring_wait_cqe: " + errno_text(-error), __FILE__,
+                            __LINE__));
+      }
+      return;
+    }
+    auto* r = static_cast<Request*>(io_uring_cqe_get_data(cqe));
+    int result = cqe->res;
+    io_uring_cqe_seen(&ring, cqe);
+    if (r->inject_eio) result = -EIO;
+    if (result < 0) {
+      complete(r, located(describe(*r) + errno_text(-result) +
+                              (r->inject_eio ? " [injected by ZERO_TEST_NVME_FAULT]" : ""),
+                          __FILE__, __LINE__));
+      return;
+    }
+    if (result == 0) {
+      complete(r, located(describe(*r) + "the transfer moved no bytes (past the end of the file)",
+                          __FILE__, __LINE__));
+      return;
+    }
+    r->done += static_cast<size_t>(result);
+    if (r->done == r->bytes) {
+      complete(r, "");
+      return;
+    }
+    // A short transfer: the rest goes again as its own submission.
+    in_flight.erase(r);
+    std::vector<Request*> rest = {r};
+    submit(rest);
+  }
+
+  void run() {
+    for (;;) {
+      std::vector<Request*> batch = take();
+      if (batch.empty() && in_flight.empty()) {
+        const std::lock_guard<std::mutex> lock(mutex);
+        if (stop && queue.empty()) return;
+        continue;
+      }
+      submit(batch);
+      if (!in_flight.empty()) reap();
+    }
+  }
+
+  NvmeFile& file;
+  io_uring ring{};
+  std::thread thread;
+  std::mutex mutex;
+  std::condition_variable wake;
+  std::deque<Request> queue;
+  bool stop = false;
+  std::unordered_set<Request*> in_flight;  // this thread's only
+};
+
+NvmeFile::NvmeFile(const std::string& path, uint64_t bytes, const AioConfig& aio, int rank)
+    : path_(path), bytes_(bytes), aio_(aio) {
+  ZERO_CHECK(bytes % kNvmeAlignment == 0 && aio.block_size % kNvmeAlignment == 0,
+             "nvme: " << path << ": sizes must be multiples of " << kNvmeAlignment);
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
+  ZERO_CHECK(fd_ >= 0, "nvme: cannot create the offload file "
+                           << path << " (O_DIRECT): " << errno_text(errno));
+  try {
+    ZERO_CHECK(::unlink(path.c_str()) == 0,
+               "nvme: cannot unlink " << path << " after opening it: " << errno_text(errno));
+    check_free_space(dir, bytes, "rank " + std::to_string(rank) + "'s offload file " + path);
+    if (bytes > 0) {
+      const int error = ::posix_fallocate(fd_, 0, static_cast<off_t>(bytes));
+      ZERO_CHECK(error == 0, "nvme: cannot reserve " << bytes << " bytes for " << path
+                                                     << " at offset 0: " << errno_text(error));
+    }
+    if (const char* fault = std::getenv("ZERO_TEST_NVME_FAULT"); fault != nullptr && *fault) {
+      const std::string text = fault;
+      const size_t at = text.find('@');
+      const size_t hash = text.find('#');
+      const std::string kind = text.substr(0, at);
+      ZERO_CHECK(
+          at != std::string::npos && (kind == "read" || kind == "write"),
+          "ZERO_TEST_NVME_FAULT must be read@RANK[#N] or write@RANK[#N], got '" << text << "'");
+      if (std::atoi(text.c_str() + at + 1) == rank) {
+        fault_kind_ = kind == "write" ? 1 : 0;
+        fault_countdown_ = hash == std::string::npos ? 1 : std::atol(text.c_str() + hash + 1);
+      }
+    }
+    for (int i = 0; i < aio.intra_op_parallelism; ++i) {
+      workers_.push_back(std::make_unique<Worker>(*this, aio.queue_depth));
+    }
+  } catch (...) {
+    workers_.clear();
+    ::close(fd_);
+    throw;
+  }
+}
+
+NvmeFile::~NvmeFile() {
+  workers_.clear();
+  ::close(fd_);
+}
+
+NvmeFile::Ticket NvmeFile::read(void* buffer, uint64_t offset, size_t bytes) {
+  return start(false, static_cast<char*>(buffer), offset, bytes);
+}
+
+NvmeFile::Ticket NvmeFile::write(const void* buffer, uint64_t offset, size_t bytes) {
+  // io_uring's write takes a non-const pointer; the buffer is only read.
+  return start(true, static_cast<char*>(const_cast<void*>(buffer)), offset, bytes);
+}
+
+NvmeFile::Ticket NvmeFile::start(bool write, char* buffer, uint64_t offset, size_t bytes) {
+  ZERO_CHECK(offset % kNvmeAlignment == 0 && bytes % kNvmeAlignment == 0 &&
+                 reinterpret_cast<uintptr_t>(buffer) % kNvmeAlignment == 0,
+             "nvme: unaligned " << (write ? "write" : "read") << " of " << path_ << " at offset "
+                                << offset << " (" << bytes << " bytes)");
+  ZERO_CHECK(offset + bytes <= bytes_, "nvme: " << (write ? "write" : "read") << " of " << path_
+                                                << " at offset " << offset << " (" << bytes
+                                                << " bytes) past its " << bytes_ << " bytes");
+  auto ticket = std::make_shared<Transfer>();
+  if (bytes == 0) return ticket;
+  bool inject = false;
+  if (fault_kind_ == (write ? 1 : 0) && fault_countdown_ > 0) inject = --fault_countdown_ == 0;
+  const size_t block = aio_.block_size;
+  const size_t requests = (bytes + block - 1) / block;
+  ticket->remaining = static_cast<int>(requests);
+  const size_t threads = workers_.size();
+  for (size_t i = 0; i < requests; ++i) {
+    Request r;
+    r.transfer = ticket;
+    r.write = write;
+    r.buffer = buffer + i * block;
+    r.offset = offset + i * block;
+    r.bytes = std::min(block, bytes - i * block);
+    r.inject_eio = inject && i == 0;
+    // Each thread takes a contiguous part of the transfer, as DeepSpeed splits one op.
+    workers_[i * threads / requests]->push(std::move(r));
+  }
+  return ticket;
+}
+
+void NvmeFile::finish(Transfer& transfer, const std::string& error) {
+  {
+    const std::lock_guard<std::mutex> lock(done_mutex_);
+    if (!error.empty() && transfer.error.empty()) transfer.error = error;
+    --transfer.remaining;
+  }
+  done_.notify_all();
+}
+
+void NvmeFile::wait(const Ticket& ticket) {
+  if (!ticket) return;
+  std::unique_lock<std::mutex> lock(done_mutex_);
+  done_.wait(lock, [&] { return ticket->remaining == 0; });
+  if (!ticket->error.empty()) throw Error(ticket->error);
+}
+
+}  // namespace zero

@@ -1,0 +1,79 @@
+// One rank's NVMe file (private to runtime/): asynchronous reads and writes of aligned ranges
+// through io_uring with O_DIRECT, as DeepSpeed's aio settings ask. Each transfer is cut into
+// aio.block_size requests; aio.intra_op_parallelism threads each own a ring and a contiguous
+// part of every transfer, and keep at most aio.queue_depth requests in flight. The threads block
+// in io_uring_wait_cqe and callers block in wait(): nothing spins (ranks outnumber cores).
+//
+// Every failure (open, the free-space check, fallocate, io_uring setup, a failed or short
+// completion) is a zero::Error naming the file, the offset and errno, with the source line.
+// ZERO_TEST_NVME_FAULT=KIND@RANK[#N] (tests only) makes the N-th (default first) read or write
+// transfer of that rank fail with EIO, as a failing disk would.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "zero/runtime/engine.h"
+
+namespace zero {
+
+// O_DIRECT needs buffers, offsets and lengths aligned to the device's logical block; 4096 is
+// a multiple of every logical block size in use.
+constexpr size_t kNvmeAlignment = 4096;
+
+inline uint64_t nvme_align_up(uint64_t bytes) {
+  return (bytes + kNvmeAlignment - 1) / kNvmeAlignment * kNvmeAlignment;
+}
+
+// Refuses (zero::Error) when the file system holding `dir` has fewer than `bytes` free for an
+// unprivileged writer, with both numbers; `what` says whose bytes they are.
+void check_free_space(const std::string& dir, uint64_t bytes, const std::string& what);
+
+class NvmeFile {
+ public:
+  struct Transfer;
+  using Ticket = std::shared_ptr<Transfer>;
+
+  // Creates `path`, checks the free space of its directory against `bytes` and reserves them
+  // (fallocate), so the run cannot fill the disk later. The file is unlinked once open: the
+  // state is this run's scratch, and a crashed job leaves no space taken behind.
+  NvmeFile(const std::string& path, uint64_t bytes, const AioConfig& aio, int rank);
+  ~NvmeFile();
+  NvmeFile(const NvmeFile&) = delete;
+  NvmeFile& operator=(const NvmeFile&) = delete;
+
+  // Start a transfer of `bytes` at `offset` (all multiples of kNvmeAlignment, buffer aligned
+  // too); the buffer must stay valid until wait() returned.
+  Ticket read(void* buffer, uint64_t offset, size_t bytes);
+  Ticket write(const void* buffer, uint64_t offset, size_t bytes);
+  // Blocks until the transfer is done; throws its error. A null ticket is done.
+  void wait(const Ticket& ticket);
+
+  const std::string& path() const { return path_; }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  struct Worker;
+  Ticket start(bool write, char* buffer, uint64_t offset, size_t bytes);
+  void finish(Transfer& transfer, const std::string& error);
+
+  std::string path_;
+  uint64_t bytes_ = 0;
+  AioConfig aio_;
+  int fd_ = -1;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  // Transfers complete on the workers' threads; waiters sleep on this.
+  std::mutex done_mutex_;
+  std::condition_variable done_;
+  // The injected fault (tests): which kind of transfer, and how many of them to let pass.
+  int fault_kind_ = -1;  // 0 read, 1 write, -1 none
+  long fault_countdown_ = 0;
+};
+
+}  // namespace zero

@@ -1,0 +1,226 @@
+// Optimizer state offloaded to NVMe (files under a directory of the build tree): training is
+// bitwise the in-memory engine's at stages 1-3 in fp32 and bf16, with and without pipelining
+// and under every aio setting; the memory of each tier is what the plan says; a full disk, a
+// bad path and an I/O error each stop with the file, the offset and errno named; checkpoints
+// save and load the state through the files and a resume is bitwise.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "runtime/nvme_store.h"
+#include "tests/runtime/train_util.h"
+#include "zero/runtime/checkpoint.h"
+
+namespace zero {
+namespace {
+
+using namespace zero::testing;
+
+// This job's directory (by world size: jobs of other sizes may run beside it), and each rank's
+// own in it; every state file in them is unlinked once open.
+std::string job_dir() {
+  return std::string(ZERO_OFFLOAD_TEST_DIR) + "/np" + std::to_string(world_size());
+}
+
+std::string nvme_dir() {
+  const std::string dir = job_dir() + "/rank" + std::to_string(make_mpi_communicator()->rank());
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+template <typename Fn>
+std::string error_of(Fn fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+void expect_naming(const std::string& message, const std::string& needle) {
+  EXPECT_NE(message.find(needle), std::string::npos)
+      << "message '" << message << "' does not name '" << needle << "'";
+}
+
+std::function<void(EngineConfig&)> nvme(size_t sub_group, bool pipeline, AioConfig aio = {}) {
+  const std::string dir = nvme_dir();
+  return [=](EngineConfig& c) {
+    c.optimizer_sub_group_elements = sub_group;
+    c.offload_optimizer.device = OffloadDevice::kNvme;
+    c.offload_optimizer.nvme_path = dir;
+    c.offload_optimizer.pipeline_read = pipeline;
+    c.offload_optimizer.pipeline_write = pipeline;
+    c.offload_optimizer.buffer_count = pipeline ? 3 : 1;
+    c.aio = aio;
+  };
+}
+
+void expect_bitwise(const TrainResult& run, const TrainResult& reference, const std::string& what) {
+  ASSERT_EQ(run.losses.size(), reference.losses.size()) << what;
+  for (size_t i = 0; i < run.losses.size(); ++i) {
+    EXPECT_EQ(run.losses[i], reference.losses[i]) << what << " step " << i + 1;
+  }
+  ASSERT_EQ(run.final_params.size(), reference.final_params.size()) << what;
+  for (size_t p = 0; p < run.final_params.size(); ++p) {
+    EXPECT_EQ(run.final_params[p], reference.final_params[p]) << what << " parameter " << p;
+  }
+}
+
+TEST(Offload, NvmeTrainingIsBitwiseInMemoryTraining) {
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    for (int stage = 1; stage <= 3; ++stage) {
+      RunOptions o;
+      o.stage = stage;
+      o.dtype = dtype;
+      o.steps = 6;
+      o.weight_decay = 0.05f;
+      // 100 elements per sub-group: several records, cut inside units.
+      o.tweak = [](EngineConfig& c) { c.optimizer_sub_group_elements = 100; };
+      const TrainResult reference = train(o);
+      EXPECT_LT(reference.losses.back(), reference.losses.front());
+      for (bool pipeline : {false, true}) {
+        o.tweak = nvme(100, pipeline);
+        const std::string what = std::string(dtype_name(dtype)) + " stage " +
+                                 std::to_string(stage) + (pipeline ? " pipelined" : "");
+        expect_bitwise(train(o), reference, what);
+      }
+    }
+  }
+}
+
+// The aio settings change how the bytes move, never which: small blocks over several threads,
+// one request at a time, batches, and one sub-group for the whole shard.
+TEST(Offload, EveryAioSettingGivesTheSameTraining) {
+  RunOptions o;
+  o.stage = 3;
+  o.dtype = DType::kBFloat16;
+  o.steps = 4;
+  o.tweak = [](EngineConfig& c) { c.optimizer_sub_group_elements = 300; };
+  const TrainResult reference = train(o);
+  AioConfig small;
+  small.block_size = 4096;
+  small.queue_depth = 2;
+  small.intra_op_parallelism = 3;
+  small.single_submit = true;
+  small.overlap_events = false;
+  o.tweak = nvme(300, true, small);
+  expect_bitwise(train(o), reference, "4 KiB blocks, depth 2, 3 threads, single submit");
+  o.tweak = [](EngineConfig& c) { c.optimizer_sub_group_elements = 0; };
+  const TrainResult whole = train(o);
+  o.tweak = nvme(0, false);
+  expect_bitwise(train(o), whole, "one sub-group");
+}
+
+// Host memory drops by the master and the moments (12 bytes per owned element in bf16, 8 in
+// fp32), the NVMe file holds them (each record's arrays padded to 4 KiB), the staging buffers
+// are buffers; measured equals planned in each tier.
+TEST(Offload, MemoryOfEachTierIsThePlan) {
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    RunOptions o;
+    o.stage = 2;
+    o.dtype = dtype;
+    o.steps = 1;
+    const TrainResult in_memory = train(o);
+    o.tweak = nvme(0, false);
+    const TrainResult run = train(o);
+    const std::string what = dtype_name(dtype);
+    EXPECT_EQ(run.model_state_bytes, run.plan.model_state) << what;
+    EXPECT_EQ(run.buffer_bytes, run.plan.buffers) << what;
+    EXPECT_EQ(run.nvme_bytes, run.plan.nvme) << what;
+    const uint64_t owned = run.padded_params / static_cast<uint64_t>(world_size());
+    const uint64_t moved = (dtype == DType::kFloat32 ? 8 : 12) * owned;
+    EXPECT_EQ(in_memory.model_state_bytes - run.model_state_bytes, moved) << what;
+    EXPECT_GE(run.nvme_bytes, moved) << what;
+    EXPECT_LT(run.nvme_bytes, moved + 3 * kNvmeAlignment) << what;
+    EXPECT_EQ(in_memory.plan.nvme, 0u) << what;
+  }
+}
+
+TEST(Offload, FreeSpaceIsCheckedWithBothNumbers) {
+  const std::string path = nvme_dir() + "/too_large.swp";
+  const uint64_t huge = uint64_t{1} << 60;
+  const std::string message = error_of([&] { NvmeFile file(path, huge, AioConfig{}, 0); });
+  expect_naming(message, "nvme_path " + nvme_dir() + "/ has ");
+  expect_naming(message, " bytes (");
+  expect_naming(message, "rank 0's offload file " + path +
+                             " needs 1152921504606846976 bytes (1073741824.00 GiB)");
+  EXPECT_FALSE(std::filesystem::exists(path));
+  // What fits is taken.
+  NvmeFile fits(path, 1 << 20, AioConfig{}, 0);
+  EXPECT_EQ(fits.bytes(), 1u << 20);
+}
+
+TEST(Offload, BadPathNamesTheFileAndErrno) {
+  RunOptions o;
+  o.stage = 1;
+  o.steps = 1;
+  o.tweak = [](EngineConfig& c) {
+    c.offload_optimizer.device = OffloadDevice::kNvme;
+    c.offload_optimizer.nvme_path = "/nonexistent/nvme";
+  };
+  const std::string message = error_of([&] { train(o); });
+  expect_naming(message, "cannot create the offload file /nonexistent/nvme/zero_optimizer_rank");
+  expect_naming(message, "No such file or directory (errno 2)");
+}
+
+// The third write of every rank fails as a failing disk would: in fp32 nothing is written at
+// start (the moments start as zeros), so it is step 1's third record, at 2 x 8 KiB (100
+// elements of two moments, each padded to 4 KiB). The step throws on every rank, naming the
+// file, the offset and errno.
+TEST(Offload, IoErrorNamesFileOffsetAndErrno) {
+  const std::string fault = "write@" + std::to_string(make_mpi_communicator()->rank()) + "#3";
+  ASSERT_EQ(setenv("ZERO_TEST_NVME_FAULT", fault.c_str(), 1), 0);
+  RunOptions o;
+  o.stage = 3;
+  o.steps = 3;
+  o.tweak = nvme(100, true);
+  const std::string message = error_of([&] { train(o); });
+  ASSERT_EQ(unsetenv("ZERO_TEST_NVME_FAULT"), 0);
+  expect_naming(message, "nvme: write of " + nvme_dir() + "/zero_optimizer_rank");
+  expect_naming(message, " at offset 16384 (8192 bytes) failed: ");
+  expect_naming(message, "Input/output error (errno 5) [injected by ZERO_TEST_NVME_FAULT]");
+  expect_naming(message, "nvme_store.cpp:");
+}
+
+// Saved at step 3 from NVMe-resident state, loaded into a fresh NVMe-offloaded engine (bf16:
+// master, moments and working copy all come back), steps 4-6 are those of the run that never
+// stopped; the checkpoint also loads into an in-memory engine with the same result.
+TEST(Offload, CheckpointResumeIsBitwise) {
+  std::unique_ptr<Communicator> comm = make_mpi_communicator();
+  const std::string dir = job_dir() + "/checkpoint";
+  if (comm->rank() == 0) std::filesystem::remove_all(dir);
+  comm->barrier_sync();
+  const models::MlpConfig mlp{8, 24, 4, 3};
+  const auto run = [&](bool offloaded, int from, int to, bool save, bool load) {
+    EngineConfig config;
+    config.stage = 3;
+    config.dtype = DType::kBFloat16;
+    config.optimizer.lr = 1e-2f;
+    if (offloaded) nvme(100, true)(config);
+    ZeroModel model(*comm, models::make_mlp(mlp), config);
+    if (load) load_checkpoint(model.engine(), dir + "/latest", nullptr);
+    models::TeacherTask task(mlp, 7);
+    std::vector<float> losses;
+    for (int step = from; step <= to; ++step) {
+      models::Batch batch = task.batch(step, comm->rank() * 6, 6);
+      Tensor grad;
+      losses.push_back(models::mse_loss(model.forward(batch.inputs), batch.targets, grad));
+      model.backward(grad);
+      model.step();
+      if (save && step == 3) save_checkpoint(model.engine(), dir, TrainerState{step, 7});
+    }
+    return losses;
+  };
+  const std::vector<float> whole = run(true, 1, 6, true, false);
+  const std::vector<float> tail(whole.begin() + 3, whole.end());
+  EXPECT_EQ(run(true, 4, 6, false, true), tail);
+  EXPECT_EQ(run(false, 4, 6, false, true), tail);
+}
+
+}  // namespace
+}  // namespace zero
