@@ -36,6 +36,7 @@
 #include "driver/cli.h"
 #include "driver/metrics_writer.h"
 #include "models/gpt2.h"
+#include "models/train_step.h"
 #include "zero/collectives/mpi_check.h"
 #include "zero/kernels/blas_core.h"
 #include "zero/runtime/trace.h"
@@ -164,24 +165,30 @@ zero::Tensor synthetic_batch(const Options& opt, long step, int64_t first, int64
   return tokens;
 }
 
-// The model's output is its mean loss; the gradient of the loss with respect to itself is 1.
-zero::StepStats train_step(StageRun& run, zero::models::Gpt2Targets& targets, const Options& opt,
-                           int rank, int world) {
-  zero::Trace& trace = run.model->engine().trace();
-  const long per_micro_batch =
-      opt.global_batch / (static_cast<long>(world) * opt.run.micro_batches);
-  float loss_sum = 0.0f;
-  for (int k = 0; k < opt.run.micro_batches; ++k) {
-    const int64_t first = (static_cast<int64_t>(k) * world + rank) * per_micro_batch;
-    zero::Tensor tokens;
-    {
-      zero::ScopedSpan span(trace, "data");
-      tokens = synthetic_batch(opt, run.data_step, first, per_micro_batch, targets);
-    }
-    const zero::Tensor loss = run.model->forward(tokens);
-    loss_sum += loss.to_host()[0];
-    run.model->backward(zero::Tensor({1}, {1.0f}, loss.device()));
+// Synthetic sequences for one stage's model (each model has its own targets, which its loss
+// reads); its output is the mean loss, whose gradient with respect to itself is 1.
+class SyntheticSource : public zero::models::MicroBatchSource {
+ public:
+  SyntheticSource(const Options& opt, std::shared_ptr<zero::models::Gpt2Targets> targets)
+      : opt_(opt), targets_(std::move(targets)) {}
+  zero::Tensor input(long step, int64_t first, int64_t count) override {
+    return synthetic_batch(opt_, step, first, count, *targets_);
   }
+  float loss(const zero::Tensor& output, zero::Tensor& grad) override {
+    grad = zero::Tensor({1}, {1.0f}, output.device());
+    return output.to_host()[0];
+  }
+
+ private:
+  const Options& opt_;
+  std::shared_ptr<zero::models::Gpt2Targets> targets_;
+};
+
+// Everything one optimizer step does, micro-batch by micro-batch (the loop zero-train runs).
+zero::StepStats train_step(StageRun& run, SyntheticSource& source, const Options& opt, int rank,
+                           int world) {
+  const float loss_sum = zero::models::forward_backward(
+      *run.model, source, run.data_step, opt.global_batch, opt.run.micro_batches, rank, world);
   const zero::StepStats stats = run.model->step();
   run.last_loss = loss_sum / static_cast<float>(opt.run.micro_batches);
   return stats;
@@ -298,16 +305,15 @@ int run_benchmark(const Options& opt, zero::Communicator& comm) {
     return 2;
   }
   double own_peak = sgemm_gflops(opt.peak_size, opt.run.kernel_threads);
-  // Each stage's model has its own targets, which its loss reads.
-  std::vector<std::shared_ptr<zero::models::Gpt2Targets>> targets(4);
+  std::vector<std::unique_ptr<SyntheticSource>> sources(4);
   const zero::bench::MakeModel make_model = [&](int stage, DType dtype, bool trace) {
     zero::models::Gpt2 gpt2 = zero::models::make_gpt2(opt.gpt2, opt.run.kernel_threads);
-    targets[static_cast<size_t>(stage)] = gpt2.targets;
+    sources[static_cast<size_t>(stage)] = std::make_unique<SyntheticSource>(opt, gpt2.targets);
     return std::make_unique<zero::ZeroModel>(
         comm, std::move(gpt2.modules), zero::bench::engine_config(opt.run, stage, dtype, trace));
   };
   const zero::bench::TrainStep step = [&](StageRun& run) {
-    return train_step(run, *targets[static_cast<size_t>(run.stage)], opt, rank, world);
+    return train_step(run, *sources[static_cast<size_t>(run.stage)], opt, rank, world);
   };
   std::vector<Record> records;
   for (DType dtype : opt.run.dtypes) {

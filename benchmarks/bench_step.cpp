@@ -53,6 +53,7 @@
 #include "driver/cli.h"
 #include "driver/metrics_writer.h"
 #include "models/mlp.h"
+#include "models/train_step.h"
 #include "zero/core/check.h"
 #include "zero/runtime/engine.h"
 #include "zero/runtime/estimate.h"
@@ -211,29 +212,30 @@ int memory_table(const Options& opt) {
 
 // --- one step of the MLP ---------------------------------------------------------------------
 
-// Everything one optimizer step does, micro-batch by micro-batch; returns the engine's figures.
-zero::StepStats train_step(StageRun& run, const zero::models::TeacherTask& task, const Options& opt,
-                           int rank, int world) {
-  zero::Trace& trace = run.model->engine().trace();
-  const long per_micro_batch =
-      opt.global_batch / (static_cast<long>(world) * opt.run.micro_batches);
-  float loss_sum = 0.0f;
-  for (int k = 0; k < opt.run.micro_batches; ++k) {
-    // Micro-batch k of the global batch is split across ranks in contiguous blocks.
-    const int64_t first = (static_cast<int64_t>(k) * world + rank) * per_micro_batch;
-    zero::models::Batch batch;
-    {
-      zero::ScopedSpan span(trace, "data");
-      batch = task.batch(run.data_step, first, per_micro_batch);
-    }
-    const zero::Tensor prediction = run.model->forward(batch.inputs);
-    zero::Tensor grad;
-    {
-      zero::ScopedSpan span(trace, "loss");
-      loss_sum += zero::models::mse_loss(prediction, batch.targets, grad);
-    }
-    run.model->backward(grad);
+// The teacher task's micro-batches: inputs, and the mean squared error against the targets.
+class TeacherSource : public zero::models::MicroBatchSource {
+ public:
+  explicit TeacherSource(const zero::models::TeacherTask& task) : task_(task) {}
+  zero::Tensor input(long step, int64_t first, int64_t count) override {
+    zero::models::Batch batch = task_.batch(step, first, count);
+    targets_ = std::move(batch.targets);
+    return std::move(batch.inputs);
   }
+  float loss(const zero::Tensor& output, zero::Tensor& grad) override {
+    return zero::models::mse_loss(output, targets_.to(output.device()), grad);
+  }
+
+ private:
+  const zero::models::TeacherTask& task_;
+  zero::Tensor targets_;
+};
+
+// Everything one optimizer step does, micro-batch by micro-batch (the loop zero-train runs);
+// returns the engine's figures.
+zero::StepStats train_step(StageRun& run, TeacherSource& source, const Options& opt, int rank,
+                           int world) {
+  const float loss_sum = zero::models::forward_backward(
+      *run.model, source, run.data_step, opt.global_batch, opt.run.micro_batches, rank, world);
   const zero::StepStats stats = run.model->step();
   run.last_loss = loss_sum / static_cast<float>(opt.run.micro_batches);
   return stats;
@@ -324,13 +326,14 @@ int run_benchmark(const Options& opt, zero::Communicator& comm) {
     return 2;
   }
   const zero::models::TeacherTask task(opt.mlp, 1);
+  TeacherSource source(task);
   const zero::bench::MakeModel make_model = [&](int stage, DType dtype, bool trace) {
     return std::make_unique<zero::ZeroModel>(
         comm, zero::models::make_mlp(opt.mlp),
         zero::bench::engine_config(opt.run, stage, dtype, trace));
   };
   const zero::bench::TrainStep step = [&](StageRun& run) {
-    return train_step(run, task, opt, rank, world);
+    return train_step(run, source, opt, rank, world);
   };
   std::vector<Record> records;
   for (DType dtype : opt.run.dtypes) {

@@ -137,7 +137,8 @@ class Gpt2Task : public TrainTask {
   // each batch (batch_slice, one micro-batch), and the slices' sums add up to the batch's,
   // whatever the world size.
   float validation_loss(ZeroModel& model, Communicator& host) override {
-    const BatchSlice slice = batch_slice(global_batch_, 1, host.world_size(), 0, host.rank());
+    const models::BatchSlice slice =
+        models::batch_slice(global_batch_, 1, host.world_size(), 0, host.rank());
     double sum = 0.0;
     for (long b = 0; b < val_batches_; ++b) {
       const Tensor tokens = read(*val_, b, slice.first, slice.count);
@@ -227,22 +228,6 @@ class Gpt2Task : public TrainTask {
 };
 
 }  // namespace
-
-BatchSlice batch_slice(int64_t global_batch, int micro_batches, int world_size, int micro_batch,
-                       int rank) {
-  const int64_t slices = static_cast<int64_t>(micro_batches) * world_size;
-  const int64_t index = static_cast<int64_t>(micro_batch) * world_size + rank;
-  const int64_t base = global_batch / slices;
-  const int64_t extra = global_batch % slices;  // the first `extra` slices take one more
-  BatchSlice slice;
-  slice.first = index * base + (index < extra ? index : extra);
-  slice.count = base + (index < extra ? 1 : 0);
-  if (extra != 0) {
-    slice.weight = static_cast<float>(static_cast<double>(slice.count * slices) /
-                                      static_cast<double>(global_batch));
-  }
-  return slice;
-}
 
 std::unique_ptr<TrainTask> make_train_task(const Flags& flags, const TrainingConfig& config) {
   if (flags.model == "mlp") return std::make_unique<MlpTask>(flags.mlp);

@@ -1,6 +1,7 @@
 // What zero-train trains, behind one interface: the MLP on its synthetic teacher task, or the
-// GPT-2 on token files. The loop in zero_train.cpp asks a task for its modules, then for each
-// micro-batch its input and, from the model's output, its loss and the loss's gradient.
+// GPT-2 on token files. The loop in zero_train.cpp asks a task for its modules, then runs each
+// step's micro-batches through models::forward_backward, which asks the task for each input and,
+// from the model's output, the loss and its gradient.
 #pragma once
 
 #include <cstdint>
@@ -10,24 +11,12 @@
 
 #include "driver/metrics_writer.h"
 #include "examples/train_flags.h"
+#include "models/train_step.h"
 #include "zero/runtime/model.h"
 
 namespace zero::examples {
 
-// The samples one rank takes in one micro-batch: the global batch of B samples is cut into
-// K * N contiguous slices (micro-batch k, rank r: slice k * N + r) whose sizes differ by at most
-// one when B is not a multiple of K * N. Each slice's loss gradient is multiplied by `weight`,
-// its size over the mean slice size, so that the engine's average over ranks and micro-batches
-// is the mean over the B samples.
-struct BatchSlice {
-  int64_t first = 0;
-  int64_t count = 0;
-  float weight = 1.0f;
-};
-BatchSlice batch_slice(int64_t global_batch, int micro_batches, int world_size, int micro_batch,
-                       int rank);
-
-class TrainTask {
+class TrainTask : public models::MicroBatchSource {
  public:
   virtual ~TrainTask() = default;
 
@@ -41,12 +30,7 @@ class TrainTask {
   // seed of the data (the run's, or the resumed checkpoint's).
   virtual void start(Engine& engine, uint64_t data_seed) = 0;
 
-  // The input of samples [first, first + count) of step's global batch, in host memory; the
-  // task keeps what the loss needs (the targets).
-  virtual Tensor input(long step, int64_t first, int64_t count) = 0;
-  // The loss of the micro-batch from the model's output, and d(loss)/d(output) into grad (on the
-  // output's device).
-  virtual float loss(const Tensor& output, Tensor& grad) = 0;
+  // input() and loss() per micro-batch: see models::MicroBatchSource.
   // Tokens in one sample (1 for the MLP): tokens_per_s in the metrics.
   virtual int64_t tokens_per_sample() const = 0;
 

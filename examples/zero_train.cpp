@@ -93,7 +93,6 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
   // Metrics, memory figures and traces are host values: they travel over MPI even when the
   // engine's collectives run through NCCL.
   zero::Communicator& host = engine.host_communicator();
-  const std::shared_ptr<zero::DeviceContext>& device = engine.device_context();
 
   // Resume: the checkpoint brings the engine's state; the data position and the seed come back
   // with the trainer state, so steps after it see the data the uninterrupted run saw.
@@ -177,35 +176,20 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
         !f.save_dir.empty() && ((f.save_every > 0 && step % f.save_every == 0) || step == f.steps);
     const auto start = std::chrono::steady_clock::now();
     // Host-side timers for wall_clock_breakdown (on CUDA, the time to queue the work).
-    std::chrono::steady_clock::duration data_time{}, forward_time{}, backward_time{};
-    float loss_sum = 0.0f;
-    for (int k = 0; k < micro_batches; ++k) {
-      // Micro-batch k of the global batch is split across ranks in contiguous blocks.
-      const zero::examples::BatchSlice slice =
-          zero::examples::batch_slice(tc.train_batch_size, micro_batches, world, k, rank);
-      const auto data_start = std::chrono::steady_clock::now();
-      const zero::Tensor input = task.input(step, slice.first, slice.count);
-      data_time += std::chrono::steady_clock::now() - data_start;
-      const auto forward_start = std::chrono::steady_clock::now();
-      zero::Tensor prediction = model.forward(input.to(device));
-      forward_time += std::chrono::steady_clock::now() - forward_start;
-      zero::Tensor grad;
-      loss_sum += task.loss(prediction, grad) * slice.weight;
-      if (slice.weight != 1.0f) {
-        device->scale(grad.data(), zero::DType::kFloat32, slice.weight, grad.numel());
-      }
-      const bool faulty = step == f.fault.step && k == micro_batches - 1 && rank == world - 1;
-      if (faulty && f.fault.kind == Fault::kInfGrad) {
+    zero::models::MicroBatchTimes times;
+    // --inject-fault: the last rank's last micro-batch of the step misbehaves.
+    const auto inject_fault = [&](int k, zero::Tensor& grad) {
+      if (step != f.fault.step || k != micro_batches - 1 || rank != world - 1) return;
+      if (f.fault.kind == Fault::kInfGrad) {
         std::vector<float> values = grad.to_host();
         values[0] = std::numeric_limits<float>::infinity();
         grad = zero::Tensor(grad.shape(), values, grad.device());
       }
-      if (faulty && f.fault.kind == Fault::kKill) raise(SIGKILL);
-      if (faulty && f.fault.kind == Fault::kStop) raise(SIGSTOP);
-      const auto backward_start = std::chrono::steady_clock::now();
-      model.backward(grad);
-      backward_time += std::chrono::steady_clock::now() - backward_start;
-    }
+      if (f.fault.kind == Fault::kKill) raise(SIGKILL);
+      if (f.fault.kind == Fault::kStop) raise(SIGSTOP);
+    };
+    float loss_sum = zero::models::forward_backward(
+        model, task, step, tc.train_batch_size, micro_batches, rank, world, &times, inject_fault);
     if (step == f.fault.step && f.fault.kind == Fault::kSkipStep && rank == world - 1) {
       std::fprintf(stderr, "zero-train: rank %d skips the optimizer step of step %ld\n", rank,
                    step);
@@ -253,7 +237,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
         std::printf(
             "time (ms) | forward: %.2f | backward: %.2f | step: %.2f | data: %.2f | "
             "comm_wait (reduce+gather): %.2f | comm_busy: %.2f | collectives: %d\n",
-            to_ms(forward_time), to_ms(backward_time), optimizer_ms, to_ms(data_time),
+            to_ms(times.forward), to_ms(times.backward), optimizer_ms, to_ms(times.data),
             stats.comm_wait_ms, stats.comm_busy_ms, stats.collectives);
       }
       std::fflush(stdout);
@@ -265,7 +249,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
                       {"lr", json_number(stats.lr)},
                       {"step_ms", json_number(step_ms)},
                       {"tokens_per_s", json_number(tokens_per_s)},
-                      {"data_ms", json_number(to_ms(data_time))},
+                      {"data_ms", json_number(to_ms(times.data))},
                       {"collectives", stats.collectives},
                       {"comm_busy_ms", json_number(stats.comm_busy_ms)},
                       {"comm_wait_ms", json_number(stats.comm_wait_ms)},
