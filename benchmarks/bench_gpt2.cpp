@@ -184,16 +184,6 @@ class SyntheticSource : public zero::models::MicroBatchSource {
   std::shared_ptr<zero::models::Gpt2Targets> targets_;
 };
 
-// Everything one optimizer step does, micro-batch by micro-batch (the loop zero-train runs).
-zero::StepStats train_step(StageRun& run, SyntheticSource& source, const Options& opt, int rank,
-                           int world) {
-  const float loss_sum = zero::models::forward_backward(
-      *run.model, source, run.data_step, opt.global_batch, opt.run.micro_batches, rank, world);
-  const zero::StepStats stats = run.model->step();
-  run.last_loss = loss_sum / static_cast<float>(opt.run.micro_batches);
-  return stats;
-}
-
 // --- the sgemm peak --------------------------------------------------------------------------
 
 // The best GFLOP/s of three n x n x n cblas_sgemm calls on `threads` threads, after one
@@ -312,20 +302,14 @@ int run_benchmark(const Options& opt, zero::Communicator& comm) {
     return std::make_unique<zero::ZeroModel>(
         comm, std::move(gpt2.modules), zero::bench::engine_config(opt.run, stage, dtype, trace));
   };
-  const zero::bench::TrainStep step = [&](StageRun& run) {
-    return train_step(run, *sources[static_cast<size_t>(run.stage)], opt, rank, world);
-  };
-  std::vector<Record> records;
-  for (DType dtype : opt.run.dtypes) {
-    const std::vector<Record> dtype_records =
-        zero::bench::measure_stages(opt.run, dtype, comm, make_model, step);
-    if (rank == 0) {
-      if (records.empty()) print_header(opt, world, dtype_records.front().params);
-      for (const Record& r : dtype_records) zero::bench::print_record(r);
-      std::fflush(stdout);
-    }
-    records.insert(records.end(), dtype_records.begin(), dtype_records.end());
-  }
+  const zero::bench::TrainStep step = zero::bench::forward_backward_step(
+      [&](int stage) -> zero::models::MicroBatchSource& {
+        return *sources[static_cast<size_t>(stage)];
+      },
+      opt.global_batch, opt.run.micro_batches, rank, world);
+  const std::vector<Record> records = zero::bench::measure_dtypes(
+      opt.run, comm, make_model, step,
+      [&](const Record& first) { print_header(opt, world, first.params); });
   own_peak = std::max(own_peak, sgemm_gflops(opt.peak_size, opt.run.kernel_threads));
   double peak = 0.0;
   ZERO_MPI_CHECK(MPI_Allreduce(&own_peak, &peak, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));

@@ -230,17 +230,6 @@ class TeacherSource : public zero::models::MicroBatchSource {
   zero::Tensor targets_;
 };
 
-// Everything one optimizer step does, micro-batch by micro-batch (the loop zero-train runs);
-// returns the engine's figures.
-zero::StepStats train_step(StageRun& run, TeacherSource& source, const Options& opt, int rank,
-                           int world) {
-  const float loss_sum = zero::models::forward_backward(
-      *run.model, source, run.data_step, opt.global_batch, opt.run.micro_batches, rank, world);
-  const zero::StepStats stats = run.model->step();
-  run.last_loss = loss_sum / static_cast<float>(opt.run.micro_batches);
-  return stats;
-}
-
 // --- results ---------------------------------------------------------------------------------
 
 // --json: one record per stage and dtype, figures rounded as the report shows them.
@@ -332,20 +321,12 @@ int run_benchmark(const Options& opt, zero::Communicator& comm) {
         comm, zero::models::make_mlp(opt.mlp),
         zero::bench::engine_config(opt.run, stage, dtype, trace));
   };
-  const zero::bench::TrainStep step = [&](StageRun& run) {
-    return train_step(run, source, opt, rank, world);
-  };
-  std::vector<Record> records;
-  for (DType dtype : opt.run.dtypes) {
-    const std::vector<Record> dtype_records =
-        zero::bench::measure_stages(opt.run, dtype, comm, make_model, step);
-    if (rank == 0) {
-      if (records.empty()) print_header(opt, world, dtype_records.front().params);
-      for (const Record& r : dtype_records) zero::bench::print_record(r);
-      std::fflush(stdout);
-    }
-    records.insert(records.end(), dtype_records.begin(), dtype_records.end());
-  }
+  const zero::bench::TrainStep step = zero::bench::forward_backward_step(
+      [&](int) -> zero::models::MicroBatchSource& { return source; }, opt.global_batch,
+      opt.run.micro_batches, rank, world);
+  const std::vector<Record> records = zero::bench::measure_dtypes(
+      opt.run, comm, make_model, step,
+      [&](const Record& first) { print_header(opt, world, first.params); });
   if (rank != 0) return 0;
   print_targets(records);
   if (!opt.run.json_path.empty() && !write_json(opt.run.json_path, records, opt)) {

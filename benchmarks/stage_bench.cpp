@@ -291,4 +291,32 @@ int run_with_mpi(int* argc, char*** argv, const char* program, const StageOption
   return 1;
 }
 
+TrainStep forward_backward_step(SourceOf source_of, long global_batch, int micro_batches, int rank,
+                                int world) {
+  return [=](StageRun& run) {
+    const float loss_sum = models::forward_backward(*run.model, source_of(run.stage), run.data_step,
+                                                    global_batch, micro_batches, rank, world);
+    const StepStats stats = run.model->step();
+    run.last_loss = loss_sum / static_cast<float>(micro_batches);
+    return stats;
+  };
+}
+
+std::vector<Record> measure_dtypes(const StageOptions& opt, Communicator& comm,
+                                   const MakeModel& make_model, const TrainStep& train_step,
+                                   const std::function<void(const Record& first)>& header) {
+  std::vector<Record> records;
+  for (DType dtype : opt.dtypes) {
+    const std::vector<Record> dtype_records =
+        measure_stages(opt, dtype, comm, make_model, train_step);
+    if (comm.rank() == 0) {
+      if (records.empty()) header(dtype_records.front());
+      for (const Record& r : dtype_records) print_record(r);
+      std::fflush(stdout);
+    }
+    records.insert(records.end(), dtype_records.begin(), dtype_records.end());
+  }
+  return records;
+}
+
 }  // namespace zero::bench

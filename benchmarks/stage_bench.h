@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "driver/metrics_writer.h"
+#include "models/train_step.h"
 #include "zero/collectives/communicator.h"
 #include "zero/runtime/engine.h"
 #include "zero/runtime/model.h"
@@ -83,12 +84,25 @@ struct Record {
 using MakeModel = std::function<std::unique_ptr<ZeroModel>(int stage, DType dtype, bool trace)>;
 using TrainStep = std::function<StepStats(StageRun& run)>;
 
+// The step zero-train runs (models::forward_backward over the micro-batches, then step()), on
+// the micro-batches of `source_of(stage)`: sets run.last_loss to this rank's mean micro-batch
+// loss.
+using SourceOf = std::function<models::MicroBatchSource&(int stage)>;
+TrainStep forward_backward_step(SourceOf source_of, long global_batch, int micro_batches, int rank,
+                                int world);
+
 // Collective: builds every stage's model for `dtype`, warms each up, measures them in
 // interleaved rounds and returns one record per stage (on every rank), ratios to stage 0 set.
 // With opt.trace_prefix, writes PREFIX.stageS.DTYPE.json, a Chrome trace of each stage's last
 // round.
 std::vector<Record> measure_stages(const StageOptions& opt, DType dtype, Communicator& comm,
                                    const MakeModel& make_model, const TrainStep& train_step);
+
+// measure_stages for each dtype of opt.dtypes in turn, all records together; rank 0 prints
+// `header(first record)` once, then each record's line as its dtype is done.
+std::vector<Record> measure_dtypes(const StageOptions& opt, Communicator& comm,
+                                   const MakeModel& make_model, const TrainStep& train_step,
+                                   const std::function<void(const Record& first)>& header);
 
 // The keys of a record every step benchmark writes; the program adds its model's.
 driver::JsonRecord record_json(const Record& r, const StageOptions& opt);
