@@ -14,8 +14,9 @@
 namespace zero {
 
 Engine::Impl::Impl(Communicator& c, const std::vector<ParamDecl>& decls, const EngineConfig& cfg)
-    : comm(c),
-      config(validated(cfg, c)),
+    : hybrid(HybridGroups::split(c, cfg)),
+      comm(hybrid.shard ? *hybrid.shard : c),
+      config(validated(cfg, comm)),
       device(DeviceContext::create(cfg.device, cfg.kernel_threads)),
       owned_host_comm(cfg.device.is_cuda() ? make_mpi_communicator() : nullptr),
       host_comm(owned_host_comm ? *owned_host_comm : c),
@@ -25,8 +26,9 @@ Engine::Impl::Impl(Communicator& c, const std::vector<ParamDecl>& decls, const E
       optimizer(cfg.optimizer),
       schedule(cfg.lr_schedule),
       loss_scaler(cfg.loss_scaler),
-      rank(c.rank()),
-      world(c.world_size()),
+      rank(comm.rank()),
+      world(comm.world_size()),
+      replicas(hybrid.replica ? hybrid.replica->world_size() : 1),
       elem(dtype_size(cfg.dtype)),
       accum_dtype(accumulation_dtype(cfg)),
       accum(dtype_size(accum_dtype)),
