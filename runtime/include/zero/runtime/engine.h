@@ -195,10 +195,12 @@ class Engine {
 
   const Layout& layout() const;
   const EngineConfig& config() const;
-  // The communicator of the collectives on the engine's buffers.
+  // The communicator of the collectives on the engine's buffers: the shard group's with hybrid
+  // sharding (mics_shard_size), else the one the engine was given.
   Communicator& communicator();
-  // A communicator on host memory for small host-side exchanges (checkpoint agreement, traces,
-  // metrics): communicator() itself on the CPU, an MPI communicator of the engine's on CUDA.
+  // A communicator on host memory over every rank, for small host-side exchanges (checkpoint
+  // agreement, traces, metrics): the one the engine was given on the CPU, an MPI communicator
+  // of the engine's on CUDA.
   Communicator& host_communicator();
   // The device's compute stream, memory and element operations; modules compute on it.
   const std::shared_ptr<DeviceContext>& device_context() const;
