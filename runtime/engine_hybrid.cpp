@@ -1,6 +1,7 @@
 // Hybrid sharding (DeepSpeed MiCS's mics_shard_size): the engine's collectives run on a shard
 // group of k consecutive ranks, and each reduced gradient shard is summed across the replica
 // group (the ranks at the same position in every shard group) before anyone reads it.
+#include <cstdint>
 #include <string>
 
 #include "engine_internal.h"
@@ -52,14 +53,22 @@ HybridGroups HybridGroups::split(Communicator& world, const EngineConfig& config
   return groups;
 }
 
-// The replica all-reduce is enqueued on the shard communicator's stream and waits there for
-// the replica communicator's own stream: it runs after the shard group's reduction it follows,
-// and whatever the engine waits for on the shard stream (the returned points) covers both.
-// Every rank issues its reductions in the same order, so the replica groups' collectives match.
+// The replica all-reduce runs on the replica communicator's stream after the shard group's
+// reduction it follows, and the shard stream waits for it: whatever the engine waits for on
+// the shard stream (the returned points) covers both. It is issued from the engine's thread,
+// which is where the replica communicator's counters are read. Every rank issues its
+// reductions in the same order, so the replica groups' collectives match.
 void Engine::Impl::reduce_across_replicas(void* data, size_t count, DType dtype) {
   if (!hybrid.replica) return;
-  Communicator* replica = hybrid.replica.get();
-  comm.stream().enqueue([=] { replica->all_reduce_sync(data, data, count, dtype); });
+  Communicator& replica = *hybrid.replica;
+  replica.stream().wait(comm.stream().record());
+  comm.stream().wait(replica.all_reduce(data, data, count, dtype));
+}
+
+uint64_t Engine::own_comm_bytes() const {
+  const HybridGroups& groups = impl_->hybrid;
+  if (!groups.shard) return 0;
+  return groups.shard->counters().total_bytes() + groups.replica->counters().total_bytes();
 }
 
 }  // namespace zero

@@ -71,6 +71,29 @@ TEST(HybridSharding, ModelStatePerRankIsSixteenPsiOverK) {
   }
 }
 
+// Per step, fp32, Ψ padded parameters: stage 3 all-gathers every unit twice (forward and
+// backward) and reduce-scatters its gradient, 3 (k-1)/k Ψ over the shard group; hybrid
+// sharding adds the all-reduce of each Ψ/k shard over the R = N/k replicas, 2 (R-1)/R Ψ/k.
+// Plain stage 3 is the same formula with k = N, which checks that the formula holds here.
+TEST(HybridSharding, CommunicationPerStepFollowsTheFormula) {
+  if (world_size() < 2) GTEST_SKIP() << "one rank communicates nothing";
+  const int n = world_size();
+  std::vector<int> sizes = shard_sizes();
+  sizes.push_back(n);
+  for (int k : sizes) {
+    RunOptions o = hybrid(k == n ? -1 : k);
+    o.steps = 3;
+    o.micro_batches = 1;
+    const TrainResult run = train(o);
+    const double psi = static_cast<double>(run.padded_params) * sizeof(float);
+    const double replicas = static_cast<double>(n / k);
+    const double expected = 3.0 * (k - 1) / k * psi + 2.0 * (replicas - 1.0) / replicas * psi / k;
+    EXPECT_EQ(run.comm_bytes[1], run.comm_bytes[2]) << "k " << k;
+    EXPECT_NEAR(static_cast<double>(run.comm_bytes[2]) / expected, 1.0, 0.02)
+        << "k " << k << ": " << run.comm_bytes[2] << " bytes, formula " << expected;
+  }
+}
+
 TEST(HybridSharding, BadShardSizesAreNamedErrors) {
   const int n = world_size();
   const auto run_with = [](int k, int stage) {

@@ -233,6 +233,10 @@ class Engine {
   // communication/prefetch buffers, as the allocator counts them.
   uint64_t model_state_bytes() const;
   uint64_t buffer_bytes() const;
+  // Bytes this rank sent (CommCounters) on the communicators the engine made itself: hybrid
+  // sharding's shard and replica groups (0 without; then every collective of the engine counts
+  // on the communicator it was given). Read it from the thread that drives the engine.
+  uint64_t own_comm_bytes() const;
   // Bytes of this rank's NVMe file (optimizer offload to nvme; 0 otherwise).
   uint64_t nvme_bytes() const;
 
