@@ -87,9 +87,10 @@ struct CollectiveDescriptor {
 std::string desync_message(const std::vector<CollectiveDescriptor>& all);
 
 // The part of a backend that does not depend on how it moves data: its own MPI communicator
-// (a duplicate of MPI_COMM_WORLD, for the desync check and whatever else the backend sends over
-// MPI), counters and sequence numbers, the flight recorder, the desync check, the reports that
-// end the job, and its watchdog. Interface is Communicator or a backend's extension of it.
+// (a duplicate of MPI_COMM_WORLD or of the sub-group it was split for, for the desync check and
+// whatever else the backend sends over MPI), counters and sequence numbers, the flight recorder,
+// the desync check, the reports that end the job, and its watchdog. Interface is Communicator or a
+// backend's extension of it.
 template <typename Interface>
 class CommunicatorBase : public Interface {
  public:
@@ -105,12 +106,12 @@ class CommunicatorBase : public Interface {
   std::string flight_record() const override { return recorder_.format(rank_); }
 
  protected:
-  explicit CommunicatorBase(std::chrono::milliseconds timeout)
+  explicit CommunicatorBase(std::chrono::milliseconds timeout, MPI_Comm parent = MPI_COMM_WORLD)
       : watchdog_(timeout), desync_check_(desync_check_from_environment()) {
     int initialized = 0;
     ZERO_MPI_CHECK(MPI_Initialized(&initialized));
     ZERO_CHECK(initialized, "MPI is not initialized: create a zero::MpiSession first");
-    ZERO_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &mpi_comm_));
+    ZERO_MPI_CHECK(MPI_Comm_dup(parent, &mpi_comm_));
     // Errors on our communicator come back as codes, so they become zero::Error with context.
     ZERO_MPI_CHECK(MPI_Comm_set_errhandler(mpi_comm_, MPI_ERRORS_RETURN));
     ZERO_MPI_CHECK(MPI_Comm_rank(mpi_comm_, &rank_));

@@ -180,8 +180,8 @@ bool use_shared_memory(CpuTransport requested, MPI_Comm comm, int size) {
 class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
  public:
   MpiCommunicator(std::chrono::milliseconds timeout, size_t max_elements_per_call,
-                  CpuTransport transport)
-      : CommunicatorBase(timeout), max_elements_per_call_(max_elements_per_call) {
+                  CpuTransport transport, MPI_Comm parent = MPI_COMM_WORLD)
+      : CommunicatorBase(timeout, parent), max_elements_per_call_(max_elements_per_call) {
     if (use_shared_memory(transport, mpi_comm_, size_)) {
       shm_ = std::make_unique<backend::SharedMemoryTransport>(mpi_comm_);
     }
@@ -526,6 +526,26 @@ std::unique_ptr<Communicator> make_mpi_communicator(size_t max_elements_per_call
              "max_elements_per_call must be 1 to INT_MAX, got " << max_elements_per_call);
   return std::make_unique<MpiCommunicator>(backend::timeout_from_environment(),
                                            max_elements_per_call, transport);
+}
+
+std::unique_ptr<Communicator> make_mpi_communicator_split(int color, int key) {
+  ZERO_CHECK(color >= 0, "a communicator's color must be >= 0, got " << color);
+  MPI_Comm group = MPI_COMM_NULL;
+  ZERO_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, color, key, &group));
+  // The communicator keeps a duplicate of the split group (as it does of the world), so the
+  // split itself is freed here, also when the construction throws.
+  std::unique_ptr<Communicator> comm;
+  try {
+    comm = std::make_unique<MpiCommunicator>(backend::timeout_from_environment(),
+                                             static_cast<size_t>(INT_MAX),
+                                             CpuTransport::kFromEnvironment, group);
+  } catch (...) {
+    // Unchecked: the error being thrown is the one to report.
+    MPI_Comm_free(&group);
+    throw;
+  }
+  ZERO_MPI_CHECK(MPI_Comm_free(&group));
+  return comm;
 }
 
 }  // namespace zero

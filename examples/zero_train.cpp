@@ -170,7 +170,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
   }
 
   for (long step = first_step; step <= f.steps; ++step) {
-    const uint64_t bytes_before = comm.counters().total_bytes();
+    const uint64_t bytes_before = comm.counters().total_bytes() + engine.own_comm_bytes();
     // The last step is always saved when there is a save directory.
     const bool save_now =
         !f.save_dir.empty() && ((f.save_every > 0 && step % f.save_every == 0) || step == f.steps);
@@ -205,7 +205,8 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
     // Validation is outside the step's time: forward only, on the validation batches.
     std::optional<float> val_loss;
     if (task.validates(step)) val_loss = task.validation_loss(model, host);
-    const uint64_t step_bytes = comm.counters().total_bytes() - bytes_before;
+    const uint64_t step_bytes =
+        comm.counters().total_bytes() + engine.own_comm_bytes() - bytes_before;
     if (save_now) {
       zero::save_checkpoint(engine, f.save_dir, zero::TrainerState{step, data_seed},
                             zero::SaveOptions{tc.gather_16bit_weights_on_model_save});

@@ -202,6 +202,14 @@ void read_zero_optimization(const config::ZeroOptimization& zero, const Checker&
     }
     e.max_live_elements = static_cast<size_t>(v);
   }
+  if (zero.has_mics_shard_size()) {
+    const int64_t v = zero.mics_shard_size();
+    if (v != -1 && (v < 1 || v > std::numeric_limits<int>::max())) {
+      check.fail("zero_optimization.mics_shard_size",
+                 "-1 (off) or a shard group size of at least 1", std::to_string(v));
+    }
+    e.mics_shard_size = static_cast<int>(v);
+  }
   if (zero.has_stage3_max_reuse_distance()) {
     e.max_reuse_distance =
         static_cast<size_t>(check.integer("zero_optimization.stage3_max_reuse_distance",

@@ -14,8 +14,9 @@
 namespace zero {
 
 Engine::Impl::Impl(Communicator& c, const std::vector<ParamDecl>& decls, const EngineConfig& cfg)
-    : comm(c),
-      config(validated(cfg, c)),
+    : hybrid(HybridGroups::split(c, cfg)),
+      comm(hybrid.shard ? *hybrid.shard : c),
+      config(validated(cfg, comm)),
       device(DeviceContext::create(cfg.device, cfg.kernel_threads)),
       owned_host_comm(cfg.device.is_cuda() ? make_mpi_communicator() : nullptr),
       host_comm(owned_host_comm ? *owned_host_comm : c),
@@ -25,8 +26,9 @@ Engine::Impl::Impl(Communicator& c, const std::vector<ParamDecl>& decls, const E
       optimizer(cfg.optimizer),
       schedule(cfg.lr_schedule),
       loss_scaler(cfg.loss_scaler),
-      rank(c.rank()),
-      world(c.world_size()),
+      rank(comm.rank()),
+      world(comm.world_size()),
+      replicas(hybrid.replica ? hybrid.replica->world_size() : 1),
       elem(dtype_size(cfg.dtype)),
       accum_dtype(accumulation_dtype(cfg)),
       accum(dtype_size(accum_dtype)),
@@ -161,22 +163,24 @@ void Engine::Impl::check_same_model_on_all_ranks() {
   // Find the first parameter that differs: exchange the count, then per-parameter prints.
   std::vector<uint64_t> counts = all_gather_u64(host_comm, layout.params().size());
   std::vector<uint64_t> stages = all_gather_u64(host_comm, stage);
+  // Over every rank (host_comm), replicas of a hybrid run's shard groups too.
+  const int ranks = host_comm.world_size();
   size_t max_count = *std::max_element(counts.begin(), counts.end());
   for (size_t i = 0; i < max_count; ++i) {
     uint64_t mine = i < layout.params().size() ? layout.param_fingerprint(i) : 0;
     std::vector<uint64_t> theirs = all_gather_u64(host_comm, mine);
     std::vector<int> differing;
-    for (int r = 0; r < world; ++r) {
+    for (int r = 0; r < ranks; ++r) {
       if (theirs[r] != theirs[0]) differing.push_back(r);
     }
     if (differing.empty()) continue;
     std::string mine_text = i < layout.params().size() ? layout.describe_param(i) : "nothing";
     ZERO_FAIL("the model differs across ranks: parameter #"
               << i << " differs between rank 0 and rank(s) " << join(differing, ", ")
-              << "; this rank (" << rank << ") registered " << mine_text
+              << "; this rank (" << host_comm.rank() << ") registered " << mine_text
               << "; every rank must register the same parameters in the same order");
   }
-  for (int r = 0; r < world; ++r) {
+  for (int r = 0; r < ranks; ++r) {
     ZERO_CHECK(stages[r] == stages[0], "the ZeRO stage differs across ranks: rank 0 uses stage "
                                            << stages[0] << ", rank " << r << " uses stage "
                                            << stages[r]);

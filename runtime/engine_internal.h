@@ -248,6 +248,18 @@ bool is_persistent(const Unit& unit, const EngineConfig& config);
 
 UnitBytes unit_bytes(const Unit& unit, const EngineConfig& config, int state_arrays);
 
+// Hybrid sharding's communicators (engine_hybrid.cpp): the shard group the engine's
+// collectives run on and the replica group its gradient shards are summed across; both null
+// without hybrid sharding.
+struct HybridGroups {
+  // replica first: destroyed after shard, whose stream's queued work may still call it.
+  std::unique_ptr<Communicator> replica;
+  std::unique_ptr<Communicator> shard;
+  // Checks mics_shard_size against the world and, when it asks for hybrid sharding, splits the
+  // world (collective: every rank of `world` calls it).
+  static HybridGroups split(Communicator& world, const EngineConfig& config);
+};
+
 struct Engine::Impl {
   Impl(Communicator& c, const std::vector<ParamDecl>& decls, const EngineConfig& cfg);
 
@@ -341,6 +353,10 @@ struct Engine::Impl {
   // runs on the communication stream in order, so the returned event covers the whole chain.
   CommPoint reduce_to_shard(const Unit& unit, void* bucket, DType dtype, void* dest,
                             bool accumulate);
+
+  // Hybrid sharding: sums `count` elements at `data`, just reduced inside the shard group,
+  // across the replica group, in place, in stream order (nothing without hybrid sharding).
+  void reduce_across_replicas(void* data, size_t count, DType dtype);
 
   // Sums a whole unit's gradient (`dtype`) over the ranks in place (stage 0).
   CommPoint reduce_whole(const Unit& unit, void* bucket, DType dtype);
@@ -473,6 +489,7 @@ struct Engine::Impl {
 
   std::vector<std::vector<float>> gather_full_master();
 
+  HybridGroups hybrid;  // before comm, which is the shard group's with hybrid sharding
   Communicator& comm;
   EngineConfig config;
   std::shared_ptr<DeviceContext> device;  // before the allocator: its memory comes from here
@@ -484,8 +501,9 @@ struct Engine::Impl {
   Optimizer optimizer;
   LrSchedule schedule;
   LossScaler loss_scaler;
-  int rank;
-  int world;
+  int rank;           // in the shard group (the world without hybrid sharding)
+  int world;          // the ranks the state is sharded over
+  int replicas;       // copies of each shard: the replica group's size (1 without hybrid sharding)
   size_t elem;        // bytes per element of the working dtype
   DType accum_dtype;  // of the kept gradients (see accumulation_dtype)
   size_t accum;       // and its bytes per element

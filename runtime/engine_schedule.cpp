@@ -72,16 +72,19 @@ CommPoint Engine::Impl::reduce_to_shard(const Unit& unit, void* bucket, DType dt
   }
   const uint64_t bytes_on_wire = numel * dtype_size(wire);
   if (!accumulate && wire == dest_dtype && config.reduce_scatter) {
-    return issued(traced("reduce_scatter", bytes_on_wire,
-                         [&] { return comm.reduce_scatter(buf, dest, shard, wire); }),
-                  issue_us);
+    traced("reduce_scatter", bytes_on_wire,
+           [&] { return comm.reduce_scatter(buf, dest, shard, wire); });
+    reduce_across_replicas(dest, shard, wire);
+    return issued(comm_point(), issue_us);
   }
   void* slot = byte_offset(buf, rank * shard * dtype_size(wire));
   if (config.reduce_scatter) {
     traced("reduce_scatter", bytes_on_wire,
            [&] { return comm.reduce_scatter(buf, slot, shard, wire); });
+    reduce_across_replicas(slot, shard, wire);
   } else {
     traced("all_reduce", bytes_on_wire, [&] { return comm.all_reduce(buf, buf, numel, wire); });
+    reduce_across_replicas(slot, shard, wire);
   }
   on->enqueue([=] {
     if (dest == slot) return;
@@ -107,10 +110,12 @@ CommPoint Engine::Impl::reduce_whole(const Unit& unit, void* bucket, DType dtype
     on->enqueue([=] { dev->cast(bucket, dtype, buf, DType::kFloat32, numel, on); });
     traced("all_reduce", numel * sizeof(float),
            [&] { return comm.all_reduce(buf, buf, numel, DType::kFloat32); });
+    reduce_across_replicas(buf, numel, DType::kFloat32);
     on->enqueue([=] { dev->cast(buf, DType::kFloat32, bucket, dtype, numel, on); });
   } else {
     traced("all_reduce", numel * dtype_size(dtype),
            [&] { return comm.all_reduce(bucket, bucket, numel, dtype); });
+    reduce_across_replicas(bucket, numel, dtype);
   }
   return issued(comm_point(), issue_us);
 }
@@ -270,6 +275,8 @@ CommPoint Engine::Impl::reduce_packed(int u, void* source, DType dtype, bool acc
       return comm.reduce_scatter(fused, fused + rank * region * wire_size, region, wire);
     });
   }
+  // Only this rank's region is read below (hybrid sharding runs at stage 3 alone).
+  reduce_across_replicas(fused + rank * region * wire_size, region, wire);
   for (int v : packs.packs[p]) {
     const size_t v_shard = layout.units()[v].shard;
     const char* reduced = fused + packs.offset_of[v] * wire_size;

@@ -79,11 +79,12 @@ Engine::Impl::GradientCheck Engine::Impl::check_gradients() {
                          norm_sums_on_host.as<float>() + units.size());
   double total = 0.0;
   for (float v : check.unit_sums) total += v;
-  // Gradients are summed over ranks and micro-batches and carry the loss scale (and the
-  // pre-divide): one factor takes them back to the mean gradient of the global batch.
+  // Gradients are summed over ranks (every replica's too) and micro-batches and carry the loss
+  // scale (and the pre-divide): one factor takes them back to the mean gradient of the global
+  // batch.
   check.to_mean =
-      config.gradient_predivide_factor /
-      (static_cast<float>(world) * static_cast<float>(config.micro_batches) * loss_scale());
+      config.gradient_predivide_factor / (static_cast<float>(world) * static_cast<float>(replicas) *
+                                          static_cast<float>(config.micro_batches) * loss_scale());
   check.grad_norm = static_cast<float>(std::sqrt(total)) * check.to_mean;
   check.overflow = !std::isfinite(total);
   return check;

@@ -164,7 +164,7 @@ int optimizer_state_arrays(const OptimizerConfig& config) {
 
 LayoutOptions layout_options(const EngineConfig& config, int world_size) {
   LayoutOptions options;
-  options.world_size = world_size;
+  options.world_size = sharding_group_size(config, world_size);
   options.dtype = config.dtype;
   options.alignment_bytes = config.alignment_bytes;
   options.merge_bytes = config.merge_bytes;
@@ -221,6 +221,9 @@ std::string Engine::Impl::what_would_fit() const {
   const auto row = [&](int stage, int ranks, bool this_run) {
     EngineConfig other = config;
     other.stage = stage;
+    // `ranks` counts the ranks the state is sharded over (the shard group with hybrid
+    // sharding), so each row is a plain ZeRO run on that many.
+    other.mics_shard_size = -1;
     const MemoryPlan plan = plan_elsewhere(layout, other, ranks);
     const uint64_t need = plan.model_state + plan.buffers;
     out << "  stage " << stage << " on " << ranks << " rank(s): " << human_bytes(need)

@@ -5,6 +5,7 @@
 //                 [--merge-bytes N] --ranks 2 [--dtype D] [--stage S]
 //   zero-estimate --model gpt2 [--preset gpt2-1.5B] [--n-layer N --n-head N --n-embd N
 //                 --vocab-size N --block-size N] --ranks 8 [--dtype D] [--stage S]
+//   zero-estimate --model mlp --ranks 8 --mics-shard-size 2    (hybrid sharding, stage 3)
 //
 // prints one row per stage (or only stage S): parameters, gradients, optimizer state (fp32
 // master and Adam moments) and their total per rank, in GB (1e9 bytes) and in bytes. With the
@@ -42,7 +43,9 @@ constexpr const char* kUsage =
     "              gpt2-1.5B, then --n-layer --n-head --n-embd --vocab-size --block-size\n"
     "  with --model: --offload-optimizer none|nvme (the optimizer state on NVMe),\n"
     "              --sub-group-size N (default 1e9) and --buffer-count N (default 4), as the\n"
-    "              config's offload_optimizer and sub_group_size; the nvme column is the file\n";
+    "              config's offload_optimizer and sub_group_size; the nvme column is the file\n"
+    "  with --model: --mics-shard-size K: hybrid sharding (the config's mics_shard_size):\n"
+    "              stage 3 sharded over groups of K of the N ranks, replicated across them\n";
 
 struct Options {
   uint64_t params = 0;
@@ -56,6 +59,7 @@ struct Options {
   bool offload_nvme = false;
   size_t sub_group_size = 1000000000;  // DeepSpeed's default, as the config takes it
   int buffer_count = 4;
+  int mics_shard_size = -1;  // off
 };
 
 using zero::driver::usage_error;
@@ -143,12 +147,12 @@ Options parse_options(const std::vector<std::string>& args) {
       std::fputs(kUsage, stdout);
       std::exit(0);
     }
-    const bool model_flag = flag == "--model" || flag == "--input-dim" || flag == "--hidden" ||
-                            flag == "--output-dim" || flag == "--layers" ||
-                            flag == "--merge-bytes" || flag == "--preset" || flag == "--n-layer" ||
-                            flag == "--n-head" || flag == "--n-embd" || flag == "--vocab-size" ||
-                            flag == "--block-size" || flag == "--offload-optimizer" ||
-                            flag == "--sub-group-size" || flag == "--buffer-count";
+    const bool model_flag =
+        flag == "--model" || flag == "--input-dim" || flag == "--hidden" ||
+        flag == "--output-dim" || flag == "--layers" || flag == "--merge-bytes" ||
+        flag == "--preset" || flag == "--n-layer" || flag == "--n-head" || flag == "--n-embd" ||
+        flag == "--vocab-size" || flag == "--block-size" || flag == "--offload-optimizer" ||
+        flag == "--sub-group-size" || flag == "--buffer-count" || flag == "--mics-shard-size";
     if (flag != "--params" && flag != "--ranks" && flag != "--dtype" && flag != "--stage" &&
         !model_flag) {
       usage_error(flag.compare(0, 1, "-") == 0 ? "unknown option '" + flag + "'"
@@ -184,6 +188,8 @@ Options parse_options(const std::vector<std::string>& args) {
       options.offload_nvme = value == "nvme";
     } else if (flag == "--sub-group-size") {
       options.sub_group_size = static_cast<size_t>(parse_whole(flag, value, 1, LONG_MAX));
+    } else if (flag == "--mics-shard-size") {
+      options.mics_shard_size = static_cast<int>(parse_whole(flag, value, 1, INT_MAX));
     } else if (flag == "--buffer-count") {
       options.buffer_count = static_cast<int>(parse_whole(flag, value, 1, 1024));
     } else if (flag == "--merge-bytes") {
@@ -212,6 +218,22 @@ Options parse_options(const std::vector<std::string>& args) {
   }
   if (!have_params) usage_error("missing --params P (the number of parameters)");
   if (!have_ranks) usage_error("missing --ranks N (the number of data-parallel ranks)");
+  if (options.mics_shard_size != -1) {
+    if (options.model.empty()) usage_error("--mics-shard-size plans a --model's layout");
+    if (options.stage && *options.stage != 3) {
+      usage_error("--mics-shard-size is hybrid sharding of stage 3, not stage " +
+                  std::to_string(*options.stage));
+    }
+    options.stage = 3;
+    zero::EngineConfig config;
+    config.mics_shard_size = options.mics_shard_size;
+    if (options.offload_nvme) config.offload_optimizer.device = zero::OffloadDevice::kNvme;
+    try {
+      zero::sharding_group_size(config, options.ranks);
+    } catch (const zero::Error& e) {
+      usage_error(e.what());
+    }
+  }
   return options;
 }
 
@@ -233,11 +255,17 @@ int plan_model(const Options& options) {
   config.optimizer_sub_group_elements = options.sub_group_size;
   config.offload_optimizer.buffer_count = options.buffer_count;
   if (options.offload_nvme) config.offload_optimizer.device = zero::OffloadDevice::kNvme;
+  // The layout is sharded over the shard group (layout_options); only stage 3 is planned then.
+  config.mics_shard_size = options.mics_shard_size;
   const zero::Layout layout =
       zero::Layout::build(specs, zero::layout_options(config, options.ranks));
   std::printf("%s: %zu parameters (%zu padded) in %zu units, %d ranks, %s\n", options.model.c_str(),
               layout.numel(), layout.padded_numel(), layout.units().size(), options.ranks,
               zero::dtype_name(options.dtype));
+  if (options.mics_shard_size != -1) {
+    std::printf("hybrid sharding: shard groups of %d ranks, %d replicas\n", layout.world_size(),
+                options.ranks / layout.world_size());
+  }
   std::printf("stage  model state bytes  buffer bytes  total bytes per rank  nvme bytes\n");
   for (int stage = 0; stage <= 3; ++stage) {
     if (options.stage && *options.stage != stage) continue;

@@ -145,6 +145,9 @@ const std::vector<BadConfig>& bad_configs() {
       {R"({"train_batch_size": 8, "zero_optimization": {"stage3_max_live_parameters": 0}})",
        R"("zero_optimization.stage3_max_live_parameters" in ds.json must be at least 1 (leave it )"
        R"(out for no limit), got 0)"},
+      {R"({"train_batch_size": 8, "zero_optimization": {"mics_shard_size": 0}})",
+       R"("zero_optimization.mics_shard_size" in ds.json must be -1 (off) or a shard group )"
+       R"(size of at least 1, got 0)"},
       {R"({"train_batch_size": 8, "zero_optimization": {"sub_group_size": 0}})",
        R"("zero_optimization.sub_group_size" in ds.json must be at least 1, got 0)"},
       {R"({"train_batch_size": 8, "zero_optimization": {"allgather_bucket_size": 0}})",

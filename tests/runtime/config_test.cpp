@@ -159,6 +159,17 @@ TEST(Config, IntegerKeysAcceptExponentNotation) {
   EXPECT_EQ(c.engine.merge_bytes, EngineConfig().merge_bytes);
 }
 
+// DeepSpeed's MiCS key: absent is off (-1), a value reaches the engine as it is (the engine
+// checks it against the world: runtime_hybrid_test).
+TEST(Config, MicsShardSizeReachesTheEngine) {
+  EXPECT_EQ(
+      parse_training_config(R"({"train_batch_size": 8})", 4, "ds.json").engine.mics_shard_size, -1);
+  const TrainingConfig c = parse_training_config(
+      R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "mics_shard_size": 2}})", 4,
+      "ds.json");
+  EXPECT_EQ(c.engine.mics_shard_size, 2);
+}
+
 TEST(Config, AbsentKeysTakeTheDocumentedDefaults) {
   const TrainingConfig c = parse_training_config(R"({"train_batch_size": 8})", 2, "ds.json");
   const EngineConfig defaults;

@@ -85,7 +85,7 @@ inline TrainResult train(const RunOptions& o) {
     run.plan = plan_memory(model.engine().layout(), config);
     run.padded_params = model.engine().layout().padded_numel();
     for (int step = 1; step <= o.steps; ++step) {
-      const uint64_t before = comm->counters().total_bytes();
+      const uint64_t before = comm->counters().total_bytes() + model.engine().own_comm_bytes();
       float loss_sum = 0.0f;
       for (int k = 0; k < o.micro_batches; ++k) {
         const int64_t first = (static_cast<int64_t>(k) * world + comm->rank()) * per_micro;
@@ -103,7 +103,8 @@ inline TrainResult train(const RunOptions& o) {
       run.loss_scales.push_back(stats.loss_scale);
       run.collectives.push_back(stats.collectives);
       if (o.record_params) run.params_after_step.push_back(model.engine().gather_full_params());
-      run.comm_bytes.push_back(comm->counters().total_bytes() - before);
+      run.comm_bytes.push_back(comm->counters().total_bytes() + model.engine().own_comm_bytes() -
+                               before);
       float total = 0.0f;
       comm->all_reduce_sync(&loss_sum, &total, 1, DType::kFloat32);
       run.losses.push_back(total / static_cast<float>(world * o.micro_batches));

@@ -126,6 +126,22 @@ TEST(ZeroEstimate, BadArgumentsExit2WithTheProblem) {
   expect_usage_error({"--params", "1B", "--ranks", "2", "extra"}, "unexpected argument 'extra'");
 }
 
+TEST(ZeroEstimate, BadShardSizesAreUsageErrors) {
+  // The engine's own check names a shard size the world cannot use (its message ends with
+  // where it was raised, so only its text is compared).
+  const ProgramOutcome bad =
+      run_estimate({"--model", "mlp", "--ranks", "4", "--mics-shard-size", "3"});
+  EXPECT_EQ(bad.exit_code, 2) << bad.out;
+  EXPECT_NE(bad.err.find("zero-estimate: mics_shard_size must be -1 (off) or a shard group size "
+                         "from 1 to the 4 ranks that divides them, got 3"),
+            std::string::npos)
+      << bad.err;
+  expect_usage_error({"--model", "mlp", "--ranks", "4", "--mics-shard-size", "2", "--stage", "2"},
+                     "--mics-shard-size is hybrid sharding of stage 3, not stage 2");
+  expect_usage_error({"--params", "1B", "--ranks", "4", "--mics-shard-size", "2"},
+                     "--mics-shard-size plans a --model's layout");
+}
+
 TEST(ZeroEstimate, HelpPrintsUsage) {
   const ProgramOutcome outcome = run_estimate({"--help"});
   EXPECT_EQ(outcome.exit_code, 0);

@@ -61,4 +61,10 @@ std::unique_ptr<Communicator> make_mpi_communicator();
 std::unique_ptr<Communicator> make_mpi_communicator(
     size_t max_elements_per_call, CpuTransport transport = CpuTransport::kFromEnvironment);
 
+// Creates an MPI communicator over the ranks of MPI_COMM_WORLD that pass the same `color`
+// (>= 0), ranked by `key` (MPI_Comm_split), with its own stream, watchdog and, when its ranks
+// share a node, shared-memory window. Hybrid sharding runs one over each shard group and one
+// over each replica group. Collective over the whole world: every rank calls it together.
+std::unique_ptr<Communicator> make_mpi_communicator_split(int color, int key);
+
 }  // namespace zero

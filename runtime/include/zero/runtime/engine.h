@@ -133,6 +133,14 @@ struct EngineConfig {
                                   // unit gathered if backward needs it again within this
                                   // many gathered elements
 
+  // Hybrid sharding (DeepSpeed MiCS's mics_shard_size; -1: off). With k (1 <= k < N, k dividing
+  // the N ranks; stage 3, CPU path) the model state is sharded over shard groups of k
+  // consecutive ranks and replicated across them: gradients are reduce-scattered inside the
+  // group, then each shard is all-reduced across the replica group (the ranks at the same
+  // position in every group); parameters are all-gathered inside the group only. Model state
+  // per rank is 16Ψ/k at fp32. k = N is plain ZeRO-3.
+  int mics_shard_size = -1;
+
   // Record compute and collective spans (Engine::trace()) for a Chrome trace and overlap figures.
   // CPU only: the spans are host times, which on CUDA would be launch times, not run times.
   bool trace = false;
@@ -187,10 +195,12 @@ class Engine {
 
   const Layout& layout() const;
   const EngineConfig& config() const;
-  // The communicator of the collectives on the engine's buffers.
+  // The communicator of the collectives on the engine's buffers: the shard group's with hybrid
+  // sharding (mics_shard_size), else the one the engine was given.
   Communicator& communicator();
-  // A communicator on host memory for small host-side exchanges (checkpoint agreement, traces,
-  // metrics): communicator() itself on the CPU, an MPI communicator of the engine's on CUDA.
+  // A communicator on host memory over every rank, for small host-side exchanges (checkpoint
+  // agreement, traces, metrics): the one the engine was given on the CPU, an MPI communicator
+  // of the engine's on CUDA.
   Communicator& host_communicator();
   // The device's compute stream, memory and element operations; modules compute on it.
   const std::shared_ptr<DeviceContext>& device_context() const;
@@ -223,6 +233,10 @@ class Engine {
   // communication/prefetch buffers, as the allocator counts them.
   uint64_t model_state_bytes() const;
   uint64_t buffer_bytes() const;
+  // Bytes this rank sent (CommCounters) on the communicators the engine made itself: hybrid
+  // sharding's shard and replica groups (0 without; then every collective of the engine counts
+  // on the communicator it was given). Read it from the thread that drives the engine.
+  uint64_t own_comm_bytes() const;
   // Bytes of this rank's NVMe file (optimizer offload to nvme; 0 otherwise).
   uint64_t nvme_bytes() const;
 
@@ -277,8 +291,13 @@ struct MemoryPlan {
 };
 MemoryPlan plan_memory(const Layout& layout, const EngineConfig& config);
 
-// The layout the engine builds for a config on world_size ranks (zero-estimate and the
-// benchmarks plan with the same one).
+// The ranks the model state is sharded over: the shard group's size with hybrid sharding
+// (mics_shard_size), else all world_size ranks. Throws for a mics_shard_size the world or the
+// config cannot use, naming the values.
+int sharding_group_size(const EngineConfig& config, int world_size);
+
+// The layout the engine builds for a config on world_size ranks, sharded over
+// sharding_group_size() of them (zero-estimate and the benchmarks plan with the same one).
 LayoutOptions layout_options(const EngineConfig& config, int world_size);
 
 }  // namespace zero

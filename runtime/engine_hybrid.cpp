@@ -1,0 +1,74 @@
+// Hybrid sharding (DeepSpeed MiCS's mics_shard_size): the engine's collectives run on a shard
+// group of k consecutive ranks, and each reduced gradient shard is summed across the replica
+// group (the ranks at the same position in every shard group) before anyone reads it.
+#include <cstdint>
+#include <string>
+
+#include "engine_internal.h"
+#include "zero/collectives/mpi_communicator.h"
+#include "zero/core/check.h"
+
+namespace zero {
+
+int sharding_group_size(const EngineConfig& config, int world_size) {
+  const int k = config.mics_shard_size;
+  if (k == -1 || k == world_size) return world_size;
+  ZERO_CHECK(k >= 1 && k < world_size && world_size % k == 0,
+             "mics_shard_size must be -1 (off) or a shard group size from 1 to the "
+                 << world_size << " ranks that divides them, got " << k);
+  ZERO_CHECK(config.stage == 3, "mics_shard_size " << k
+                                                   << " (hybrid sharding) needs ZeRO stage 3, "
+                                                      "not stage "
+                                                   << config.stage);
+  ZERO_CHECK(!config.device.is_cuda(), "mics_shard_size " << k
+                                                          << " (hybrid sharding) runs on the CPU "
+                                                             "path only for now, not on "
+                                                          << device_name(config.device));
+  ZERO_CHECK(!offloads_optimizer_to_nvme(config),
+             "mics_shard_size " << k << " (hybrid sharding) with optimizer offload to nvme is "
+                                << "not supported yet");
+  return k;
+}
+
+HybridGroups HybridGroups::split(Communicator& world, const EngineConfig& config) {
+  const int n = world.world_size();
+  const int k = sharding_group_size(config, n);
+  HybridGroups groups;
+  if (k == n) return groups;
+  // The split is over MPI_COMM_WORLD: the engine's communicator must be the whole world in its
+  // order, or the groups would not be the ones its ranks expect.
+  const std::vector<uint64_t> ranks = all_gather_u64(world, static_cast<uint64_t>(world.rank()));
+  for (int r = 0; r < n; ++r) {
+    ZERO_CHECK(ranks[static_cast<size_t>(r)] == static_cast<uint64_t>(r),
+               "hybrid sharding needs the engine's communicator to span the whole MPI world");
+  }
+  const int rank = world.rank();
+  // Both splits are collective over the world: every rank makes them in the same order.
+  groups.shard = make_mpi_communicator_split(rank / k, rank);
+  groups.replica = make_mpi_communicator_split(rank % k, rank);
+  ZERO_CHECK(groups.shard->world_size() == k && groups.replica->world_size() == n / k,
+             "the hybrid split gave shard groups of "
+                 << groups.shard->world_size() << " and replica groups of "
+                 << groups.replica->world_size() << " ranks, not " << k << " and " << n / k);
+  return groups;
+}
+
+// The replica all-reduce runs on the replica communicator's stream after the shard group's
+// reduction it follows, and the shard stream waits for it: whatever the engine waits for on
+// the shard stream (the returned points) covers both. It is issued from the engine's thread,
+// which is where the replica communicator's counters are read. Every rank issues its
+// reductions in the same order, so the replica groups' collectives match.
+void Engine::Impl::reduce_across_replicas(void* data, size_t count, DType dtype) {
+  if (!hybrid.replica) return;
+  Communicator& replica = *hybrid.replica;
+  replica.stream().wait(comm.stream().record());
+  comm.stream().wait(replica.all_reduce(data, data, count, dtype));
+}
+
+uint64_t Engine::own_comm_bytes() const {
+  const HybridGroups& groups = impl_->hybrid;
+  if (!groups.shard) return 0;
+  return groups.shard->counters().total_bytes() + groups.replica->counters().total_bytes();
+}
+
+}  // namespace zero
