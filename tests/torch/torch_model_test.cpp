@@ -121,6 +121,34 @@ TEST(TorchModel, ParametersAreViewsOfTheEngineBuffers) {
   }
 }
 
+// grads_ready fires as autograd finishes each unit, not at the end of backward: when the first
+// layer's gradient arrives (it comes last), the later layers' reductions have been issued, and
+// their .grad views have been let go of (the buffer belongs to the reduction).
+TEST(TorchModel, LaterUnitsAreReducedDuringBackward) {
+  std::unique_ptr<Communicator> comm = make_mpi_communicator();
+  TorchModel model(*comm, make_mlp(1), config_at(2));
+  const std::vector<torch::Tensor> params = model.module()->parameters();
+  const auto calls = [&] {
+    uint64_t total = 0;
+    for (uint64_t n : comm->counters().calls) total += n;
+    return total;
+  };
+  uint64_t before = 0;
+  uint64_t during = 0;
+  bool last_layer_released = false;
+  params[0].register_hook([&](const torch::Tensor&) {
+    during = calls();
+    last_layer_released = !params.back().grad().defined();
+  });
+  const auto [x, y] = batch(0);
+  const torch::Tensor loss = torch::mse_loss(model.forward(x), y);
+  before = calls();
+  loss.backward();
+  EXPECT_GT(during, before);
+  EXPECT_TRUE(last_layer_released);
+  model.step();
+}
+
 TEST(TorchModel, StepWithoutBackwardNamesTheParameters) {
   std::unique_ptr<Communicator> comm = make_mpi_communicator();
   TorchModel model(*comm, make_mlp(1), config_at(1));
