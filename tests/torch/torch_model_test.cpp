@@ -57,9 +57,10 @@ std::vector<std::vector<torch::Tensor>> train_plain() {
   return after;
 }
 
-EngineConfig config_at(int stage) {
+EngineConfig config_at(int stage, int micro_batches = 1) {
   EngineConfig config;
   config.stage = stage;
+  config.micro_batches = micro_batches;
   config.optimizer.lr = kLr;
   config.optimizer.weight_decay = kWeightDecay;
   return config;
@@ -72,18 +73,22 @@ EngineConfig config_at(int stage) {
 constexpr double kRel = 1e-5;
 constexpr double kAbs = 1e-6;
 
-void expect_matches_plain(int stage) {
+// Each micro-batch's loss is the mean over its rows; the engine averages over micro-batches
+// and ranks, which is the global mean.
+void expect_matches_plain(int stage, int micro_batches = 1) {
   const std::vector<std::vector<torch::Tensor>> plain = train_plain();
   std::unique_ptr<Communicator> comm = make_mpi_communicator();
   const int rank = comm->rank();
-  const int64_t rows = kGlobalRows / comm->world_size();
+  const int64_t rows = kGlobalRows / comm->world_size() / micro_batches;
   // Other ranks start elsewhere: the wrap must start every rank from rank 0's values.
-  TorchModel model(*comm, make_mlp(1 + static_cast<uint64_t>(rank) * 7), config_at(stage));
+  TorchModel model(*comm, make_mlp(1 + static_cast<uint64_t>(rank) * 7),
+                   config_at(stage, micro_batches));
   for (int step = 0; step < kSteps; ++step) {
     const auto [x, y] = batch(step);
-    const torch::Tensor loss = torch::mse_loss(model.forward(x.narrow(0, rank * rows, rows)),
-                                               y.narrow(0, rank * rows, rows));
-    loss.backward();
+    for (int k = 0; k < micro_batches; ++k) {
+      const int64_t first = (rank * micro_batches + k) * rows;
+      torch::mse_loss(model.forward(x.narrow(0, first, rows)), y.narrow(0, first, rows)).backward();
+    }
     model.step();
     const std::vector<torch::Tensor> seen = snapshot(model.module());
     ASSERT_EQ(seen.size(), plain[step].size());
@@ -91,8 +96,8 @@ void expect_matches_plain(int stage) {
       const torch::Tensor error = (seen[p] - plain[step][p]).abs();
       const torch::Tensor bound = kRel * plain[step][p].abs() + kAbs;
       EXPECT_TRUE(error.le(bound).all().item<bool>())
-          << "stage " << stage << ", step " << step + 1 << ", parameter " << p << ": max error "
-          << error.max().item<float>();
+          << "stage " << stage << ", " << micro_batches << " micro-batch(es), step " << step + 1
+          << ", parameter " << p << ": max error " << error.max().item<float>();
     }
   }
   // The comparison means something only if training moved the parameters well past it.
@@ -108,6 +113,9 @@ TEST(TorchModel, Stage1MatchesPlainLibTorch) {
 }
 TEST(TorchModel, Stage2MatchesPlainLibTorch) {
   expect_matches_plain(2);
+}
+TEST(TorchModel, TwoMicroBatchesMatchPlainLibTorch) {
+  for (int stage = 0; stage <= 2; ++stage) expect_matches_plain(stage, 2);
 }
 
 // The module's parameters are views of the engine's buffers: the engine's full parameters
