@@ -119,17 +119,13 @@ TorchModel::TorchModel(Communicator& comm, torch::nn::Sequential module, const E
   bind_parameters();
 }
 
-// The module keeps working on its own copy of the trained values once the engine is gone,
-// and the accumulators lose the hooks that point here.
+// The engine's buffers go with it: the parameters get storage of their own. The hooks go with
+// the accumulators, which only this object and live graphs hold.
 TorchModel::~TorchModel() {
   torch::NoGradGuard no_grad;
   for (torch::Tensor& param : params_) {
     param.set_data(param.detach().clone());
     param.mutable_grad() = torch::Tensor();
-  }
-  for (const std::shared_ptr<torch::autograd::Node>& accumulator : accumulators_) {
-    accumulator->pre_hooks().clear();
-    accumulator->post_hooks().clear();
   }
 }
 

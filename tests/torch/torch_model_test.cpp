@@ -157,6 +157,45 @@ TEST(TorchModel, LaterUnitsAreReducedDuringBackward) {
   model.step();
 }
 
+// Once the model is gone, the module keeps the trained values in storage of its own and
+// trains with LibTorch alone: gradients land in .grad again.
+TEST(TorchModel, ModuleOutlivesTheModel) {
+  torch::nn::Sequential net = make_mlp(1);
+  std::vector<torch::Tensor> trained;
+  std::vector<const void*> engine_buffers;
+  {
+    std::unique_ptr<Communicator> comm = make_mpi_communicator();
+    TorchModel model(*comm, net, config_at(2));
+    const auto [x, y] = batch(0);
+    torch::mse_loss(model.forward(x), y).backward();
+    model.step();
+    trained = snapshot(net);
+    for (size_t p = 0; p < trained.size(); ++p) {
+      engine_buffers.push_back(model.engine().param(static_cast<int>(p)));
+    }
+  }
+  const std::vector<torch::Tensor> initial = snapshot(make_mlp(1));
+  for (size_t p = 0; p < trained.size(); ++p) {
+    EXPECT_NE(net->parameters()[p].data_ptr(), engine_buffers[p]) << p << ": freed storage";
+    EXPECT_TRUE(net->parameters()[p].equal(trained[p])) << p;
+    EXPECT_FALSE(trained[p].equal(initial[p])) << p;
+  }
+  // The same values in a module never wrapped: the gradients must be the same, in .grad.
+  torch::nn::Sequential plain = make_mlp(1);
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t p = 0; p < trained.size(); ++p) plain->parameters()[p].copy_(trained[p]);
+  }
+  const auto [x, y] = batch(1);
+  torch::mse_loss(net->forward(x), y).backward();
+  torch::mse_loss(plain->forward(x), y).backward();
+  for (size_t p = 0; p < trained.size(); ++p) {
+    const torch::Tensor grad = net->parameters()[p].grad();
+    ASSERT_TRUE(grad.defined()) << p;
+    EXPECT_TRUE(grad.equal(plain->parameters()[p].grad())) << p;
+  }
+}
+
 TEST(TorchModel, StepWithoutBackwardNamesTheParameters) {
   std::unique_ptr<Communicator> comm = make_mpi_communicator();
   TorchModel model(*comm, make_mlp(1), config_at(1));

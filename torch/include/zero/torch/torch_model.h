@@ -34,8 +34,8 @@ class TorchModel {
   // Throws zero::Error for stage 3, a working dtype other than fp32, a non-CPU device, or a
   // parameter that is not a contiguous fp32 CPU tensor.
   TorchModel(Communicator& comm, torch::nn::Sequential module, const EngineConfig& config);
-  // The hooks on the parameters' gradient accumulators refer to this object: it must outlive
-  // every backward through a forward it ran.
+  // Gives the module its own copy of the current values: it trains on with LibTorch alone.
+  // No backward may run through a graph built by forward() before this.
   ~TorchModel();
   TorchModel(const TorchModel&) = delete;
   TorchModel& operator=(const TorchModel&) = delete;
