@@ -31,8 +31,8 @@ class TorchModel {
  public:
   // Registers the children's parameters (named as named_parameters() names them: "0.weight"),
   // starts every rank from rank 0's values and binds the parameters to the engine's buffers.
-  // Throws zero::Error for stage 3, a working dtype other than fp32, a non-CPU device, or a
-  // parameter that is not a contiguous fp32 CPU tensor.
+  // Throws zero::Error for stage 3, a working dtype other than fp32, a CUDA device, or a
+  // parameter that is not an fp32 CPU tensor.
   TorchModel(Communicator& comm, torch::nn::Sequential module, const EngineConfig& config);
   // Gives the module its own copy of the current values: it trains on with LibTorch alone.
   // No backward may run through a graph built by forward() before this.
