@@ -14,6 +14,7 @@ packages=(
   clang libclang-rt-14-dev
   iproute2  # ip and tc, for the network namespaces of the multi-node tests
   fortunes  # English text (/usr/share/games/fortunes) for zero-tokenize and the GPT-2's tests
+  libtorch-dev  # LibTorch 1.13 (CPU) for the torch/ adapter: two translation units, ~30 s
 )
 
 missing=()

@@ -1,0 +1,211 @@
+// A LibTorch MLP wrapped by TorchModel at stages 0-2, at 1 and 2 ranks, against the same MLP
+// trained by plain LibTorch with torch::optim::AdamW on the whole global batch: the parameters
+// the module sees after every step agree. Each rank takes its rows of the batch and its loss
+// is the mean over them, so the engine's average over ranks is the global mean.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "tests/expect_error.h"
+#include "zero/collectives/mpi_communicator.h"
+#include "zero/torch/torch_model.h"
+
+namespace zero {
+namespace {
+
+using zero::testing::expect_error_naming;
+
+constexpr int kSteps = 5;
+constexpr int64_t kGlobalRows = 8;
+constexpr float kLr = 1e-2f;
+constexpr float kWeightDecay = 0.1f;
+
+torch::nn::Sequential make_mlp(uint64_t seed) {
+  torch::manual_seed(seed);
+  return torch::nn::Sequential(torch::nn::Linear(6, 16), torch::nn::Tanh(),
+                               torch::nn::Linear(16, 16), torch::nn::Tanh(),
+                               torch::nn::Linear(16, 3));
+}
+
+// The global batch of a step: inputs and regression targets.
+std::pair<torch::Tensor, torch::Tensor> batch(int step) {
+  torch::manual_seed(1000 + step);
+  return {torch::randn({kGlobalRows, 6}), torch::randn({kGlobalRows, 3})};
+}
+
+std::vector<torch::Tensor> snapshot(const torch::nn::Sequential& net) {
+  std::vector<torch::Tensor> values;
+  for (const torch::Tensor& p : net->parameters()) values.push_back(p.detach().clone());
+  return values;
+}
+
+// Plain LibTorch: the parameters after each step.
+std::vector<std::vector<torch::Tensor>> train_plain() {
+  torch::nn::Sequential net = make_mlp(1);
+  torch::optim::AdamW adamw(net->parameters(),
+                            torch::optim::AdamWOptions(kLr).weight_decay(kWeightDecay));
+  std::vector<std::vector<torch::Tensor>> after;
+  for (int step = 0; step < kSteps; ++step) {
+    const auto [x, y] = batch(step);
+    adamw.zero_grad();
+    torch::mse_loss(net->forward(x), y).backward();
+    adamw.step();
+    after.push_back(snapshot(net));
+  }
+  return after;
+}
+
+EngineConfig config_at(int stage, int micro_batches = 1) {
+  EngineConfig config;
+  config.stage = stage;
+  config.micro_batches = micro_batches;
+  config.optimizer.lr = kLr;
+  config.optimizer.weight_decay = kWeightDecay;
+  return config;
+}
+
+// Tolerance: fp32 on both sides, but the sums differ in order (the ranks' halves averaged by
+// the reduction, not one mean over the batch, and the engine's own AdamW kernel), so results
+// agree to rounding, not bit for bit: the largest difference seen is 6e-8 on values near 0.5.
+// A wrong gradient or a missed update is off by about lr (1e-2) after one step.
+constexpr double kRel = 1e-5;
+constexpr double kAbs = 1e-6;
+
+// Each micro-batch's loss is the mean over its rows; the engine averages over micro-batches
+// and ranks, which is the global mean.
+void expect_matches_plain(int stage, int micro_batches = 1) {
+  const std::vector<std::vector<torch::Tensor>> plain = train_plain();
+  std::unique_ptr<Communicator> comm = make_mpi_communicator();
+  const int rank = comm->rank();
+  const int64_t rows = kGlobalRows / comm->world_size() / micro_batches;
+  // Other ranks start elsewhere: the wrap must start every rank from rank 0's values.
+  TorchModel model(*comm, make_mlp(1 + static_cast<uint64_t>(rank) * 7),
+                   config_at(stage, micro_batches));
+  for (int step = 0; step < kSteps; ++step) {
+    const auto [x, y] = batch(step);
+    for (int k = 0; k < micro_batches; ++k) {
+      const int64_t first = (rank * micro_batches + k) * rows;
+      torch::mse_loss(model.forward(x.narrow(0, first, rows)), y.narrow(0, first, rows)).backward();
+    }
+    model.step();
+    const std::vector<torch::Tensor> seen = snapshot(model.module());
+    ASSERT_EQ(seen.size(), plain[step].size());
+    for (size_t p = 0; p < seen.size(); ++p) {
+      const torch::Tensor error = (seen[p] - plain[step][p]).abs();
+      const torch::Tensor bound = kRel * plain[step][p].abs() + kAbs;
+      EXPECT_TRUE(error.le(bound).all().item<bool>())
+          << "stage " << stage << ", " << micro_batches << " micro-batch(es), step " << step + 1
+          << ", parameter " << p << ": max error " << error.max().item<float>();
+    }
+  }
+  // The comparison means something only if training moved the parameters well past it.
+  const std::vector<torch::Tensor> initial = snapshot(make_mlp(1));
+  EXPECT_GT((plain.back()[0] - initial[0]).abs().max().item<float>(), 100 * kAbs);
+}
+
+TEST(TorchModel, Stage0MatchesPlainLibTorch) {
+  expect_matches_plain(0);
+}
+TEST(TorchModel, Stage1MatchesPlainLibTorch) {
+  expect_matches_plain(1);
+}
+TEST(TorchModel, Stage2MatchesPlainLibTorch) {
+  expect_matches_plain(2);
+}
+TEST(TorchModel, TwoMicroBatchesMatchPlainLibTorch) {
+  for (int stage = 0; stage <= 2; ++stage) expect_matches_plain(stage, 2);
+}
+
+// The module's parameters are views of the engine's buffers: the engine's full parameters
+// are the module's values, with no copy.
+TEST(TorchModel, ParametersAreViewsOfTheEngineBuffers) {
+  std::unique_ptr<Communicator> comm = make_mpi_communicator();
+  TorchModel model(*comm, make_mlp(1), config_at(2));
+  const std::vector<torch::Tensor> params = model.module()->parameters();
+  for (size_t p = 0; p < params.size(); ++p) {
+    EXPECT_EQ(params[p].data_ptr(), model.engine().param(static_cast<int>(p))) << p;
+  }
+}
+
+// grads_ready fires as autograd finishes each unit, not at the end of backward: when the first
+// layer's gradient arrives (it comes last), the later layers' reductions have been issued, and
+// their .grad views have been let go of (the buffer belongs to the reduction).
+TEST(TorchModel, LaterUnitsAreReducedDuringBackward) {
+  std::unique_ptr<Communicator> comm = make_mpi_communicator();
+  TorchModel model(*comm, make_mlp(1), config_at(2));
+  const std::vector<torch::Tensor> params = model.module()->parameters();
+  const auto calls = [&] {
+    uint64_t total = 0;
+    for (uint64_t n : comm->counters().calls) total += n;
+    return total;
+  };
+  uint64_t before = 0;
+  uint64_t during = 0;
+  bool last_layer_released = false;
+  params[0].register_hook([&](const torch::Tensor&) {
+    during = calls();
+    last_layer_released = !params.back().grad().defined();
+  });
+  const auto [x, y] = batch(0);
+  const torch::Tensor loss = torch::mse_loss(model.forward(x), y);
+  before = calls();
+  loss.backward();
+  EXPECT_GT(during, before);
+  EXPECT_TRUE(last_layer_released);
+  model.step();
+}
+
+// Once the model is gone, the module keeps the trained values in storage of its own and
+// trains with LibTorch alone: gradients land in .grad again.
+TEST(TorchModel, ModuleOutlivesTheModel) {
+  torch::nn::Sequential net = make_mlp(1);
+  std::vector<torch::Tensor> trained;
+  std::vector<const void*> engine_buffers;
+  {
+    std::unique_ptr<Communicator> comm = make_mpi_communicator();
+    TorchModel model(*comm, net, config_at(2));
+    const auto [x, y] = batch(0);
+    torch::mse_loss(model.forward(x), y).backward();
+    model.step();
+    trained = snapshot(net);
+    for (size_t p = 0; p < trained.size(); ++p) {
+      engine_buffers.push_back(model.engine().param(static_cast<int>(p)));
+    }
+  }
+  const std::vector<torch::Tensor> initial = snapshot(make_mlp(1));
+  for (size_t p = 0; p < trained.size(); ++p) {
+    EXPECT_NE(net->parameters()[p].data_ptr(), engine_buffers[p]) << p << ": freed storage";
+    EXPECT_TRUE(net->parameters()[p].equal(trained[p])) << p;
+    EXPECT_FALSE(trained[p].equal(initial[p])) << p;
+  }
+  // The same values in a module never wrapped: the gradients must be the same, in .grad.
+  torch::nn::Sequential plain = make_mlp(1);
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t p = 0; p < trained.size(); ++p) plain->parameters()[p].copy_(trained[p]);
+  }
+  const auto [x, y] = batch(1);
+  torch::mse_loss(net->forward(x), y).backward();
+  torch::mse_loss(plain->forward(x), y).backward();
+  for (size_t p = 0; p < trained.size(); ++p) {
+    const torch::Tensor grad = net->parameters()[p].grad();
+    ASSERT_TRUE(grad.defined()) << p;
+    EXPECT_TRUE(grad.equal(plain->parameters()[p].grad())) << p;
+  }
+}
+
+TEST(TorchModel, StepWithoutBackwardNamesTheParameters) {
+  std::unique_ptr<Communicator> comm = make_mpi_communicator();
+  TorchModel model(*comm, make_mlp(1), config_at(1));
+  expect_error_naming([&] { model.step(); }, "'0.weight', '0.bias'");
+}
+
+TEST(TorchModel, Stage3IsRefused) {
+  std::unique_ptr<Communicator> comm = make_mpi_communicator();
+  expect_error_naming([&] { TorchModel(*comm, make_mlp(1), config_at(3)); }, "stages 0-2");
+}
+
+}  // namespace
+}  // namespace zero
