@@ -64,11 +64,14 @@ size_t product(int a, int b) {
 }
 
 // OpenBLAS returns different bits for different thread counts (it splits the work its own
-// way), so every GEMM runs as fixed blocks of kGemmBlock rows or columns of C, whichever of
-// its dimensions is larger: the blocks depend on the shapes alone, our threads take whole
-// blocks, and OpenBLAS runs single-threaded inside each. 128 keeps the repeated packing of the
-// other operand near 1% of the work while giving 2 threads enough blocks to balance.
+// way), so every GEMM runs as fixed blocks of rows or columns of C, whichever of its dimensions
+// is larger: the blocks depend on the shapes alone, our threads take whole blocks, and OpenBLAS
+// runs single-threaded inside each. Blocks are kGemmBlock wide until that would make more than
+// kGemmMaxBlocks of them; past that (the LM head's 50257 vocabulary columns) they widen, since
+// each block repacks the whole other operand: at 128 columns that repacking cost the LM head
+// GEMMs 20 % over one unblocked sgemm, at ~800 it costs a few %. 64 equal blocks still balance.
 constexpr int kGemmBlock = 128;
+constexpr int kGemmMaxBlocks = 64;
 
 // C [M, N] = A [M, K] @ B [K, N] + beta C, row-major, each operand optionally transposed as in
 // cblas_sgemm.
@@ -86,12 +89,14 @@ void blocked_sgemm(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int 
   if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
   const bool by_rows = M >= N;
   const int extent = by_rows ? M : N;
-  const size_t blocks = (extent + kGemmBlock - 1) / kGemmBlock;
-  const size_t work_per_block = static_cast<size_t>(kGemmBlock) * (by_rows ? N : M) * K;
+  const int wanted_blocks = std::min((extent + kGemmBlock - 1) / kGemmBlock, kGemmMaxBlocks);
+  const int block_size = (extent + wanted_blocks - 1) / wanted_blocks;
+  const size_t blocks = (extent + block_size - 1) / block_size;
+  const size_t work_per_block = static_cast<size_t>(block_size) * (by_rows ? N : M) * K;
   parallel_for(blocks, work_per_block, 1, opt, [&](size_t begin, size_t end) {
     for (size_t block = begin; block < end; ++block) {
-      const int first = static_cast<int>(block) * kGemmBlock;
-      const int size = std::min(kGemmBlock, extent - first);
+      const int first = static_cast<int>(block) * block_size;
+      const int size = std::min(block_size, extent - first);
       if (by_rows) {
         const float* a = A + (trans_a == CblasNoTrans ? product(first, lda) : first);
         cblas_sgemm(CblasRowMajor, trans_a, trans_b, size, N, K, 1.0f, a, lda, B, ldb, beta,
