@@ -19,17 +19,23 @@ std::string read_path(const std::string& key, const std::string& value, const Ch
   return value;
 }
 
+// The keys offload_optimizer and offload_param share, with the same meanings.
+template <typename Section, typename Offload>
+void read_shared_keys(const Section& o, const std::string& key, const Checker& check, Offload* e) {
+  if (o.has_device()) e->device = read_device(key + ".device", o.device(), check);
+  if (o.has_nvme_path()) e->nvme_path = read_path(key + ".nvme_path", o.nvme_path(), check);
+  if (o.has_pin_memory()) e->pin_memory = o.pin_memory();
+  if (o.has_buffer_count()) {
+    e->buffer_count =
+        static_cast<int>(check.integer(key + ".buffer_count", o.buffer_count(), 1, 1024));
+  }
+}
+
 void read_optimizer_offload(const config::OffloadOptimizer& o, int stage, const Checker& check,
                             TrainingConfig* out) {
   OptimizerOffload& e = out->engine.offload_optimizer;
   const std::string key = "zero_optimization.offload_optimizer";
-  if (o.has_device()) e.device = read_device(key + ".device", o.device(), check);
-  if (o.has_nvme_path()) e.nvme_path = read_path(key + ".nvme_path", o.nvme_path(), check);
-  if (o.has_pin_memory()) e.pin_memory = o.pin_memory();
-  if (o.has_buffer_count()) {
-    e.buffer_count =
-        static_cast<int>(check.integer(key + ".buffer_count", o.buffer_count(), 1, 1024));
-  }
+  read_shared_keys(o, key, check, &e);
   if (o.has_pipeline_read()) e.pipeline_read = o.pipeline_read();
   if (o.has_pipeline_write()) e.pipeline_write = o.pipeline_write();
   if (o.has_fast_init()) e.fast_init = o.fast_init();
@@ -63,13 +69,7 @@ void read_param_offload(const config::OffloadParam& o, int stage, const Checker&
                         TrainingConfig* out) {
   ParamOffload& e = out->engine.offload_param;
   const std::string key = "zero_optimization.offload_param";
-  if (o.has_device()) e.device = read_device(key + ".device", o.device(), check);
-  if (o.has_nvme_path()) e.nvme_path = read_path(key + ".nvme_path", o.nvme_path(), check);
-  if (o.has_pin_memory()) e.pin_memory = o.pin_memory();
-  if (o.has_buffer_count()) {
-    e.buffer_count =
-        static_cast<int>(check.integer(key + ".buffer_count", o.buffer_count(), 1, 1024));
-  }
+  read_shared_keys(o, key, check, &e);
   if (o.has_buffer_size()) {
     e.buffer_size =
         static_cast<size_t>(check.integer(key + ".buffer_size", o.buffer_size(), 1, kMaxInt64));
