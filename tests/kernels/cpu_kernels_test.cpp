@@ -113,17 +113,17 @@ TEST_P(OptimizerKernelTest, AdamWMatchesScalarReferenceBitwise) {
 }
 
 // Working copies of kStreamingMinElements or more are written with non-temporal stores after a
-// scalar head that aligns them: every alignment of the copy (0-7 elements off a 64-byte line,
-// and one byte off, which cannot be streamed) must give the reference's bits.
+// scalar head that aligns them: every alignment of the copy (0-7 elements off a 64-byte line)
+// must give the reference's bits. (An array off its element's alignment is not an array of that
+// type in C++, so none is tried: UBSan stops such a store.)
 TEST_P(OptimizerKernelTest, AdamWStreamedWorkingCopyMatchesScalarReferenceBitwise) {
   std::mt19937 rng(99);
   const AdamWStepConstants c = adamw_step_constants(1e-3f, 0.9, 0.999, 1e-8f, 0.01f, 2);
   const size_t n = detail::kStreamingMinElements + 37;
   for (DType param_dtype : kDTypes) {
-    for (size_t offset = 0; offset <= 8; ++offset) {
-      const bool byte_off = offset == 8;
-      SCOPED_TRACE(::testing::Message() << "param_out=" << dtype_name(param_dtype)
-                                        << (byte_off ? " one byte off" : " offset=") << offset);
+    for (size_t offset = 0; offset < 8; ++offset) {
+      SCOPED_TRACE(::testing::Message()
+                   << "param_out=" << dtype_name(param_dtype) << " offset=" << offset);
       GuardedBuffer master(DType::kFloat32, n, 0), m(DType::kFloat32, n, 0),
           v(DType::kFloat32, n, 0), grad(DType::kBFloat16, n, 0);
       fill_uniform(master, rng, 1.0f);
@@ -133,10 +133,10 @@ TEST_P(OptimizerKernelTest, AdamWStreamedWorkingCopyMatchesScalarReferenceBitwis
       GuardedBuffer want_master = master, want_m = m, want_v = v;
       GuardedBuffer want_out(param_dtype, n, 0);
       reference_adamw(want_master, want_m, want_v, grad, 1.0f, &want_out, c);
-      // The copy is written into a 64-byte aligned array, `offset` elements after a line (or one
-      // byte after), between guard bytes, and read back into a GuardedBuffer to compare.
+      // The copy is written into a 64-byte aligned array, `offset` elements after a line,
+      // between guard bytes, and read back into a GuardedBuffer to compare.
       const size_t element = dtype_size(param_dtype);
-      const size_t start = byte_off ? 1 : offset * element;
+      const size_t start = offset * element;
       std::vector<unsigned char> bytes(64 + start + n * element + 128, 0xA5);
       const size_t align = (64 - reinterpret_cast<uintptr_t>(bytes.data()) % 64) % 64;
       unsigned char* out = bytes.data() + align + 64 + start;

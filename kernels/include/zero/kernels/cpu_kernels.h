@@ -1,7 +1,7 @@
 // Vectorized CPU kernels on local memory: no communication, no ownership. Each function picks
 // the AVX2/F16C path when the CPU has it (checked once at run time) and a scalar loop
 // otherwise; both produce the same results as the scalar reference built on dtype.h and
-// optimizer_math.h. Pointers need no particular alignment.
+// optimizer_math.h. Pointers need no alignment beyond their element type's.
 #pragma once
 
 #include <cstddef>
