@@ -6,19 +6,11 @@
 
 #include "models/gpt2.h"
 #include "zero/core/check.h"
+#include "zero/core/text.h"
 #include "zero/runtime/safetensors.h"
 #include "zero/runtime/weights.h"
 
 namespace zero::models {
-
-namespace {
-
-bool ends_with(const std::string& text, const std::string& suffix) {
-  return text.size() >= suffix.size() &&
-         text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-}  // namespace
 
 void load_gpt2_weights(Engine& engine, const std::string& path) {
   LoadedSafetensors file = load_safetensors(path);

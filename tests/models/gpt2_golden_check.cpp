@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "zero/core/text.h"
 #include "zero/runtime/safetensors.h"
 
 namespace {
@@ -29,11 +30,6 @@ void check_close(const std::string& what, double got, double expected, double to
   std::printf("FAIL %s: %.9g, expected %.9g (difference %.3g > %.3g)\n", what.c_str(), got,
               expected, std::fabs(got - expected), tolerance);
   ++failures;
-}
-
-bool ends_with(const std::string& text, const std::string& suffix) {
-  return text.size() >= suffix.size() &&
-         text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 std::map<std::string, std::vector<float>> tensors_of(const std::string& path) {
@@ -140,7 +136,8 @@ int check(const std::map<std::string, std::string>& args) {
         // into updates of ~1e-5. Measured on 3 ranks: 1.1e-6 apart between stages where every
         // other tensor is within 7e-8 relative. It is still checked against PyTorch above.
         const size_t third = values.size() / 3;
-        if (tolerance > 0.0 && ends_with(name, "attn.c_attn.bias") && i >= third && i < 2 * third) {
+        if (tolerance > 0.0 && zero::ends_with(name, "attn.c_attn.bias") && i >= third &&
+            i < 2 * third) {
           continue;
         }
         if (tolerance == 0.0 && values[i] != theirs[i]) {

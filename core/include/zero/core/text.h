@@ -1,5 +1,5 @@
-// Text for messages: a list joined with a separator, a tensor shape. Every layer prints lists
-// and shapes the same way through these.
+// Text for messages: a list joined with a separator, a tensor shape; and a suffix test. Every
+// layer prints lists and shapes the same way through these.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +21,12 @@ std::string join(const Range& range, const std::string& separator) {
     first = false;
   }
   return out.str();
+}
+
+// True when `text` ends with `suffix`.
+inline bool ends_with(const std::string& text, const std::string& suffix) {
+  return text.size() >= suffix.size() &&
+         text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // A tensor shape as "[4, 8]" ("[]" for a scalar).
