@@ -56,6 +56,15 @@ def find_deepspeed_csrc(given, scratch):
     return None
 
 
+def pybind11_headers_found(torch):
+    """Whether torch's extension build will find pybind11.h (Debian's torch does not ship it)."""
+    from torch.utils.cpp_extension import include_paths
+    for directory in include_paths() + ["/usr/include", "/usr/local/include"]:
+        if os.path.isfile(os.path.join(directory, "pybind11", "pybind11.h")):
+            return True
+    return False
+
+
 def simd_flag():
     with open("/proc/cpuinfo") as f:
         flags = f.read()
@@ -96,6 +105,9 @@ def main():
         import torch
     except ImportError:
         skip("python3 has no torch (pip install torch), so DeepSpeed's CPUAdam cannot be built")
+    if not pybind11_headers_found(torch):
+        skip("pybind11's headers are missing (apt-get install pybind11-dev): torch's C++ "
+             "extensions, DeepSpeed's CPUAdam among them, include them")
     scratch = tempfile.mkdtemp(prefix="ds-csrc-")
     csrc = find_deepspeed_csrc(args.deepspeed_src, scratch)
     if csrc is None:
