@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <deque>
 
@@ -114,6 +115,9 @@ void Engine::Impl::update_offloaded(float grad_scale) {
   OffloadedOptimizer& o = *offload;
   const NvmeRecords& records = o.layout;
   o.cached = -1;  // the step rewrites every record
+  o.wait_ms = 0.0;
+  o.read_bytes = 0;
+  o.write_bytes = 0;
   if (records.records.empty()) {
     // Nothing is offloaded (no optimizer state in fp32): the passes run as in memory.
     std::vector<ShardUpdate> group;
@@ -136,22 +140,30 @@ void Engine::Impl::update_offloaded(float grad_scale) {
   const auto record_bytes = [&](size_t k) {
     return records.records[k].array_bytes * static_cast<size_t>(records.arrays);
   };
+  // The time the pass is blocked on the disk: what pipelining exists to hide.
+  const auto wait = [&](const NvmeFile::Ticket& ticket) {
+    const auto start = std::chrono::steady_clock::now();
+    o.file->wait(ticket);
+    o.wait_ms +=
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  };
   const auto start_read = [&](size_t k) {
     if (free_slots.empty()) {
       const size_t oldest = writing.front();
       writing.pop_front();
-      o.file->wait(slot_ticket[oldest]);
+      wait(slot_ticket[oldest]);
       free_slots.push_back(oldest);
     }
     const size_t slot = free_slots.front();
     free_slots.pop_front();
     slot_of[k] = slot;
     read_of[k] = o.file->read(slot_memory(slot), records.records[k].offset, record_bytes(k));
+    o.read_bytes += record_bytes(k);
   };
   // Every transfer in flight ends before the slots can be given up, also when one failed.
   const auto drain = [&] {
     while (!writing.empty()) {
-      o.file->wait(slot_ticket[writing.front()]);
+      wait(slot_ticket[writing.front()]);
       free_slots.push_back(writing.front());
       writing.pop_front();
     }
@@ -162,7 +174,7 @@ void Engine::Impl::update_offloaded(float grad_scale) {
     for (size_t k = 0; k < count; ++k) {
       if (!read_of[k]) start_read(k);
       if (config.offload_optimizer.pipeline_read && k + 1 < count) start_read(k + 1);
-      o.file->wait(read_of[k]);
+      wait(read_of[k]);
       read_of[k].reset();
       const size_t slot = slot_of[k];
       const size_t stride = records.records[k].array_bytes / sizeof(float);
@@ -180,6 +192,7 @@ void Engine::Impl::update_offloaded(float grad_scale) {
       device->apply_optimizer(optimizer, group, accum_dtype, grad_scale, config.dtype);
       slot_ticket[slot] =
           o.file->write(slot_memory(slot), records.records[k].offset, record_bytes(k));
+      o.write_bytes += record_bytes(k);
       writing.push_back(slot);
       if (!config.offload_optimizer.pipeline_write) drain();
     }

@@ -1,6 +1,7 @@
 #include "engine_internal.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 namespace zero {
@@ -29,7 +30,16 @@ StepStats Engine::Impl::step() {
       clip = config.gradient_clipping / (stats.grad_norm + 1e-6f);
       stats.clipped = true;
     }
+    const auto update_start = std::chrono::steady_clock::now();
     update(stats.lr, clip * check.to_mean);
+    stats.optimizer_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - update_start)
+            .count();
+    if (offload) {
+      stats.nvme_wait_ms = offload->wait_ms;
+      stats.nvme_read_bytes = offload->read_bytes;
+      stats.nvme_write_bytes = offload->write_bytes;
+    }
     start_post_step_gathers();
   }
   finish_step();

@@ -116,6 +116,35 @@ TEST(Offload, EveryAioSettingGivesTheSameTraining) {
   expect_bitwise(train(o), whole, "one sub-group");
 }
 
+// Each step reads every record once and writes it back once, whatever the pipelining, and says
+// so in its StepStats; the time blocked on the disk is part of the optimizer's time. In memory
+// there is no NVMe traffic.
+TEST(Offload, StepStatsCountEveryRecordOnceEachWay) {
+  for (bool pipeline : {false, true}) {
+    RunOptions o;
+    o.stage = 2;
+    o.dtype = DType::kBFloat16;
+    o.steps = 3;
+    o.tweak = nvme(200, pipeline);
+    const TrainResult run = train(o);
+    ASSERT_EQ(run.stats.size(), 3u);
+    for (const StepStats& stats : run.stats) {
+      EXPECT_EQ(stats.nvme_read_bytes, run.nvme_bytes) << "pipeline " << pipeline;
+      EXPECT_EQ(stats.nvme_write_bytes, run.nvme_bytes) << "pipeline " << pipeline;
+      EXPECT_GT(stats.optimizer_ms, 0.0);
+      EXPECT_GE(stats.nvme_wait_ms, 0.0);
+      EXPECT_LE(stats.nvme_wait_ms, stats.optimizer_ms);
+    }
+  }
+  RunOptions o;
+  o.stage = 2;
+  o.steps = 1;
+  const TrainResult in_memory = train(o);
+  EXPECT_GT(in_memory.stats[0].optimizer_ms, 0.0);
+  EXPECT_EQ(in_memory.stats[0].nvme_read_bytes + in_memory.stats[0].nvme_write_bytes, 0u);
+  EXPECT_EQ(in_memory.stats[0].nvme_wait_ms, 0.0);
+}
+
 // Host memory drops by the master and the moments (12 bytes per owned element in bf16, 8 in
 // fp32), the NVMe file holds them (each record's arrays padded to 4 KiB), the staging buffers
 // are buffers; measured equals planned in each tier.

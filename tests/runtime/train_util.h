@@ -30,6 +30,7 @@ struct TrainResult {
   MemoryPlan plan;
   std::vector<uint64_t> comm_bytes;  // per step, this rank
   std::vector<int> collectives;      // per step, as the engine counts them
+  std::vector<StepStats> stats;      // per step, what the engine returned
   uint64_t peak_bytes = 0;           // the engine allocator's peak over the run
   size_t units = 0;
   uint64_t model_state_bytes = 0;
@@ -102,6 +103,7 @@ inline TrainResult train(const RunOptions& o) {
       run.skipped.push_back(stats.skipped);
       run.loss_scales.push_back(stats.loss_scale);
       run.collectives.push_back(stats.collectives);
+      run.stats.push_back(stats);
       if (o.record_params) run.params_after_step.push_back(model.engine().gather_full_params());
       run.comm_bytes.push_back(comm->counters().total_bytes() + model.engine().own_comm_bytes() -
                                before);

@@ -1,0 +1,302 @@
+// One optimizer pass over NVMe-resident state (offload_optimizer device nvme) against the disk
+// itself: for each size, the engine's optimizer step on one rank (its StepStats say how long
+// the pass took, how long it was blocked on the disk and how many bytes it moved) alternates
+// with a raw O_DIRECT pass over a file of the same bytes in the same directory: a sequential
+// write, then a sequential read, through io_uring with the same block size and as many requests
+// in flight as the engine keeps (queue_depth per I/O thread). Both are reported as GB/s of state
+// read plus written; ours / raw is how much of the disk's speed the optimizer keeps, and
+// optimizer ms / raw ms says whether its compute hides under the I/O.
+//
+//   zero-bench-offload [--path DIR] [--sizes 64M,256M] [--dtype bf16|fp32] [--reps 3]
+//                      [--sub-group-size N] [--buffer-count N] [--block-size B]
+//                      [--queue-depth N] [--io-threads N] [--json FILE]
+//
+// Sizes count parameters (K, M, G: powers of 1024). Start it with zerorun -np 1 (or alone).
+#include <fcntl.h>
+#include <liburing.h>
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "driver/cli.h"
+#include "driver/metrics_writer.h"
+#include "zero/collectives/communicator.h"
+#include "zero/collectives/mpi_communicator.h"
+#include "zero/core/check.h"
+#include "zero/runtime/engine.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+const char* const kUsage =
+    "usage: zero-bench-offload [--path DIR] [--sizes 64M,256M] [--dtype bf16|fp32] [--reps N]\n"
+    "                          [--sub-group-size N] [--buffer-count N] [--block-size B]\n"
+    "                          [--queue-depth N] [--io-threads N] [--json FILE]\n";
+
+struct Options {
+  std::string path = ".";
+  std::vector<uint64_t> sizes = {uint64_t{64} << 20};
+  zero::DType dtype = zero::DType::kBFloat16;
+  int reps = 3;
+  size_t sub_group_elements = size_t{16} << 20;
+  int buffer_count = 4;
+  zero::AioConfig aio;
+  std::string json;
+  bool help = false;
+};
+
+Options parse_options(int argc, char** argv) {
+  using zero::driver::parse_at_least;
+  using zero::driver::usage_error;
+  Options opt;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--help") {
+      opt.help = true;
+      return opt;
+    }
+    if (i + 1 >= argc) usage_error(flag + " expects a value");
+    const std::string value = argv[++i];
+    if (flag == "--path") {
+      opt.path = value;
+    } else if (flag == "--sizes") {
+      opt.sizes.clear();
+      for (const std::string& item : zero::driver::split_commas(flag, value)) {
+        opt.sizes.push_back(zero::driver::parse_bytes(flag, item));
+      }
+    } else if (flag == "--dtype") {
+      if (value != "bf16" && value != "fp32") usage_error("--dtype must be bf16 or fp32");
+      opt.dtype = value == "bf16" ? zero::DType::kBFloat16 : zero::DType::kFloat32;
+    } else if (flag == "--reps") {
+      opt.reps = static_cast<int>(zero::driver::parse_between(flag, value, 1, 1000));
+    } else if (flag == "--sub-group-size") {
+      opt.sub_group_elements = zero::driver::parse_bytes(flag, value);
+    } else if (flag == "--buffer-count") {
+      opt.buffer_count = static_cast<int>(zero::driver::parse_between(flag, value, 1, 64));
+    } else if (flag == "--block-size") {
+      opt.aio.block_size = zero::driver::parse_bytes(flag, value);
+      if (opt.aio.block_size % 4096 != 0) usage_error("--block-size must be a multiple of 4096");
+    } else if (flag == "--queue-depth") {
+      opt.aio.queue_depth = static_cast<int>(zero::driver::parse_between(flag, value, 1, 4096));
+    } else if (flag == "--io-threads") {
+      opt.aio.intra_op_parallelism =
+          static_cast<int>(zero::driver::parse_between(flag, value, 1, 64));
+    } else if (flag == "--json") {
+      opt.json = value;
+    } else {
+      usage_error("unknown flag " + flag);
+    }
+  }
+  return opt;
+}
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// The disk alone: `bytes` written then read sequentially, O_DIRECT, in block_size requests with
+// queue_depth x io_threads in flight on one ring. The file is unlinked once open.
+class RawDisk {
+ public:
+  RawDisk(const std::string& dir, uint64_t bytes, const zero::AioConfig& aio)
+      : bytes_(bytes),
+        block_(aio.block_size),
+        depth_(static_cast<unsigned>(aio.queue_depth * aio.intra_op_parallelism)) {
+    const std::string path = dir + "/zero_bench_offload_raw." + std::to_string(::getpid());
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT, 0600);
+    ZERO_CHECK(fd_ >= 0, "cannot open '" << path << "' with O_DIRECT: " << std::strerror(errno));
+    ::unlink(path.c_str());
+    const int fallocated = ::posix_fallocate(fd_, 0, static_cast<off_t>(bytes));
+    ZERO_CHECK(fallocated == 0, "cannot reserve " << bytes << " bytes for '" << path
+                                                  << "': " << std::strerror(fallocated));
+    void* memory = nullptr;
+    ZERO_CHECK(::posix_memalign(&memory, 4096, block_ * depth_) == 0,
+               "cannot allocate " << block_ * depth_ << " aligned bytes");
+    buffer_.reset(static_cast<char*>(memory));
+    std::memset(buffer_.get(), 0x5a, block_ * depth_);
+    const int ring = io_uring_queue_init(depth_, &ring_, 0);
+    ZERO_CHECK(ring == 0, "io_uring_queue_init(" << depth_ << "): " << std::strerror(-ring));
+  }
+  ~RawDisk() {
+    io_uring_queue_exit(&ring_);
+    ::close(fd_);
+  }
+  RawDisk(const RawDisk&) = delete;
+  RawDisk& operator=(const RawDisk&) = delete;
+
+  // Seconds for one sequential pass; each request uses the buffer block of its slot in flight.
+  double pass(bool write) {
+    const Clock::time_point start = Clock::now();
+    uint64_t next = 0;
+    unsigned in_flight = 0;
+    std::vector<unsigned> free_slots;
+    for (unsigned slot = 0; slot < depth_; ++slot) free_slots.push_back(slot);
+    while (next < bytes_ || in_flight > 0) {
+      while (next < bytes_ && !free_slots.empty()) {
+        const unsigned slot = free_slots.back();
+        free_slots.pop_back();
+        const auto length = static_cast<unsigned>(std::min<uint64_t>(block_, bytes_ - next));
+        io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+        ZERO_CHECK(sqe != nullptr, "io_uring submission queue full");
+        char* data = buffer_.get() + slot * block_;
+        if (write) {
+          io_uring_prep_write(sqe, fd_, data, length, next);
+        } else {
+          io_uring_prep_read(sqe, fd_, data, length, next);
+        }
+        io_uring_sqe_set_data64(sqe, (static_cast<uint64_t>(slot) << 32) | length);
+        next += length;
+        ++in_flight;
+      }
+      const int submitted = io_uring_submit(&ring_);
+      ZERO_CHECK(submitted >= 0, "io_uring_submit: " << std::strerror(-submitted));
+      io_uring_cqe* cqe = nullptr;
+      const int waited = io_uring_wait_cqe(&ring_, &cqe);
+      ZERO_CHECK(waited == 0, "io_uring_wait_cqe: " << std::strerror(-waited));
+      const uint64_t tag = io_uring_cqe_get_data64(cqe);
+      const auto expected = static_cast<int>(tag & 0xffffffffu);
+      ZERO_CHECK(
+          cqe->res == expected,
+          (write ? "write" : "read")
+              << " of " << expected << " bytes returned " << cqe->res
+              << (cqe->res < 0 ? std::string(": ") + std::strerror(-cqe->res) : std::string()));
+      free_slots.push_back(static_cast<unsigned>(tag >> 32));
+      --in_flight;
+      io_uring_cqe_seen(&ring_, cqe);
+    }
+    return seconds_since(start);
+  }
+
+ private:
+  uint64_t bytes_;
+  size_t block_;
+  unsigned depth_;
+  int fd_ = -1;
+  std::unique_ptr<char, decltype(&std::free)> buffer_{nullptr, &std::free};
+  io_uring ring_{};
+};
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+zero::driver::JsonRecord measure(const Options& opt, zero::Communicator& comm, uint64_t params) {
+  zero::EngineConfig config;
+  config.stage = 1;
+  config.dtype = opt.dtype;
+  config.optimizer.lr = 1e-4f;
+  config.optimizer_sub_group_elements = opt.sub_group_elements;
+  config.offload_optimizer.device = zero::OffloadDevice::kNvme;
+  config.offload_optimizer.nvme_path = opt.path;
+  config.offload_optimizer.buffer_count = opt.buffer_count;
+  config.aio = opt.aio;
+  zero::ParamDecl decl;
+  decl.spec.name = "weight";
+  decl.spec.shape = {static_cast<int64_t>(params)};
+  zero::Engine engine(comm, {decl}, config);
+  RawDisk raw(opt.path, engine.nvme_bytes(), opt.aio);
+  // A gradient that changes every element (the pass's arithmetic is the same for any value).
+  const size_t grad_bytes = zero::dtype_size(opt.dtype) * params;
+  std::memset(engine.grad(0), 0x3c, grad_bytes);
+
+  std::vector<double> ours_s, wait_s, raw_s, raw_read_s, raw_write_s;
+  uint64_t moved = 0;
+  for (int rep = 0; rep <= opt.reps; ++rep) {  // rep 0 warms both up and is not counted
+    const double write_s = raw.pass(true);
+    const double read_s = raw.pass(false);
+    engine.grads_ready(0);
+    const zero::StepStats stats = engine.step();
+    std::memset(engine.grad(0), 0x3c, grad_bytes);
+    if (rep == 0) continue;
+    moved = stats.nvme_read_bytes + stats.nvme_write_bytes;
+    ours_s.push_back(stats.optimizer_ms / 1000.0);
+    wait_s.push_back(stats.nvme_wait_ms / 1000.0);
+    raw_read_s.push_back(read_s);
+    raw_write_s.push_back(write_s);
+    raw_s.push_back(read_s + write_s);
+  }
+  const double state = static_cast<double>(engine.nvme_bytes());
+  zero::driver::JsonRecord record;
+  record["params"] = params;
+  record["dtype"] = zero::dtype_name(opt.dtype);
+  record["bytes"] = engine.nvme_bytes();
+  record["moved_bytes"] = moved;
+  record["ours_ms"] = zero::driver::rounded(median(ours_s) * 1e3, 2);
+  record["nvme_wait_ms"] = zero::driver::rounded(median(wait_s) * 1e3, 2);
+  record["raw_ms"] = zero::driver::rounded(median(raw_s) * 1e3, 2);
+  record["ours_GBps"] = zero::driver::rounded(static_cast<double>(moved) / median(ours_s) / 1e9, 3);
+  record["raw_GBps"] = zero::driver::rounded(2 * state / median(raw_s) / 1e9, 3);
+  record["raw_read_GBps"] = zero::driver::rounded(state / median(raw_read_s) / 1e9, 3);
+  record["raw_write_GBps"] = zero::driver::rounded(state / median(raw_write_s) / 1e9, 3);
+  record["ours_over_raw"] = zero::driver::rounded(
+      record["ours_GBps"].get<double>() / record["raw_GBps"].get<double>(), 3);
+  record["optimizer_over_io"] = zero::driver::rounded(median(ours_s) / median(raw_s), 3);
+  return record;
+}
+
+int run(const Options& opt) {
+  std::unique_ptr<zero::Communicator> comm = zero::make_mpi_communicator();
+  ZERO_CHECK(comm->world_size() == 1, "zero-bench-offload runs on one rank, got "
+                                          << comm->world_size() << " (zerorun -np 1)");
+  std::filesystem::create_directories(opt.path);
+  std::printf(
+      "# zero-bench-offload: %s state, sub-groups of %zu, %d buffers, block %zu B, "
+      "depth %d x %d thread(s), in %s\n",
+      zero::dtype_name(opt.dtype), opt.sub_group_elements, opt.buffer_count, opt.aio.block_size,
+      opt.aio.queue_depth, opt.aio.intra_op_parallelism, opt.path.c_str());
+  std::printf("%12s %12s %10s %10s %10s %10s %10s %10s\n", "params", "state bytes", "ours ms",
+              "wait ms", "raw ms", "ours GB/s", "raw GB/s", "ours/raw");
+  std::vector<zero::driver::JsonRecord> records;
+  for (uint64_t params : opt.sizes) {
+    zero::driver::JsonRecord r = measure(opt, *comm, params);
+    std::printf("%12llu %12llu %10.1f %10.1f %10.1f %10.3f %10.3f %10.3f\n",
+                static_cast<unsigned long long>(params),
+                static_cast<unsigned long long>(r["bytes"].get<uint64_t>()),
+                r["ours_ms"].get<double>(), r["nvme_wait_ms"].get<double>(),
+                r["raw_ms"].get<double>(), r["ours_GBps"].get<double>(),
+                r["raw_GBps"].get<double>(), r["ours_over_raw"].get<double>());
+    std::fflush(stdout);
+    records.push_back(std::move(r));
+  }
+  if (!opt.json.empty()) {
+    ZERO_CHECK(zero::driver::write_json_array(opt.json, records),
+               "cannot write '" << opt.json << "'");
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  try {
+    opt = parse_options(argc, argv);
+  } catch (const zero::driver::UsageError& e) {
+    std::fprintf(stderr, "zero-bench-offload: %s\n%s", e.what(), kUsage);
+    return 2;
+  }
+  if (opt.help) {
+    std::printf("%s", kUsage);
+    return 0;
+  }
+  MPI_Init(&argc, &argv);
+  int status = 1;
+  try {
+    status = run(opt);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zero-bench-offload: error: %s\n", e.what());
+  }
+  MPI_Finalize();
+  return status;
+}
