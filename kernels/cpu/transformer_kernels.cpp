@@ -66,11 +66,13 @@ size_t product(int a, int b) {
 // OpenBLAS returns different bits for different thread counts (it splits the work its own
 // way), so every GEMM runs as fixed blocks of rows or columns of C, whichever of its dimensions
 // is larger: the blocks depend on the shapes alone, our threads take whole blocks, and OpenBLAS
-// runs single-threaded inside each. Blocks are kGemmBlock wide until that would make more than
-// kGemmMaxBlocks of them; past that (the LM head's 50257 vocabulary columns) they widen, since
-// each block repacks the whole other operand: at 128 columns that repacking cost the LM head
-// GEMMs 20 % over one unblocked sgemm, at ~800 it costs a few %. 64 equal blocks still balance.
-constexpr int kGemmBlock = 128;
+// runs single-threaded inside each. Each block repacks the whole other operand, so blocks are
+// as wide as balance allows: kGemmBlock until that would make more than kGemmMaxBlocks of them,
+// wider past that (the LM head's 50257 vocabulary columns: ~800 wide, where the repacking costs
+// a few %). At the GPT-2 benchmark's 2048 rows, 256-row blocks ran the block GEMMs (QKV, MLP,
+// projections and their backward) 10-25 % faster than 128-row ones, one thread, SkylakeX
+// kernels; 512 gained nothing more, and 8 blocks still balance over the threads we run.
+constexpr int kGemmBlock = 256;
 constexpr int kGemmMaxBlocks = 64;
 
 // C [M, N] = A [M, K] @ B [K, N] + beta C, row-major, each operand optionally transposed as in
