@@ -1,4 +1,4 @@
-// A LibTorch MLP wrapped by TorchModel at stages 0-2, at 1 and 2 ranks, against the same MLP
+// A LibTorch MLP wrapped by TorchModel at stages 0-3, at 1 and 2 ranks, against the same MLP
 // trained by plain LibTorch with torch::optim::AdamW on the whole global batch: the parameters
 // the module sees after every step agree. Each rank takes its rows of the batch and its loss
 // is the mean over them, so the engine's average over ranks is the global mean.
@@ -35,9 +35,21 @@ std::pair<torch::Tensor, torch::Tensor> batch(int step) {
   return {torch::randn({kGlobalRows, 6}), torch::randn({kGlobalRows, 3})};
 }
 
-std::vector<torch::Tensor> snapshot(const torch::nn::Sequential& net) {
+std::vector<torch::Tensor> snapshot(const torch::nn::Module& net) {
   std::vector<torch::Tensor> values;
-  for (const torch::Tensor& p : net->parameters()) values.push_back(p.detach().clone());
+  for (const torch::Tensor& p : net.parameters()) values.push_back(p.detach().clone());
+  return values;
+}
+
+// The trained values: the module's own at stages 0-2; at stage 3, where the module holds no
+// full copy between uses, the engine's gathered parameters (collective).
+std::vector<torch::Tensor> trained_values(TorchModel& model) {
+  if (model.engine().config().stage < 3) return snapshot(model.module());
+  std::vector<torch::Tensor> values;
+  const std::vector<std::vector<float>> full = model.engine().gather_full_params();
+  for (size_t p = 0; p < full.size(); ++p) {
+    values.push_back(torch::tensor(full[p]).reshape(model.engine().layout().params()[p].shape));
+  }
   return values;
 }
 
@@ -52,7 +64,7 @@ std::vector<std::vector<torch::Tensor>> train_plain() {
     adamw.zero_grad();
     torch::mse_loss(net->forward(x), y).backward();
     adamw.step();
-    after.push_back(snapshot(net));
+    after.push_back(snapshot(*net));
   }
   return after;
 }
@@ -90,7 +102,7 @@ void expect_matches_plain(int stage, int micro_batches = 1) {
       torch::mse_loss(model.forward(x.narrow(0, first, rows)), y.narrow(0, first, rows)).backward();
     }
     model.step();
-    const std::vector<torch::Tensor> seen = snapshot(model.module());
+    const std::vector<torch::Tensor> seen = trained_values(model);
     ASSERT_EQ(seen.size(), plain[step].size());
     for (size_t p = 0; p < seen.size(); ++p) {
       const torch::Tensor error = (seen[p] - plain[step][p]).abs();
@@ -101,7 +113,7 @@ void expect_matches_plain(int stage, int micro_batches = 1) {
     }
   }
   // The comparison means something only if training moved the parameters well past it.
-  const std::vector<torch::Tensor> initial = snapshot(make_mlp(1));
+  const std::vector<torch::Tensor> initial = snapshot(*make_mlp(1));
   EXPECT_GT((plain.back()[0] - initial[0]).abs().max().item<float>(), 100 * kAbs);
 }
 
@@ -114,8 +126,11 @@ TEST(TorchModel, Stage1MatchesPlainLibTorch) {
 TEST(TorchModel, Stage2MatchesPlainLibTorch) {
   expect_matches_plain(2);
 }
+TEST(TorchModel, Stage3MatchesPlainLibTorch) {
+  expect_matches_plain(3);
+}
 TEST(TorchModel, TwoMicroBatchesMatchPlainLibTorch) {
-  for (int stage = 0; stage <= 2; ++stage) expect_matches_plain(stage, 2);
+  for (int stage = 0; stage <= 3; ++stage) expect_matches_plain(stage, 2);
 }
 
 // The module's parameters are views of the engine's buffers: the engine's full parameters
@@ -123,7 +138,7 @@ TEST(TorchModel, TwoMicroBatchesMatchPlainLibTorch) {
 TEST(TorchModel, ParametersAreViewsOfTheEngineBuffers) {
   std::unique_ptr<Communicator> comm = make_mpi_communicator();
   TorchModel model(*comm, make_mlp(1), config_at(2));
-  const std::vector<torch::Tensor> params = model.module()->parameters();
+  const std::vector<torch::Tensor> params = model.module().parameters();
   for (size_t p = 0; p < params.size(); ++p) {
     EXPECT_EQ(params[p].data_ptr(), model.engine().param(static_cast<int>(p))) << p;
   }
@@ -135,7 +150,7 @@ TEST(TorchModel, ParametersAreViewsOfTheEngineBuffers) {
 TEST(TorchModel, LaterUnitsAreReducedDuringBackward) {
   std::unique_ptr<Communicator> comm = make_mpi_communicator();
   TorchModel model(*comm, make_mlp(1), config_at(2));
-  const std::vector<torch::Tensor> params = model.module()->parameters();
+  const std::vector<torch::Tensor> params = model.module().parameters();
   const auto calls = [&] {
     uint64_t total = 0;
     for (uint64_t n : comm->counters().calls) total += n;
@@ -169,12 +184,12 @@ TEST(TorchModel, ModuleOutlivesTheModel) {
     const auto [x, y] = batch(0);
     torch::mse_loss(model.forward(x), y).backward();
     model.step();
-    trained = snapshot(net);
+    trained = snapshot(*net);
     for (size_t p = 0; p < trained.size(); ++p) {
       engine_buffers.push_back(model.engine().param(static_cast<int>(p)));
     }
   }
-  const std::vector<torch::Tensor> initial = snapshot(make_mlp(1));
+  const std::vector<torch::Tensor> initial = snapshot(*make_mlp(1));
   for (size_t p = 0; p < trained.size(); ++p) {
     EXPECT_NE(net->parameters()[p].data_ptr(), engine_buffers[p]) << p << ": freed storage";
     EXPECT_TRUE(net->parameters()[p].equal(trained[p])) << p;
@@ -202,9 +217,50 @@ TEST(TorchModel, StepWithoutBackwardNamesTheParameters) {
   expect_error_naming([&] { model.step(); }, "'0.weight', '0.bias'");
 }
 
-TEST(TorchModel, Stage3IsRefused) {
+// Stage 3 keeps no full copy: between uses every parameter is empty and the engine holds only
+// the prefetched unit; in forward and backward at most the unit at work and the next one are
+// gathered, and the parameters a unit's backward sees are views of its gathered buffer.
+TEST(TorchModel, Stage3ReleasesParameters) {
   std::unique_ptr<Communicator> comm = make_mpi_communicator();
-  expect_error_naming([&] { TorchModel(*comm, make_mlp(1), config_at(3)); }, "stages 0-2");
+  TorchModel model(*comm, make_mlp(1), config_at(3));
+  Engine& engine = model.engine();
+  const Layout& layout = engine.layout();
+  EXPECT_EQ(engine.model_state_bytes(), plan_memory(layout, engine.config()).model_state);
+  const std::vector<torch::Tensor> params = model.module().parameters();
+  const auto expect_released = [&](const char* when) {
+    for (size_t p = 0; p < params.size(); ++p) {
+      EXPECT_EQ(params[p].numel(), 0) << when << ": parameter " << p;
+    }
+    EXPECT_LE(engine.live_elements(), layout.units()[0].numel) << when;
+  };
+  const size_t two_units = 2 * layout.max_unit_numel();
+  expect_released("after wrapping");
+  int hooks_run = 0;
+  for (size_t p = 0; p < params.size(); ++p) {
+    params[p].register_hook([&, p](const torch::Tensor&) {
+      ++hooks_run;
+      EXPECT_EQ(params[p].data_ptr(), engine.param(static_cast<int>(p))) << p;
+      EXPECT_LE(engine.live_elements(), two_units) << "backward of parameter " << p;
+    });
+  }
+  const auto [x, y] = batch(0);
+  const torch::Tensor out = model.forward(x);
+  for (size_t p = 0; p < params.size(); ++p) {
+    EXPECT_EQ(params[p].numel(), 0) << "after forward: parameter " << p;
+  }
+  EXPECT_LE(engine.live_elements(), layout.units().back().numel) << "after forward";
+  torch::mse_loss(out, y).backward();
+  EXPECT_EQ(hooks_run, static_cast<int>(params.size()));
+  model.step();
+  expect_released("after step");
+}
+
+TEST(TorchModel, PersistentParametersAreRefused) {
+  std::unique_ptr<Communicator> comm = make_mpi_communicator();
+  EngineConfig config = config_at(3);
+  config.persistence_threshold = 100;
+  expect_error_naming([&] { TorchModel(*comm, make_mlp(1), config); },
+                      "stage3_param_persistence_threshold");
 }
 
 }  // namespace
