@@ -9,73 +9,20 @@
 #include <vector>
 
 #include "tests/expect_error.h"
+#include "tests/torch/torch_test_util.h"
 #include "zero/collectives/mpi_communicator.h"
 #include "zero/torch/torch_model.h"
 
 namespace zero {
 namespace {
 
-using zero::testing::expect_error_naming;
-
-constexpr int kSteps = 5;
-constexpr int64_t kGlobalRows = 8;
-constexpr float kLr = 1e-2f;
-constexpr float kWeightDecay = 0.1f;
-
-torch::nn::Sequential make_mlp(uint64_t seed) {
-  torch::manual_seed(seed);
-  return torch::nn::Sequential(torch::nn::Linear(6, 16), torch::nn::Tanh(),
-                               torch::nn::Linear(16, 16), torch::nn::Tanh(),
-                               torch::nn::Linear(16, 3));
-}
-
-// The global batch of a step: inputs and regression targets.
-std::pair<torch::Tensor, torch::Tensor> batch(int step) {
-  torch::manual_seed(1000 + step);
-  return {torch::randn({kGlobalRows, 6}), torch::randn({kGlobalRows, 3})};
-}
-
-std::vector<torch::Tensor> snapshot(const torch::nn::Module& net) {
-  std::vector<torch::Tensor> values;
-  for (const torch::Tensor& p : net.parameters()) values.push_back(p.detach().clone());
-  return values;
-}
+using namespace zero::testing;
 
 // The trained values: the module's own at stages 0-2; at stage 3, where the module holds no
 // full copy between uses, the engine's gathered parameters (collective).
 std::vector<torch::Tensor> trained_values(TorchModel& model) {
   if (model.engine().config().stage < 3) return snapshot(model.module());
-  std::vector<torch::Tensor> values;
-  const std::vector<std::vector<float>> full = model.engine().gather_full_params();
-  for (size_t p = 0; p < full.size(); ++p) {
-    values.push_back(torch::tensor(full[p]).reshape(model.engine().layout().params()[p].shape));
-  }
-  return values;
-}
-
-// Plain LibTorch: the parameters after each step.
-std::vector<std::vector<torch::Tensor>> train_plain() {
-  torch::nn::Sequential net = make_mlp(1);
-  torch::optim::AdamW adamw(net->parameters(),
-                            torch::optim::AdamWOptions(kLr).weight_decay(kWeightDecay));
-  std::vector<std::vector<torch::Tensor>> after;
-  for (int step = 0; step < kSteps; ++step) {
-    const auto [x, y] = batch(step);
-    adamw.zero_grad();
-    torch::mse_loss(net->forward(x), y).backward();
-    adamw.step();
-    after.push_back(snapshot(*net));
-  }
-  return after;
-}
-
-EngineConfig config_at(int stage, int micro_batches = 1) {
-  EngineConfig config;
-  config.stage = stage;
-  config.micro_batches = micro_batches;
-  config.optimizer.lr = kLr;
-  config.optimizer.weight_decay = kWeightDecay;
-  return config;
+  return tensors_of(model.engine().gather_full_params(), model.engine().layout());
 }
 
 // Tolerance: fp32 on both sides, but the sums differ in order (the ranks' halves averaged by
