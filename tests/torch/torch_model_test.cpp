@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -33,14 +34,15 @@ constexpr double kRel = 1e-5;
 constexpr double kAbs = 1e-6;
 
 // Each micro-batch's loss is the mean over its rows; the engine averages over micro-batches
-// and ranks, which is the global mean.
-void expect_matches_plain(int stage, int micro_batches = 1) {
-  const std::vector<std::vector<torch::Tensor>> plain = train_plain();
+// and ranks, which is the global mean. make(seed) builds the model (make_mlp unless said).
+using MakeModel = std::function<torch::nn::Sequential(uint64_t seed)>;
+void expect_matches_plain(int stage, int micro_batches = 1, const MakeModel& make = make_mlp) {
+  const std::vector<std::vector<torch::Tensor>> plain = train_plain([&] { return make(1); });
   std::unique_ptr<Communicator> comm = make_mpi_communicator();
   const int rank = comm->rank();
   const int64_t rows = kGlobalRows / comm->world_size() / micro_batches;
   // Other ranks start elsewhere: the wrap must start every rank from rank 0's values.
-  TorchModel model(*comm, make_mlp(1 + static_cast<uint64_t>(rank) * 7),
+  TorchModel model(*comm, make(1 + static_cast<uint64_t>(rank) * 7),
                    config_at(stage, micro_batches));
   for (int step = 0; step < kSteps; ++step) {
     const auto [x, y] = batch(step);
@@ -78,6 +80,16 @@ TEST(TorchModel, Stage3MatchesPlainLibTorch) {
 }
 TEST(TorchModel, TwoMicroBatchesMatchPlainLibTorch) {
   for (int stage = 0; stage <= 3; ++stage) expect_matches_plain(stage, 2);
+}
+// A frozen unit in the middle: never updated, but gathered for its backward at stage 3, which
+// the earlier units' gradients pass through.
+TEST(TorchModel, FrozenUnitMatchesPlainLibTorch) {
+  const MakeModel frozen_middle = [](uint64_t seed) {
+    torch::nn::Sequential net = make_mlp(seed);
+    for (torch::Tensor& param : net[2]->parameters()) param.requires_grad_(false);
+    return net;
+  };
+  for (int stage : {2, 3}) expect_matches_plain(stage, 1, frozen_middle);
 }
 
 // The module's parameters are views of the engine's buffers: the engine's full parameters
@@ -119,26 +131,30 @@ TEST(TorchModel, LaterUnitsAreReducedDuringBackward) {
   model.step();
 }
 
-// Once the model is gone, the module keeps the trained values in storage of its own and
-// trains with LibTorch alone: gradients land in .grad again.
-TEST(TorchModel, ModuleOutlivesTheModel) {
+// Once the model is gone, the module keeps the trained values (the fp32 master) in fp32
+// storage of its own and trains with LibTorch alone: gradients land in .grad again.
+void expect_module_outlives_model(int stage, DType dtype) {
   torch::nn::Sequential net = make_mlp(1);
   std::vector<torch::Tensor> trained;
   std::vector<const void*> engine_buffers;
   {
     std::unique_ptr<Communicator> comm = make_mpi_communicator();
-    TorchModel model(*comm, net, config_at(2));
+    EngineConfig config = config_at(stage);
+    config.dtype = dtype;
+    TorchModel model(*comm, net, config);
     const auto [x, y] = batch(0);
     torch::mse_loss(model.forward(x), y).backward();
     model.step();
-    trained = snapshot(*net);
-    for (size_t p = 0; p < trained.size(); ++p) {
+    trained = tensors_of(model.engine().gather_full_master(), model.engine().layout());
+    for (size_t p = 0; p < trained.size() && stage < 3; ++p) {
       engine_buffers.push_back(model.engine().param(static_cast<int>(p)));
     }
   }
   const std::vector<torch::Tensor> initial = snapshot(*make_mlp(1));
   for (size_t p = 0; p < trained.size(); ++p) {
-    EXPECT_NE(net->parameters()[p].data_ptr(), engine_buffers[p]) << p << ": freed storage";
+    if (!engine_buffers.empty()) {
+      EXPECT_NE(net->parameters()[p].data_ptr(), engine_buffers[p]) << p << ": freed storage";
+    }
     EXPECT_TRUE(net->parameters()[p].equal(trained[p])) << p;
     EXPECT_FALSE(trained[p].equal(initial[p])) << p;
   }
@@ -158,6 +174,12 @@ TEST(TorchModel, ModuleOutlivesTheModel) {
   }
 }
 
+TEST(TorchModel, ModuleOutlivesTheModel) {
+  expect_module_outlives_model(2, DType::kFloat32);
+  expect_module_outlives_model(3, DType::kFloat32);
+  expect_module_outlives_model(3, DType::kBFloat16);
+}
+
 TEST(TorchModel, StepWithoutBackwardNamesTheParameters) {
   std::unique_ptr<Communicator> comm = make_mpi_communicator();
   TorchModel model(*comm, make_mlp(1), config_at(1));
@@ -166,11 +188,25 @@ TEST(TorchModel, StepWithoutBackwardNamesTheParameters) {
 
 // Stage 3 keeps no full copy: between uses every parameter is empty and the engine holds only
 // the prefetched unit; in forward and backward at most the unit at work and the next one are
-// gathered, and the parameters a unit's backward sees are views of its gathered buffer.
+// gathered, and the parameters a unit's backward sees are views of its gathered buffer. The
+// next unit is prefetched in both directions: between the first two units' forwards the first
+// is released and the second already on its way; in a unit's backward the one before it is.
 TEST(TorchModel, Stage3ReleasesParameters) {
   std::unique_ptr<Communicator> comm = make_mpi_communicator();
-  TorchModel model(*comm, make_mlp(1), config_at(3));
+  Engine* engine_seen = nullptr;
+  int between_checks = 0;
+  const torch::nn::Functional between_first_units([&](const torch::Tensor& x) {
+    ++between_checks;
+    EXPECT_FALSE(engine_seen->is_gathered(0));
+    EXPECT_TRUE(engine_seen->is_gathered(1)) << "the second unit is not prefetched";
+    return x;
+  });
+  torch::manual_seed(1);
+  torch::nn::Sequential net(torch::nn::Linear(6, 16), between_first_units, torch::nn::Tanh(),
+                            torch::nn::Linear(16, 16), torch::nn::Tanh(), torch::nn::Linear(16, 3));
+  TorchModel model(*comm, net, config_at(3));
   Engine& engine = model.engine();
+  engine_seen = &engine;
   const Layout& layout = engine.layout();
   EXPECT_EQ(engine.model_state_bytes(), plan_memory(layout, engine.config()).model_state);
   const std::vector<torch::Tensor> params = model.module().parameters();
@@ -188,6 +224,9 @@ TEST(TorchModel, Stage3ReleasesParameters) {
       ++hooks_run;
       EXPECT_EQ(params[p].data_ptr(), engine.param(static_cast<int>(p))) << p;
       EXPECT_LE(engine.live_elements(), two_units) << "backward of parameter " << p;
+      const int unit = layout.params()[p].unit;
+      EXPECT_TRUE(unit == 0 || engine.is_gathered(unit - 1))
+          << "unit " << unit - 1 << " is not prefetched in the backward of unit " << unit;
     });
   }
   const auto [x, y] = batch(0);
@@ -198,6 +237,7 @@ TEST(TorchModel, Stage3ReleasesParameters) {
   EXPECT_LE(engine.live_elements(), layout.units().back().numel) << "after forward";
   torch::mse_loss(out, y).backward();
   EXPECT_EQ(hooks_run, static_cast<int>(params.size()));
+  EXPECT_EQ(between_checks, 1);
   model.step();
   expect_released("after step");
 }
