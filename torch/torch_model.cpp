@@ -208,6 +208,7 @@ void TorchModel::register_parameters(Communicator& comm, const EngineConfig& con
   ready_.assign(num_units, 0);
   gathered_for_backward_.assign(num_units, false);
   arrived_.assign(params_.size(), false);
+  released_ = torch::empty({0}, torch::TensorOptions().dtype(torch_dtype(config.dtype)));
   for (const ParamPlacement& pl : layout.params()) {
     storages_.emplace_back(c10::Storage::use_byte_size_t(), pl.numel * dtype_size(config.dtype),
                            host_pointer(nullptr));
@@ -216,7 +217,7 @@ void TorchModel::register_parameters(Communicator& comm, const EngineConfig& con
   // views: autograd casts each gradient to the dtype and shape it sees here.
   for (size_t u = 0; u < num_units; ++u) {
     engine_->gather(static_cast<int>(u));
-    bind_unit(static_cast<int>(u));
+    bind_unit(static_cast<int>(u), /*wrapping=*/true);
     for (int p : layout.units()[u].params) {
       if (!layout.params()[p].trainable) continue;
       ++due_[u];
@@ -259,12 +260,19 @@ TorchModel::~TorchModel() {
 // lasts the run: a view made of it in forward (a weight's transpose that autograd saved) reads
 // whatever buffer the storage points at, which is the right one again after the gather before
 // backward.
-void TorchModel::bind_unit(int unit) {
+// A parameter whose data is neither ours nor the released placeholder was replaced by the user
+// (set_data, a dtype change): an error, since the engine's values would silently win.
+void TorchModel::bind_unit(int unit, bool wrapping) {
   torch::NoGradGuard no_grad;
   const torch::ScalarType dtype = torch_dtype(engine_->dtype());
   for (int p : engine_->layout().units()[unit].params) {
     storages_[p].set_data_ptr_noswap(host_pointer(engine_->param(p)));
     if (params_[p].storage().is_alias_of(storages_[p])) continue;
+    ZERO_CHECK(wrapping || params_[p].storage().is_alias_of(released_.storage()),
+               "TorchModel: parameter '"
+                   << engine_->layout().params()[p].name << "' was replaced after wrapping (now "
+                   << params_[p].sizes() << ", " << params_[p].scalar_type()
+                   << "); the engine owns the parameters: change the module before wrapping it");
     torch::Tensor view = torch::empty({0}, torch::TensorOptions().dtype(dtype));
     view.set_(storages_[p], 0, engine_->layout().params()[p].shape, {});
     params_[p].set_data(view);
@@ -275,9 +283,8 @@ void TorchModel::bind_unit(int unit) {
 // a use outside forward() is a shape error, not a read of a buffer the engine reuses.
 void TorchModel::unbind_unit(int unit) {
   torch::NoGradGuard no_grad;
-  const torch::ScalarType dtype = torch_dtype(engine_->dtype());
   for (int p : engine_->layout().units()[unit].params) {
-    params_[p].set_data(torch::empty({0}, torch::TensorOptions().dtype(dtype)));
+    params_[p].set_data(released_);
     storages_[p].set_data_ptr_noswap(host_pointer(nullptr));
   }
 }
@@ -308,7 +315,7 @@ void TorchModel::release_left_over() {
 
 void TorchModel::before_unit_backward(int unit) {
   engine_->gather(unit);
-  bind_unit(unit);
+  bind_unit(unit, /*wrapping=*/false);
   gathered_for_backward_[unit] = true;
   prefetch_after(unit, -1);
 }
@@ -345,7 +352,24 @@ void TorchModel::accumulated(int param) {
   }
 }
 
+// A parameter registered after wrapping would be used by forward but never trained.
+void TorchModel::check_no_parameter_added() const {
+  const auto named = root_->named_parameters(/*recurse=*/true);
+  if (named.size() == params_.size()) return;
+  for (const auto& param : named) {
+    const bool registered =
+        std::any_of(params_.begin(), params_.end(), [&](const torch::Tensor& t) {
+          return t.unsafeGetTensorImpl() == param.value().unsafeGetTensorImpl();
+        });
+    ZERO_CHECK(registered, "TorchModel: parameter '"
+                               << param.key()
+                               << "' was added to the module after wrapping; wrap the module "
+                                  "once it is complete");
+  }
+}
+
 torch::Tensor TorchModel::forward(const torch::Tensor& input) {
+  check_no_parameter_added();
   release_left_over();
   const Layout& layout = engine_->layout();
   const bool stage3 = engine_->config().stage == 3;
@@ -358,7 +382,7 @@ torch::Tensor TorchModel::forward(const torch::Tensor& input) {
     const bool last_of_unit = u >= 0 && layout.units()[u].last_module == m;
     if (first_of_unit) {
       engine_->gather(u);
-      bind_unit(u);
+      bind_unit(u, /*wrapping=*/false);
       if (stage3) prefetch_after(u, +1);
     }
     x = units_[m].forward(x);

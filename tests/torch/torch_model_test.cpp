@@ -242,6 +242,24 @@ TEST(TorchModel, Stage3ReleasesParameters) {
   expect_released("after step");
 }
 
+// A parameter added, or one whose data is replaced, after wrapping would be used by forward
+// but not trained (or overwritten by the engine): forward() says so, naming it.
+TEST(TorchModel, ChangesAfterWrappingAreErrors) {
+  std::unique_ptr<Communicator> comm = make_mpi_communicator();
+  for (int stage : {2, 3}) {
+    torch::nn::Sequential grown = make_mlp(1);
+    TorchModel grown_model(*comm, grown, config_at(stage));
+    grown[2]->register_parameter("extra", torch::zeros({2}));
+    expect_error_naming([&] { grown_model.forward(batch(0).first); },
+                        "parameter '2.extra' was added to the module after wrapping");
+    torch::nn::Sequential replaced = make_mlp(1);
+    TorchModel replaced_model(*comm, replaced, config_at(stage));
+    replaced->parameters()[2].set_data(torch::zeros({4, 4}));
+    expect_error_naming([&] { replaced_model.forward(batch(0).first); },
+                        "parameter '2.weight' was replaced after wrapping (now [4, 4], Float)");
+  }
+}
+
 TEST(TorchModel, PersistentParametersAreRefused) {
   std::unique_ptr<Communicator> comm = make_mpi_communicator();
   EngineConfig config = config_at(3);

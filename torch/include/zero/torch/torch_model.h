@@ -91,7 +91,8 @@ class TorchModel {
   TorchModel(const TorchModel&) = delete;
   TorchModel& operator=(const TorchModel&) = delete;
 
-  // Runs the units in order. Returns the output in fp32.
+  // Runs the units in order. Returns the output in fp32. Throws zero::Error naming a parameter
+  // added to the module, or whose data was replaced (set_data), after wrapping.
   torch::Tensor forward(const torch::Tensor& input);
   // The optimizer step, after loss.backward(). At stages 0-2 the module holds the updated
   // values when it returns (stages 1-2 wait for their post-step all-gathers here); at stage 3
@@ -106,7 +107,8 @@ class TorchModel {
   friend struct detail::TorchModelAutograd;
 
   void register_parameters(Communicator& comm, const EngineConfig& config);
-  void bind_unit(int unit);
+  void check_no_parameter_added() const;
+  void bind_unit(int unit, bool wrapping);
   void unbind_unit(int unit);
   void prefetch_after(int unit, int direction);
   void release_left_over();
@@ -120,6 +122,7 @@ class TorchModel {
   // Per parameter: the storage its views share (so views autograd saved in forward see the
   // buffer a later gather puts there), pointed at the engine's buffer while its unit is bound.
   std::vector<c10::Storage> storages_;
+  torch::Tensor released_;  // what a released stage-3 parameter's data is: empty, shared
   std::unique_ptr<Engine> engine_;
   std::vector<int> due_;       // per unit: its trainable parameters
   std::vector<int> pending_;   // per unit: those whose gradient this backward has not yet added
