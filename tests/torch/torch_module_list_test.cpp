@@ -131,6 +131,8 @@ TEST(TorchModuleList, UnitsMustCoverEveryParameterOnce) {
   std::vector<TorchUnit> twice = units;
   twice.insert(twice.begin() + 2, units[1]);
   expect_error_naming(with(twice), "'blocks.0.fc.weight' belongs to unit 'blocks.0' and to unit");
+  expect_error_naming([&] { units_of<torch::nn::LinearImpl>("blocks", net->blocks); },
+                      "BlockImpl, not of the block type given");
   // A child used twice in a Sequential is the same parameters in two units.
   torch::nn::Linear shared(16, 16);
   torch::nn::Sequential reused(torch::nn::Linear(6, 16), shared, torch::nn::Tanh(), shared);

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "zero/collectives/communicator.h"
+#include "zero/core/check.h"
 #include "zero/runtime/engine.h"
 
 namespace torch::autograd {
@@ -49,16 +50,19 @@ struct TorchUnit {
   std::function<torch::Tensor(const torch::Tensor&)> forward;
 };
 
-// The units of a list of blocks of type Block held at `prefix` under the root ("h" gives
-// "h.0", "h.1", ...; "" when the list is the root itself).
+// The units of a list of blocks of type Block (the module class: BlockImpl for a
+// TORCH_MODULE(Block)) held at `prefix` under the root ("h" gives "h.0", "h.1", ...; "" when
+// the list is the root itself). Throws zero::Error for a block of another type.
 template <typename Block>
 std::vector<TorchUnit> units_of(const std::string& prefix, const torch::nn::ModuleList& blocks) {
   std::vector<TorchUnit> units;
   for (size_t i = 0; i < blocks->size(); ++i) {
     std::shared_ptr<Block> block = blocks->ptr<Block>(i);
     const std::string index = std::to_string(i);
-    units.push_back({prefix.empty() ? index : prefix + "." + index,
-                     [block](const torch::Tensor& x) { return block->forward(x); }});
+    const std::string name = prefix.empty() ? index : prefix + "." + index;
+    ZERO_CHECK(block != nullptr, "units_of: block '" << name << "' is a " << blocks->ptr(i)->name()
+                                                     << ", not of the block type given");
+    units.push_back({name, [block](const torch::Tensor& x) { return block->forward(x); }});
   }
   return units;
 }
