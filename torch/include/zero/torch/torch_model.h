@@ -13,8 +13,9 @@
 // Stage 3 gathers a unit's parameters before its forward and releases them after, and an
 // autograd function at the unit's output gathers them again before the unit's backward (as
 // DeepSpeed's pre-backward hook does); they are released once the unit's gradients are handed
-// to the engine. Between uses a stage-3 parameter is an empty tensor: the module holds no full
-// copy. The next unit is prefetched in both directions.
+// to the engine (a frozen unit, which has none, at the next forward() or step()). Between uses
+// a stage-3 parameter is an empty tensor: the module holds no full copy. The next unit is
+// prefetched in both directions.
 //
 // bf16/fp16: the module computes in the working dtype (its parameters are 16-bit views, its
 // input is cast to it), the fp32 master weights stay in the engine's shards, and forward()
