@@ -1,24 +1,41 @@
-// The LibTorch adapter: a torch::nn::Sequential trained by the engine, as FSDP wraps a PyTorch
-// module. Each child is a module of the engine's layout (a unit, unless merge_bytes merges
-// neighbours). The engine owns the storage: every parameter's data becomes a view into the
-// engine's gathered buffer, autograd accumulates its gradient in place into the engine's
-// gradient buffer, and a unit's grads_ready fires as soon as autograd has accumulated all of
-// the unit's gradients, so its reduction overlaps the rest of backward.
+// The LibTorch adapter: a LibTorch module trained by the engine, as FSDP wraps a PyTorch
+// module. The module's units run in order; each is a module of the engine's layout (a unit of
+// its own, unless merge_bytes merges neighbours). The engine owns the storage: every parameter
+// is a view into the engine's gathered buffer, autograd accumulates its gradient in place into
+// the engine's gradient buffer, and a unit's grads_ready fires as soon as autograd has
+// accumulated all of the unit's gradients, so its reduction overlaps the rest of backward.
 //
-//   zero::TorchModel model(comm, net, config);
+//   zero::TorchModel model(comm, net, config);          // net: a torch::nn::Sequential
 //   torch::Tensor loss = loss_fn(model.forward(x), y);  // local mean over this rank's rows
 //   loss.backward();
 //   model.step();
 //
-// Stages 0-2 in fp32 on the CPU path. Stage 3 and 16-bit working dtypes are refused.
+// Stage 3 gathers a unit's parameters before its forward and releases them after, and an
+// autograd function at the unit's output gathers them again before the unit's backward (as
+// DeepSpeed's pre-backward hook does); they are released once the unit's gradients are handed
+// to the engine (a frozen unit, which has none, at the next forward() or step()). Between uses
+// a stage-3 parameter is an empty tensor: the module holds no full copy. The next unit is
+// prefetched in both directions.
+//
+// bf16/fp16: the module computes in the working dtype (its parameters are 16-bit views, its
+// input is cast to it), the fp32 master weights stay in the engine's shards, and forward()
+// returns the output in fp32; the gradient entering the model is multiplied by the fp16 loss
+// scale (in fp32, before it is rounded to fp16), which is what scaling the loss would do.
+// CPU path only.
 #pragma once
 
+#include <c10/core/Storage.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/container/sequential.h>
 
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "zero/collectives/communicator.h"
+#include "zero/core/check.h"
 #include "zero/runtime/engine.h"
 
 namespace torch::autograd {
@@ -27,41 +44,96 @@ struct Node;
 
 namespace zero {
 
+// One unit of a wrapped module: a submodule, named by its path under the root as
+// named_modules() names it ("h.0"), and how to run it (one tensor in, one out).
+struct TorchUnit {
+  std::string name;
+  std::function<torch::Tensor(const torch::Tensor&)> forward;
+};
+
+// The units of a list of blocks of type Block (the module class: BlockImpl for a
+// TORCH_MODULE(Block)) held at `prefix` under the root ("h" gives "h.0", "h.1", ...; "" when
+// the list is the root itself). Throws zero::Error for a block of another type.
+template <typename Block>
+std::vector<TorchUnit> units_of(const std::string& prefix, const torch::nn::ModuleList& blocks) {
+  std::vector<TorchUnit> units;
+  for (size_t i = 0; i < blocks->size(); ++i) {
+    std::shared_ptr<Block> block = blocks->ptr<Block>(i);
+    const std::string index = std::to_string(i);
+    const std::string name = prefix.empty() ? index : prefix + "." + index;
+    ZERO_CHECK(block != nullptr, "units_of: block '" << name << "' is a " << blocks->ptr(i)->name()
+                                                     << ", not of the block type given");
+    units.push_back({name, [block](const torch::Tensor& x) { return block->forward(x); }});
+  }
+  return units;
+}
+
+namespace detail {
+struct TorchModelAutograd;
+}  // namespace detail
+
 class TorchModel {
  public:
-  // Registers the children's parameters (named as named_parameters() names them: "0.weight"),
-  // starts every rank from rank 0's values and binds the parameters to the engine's buffers.
-  // Throws zero::Error for stage 3, a working dtype other than fp32, a CUDA device, or a
-  // parameter that is not an fp32 CPU tensor.
+  // Each child of the Sequential is a unit.
   TorchModel(Communicator& comm, torch::nn::Sequential module, const EngineConfig& config);
-  // Gives the module its own copy of the current values: it trains on with LibTorch alone.
-  // No backward may run through a graph built by forward() before this.
+  // A module whose units are the listed submodules of `root` (say its embedding, each block of
+  // a ModuleList through units_of, its head), run in the listed order. Every parameter of the
+  // root must belong to exactly one unit.
+  //
+  // Both register the parameters under their named_parameters() names ("h.0.weight"), which
+  // checkpoints and exports keep; start every rank from rank 0's values; and bind the
+  // parameters to the engine's buffers. Throws zero::Error for a unit name the root does not
+  // have, a parameter in no unit or in two, a parameter that is not an fp32 CPU tensor, a
+  // CUDA device, and stage3_param_persistence_threshold (not supported yet).
+  TorchModel(Communicator& comm, std::shared_ptr<torch::nn::Module> root,
+             std::vector<TorchUnit> units, const EngineConfig& config);
+  // Gives the module its own fp32 copy of the current values (the fp32 master weights for a
+  // 16-bit working dtype): it trains on with LibTorch alone. Collective at stage 3 and with a
+  // 16-bit dtype (every rank destroys its model at the same point); if an exception is
+  // unwinding, those parameters are left empty instead. No backward may run through a graph
+  // built by forward() after this.
   ~TorchModel();
   TorchModel(const TorchModel&) = delete;
   TorchModel& operator=(const TorchModel&) = delete;
 
-  // Runs the children in order on the full parameters.
+  // Runs the units in order. Returns the output in fp32. Throws zero::Error naming a parameter
+  // added to the module, or whose data was replaced (set_data), after wrapping.
   torch::Tensor forward(const torch::Tensor& input);
-  // The optimizer step, after loss.backward(); the module holds the updated values when it
-  // returns (stages 1-2 wait for their post-step all-gathers here). Throws zero::Error when a
+  // The optimizer step, after loss.backward(). At stages 0-2 the module holds the updated
+  // values when it returns (stages 1-2 wait for their post-step all-gathers here); at stage 3
+  // it starts gathering the first unit for the next forward. Throws zero::Error when a
   // trainable parameter's gradient did not arrive in the backward since the last step.
   StepStats step();
 
   Engine& engine() { return *engine_; }
-  torch::nn::Sequential& module() { return module_; }
+  torch::nn::Module& module() { return *root_; }
 
  private:
-  void bind_parameters();
+  friend struct detail::TorchModelAutograd;
+
+  void register_parameters(Communicator& comm, const EngineConfig& config);
+  void check_no_parameter_added() const;
+  void bind_unit(int unit, bool wrapping);
+  void unbind_unit(int unit);
+  void prefetch_after(int unit, int direction);
+  void release_left_over();
+  void before_unit_backward(int unit);
   void before_accumulate(int param);
   void accumulated(int param);
 
-  torch::nn::Sequential module_;
+  std::shared_ptr<torch::nn::Module> root_;
+  std::vector<TorchUnit> units_;
   std::vector<torch::Tensor> params_;  // registration order: the engine's parameter indices
+  // Per parameter: the storage its views share (so views autograd saved in forward see the
+  // buffer a later gather puts there), pointed at the engine's buffer while its unit is bound.
+  std::vector<c10::Storage> storages_;
+  torch::Tensor released_;  // what a released stage-3 parameter's data is: empty, shared
   std::unique_ptr<Engine> engine_;
   std::vector<int> due_;       // per unit: its trainable parameters
   std::vector<int> pending_;   // per unit: those whose gradient this backward has not yet added
   std::vector<int> ready_;     // per unit: grads_ready calls since the last step
   std::vector<bool> arrived_;  // per parameter: its gradient was added in this backward
+  std::vector<bool> gathered_for_backward_;  // per unit (stage 3): awaiting its release
   // The gradient accumulators carrying our hooks: a parameter holds its accumulator weakly,
   // and a new one (without hooks) would replace it once the last graph using it is gone.
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
