@@ -5,7 +5,9 @@ target (at 1 rank, fp32, at least 1.5x PyTorch's tokens/s).
 The same model as models/gpt2.h (token and position embeddings, pre-LN blocks with one fused QKV
 matrix, causal attention, GELU with the tanh approximation, a 4x MLP, final LayerNorm, LM head
 tied to the token embedding, mean cross-entropy), the same sizes and data (synthetic token ids,
-uniform over the vocabulary), the same threads (torch.set_num_threads), and a whole training
+uniform over the vocabulary), the same threads (torch.set_num_threads for PyTorch's own kernels,
+OPENBLAS_NUM_THREADS for the OpenBLAS its matrix products call: torch.set_num_threads leaves
+OpenBLAS's pthreads pool at one thread per core), and a whole training
 step: forward, backward, torch.optim.AdamW step (weight decay on the matrices only, as
 zero-train's default), zero_grad. Timed as zero-bench-gpt2 times: the median step after warm-up.
 
@@ -17,8 +19,10 @@ this python3 has no torch it prints "torch_gpt2: skipped: ..." and writes {"skip
 exit status 0 either way, so a report can say why there is no comparison.
 """
 import argparse
+import ctypes
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -44,6 +48,15 @@ def write_json(path, record):
     if path:
         with open(path, "w") as f:
             json.dump(record, f, indent=1)
+
+
+def openblas_threads():
+    """Threads of the OpenBLAS loaded in this process (torch's matrix products), or None when
+    torch runs another BLAS."""
+    try:
+        return ctypes.CDLL("libopenblas.so.0").openblas_get_num_threads()
+    except (OSError, AttributeError):
+        return None
 
 
 def build_model(torch, args):
@@ -103,6 +116,8 @@ def build_model(torch, args):
 
 def main():
     args = parse_args()
+    # OpenBLAS sizes its thread pool when it loads, from this variable; set before torch loads it.
+    os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)
     try:
         import torch
     except ImportError as e:
@@ -112,6 +127,11 @@ def main():
         return 0
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
+    blas_threads = openblas_threads()
+    if blas_threads not in (None, args.threads):
+        print(f"torch_gpt2: error: OpenBLAS runs {blas_threads} threads, not {args.threads}",
+              file=sys.stderr)
+        return 1
     model, fused_attention = build_model(torch, args)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -133,6 +153,7 @@ def main():
     params = sum(p.numel() for p in model.parameters())
     record = {
         "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "openblas_threads": blas_threads,
         "fused_attention": fused_attention, "params": params, "n_layer": args.n_layer,
         "n_embd": args.n_embd, "n_head": args.n_head, "vocab_size": args.vocab_size,
         "seq_len": args.seq_len, "batch": args.batch, "steps": len(times),
