@@ -104,26 +104,52 @@ void HierarchicalTransport::sum_nodes(float* sum, const float* received, size_t 
   kernels::sum_in_order(sum, sources_.data(), sources_.size(), DType::kFloat32, block);
 }
 
-void HierarchicalTransport::reduce_scatter(const void* send, void* recv, size_t count,
-                                           DType dtype) {
+// Pieces of an all-reduce's node block that each node sums: the node blocks start on
+// kBlockAlignment elements, so all but the last local rank's are `aligned` long.
+size_t HierarchicalTransport::all_reduce_piece(size_t count, size_t* aligned) const {
+  const size_t per_node = static_cast<size_t>(per_node_);
+  const size_t block = (count + per_node - 1) / per_node;
+  *aligned = (block + kBlockAlignment - 1) / kBlockAlignment * kBlockAlignment;
+  const size_t nodes = static_cast<size_t>(nodes_);
+  return (*aligned + nodes - 1) / nodes;
+}
+
+size_t HierarchicalTransport::staging_bytes(CollectiveOp op, size_t count) const {
+  const size_t nodes = static_cast<size_t>(nodes_);
+  size_t aligned = 0;
+  switch (op) {
+    case CollectiveOp::kReduceScatter:
+      return 2 * nodes * count * sizeof(float);
+    case CollectiveOp::kAllReduce:
+      return 2 * nodes * all_reduce_piece(count, &aligned) * sizeof(float);
+    case CollectiveOp::kAllGather:
+    case CollectiveOp::kBroadcast:
+    case CollectiveOp::kBarrier:
+      break;
+  }
+  return 0;
+}
+
+void HierarchicalTransport::reduce_scatter(const void* send, void* recv, size_t count, DType dtype,
+                                           float* staging) {
   if (count == 0) return;
   const size_t elem = dtype_size(dtype);
   const size_t per_node = static_cast<size_t>(per_node_);
   const size_t nodes = static_cast<size_t>(nodes_);
-  partials_.resize(nodes * count);
-  received_.resize(nodes * count);
+  float* partials = staging;
+  float* received = staging + nodes * count;
   for (size_t l = 0; l <= per_node; ++l) bounds_[l] = l * count;
   for (size_t m = 0; m < nodes; ++m) {
     in_node_->reduce_scatter_blocks(at(send, m * per_node * count * elem), dtype, bounds_.data(),
-                                    partials_.data() + m * count, DType::kFloat32);
+                                    partials + m * count, DType::kFloat32);
   }
-  exchange_blocks(partials_.data(), received_.data(), count);
+  exchange_blocks(partials, received, count);
   // Only now is recv written: in place, it is part of send, which the node's sums have read.
   if (dtype == DType::kFloat32) {
-    sum_nodes(static_cast<float*>(recv), received_.data(), count);
+    sum_nodes(static_cast<float*>(recv), received, count);
   } else {
-    sum_nodes(received_.data(), received_.data(), count);
-    kernels::cast(received_.data(), DType::kFloat32, recv, dtype, count);
+    sum_nodes(received, received, count);
+    kernels::cast(received, DType::kFloat32, recv, dtype, count);
   }
 }
 
@@ -148,29 +174,31 @@ void HierarchicalTransport::all_gather(const void* send, void* recv, size_t byte
   }
 }
 
-void HierarchicalTransport::all_reduce(const void* send, void* recv, size_t count, DType dtype) {
+void HierarchicalTransport::all_reduce(const void* send, void* recv, size_t count, DType dtype,
+                                       float* staging) {
   if (count == 0) return;
   const size_t elem = dtype_size(dtype);
   const size_t per_node = static_cast<size_t>(per_node_);
   const size_t nodes = static_cast<size_t>(nodes_);
-  const size_t block = (count + per_node - 1) / per_node;
-  const size_t aligned = (block + kBlockAlignment - 1) / kBlockAlignment * kBlockAlignment;
+  size_t aligned = 0;
+  const size_t largest_piece = all_reduce_piece(count, &aligned);
   for (size_t l = 0; l <= per_node; ++l) bounds_[l] = std::min(l * aligned, count);
   const size_t begin = bounds_[static_cast<size_t>(local_index_)];
   const size_t mine = bounds_[static_cast<size_t>(local_index_) + 1] - begin;
   // This rank's block, padded with zeros to whole pieces of the nodes (the same length on
   // every rank of this local index, so their calls match).
   const size_t piece = (mine + nodes - 1) / nodes;
-  partials_.assign(nodes * piece, 0.0f);
-  received_.resize(nodes * piece);
-  in_node_->reduce_scatter_blocks(send, dtype, bounds_.data(), partials_.data(), DType::kFloat32);
-  exchange_blocks(partials_.data(), received_.data(), piece);
-  sum_nodes(partials_.data() + static_cast<size_t>(node_index_) * piece, received_.data(), piece);
-  gather_blocks(partials_.data(), piece);
+  float* partials = staging;
+  float* received = staging + nodes * largest_piece;
+  std::fill(partials + mine, partials + nodes * piece, 0.0f);
+  in_node_->reduce_scatter_blocks(send, dtype, bounds_.data(), partials, DType::kFloat32);
+  exchange_blocks(partials, received, piece);
+  sum_nodes(partials + static_cast<size_t>(node_index_) * piece, received, piece);
+  gather_blocks(partials, piece);
   // In place, send is recv: the node's sums have read this rank's block of it already, and
   // the peers read only their slots.
   if (mine > 0) {
-    kernels::cast(partials_.data(), DType::kFloat32, at(recv, begin * elem), dtype, mine);
+    kernels::cast(partials, DType::kFloat32, at(recv, begin * elem), dtype, mine);
   }
   for (size_t& bound : bounds_) bound *= elem;
   in_node_->all_gather_blocks(at(recv, begin * elem), recv, bounds_.data());

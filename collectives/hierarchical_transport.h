@@ -29,6 +29,7 @@
 
 #include "node_groups.h"
 #include "shm_transport.h"
+#include "zero/collectives/collective_table.h"
 #include "zero/core/dtype.h"
 
 namespace zero::backend {
@@ -44,10 +45,16 @@ class HierarchicalTransport {
   HierarchicalTransport& operator=(const HierarchicalTransport&) = delete;
 
   // The Communicator's operations, with its conventions (in place allowed as it describes).
-  // Called by one thread at a time, in the same order on every rank.
-  void reduce_scatter(const void* send, void* recv, size_t count, DType dtype);
+  // Called by one thread at a time, in the same order on every rank. The reductions keep
+  // their fp32 partial sums in `staging`, staging_bytes(op, count) long.
+  void reduce_scatter(const void* send, void* recv, size_t count, DType dtype, float* staging);
   void all_gather(const void* send, void* recv, size_t bytes_per_rank);
-  void all_reduce(const void* send, void* recv, size_t count, DType dtype);
+  void all_reduce(const void* send, void* recv, size_t count, DType dtype, float* staging);
+
+  // Bytes of fp32 staging one reduction of `count` elements needs (of any dtype: the partial
+  // sums are fp32), the same on every rank: a node's partials and the other nodes' (2 x M x
+  // count for a reduce-scatter, 2 x M pieces of the largest node block for an all-reduce).
+  size_t staging_bytes(CollectiveOp op, size_t count) const;
 
  private:
   // Across nodes: node m receives block m (`block` floats) of every node's `send`, into
@@ -57,6 +64,9 @@ class HierarchicalTransport {
   void gather_blocks(float* data, size_t block);
   // Adds the M blocks of `received` in node order into `sum` (fp32, may be a source).
   void sum_nodes(float* sum, const float* received, size_t block);
+  // An all-reduce of `count` elements: the largest piece of a node block that one node sums,
+  // and (out) the length of the node blocks but the last.
+  size_t all_reduce_piece(size_t count, size_t* aligned) const;
 
   int nodes_ = 1;
   int per_node_ = 1;
@@ -66,9 +76,6 @@ class HierarchicalTransport {
   MPI_Comm node_ = MPI_COMM_NULL;    // this rank's node, ranked by communicator rank
   MPI_Comm across_ = MPI_COMM_NULL;  // the ranks of this local index, ranked by node
   std::unique_ptr<SharedMemoryTransport> in_node_;
-  // fp32 partial sums and what arrives from the other nodes; kept between calls.
-  std::vector<float> partials_;
-  std::vector<float> received_;
   std::vector<size_t> bounds_;
   std::vector<const void*> sources_;
 };

@@ -268,7 +268,8 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
       if (shm_) {
         shm_->reduce_scatter(send, recv, count, dtype);
       } else if (hier_) {
-        hier_->reduce_scatter(send, recv, count, dtype);
+        hier_->reduce_scatter(send, recv, count, dtype,
+                              staging(CollectiveOp::kReduceScatter, count, dtype));
       } else {
         run_reduce_scatter(send, recv, count, dtype, in_place);
       }
@@ -281,7 +282,8 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
       if (shm_) {
         shm_->all_reduce(send, recv, count, dtype);
       } else if (hier_) {
-        hier_->all_reduce(send, recv, count, dtype);
+        hier_->all_reduce(send, recv, count, dtype,
+                          staging(CollectiveOp::kAllReduce, count, dtype));
       } else {
         run_all_reduce(in_place ? nullptr : send, recv, count, dtype);
       }
@@ -300,9 +302,12 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
   }
 
   // The MPI figure also with shared memory, which stages in its window instead: a plan made
-  // without MPI (mpi_staging_bytes) then still matches what a run allocates.
+  // without MPI (mpi_staging_bytes) then still matches what a run allocates on one node. The
+  // hierarchical path keeps its fp32 partial sums here too, so a run across nodes may stage
+  // more than that plan (fp32 reductions: up to 2 x nodes x count elements).
   size_t staging_bytes(CollectiveOp op, size_t count, DType dtype) const override {
-    return mpi_staging_bytes(op, count, dtype, size_, max_elements_per_call_);
+    const size_t mpi = mpi_staging_bytes(op, count, dtype, size_, max_elements_per_call_);
+    return hier_ ? std::max(mpi, hier_->staging_bytes(op, count)) : mpi;
   }
 
   void set_staging_buffer(void* data, size_t bytes) override {

@@ -7,6 +7,7 @@
 // And how the path is chosen: by itself for even, consecutive nodes, MPI for others.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
