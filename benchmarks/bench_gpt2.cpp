@@ -126,6 +126,10 @@ Options parse_options(int argc, char** argv) {
     }
   }
   zero::bench::check_stage_options(opt.run);
+  // Its batch sources are kept per stage (each holds its model's targets), so one model each.
+  if (opt.run.collectives.size() > 1) {
+    zero::driver::usage_error("--collectives: zero-bench-gpt2 measures one transport per run");
+  }
   try {
     zero::models::check_gpt2_config(opt.gpt2);
   } catch (const zero::Error& e) {
@@ -265,7 +269,7 @@ void print_header(const Options& opt, int world, size_t params) {
       opt.run.rounds, opt.run.warmup, opt.run.kernel_threads,
       zero::kernels::blas_core_name().c_str(),
       zero::models::gpt2_flops_per_token(opt.gpt2, opt.seq_len) / 1e6);
-  zero::bench::print_record_header();
+  zero::bench::print_record_header(opt.run);
 }
 
 void print_throughput(const std::vector<Record>& records, const Options& opt, double peak) {
@@ -282,7 +286,8 @@ void print_throughput(const std::vector<Record>& records, const Options& opt, do
   }
 }
 
-int run_benchmark(const Options& opt, zero::Communicator& comm) {
+int run_benchmark(const Options& opt, const zero::bench::Communicators& comms) {
+  zero::Communicator& comm = *comms.front();
   const int rank = comm.rank();
   const int world = comm.world_size();
   if (opt.global_batch % (static_cast<long>(world) * opt.run.micro_batches) != 0) {
@@ -296,11 +301,12 @@ int run_benchmark(const Options& opt, zero::Communicator& comm) {
   }
   double own_peak = sgemm_gflops(opt.peak_size, opt.run.kernel_threads);
   std::vector<std::unique_ptr<SyntheticSource>> sources(4);
-  const zero::bench::MakeModel make_model = [&](int stage, DType dtype, bool trace) {
+  const zero::bench::MakeModel make_model = [&](zero::Communicator& on, int stage, DType dtype,
+                                                bool trace) {
     zero::models::Gpt2 gpt2 = zero::models::make_gpt2(opt.gpt2, opt.run.kernel_threads);
     sources[static_cast<size_t>(stage)] = std::make_unique<SyntheticSource>(opt, gpt2.targets);
     return std::make_unique<zero::ZeroModel>(
-        comm, std::move(gpt2.modules), zero::bench::engine_config(opt.run, stage, dtype, trace));
+        on, std::move(gpt2.modules), zero::bench::engine_config(opt.run, stage, dtype, trace));
   };
   const zero::bench::TrainStep step = zero::bench::forward_backward_step(
       [&](int stage) -> zero::models::MicroBatchSource& {
@@ -308,7 +314,7 @@ int run_benchmark(const Options& opt, zero::Communicator& comm) {
       },
       opt.global_batch, opt.run.micro_batches, rank, world);
   const std::vector<Record> records = zero::bench::measure_dtypes(
-      opt.run, comm, make_model, step,
+      opt.run, comms, make_model, step,
       [&](const Record& first) { print_header(opt, world, first.params); });
   own_peak = std::max(own_peak, sgemm_gflops(opt.peak_size, opt.run.kernel_threads));
   double peak = 0.0;
@@ -335,5 +341,5 @@ int main(int argc, char** argv) {
   }
   return zero::bench::run_with_mpi(
       &argc, &argv, "zero-bench-gpt2", opt.run,
-      [&](zero::Communicator& comm) { return run_benchmark(opt, comm); });
+      [&](const zero::bench::Communicators& comms) { return run_benchmark(opt, comms); });
 }

@@ -6,6 +6,10 @@
 //   zerorun -np 2 -- zero-bench-step                    the default: the target configuration
 //   zerorun -np 2 -- zero-bench-step --dtype fp32,bf16 --json step.json
 //   zero-bench-step --memory-table --json memory.json   plan_memory at 1..8 ranks, no MPI at all
+//   zerorun --hostfile H -- zero-bench-step --collectives hierarchical,mpi --link-counters
+//   zero-node
+//                              the multi-node mode: both transports alternating, and the bytes
+//                              that crossed between nodes per step (README, "Several nodes")
 //
 // How it measures (the choices, written where a reader of the numbers looks for them):
 //  - Every stage gets its own engine on the same communicator, all alive at once. After each
@@ -34,6 +38,15 @@
 //    stats cover what happened since the previous step() returned, so stages 1-2's post-step
 //    all-gathers, issued inside step(), are counted there and their busy time in the next step.
 //    Tracing is on only with --trace (a Chrome trace of each stage's last round).
+//  - The multi-node mode measures every stage on one communicator per --collectives entry, all
+//    in the same interleaved rounds, so the transports are compared under the same load. The
+//    bytes across nodes are not the engine's counters but what the links carried: with
+//    --link-counters PREFIX, rank 0 sums the transmit counters of the host's interfaces PREFIX*
+//    (for netns_cluster.sh, zero-nodeK: everything delivered into node K) after a barrier before
+//    and after each block, divided by the block's steps (frame headers and the barriers'
+//    few bytes included). formula_MB beside it is what the hierarchical path should send
+//    (Record::link_formula_bytes), to compare the measured figure with; MPI alone has none (its
+//    algorithms are OpenMPI's choice), only its measured bytes.
 //  - Memory is Engine::model_state_bytes() and the engine allocator's peak (model state plus the
 //    pooled gradient buckets and gathered-parameter buffers; activations are host vectors the
 //    allocator does not see), the maximum over ranks.
@@ -270,7 +283,7 @@ void print_header(const Options& opt, int world, size_t params) {
       opt.global_batch, per_rank, opt.run.micro_batches, opt.run.overlap_comm ? "on" : "off",
       opt.run.steps, opt.run.rounds, opt.run.warmup, opt.run.kernel_threads, gflop, mb3,
       mb3 > 0 ? gflop * 1e9 / (mb3 * 1e6) : 0.0);
-  zero::bench::print_record_header();
+  zero::bench::print_record_header(opt.run);
 }
 
 // The targets, as measured: stage 3 within 1.3x of stage 0; stage 2's communication (its
@@ -301,7 +314,8 @@ void print_targets(const std::vector<Record>& records) {
 
 // --- the benchmark ---------------------------------------------------------------------------
 
-int run_benchmark(const Options& opt, zero::Communicator& comm) {
+int run_benchmark(const Options& opt, const zero::bench::Communicators& comms) {
+  zero::Communicator& comm = *comms.front();
   const int rank = comm.rank();
   const int world = comm.world_size();
   const long per_rank_total = static_cast<long>(world) * opt.run.micro_batches;
@@ -316,16 +330,17 @@ int run_benchmark(const Options& opt, zero::Communicator& comm) {
   }
   const zero::models::TeacherTask task(opt.mlp, 1);
   TeacherSource source(task);
-  const zero::bench::MakeModel make_model = [&](int stage, DType dtype, bool trace) {
+  const zero::bench::MakeModel make_model = [&](zero::Communicator& on, int stage, DType dtype,
+                                                bool trace) {
     return std::make_unique<zero::ZeroModel>(
-        comm, zero::models::make_mlp(opt.mlp),
+        on, zero::models::make_mlp(opt.mlp),
         zero::bench::engine_config(opt.run, stage, dtype, trace));
   };
   const zero::bench::TrainStep step = zero::bench::forward_backward_step(
       [&](int) -> zero::models::MicroBatchSource& { return source; }, opt.global_batch,
       opt.run.micro_batches, rank, world);
   const std::vector<Record> records = zero::bench::measure_dtypes(
-      opt.run, comm, make_model, step,
+      opt.run, comms, make_model, step,
       [&](const Record& first) { print_header(opt, world, first.params); });
   if (rank != 0) return 0;
   print_targets(records);
@@ -357,5 +372,5 @@ int main(int argc, char** argv) {
   }
   return zero::bench::run_with_mpi(
       &argc, &argv, "zero-bench-step", opt.run,
-      [&](zero::Communicator& comm) { return run_benchmark(opt, comm); });
+      [&](const zero::bench::Communicators& comms) { return run_benchmark(opt, comms); });
 }

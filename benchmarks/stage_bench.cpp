@@ -1,15 +1,18 @@
 #include "benchmarks/stage_bench.h"
 
+#include <dirent.h>
 #include <mpi.h>
 
 #include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <exception>
+#include <fstream>
 
 #include "driver/cli.h"
 #include "zero/collectives/mpi_check.h"
 #include "zero/collectives/mpi_communicator.h"
+#include "zero/core/check.h"
 #include "zero/kernels/blas_core.h"
 #include "zero/runtime/layout.h"
 #include "zero/runtime/trace.h"
@@ -30,11 +33,76 @@ double median(std::vector<double> v) {
   return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// One block of measured steps: barrier, steps (adding up the engine's figures), drain.
-void measure_block(StageRun& run, const TrainStep& train_step, Communicator& comm, int steps) {
+// Bytes the interfaces /sys/class/net/PREFIX* have transmitted so far, summed. The files are
+// the host's (the nodes share its mount namespace), so any rank can read them.
+uint64_t link_tx_bytes(const std::string& prefix) {
+  const std::string root = "/sys/class/net";
+  uint64_t total = 0;
+  int links = 0;
+  DIR* dir = opendir(root.c_str());
+  ZERO_CHECK(dir != nullptr, "--link-counters: cannot list " << root);
+  while (const dirent* entry = readdir(dir)) {
+    const std::string name = entry->d_name;
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string path = root + "/" + name + "/statistics/tx_bytes";
+    std::ifstream file(path);
+    uint64_t bytes = 0;
+    if (!(file >> bytes)) {
+      closedir(dir);
+      ZERO_FAIL("--link-counters: cannot read " << path);
+    }
+    total += bytes;
+    ++links;
+  }
+  closedir(dir);
+  ZERO_CHECK(links > 0,
+             "--link-counters: no interface " << root << "/" << prefix << "* (is the cluster up?)");
+  return total;
+}
+
+// Nodes the job spans (ranks that share memory count as one node).
+int nodes_of_job() {
+  MPI_Comm node = MPI_COMM_NULL;
+  ZERO_MPI_CHECK(
+      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  int local_rank = 0;
+  const int status = MPI_Comm_rank(node, &local_rank);
+  MPI_Comm_free(&node);
+  ZERO_MPI_CHECK(status);
+  int leader = local_rank == 0 ? 1 : 0, nodes = 0;
+  ZERO_MPI_CHECK(MPI_Allreduce(&leader, &nodes, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD));
+  return nodes;
+}
+
+// Record::link_formula_bytes of a hierarchical run over `nodes` nodes.
+double hierarchical_link_formula(const Record& r, int nodes) {
+  const double reduced = 4.0 * static_cast<double>(r.padded_params);
+  const double gathered = static_cast<double>(dtype_size(r.dtype)) * r.padded_params;
+  const double per_node_pair = r.stage == 0   ? 2 * reduced
+                               : r.stage <= 2 ? reduced + gathered
+                                              : reduced + 2 * gathered;
+  return (nodes - 1) * per_node_pair;
+}
+
+// A --collectives entry as the communicator's transport: the ZERO_COLLECTIVES values.
+CpuTransport transport_named(const std::string& name) {
+  if (name == "auto") return CpuTransport::kFromEnvironment;
+  if (name == "mpi") return CpuTransport::kMpi;
+  if (name == "shm") return CpuTransport::kSharedMemory;
+  if (name == "hierarchical") return CpuTransport::kHierarchical;
+  usage_error("--collectives: unknown transport '" + name + "' (auto, mpi, shm, hierarchical)");
+}
+
+// One block of measured steps: barrier, steps (adding up the engine's figures), drain. With
+// link counters, rank 0 reads them after the first barrier and after a last one, when every
+// rank's collectives are done and what they sent has arrived.
+void measure_block(StageRun& run, const TrainStep& train_step, const StageOptions& opt, int steps) {
   Engine& engine = run.model->engine();
+  Communicator& comm = *run.comm;
+  const bool count_links = !opt.link_counters.empty() && comm.rank() == 0;
   comm.stream().synchronize();
   ZERO_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+  const uint64_t links_before = count_links ? link_tx_bytes(opt.link_counters) : 0;
   engine.trace().clear();
   std::vector<double> starts{Trace::now_us()};
   for (int i = 0; i < steps; ++i) {
@@ -51,12 +119,17 @@ void measure_block(StageRun& run, const TrainStep& train_step, Communicator& com
   for (size_t i = 0; i + 1 < starts.size(); ++i) {
     run.step_ms.push_back((starts[i + 1] - starts[i]) / 1000.0);
   }
+  if (!opt.link_counters.empty()) {
+    ZERO_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+    if (count_links) run.link_bytes += link_tx_bytes(opt.link_counters) - links_before;
+  }
 }
 
 // Combines the ranks' measurements into one record (collective: every rank calls it).
-Record summarize(StageRun& run, int world) {
+Record summarize(StageRun& run, int world, const StageOptions& opt) {
   Engine& engine = run.model->engine();
   Record r;
+  r.transport = run.comm->transport();
   r.stage = run.stage;
   r.dtype = run.dtype;
   r.world = world;
@@ -90,6 +163,12 @@ Record summarize(StageRun& run, int world) {
   r.model_state_bytes = memory[0];
   r.peak_bytes = memory[1];
   r.plan_model_state_bytes = plan_memory(engine.layout(), engine.config()).model_state;
+  uint64_t link_bytes = run.link_bytes;  // rank 0's reading; the others hold 0
+  ZERO_MPI_CHECK(
+      MPI_Allreduce(MPI_IN_PLACE, &link_bytes, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD));
+  if (!opt.link_counters.empty()) {
+    r.link_bytes_per_step = static_cast<double>(link_bytes) / r.steps;
+  }
   return r;
 }
 
@@ -108,7 +187,12 @@ const char* const kStageUsage =
     "  --max-elements-per-call  split every MPI call of a collective into pieces of at most\n"
     "                  N elements (default: no limit below INT_MAX)\n"
     "  --json          also write one record per stage and dtype to FILE (a JSON array)\n"
-    "  --trace         write PREFIX.stageS.DTYPE.json: a Chrome trace of each stage's last round\n";
+    "  --trace         write PREFIX.stageS.DTYPE.json: a Chrome trace of each stage's last round\n"
+    "  --collectives   multi-node mode: comma-separated ZERO_COLLECTIVES values (auto, mpi, shm,\n"
+    "                  hierarchical), each stage measured on each, alternating (default: one,\n"
+    "                  from the environment)\n"
+    "  --link-counters multi-node mode: add up the transmit counters of /sys/class/net/PREFIX*\n"
+    "                  (zero-node: netns_cluster.sh's links) as the bytes across nodes\n";
 
 bool parse_stage_flag(const std::string& flag, const std::string& value, StageOptions* opt) {
   const auto count = [&](int min_value) {
@@ -153,6 +237,17 @@ bool parse_stage_flag(const std::string& flag, const std::string& value, StageOp
     opt->json_path = value;
   } else if (flag == "--trace") {
     opt->trace_prefix = value;
+  } else if (flag == "--collectives") {
+    opt->collectives.clear();
+    for (const std::string& item : split_commas(flag, value)) {
+      transport_named(item);  // a bad name is a usage error now, before MPI starts
+      opt->collectives.push_back(item);
+    }
+  } else if (flag == "--link-counters") {
+    if (value.empty() || value.find('/') != std::string::npos) {
+      usage_error("--link-counters takes an interface name prefix, got '" + value + "'");
+    }
+    opt->link_counters = value;
   } else {
     return false;
   }
@@ -178,35 +273,52 @@ EngineConfig engine_config(const StageOptions& opt, int stage, DType dtype, bool
   return config;
 }
 
-std::vector<Record> measure_stages(const StageOptions& opt, DType dtype, Communicator& comm,
+std::vector<Record> measure_stages(const StageOptions& opt, DType dtype, const Communicators& comms,
                                    const MakeModel& make_model, const TrainStep& train_step) {
   const bool trace = !opt.trace_prefix.empty();
-  std::vector<StageRun> runs(opt.stages.size());
-  for (size_t i = 0; i < runs.size(); ++i) {
-    runs[i].stage = opt.stages[i];
-    runs[i].dtype = dtype;
-    runs[i].model = make_model(opt.stages[i], dtype, trace);
-    for (int w = 0; w < opt.warmup; ++w) {
-      runs[i].data_step += 1;
-      train_step(runs[i]);
+  std::vector<StageRun> runs;
+  for (Communicator* comm : comms) {
+    for (int stage : opt.stages) {
+      StageRun run;
+      run.comm = comm;
+      run.stage = stage;
+      run.dtype = dtype;
+      run.model = make_model(*comm, stage, dtype, trace);
+      for (int w = 0; w < opt.warmup; ++w) {
+        run.data_step += 1;
+        train_step(run);
+      }
+      runs.push_back(std::move(run));
     }
   }
   for (int round = 0; round < opt.rounds; ++round) {
     // Spread the steps over the rounds as evenly as the count allows.
     const int block = opt.steps / opt.rounds + (round < opt.steps % opt.rounds ? 1 : 0);
-    for (StageRun& run : runs) measure_block(run, train_step, comm, block);
+    for (StageRun& run : runs) measure_block(run, train_step, opt, block);
   }
   std::vector<Record> records;
-  for (StageRun& run : runs) records.push_back(summarize(run, comm.world_size()));
+  for (StageRun& run : runs) records.push_back(summarize(run, run.comm->world_size(), opt));
+  const int nodes = nodes_of_job();
   for (Record& r : records) {
-    if (records.front().stage == 0) r.ratio_to_stage0 = r.median_ms / records.front().median_ms;
+    if (r.transport.rfind("hierarchical", 0) == 0) {
+      r.link_formula_bytes = hierarchical_link_formula(r, nodes);
+    }
+  }
+  for (Record& r : records) {
+    for (const Record& base : records) {
+      if (base.stage == 0 && base.transport == r.transport) {
+        r.ratio_to_stage0 = r.median_ms / base.median_ms;
+      }
+    }
   }
   if (trace) {
     for (StageRun& run : runs) {
       const std::string path = opt.trace_prefix + ".stage" + std::to_string(run.stage) + "." +
                                dtype_name(dtype) + ".json";
-      run.model->engine().trace().write_chrome_trace(comm, path);
-      if (comm.rank() == 0) std::printf("# trace of the last round written to %s\n", path.c_str());
+      run.model->engine().trace().write_chrome_trace(*run.comm, path);
+      if (run.comm->rank() == 0) {
+        std::printf("# trace of the last round written to %s\n", path.c_str());
+      }
     }
   }
   return records;
@@ -237,7 +349,14 @@ driver::JsonRecord record_json(const Record& r, const StageOptions& opt) {
           {"plan_model_state_bytes", r.plan_model_state_bytes},
           {"peak_bytes", r.peak_bytes},
           {"ratio_to_stage0", ratio},
-          {"final_loss", r.final_loss}};
+          {"final_loss", r.final_loss},
+          {"collectives", r.transport},
+          {"link_formula_bytes_per_step",
+           r.link_formula_bytes < 0 ? driver::JsonRecord()
+                                    : driver::JsonRecord(rounded(r.link_formula_bytes, 0))},
+          {"link_bytes_per_step", r.link_bytes_per_step < 0
+                                      ? driver::JsonRecord()
+                                      : driver::JsonRecord(rounded(r.link_bytes_per_step, 0))}};
 }
 
 double mib(uint64_t bytes) {
@@ -251,25 +370,49 @@ std::string percent(double fraction) {
   return text;
 }
 
-void print_record_header() {
-  std::printf("# %5s %5s %9s %17s %10s %8s %8s %7s %6s %10s %9s %8s %10s\n", "stage", "dtype",
-              "step_ms", "(min-max)", "compute_ms", "comm_ms", "exposed", "overlap", "colls",
-              "state_MiB", "peak_MiB", "vs_st0", "loss");
+namespace {
+
+bool multinode_mode(const StageOptions& opt) {
+  return !opt.collectives.empty() || !opt.link_counters.empty();
 }
 
-void print_record(const Record& r) {
+}  // namespace
+
+void print_record_header(const StageOptions& opt) {
+  std::printf("# %5s %5s %9s %17s %10s %8s %8s %7s %6s %10s %9s %8s %10s", "stage", "dtype",
+              "step_ms", "(min-max)", "compute_ms", "comm_ms", "exposed", "overlap", "colls",
+              "state_MiB", "peak_MiB", "vs_st0", "loss");
+  if (multinode_mode(opt)) {
+    std::printf(" %13s %10s  %s", "link_MB/step", "formula_MB", "collectives");
+  }
+  std::printf("\n");
+}
+
+void print_record(const Record& r, const StageOptions& opt) {
   char range[32];
   std::snprintf(range, sizeof(range), "(%.1f-%.1f)", r.min_ms, r.max_ms);
   char ratio[16] = "-";
   if (r.ratio_to_stage0 >= 0) std::snprintf(ratio, sizeof(ratio), "%.3f", r.ratio_to_stage0);
-  std::printf("  %5d %5s %9.2f %17s %10.2f %8.2f %8.2f %7s %6.1f %10.2f %9.2f %8s %10.6f\n",
-              r.stage, dtype_name(r.dtype), r.median_ms, range, r.compute_ms, r.comm_ms,
-              r.exposed_ms, percent(r.overlap).c_str(), r.collectives, mib(r.model_state_bytes),
+  std::printf("  %5d %5s %9.2f %17s %10.2f %8.2f %8.2f %7s %6.1f %10.2f %9.2f %8s %10.6f", r.stage,
+              dtype_name(r.dtype), r.median_ms, range, r.compute_ms, r.comm_ms, r.exposed_ms,
+              percent(r.overlap).c_str(), r.collectives, mib(r.model_state_bytes),
               mib(r.peak_bytes), ratio, r.final_loss);
+  if (multinode_mode(opt)) {
+    char link[24] = "-";
+    if (r.link_bytes_per_step >= 0) {
+      std::snprintf(link, sizeof(link), "%.3f", r.link_bytes_per_step / 1e6);
+    }
+    char formula[24] = "-";
+    if (r.link_formula_bytes >= 0) {
+      std::snprintf(formula, sizeof(formula), "%.3f", r.link_formula_bytes / 1e6);
+    }
+    std::printf(" %13s %10s  %s", link, formula, r.transport.c_str());
+  }
+  std::printf("\n");
 }
 
 int run_with_mpi(int* argc, char*** argv, const char* program, const StageOptions& opt,
-                 const std::function<int(Communicator&)>& run) {
+                 const std::function<int(const Communicators&)>& run) {
   // Ranks already use every core; OpenBLAS threads on top would only contend with them (the
   // kernels split their GEMMs over --threads themselves).
   openblas_set_num_threads(1);
@@ -279,10 +422,18 @@ int run_with_mpi(int* argc, char*** argv, const char* program, const StageOption
     std::fprintf(stderr, "%s: %s\n", program, blas_warning.c_str());
   }
   try {
-    std::unique_ptr<Communicator> comm = opt.max_elements_per_call > 0
-                                             ? make_mpi_communicator(opt.max_elements_per_call)
-                                             : make_mpi_communicator();
-    return run(*comm);
+    const size_t max_per_call =
+        opt.max_elements_per_call > 0 ? opt.max_elements_per_call : static_cast<size_t>(INT_MAX);
+    std::vector<std::unique_ptr<Communicator>> owned;
+    if (opt.collectives.empty()) {
+      owned.push_back(make_mpi_communicator(max_per_call));
+    }
+    for (const std::string& name : opt.collectives) {
+      owned.push_back(make_mpi_communicator(max_per_call, transport_named(name)));
+    }
+    Communicators comms;
+    for (const auto& comm : owned) comms.push_back(comm.get());
+    return run(comms);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: rank %d: error: %s\n", program, mpi.world_rank(), e.what());
     // The other ranks may be waiting in a collective this rank will never join: end the job.
@@ -302,16 +453,16 @@ TrainStep forward_backward_step(SourceOf source_of, long global_batch, int micro
   };
 }
 
-std::vector<Record> measure_dtypes(const StageOptions& opt, Communicator& comm,
+std::vector<Record> measure_dtypes(const StageOptions& opt, const Communicators& comms,
                                    const MakeModel& make_model, const TrainStep& train_step,
                                    const std::function<void(const Record& first)>& header) {
   std::vector<Record> records;
   for (DType dtype : opt.dtypes) {
     const std::vector<Record> dtype_records =
-        measure_stages(opt, dtype, comm, make_model, train_step);
-    if (comm.rank() == 0) {
+        measure_stages(opt, dtype, comms, make_model, train_step);
+    if (comms.front()->rank() == 0) {
       if (records.empty()) header(dtype_records.front());
-      for (const Record& r : dtype_records) print_record(r);
+      for (const Record& r : dtype_records) print_record(r, opt);
       std::fflush(stdout);
     }
     records.insert(records.end(), dtype_records.begin(), dtype_records.end());

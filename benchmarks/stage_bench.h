@@ -31,6 +31,13 @@ struct StageOptions {
   int kernel_threads = 1;
   std::string json_path;
   std::string trace_prefix;
+  // The multi-node mode. `collectives`: ZERO_COLLECTIVES values (auto, mpi, shm, hierarchical),
+  // one communicator each, every stage measured on each, alternating in the same rounds; empty:
+  // one communicator as the environment says. `link_counters`: a prefix of network interfaces
+  // under /sys/class/net (e.g. zero-node, netns_cluster.sh's host ends of the nodes' links) whose
+  // transmit counters, summed, are the bytes delivered across nodes; read around every block.
+  std::vector<std::string> collectives;
+  std::string link_counters;
 };
 
 // The usage lines of StageOptions' flags, for a program's usage text.
@@ -46,6 +53,7 @@ EngineConfig engine_config(const StageOptions& opt, int stage, DType dtype, bool
 
 // One stage's engine and what was measured of it on this rank.
 struct StageRun {
+  Communicator* comm = nullptr;  // the communicator the model runs on
   int stage = 0;
   DType dtype = DType::kFloat32;
   std::unique_ptr<ZeroModel> model;
@@ -55,10 +63,12 @@ struct StageRun {
   double wait_ms = 0;           // sum of StepStats::comm_wait_ms
   long collectives = 0;         // sum of StepStats::collectives
   float last_loss = 0.0f;
+  uint64_t link_bytes = 0;  // delivered across nodes during the measured steps (rank 0)
 };
 
 // One stage and dtype, combined over the ranks.
 struct Record {
+  std::string transport;  // the communicator's transport()
   int stage = 0;
   DType dtype = DType::kFloat32;
   int world = 1;
@@ -77,11 +87,18 @@ struct Record {
   uint64_t plan_model_state_bytes = 0;
   double ratio_to_stage0 = -1;  // step time over stage 0's; negative: stage 0 was not measured
   double final_loss = 0;
+  double link_bytes_per_step = -1;  // across nodes, from the link counters; negative: not read
+  // What the hierarchical path sends across M nodes per step, all links together, in bytes
+  // (negative for other transports): (M - 1) x (each reduction's fp32 partial sums of the
+  // padded parameters, 4 bytes an element, twice for stage 0's all-reduce; each parameter
+  // all-gather's working dtype: once for stages 1-2, twice for stage 3).
+  double link_formula_bytes = -1;
 };
 
 // The model of one stage, and everything one optimizer step does to it (batch, forward, loss,
 // backward, step), returning the engine's figures and setting run.last_loss.
-using MakeModel = std::function<std::unique_ptr<ZeroModel>(int stage, DType dtype, bool trace)>;
+using MakeModel = std::function<std::unique_ptr<ZeroModel>(Communicator& comm, int stage,
+                                                           DType dtype, bool trace)>;
 using TrainStep = std::function<StepStats(StageRun& run)>;
 
 // The step zero-train runs (models::forward_backward over the micro-batches, then step()), on
@@ -91,16 +108,20 @@ using SourceOf = std::function<models::MicroBatchSource&(int stage)>;
 TrainStep forward_backward_step(SourceOf source_of, long global_batch, int micro_batches, int rank,
                                 int world);
 
-// Collective: builds every stage's model for `dtype`, warms each up, measures them in
-// interleaved rounds and returns one record per stage (on every rank), ratios to stage 0 set.
+// The communicators a benchmark measures on: one per opt.collectives entry, or one.
+using Communicators = std::vector<Communicator*>;
+
+// Collective: builds every stage's model for `dtype` on each communicator, warms each up,
+// measures them in interleaved rounds and returns one record per communicator and stage (on
+// every rank), ratios to the same communicator's stage 0 set.
 // With opt.trace_prefix, writes PREFIX.stageS.DTYPE.json, a Chrome trace of each stage's last
 // round.
-std::vector<Record> measure_stages(const StageOptions& opt, DType dtype, Communicator& comm,
+std::vector<Record> measure_stages(const StageOptions& opt, DType dtype, const Communicators& comms,
                                    const MakeModel& make_model, const TrainStep& train_step);
 
 // measure_stages for each dtype of opt.dtypes in turn, all records together; rank 0 prints
 // `header(first record)` once, then each record's line as its dtype is done.
-std::vector<Record> measure_dtypes(const StageOptions& opt, Communicator& comm,
+std::vector<Record> measure_dtypes(const StageOptions& opt, const Communicators& comms,
                                    const MakeModel& make_model, const TrainStep& train_step,
                                    const std::function<void(const Record& first)>& header);
 
@@ -109,13 +130,14 @@ driver::JsonRecord record_json(const Record& r, const StageOptions& opt);
 
 double mib(uint64_t bytes);
 std::string percent(double fraction);  // "-" for a negative fraction
-// The table zero-bench-step prints, one line per record under its header.
-void print_record_header();
-void print_record(const Record& r);
+// The table zero-bench-step prints, one line per record under its header; in the multi-node
+// mode (opt.collectives or opt.link_counters set) with the transport and the bytes across nodes.
+void print_record_header(const StageOptions& opt);
+void print_record(const Record& r, const StageOptions& opt);
 
 // main() of a step benchmark after its flags are parsed: OpenBLAS on one thread, MPI started,
-// the communicator made, `run` called; an exception aborts the whole job with a message.
+// the communicators made, `run` called; an exception aborts the whole job with a message.
 int run_with_mpi(int* argc, char*** argv, const char* program, const StageOptions& opt,
-                 const std::function<int(Communicator&)>& run);
+                 const std::function<int(const Communicators&)>& run);
 
 }  // namespace zero::bench

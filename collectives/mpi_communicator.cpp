@@ -8,8 +8,9 @@
 // here (watchdog, desync check) or a collective fails. In the desync-check mode the ranks
 // compare each collective's description before running it. When every rank is on one node,
 // reduce-scatter, all-gather and all-reduce run over a shared-memory window instead
-// (shm_transport.h) inside the same launch, so the watchdog, flight recorder and desync check
-// treat them as they treat MPI calls.
+// (shm_transport.h); when the job spans nodes of equal, consecutive ranks, over shared memory
+// inside each node and MPI across (hierarchical_transport.h). Both run inside the same launch,
+// so the watchdog, flight recorder and desync check treat them as they treat MPI calls.
 #include "zero/collectives/mpi_communicator.h"
 
 #include <mpi.h>
@@ -27,6 +28,8 @@
 #include <vector>
 
 #include "backend_common.h"
+#include "hierarchical_transport.h"
+#include "node_groups.h"
 #include "shm_transport.h"
 #include "zero/core/check.h"
 #include "zero/kernels/cpu_kernels.h"
@@ -147,34 +150,50 @@ CpuTransport transport_from_environment() {
   if (value.empty() || value == "auto") return CpuTransport::kFromEnvironment;
   if (value == "mpi") return CpuTransport::kMpi;
   if (value == "shm") return CpuTransport::kSharedMemory;
-  ZERO_FAIL("ZERO_COLLECTIVES must be auto, mpi or shm, got '" << value << "'");
+  if (value == "hierarchical") return CpuTransport::kHierarchical;
+  ZERO_FAIL("ZERO_COLLECTIVES must be auto, mpi, shm or hierarchical, got '" << value << "'");
 }
 
-// Whether every rank of `comm` is on this rank's node (then on every rank alike).
-bool on_one_node(MPI_Comm comm, int size) {
-  MPI_Comm node = MPI_COMM_NULL;
-  ZERO_MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
-  int node_size = 0;
-  ZERO_MPI_CHECK(MPI_Comm_size(node, &node_size));
-  ZERO_MPI_CHECK(MPI_Comm_free(&node));
-  return node_size == size;
-}
+// The paths, ordered so that the ranks agree on the smallest any of them can take (MPI_MIN): a
+// rank told "mpi" makes the whole job use MPI.
+enum class Path : int { kMpi = 0, kHierarchical = 1, kSharedMemory = 2 };
 
-// Shared memory or not, the same answer on every rank: each rank's wish (from `requested` or
-// its own environment) is combined with MPI_MIN, so a rank told "mpi" makes the job use MPI.
-bool use_shared_memory(CpuTransport requested, MPI_Comm comm, int size) {
+// The same path on every rank: each rank's wish (from `requested` or its own environment) on
+// the layout every rank sees alike, combined with MPI_MIN.
+Path choose_path(CpuTransport requested, MPI_Comm comm, const backend::NodeGroups& groups) {
   if (requested == CpuTransport::kFromEnvironment) requested = transport_from_environment();
-  int wanted = 0;
-  if (requested != CpuTransport::kMpi) {
-    const bool one_node = on_one_node(comm, size);
-    ZERO_CHECK(one_node || requested != CpuTransport::kSharedMemory,
-               "the shared-memory transport (ZERO_COLLECTIVES=shm) needs every rank on one node; "
-               "this job spans nodes");
-    wanted = one_node ? 1 : 0;
+  Path wanted = Path::kMpi;
+  switch (requested) {
+    case CpuTransport::kMpi:
+      break;
+    case CpuTransport::kSharedMemory:
+      ZERO_CHECK(groups.nodes == 1 && !groups.declared,
+                 "the shared-memory transport (ZERO_COLLECTIVES=shm) needs every rank on one "
+                 "node; this job spans "
+                     << groups.nodes << (groups.declared ? " declared (ZERO_NODE_SIZE)" : "")
+                     << " nodes");
+      wanted = Path::kSharedMemory;
+      break;
+    case CpuTransport::kHierarchical:
+      ZERO_CHECK(groups.regular(),
+                 "the hierarchical collectives (ZERO_COLLECTIVES=hierarchical) need the same "
+                 "number of consecutive ranks on every node: "
+                     << groups.irregular);
+      wanted = Path::kHierarchical;
+      break;
+    case CpuTransport::kFromEnvironment:
+      // Unequal or interleaved nodes fall back to MPI: correct everywhere, only slower.
+      if (groups.nodes == 1) {
+        wanted = Path::kSharedMemory;
+      } else if (groups.regular()) {
+        wanted = Path::kHierarchical;
+      }
+      break;
   }
   int agreed = 0;
-  ZERO_MPI_CHECK(MPI_Allreduce(&wanted, &agreed, 1, MPI_INT, MPI_MIN, comm));
-  return agreed == 1;
+  const int mine = static_cast<int>(wanted);
+  ZERO_MPI_CHECK(MPI_Allreduce(&mine, &agreed, 1, MPI_INT, MPI_MIN, comm));
+  return static_cast<Path>(agreed);
 }
 
 class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
@@ -182,8 +201,21 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
   MpiCommunicator(std::chrono::milliseconds timeout, size_t max_elements_per_call,
                   CpuTransport transport, MPI_Comm parent = MPI_COMM_WORLD)
       : CommunicatorBase(timeout, parent), max_elements_per_call_(max_elements_per_call) {
-    if (use_shared_memory(transport, mpi_comm_, size_)) {
-      shm_ = std::make_unique<backend::SharedMemoryTransport>(mpi_comm_);
+    const backend::NodeGroups groups = backend::find_node_groups(mpi_comm_);
+    switch (choose_path(transport, mpi_comm_, groups)) {
+      case Path::kMpi:
+        transport_name_ = "mpi";
+        break;
+      case Path::kSharedMemory:
+        shm_ = std::make_unique<backend::SharedMemoryTransport>(mpi_comm_);
+        transport_name_ = "shm";
+        break;
+      case Path::kHierarchical:
+        hier_ = std::make_unique<backend::HierarchicalTransport>(mpi_comm_, groups,
+                                                                 max_elements_per_call_);
+        transport_name_ = "hierarchical (" + std::to_string(groups.nodes) + " nodes x " +
+                          std::to_string(groups.ranks_per_node) + " ranks)";
+        break;
     }
     stream_ = std::make_unique<Stream>("comm");
     watchdog_.start(nullptr, [this](Clock::time_point now, std::chrono::milliseconds limit) {
@@ -200,6 +232,8 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
 
   Stream& stream() override { return *stream_; }
 
+  std::string transport() const override { return transport_name_; }
+
   Event all_gather(const void* send, void* recv, size_t count, DType dtype) override {
     const size_t elem = dtype_size(dtype);
     const bool in_place = backend::check_all_gather(send, recv, count, elem, rank_, size_);
@@ -207,6 +241,8 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
     return launch(CollectiveOp::kAllGather, {count, dtype, false}, count * size_, [=] {
       if (shm_) {
         shm_->all_gather(send, recv, count * elem);
+      } else if (hier_) {
+        hier_->all_gather(send, recv, count * elem);
       } else {
         run_all_gather(in_place ? nullptr : send, recv, count, type, elem);
       }
@@ -218,6 +254,8 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
     return launch(CollectiveOp::kAllGather, {bytes, DType::kFloat32, true}, bytes * size_, [=] {
       if (shm_) {
         shm_->all_gather(send, recv, bytes);
+      } else if (hier_) {
+        hier_->all_gather(send, recv, bytes);
       } else {
         run_all_gather(in_place ? nullptr : send, recv, bytes, MPI_BYTE, 1);
       }
@@ -229,6 +267,9 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
     return launch(CollectiveOp::kReduceScatter, {count, dtype, false}, count * size_, [=] {
       if (shm_) {
         shm_->reduce_scatter(send, recv, count, dtype);
+      } else if (hier_) {
+        hier_->reduce_scatter(send, recv, count, dtype,
+                              staging(CollectiveOp::kReduceScatter, count, dtype));
       } else {
         run_reduce_scatter(send, recv, count, dtype, in_place);
       }
@@ -240,6 +281,9 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
     return launch(CollectiveOp::kAllReduce, {count, dtype, false}, count, [=] {
       if (shm_) {
         shm_->all_reduce(send, recv, count, dtype);
+      } else if (hier_) {
+        hier_->all_reduce(send, recv, count, dtype,
+                          staging(CollectiveOp::kAllReduce, count, dtype));
       } else {
         run_all_reduce(in_place ? nullptr : send, recv, count, dtype);
       }
@@ -258,9 +302,12 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
   }
 
   // The MPI figure also with shared memory, which stages in its window instead: a plan made
-  // without MPI (mpi_staging_bytes) then still matches what a run allocates.
+  // without MPI (mpi_staging_bytes) then still matches what a run allocates on one node. The
+  // hierarchical path keeps its fp32 partial sums here too, so a run across nodes may stage
+  // more than that plan (fp32 reductions: up to 2 x nodes x count elements).
   size_t staging_bytes(CollectiveOp op, size_t count, DType dtype) const override {
-    return mpi_staging_bytes(op, count, dtype, size_, max_elements_per_call_);
+    const size_t mpi = mpi_staging_bytes(op, count, dtype, size_, max_elements_per_call_);
+    return hier_ ? std::max(mpi, hier_->staging_bytes(op, count)) : mpi;
   }
 
   void set_staging_buffer(void* data, size_t bytes) override {
@@ -297,9 +344,10 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
   template <typename Body>
   Event launch(CollectiveOp op, Payload payload, uint64_t wire_elements, Body body) {
     // The ring lower bound of the MPI calls made, in the element type they carry; the
-    // shared-memory path moves every element type as it is.
-    const DType wire =
-        shm_ && op != CollectiveOp::kBroadcast ? payload.dtype : wire_dtype(op, payload.dtype);
+    // shared-memory and hierarchical paths move every element type as it is (the hierarchical
+    // path's fp32 partial sums across nodes are what the step benchmark measures on the links).
+    const bool own_path = (shm_ || hier_) && op != CollectiveOp::kBroadcast;
+    const DType wire = own_path ? payload.dtype : wire_dtype(op, payload.dtype);
     const size_t wire_element_bytes = payload.bytes ? 1 : dtype_size(wire);
     const uint64_t sequence = record_launch(
         op, payload, bytes_sent_per_rank(op, wire_elements * wire_element_bytes, size_));
@@ -471,6 +519,9 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
   // Set when reduce-scatter, all-gather and all-reduce run over shared memory; used by the
   // worker only.
   std::unique_ptr<backend::SharedMemoryTransport> shm_;
+  // Set instead when a job spans nodes of equal, consecutive ranks (node_groups.h).
+  std::unique_ptr<backend::HierarchicalTransport> hier_;
+  std::string transport_name_;
 
   // Staging memory: the worker's, between collectives also the caller's (set_staging_buffer
   // drains the stream before it writes them).

@@ -127,6 +127,7 @@ class NcclCommunicatorImpl final : public backend::CommunicatorBase<NcclCommunic
 
   int device() const override { return device_; }
   Stream& stream() override { return *stream_; }
+  std::string transport() const override { return "nccl"; }
 
   // NCCL reduces 16-bit floats natively, on the caller's device buffers (in place included):
   // nothing is staged, so no collective needs the memory a caller provides.

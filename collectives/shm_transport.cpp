@@ -12,6 +12,7 @@
 #include <new>
 
 #include "zero/collectives/mpi_check.h"
+#include "zero/core/check.h"
 #include "zero/kernels/cpu_kernels.h"
 
 namespace zero::backend {
@@ -114,44 +115,87 @@ void SharedMemoryTransport::barrier() {
   }
 }
 
-// Per chunk, `piece` elements of every rank's block: rank r publishes its pieces of the other
-// ranks' blocks (its own never leaves it), then sums piece r of every rank, in rank order, into
-// recv. In place, recv is this rank's block of send, which only this rank reads.
 void SharedMemoryTransport::reduce_scatter(const void* send, void* recv, size_t count,
                                            DType dtype) {
+  bounds_.resize(static_cast<size_t>(size_) + 1);
+  for (size_t r = 0; r < bounds_.size(); ++r) bounds_[r] = r * count;
+  reduce_scatter_blocks(send, dtype, bounds_.data(), recv, dtype);
+}
+
+void SharedMemoryTransport::all_gather(const void* send, void* recv, size_t bytes_per_rank) {
+  bounds_.resize(static_cast<size_t>(size_) + 1);
+  for (size_t r = 0; r < bounds_.size(); ++r) bounds_[r] = r * bytes_per_rank;
+  all_gather_blocks(send, recv, bounds_.data());
+}
+
+// Per chunk, `piece` elements of every rank's block: rank r publishes its pieces of the other
+// ranks' blocks (its own never leaves it), then sums piece r of every rank, in rank order, into
+// recv. Every rank runs as many chunks as the longest block needs, so the barriers match. In
+// place, recv is this rank's block of send, which only this rank reads.
+void SharedMemoryTransport::reduce_scatter_blocks(const void* send, DType dtype,
+                                                  const size_t* bounds, void* recv,
+                                                  DType recv_dtype) {
+  ZERO_CHECK(recv_dtype == dtype || recv_dtype == DType::kFloat32,
+             "reduce_scatter_blocks: the result must be " << dtype_name(dtype) << " or fp32, got "
+                                                          << dtype_name(recv_dtype));
   const size_t elem = dtype_size(dtype);
   const size_t piece =
       round_down(kSlotBytes / (static_cast<size_t>(size_) * elem), kPieceAlignment);
+  auto block_size = [&](int r) { return bounds[r + 1] - bounds[r]; };
+  size_t longest = 0;
+  for (int r = 0; r < size_; ++r) longest = std::max(longest, block_size(r));
+  const bool widen = recv_dtype != dtype;
+  if (widen && widened_.size() < piece) widened_.resize(piece);
   std::vector<const void*> sources(static_cast<size_t>(size_));
-  for (size_t offset = 0; offset < count; offset += piece) {
-    const size_t n = std::min(piece, count - offset);
+  for (size_t offset = 0; offset < longest; offset += piece) {
     unsigned char* mine = slot(rank_);
     for (int p = 0; p < size_; ++p) {
-      if (p == rank_) continue;
-      std::memcpy(mine + p * piece * elem, at(send, (p * count + offset) * elem), n * elem);
+      if (p == rank_ || offset >= block_size(p)) continue;
+      const size_t n = std::min(piece, block_size(p) - offset);
+      std::memcpy(mine + p * piece * elem, at(send, (bounds[p] + offset) * elem), n * elem);
     }
     barrier();
-    for (int p = 0; p < size_; ++p) {
-      sources[static_cast<size_t>(p)] =
-          p == rank_ ? at(send, (rank_ * count + offset) * elem) : slot(p) + rank_ * piece * elem;
+    if (offset < block_size(rank_)) {
+      const size_t n = std::min(piece, block_size(rank_) - offset);
+      for (int p = 0; p < size_; ++p) {
+        sources[static_cast<size_t>(p)] =
+            p == rank_ ? at(send, (bounds[rank_] + offset) * elem) : slot(p) + rank_ * piece * elem;
+      }
+      if (widen) {
+        // The same fp32 additions in the same order as sum_in_order, without the rounding.
+        float* sum = reinterpret_cast<float*>(at(recv, offset * sizeof(float)));
+        kernels::cast(sources[0], dtype, sum, DType::kFloat32, n);
+        for (size_t p = 1; p < sources.size(); ++p) {
+          kernels::cast(sources[p], dtype, widened_.data(), DType::kFloat32, n);
+          kernels::accumulate(sum, widened_.data(), n);
+        }
+      } else {
+        kernels::sum_in_order(at(recv, offset * elem), sources.data(), sources.size(), dtype, n);
+      }
     }
-    kernels::sum_in_order(at(recv, offset * elem), sources.data(), sources.size(), dtype, n);
     next_chunk();
   }
 }
 
-// Per chunk, `piece` bytes of every rank's block: each rank publishes its piece, then copies
+// Per chunk, `kSlotBytes` of every rank's block: each rank publishes its piece, then copies
 // every peer's into place. In place (send is this rank's block of recv) its own piece is there.
-void SharedMemoryTransport::all_gather(const void* send, void* recv, size_t bytes_per_rank) {
-  const bool in_place = send == at(recv, rank_ * bytes_per_rank);
-  for (size_t offset = 0; offset < bytes_per_rank; offset += kSlotBytes) {
-    const size_t n = std::min(kSlotBytes, bytes_per_rank - offset);
-    std::memcpy(slot(rank_), at(send, offset), n);
-    // Before the barrier: work done while peers may still be copying.
-    if (!in_place) std::memcpy(at(recv, rank_ * bytes_per_rank + offset), at(send, offset), n);
+void SharedMemoryTransport::all_gather_blocks(const void* send, void* recv, const size_t* bounds) {
+  const bool in_place = send == at(recv, bounds[rank_]);
+  auto block_size = [&](int r) { return bounds[r + 1] - bounds[r]; };
+  size_t longest = 0;
+  for (int r = 0; r < size_; ++r) longest = std::max(longest, block_size(r));
+  for (size_t offset = 0; offset < longest; offset += kSlotBytes) {
+    if (offset < block_size(rank_)) {
+      const size_t n = std::min(kSlotBytes, block_size(rank_) - offset);
+      std::memcpy(slot(rank_), at(send, offset), n);
+      // Before the barrier: work done while peers may still be copying.
+      if (!in_place) std::memcpy(at(recv, bounds[rank_] + offset), at(send, offset), n);
+    }
     barrier();
     for (int p = 0; p < size_; ++p) {
-      if (p != rank_) std::memcpy(at(recv, p * bytes_per_rank + offset), slot(p), n);
+      if (p == rank_ || offset >= block_size(p)) continue;
+      const size_t n = std::min(kSlotBytes, block_size(p) - offset);
+      std::memcpy(at(recv, bounds[p] + offset), slot(p), n);
     }
     next_chunk();
   }

@@ -41,6 +41,16 @@ class SharedMemoryTransport {
   void all_gather(const void* send, void* recv, size_t bytes_per_rank);
   void all_reduce(const void* send, void* recv, size_t count, DType dtype);
 
+  // The forms with blocks of any size, which the hierarchical path builds on: `bounds` holds
+  // size + 1 ascending offsets (elements, or bytes for all_gather_blocks), rank r's block being
+  // [bounds[r], bounds[r + 1]). reduce_scatter_blocks sums block `rank` of every rank's send in
+  // rank order into recv as `recv_dtype`: dtype, or fp32 to keep a 16-bit sum unrounded for a
+  // later stage. all_gather_blocks: send is this rank's block (or recv + bounds[rank]: in
+  // place), recv the whole.
+  void reduce_scatter_blocks(const void* send, DType dtype, const size_t* bounds, void* recv,
+                             DType recv_dtype);
+  void all_gather_blocks(const void* send, void* recv, const size_t* bounds);
+
   // Bytes of one slot: the most a rank publishes per chunk. Small enough that a chunk is still
   // in cache when the peers read it, large enough that barriers stay few: of 128 KiB to 16 MiB,
   // 256 KiB was fastest at 2 ranks (zero-bench-collectives, 64 MiB fp32, on a loaded 2-core
@@ -65,6 +75,10 @@ class SharedMemoryTransport {
   std::atomic<uint32_t>* generation_ = nullptr;
   std::vector<unsigned char*> slots_;  // per rank: its two slots, back to back
   uint64_t chunk_ = 0;
+  // Offsets of the equal blocks of reduce_scatter and all_gather, and the fp32 copy of one
+  // source that a 16-bit reduce-scatter with an fp32 result adds at a time.
+  std::vector<size_t> bounds_;
+  std::vector<float> widened_;
 };
 
 }  // namespace zero::backend

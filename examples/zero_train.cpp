@@ -144,6 +144,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
         task.description().c_str(), zero::dtype_name(config.dtype), engine.layout().numel(),
         engine.layout().padded_numel(), engine.layout().units().size(), config.stage, world,
         tc.train_batch_size, per_slice.c_str(), micro_batches, world);
+    std::printf("collectives: %s\n", comm.transport().c_str());
     std::printf("memory on rank 0 at start:\n%s%s", engine.allocator().summary().c_str(),
                 task.activation_summary(per_micro_batch).c_str());
     if (nvme_bytes > 0) {
@@ -154,6 +155,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
     std::fflush(stdout);
     JsonRecord init{{"event", "init"},
                     {"world_size", world},
+                    {"collectives", comm.transport()},
                     {"stage", config.stage},
                     {"dtype", zero::dtype_name(config.dtype)},
                     {"params", engine.layout().numel()},

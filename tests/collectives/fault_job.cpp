@@ -36,6 +36,8 @@ void warm_up(zero::Communicator& comm, int collectives) {
 
 int run(const std::string& mode, zero::Communicator& comm) {
   const int rank = comm.rank();
+  // Which path the faults hit (shared memory, hierarchical or MPI), for the tests to check.
+  if (rank == 0) std::fprintf(stderr, "fault_job: collectives over %s\n", comm.transport().c_str());
   std::vector<float> data(1000 * static_cast<size_t>(comm.world_size()), 1.0f);
   if (mode == "--sigstop" || mode == "--sigkill") {
     warm_up(comm, 4);

@@ -4,8 +4,7 @@
 // and at sizes that span several of its chunks; at 2 ranks also against the MPI path (a + b
 // commutes, so MPI's order cannot differ). And how the path is chosen.
 //
-// The inputs are chosen so that the order of the additions shows: ranks contribute values of
-// very different magnitudes and signs, so adding them in any other order changes the bits.
+// The inputs (collective_inputs.h) show the order of the additions in the bits.
 #include <gtest/gtest.h>
 
 #include <climits>
@@ -15,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "tests/collectives/collective_inputs.h"
 #include "tests/expect_error.h"
 #include "zero/collectives/mpi_communicator.h"
 #include "zero/core/check.h"
@@ -22,23 +22,8 @@
 namespace zero {
 namespace {
 
-// Rank r's element i, before rounding to the dtype: a fraction in [0.5, 1.5) times a scale that
-// cycles through large, tiny, negative large and small over the ranks: even 16-bit inputs then
-// span more bits than fp32 holds, so their sums round differently in another order.
-float value(int rank, size_t i) {
-  const float scales[] = {3.0e4f, 3.0e-3f, -2.9e4f, 1.0f};
-  const uint64_t hash = (i * 2654435761u + static_cast<uint64_t>(rank) * 40503u) % 1000003u;
-  return scales[rank % 4] * (0.5f + static_cast<float>(hash) / 1000003.0f);
-}
-
-using Bytes = std::vector<unsigned char>;
-
-// n elements of value(rank, first + i) rounded to dtype.
-Bytes contribution(int rank, size_t first, size_t n, DType dtype) {
-  Bytes out(n * dtype_size(dtype));
-  for (size_t i = 0; i < n; ++i) store_from_float(out.data(), dtype, i, value(rank, first + i));
-  return out;
-}
+using testing::Bytes;
+using testing::contribution;
 
 // The fixed-order sum of elements [first, first + n) over `ranks` ranks: each rank's element as
 // rounded to dtype, added in rank order in fp32, rounded once.

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # zero-train on 2 nodes x 2 ranks against the same job on one node with 4 ranks, at stages 0-3:
 # the same losses within 1e-6 relative, the engine's tolerance for 3-4 ranks (on one node the
-# reductions go through shared memory, summing in rank order; across nodes through MPI over
-# TCP, in its own order: measured 2e-7 apart by step 5), and checkpoints of the same files.
+# reductions go through shared memory, summing in rank order; across nodes hierarchically, each
+# node's pair first, then the nodes over TCP: another order), and checkpoints of the same files.
 # Each node must also have received, over its link, what any reduction needs from the other
 # node: its contribution to the half of the gradients this node's ranks reduce, every step (a
-# job that stayed on one node moves only a few KB of control messages there).
+# job that stayed on one node moves only a few KB of control messages there). And the
+# collectives each job chose by itself, as its init record names them: shared memory on one
+# node, the hierarchical path (shared memory inside a node, MPI between) on two.
 #   train_across_nodes.sh BIN_DIR STEPS [ZERO_TRAIN_ARGS...]
 set -euo pipefail
 bin="$1"
@@ -28,6 +30,15 @@ train() {
   }
 }
 
+# expect_collectives METRICS TRANSPORT: the job's init record names TRANSPORT.
+expect_collectives() {
+  grep -q "\"collectives\":\"$2\"" "$1" || {
+    echo "FAIL: $1 does not name collectives '$2': $(head -1 "$1")"
+    exit 1
+  }
+  echo "$(basename "$1" .jsonl): collectives $2"
+}
+
 train_args=("$@")
 for stage in 0 1 2 3; do
   echo "stage $stage:"
@@ -35,6 +46,8 @@ for stage in 0 1 2 3; do
   before0="$(link_bytes node0)"
   before1="$(link_bytes node1)"
   train "two_nodes$stage" on_cluster "$bin/zerorun" --hostfile "$hostfile" --
+  expect_collectives "$work/one_node$stage.jsonl" "shm"
+  expect_collectives "$work/two_nodes$stage.jsonl" "hierarchical (2 nodes x 2 ranks)"
   params="$(grep -o '"params":[0-9]*' "$work/two_nodes$stage.jsonl" | cut -d: -f2)"
   at_least=$((steps * params * 4 / 2))
   expect_received node0 "$before0" "$at_least"

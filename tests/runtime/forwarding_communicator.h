@@ -18,6 +18,7 @@ class ForwardingCommunicator : public Communicator {
 
   int rank() const override { return inner_->rank(); }
   int world_size() const override { return inner_->world_size(); }
+  std::string transport() const override { return inner_->transport(); }
   Event all_gather(const void* send, void* recv, size_t count, DType dtype) override {
     return inner_->all_gather(send, recv, count, dtype);
   }

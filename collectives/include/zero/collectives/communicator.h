@@ -37,6 +37,10 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
 
+  // How this communicator moves its collectives, for logs and metrics: "nccl", or for the CPU
+  // backend "mpi", "shm" (one node's shared memory) or "hierarchical (M nodes x L ranks)".
+  virtual std::string transport() const = 0;
+
   // recv (count * world_size elements) = concatenation over ranks of each rank's send (count).
   // send == recv + rank * count elements is allowed (in place: the rank's slot already holds
   // its contribution).

@@ -41,17 +41,22 @@ size_t mpi_staging_bytes(CollectiveOp op, size_t count, DType dtype, int world_s
 // How the CPU communicator moves reduce-scatter, all-gather and all-reduce between its ranks
 // (broadcast, barrier and the desync check always go through MPI).
 enum class CpuTransport {
-  // ZERO_COLLECTIVES in the environment: "mpi" or "shm" as below; unset, empty or "auto":
-  // shared memory when every rank is on one node, else MPI. Jobs spanning nodes use MPI alone
-  // (there is no hierarchical path yet).
+  // ZERO_COLLECTIVES in the environment: "mpi", "shm" or "hierarchical" as below; unset, empty
+  // or "auto": shared memory when every rank is on one node; hierarchical when the job spans
+  // nodes that each hold the same number of consecutive ranks; else MPI.
   kFromEnvironment,
-  kMpi,           // MPI calls only: jobs spanning nodes, and comparisons
+  kMpi,           // MPI calls only: comparisons, and jobs whose nodes are uneven
   kSharedMemory,  // an MPI-3 shared window (shm_transport.h); an error unless on one node
+  // Shared memory inside each node, MPI across nodes (hierarchical_transport.h); an error
+  // unless every node holds the same number of consecutive ranks. ZERO_NODE_SIZE=k (a testing
+  // aid) declares nodes of k consecutive world ranks inside one machine.
+  kHierarchical,
 };
 
 // Creates the MPI communicator over MPI_COMM_WORLD (duplicated, so our traffic never matches a
 // user's). Timeout from the environment ZERO_COLLECTIVE_TIMEOUT_S when set, else 300 s.
-// Collective: every rank creates it together (it may allocate a shared window).
+// Collective: every rank creates it together (it may allocate a shared window). Its
+// transport() is "mpi", "shm" or "hierarchical (M nodes x L ranks)".
 std::unique_ptr<Communicator> make_mpi_communicator();
 
 // Same, with every MPI call limited to `max_elements_per_call` elements (1 to INT_MAX; the

@@ -1,0 +1,32 @@
+// Inputs of the collective tests chosen so that the order of the additions shows: ranks
+// contribute values of very different magnitudes and signs, so adding them in any other order
+// than the one a path promises changes the bits.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "zero/core/dtype.h"
+
+namespace zero::testing {
+
+// Rank r's element i, before rounding to the dtype: a fraction in [0.5, 1.5) times a scale that
+// cycles through large, tiny, negative large and small over the ranks: even 16-bit inputs then
+// span more bits than fp32 holds, so their sums round differently in another order.
+inline float value(int rank, size_t i) {
+  const float scales[] = {3.0e4f, 3.0e-3f, -2.9e4f, 1.0f};
+  const uint64_t hash = (i * 2654435761u + static_cast<uint64_t>(rank) * 40503u) % 1000003u;
+  return scales[rank % 4] * (0.5f + static_cast<float>(hash) / 1000003.0f);
+}
+
+using Bytes = std::vector<unsigned char>;
+
+// n elements of value(rank, first + i) rounded to dtype.
+inline Bytes contribution(int rank, size_t first, size_t n, DType dtype) {
+  Bytes out(n * dtype_size(dtype));
+  for (size_t i = 0; i < n; ++i) store_from_float(out.data(), dtype, i, value(rank, first + i));
+  return out;
+}
+
+}  // namespace zero::testing
