@@ -56,6 +56,8 @@ class MlpTask : public TrainTask {
         2ull * static_cast<uint64_t>(config_.hidden_dim) * static_cast<uint64_t>(config_.layers);
     return static_cast<uint64_t>(samples) * per_sample * 2 * sizeof(float);
   }
+  uint64_t counted_activation_bytes(int64_t) const override { return 0; }
+  std::string activation_remedy(int64_t, uint64_t) const override { return ""; }
   // Each Linear computes its weight and bias gradients into fp32 tensors of its own, then adds
   // them into the engine's; with 16-bit storage it also converts its parameters to fp32.
   uint64_t module_bytes(DType dtype) const override {
@@ -65,6 +67,7 @@ class MlpTask : public TrainTask {
   }
   std::string activation_summary(int64_t) const override { return ""; }
   driver::JsonRecord activation_record() const override { return driver::JsonRecord::object(); }
+  driver::JsonRecord profile_record() override { return driver::JsonRecord::object(); }
 
  private:
   models::MlpConfig config_;
@@ -117,6 +120,7 @@ class Gpt2Task : public TrainTask {
   }
   std::vector<NamedModule> take_modules() override { return std::move(model_.modules); }
   void start(Engine& engine, uint64_t) override {
+    models::count_gpt2_activations(model_, engine.allocator());
     if (!init_from_.empty()) models::load_gpt2_weights(engine, init_from_);
   }
 
@@ -150,13 +154,27 @@ class Gpt2Task : public TrainTask {
     return total / static_cast<float>(global_batch_ * val_batches_);
   }
 
-  // The activations the model holds (gpt2_memory.h's formula), the residual-stream tensors in
-  // flight between modules (a block's output, and in backward the gradient coming in and the one
-  // going out: 3 N C), and the batch (token ids, as given and on the device, and targets).
+  // The activations the model holds (gpt2_memory.h's formula), and the tensors in flight
+  // between modules and the batch.
   uint64_t activation_bytes(int64_t samples) const override {
-    const uint64_t N = static_cast<uint64_t>(samples) * static_cast<uint64_t>(seq_len_);
-    const uint64_t in_flight = 3 * N * static_cast<uint64_t>(config_.n_embd) + 3 * N;
-    return formula(samples).total() + in_flight * sizeof(float);
+    return activation_bytes(checkpointing_, samples);
+  }
+  std::string activation_remedy(int64_t samples, uint64_t room) const override {
+    using models::Recompute;
+    for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+      if (r <= checkpointing_.recompute) continue;
+      const uint64_t bytes = activation_bytes({r, checkpointing_.number_checkpoints}, samples);
+      if (bytes <= room) {
+        return std::string("--activation-checkpointing ") + models::recompute_name(r) +
+               " would fit (" + human_bytes(bytes) + " of activations)";
+      }
+    }
+    return "";
+  }
+  // What the modules hold (the formula) is counted in the engine's allocator; the tensors in
+  // flight and the batch are not.
+  uint64_t counted_activation_bytes(int64_t samples) const override {
+    return formula(samples).total();
   }
   std::string activation_summary(int64_t samples) const override {
     const models::Gpt2ActivationBytes bytes = formula(samples);
@@ -171,20 +189,34 @@ class Gpt2Task : public TrainTask {
         << " + embedding and head " << human_bytes(bytes.embedding + bytes.head) << "\n";
     return out.str();
   }
+  driver::JsonRecord profile_record() override {
+    if (!checkpointing_.profile) return driver::JsonRecord::object();
+    const models::Gpt2Profile profile = models::take_gpt2_profile(model_);
+    driver::JsonRecord record{{"block_forward_ms", profile.forward_ms},
+                              {"block_backward_ms", profile.backward_ms}};
+    // Only blocks that recompute have a recomputation time; null for the others.
+    bool any = false;
+    driver::JsonRecord recompute = driver::JsonRecord::array();
+    for (size_t b = 0; b < profile.recomputes.size(); ++b) {
+      any = any || profile.recomputes[b];
+      recompute.push_back(profile.recomputes[b] ? driver::JsonRecord(profile.recompute_ms[b])
+                                                : driver::JsonRecord());
+    }
+    if (any) record["block_recompute_ms"] = recompute;
+    return record;
+  }
   driver::JsonRecord activation_record() const override {
     const models::Gpt2ActivationBytes bytes = models::gpt2_held_activations(model_);
     return {{"activation_bytes", bytes.total()},
             {"activation_kept_bytes", bytes.kept()},
+            {"activation_checkpoint_bytes", bytes.checkpoints},
             {"activation_block_bytes", bytes.blocks},
             {"activation_recompute_bytes", bytes.recompute}};
   }
   // fp32 kernels add gradients straight into fp32 storage; with 16-bit storage each module keeps
   // fp32 copies of its parameters and of their gradients (gpt2.cpp's ParamSlots).
   uint64_t module_bytes(DType dtype) const override {
-    if (dtype == DType::kFloat32) return 0;
-    uint64_t params = 0;
-    for (const ParamSpec& spec : models::gpt2_param_specs(config_)) params += numel(spec);
-    return params * 2 * sizeof(float);
+    return models::gpt2_module_copy_bytes(config_, dtype);
   }
 
  private:
@@ -204,6 +236,10 @@ class Gpt2Task : public TrainTask {
     return tokens;
   }
 
+  uint64_t activation_bytes(const models::Gpt2Checkpointing& checkpointing, int64_t samples) const {
+    return models::gpt2_activation_formula(config_, checkpointing, samples, seq_len_).total() +
+           models::gpt2_uncounted_activation_bytes(config_, samples, seq_len_);
+  }
   models::Gpt2ActivationBytes formula(int64_t samples) const {
     return models::gpt2_activation_formula(config_, checkpointing_, samples, seq_len_);
   }
@@ -235,6 +271,8 @@ std::unique_ptr<TrainTask> make_train_task(const Flags& flags, const TrainingCon
   models::parse_recompute(config.activation_checkpointing.mode, &checkpointing.recompute);
   checkpointing.number_checkpoints =
       static_cast<int>(config.activation_checkpointing.number_checkpoints);
+  checkpointing.contiguous_memory = config.activation_checkpointing.contiguous_memory_optimization;
+  checkpointing.profile = config.activation_checkpointing.profile;
   return std::make_unique<Gpt2Task>(flags, config.train_batch_size, config.engine.kernel_threads,
                                     checkpointing);
 }

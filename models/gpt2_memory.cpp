@@ -76,11 +76,17 @@ Gpt2ActivationBytes gpt2_activation_formula(const Gpt2Config& config,
   for (int layer = 0; layer < config.n_layer; ++layer) {
     const bool checkpointed = gpt2_block_checkpointed(checkpointing, layer, config.n_layer);
     bytes.blocks.push_back((checkpointed ? kept : N * (16 * C + 4 + H)) * f);
+    if (checkpointed) bytes.checkpoints += N * C * f;
   }
   bytes.recompute = recomputed * f;
   bytes.head = N * (2 * C + V + 4) * f;
   bytes.backward = 14 * N * C * f;
   return bytes;
+}
+
+uint64_t gpt2_uncounted_activation_bytes(const Gpt2Config& config, int64_t B, int64_t T) {
+  const uint64_t N = static_cast<uint64_t>(B * T);
+  return (3 * N * static_cast<uint64_t>(config.n_embd) + 3 * N) * sizeof(float);
 }
 
 }  // namespace zero::models

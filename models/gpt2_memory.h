@@ -60,6 +60,13 @@ struct Gpt2Checkpointing {
   // layers (block floor(j * n_layer / n) for j < n: every k-th block when n divides n_layer
   // into k); the others keep everything. 0: every block.
   int number_checkpoints = 0;
+  // DeepSpeed's contiguous_memory_optimization: the checkpoints (the inputs checkpointed blocks
+  // keep) in one buffer for all of them, allocated when the micro-batch's size changes, instead
+  // of one allocation per block. The same bytes, one allocation.
+  bool contiguous_memory = false;
+  // DeepSpeed's profile: each block times its forward, its recomputation and its backward
+  // (take_gpt2_profile, gpt2.h).
+  bool profile = false;
 };
 
 // Whether block `layer` of `n_layer` recomputes (false everywhere with Recompute::kNone).
@@ -72,6 +79,8 @@ void check_gpt2_checkpointing(const Gpt2Checkpointing& checkpointing, int n_laye
 struct Gpt2ActivationBytes {
   uint64_t embedding = 0;
   std::vector<uint64_t> blocks;  // kept from forward to backward, per block
+  uint64_t checkpoints = 0;      // of blocks: the inputs checkpointed blocks keep (the
+                                 // allocator's kCheckpoint; the rest is kActivation)
   uint64_t recompute = 0;        // the shared buffers of recomputed tensors
   uint64_t head = 0;
   uint64_t backward = 0;  // gradients of inner tensors, shared by the blocks
@@ -85,5 +94,11 @@ struct Gpt2ActivationBytes {
 Gpt2ActivationBytes gpt2_activation_formula(const Gpt2Config& config,
                                             const Gpt2Checkpointing& checkpointing, int64_t B,
                                             int64_t T);
+
+// What a training step of B sequences of T tokens holds beside the formula, outside the
+// model's counted activations: the residual-stream tensors in flight between modules (a
+// block's output, and in backward the gradient coming in and the one going out: 3 N C floats)
+// and the batch (token ids as given and on the device, and targets: 3 N).
+uint64_t gpt2_uncounted_activation_bytes(const Gpt2Config& config, int64_t B, int64_t T);
 
 }  // namespace zero::models
