@@ -78,12 +78,13 @@ class MlpTask : public TrainTask {
 // The GPT-2 on token files: samples are sequences of seq_len tokens (models/token_data.h).
 class Gpt2Task : public TrainTask {
  public:
-  Gpt2Task(const Flags& f, long global_batch, int kernel_threads,
+  Gpt2Task(const Flags& f, long global_batch, int micro_batches, int kernel_threads,
            const models::Gpt2Checkpointing& checkpointing)
       : config_(f.gpt2),
         checkpointing_(checkpointing),
         seq_len_(f.seq_len),
         global_batch_(global_batch),
+        micro_batches_(micro_batches),
         init_from_(f.init_from),
         val_every_(f.val_every),
         val_batches_(f.val_batches),
@@ -137,17 +138,20 @@ class Gpt2Task : public TrainTask {
   bool validates(long step) const override {
     return val_ && val_every_ > 0 && step % val_every_ == 0;
   }
-  // Each batch's loss is the mean over its sequences: every rank takes its contiguous slice of
-  // each batch (batch_slice, one micro-batch), and the slices' sums add up to the batch's,
-  // whatever the world size.
+  // Each batch's loss is the mean over its sequences: every rank takes its slices of each batch
+  // as training does (batch_slice, a forward per micro-batch, so the activations stay those the
+  // budget planned and every rank runs as many forwards), and the slices' sums add up to the
+  // batch's, whatever the world size.
   float validation_loss(ZeroModel& model, Communicator& host) override {
-    const models::BatchSlice slice =
-        models::batch_slice(global_batch_, 1, host.world_size(), 0, host.rank());
     double sum = 0.0;
     for (long b = 0; b < val_batches_; ++b) {
-      const Tensor tokens = read(*val_, b, slice.first, slice.count);
-      const Tensor out = model.forward(tokens.to(model.engine().device_context()));
-      sum += static_cast<double>(out.to_host()[0]) * static_cast<double>(slice.count);
+      for (int k = 0; k < micro_batches_; ++k) {
+        const models::BatchSlice slice =
+            models::batch_slice(global_batch_, micro_batches_, host.world_size(), k, host.rank());
+        const Tensor tokens = read(*val_, b, slice.first, slice.count);
+        const Tensor out = model.forward(tokens.to(model.engine().device_context()));
+        sum += static_cast<double>(out.to_host()[0]) * static_cast<double>(slice.count);
+      }
     }
     float mine = static_cast<float>(sum), total = 0.0f;
     host.all_reduce_sync(&mine, &total, 1, DType::kFloat32);
@@ -255,6 +259,7 @@ class Gpt2Task : public TrainTask {
   models::Gpt2Checkpointing checkpointing_;
   int seq_len_;
   long global_batch_;
+  int micro_batches_;
   std::string init_from_;
   long val_every_;
   long val_batches_;
@@ -273,8 +278,9 @@ std::unique_ptr<TrainTask> make_train_task(const Flags& flags, const TrainingCon
       static_cast<int>(config.activation_checkpointing.number_checkpoints);
   checkpointing.contiguous_memory = config.activation_checkpointing.contiguous_memory_optimization;
   checkpointing.profile = config.activation_checkpointing.profile;
-  return std::make_unique<Gpt2Task>(flags, config.train_batch_size, config.engine.kernel_threads,
-                                    checkpointing);
+  return std::make_unique<Gpt2Task>(flags, config.train_batch_size,
+                                    config.gradient_accumulation_steps,
+                                    config.engine.kernel_threads, checkpointing);
 }
 
 }  // namespace zero::examples
