@@ -371,13 +371,13 @@ zero::TrainingConfig resolve_config(const Flags& f, int world_size) {
         "activation_checkpointing.contiguous_memory_optimization has no effect: no block is "
         "checkpointed");
   }
-  if (ac.cpu_checkpointing) {
-    // DeepSpeed's cpu_checkpointing moves checkpoints from the GPU to host memory.
-    if (f.cuda) {
-      throw zero::ConfigError("activation_checkpointing.cpu_checkpointing in " + tc.origin +
-                              ": checkpoints in pinned host memory on CUDA are not built yet; "
-                              "set it to false or leave it out");
-    }
+  // DeepSpeed's cpu_checkpointing moves checkpoints from the GPU to pinned host memory.
+  if (ac.cpu_checkpointing && ac.contiguous_memory_optimization && f.cuda) {
+    throw zero::ConfigError("activation_checkpointing in " + tc.origin +
+                            ": cpu_checkpointing with contiguous_memory_optimization on CUDA is "
+                            "not built yet; choose one");
+  }
+  if (ac.cpu_checkpointing && !f.cuda) {
     tc.ignored_keys.push_back(
         "activation_checkpointing.cpu_checkpointing has no effect here: on the CPU path "
         "checkpoints already live in host memory");

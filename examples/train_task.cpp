@@ -278,6 +278,8 @@ std::unique_ptr<TrainTask> make_train_task(const Flags& flags, const TrainingCon
       static_cast<int>(config.activation_checkpointing.number_checkpoints);
   checkpointing.contiguous_memory = config.activation_checkpointing.contiguous_memory_optimization;
   checkpointing.profile = config.activation_checkpointing.profile;
+  // On the CPU path checkpoints are in host memory already (resolve_config says so).
+  checkpointing.cpu_checkpointing = config.activation_checkpointing.cpu_checkpointing && flags.cuda;
   return std::make_unique<Gpt2Task>(flags, config.train_batch_size,
                                     config.gradient_accumulation_steps,
                                     config.engine.kernel_threads, checkpointing);

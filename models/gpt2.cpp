@@ -223,16 +223,22 @@ Gpt2 make_gpt2(const Gpt2Config& config, int kernel_threads,
     slots += gpt2_block_checkpointed(checkpointing, i, config.n_layer) ? 1 : 0;
   }
   int slot = 0;
+  Gpt2Block* previous_checkpointed = nullptr;  // backward fetches its checkpoint next
   for (int i = 0; i < config.n_layer; ++i) {
     Gpt2BlockCheckpointing block_checkpointing;
     block_checkpointing.contiguous_memory = checkpointing.contiguous_memory;
     block_checkpointing.slots = slots;
     block_checkpointing.profile = checkpointing.profile;
+    block_checkpointing.cpu_checkpointing = checkpointing.cpu_checkpointing;
     if (gpt2_block_checkpointed(checkpointing, i, config.n_layer)) {
       block_checkpointing.recompute = checkpointing.recompute;
       block_checkpointing.slot = slot++;
     }
     auto block = std::make_unique<Gpt2Block>(config, block_checkpointing, backend, shared);
+    if (block->recomputes()) {
+      block->set_previous_checkpointed(previous_checkpointed);
+      previous_checkpointed = block.get();
+    }
     model.blocks.push_back(block.get());
     model.modules.push_back({"h." + std::to_string(i), std::move(block)});
   }
@@ -264,6 +270,7 @@ Gpt2ActivationBytes gpt2_held_activations(const Gpt2& model) {
   for (const Gpt2Block* block : model.blocks) {
     bytes.blocks.push_back(block->kept_bytes());
     bytes.checkpoints += block->checkpoint_bytes();
+    bytes.host_checkpoints += block->host_checkpoint_bytes();
   }
   bytes.recompute = model.shared->recompute_bytes();
   bytes.head = model.head->kept_bytes();

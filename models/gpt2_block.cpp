@@ -130,6 +130,17 @@ uint64_t Gpt2Block::checkpoint_bytes() const {
   return bytes_of(shared_->checkpoints) / static_cast<uint64_t>(checkpointing_.slots);
 }
 
+bool Gpt2Block::moves_checkpoint() const {
+  return checkpointing_.cpu_checkpointing && recompute_ != Recompute::kNone;
+}
+
+void Gpt2Block::fetch_checkpoint(const std::shared_ptr<DeviceContext>& on) {
+  backend_->activation(kept_[kInput], {B_, T_, config_.n_embd}, on, MemoryCategory::kCheckpoint);
+  checkpoint_copy_ = backend_->context_of(on).copy_from_host_async(
+      kept_[kInput].data(), host_checkpoint_.data(), host_checkpoint_.bytes());
+  fetched_ = true;
+}
+
 Gpt2BlockTimes Gpt2Block::take_times() {
   return std::exchange(times_, Gpt2BlockTimes{});
 }
@@ -158,11 +169,30 @@ void Gpt2Block::forward(const Tensor& in, Tensor& out, const std::vector<ParamRe
         kept_[kInput], in,
         recompute_ == Recompute::kNone ? MemoryCategory::kActivation : MemoryCategory::kCheckpoint);
   }
+  DeviceContext& context = backend_->context_of(in.device());
+  if (moves_checkpoint()) {
+    // To the host while the block computes; a forward without backward (validation) replaces
+    // the copy a fetch would have brought back.
+    const size_t bytes = in.numel() * sizeof(float);
+    if (host_checkpoint_.bytes() != bytes) {
+      host_checkpoint_.reset();
+      host_checkpoint_ =
+          backend_->pinned_allocator(context).allocate(bytes, MemoryCategory::kCheckpoint);
+    }
+    checkpoint_copy_ =
+        context.copy_to_host_async(host_checkpoint_.data(), kept_[kInput].data(), bytes);
+    fetched_ = false;
+  }
   for (int a = kInput + 1; a < kBlockActivations; ++a) {
     backend_->activation(at(a), shape_of(a, B_, T_, C, config_.n_head), in.device());
   }
   ensure(out, {B_, T_, C}, in.device());
   run_forward(params, &out);
+  if (moves_checkpoint()) {
+    // The device copy goes once the host one is complete (compute waits for the copy there).
+    context.wait(checkpoint_copy_);
+    kept_[kInput] = Tensor();
+  }
   if (checkpointing_.profile) times_.forward_ms += elapsed_ms(start, in);
 }
 
@@ -204,6 +234,14 @@ void Gpt2Block::backward(const Tensor& grad_out, Tensor& grad_in,
                          const std::vector<ParamRef>& params, const std::vector<ParamRef>& grads) {
   const int C = config_.n_embd;
   const int N = B_ * T_;
+  if (moves_checkpoint()) {
+    // This block's checkpoint back (fetched one block ahead, except for the first), then the
+    // next one's on its way while this block computes.
+    if (!fetched_) fetch_checkpoint(grad_out.device());
+    backend_->context_of(grad_out.device()).wait(checkpoint_copy_);
+    if (previous_checkpointed_ != nullptr)
+      previous_checkpointed_->fetch_checkpoint(grad_out.device());
+  }
   auto start = std::chrono::steady_clock::now();
   // The recomputed tensors of this block: the shared buffers hold another block's by now.
   if (recompute_ != Recompute::kNone) {
@@ -245,6 +283,10 @@ void Gpt2Block::backward(const Tensor& grad_out, Tensor& grad_in,
   ops.layernorm_backward(grad_in.data(), g(kLn1W), g(kLn1B), s.d_norm.data(), p(kInput), w(kLn1W),
                          p(kLn1Mean), p(kLn1Rstd), N, C);
   slots_.flush(grads);
+  if (moves_checkpoint()) {
+    kept_[kInput] = Tensor();  // freed in stream order, after the work that read it
+    fetched_ = false;
+  }
   if (checkpointing_.profile) times_.backward_ms += elapsed_ms(start, grad_out);
 }
 

@@ -37,6 +37,7 @@ struct Gpt2BlockCheckpointing {
   int slot = 0;
   int slots = 0;
   bool profile = false;
+  bool cpu_checkpointing = false;
 };
 
 // Milliseconds a block spent since the profile was last taken (gpt2.h's Gpt2Profile).
@@ -102,6 +103,11 @@ class Gpt2Block : public Module {
   uint64_t kept_bytes() const;
   uint64_t checkpoint_bytes() const;
   bool recomputes() const { return recompute_ != Recompute::kNone; }
+  // cpu_checkpointing: bytes of this block's checkpoint in pinned host memory.
+  uint64_t host_checkpoint_bytes() const { return host_checkpoint_.bytes(); }
+  // cpu_checkpointing: the checkpointed block before this one, whose checkpoint this block's
+  // backward brings back to the device ahead of that block's backward.
+  void set_previous_checkpointed(Gpt2Block* block) { previous_checkpointed_ = block; }
   // The times since the last call (zeros unless profiling), and a restart.
   Gpt2BlockTimes take_times();
 
@@ -113,6 +119,10 @@ class Gpt2Block : public Module {
   const Tensor& input_holder() const;
   // Where tensor `a` is: at(a)'s memory, or for a contiguous checkpoint this block's slot.
   float* data_of(int a);
+  // cpu_checkpointing: whether this block moves its checkpoint to the host, and the start of its
+  // copy back to the memory of `on`.
+  bool moves_checkpoint() const;
+  void fetch_checkpoint(const std::shared_ptr<DeviceContext>& on);
   // Milliseconds since `start`, after the device ran the work issued (when profiling).
   double elapsed_ms(std::chrono::steady_clock::time_point start, const Tensor& on) const;
   // The forward's operations: all of them (and the output) when out is given; otherwise, in
@@ -128,6 +138,12 @@ class Gpt2Block : public Module {
   gpt2_detail::ParamSlots slots_{kParams};
   int B_ = 0, T_ = 0;
   Tensor kept_[kBlockActivations];  // those this block keeps (the others stay empty)
+  // cpu_checkpointing: the checkpoint in pinned host memory, its last copy to or from there,
+  // whether it is on its way back, and the block whose checkpoint is fetched next.
+  Buffer host_checkpoint_;
+  Event checkpoint_copy_;
+  bool fetched_ = false;
+  Gpt2Block* previous_checkpointed_ = nullptr;
 };
 
 }  // namespace zero::models

@@ -87,6 +87,18 @@ class Gpt2Backend {
   // Where the model's activations are counted (count_gpt2_activations); null: nowhere.
   void set_allocator(Allocator* allocator) { allocator_ = allocator; }
 
+  // The context of tensors on `on`: the device's, or for host memory (null) a CPU context.
+  DeviceContext& context_of(const std::shared_ptr<DeviceContext>& on) {
+    if (on) return *on;
+    if (!cpu_context_) cpu_context_ = DeviceContext::create(Device::cpu());
+    return *cpu_context_;
+  }
+  // The pinned host memory of `device`, counted apart from the device's (cpu_checkpointing).
+  Allocator& pinned_allocator(DeviceContext& device) {
+    if (!pinned_) pinned_ = std::make_unique<Allocator>(device.pinned_memory());
+    return *pinned_;
+  }
+
   // An activation of the model: `tensor` holding `shape` in the memory of `on`, counted as
   // `category` in the allocator when there is one. Reallocated (zero-filled) only when its size,
   // memory or counting changes, and then freed first, so no peak holds both.
@@ -133,6 +145,8 @@ class Gpt2Backend {
  private:
   int threads_;
   Allocator* allocator_ = nullptr;
+  std::shared_ptr<DeviceContext> cpu_context_;
+  std::unique_ptr<Allocator> pinned_;
   std::unique_ptr<Gpt2Ops> cpu_;
   std::unique_ptr<Gpt2Ops> cuda_;
   std::shared_ptr<DeviceContext> cuda_device_;

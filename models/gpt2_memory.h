@@ -67,12 +67,19 @@ struct Gpt2Checkpointing {
   // DeepSpeed's profile: each block times its forward, its recomputation and its backward
   // (take_gpt2_profile, gpt2.h).
   bool profile = false;
+  // DeepSpeed's cpu_checkpointing: each checkpoint moves to pinned host memory on the device's
+  // copy stream during its block's forward (its device copy is freed once the copy is done) and
+  // comes back one checkpointed block ahead of its backward, so at most two are on the device.
+  // On the CPU that is a copy from host memory to host memory, which saves nothing (zero-train
+  // does not turn it on there). Not with contiguous_memory.
+  bool cpu_checkpointing = false;
 };
 
 // Whether block `layer` of `n_layer` recomputes (false everywhere with Recompute::kNone).
 bool gpt2_block_checkpointed(const Gpt2Checkpointing& checkpointing, int layer, int n_layer);
 
-// Throws zero::Error for a number_checkpoints below 0 or above n_layer.
+// Throws zero::Error for a number_checkpoints below 0 or above n_layer, and for
+// cpu_checkpointing with contiguous_memory.
 void check_gpt2_checkpointing(const Gpt2Checkpointing& checkpointing, int n_layer);
 
 // Activation bytes of a model, by where they are held.
@@ -81,7 +88,12 @@ struct Gpt2ActivationBytes {
   std::vector<uint64_t> blocks;  // kept from forward to backward, per block
   uint64_t checkpoints = 0;      // of blocks: the inputs checkpointed blocks keep (the
                                  // allocator's kCheckpoint; the rest is kActivation)
-  uint64_t recompute = 0;        // the shared buffers of recomputed tensors
+  // With cpu_checkpointing, instead: the checkpoints on the device at once, outside blocks (the
+  // allocator's kCheckpoint at its peak), and every checkpoint in pinned host memory (counted
+  // apart, not in total()).
+  uint64_t moving_checkpoints = 0;
+  uint64_t host_checkpoints = 0;
+  uint64_t recompute = 0;  // the shared buffers of recomputed tensors
   uint64_t head = 0;
   uint64_t backward = 0;  // gradients of inner tensors, shared by the blocks
 

@@ -202,11 +202,15 @@ const Gpt2Checkpointing kSettings[] = {
     // contiguous_memory_optimization: the checkpoints in one buffer
     {Recompute::kFull, 0, true},
     {Recompute::kSelective, 1, true},
+    // cpu_checkpointing: the checkpoints moved to (here: host) memory and back
+    {Recompute::kFull, 0, false, false, true},
+    {Recompute::kSelective, 1, false, false, true},
 };
 
 std::string label(const Gpt2Checkpointing& c) {
   return std::string(recompute_name(c.recompute)) + " number_checkpoints " +
-         std::to_string(c.number_checkpoints) + (c.contiguous_memory ? " contiguous" : "");
+         std::to_string(c.number_checkpoints) + (c.contiguous_memory ? " contiguous" : "") +
+         (c.cpu_checkpointing ? " cpu_checkpointing" : "");
 }
 
 int checkpointed_blocks(const Gpt2Checkpointing& c, int n_layer) {
@@ -250,8 +254,12 @@ TEST(Gpt2Checkpointing, HeldActivationsEqualTheFormula) {
       EXPECT_EQ(held.recompute, formula.recompute) << what;
       EXPECT_EQ(held.head, formula.head) << what;
       EXPECT_EQ(held.backward, formula.backward) << what;
-      EXPECT_EQ(held.checkpoints, formula.checkpoints) << what;
-      EXPECT_EQ(held.total(), formula.total()) << what;
+      // With cpu_checkpointing the checkpoints are on the device only while they move: none
+      // after backward; every one in the host's memory.
+      const uint64_t moving = formula.moving_checkpoints;
+      EXPECT_EQ(held.checkpoints + moving, formula.checkpoints) << what;
+      EXPECT_EQ(held.host_checkpoints, formula.host_checkpoints) << what;
+      EXPECT_EQ(held.total() + moving, formula.total()) << what;
       const MemoryStats& measured = h.allocator.stats();
       EXPECT_EQ(measured.window_peak_activations, formula.total()) << what;
       EXPECT_EQ(measured.window_peak[static_cast<size_t>(MemoryCategory::kCheckpoint)],
@@ -260,10 +268,14 @@ TEST(Gpt2Checkpointing, HeldActivationsEqualTheFormula) {
       EXPECT_EQ(measured.window_peak[static_cast<size_t>(MemoryCategory::kActivation)],
                 formula.total() - formula.checkpoints)
           << what;
-      // One allocation per checkpoint, or one for all of them with contiguous_memory.
+      // One allocation per checkpoint, or one for all of them with contiguous_memory; with
+      // cpu_checkpointing one in forward and one to bring it back.
       const int blocks = checkpointed_blocks(c, h.config.n_layer);
+      const int expected_allocations = c.contiguous_memory && blocks > 0 ? 1
+                                       : c.cpu_checkpointing             ? 2 * blocks
+                                                                         : blocks;
       EXPECT_EQ(measured.allocations[static_cast<size_t>(MemoryCategory::kCheckpoint)],
-                static_cast<uint64_t>(c.contiguous_memory && blocks > 0 ? 1 : blocks))
+                static_cast<uint64_t>(expected_allocations))
           << what;
       // A second step reuses every buffer: its window peaks at the same bytes.
       h.allocator.start_window();
@@ -282,6 +294,16 @@ TEST(Gpt2Checkpointing, HeldActivationsEqualTheFormula) {
   EXPECT_EQ(gpt2_activation_formula(reference_config(), {}, 2, 16).checkpoints, 0u);
   EXPECT_EQ(gpt2_activation_formula(reference_config(), {Recompute::kFull, 0}, 2, 16).checkpoints,
             2u * 2 * 16 * 64 * sizeof(float));
+  // cpu_checkpointing on a model of 3 full blocks: two of the three inputs on the device at once.
+  Gpt2Config three = reference_config();
+  three.n_layer = 3;
+  const uint64_t one = 2u * 16 * 64 * sizeof(float);
+  const Gpt2ActivationBytes kept = gpt2_activation_formula(three, {Recompute::kFull, 0}, 2, 16);
+  const Gpt2ActivationBytes moved =
+      gpt2_activation_formula(three, {Recompute::kFull, 0, false, false, true}, 2, 16);
+  EXPECT_EQ(moved.host_checkpoints, 3 * one);
+  EXPECT_EQ(moved.moving_checkpoints, 2 * one);
+  EXPECT_EQ(moved.total(), kept.total() - one);
 }
 
 TEST(Gpt2Checkpointing, NumberCheckpointsSpreadsBlocksEvenly) {
@@ -296,6 +318,15 @@ TEST(Gpt2Checkpointing, NumberCheckpointsSpreadsBlocksEvenly) {
   EXPECT_EQ(chosen(Recompute::kFull, 5, 12), (std::vector<int>{0, 2, 4, 7, 9}));
   EXPECT_EQ(chosen(Recompute::kSelective, 0, 3), (std::vector<int>{0, 1, 2}));
   EXPECT_EQ(chosen(Recompute::kNone, 2, 3), std::vector<int>{});
+  try {
+    make_gpt2(reference_config(), 1, {Recompute::kFull, 0, true, false, true});
+    FAIL() << "cpu_checkpointing with contiguous_memory was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cpu_checkpointing with contiguous_memory_optimization "
+                                         "is not built yet"),
+              std::string::npos)
+        << e.what();
+  }
   try {
     make_gpt2(reference_config(), 1, {Recompute::kFull, 3});
     FAIL() << "3 checkpoints of 2 layers were accepted";

@@ -94,8 +94,8 @@ struct ActivationCheckpointingConfig {
   std::string mode = "none";    // "none", "selective" or "full"
   long number_checkpoints = 0;  // checkpointed blocks, spread evenly; 0: every block
   bool number_checkpoints_given = false;
-  // DeepSpeed's keys, with its defaults (false). cpu_checkpointing: checkpoints in host memory
-  // (where the CPU path keeps them anyway; not built on CUDA); contiguous_memory_optimization:
+  // DeepSpeed's keys, with its defaults (false). cpu_checkpointing: checkpoints in pinned host
+  // memory on CUDA (the CPU path keeps them in host memory anyway); contiguous_memory_optimization:
   // all checkpoints in one buffer; profile: per-block forward, recompute and backward times.
   bool cpu_checkpointing = false;
   bool contiguous_memory_optimization = false;
