@@ -9,9 +9,7 @@
 // (benchmarks/stage_bench.h; bench_step.cpp's header says how): every stage's engine alive at
 // once, measured in interleaved rounds, a step's time the slowest rank's, the median over steps.
 //
-//  - Data: synthetic. Every token id is drawn uniformly from the vocabulary by a hash of (seed,
-//    step, sequence, position), so no file is needed and every world size sees the same batch;
-//    a throughput benchmark does not care what the tokens say (the loss stays near ln(vocab)).
+//  - Data: synthetic (benchmarks/synthetic_tokens.h).
 //  - tokens/s: global batch x T over the median step time.
 //  - MFU: the model's FLOPs per second (gpt2_flops_per_token(), llm.c's and PaLM's count: 6 per
 //    matrix parameter plus the attention's 12 x layers x width x T, per token) over the sgemm
@@ -33,6 +31,7 @@
 #include <vector>
 
 #include "benchmarks/stage_bench.h"
+#include "benchmarks/synthetic_tokens.h"
 #include "driver/cli.h"
 #include "driver/metrics_writer.h"
 #include "models/gpt2.h"
@@ -137,56 +136,6 @@ Options parse_options(int argc, char** argv) {
   }
   return opt;
 }
-
-// --- data and the step -----------------------------------------------------------------------
-
-// splitmix64: a well-mixed 64-bit hash, so neighbouring positions get unrelated tokens.
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-// Sequences [first, first + count) of step's global batch: T + 1 tokens each, the first T the
-// input (token ids as floats, exact below 2^24), the last T the targets.
-zero::Tensor synthetic_batch(const Options& opt, long step, int64_t first, int64_t count,
-                             zero::models::Gpt2Targets& targets) {
-  const int T = opt.seq_len;
-  zero::Tensor tokens({count, T});
-  targets.ids.resize(static_cast<size_t>(count * T));
-  float* in = tokens.data();
-  for (int64_t s = 0; s < count; ++s) {
-    const uint64_t sequence = mix(opt.seed ^ mix(static_cast<uint64_t>(step) * 1000003ull +
-                                                 static_cast<uint64_t>(first + s)));
-    for (int t = 0; t <= T; ++t) {
-      const auto id = static_cast<int32_t>(mix(sequence + static_cast<uint64_t>(t)) %
-                                           static_cast<uint64_t>(opt.gpt2.vocab_size));
-      if (t < T) in[s * T + t] = static_cast<float>(id);
-      if (t > 0) targets.ids[static_cast<size_t>(s * T + t - 1)] = id;
-    }
-  }
-  return tokens;
-}
-
-// Synthetic sequences for one stage's model (each model has its own targets, which its loss
-// reads); its output is the mean loss, whose gradient with respect to itself is 1.
-class SyntheticSource : public zero::models::MicroBatchSource {
- public:
-  SyntheticSource(const Options& opt, std::shared_ptr<zero::models::Gpt2Targets> targets)
-      : opt_(opt), targets_(std::move(targets)) {}
-  zero::Tensor input(long step, int64_t first, int64_t count) override {
-    return synthetic_batch(opt_, step, first, count, *targets_);
-  }
-  float loss(const zero::Tensor& output, zero::Tensor& grad) override {
-    grad = zero::Tensor({1}, {1.0f}, output.device());
-    return output.to_host()[0];
-  }
-
- private:
-  const Options& opt_;
-  std::shared_ptr<zero::models::Gpt2Targets> targets_;
-};
 
 // --- the sgemm peak --------------------------------------------------------------------------
 
@@ -300,11 +249,12 @@ int run_benchmark(const Options& opt, const zero::bench::Communicators& comms) {
     return 2;
   }
   double own_peak = sgemm_gflops(opt.peak_size, opt.run.kernel_threads);
-  std::vector<std::unique_ptr<SyntheticSource>> sources(4);
+  std::vector<std::unique_ptr<zero::bench::SyntheticSource>> sources(4);
   const zero::bench::MakeModel make_model = [&](zero::Communicator& on, int stage, DType dtype,
                                                 bool trace) {
     zero::models::Gpt2 gpt2 = zero::models::make_gpt2(opt.gpt2, opt.run.kernel_threads);
-    sources[static_cast<size_t>(stage)] = std::make_unique<SyntheticSource>(opt, gpt2.targets);
+    sources[static_cast<size_t>(stage)] = std::make_unique<zero::bench::SyntheticSource>(
+        opt.gpt2.vocab_size, opt.seq_len, opt.seed, gpt2.targets);
     return std::make_unique<zero::ZeroModel>(
         on, std::move(gpt2.modules), zero::bench::engine_config(opt.run, stage, dtype, trace));
   };

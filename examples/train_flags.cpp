@@ -362,6 +362,26 @@ zero::TrainingConfig resolve_config(const Flags& f, int world_size) {
         "(activation_checkpointing.mode or --activation-checkpointing selects selective or "
         "full)");
   }
+  if (ac.profile && f.model != "gpt2") {
+    throw zero::ConfigError("activation_checkpointing.profile in " + tc.origin +
+                            ": only --model gpt2 has blocks to time");
+  }
+  if (ac.contiguous_memory_optimization && ac.mode == "none") {
+    tc.ignored_keys.push_back(
+        "activation_checkpointing.contiguous_memory_optimization has no effect: no block is "
+        "checkpointed");
+  }
+  // DeepSpeed's cpu_checkpointing moves checkpoints from the GPU to pinned host memory.
+  if (ac.cpu_checkpointing && ac.contiguous_memory_optimization && f.cuda) {
+    throw zero::ConfigError("activation_checkpointing in " + tc.origin +
+                            ": cpu_checkpointing with contiguous_memory_optimization on CUDA is "
+                            "not built yet; choose one");
+  }
+  if (ac.cpu_checkpointing && !f.cuda) {
+    tc.ignored_keys.push_back(
+        "activation_checkpointing.cpu_checkpointing has no effect here: on the CPU path "
+        "checkpoints already live in host memory");
+  }
   return tc;
 }
 
@@ -394,7 +414,9 @@ std::vector<zero::examples::Setting> run_description(const Flags& f,
           << !g.decay_matrices_only << " data " << f.data << " val " << f.val_data << " every "
           << f.val_every << " x" << f.val_batches << " init " << f.init_from;
     model << " recompute " << tc.activation_checkpointing.mode << " checkpoints "
-          << tc.activation_checkpointing.number_checkpoints;
+          << tc.activation_checkpointing.number_checkpoints << " contiguous "
+          << tc.activation_checkpointing.contiguous_memory_optimization << " profile "
+          << tc.activation_checkpointing.profile;
   } else {
     model << f.model << " " << f.mlp.input_dim << "-" << f.mlp.hidden_dim << "x" << f.mlp.layers
           << "-" << f.mlp.output_dim;

@@ -56,6 +56,8 @@ class MlpTask : public TrainTask {
         2ull * static_cast<uint64_t>(config_.hidden_dim) * static_cast<uint64_t>(config_.layers);
     return static_cast<uint64_t>(samples) * per_sample * 2 * sizeof(float);
   }
+  uint64_t counted_activation_bytes(int64_t) const override { return 0; }
+  std::string activation_remedy(int64_t, uint64_t) const override { return ""; }
   // Each Linear computes its weight and bias gradients into fp32 tensors of its own, then adds
   // them into the engine's; with 16-bit storage it also converts its parameters to fp32.
   uint64_t module_bytes(DType dtype) const override {
@@ -65,6 +67,7 @@ class MlpTask : public TrainTask {
   }
   std::string activation_summary(int64_t) const override { return ""; }
   driver::JsonRecord activation_record() const override { return driver::JsonRecord::object(); }
+  driver::JsonRecord profile_record() override { return driver::JsonRecord::object(); }
 
  private:
   models::MlpConfig config_;
@@ -75,12 +78,13 @@ class MlpTask : public TrainTask {
 // The GPT-2 on token files: samples are sequences of seq_len tokens (models/token_data.h).
 class Gpt2Task : public TrainTask {
  public:
-  Gpt2Task(const Flags& f, long global_batch, int kernel_threads,
+  Gpt2Task(const Flags& f, long global_batch, int micro_batches, int kernel_threads,
            const models::Gpt2Checkpointing& checkpointing)
       : config_(f.gpt2),
         checkpointing_(checkpointing),
         seq_len_(f.seq_len),
         global_batch_(global_batch),
+        micro_batches_(micro_batches),
         init_from_(f.init_from),
         val_every_(f.val_every),
         val_batches_(f.val_batches),
@@ -117,6 +121,7 @@ class Gpt2Task : public TrainTask {
   }
   std::vector<NamedModule> take_modules() override { return std::move(model_.modules); }
   void start(Engine& engine, uint64_t) override {
+    models::count_gpt2_activations(model_, engine.allocator());
     if (!init_from_.empty()) models::load_gpt2_weights(engine, init_from_);
   }
 
@@ -133,30 +138,47 @@ class Gpt2Task : public TrainTask {
   bool validates(long step) const override {
     return val_ && val_every_ > 0 && step % val_every_ == 0;
   }
-  // Each batch's loss is the mean over its sequences: every rank takes its contiguous slice of
-  // each batch (batch_slice, one micro-batch), and the slices' sums add up to the batch's,
-  // whatever the world size.
+  // Each batch's loss is the mean over its sequences: every rank takes its slices of each batch
+  // as training does (batch_slice, a forward per micro-batch, so the activations stay those the
+  // budget planned and every rank runs as many forwards), and the slices' sums add up to the
+  // batch's, whatever the world size.
   float validation_loss(ZeroModel& model, Communicator& host) override {
-    const models::BatchSlice slice =
-        models::batch_slice(global_batch_, 1, host.world_size(), 0, host.rank());
     double sum = 0.0;
     for (long b = 0; b < val_batches_; ++b) {
-      const Tensor tokens = read(*val_, b, slice.first, slice.count);
-      const Tensor out = model.forward(tokens.to(model.engine().device_context()));
-      sum += static_cast<double>(out.to_host()[0]) * static_cast<double>(slice.count);
+      for (int k = 0; k < micro_batches_; ++k) {
+        const models::BatchSlice slice =
+            models::batch_slice(global_batch_, micro_batches_, host.world_size(), k, host.rank());
+        const Tensor tokens = read(*val_, b, slice.first, slice.count);
+        const Tensor out = model.forward(tokens.to(model.engine().device_context()));
+        sum += static_cast<double>(out.to_host()[0]) * static_cast<double>(slice.count);
+      }
     }
     float mine = static_cast<float>(sum), total = 0.0f;
     host.all_reduce_sync(&mine, &total, 1, DType::kFloat32);
     return total / static_cast<float>(global_batch_ * val_batches_);
   }
 
-  // The activations the model holds (gpt2_memory.h's formula), the residual-stream tensors in
-  // flight between modules (a block's output, and in backward the gradient coming in and the one
-  // going out: 3 N C), and the batch (token ids, as given and on the device, and targets).
+  // The activations the model holds (gpt2_memory.h's formula), and the tensors in flight
+  // between modules and the batch.
   uint64_t activation_bytes(int64_t samples) const override {
-    const uint64_t N = static_cast<uint64_t>(samples) * static_cast<uint64_t>(seq_len_);
-    const uint64_t in_flight = 3 * N * static_cast<uint64_t>(config_.n_embd) + 3 * N;
-    return formula(samples).total() + in_flight * sizeof(float);
+    return activation_bytes(checkpointing_, samples);
+  }
+  std::string activation_remedy(int64_t samples, uint64_t room) const override {
+    using models::Recompute;
+    for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+      if (r <= checkpointing_.recompute) continue;
+      const uint64_t bytes = activation_bytes({r, checkpointing_.number_checkpoints}, samples);
+      if (bytes <= room) {
+        return std::string("--activation-checkpointing ") + models::recompute_name(r) +
+               " would fit (" + human_bytes(bytes) + " of activations)";
+      }
+    }
+    return "";
+  }
+  // What the modules hold (the formula) is counted in the engine's allocator; the tensors in
+  // flight and the batch are not.
+  uint64_t counted_activation_bytes(int64_t samples) const override {
+    return formula(samples).total();
   }
   std::string activation_summary(int64_t samples) const override {
     const models::Gpt2ActivationBytes bytes = formula(samples);
@@ -171,20 +193,34 @@ class Gpt2Task : public TrainTask {
         << " + embedding and head " << human_bytes(bytes.embedding + bytes.head) << "\n";
     return out.str();
   }
+  driver::JsonRecord profile_record() override {
+    if (!checkpointing_.profile) return driver::JsonRecord::object();
+    const models::Gpt2Profile profile = models::take_gpt2_profile(model_);
+    driver::JsonRecord record{{"block_forward_ms", profile.forward_ms},
+                              {"block_backward_ms", profile.backward_ms}};
+    // Only blocks that recompute have a recomputation time; null for the others.
+    bool any = false;
+    driver::JsonRecord recompute = driver::JsonRecord::array();
+    for (size_t b = 0; b < profile.recomputes.size(); ++b) {
+      any = any || profile.recomputes[b];
+      recompute.push_back(profile.recomputes[b] ? driver::JsonRecord(profile.recompute_ms[b])
+                                                : driver::JsonRecord());
+    }
+    if (any) record["block_recompute_ms"] = recompute;
+    return record;
+  }
   driver::JsonRecord activation_record() const override {
     const models::Gpt2ActivationBytes bytes = models::gpt2_held_activations(model_);
     return {{"activation_bytes", bytes.total()},
             {"activation_kept_bytes", bytes.kept()},
+            {"activation_checkpoint_bytes", bytes.checkpoints},
             {"activation_block_bytes", bytes.blocks},
             {"activation_recompute_bytes", bytes.recompute}};
   }
   // fp32 kernels add gradients straight into fp32 storage; with 16-bit storage each module keeps
   // fp32 copies of its parameters and of their gradients (gpt2.cpp's ParamSlots).
   uint64_t module_bytes(DType dtype) const override {
-    if (dtype == DType::kFloat32) return 0;
-    uint64_t params = 0;
-    for (const ParamSpec& spec : models::gpt2_param_specs(config_)) params += numel(spec);
-    return params * 2 * sizeof(float);
+    return models::gpt2_module_copy_bytes(config_, dtype);
   }
 
  private:
@@ -204,6 +240,10 @@ class Gpt2Task : public TrainTask {
     return tokens;
   }
 
+  uint64_t activation_bytes(const models::Gpt2Checkpointing& checkpointing, int64_t samples) const {
+    return models::gpt2_activation_formula(config_, checkpointing, samples, seq_len_).total() +
+           models::gpt2_uncounted_activation_bytes(config_, samples, seq_len_);
+  }
   models::Gpt2ActivationBytes formula(int64_t samples) const {
     return models::gpt2_activation_formula(config_, checkpointing_, samples, seq_len_);
   }
@@ -219,6 +259,7 @@ class Gpt2Task : public TrainTask {
   models::Gpt2Checkpointing checkpointing_;
   int seq_len_;
   long global_batch_;
+  int micro_batches_;
   std::string init_from_;
   long val_every_;
   long val_batches_;
@@ -235,8 +276,13 @@ std::unique_ptr<TrainTask> make_train_task(const Flags& flags, const TrainingCon
   models::parse_recompute(config.activation_checkpointing.mode, &checkpointing.recompute);
   checkpointing.number_checkpoints =
       static_cast<int>(config.activation_checkpointing.number_checkpoints);
-  return std::make_unique<Gpt2Task>(flags, config.train_batch_size, config.engine.kernel_threads,
-                                    checkpointing);
+  checkpointing.contiguous_memory = config.activation_checkpointing.contiguous_memory_optimization;
+  checkpointing.profile = config.activation_checkpointing.profile;
+  // On the CPU path checkpoints are in host memory already (resolve_config says so).
+  checkpointing.cpu_checkpointing = config.activation_checkpointing.cpu_checkpointing && flags.cuda;
+  return std::make_unique<Gpt2Task>(flags, config.train_batch_size,
+                                    config.gradient_accumulation_steps,
+                                    config.engine.kernel_threads, checkpointing);
 }
 
 }  // namespace zero::examples

@@ -42,6 +42,13 @@ class TrainTask : public models::MicroBatchSource {
 
   // Host memory of one micro-batch outside the engine's allocator (activations, batch data).
   virtual uint64_t activation_bytes(int64_t samples_per_micro_batch) const = 0;
+  // The part of activation_bytes the model allocates from the engine's allocator, where it is
+  // counted (0 when it counts nothing there).
+  virtual uint64_t counted_activation_bytes(int64_t samples_per_micro_batch) const = 0;
+  // When the activations of `samples` per micro-batch do not fit in `room` bytes: the
+  // activation checkpointing setting with which they would ("--activation-checkpointing full
+  // would fit (1.2 MiB of activations)"), or empty when none would (or the model has none).
+  virtual std::string activation_remedy(int64_t samples_per_micro_batch, uint64_t room) const = 0;
   // Host memory the modules keep beside the engine's for the run: their fp32 working copies of
   // parameters and gradients (what a module computes in before adding it into the engine's
   // storage), for the working dtype.
@@ -52,6 +59,9 @@ class TrainTask : public models::MicroBatchSource {
   // The activation bytes the model's modules hold now (after a step), for the step records:
   // empty when the model does not count them.
   virtual driver::JsonRecord activation_record() const = 0;
+  // activation_checkpointing.profile: the per-block forward, recompute and backward times since
+  // the last call, for the step records; empty without it.
+  virtual driver::JsonRecord profile_record() = 0;
 };
 
 // The task of --model; throws zero::Error when its data cannot be read.

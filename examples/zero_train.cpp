@@ -109,6 +109,12 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
     }
   }
   task.start(engine, data_seed);
+  // The budget reserved the model's activations outside the engine (main); those the model now
+  // allocates from the engine's allocator are paid from its limit instead.
+  if (engine.allocator().limit() > 0) {
+    engine.allocator().set_limit(engine.allocator().limit() +
+                                 task.counted_activation_bytes(per_micro_batch));
+  }
 
   // A resumed run appends to the metrics file it continues, after a record marking the resume.
   zero::driver::MetricsWriter metrics;
@@ -168,6 +174,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
                     {"planned_resident_bytes", planned_resident}};
     init.update(task.model_record());
     init["activation_bytes_planned"] = task.activation_bytes(per_micro_batch);
+    init["activation_bytes_counted_planned"] = task.counted_activation_bytes(per_micro_batch);
     metrics.write(init);
   }
 
@@ -200,6 +207,8 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
     const auto optimizer_start = std::chrono::steady_clock::now();
     const zero::StepStats stats = model.step();
     const double optimizer_ms = ms_since(optimizer_start);
+    // Taken before validation, whose forward passes are not the step's.
+    const JsonRecord block_times = task.profile_record();
     float global_loss = 0.0f;
     host.all_reduce_sync(&loss_sum, &global_loss, 1, zero::DType::kFloat32);
     global_loss /= static_cast<float>(world * micro_batches);
@@ -217,6 +226,8 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
     const uint64_t step_state = max_over_ranks(host, engine.model_state_bytes());
     const uint64_t peak = max_over_ranks(host, engine.allocator().stats().peak_total);
     const uint64_t peak_resident = max_over_ranks(host, zero::examples::peak_resident_bytes());
+    const uint64_t peak_activations = max_over_ranks(host, stats.peak_activation_bytes);
+    const uint64_t peak_checkpoints = max_over_ranks(host, stats.peak_checkpoint_bytes);
     const JsonRecord activations = task.activation_record();
     if (rank != 0) continue;
     if (stats.skipped) {
@@ -260,10 +271,13 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
                       {"model_state_bytes", step_state},
                       {"peak_bytes", peak},
                       {"peak_resident_bytes", peak_resident},
+                      {"peak_activation_bytes", peak_activations},
+                      {"peak_checkpoint_bytes", peak_checkpoints},
                       {"loss_scale", json_number(stats.loss_scale)},
                       {"skipped", stats.skipped}};
     if (val_loss) record["val_loss"] = json_number(*val_loss);
     record.update(activations);
+    record.update(block_times);
     metrics.write(record);
   }
   if (!f.trace.empty()) {
@@ -399,6 +413,16 @@ int main(int argc, char** argv) {
     const uint64_t outside_engine = activations + module_copies;
     if (budget > 0) {
       if (budget <= outside_engine) {
+        // Mostly activations: a checkpointing setting that would fit is the first remedy.
+        const std::string remedy =
+            activations >= module_copies && budget > module_copies
+                ? task->activation_remedy(config.micro_batch_per_rank, budget - module_copies)
+                : "";
+        const std::string advice =
+            !remedy.empty()
+                ? remedy + ", or lower --global-batch"
+                : std::string("lower ") +
+                      (activations >= module_copies ? "--global-batch" : "the model size");
         if (rank == 0) {
           std::cerr << ("zero-train: out of host memory: the activations and batch data of " +
                         std::to_string(config.micro_batch_per_rank) + " samples per micro-batch (" +
@@ -406,9 +430,7 @@ int main(int argc, char** argv) {
                         ") and the modules' fp32 working copies (" +
                         zero::human_bytes(module_copies) + ") need " +
                         zero::human_bytes(outside_engine) + " per rank, and a rank may use " +
-                        zero::human_bytes(budget) + " (" + source + "); lower " +
-                        (activations >= module_copies ? "--global-batch" : "the model size") +
-                        "\n");
+                        zero::human_bytes(budget) + " (" + source + "); " + advice + "\n");
         }
         return kExitOutOfMemory;
       }

@@ -55,7 +55,7 @@ class Gpt2Embedding : public Module {
                           << "vocabulary size " << config_.vocab_size);
     }
     Gpt2Ops& ops = backend_->ops_for(in);
-    tokens_ = in;
+    backend_->keep_copy(tokens_, in);
     ensure(out, {B, T, config_.n_embd}, in.device());
     ops.embedding_forward(out.data(), in.data(), slots_.value(params, 0), slots_.value(params, 1),
                           B, T, config_.n_embd);
@@ -109,13 +109,13 @@ class Gpt2Head : public Module {
     }
     Gpt2Ops& ops = backend_->ops_for(in);
     const std::shared_ptr<DeviceContext>& dev = in.device();
-    input_ = in;
-    ensure(norm_, {N, C}, dev);
-    ensure(mean_, {N}, dev);
-    ensure(rstd_, {N}, dev);
-    ensure(logits_, {N, V}, dev);
-    ensure(losses_, {N}, dev);
-    ensure(lse_, {N}, dev);
+    backend_->keep_copy(input_, in);
+    backend_->activation(norm_, {N, C}, dev);
+    backend_->activation(mean_, {N}, dev);
+    backend_->activation(rstd_, {N}, dev);
+    backend_->activation(logits_, {N, V}, dev);
+    backend_->activation(losses_, {N}, dev);
+    backend_->activation(lse_, {N}, dev);
     ops.layernorm_forward(norm_.data(), mean_.data(), rstd_.data(), in.data(),
                           slots_.value(params, 0), slots_.value(params, 1), N, C,
                           config_.layer_norm_eps);
@@ -141,7 +141,7 @@ class Gpt2Head : public Module {
     // The targets forward put in the device's memory are still there.
     ops.cross_entropy_backward(logits_.data(), logits_.data(), lse_.data(),
                                ops.targets(targets_->ids), dloss, N, V);
-    ensure(d_norm_, {N, C}, dev);
+    backend_->activation(d_norm_, {N, C}, dev);
     ops.matmul_backward(d_norm_.data(), slots_.grad(grads, 2), nullptr, logits_.data(),
                         norm_.data(), slots_.value(params, 2), N, C, V, WeightLayout::kOutIn);
     grad_in = Tensor(input_.shape(), dev);
@@ -215,12 +215,30 @@ Gpt2 make_gpt2(const Gpt2Config& config, int kernel_threads,
   auto embedding = std::make_unique<Gpt2Embedding>(config, backend);
   model.embedding = embedding.get();
   model.modules.push_back({"", std::move(embedding)});
-  model.shared = std::make_shared<Gpt2BlockShared>();
+  model.backend = backend;
+  auto shared = std::make_shared<Gpt2BlockShared>();
+  model.shared = shared.get();
+  int slots = 0;
   for (int i = 0; i < config.n_layer; ++i) {
-    const Recompute recompute = gpt2_block_checkpointed(checkpointing, i, config.n_layer)
-                                    ? checkpointing.recompute
-                                    : Recompute::kNone;
-    auto block = std::make_unique<Gpt2Block>(config, recompute, backend, model.shared);
+    slots += gpt2_block_checkpointed(checkpointing, i, config.n_layer) ? 1 : 0;
+  }
+  int slot = 0;
+  Gpt2Block* previous_checkpointed = nullptr;  // backward fetches its checkpoint next
+  for (int i = 0; i < config.n_layer; ++i) {
+    Gpt2BlockCheckpointing block_checkpointing;
+    block_checkpointing.contiguous_memory = checkpointing.contiguous_memory;
+    block_checkpointing.slots = slots;
+    block_checkpointing.profile = checkpointing.profile;
+    block_checkpointing.cpu_checkpointing = checkpointing.cpu_checkpointing;
+    if (gpt2_block_checkpointed(checkpointing, i, config.n_layer)) {
+      block_checkpointing.recompute = checkpointing.recompute;
+      block_checkpointing.slot = slot++;
+    }
+    auto block = std::make_unique<Gpt2Block>(config, block_checkpointing, backend, shared);
+    if (block->recomputes()) {
+      block->set_previous_checkpointed(previous_checkpointed);
+      previous_checkpointed = block.get();
+    }
     model.blocks.push_back(block.get());
     model.modules.push_back({"h." + std::to_string(i), std::move(block)});
   }
@@ -230,10 +248,30 @@ Gpt2 make_gpt2(const Gpt2Config& config, int kernel_threads,
   return model;
 }
 
+void count_gpt2_activations(Gpt2& model, Allocator& allocator) {
+  model.backend->set_allocator(&allocator);
+}
+
+Gpt2Profile take_gpt2_profile(Gpt2& model) {
+  Gpt2Profile profile;
+  for (Gpt2Block* block : model.blocks) {
+    const Gpt2BlockTimes times = block->take_times();
+    profile.forward_ms.push_back(times.forward_ms);
+    profile.recompute_ms.push_back(times.recompute_ms);
+    profile.backward_ms.push_back(times.backward_ms);
+    profile.recomputes.push_back(block->recomputes());
+  }
+  return profile;
+}
+
 Gpt2ActivationBytes gpt2_held_activations(const Gpt2& model) {
   Gpt2ActivationBytes bytes;
   bytes.embedding = model.embedding->activation_bytes();
-  for (const Gpt2Block* block : model.blocks) bytes.blocks.push_back(block->kept_bytes());
+  for (const Gpt2Block* block : model.blocks) {
+    bytes.blocks.push_back(block->kept_bytes());
+    bytes.checkpoints += block->checkpoint_bytes();
+    bytes.host_checkpoints += block->host_checkpoint_bytes();
+  }
   bytes.recompute = model.shared->recompute_bytes();
   bytes.head = model.head->kept_bytes();
   bytes.backward = model.shared->backward_bytes() + model.head->backward_bytes();
@@ -252,6 +290,17 @@ std::vector<ParamSpec> gpt2_param_specs(const Gpt2Config& config) {
     }
   }
   return specs;
+}
+
+uint64_t gpt2_module_copy_bytes(const Gpt2Config& config, DType dtype) {
+  if (dtype == DType::kFloat32) return 0;
+  uint64_t params = 0;
+  for (const ParamSpec& spec : gpt2_param_specs(config)) {
+    uint64_t n = 1;
+    for (int64_t d : spec.shape) n *= static_cast<uint64_t>(d);
+    params += n;
+  }
+  return params * 2 * sizeof(float);
 }
 
 const Tensor& gpt2_logits(const Gpt2& model) {

@@ -49,6 +49,9 @@ class Gpt2Embedding;
 class Gpt2Block;
 class Gpt2Head;
 struct Gpt2BlockShared;
+namespace gpt2_detail {
+class Gpt2Backend;
+}
 
 struct Gpt2 {
   std::vector<NamedModule> modules;
@@ -57,7 +60,8 @@ struct Gpt2 {
   Gpt2Embedding* embedding = nullptr;
   std::vector<Gpt2Block*> blocks;
   Gpt2Head* head = nullptr;
-  std::shared_ptr<Gpt2BlockShared> shared;  // the buffers the blocks use in turn
+  Gpt2BlockShared* shared = nullptr;                  // the buffers the blocks use in turn
+  std::shared_ptr<gpt2_detail::Gpt2Backend> backend;  // the modules' operations and allocator
 };
 
 // The modules of a GPT-2; kernel_threads: threads of every CPU kernel and GEMM; checkpointing:
@@ -66,6 +70,23 @@ struct Gpt2 {
 Gpt2 make_gpt2(const Gpt2Config& config, int kernel_threads,
                const Gpt2Checkpointing& checkpointing = {});
 
+// Counts the model's activations in `allocator` from now on (the engine's, Engine::allocator(),
+// whose limit then covers them): the kept inputs of checkpointed blocks as
+// MemoryCategory::kCheckpoint, the rest of what gpt2_held_activations adds up as kActivation.
+// Tensors held already move there at their next use. The allocator must outlive the modules (a
+// ZeroModel's engine does).
+void count_gpt2_activations(Gpt2& model, Allocator& allocator);
+
+// Per block, the milliseconds its forward, its recomputation and the rest of its backward took
+// since the last call, summed over micro-batches (DeepSpeed's activation_checkpointing.profile;
+// zeros unless Gpt2Checkpointing::profile), and whether it recomputes. On a GPU each block waits
+// for its work to finish before reading the clock. Valid while the modules live.
+struct Gpt2Profile {
+  std::vector<double> forward_ms, recompute_ms, backward_ms;
+  std::vector<bool> recomputes;
+};
+Gpt2Profile take_gpt2_profile(Gpt2& model);
+
 // The activation bytes the model's modules hold now, counted from their tensors: after a
 // forward and backward of B sequences of T tokens, gpt2_activation_formula(config, checkpointing,
 // B, T). Valid while the modules live.
@@ -73,6 +94,10 @@ Gpt2ActivationBytes gpt2_held_activations(const Gpt2& model);
 
 // The parameters make_gpt2(config) registers, for planning memory without building a model.
 std::vector<ParamSpec> gpt2_param_specs(const Gpt2Config& config);
+
+// Host bytes the modules keep beside the engine's storage for a working dtype: none for fp32
+// (the kernels add into fp32 storage); else an fp32 copy of every parameter and of its gradient.
+uint64_t gpt2_module_copy_bytes(const Gpt2Config& config, DType dtype);
 
 // The logits of the last forward [B * T, vocab], in the device's memory (valid until backward
 // consumes them).

@@ -64,11 +64,12 @@ uint64_t Gpt2BlockShared::backward_bytes() const {
          bytes_of(d_qkv);
 }
 
-Gpt2Block::Gpt2Block(const Gpt2Config& config, Recompute recompute,
+Gpt2Block::Gpt2Block(const Gpt2Config& config, const Gpt2BlockCheckpointing& checkpointing,
                      std::shared_ptr<gpt2_detail::Gpt2Backend> backend,
                      std::shared_ptr<Gpt2BlockShared> shared)
     : config_(config),
-      recompute_(recompute),
+      recompute_(checkpointing.recompute),
+      checkpointing_(checkpointing),
       backend_(std::move(backend)),
       shared_(std::move(shared)) {}
 
@@ -102,24 +103,97 @@ Tensor& Gpt2Block::at(int a) {
   return keeps(recompute_, a) ? kept_[a] : shared_->recomputed[a];
 }
 
+bool Gpt2Block::in_shared_buffer() const {
+  return checkpointing_.contiguous_memory && recompute_ != Recompute::kNone;
+}
+
+const Tensor& Gpt2Block::input_holder() const {
+  return in_shared_buffer() ? shared_->checkpoints : kept_[kInput];
+}
+
+float* Gpt2Block::data_of(int a) {
+  if (a != kInput || !in_shared_buffer()) return at(a).data();
+  Tensor& all = shared_->checkpoints;
+  return all.data() + all.numel() / static_cast<size_t>(checkpointing_.slots) *
+                          static_cast<size_t>(checkpointing_.slot);
+}
+
 uint64_t Gpt2Block::kept_bytes() const {
   uint64_t sum = 0;
   for (const Tensor& t : kept_) sum += bytes_of(t);
-  return sum;
+  return sum + (in_shared_buffer() ? checkpoint_bytes() : 0);
+}
+
+uint64_t Gpt2Block::checkpoint_bytes() const {
+  if (recompute_ == Recompute::kNone) return 0;
+  if (!in_shared_buffer()) return bytes_of(kept_[kInput]);
+  return bytes_of(shared_->checkpoints) / static_cast<uint64_t>(checkpointing_.slots);
+}
+
+bool Gpt2Block::moves_checkpoint() const {
+  return checkpointing_.cpu_checkpointing && recompute_ != Recompute::kNone;
+}
+
+void Gpt2Block::fetch_checkpoint(const std::shared_ptr<DeviceContext>& on) {
+  backend_->activation(kept_[kInput], {B_, T_, config_.n_embd}, on, MemoryCategory::kCheckpoint);
+  checkpoint_copy_ = backend_->context_of(on).copy_from_host_async(
+      kept_[kInput].data(), host_checkpoint_.data(), host_checkpoint_.bytes());
+  fetched_ = true;
+}
+
+Gpt2BlockTimes Gpt2Block::take_times() {
+  return std::exchange(times_, Gpt2BlockTimes{});
+}
+
+double Gpt2Block::elapsed_ms(std::chrono::steady_clock::time_point start, const Tensor& on) const {
+  if (on.device()) on.device()->synchronize();  // device work runs after its launch returns
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
 }
 
 void Gpt2Block::forward(const Tensor& in, Tensor& out, const std::vector<ParamRef>& params) {
   const int C = config_.n_embd;
   ZERO_CHECK(in.shape().size() == 3 && in.shape()[2] == C,
              "a GPT-2 block takes activations [batch, seq, " << C << "]");
+  const auto start = std::chrono::steady_clock::now();
   B_ = static_cast<int>(in.shape()[0]);
   T_ = static_cast<int>(in.shape()[1]);
-  kept_[kInput] = in;
+  // A checkpointed block's input is its checkpoint: what its recomputation starts from.
+  if (in_shared_buffer()) {
+    // The first checkpointed block of a micro-batch of another size reallocates the buffer.
+    backend_->activation(shared_->checkpoints, {checkpointing_.slots, B_, T_, C}, in.device(),
+                         MemoryCategory::kCheckpoint);
+    gpt2_detail::Gpt2Backend::copy_into(data_of(kInput), in);
+  } else {
+    backend_->keep_copy(
+        kept_[kInput], in,
+        recompute_ == Recompute::kNone ? MemoryCategory::kActivation : MemoryCategory::kCheckpoint);
+  }
+  DeviceContext& context = backend_->context_of(in.device());
+  if (moves_checkpoint()) {
+    // To the host while the block computes; a forward without backward (validation) replaces
+    // the copy a fetch would have brought back.
+    const size_t bytes = in.numel() * sizeof(float);
+    if (host_checkpoint_.bytes() != bytes) {
+      host_checkpoint_.reset();
+      host_checkpoint_ =
+          backend_->pinned_allocator(context).allocate(bytes, MemoryCategory::kCheckpoint);
+    }
+    checkpoint_copy_ =
+        context.copy_to_host_async(host_checkpoint_.data(), kept_[kInput].data(), bytes);
+    fetched_ = false;
+  }
   for (int a = kInput + 1; a < kBlockActivations; ++a) {
-    ensure(at(a), shape_of(a, B_, T_, C, config_.n_head), in.device());
+    backend_->activation(at(a), shape_of(a, B_, T_, C, config_.n_head), in.device());
   }
   ensure(out, {B_, T_, C}, in.device());
   run_forward(params, &out);
+  if (moves_checkpoint()) {
+    // The device copy goes once the host one is complete (compute waits for the copy there).
+    context.wait(checkpoint_copy_);
+    kept_[kInput] = Tensor();
+  }
+  if (checkpointing_.profile) times_.forward_ms += elapsed_ms(start, in);
 }
 
 void Gpt2Block::run_forward(const std::vector<ParamRef>& params, Tensor* out) {
@@ -127,10 +201,10 @@ void Gpt2Block::run_forward(const std::vector<ParamRef>& params, Tensor* out) {
   const int N = B_ * T_;
   const float eps = config_.layer_norm_eps;
   auto w = [&](int i) { return slots_.value(params, i); };
-  auto p = [&](int a) { return at(a).data(); };
+  auto p = [&](int a) { return data_of(a); };
   // In backward, an operation runs again when this block did not keep what it makes.
   auto makes = [&](int a) { return out != nullptr || !keeps(recompute_, a); };
-  Gpt2Ops& ops = backend_->ops_for(kept_[kInput]);
+  Gpt2Ops& ops = backend_->ops_for(input_holder());
   if (makes(kLn1)) {
     ops.layernorm_forward(p(kLn1), p(kLn1Mean), p(kLn1Rstd), p(kInput), w(kLn1W), w(kLn1B), N, C,
                           eps);
@@ -160,19 +234,34 @@ void Gpt2Block::backward(const Tensor& grad_out, Tensor& grad_in,
                          const std::vector<ParamRef>& params, const std::vector<ParamRef>& grads) {
   const int C = config_.n_embd;
   const int N = B_ * T_;
+  if (moves_checkpoint()) {
+    // This block's checkpoint back (fetched one block ahead, except for the first), then the
+    // next one's on its way while this block computes.
+    if (!fetched_) fetch_checkpoint(grad_out.device());
+    backend_->context_of(grad_out.device()).wait(checkpoint_copy_);
+    if (previous_checkpointed_ != nullptr)
+      previous_checkpointed_->fetch_checkpoint(grad_out.device());
+  }
+  auto start = std::chrono::steady_clock::now();
   // The recomputed tensors of this block: the shared buffers hold another block's by now.
-  if (recompute_ != Recompute::kNone) run_forward(params, nullptr);
+  if (recompute_ != Recompute::kNone) {
+    run_forward(params, nullptr);
+    if (checkpointing_.profile) {
+      times_.recompute_ms += elapsed_ms(start, grad_out);
+      start = std::chrono::steady_clock::now();
+    }
+  }
   auto w = [&](int i) { return slots_.value(params, i); };
   auto g = [&](int i) { return slots_.grad(grads, i); };
-  auto p = [&](int a) { return at(a).data(); };
+  auto p = [&](int a) { return data_of(a); };
   Gpt2Ops& ops = backend_->ops_for(grad_out);
   const std::shared_ptr<DeviceContext>& dev = grad_out.device();
   Gpt2BlockShared& s = *shared_;
-  ensure(s.d_hidden4, {N, 4 * C}, dev);
-  ensure(s.d_fc, {N, 4 * C}, dev);
-  ensure(s.d_norm, {N, C}, dev);
-  ensure(s.d_att, {N, C}, dev);
-  ensure(s.d_qkv, {N, 3 * C}, dev);
+  backend_->activation(s.d_hidden4, {N, 4 * C}, dev);
+  backend_->activation(s.d_fc, {N, 4 * C}, dev);
+  backend_->activation(s.d_norm, {N, C}, dev);
+  backend_->activation(s.d_att, {N, C}, dev);
+  backend_->activation(s.d_qkv, {N, 3 * C}, dev);
 
   // The skip connection carries grad_out to x2 unchanged; the MLP's gradient is added to it.
   Tensor d_x2 = grad_out;
@@ -194,6 +283,11 @@ void Gpt2Block::backward(const Tensor& grad_out, Tensor& grad_in,
   ops.layernorm_backward(grad_in.data(), g(kLn1W), g(kLn1B), s.d_norm.data(), p(kInput), w(kLn1W),
                          p(kLn1Mean), p(kLn1Rstd), N, C);
   slots_.flush(grads);
+  if (moves_checkpoint()) {
+    kept_[kInput] = Tensor();  // freed in stream order, after the work that read it
+    fetched_ = false;
+  }
+  if (checkpointing_.profile) times_.backward_ms += elapsed_ms(start, grad_out);
 }
 
 }  // namespace zero::models

@@ -2,6 +2,7 @@
 // recomputes). Private to models/.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <vector>
 
@@ -27,8 +28,29 @@ enum BlockActivation {
   kBlockActivations
 };
 
+// How one block checkpoints (make_gpt2 derives it from Gpt2Checkpointing).
+struct Gpt2BlockCheckpointing {
+  Recompute recompute = Recompute::kNone;
+  // With contiguous_memory, this block's checkpoint is slot `slot` of `slots` in
+  // Gpt2BlockShared::checkpoints.
+  bool contiguous_memory = false;
+  int slot = 0;
+  int slots = 0;
+  bool profile = false;
+  bool cpu_checkpointing = false;
+};
+
+// Milliseconds a block spent since the profile was last taken (gpt2.h's Gpt2Profile).
+struct Gpt2BlockTimes {
+  double forward_ms = 0.0;
+  double recompute_ms = 0.0;
+  double backward_ms = 0.0;  // without the recomputation
+};
+
 // Buffers every block uses in turn: backward runs one block at a time.
 struct Gpt2BlockShared {
+  // With contiguous_memory: every checkpointed block's input, [slots, N, C].
+  Tensor checkpoints;
   // The recomputed tensors of the checkpointed block being processed (only those its setting
   // recomputes are allocated).
   Tensor recomputed[kBlockActivations];
@@ -67,7 +89,7 @@ class Gpt2Block : public Module {
     kParams
   };
 
-  Gpt2Block(const Gpt2Config& config, Recompute recompute,
+  Gpt2Block(const Gpt2Config& config, const Gpt2BlockCheckpointing& checkpointing,
             std::shared_ptr<gpt2_detail::Gpt2Backend> backend,
             std::shared_ptr<Gpt2BlockShared> shared);
 
@@ -76,22 +98,52 @@ class Gpt2Block : public Module {
   void backward(const Tensor& grad_out, Tensor& grad_in, const std::vector<ParamRef>& params,
                 const std::vector<ParamRef>& grads) override;
 
-  // Bytes of the activations this block keeps from forward to backward.
+  // Bytes of the activations this block keeps from forward to backward, and of those its
+  // checkpoint (its input, when it recomputes).
   uint64_t kept_bytes() const;
+  uint64_t checkpoint_bytes() const;
+  bool recomputes() const { return recompute_ != Recompute::kNone; }
+  // cpu_checkpointing: bytes of this block's checkpoint in pinned host memory.
+  uint64_t host_checkpoint_bytes() const { return host_checkpoint_.bytes(); }
+  // cpu_checkpointing: the checkpointed block before this one, whose checkpoint this block's
+  // backward brings back to the device ahead of that block's backward.
+  void set_previous_checkpointed(Gpt2Block* block) { previous_checkpointed_ = block; }
+  // The times since the last call (zeros unless profiling), and a restart.
+  Gpt2BlockTimes take_times();
 
  private:
   Tensor& at(int a);
+  // Whether this block's checkpoint is a slot of Gpt2BlockShared::checkpoints.
+  bool in_shared_buffer() const;
+  // The tensor whose memory holds this block's input.
+  const Tensor& input_holder() const;
+  // Where tensor `a` is: at(a)'s memory, or for a contiguous checkpoint this block's slot.
+  float* data_of(int a);
+  // cpu_checkpointing: whether this block moves its checkpoint to the host, and the start of its
+  // copy back to the memory of `on`.
+  bool moves_checkpoint() const;
+  void fetch_checkpoint(const std::shared_ptr<DeviceContext>& on);
+  // Milliseconds since `start`, after the device ran the work issued (when profiling).
+  double elapsed_ms(std::chrono::steady_clock::time_point start, const Tensor& on) const;
   // The forward's operations: all of them (and the output) when out is given; otherwise, in
   // backward, only those making tensors this block does not keep.
   void run_forward(const std::vector<ParamRef>& params, Tensor* out);
 
   Gpt2Config config_;
   Recompute recompute_;
+  Gpt2BlockCheckpointing checkpointing_;
+  Gpt2BlockTimes times_;
   std::shared_ptr<gpt2_detail::Gpt2Backend> backend_;
   std::shared_ptr<Gpt2BlockShared> shared_;
   gpt2_detail::ParamSlots slots_{kParams};
   int B_ = 0, T_ = 0;
   Tensor kept_[kBlockActivations];  // those this block keeps (the others stay empty)
+  // cpu_checkpointing: the checkpoint in pinned host memory, its last copy to or from there,
+  // whether it is on its way back, and the block whose checkpoint is fetched next.
+  Buffer host_checkpoint_;
+  Event checkpoint_copy_;
+  bool fetched_ = false;
+  Gpt2Block* previous_checkpointed_ = nullptr;
 };
 
 }  // namespace zero::models

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -82,6 +83,53 @@ struct ParamSlots {
 class Gpt2Backend {
  public:
   explicit Gpt2Backend(int threads) : threads_(threads) {}
+
+  // Where the model's activations are counted (count_gpt2_activations); null: nowhere.
+  void set_allocator(Allocator* allocator) { allocator_ = allocator; }
+
+  // The context of tensors on `on`: the device's, or for host memory (null) a CPU context.
+  DeviceContext& context_of(const std::shared_ptr<DeviceContext>& on) {
+    if (on) return *on;
+    if (!cpu_context_) cpu_context_ = DeviceContext::create(Device::cpu());
+    return *cpu_context_;
+  }
+  // The pinned host memory of `device`, counted apart from the device's (cpu_checkpointing).
+  Allocator& pinned_allocator(DeviceContext& device) {
+    if (!pinned_) pinned_ = std::make_unique<Allocator>(device.pinned_memory());
+    return *pinned_;
+  }
+
+  // An activation of the model: `tensor` holding `shape` in the memory of `on`, counted as
+  // `category` in the allocator when there is one. Reallocated (zero-filled) only when its size,
+  // memory or counting changes, and then freed first, so no peak holds both.
+  void activation(Tensor& tensor, std::vector<int64_t> shape,
+                  const std::shared_ptr<DeviceContext>& on,
+                  MemoryCategory category = MemoryCategory::kActivation) {
+    size_t numel = 1;
+    for (int64_t d : shape) numel *= static_cast<size_t>(d);
+    const bool counted_right = tensor.allocator() == allocator_ &&
+                               (allocator_ == nullptr || tensor.category() == category);
+    if (tensor.numel() == numel && tensor.device() == on && counted_right) return;
+    tensor = Tensor();
+    tensor = allocator_ != nullptr ? Tensor(std::move(shape), on, *allocator_, category)
+                                   : Tensor(std::move(shape), on);
+  }
+  // `dest` = a copy of `source` (an activation as above, in source's memory).
+  void keep_copy(Tensor& dest, const Tensor& source,
+                 MemoryCategory category = MemoryCategory::kActivation) {
+    activation(dest, source.shape(), source.device(), category);
+    copy_into(dest.data(), source);
+  }
+  // source's elements to `dest`, in the same memory.
+  static void copy_into(float* dest, const Tensor& source) {
+    if (source.numel() == 0) return;
+    if (source.device()) {
+      source.device()->copy(dest, source.data(), source.numel() * sizeof(float));
+    } else {
+      std::memcpy(dest, source.data(), source.numel() * sizeof(float));
+    }
+  }
+
   Gpt2Ops& ops_for(const Tensor& t) {
     if (!t.device()) {
       if (!cpu_) cpu_ = make_cpu_gpt2_ops(threads_);
@@ -96,6 +144,9 @@ class Gpt2Backend {
 
  private:
   int threads_;
+  Allocator* allocator_ = nullptr;
+  std::shared_ptr<DeviceContext> cpu_context_;
+  std::unique_ptr<Allocator> pinned_;
   std::unique_ptr<Gpt2Ops> cpu_;
   std::unique_ptr<Gpt2Ops> cuda_;
   std::shared_ptr<DeviceContext> cuda_device_;

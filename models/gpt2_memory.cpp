@@ -1,5 +1,7 @@
 #include "models/gpt2_memory.h"
 
+#include <algorithm>
+
 #include "models/gpt2.h"
 #include "zero/core/check.h"
 
@@ -42,6 +44,8 @@ void check_gpt2_checkpointing(const Gpt2Checkpointing& checkpointing, int n_laye
              "number_checkpoints " << checkpointing.number_checkpoints
                                    << " must be between 1 and the model's " << n_layer
                                    << " layers (each checkpoint is one block)");
+  ZERO_CHECK(!(checkpointing.cpu_checkpointing && checkpointing.contiguous_memory),
+             "cpu_checkpointing with contiguous_memory_optimization is not built yet: choose one");
 }
 
 uint64_t Gpt2ActivationBytes::kept() const {
@@ -51,7 +55,7 @@ uint64_t Gpt2ActivationBytes::kept() const {
 }
 
 uint64_t Gpt2ActivationBytes::total() const {
-  return embedding + kept() + recompute + head + backward;
+  return embedding + kept() + moving_checkpoints + recompute + head + backward;
 }
 
 Gpt2ActivationBytes gpt2_activation_formula(const Gpt2Config& config,
@@ -76,11 +80,28 @@ Gpt2ActivationBytes gpt2_activation_formula(const Gpt2Config& config,
   for (int layer = 0; layer < config.n_layer; ++layer) {
     const bool checkpointed = gpt2_block_checkpointed(checkpointing, layer, config.n_layer);
     bytes.blocks.push_back((checkpointed ? kept : N * (16 * C + 4 + H)) * f);
+    if (checkpointed) bytes.checkpoints += N * C * f;
+  }
+  if (checkpointing.cpu_checkpointing && bytes.checkpoints > 0) {
+    // The inputs leave the blocks for the host; two are on the device at once in backward (the
+    // block's own and the next one's, prefetched), one in forward.
+    const uint64_t one = N * C * f;
+    for (int layer = 0; layer < config.n_layer; ++layer) {
+      if (gpt2_block_checkpointed(checkpointing, layer, config.n_layer)) bytes.blocks[layer] -= one;
+    }
+    bytes.host_checkpoints = bytes.checkpoints;
+    bytes.moving_checkpoints = std::min<uint64_t>(2 * one, bytes.checkpoints);
+    bytes.checkpoints = bytes.moving_checkpoints;
   }
   bytes.recompute = recomputed * f;
   bytes.head = N * (2 * C + V + 4) * f;
   bytes.backward = 14 * N * C * f;
   return bytes;
+}
+
+uint64_t gpt2_uncounted_activation_bytes(const Gpt2Config& config, int64_t B, int64_t T) {
+  const uint64_t N = static_cast<uint64_t>(B * T);
+  return (3 * N * static_cast<uint64_t>(config.n_embd) + 3 * N) * sizeof(float);
 }
 
 }  // namespace zero::models

@@ -60,19 +60,40 @@ struct Gpt2Checkpointing {
   // layers (block floor(j * n_layer / n) for j < n: every k-th block when n divides n_layer
   // into k); the others keep everything. 0: every block.
   int number_checkpoints = 0;
+  // DeepSpeed's contiguous_memory_optimization: the checkpoints (the inputs checkpointed blocks
+  // keep) in one buffer for all of them, allocated when the micro-batch's size changes, instead
+  // of one allocation per block. The same bytes, one allocation.
+  bool contiguous_memory = false;
+  // DeepSpeed's profile: each block times its forward, its recomputation and its backward
+  // (take_gpt2_profile, gpt2.h).
+  bool profile = false;
+  // DeepSpeed's cpu_checkpointing: each checkpoint moves to pinned host memory on the device's
+  // copy stream during its block's forward (its device copy is freed once the copy is done) and
+  // comes back one checkpointed block ahead of its backward, so at most two are on the device.
+  // On the CPU that is a copy from host memory to host memory, which saves nothing (zero-train
+  // does not turn it on there). Not with contiguous_memory.
+  bool cpu_checkpointing = false;
 };
 
 // Whether block `layer` of `n_layer` recomputes (false everywhere with Recompute::kNone).
 bool gpt2_block_checkpointed(const Gpt2Checkpointing& checkpointing, int layer, int n_layer);
 
-// Throws zero::Error for a number_checkpoints below 0 or above n_layer.
+// Throws zero::Error for a number_checkpoints below 0 or above n_layer, and for
+// cpu_checkpointing with contiguous_memory.
 void check_gpt2_checkpointing(const Gpt2Checkpointing& checkpointing, int n_layer);
 
 // Activation bytes of a model, by where they are held.
 struct Gpt2ActivationBytes {
   uint64_t embedding = 0;
   std::vector<uint64_t> blocks;  // kept from forward to backward, per block
-  uint64_t recompute = 0;        // the shared buffers of recomputed tensors
+  uint64_t checkpoints = 0;      // of blocks: the inputs checkpointed blocks keep (the
+                                 // allocator's kCheckpoint; the rest is kActivation)
+  // With cpu_checkpointing, instead: the checkpoints on the device at once, outside blocks (the
+  // allocator's kCheckpoint at its peak), and every checkpoint in pinned host memory (counted
+  // apart, not in total()).
+  uint64_t moving_checkpoints = 0;
+  uint64_t host_checkpoints = 0;
+  uint64_t recompute = 0;  // the shared buffers of recomputed tensors
   uint64_t head = 0;
   uint64_t backward = 0;  // gradients of inner tensors, shared by the blocks
 
@@ -85,5 +106,11 @@ struct Gpt2ActivationBytes {
 Gpt2ActivationBytes gpt2_activation_formula(const Gpt2Config& config,
                                             const Gpt2Checkpointing& checkpointing, int64_t B,
                                             int64_t T);
+
+// What a training step of B sequences of T tokens holds beside the formula, outside the
+// model's counted activations: the residual-stream tensors in flight between modules (a
+// block's output, and in backward the gradient coming in and the one going out: 3 N C floats)
+// and the batch (token ids as given and on the device, and targets: 3 N).
+uint64_t gpt2_uncounted_activation_bytes(const Gpt2Config& config, int64_t B, int64_t T);
 
 }  // namespace zero::models

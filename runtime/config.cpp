@@ -228,8 +228,8 @@ void read_data_types(const config::DataTypes& types, const Checker& check, Engin
   }
 }
 
-// activation_checkpointing: the mode and number_checkpoints; the DeepSpeed options that are not
-// built are accepted only false.
+// activation_checkpointing: the mode, number_checkpoints and the options that are built; those
+// that are not are accepted only false.
 void read_activation_checkpointing(const config::ActivationCheckpointing& a, const Checker& check,
                                    ActivationCheckpointingConfig* out) {
   const std::string& origin = check.origin();
@@ -245,20 +245,16 @@ void read_activation_checkpointing(const config::ActivationCheckpointing& a, con
                                             a.number_checkpoints(), 1, kMaxInt);
     out->number_checkpoints_given = true;
   }
+  out->cpu_checkpointing = a.cpu_checkpointing();
+  out->contiguous_memory_optimization = a.contiguous_memory_optimization();
+  out->profile = a.profile();
   const std::pair<bool, const char*> not_built[] = {
       {a.partition_activations(),
        "partition_activations splits checkpoints over tensor-parallel ranks, and this runtime "
        "has no tensor parallelism"},
-      {a.cpu_checkpointing(),
-       "cpu_checkpointing (checkpoints in pinned host memory, prefetched back) is not built "
-       "yet; on the CPU checkpoints are in host memory already"},
-      {a.contiguous_memory_optimization(),
-       "contiguous_memory_optimization (checkpoints in one preallocated buffer) is not built "
-       "yet"},
       {a.synchronize_checkpoint_boundary(),
        "synchronize_checkpoint_boundary (a device synchronization at each checkpoint) is not "
        "built yet"},
-      {a.profile(), "profile (per-block forward, recompute and backward times) is not built yet"},
   };
   for (const auto& [given, why] : not_built) {
     if (given) {

@@ -62,6 +62,7 @@ class CudaDeviceContext : public DeviceContext {
     // Pending work may still read the workspace; a destructor has no one to report errors to.
     if (sum_workspace_ != nullptr) cudaFreeAsync(sum_workspace_, stream_);
     cudaStreamSynchronize(stream_);
+    if (copies_) cudaStreamSynchronize(cuda_stream_handle(*copies_));
   }
 
   void* allocate(size_t bytes) override {
@@ -106,6 +107,12 @@ class CudaDeviceContext : public DeviceContext {
     // The host buffer may be reused as soon as this returns.
     ZERO_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
+  Event copy_to_host_async(void* host, const void* source, size_t bytes) override {
+    return copy_async(host, source, bytes, cudaMemcpyDeviceToHost);
+  }
+  Event copy_from_host_async(void* dest, const void* host, size_t bytes) override {
+    return copy_async(dest, host, bytes, cudaMemcpyHostToDevice);
+  }
   void zero(void* data, size_t bytes, Stream* on) override {
     if (bytes > 0) ZERO_CUDA_CHECK(cudaMemsetAsync(data, 0, bytes, stream_of(on)));
   }
@@ -146,12 +153,22 @@ class CudaDeviceContext : public DeviceContext {
 
  private:
   cudaStream_t stream_of(Stream* on) const { return on ? cuda_stream_handle(*on) : stream_; }
+  // On the copy stream (made at first use), after the compute work issued so far.
+  Event copy_async(void* dest, const void* source, size_t bytes, cudaMemcpyKind kind) {
+    if (!copies_) copies_ = make_cuda_stream("copy", index_);
+    copies_->wait(compute_->record());
+    if (bytes > 0) {
+      ZERO_CUDA_CHECK(cudaMemcpyAsync(dest, source, bytes, kind, cuda_stream_handle(*copies_)));
+    }
+    return copies_->record();
+  }
 
   int index_;
   PinnedHostMemory pinned_;
   std::unique_ptr<Stream> compute_;
   cudaStream_t stream_ = nullptr;
-  void* sum_workspace_ = nullptr;  // sum_squares' partial sums
+  std::unique_ptr<Stream> copies_;  // copy_*_async's
+  void* sum_workspace_ = nullptr;   // sum_squares' partial sums
   size_t sum_workspace_bytes_ = 0;
 };
 

@@ -40,6 +40,14 @@ class CpuDeviceContext : public DeviceContext {
   void copy_from_host(void* dest, const void* host, size_t bytes) override {
     if (bytes > 0) std::memcpy(dest, host, bytes);
   }
+  Event copy_to_host_async(void* host, const void* source, size_t bytes) override {
+    copy_to_host(host, source, bytes);
+    return Event();
+  }
+  Event copy_from_host_async(void* dest, const void* host, size_t bytes) override {
+    copy_from_host(dest, host, bytes);
+    return Event();
+  }
   void zero(void* data, size_t bytes, Stream*) override {
     if (bytes > 0) std::memset(data, 0, bytes);
   }

@@ -49,6 +49,11 @@ StepStats Engine::Impl::step() {
   stats.comm_wait_ms = comm_wait_us / 1000.0;
   collectives_issued = 0;
   comm_wait_us = 0.0;
+  const MemoryStats& memory = allocator.stats();
+  stats.peak_activation_bytes = memory.window_peak_activations;
+  stats.peak_checkpoint_bytes =
+      memory.window_peak[static_cast<size_t>(MemoryCategory::kCheckpoint)];
+  allocator.start_window();
   return stats;
 }
 

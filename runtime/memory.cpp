@@ -1,5 +1,6 @@
 #include "zero/runtime/memory.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <iomanip>
@@ -69,11 +70,13 @@ const char* memory_category_name(MemoryCategory c) {
     case MemoryCategory::kPrefetch:
       return "prefetch";
     case MemoryCategory::kActivation:
-      return "activation";
+      return "activations";
     case MemoryCategory::kOther:
       return "other";
     case MemoryCategory::kNvmeStaging:
       return "nvme-staging";
+    case MemoryCategory::kCheckpoint:
+      return "checkpoints";
   }
   return "?";
 }
@@ -82,6 +85,15 @@ bool is_model_state(MemoryCategory c) {
   return c == MemoryCategory::kParamsFull || c == MemoryCategory::kParamsShard ||
          c == MemoryCategory::kGrads || c == MemoryCategory::kMaster ||
          c == MemoryCategory::kOptimizerState;
+}
+
+bool is_activation(MemoryCategory c) {
+  return c == MemoryCategory::kActivation || c == MemoryCategory::kCheckpoint;
+}
+
+uint64_t MemoryStats::activations() const {
+  return current[index_of(MemoryCategory::kActivation)] +
+         current[index_of(MemoryCategory::kCheckpoint)];
 }
 
 uint64_t MemoryStats::model_state() const {
@@ -147,10 +159,20 @@ Buffer Allocator::allocate(size_t bytes, MemoryCategory category) {
   }
   size_t i = index_of(category);
   stats_.current[i] += bytes;
+  ++stats_.allocations[i];
   stats_.current_total += bytes;
   if (stats_.current[i] > stats_.peak[i]) stats_.peak[i] = stats_.current[i];
   if (stats_.current_total > stats_.peak_total) stats_.peak_total = stats_.current_total;
+  stats_.window_peak[i] = std::max(stats_.window_peak[i], stats_.current[i]);
+  if (is_activation(category)) {
+    stats_.window_peak_activations = std::max(stats_.window_peak_activations, stats_.activations());
+  }
   return Buffer(this, data, bytes, category);
+}
+
+void Allocator::start_window() {
+  stats_.window_peak = stats_.current;
+  stats_.window_peak_activations = stats_.activations();
 }
 
 void Allocator::release(void* data, size_t bytes, MemoryCategory category) {

@@ -1,6 +1,7 @@
 #include "zero/runtime/model.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <utility>
 
@@ -25,6 +26,14 @@ std::shared_ptr<DeviceContext> device_memory(std::shared_ptr<DeviceContext> devi
   return device && device->device().is_cuda() ? std::move(device) : nullptr;
 }
 
+// Whether `allocator` gives the memory of `device` (host memory when null): a CPU context's
+// memory is host memory.
+bool allocates_memory_of(const Allocator& allocator, const DeviceContext* device) {
+  if (device != nullptr) return &allocator.memory() == device;
+  const auto* context = dynamic_cast<const DeviceContext*>(&allocator.memory());
+  return &allocator.memory() == &host_memory() || (context && !context->device().is_cuda());
+}
+
 }  // namespace
 
 Tensor::Tensor(std::vector<int64_t> shape) : Tensor(std::move(shape), nullptr) {}
@@ -45,6 +54,18 @@ Tensor::Tensor(std::vector<int64_t> shape, std::shared_ptr<DeviceContext> device
   }
 }
 
+Tensor::Tensor(std::vector<int64_t> shape, std::shared_ptr<DeviceContext> device,
+               Allocator& allocator, MemoryCategory category)
+    : shape_(std::move(shape)),
+      numel_(numel_of(shape_)),
+      device_(device_memory(std::move(device))) {
+  ZERO_CHECK(allocates_memory_of(allocator, device_.get()),
+             "a tensor in " << (device_ ? device_->memory_name() : "host memory")
+                            << " cannot be allocated from an allocator of "
+                            << allocator.memory().memory_name());
+  counted_ = allocator.allocate(numel_ * sizeof(float), category);
+}
+
 Tensor::Tensor(std::vector<int64_t> shape, const std::vector<float>& values,
                std::shared_ptr<DeviceContext> device)
     : Tensor(std::move(shape), std::move(device)) {
@@ -61,11 +82,14 @@ Tensor::~Tensor() {
   if (device_data_ != nullptr) device_->deallocate(device_data_, numel_ * sizeof(float));
 }
 
-Tensor::Tensor(const Tensor& other) : Tensor(other.shape_, other.device_) {
+Tensor::Tensor(const Tensor& other)
+    : Tensor(other.allocator() != nullptr
+                 ? Tensor(other.shape_, other.device_, *other.allocator(), other.category())
+                 : Tensor(other.shape_, other.device_)) {
   if (device_) {
-    device_->copy(device_data_, other.device_data_, numel_ * sizeof(float));
-  } else {
-    host_ = other.host_;
+    device_->copy(data(), other.data(), numel_ * sizeof(float));
+  } else if (numel_ > 0) {
+    std::memcpy(data(), other.data(), numel_ * sizeof(float));
   }
 }
 
@@ -79,7 +103,8 @@ Tensor::Tensor(Tensor&& other) noexcept
       numel_(std::exchange(other.numel_, 0)),
       host_(std::move(other.host_)),
       device_(std::move(other.device_)),
-      device_data_(std::exchange(other.device_data_, nullptr)) {}
+      device_data_(std::exchange(other.device_data_, nullptr)),
+      counted_(std::move(other.counted_)) {}
 
 Tensor& Tensor::operator=(Tensor&& other) noexcept {
   if (this != &other) {
@@ -89,14 +114,15 @@ Tensor& Tensor::operator=(Tensor&& other) noexcept {
     host_ = std::move(other.host_);
     device_ = std::move(other.device_);
     device_data_ = std::exchange(other.device_data_, nullptr);
+    counted_ = std::move(other.counted_);
   }
   return *this;
 }
 
 std::vector<float> Tensor::to_host() const {
-  if (!device_) return host_;
+  if (!device_) return std::vector<float>(data(), data() + numel_);
   std::vector<float> values(numel_);
-  device_->copy_to_host(values.data(), device_data_, numel_ * sizeof(float));
+  device_->copy_to_host(values.data(), data(), numel_ * sizeof(float));
   return values;
 }
 

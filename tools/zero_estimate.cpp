@@ -6,19 +6,26 @@
 //   zero-estimate --model gpt2 [--preset gpt2-1.5B] [--n-layer N --n-head N --n-embd N
 //                 --vocab-size N --block-size N] --ranks 8 [--dtype D] [--stage S]
 //   zero-estimate --model mlp --ranks 8 --mics-shard-size 2    (hybrid sharding, stage 3)
+//   zero-estimate --model gpt2 ... --micro-batch B [--seq-len T] [--number-checkpoints K]
+//                 [--memory-limit BYTES]       (activations too, for none/selective/full)
 //
 // prints one row per stage (or only stage S): parameters, gradients, optimizer state (fp32
 // master and Adam moments) and their total per rank, in GB (1e9 bytes) and in bytes. With the
 // arguments above it gives the ZeRO paper's Figure 1: 120 GB, 31.4 GB, 16.6 GB and 1.88 GB.
 // With --model, the model's real layout is planned instead: padding, units and the
 // engine's pooled buffers included, the exact bytes the engine then allocates (the defaults
-// are zero-train's). Exit code 2 for bad arguments.
+// are zero-train's). With --micro-batch the GPT-2's activations of B sequences of T tokens per
+// rank follow (models/gpt2_memory.h's formula: what zero-train's allocator counts and its step
+// records' peak_activation_bytes measure), for each activation-checkpointing setting, with the
+// total per rank at each stage and, with --memory-limit, the setting that fits. Exit code 2 for
+// bad arguments.
 #include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "driver/cli.h"
@@ -45,7 +52,11 @@ constexpr const char* kUsage =
     "              --sub-group-size N (default 1e9) and --buffer-count N (default 4), as the\n"
     "              config's offload_optimizer and sub_group_size; the nvme column is the file\n"
     "  with --model: --mics-shard-size K: hybrid sharding (the config's mics_shard_size):\n"
-    "              stage 3 sharded over groups of K of the N ranks, replicated across them\n";
+    "              stage 3 sharded over groups of K of the N ranks, replicated across them\n"
+    "  with --model gpt2: --micro-batch B: the activations of B sequences per rank for each\n"
+    "              activation checkpointing (none, selective, full), with --seq-len T\n"
+    "              (default: --block-size), --number-checkpoints K (default: every block)\n"
+    "              and --memory-limit BYTES[K|M|G] (which setting fits at each stage)\n";
 
 struct Options {
   uint64_t params = 0;
@@ -60,6 +71,12 @@ struct Options {
   size_t sub_group_size = 1000000000;  // DeepSpeed's default, as the config takes it
   int buffer_count = 4;
   int mics_shard_size = -1;  // off
+  // The GPT-2's activations: sequences per rank (0: not printed), their length (0: block_size),
+  // checkpointed blocks (0: every one) and the per-rank budget (0: none).
+  int micro_batch = 0;
+  int seq_len = 0;
+  int number_checkpoints = 0;
+  uint64_t memory_limit = 0;
 };
 
 using zero::driver::usage_error;
@@ -152,7 +169,9 @@ Options parse_options(const std::vector<std::string>& args) {
         flag == "--output-dim" || flag == "--layers" || flag == "--merge-bytes" ||
         flag == "--preset" || flag == "--n-layer" || flag == "--n-head" || flag == "--n-embd" ||
         flag == "--vocab-size" || flag == "--block-size" || flag == "--offload-optimizer" ||
-        flag == "--sub-group-size" || flag == "--buffer-count" || flag == "--mics-shard-size";
+        flag == "--sub-group-size" || flag == "--buffer-count" || flag == "--mics-shard-size" ||
+        flag == "--micro-batch" || flag == "--seq-len" || flag == "--number-checkpoints" ||
+        flag == "--memory-limit";
     if (flag != "--params" && flag != "--ranks" && flag != "--dtype" && flag != "--stage" &&
         !model_flag) {
       usage_error(flag.compare(0, 1, "-") == 0 ? "unknown option '" + flag + "'"
@@ -192,6 +211,8 @@ Options parse_options(const std::vector<std::string>& args) {
       options.mics_shard_size = static_cast<int>(parse_whole(flag, value, 1, INT_MAX));
     } else if (flag == "--buffer-count") {
       options.buffer_count = static_cast<int>(parse_whole(flag, value, 1, 1024));
+    } else if (flag == "--memory-limit") {
+      options.memory_limit = zero::driver::parse_bytes(flag, value);
     } else if (flag == "--merge-bytes") {
       options.merge_bytes = static_cast<size_t>(parse_whole(flag, value, 0, INT_MAX));
     } else {
@@ -205,6 +226,9 @@ Options parse_options(const std::vector<std::string>& args) {
       if (flag == "--n-embd") options.gpt2.n_embd = v;
       if (flag == "--vocab-size") options.gpt2.vocab_size = v;
       if (flag == "--block-size") options.gpt2.block_size = v;
+      if (flag == "--micro-batch") options.micro_batch = v;
+      if (flag == "--seq-len") options.seq_len = v;
+      if (flag == "--number-checkpoints") options.number_checkpoints = v;
     }
   }
   if (!options.model.empty() && have_params) usage_error("give --params or --model, not both");
@@ -212,6 +236,29 @@ Options parse_options(const std::vector<std::string>& args) {
   if (options.model == "gpt2") {
     try {
       zero::models::check_gpt2_config(options.gpt2);
+    } catch (const zero::Error& e) {
+      usage_error(e.what());
+    }
+  }
+  const bool activation_flags = options.micro_batch > 0 || options.seq_len > 0 ||
+                                options.number_checkpoints > 0 || options.memory_limit > 0;
+  if (activation_flags && options.model != "gpt2") {
+    usage_error(
+        "--micro-batch, --seq-len, --number-checkpoints and --memory-limit plan the "
+        "activations of --model gpt2");
+  }
+  if (activation_flags && options.micro_batch == 0) {
+    usage_error("--seq-len, --number-checkpoints and --memory-limit need --micro-batch B");
+  }
+  if (options.seq_len == 0) options.seq_len = options.gpt2.block_size;
+  if (options.seq_len > options.gpt2.block_size) {
+    usage_error("--seq-len " + std::to_string(options.seq_len) + " is longer than the block size " +
+                std::to_string(options.gpt2.block_size));
+  }
+  if (options.model == "gpt2") {
+    try {
+      zero::models::check_gpt2_checkpointing(
+          {zero::models::Recompute::kFull, options.number_checkpoints}, options.gpt2.n_layer);
     } catch (const zero::Error& e) {
       usage_error(e.what());
     }
@@ -241,6 +288,59 @@ double gigabytes(uint64_t bytes) {
   return static_cast<double>(bytes) / 1e9;
 }
 
+constexpr zero::models::Recompute kRecomputes[] = {zero::models::Recompute::kNone,
+                                                   zero::models::Recompute::kSelective,
+                                                   zero::models::Recompute::kFull};
+
+// The GPT-2's activations per rank for each checkpointing setting, beside the engine's bytes of
+// each planned stage, and with a budget which setting fits at each stage.
+void print_activations(const Options& options,
+                       const std::vector<std::pair<int, uint64_t>>& engine_bytes) {
+  const std::string checkpoints = options.number_checkpoints == 0
+                                      ? "every block"
+                                      : std::to_string(options.number_checkpoints) + " blocks";
+  std::printf("activations of %d x %d tokens per rank (fp32; selective and full checkpoint %s):\n",
+              options.micro_batch, options.seq_len, checkpoints.c_str());
+  std::printf("recompute  activation bytes  checkpoint bytes");
+  for (const auto& stage : engine_bytes) std::printf("  stage %d total bytes", stage.first);
+  std::printf("\n");
+  uint64_t activations[3] = {};
+  for (int r = 0; r < 3; ++r) {
+    const zero::models::Gpt2ActivationBytes bytes = zero::models::gpt2_activation_formula(
+        options.gpt2, {kRecomputes[r], options.number_checkpoints}, options.micro_batch,
+        options.seq_len);
+    activations[r] = bytes.total();
+    std::printf("%-9s  %16llu  %16llu", zero::models::recompute_name(kRecomputes[r]),
+                static_cast<unsigned long long>(bytes.total()),
+                static_cast<unsigned long long>(bytes.checkpoints));
+    for (const auto& stage : engine_bytes) {
+      std::printf("  %19llu", static_cast<unsigned long long>(stage.second + bytes.total()));
+    }
+    std::printf("\n");
+  }
+  if (options.memory_limit == 0) return;
+  // zero-train's budget per rank also holds what it does not count in the engine's allocator.
+  const uint64_t uncounted = zero::models::gpt2_uncounted_activation_bytes(
+                                 options.gpt2, options.micro_batch, options.seq_len) +
+                             zero::models::gpt2_module_copy_bytes(options.gpt2, options.dtype);
+  std::printf(
+      "beside them: %llu bytes of tensors between modules, batch data and the modules' "
+      "fp32 working copies\n",
+      static_cast<unsigned long long>(uncounted));
+  for (const auto& [stage, bytes] : engine_bytes) {
+    int fits = 0;
+    while (fits < 3 && bytes + activations[fits] + uncounted > options.memory_limit) ++fits;
+    if (fits == 3) {
+      std::printf("stage %d in %llu bytes: does not fit with any activation checkpointing\n", stage,
+                  static_cast<unsigned long long>(options.memory_limit));
+    } else {
+      std::printf("stage %d in %llu bytes: fits with activation checkpointing %s\n", stage,
+                  static_cast<unsigned long long>(options.memory_limit),
+                  zero::models::recompute_name(kRecomputes[fits]));
+    }
+  }
+}
+
 }  // namespace
 
 // The model's layout as the engine builds it at this world size, and the engine's own plan for
@@ -267,6 +367,7 @@ int plan_model(const Options& options) {
                 options.ranks / layout.world_size());
   }
   std::printf("stage  model state bytes  buffer bytes  total bytes per rank  nvme bytes\n");
+  std::vector<std::pair<int, uint64_t>> engine_bytes;  // per stage planned
   for (int stage = 0; stage <= 3; ++stage) {
     if (options.stage && *options.stage != stage) continue;
     // Stage 0 has no partitioned optimizer to offload (the engine refuses it).
@@ -278,7 +379,9 @@ int plan_model(const Options& options) {
                 static_cast<unsigned long long>(plan.buffers),
                 static_cast<unsigned long long>(plan.model_state + plan.buffers),
                 static_cast<unsigned long long>(plan.nvme));
+    engine_bytes.emplace_back(stage, plan.model_state + plan.buffers);
   }
+  if (options.micro_batch > 0) print_activations(options, engine_bytes);
   return 0;
 }
 

@@ -124,5 +124,32 @@ TEST(TrainFlags, BatchFlagsEachOverrideTheirOwnValue) {
   EXPECT_EQ(tc.micro_batch_per_rank, 1);
 }
 
+// activation_checkpointing.cpu_checkpointing: a note on the CPU path, where checkpoints are in
+// host memory already; on CUDA it moves them, but not into contiguous_memory_optimization's
+// buffer (not built). Flags are set here directly: --device cuda needs a CUDA build.
+TEST(TrainFlags, CpuCheckpointingDependsOnTheDevice) {
+  const std::string path = ::testing::TempDir() + "/train_flags_test_cpu_checkpointing.json";
+  std::ofstream(path) << R"({"train_batch_size": 8, "activation_checkpointing": {
+    "mode": "full", "cpu_checkpointing": true, "contiguous_memory_optimization": true}})";
+  Flags flags;
+  flags.model = "gpt2";
+  flags.config = path;
+  const TrainingConfig on_cpu = resolve_config(flags, 2);
+  ASSERT_EQ(on_cpu.ignored_keys.size(), 1u);
+  EXPECT_EQ(on_cpu.ignored_keys[0],
+            "activation_checkpointing.cpu_checkpointing has no effect here: on the CPU path "
+            "checkpoints already live in host memory");
+  flags.cuda = true;
+  try {
+    resolve_config(flags, 2);
+    FAIL() << "cpu_checkpointing with contiguous_memory_optimization was accepted on CUDA";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("cpu_checkpointing with contiguous_memory_optimization "
+                                         "on CUDA is not built yet; choose one"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace zero::examples

@@ -18,6 +18,7 @@
 #include "models/gpt2.h"
 #include "models/token_data.h"
 #include "zero/runtime/device.h"
+#include "zero/runtime/memory.h"
 #include "zero/runtime/safetensors.h"
 
 namespace zero::models {
@@ -48,9 +49,11 @@ double l2(const std::vector<float>& v) {
   return std::sqrt(s);
 }
 
-// The model's modules on fp32 parameters and gradients owned here, by full name.
+// The model's modules on fp32 parameters and gradients owned here, by full name; their
+// activations are counted in an allocator of the harness.
 struct Harness {
   Gpt2Config config = reference_config();
+  Allocator allocator;  // before the model: it outlives the model's tensors
   Gpt2 model;
   std::shared_ptr<DeviceContext> cpu = DeviceContext::create(Device::cpu());
   std::map<std::string, std::vector<float>> values, grads;
@@ -59,6 +62,7 @@ struct Harness {
 
   explicit Harness(const Gpt2Checkpointing& checkpointing = {})
       : model(make_gpt2(config, 2, checkpointing)) {
+    count_gpt2_activations(model, allocator);
     for (const LoadedTensor& t : load_safetensors(kData + "model.safetensors").tensors) {
       values[t.name] = t.values;
       grads[t.name].assign(t.values.size(), 0.0f);
@@ -195,11 +199,24 @@ const Gpt2Checkpointing kSettings[] = {
     {Recompute::kFull, 0},
     {Recompute::kSelective, 1},  // block 0 of 2 recomputes, block 1 keeps everything
     {Recompute::kFull, 1},
+    // contiguous_memory_optimization: the checkpoints in one buffer
+    {Recompute::kFull, 0, true},
+    {Recompute::kSelective, 1, true},
+    // cpu_checkpointing: the checkpoints moved to (here: host) memory and back
+    {Recompute::kFull, 0, false, false, true},
+    {Recompute::kSelective, 1, false, false, true},
 };
 
 std::string label(const Gpt2Checkpointing& c) {
   return std::string(recompute_name(c.recompute)) + " number_checkpoints " +
-         std::to_string(c.number_checkpoints);
+         std::to_string(c.number_checkpoints) + (c.contiguous_memory ? " contiguous" : "") +
+         (c.cpu_checkpointing ? " cpu_checkpointing" : "");
+}
+
+int checkpointed_blocks(const Gpt2Checkpointing& c, int n_layer) {
+  int n = 0;
+  for (int i = 0; i < n_layer; ++i) n += gpt2_block_checkpointed(c, i, n_layer) ? 1 : 0;
+  return n;
 }
 
 // Recomputation runs the same kernels on the same inputs: the losses, the logits and every
@@ -217,7 +234,8 @@ TEST(Gpt2Checkpointing, BitwiseEqualToNoCheckpointing) {
 }
 
 // The bytes the modules hold, counted from their tensors, are the formula of gpt2_memory.h, at
-// two micro-batch sizes and two sequence lengths, for every setting.
+// two micro-batch sizes and two sequence lengths, for every setting; so is the peak the
+// allocator measured over the step, activations and checkpoints each.
 TEST(Gpt2Checkpointing, HeldActivationsEqualTheFormula) {
   std::vector<Gpt2Checkpointing> settings = {{Recompute::kNone, 0}};
   settings.insert(settings.end(), std::begin(kSettings), std::end(kSettings));
@@ -236,7 +254,34 @@ TEST(Gpt2Checkpointing, HeldActivationsEqualTheFormula) {
       EXPECT_EQ(held.recompute, formula.recompute) << what;
       EXPECT_EQ(held.head, formula.head) << what;
       EXPECT_EQ(held.backward, formula.backward) << what;
-      EXPECT_EQ(held.total(), formula.total()) << what;
+      // With cpu_checkpointing the checkpoints are on the device only while they move: none
+      // after backward; every one in the host's memory.
+      const uint64_t moving = formula.moving_checkpoints;
+      EXPECT_EQ(held.checkpoints + moving, formula.checkpoints) << what;
+      EXPECT_EQ(held.host_checkpoints, formula.host_checkpoints) << what;
+      EXPECT_EQ(held.total() + moving, formula.total()) << what;
+      const MemoryStats& measured = h.allocator.stats();
+      EXPECT_EQ(measured.window_peak_activations, formula.total()) << what;
+      EXPECT_EQ(measured.window_peak[static_cast<size_t>(MemoryCategory::kCheckpoint)],
+                formula.checkpoints)
+          << what;
+      EXPECT_EQ(measured.window_peak[static_cast<size_t>(MemoryCategory::kActivation)],
+                formula.total() - formula.checkpoints)
+          << what;
+      // One allocation per checkpoint, or one for all of them with contiguous_memory; with
+      // cpu_checkpointing one in forward and one to bring it back.
+      const int blocks = checkpointed_blocks(c, h.config.n_layer);
+      const int expected_allocations = c.contiguous_memory && blocks > 0 ? 1
+                                       : c.cpu_checkpointing             ? 2 * blocks
+                                                                         : blocks;
+      EXPECT_EQ(measured.allocations[static_cast<size_t>(MemoryCategory::kCheckpoint)],
+                static_cast<uint64_t>(expected_allocations))
+          << what;
+      // A second step reuses every buffer: its window peaks at the same bytes.
+      h.allocator.start_window();
+      h.forward(tokens);
+      h.backward();
+      EXPECT_EQ(measured.window_peak_activations, formula.total()) << what << ", second step";
       kept.push_back(held.kept());
     }
     // none > selective > full, and a block in full keeps its input alone: B T C floats.
@@ -244,6 +289,21 @@ TEST(Gpt2Checkpointing, HeldActivationsEqualTheFormula) {
     EXPECT_GT(kept[1], kept[2]);
     EXPECT_EQ(kept[2], 2u * B * T * 64 * sizeof(float));
   }
+  // Without checkpointing nothing is a checkpoint; with full recomputation of both blocks the
+  // checkpoints are their inputs.
+  EXPECT_EQ(gpt2_activation_formula(reference_config(), {}, 2, 16).checkpoints, 0u);
+  EXPECT_EQ(gpt2_activation_formula(reference_config(), {Recompute::kFull, 0}, 2, 16).checkpoints,
+            2u * 2 * 16 * 64 * sizeof(float));
+  // cpu_checkpointing on a model of 3 full blocks: two of the three inputs on the device at once.
+  Gpt2Config three = reference_config();
+  three.n_layer = 3;
+  const uint64_t one = 2u * 16 * 64 * sizeof(float);
+  const Gpt2ActivationBytes kept = gpt2_activation_formula(three, {Recompute::kFull, 0}, 2, 16);
+  const Gpt2ActivationBytes moved =
+      gpt2_activation_formula(three, {Recompute::kFull, 0, false, false, true}, 2, 16);
+  EXPECT_EQ(moved.host_checkpoints, 3 * one);
+  EXPECT_EQ(moved.moving_checkpoints, 2 * one);
+  EXPECT_EQ(moved.total(), kept.total() - one);
 }
 
 TEST(Gpt2Checkpointing, NumberCheckpointsSpreadsBlocksEvenly) {
@@ -259,6 +319,15 @@ TEST(Gpt2Checkpointing, NumberCheckpointsSpreadsBlocksEvenly) {
   EXPECT_EQ(chosen(Recompute::kSelective, 0, 3), (std::vector<int>{0, 1, 2}));
   EXPECT_EQ(chosen(Recompute::kNone, 2, 3), std::vector<int>{});
   try {
+    make_gpt2(reference_config(), 1, {Recompute::kFull, 0, true, false, true});
+    FAIL() << "cpu_checkpointing with contiguous_memory was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cpu_checkpointing with contiguous_memory_optimization "
+                                         "is not built yet"),
+              std::string::npos)
+        << e.what();
+  }
+  try {
     make_gpt2(reference_config(), 1, {Recompute::kFull, 3});
     FAIL() << "3 checkpoints of 2 layers were accepted";
   } catch (const Error& e) {
@@ -267,6 +336,43 @@ TEST(Gpt2Checkpointing, NumberCheckpointsSpreadsBlocksEvenly) {
         std::string::npos)
         << e.what();
   }
+}
+
+// profile: every block times its forward and backward, and those that recompute their
+// recomputation; without profile nothing is timed.
+TEST(Gpt2Checkpointing, ProfileTimesEachBlock) {
+  for (const Gpt2Checkpointing& c : {Gpt2Checkpointing{Recompute::kNone, 0, false, true},
+                                     Gpt2Checkpointing{Recompute::kFull, 1, false, true},
+                                     Gpt2Checkpointing{Recompute::kSelective, 0, true, true}}) {
+    Harness h(c);
+    const Tensor tokens = reference_batch(h, 4, 32);
+    h.forward(tokens);
+    h.backward();
+    const Gpt2Profile profile = take_gpt2_profile(h.model);
+    ASSERT_EQ(profile.forward_ms.size(), 2u);
+    for (size_t b = 0; b < 2; ++b) {
+      const bool recomputes = gpt2_block_checkpointed(c, static_cast<int>(b), 2);
+      EXPECT_EQ(profile.recomputes[b], recomputes) << label(c) << " block " << b;
+      EXPECT_GT(profile.forward_ms[b], 0.0) << label(c) << " block " << b;
+      EXPECT_GT(profile.backward_ms[b], 0.0) << label(c) << " block " << b;
+      if (recomputes) {
+        EXPECT_GT(profile.recompute_ms[b], 0.0) << label(c) << " block " << b;
+      } else {
+        EXPECT_EQ(profile.recompute_ms[b], 0.0) << label(c) << " block " << b;
+      }
+    }
+    // Taking the profile restarts it.
+    const Gpt2Profile again = take_gpt2_profile(h.model);
+    EXPECT_EQ(again.forward_ms, (std::vector<double>{0.0, 0.0})) << label(c);
+  }
+  Harness quiet({Recompute::kFull, 0});
+  const Tensor tokens = reference_batch(quiet, 4, 32);
+  quiet.forward(tokens);
+  quiet.backward();
+  const Gpt2Profile none = take_gpt2_profile(quiet.model);
+  EXPECT_EQ(none.forward_ms, (std::vector<double>{0.0, 0.0}));
+  EXPECT_EQ(none.recompute_ms, (std::vector<double>{0.0, 0.0}));
+  EXPECT_EQ(none.backward_ms, (std::vector<double>{0.0, 0.0}));
 }
 
 }  // namespace

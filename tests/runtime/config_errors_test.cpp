@@ -54,17 +54,12 @@ const std::vector<BadConfig>& bad_configs() {
        R"("activation_checkpointing" in ds.json: partition_activations splits checkpoints over )"
        R"(tensor-parallel ranks, and this runtime has no tensor parallelism; set it to false or )"
        R"(leave it out)"},
-      {R"({"train_batch_size": 8, "activation_checkpointing": {"cpu_checkpointing": true}})",
-       R"("activation_checkpointing" in ds.json: cpu_checkpointing (checkpoints in pinned host )"
-       R"(memory, prefetched back) is not built yet; on the CPU checkpoints are in host memory )"
-       R"(already; set it to false or leave it out)"},
       {R"({"train_batch_size": 8,
-          "activation_checkpointing": {"contiguous_memory_optimization": true}})",
-       R"("activation_checkpointing" in ds.json: contiguous_memory_optimization (checkpoints in )"
-       R"(one preallocated buffer) is not built yet; set it to false or leave it out)"},
-      {R"({"train_batch_size": 8, "activation_checkpointing": {"profile": true}})",
-       R"("activation_checkpointing" in ds.json: profile (per-block forward, recompute and )"
-       R"(backward times) is not built yet; set it to false or leave it out)"},
+          "activation_checkpointing": {"synchronize_checkpoint_boundary": true}})",
+       R"("activation_checkpointing" in ds.json: synchronize_checkpoint_boundary (a device )"
+       R"(synchronization at each checkpoint) is not built yet; set it to false or leave it out)"},
+      {R"({"train_batch_size": 8, "activation_checkpointing": {"profile": 1}})",
+       R"("activation_checkpointing.profile" in ds.json must be true or false, got 1)"},
       {R"({"train_batch_size": 8, "activation_checkpointing": {"mode": "partial"}})",
        R"("activation_checkpointing.mode" in ds.json must be "none", "selective" or "full", )"
        R"(got "partial")"},

@@ -326,10 +326,22 @@ TEST(Config, ActivationCheckpointing) {
   EXPECT_EQ(c.activation_checkpointing.mode, "selective");
   EXPECT_EQ(c.activation_checkpointing.number_checkpoints, 4);
   EXPECT_TRUE(c.activation_checkpointing.number_checkpoints_given);
+  EXPECT_FALSE(c.activation_checkpointing.cpu_checkpointing);
+  EXPECT_FALSE(c.activation_checkpointing.contiguous_memory_optimization);
+  EXPECT_FALSE(c.activation_checkpointing.profile);
   EXPECT_TRUE(c.ignored_keys.empty());
   const TrainingConfig absent = parse_training_config(R"({"train_batch_size": 8})", 2, "ds.json");
   EXPECT_EQ(absent.activation_checkpointing.mode, "none");
   EXPECT_FALSE(absent.activation_checkpointing.number_checkpoints_given);
+  EXPECT_FALSE(absent.activation_checkpointing.contiguous_memory_optimization);
+  EXPECT_FALSE(absent.activation_checkpointing.profile);
+  const TrainingConfig all = parse_training_config(
+      R"({"train_batch_size": 8, "activation_checkpointing": {"mode": "full",
+          "cpu_checkpointing": true, "contiguous_memory_optimization": true, "profile": true}})",
+      2, "ds.json");
+  EXPECT_TRUE(all.activation_checkpointing.cpu_checkpointing);
+  EXPECT_TRUE(all.activation_checkpointing.contiguous_memory_optimization);
+  EXPECT_TRUE(all.activation_checkpointing.profile);
 }
 
 TEST(Config, CommunicationDataType) {

@@ -1,9 +1,12 @@
-// The tagged allocator: current and peak bytes per category, alignment, zero fill.
+// The tagged allocator: current and peak bytes per category, alignment, zero fill, peak
+// windows; tensors counted in it.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 
+#include "zero/runtime/device.h"
 #include "zero/runtime/memory.h"
+#include "zero/runtime/model.h"
 
 namespace zero {
 namespace {
@@ -65,6 +68,64 @@ TEST(Allocator, LimitTurnsAnAllocationIntoANamedOutOfMemoryError) {
     EXPECT_NE(message.find("grads"), std::string::npos) << "the summary is part of it";
   }
   EXPECT_EQ(allocator.stats().current_total, 3000u);  // nothing half-allocated
+}
+
+size_t at(MemoryCategory c) {
+  return static_cast<size_t>(c);
+}
+
+// A window's peaks start from what is held when it starts; activations and checkpoints also
+// peak together (the step records' peak_activation_bytes).
+TEST(Allocator, WindowsPeakActivationsAndCheckpointsTogether) {
+  Allocator allocator;
+  Buffer model = allocator.allocate(640, MemoryCategory::kParamsFull);
+  Buffer checkpoint = allocator.allocate(128, MemoryCategory::kCheckpoint);
+  {
+    Buffer first = allocator.allocate(256, MemoryCategory::kActivation);
+    Buffer second = allocator.allocate(64, MemoryCategory::kActivation);
+  }
+  const MemoryStats& s = allocator.stats();
+  EXPECT_EQ(s.window_peak_activations, 128u + 256u + 64u);
+  EXPECT_EQ(s.window_peak[at(MemoryCategory::kActivation)], 320u);
+  EXPECT_EQ(s.window_peak[at(MemoryCategory::kCheckpoint)], 128u);
+  EXPECT_EQ(s.activations(), 128u);
+  EXPECT_EQ(s.allocations[at(MemoryCategory::kActivation)], 2u);
+  allocator.start_window();
+  EXPECT_EQ(s.window_peak_activations, 128u);
+  EXPECT_EQ(s.window_peak[at(MemoryCategory::kActivation)], 0u);
+  EXPECT_EQ(s.window_peak[at(MemoryCategory::kParamsFull)], 640u);
+  Buffer third = allocator.allocate(64, MemoryCategory::kActivation);
+  EXPECT_EQ(s.window_peak_activations, 192u);
+  EXPECT_EQ(s.peak[at(MemoryCategory::kActivation)], 320u);  // the run's peak stays
+  EXPECT_NE(allocator.summary().find("checkpoints"), std::string::npos) << allocator.summary();
+}
+
+// A tensor made from an allocator is counted there until it goes; so are its copies, in the
+// same category; a move keeps the one allocation.
+TEST(Allocator, CountsTensorsMadeFromIt) {
+  Allocator allocator;
+  {
+    Tensor t({4, 8}, nullptr, allocator, MemoryCategory::kCheckpoint);
+    EXPECT_EQ(t.allocator(), &allocator);
+    EXPECT_EQ(t.category(), MemoryCategory::kCheckpoint);
+    EXPECT_EQ(allocator.stats().current[at(MemoryCategory::kCheckpoint)], 128u);
+    t.data()[5] = 2.5f;
+    const Tensor copy = t;
+    EXPECT_EQ(copy.to_host()[5], 2.5f);
+    EXPECT_EQ(copy.category(), MemoryCategory::kCheckpoint);
+    EXPECT_EQ(allocator.stats().current[at(MemoryCategory::kCheckpoint)], 256u);
+    Tensor moved = std::move(t);
+    EXPECT_EQ(allocator.stats().current[at(MemoryCategory::kCheckpoint)], 256u);
+    EXPECT_EQ(moved.to_host()[5], 2.5f);
+    const Tensor plain({4, 8});
+    EXPECT_EQ(plain.allocator(), nullptr);
+  }
+  EXPECT_EQ(allocator.stats().current_total, 0u);
+  // The engine's allocator on the CPU allocates from a CPU context: host memory too.
+  std::shared_ptr<DeviceContext> cpu = DeviceContext::create(Device::cpu());
+  Allocator on_cpu(*cpu);
+  const Tensor t({2}, cpu, on_cpu, MemoryCategory::kActivation);
+  EXPECT_EQ(on_cpu.stats().current[at(MemoryCategory::kActivation)], 8u);
 }
 
 }  // namespace

@@ -6,6 +6,12 @@
 //   metrics_check --steps N skipped-at STEP A.jsonl    exactly STEP was skipped, every loss finite
 //   metrics_check --steps N resident-within FRAC A.jsonl   the measured peak resident memory of
 //                                    the last step is within FRAC of the planned one
+//   metrics_check --steps N peak-activations A.jsonl   every step's measured peak activation
+//                                    bytes equal the counted activations the init record planned
+//   metrics_check --steps N block-times LAYERS RECOMPUTING A.jsonl   every step record times
+//                                    each of LAYERS blocks' forward and backward (> 0), and the
+//                                    recomputation of RECOMPUTING of them (the others null; no
+//                                    block_recompute_ms at all when RECOMPUTING is 0)
 //   metrics_check trace RANKS T.json                  a Chrome trace with compute and collective
 //                                                      spans from each of RANKS ranks
 // Every metrics file must hold each step of its run once, in order, up to the last one, N: a
@@ -32,8 +38,10 @@ struct Metrics {
   std::vector<double> losses;  // NaN where the record holds null
   std::vector<bool> skipped;
   std::vector<double> loss_scales;
-  double planned_resident = 0.0;  // bytes, from the init record
-  double peak_resident = 0.0;     // bytes, from the last step record
+  double planned_resident = 0.0;             // bytes, from the init record
+  double peak_resident = 0.0;                // bytes, from the last step record
+  double counted_activations_planned = 0.0;  // bytes, from the init record
+  std::vector<nlohmann::json> step_records;
 };
 
 // Filled from the command line: the step every metrics file must end at (required), and the
@@ -61,6 +69,7 @@ Metrics read_metrics(const std::string& path, long first_step) {
       m.world_size = record.at("world_size").get<int>();
       m.stage = record.at("stage").get<int>();
       m.planned_resident = record.value("planned_resident_bytes", 0.0);
+      m.counted_activations_planned = record.value("activation_bytes_counted_planned", 0.0);
     } else if (record["event"] == "step") {
       const auto& loss = record.at("loss");
       m.steps.push_back(record.at("step").get<long>());
@@ -68,6 +77,7 @@ Metrics read_metrics(const std::string& path, long first_step) {
       m.skipped.push_back(record.value("skipped", false));
       m.loss_scales.push_back(record.value("loss_scale", 1.0));
       m.peak_resident = record.value("peak_resident_bytes", 0.0);
+      m.step_records.push_back(record);
     }
   }
   if (m.losses.empty()) {
@@ -148,6 +158,69 @@ int resident_within(double fraction, const std::string& path) {
   return m.planned_resident > 0.0 && std::fabs(off) <= fraction ? 0 : 1;
 }
 
+int peak_activations(const std::string& path) {
+  const Metrics m = read_metrics(path, 1);
+  const double planned = m.counted_activations_planned;
+  int failures = planned > 0.0 ? 0 : 1;
+  for (const nlohmann::json& record : m.step_records) {
+    const double peak = record.value("peak_activation_bytes", -1.0);
+    if (peak != planned) {
+      std::printf("%s: step %ld: peak activations %.0f bytes, planned %.0f\n", path.c_str(),
+                  record.at("step").get<long>(), peak, planned);
+      ++failures;
+    }
+  }
+  std::printf("%s: %zu steps, peak activations planned %.0f bytes: %s\n", path.c_str(),
+              m.step_records.size(), planned, failures == 0 ? "every step equal" : "differ");
+  return failures == 0 ? 0 : 1;
+}
+
+// The values of `key` in a step record: LAYERS numbers > 0, or nulls where allowed.
+int check_times(const nlohmann::json& record, const char* key, size_t layers, size_t* nulls) {
+  const long step = record.at("step").get<long>();
+  if (!record.contains(key) || !record[key].is_array() || record[key].size() != layers) {
+    std::printf("step %ld: %s is not a list of %zu block times\n", step, key, layers);
+    return 1;
+  }
+  int failures = 0;
+  for (const nlohmann::json& value : record[key]) {
+    if (value.is_null() && nulls != nullptr) {
+      ++*nulls;
+    } else if (!value.is_number() || !(value.get<double>() > 0.0)) {
+      std::printf("step %ld: %s holds %s, not a time > 0\n", step, key, value.dump().c_str());
+      ++failures;
+    }
+  }
+  return failures;
+}
+
+int block_times(size_t layers, size_t recomputing, const std::string& path) {
+  const Metrics m = read_metrics(path, 1);
+  int failures = 0;
+  for (const nlohmann::json& record : m.step_records) {
+    failures += check_times(record, "block_forward_ms", layers, nullptr);
+    failures += check_times(record, "block_backward_ms", layers, nullptr);
+    if (recomputing == 0) {
+      if (record.contains("block_recompute_ms")) {
+        std::printf("step %ld: block_recompute_ms without recomputation\n",
+                    record.at("step").get<long>());
+        ++failures;
+      }
+      continue;
+    }
+    size_t nulls = 0;
+    failures += check_times(record, "block_recompute_ms", layers, &nulls);
+    if (nulls != layers - recomputing) {
+      std::printf("step %ld: %zu blocks without a recomputation time, expected %zu\n",
+                  record.at("step").get<long>(), nulls, layers - recomputing);
+      ++failures;
+    }
+  }
+  std::printf("%s: %zu steps, times of %zu blocks (%zu recomputing): %s\n", path.c_str(),
+              m.step_records.size(), layers, recomputing, failures == 0 ? "all there" : "wrong");
+  return failures == 0 ? 0 : 1;
+}
+
 int skipped_at(long step, const std::string& path) {
   const Metrics m = read_metrics(path, 1);
   int failures = 0;
@@ -200,6 +273,8 @@ int usage() {
                "       metrics_check --steps N loss-falls RATIO A.jsonl\n"
                "       metrics_check --steps N skipped-at STEP A.jsonl\n"
                "       metrics_check --steps N resident-within FRAC A.jsonl\n"
+               "       metrics_check --steps N peak-activations A.jsonl\n"
+               "       metrics_check --steps N block-times LAYERS RECOMPUTING A.jsonl\n"
                "       metrics_check trace RANKS T.json\n";
   return 2;
 }
@@ -230,6 +305,13 @@ int main(int argc, char** argv) {
   }
   if (args.size() == 3 && args[0] == "resident-within") {
     return resident_within(std::atof(args[1].c_str()), args[2]);
+  }
+  if (args.size() == 2 && args[0] == "peak-activations") return peak_activations(args[1]);
+  if (args.size() == 4 && args[0] == "block-times") {
+    const long layers = std::atol(args[1].c_str());
+    const long recomputing = std::atol(args[2].c_str());
+    if (layers < 1 || recomputing < 0 || recomputing > layers) return usage();
+    return block_times(static_cast<size_t>(layers), static_cast<size_t>(recomputing), args[3]);
   }
   if (args.size() == 3 && args[0] == "skipped-at") {
     const long step = std::atol(args[1].c_str());

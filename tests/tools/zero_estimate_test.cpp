@@ -3,6 +3,7 @@
 // (a message naming the problem, the usage, exit code 2).
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -140,6 +141,90 @@ TEST(ZeroEstimate, BadShardSizesAreUsageErrors) {
                      "--mics-shard-size is hybrid sharding of stage 3, not stage 2");
   expect_usage_error({"--params", "1B", "--ranks", "4", "--mics-shard-size", "2"},
                      "--mics-shard-size plans a --model's layout");
+}
+
+// The GPT-2's activations beside its model state: the reference model (2 layers, 4 heads, 64
+// wide, vocabulary 256) with 2 sequences of 16 tokens per rank. The activation bytes are
+// gpt2_memory.h's formula worked by hand (N = 32 positions): none keeps 2 x 132096 in its blocks,
+// selective 2 x 82432 plus 49664 recomputed, full 2 x 8192 plus 123904; each adds the embedding's
+// 128, the head's 49664 and backward's 114688. The stage-3 total adds the table's row.
+const Words kGpt2 = {"--model",       "gpt2", "--n-layer",    "2",   "--n-head",     "4",
+                     "--n-embd",      "64",   "--vocab-size", "256", "--block-size", "64",
+                     "--ranks",       "2",    "--stage",      "3",   "--dtype",      "fp32",
+                     "--micro-batch", "2",    "--seq-len",    "16"};
+
+Words with(Words args, const Words& more) {
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+// The stage row's total bytes per rank (its fourth column).
+unsigned long long stage_total(const std::string& out, int stage) {
+  const std::string row = "\n    " + std::to_string(stage) + "  ";
+  const size_t at = out.find(row);
+  EXPECT_NE(at, std::string::npos) << out;
+  unsigned long long state = 0, buffers = 0, total = 0;
+  EXPECT_EQ(std::sscanf(out.c_str() + at, " %*d %llu %llu %llu", &state, &buffers, &total), 3);
+  EXPECT_EQ(total, state + buffers);
+  return total;
+}
+
+TEST(ZeroEstimate, Gpt2ActivationsForEachCheckpointing) {
+  const ProgramOutcome outcome = run_estimate(kGpt2);
+  ASSERT_EQ(outcome.exit_code, 0) << outcome.err;
+  const unsigned long long engine = stage_total(outcome.out, 3);
+  char rows[512];
+  std::snprintf(rows, sizeof(rows),
+                "activations of 2 x 16 tokens per rank (fp32; selective and full checkpoint every "
+                "block):\n"
+                "recompute  activation bytes  checkpoint bytes  stage 3 total bytes\n"
+                "none                 428672                 0  %19llu\n"
+                "selective            379008             16384  %19llu\n"
+                "full                 304768             16384  %19llu\n",
+                engine + 428672, engine + 379008, engine + 304768);
+  const std::string& out = outcome.out;
+  ASSERT_NE(out.find("activations of"), std::string::npos) << out;
+  EXPECT_EQ(out.substr(out.find("activations of")), rows);
+}
+
+// With a budget: the lightest recomputation that fits, counting what zero-train's budget holds
+// beside the activations (fp32: 3 N C + 3 N floats of tensors between modules and batch data).
+TEST(ZeroEstimate, Gpt2MemoryLimitNamesTheCheckpointingThatFits) {
+  const unsigned long long engine = stage_total(run_estimate(kGpt2).out, 3);
+  const unsigned long long beside = (3 * 32 * 64 + 3 * 32) * 4;
+  auto verdict = [&](unsigned long long limit) {
+    const ProgramOutcome outcome =
+        run_estimate(with(kGpt2, {"--memory-limit", std::to_string(limit)}));
+    EXPECT_EQ(outcome.exit_code, 0) << outcome.err;
+    EXPECT_NE(outcome.out.find("beside them: " + std::to_string(beside) + " bytes"),
+              std::string::npos)
+        << outcome.out;
+    const size_t at = outcome.out.find("stage 3 in ");
+    return at == std::string::npos ? outcome.out : outcome.out.substr(at);
+  };
+  const std::string in = "stage 3 in ";
+  unsigned long long limit = engine + beside + 428672;
+  EXPECT_EQ(verdict(limit),
+            in + std::to_string(limit) + " bytes: fits with activation checkpointing none\n");
+  limit = engine + beside + 428671;
+  EXPECT_EQ(verdict(limit),
+            in + std::to_string(limit) + " bytes: fits with activation checkpointing selective\n");
+  limit = engine + beside + 304768;
+  EXPECT_EQ(verdict(limit),
+            in + std::to_string(limit) + " bytes: fits with activation checkpointing full\n");
+  limit = engine + beside + 304767;
+  EXPECT_EQ(verdict(limit), in + std::to_string(limit) +
+                                " bytes: does not fit with any activation checkpointing\n");
+}
+
+TEST(ZeroEstimate, Gpt2ActivationFlagsNeedTheirContext) {
+  expect_usage_error({"--params", "1B", "--ranks", "2", "--micro-batch", "2"},
+                     "--micro-batch, --seq-len, --number-checkpoints and --memory-limit plan the "
+                     "activations of --model gpt2");
+  expect_usage_error({"--model", "gpt2", "--ranks", "2", "--seq-len", "16"},
+                     "--seq-len, --number-checkpoints and --memory-limit need --micro-batch B");
+  expect_usage_error({"--model", "gpt2", "--ranks", "2", "--micro-batch", "2", "--seq-len", "65"},
+                     "--seq-len 65 is longer than the block size 64");
 }
 
 TEST(ZeroEstimate, HelpPrintsUsage) {

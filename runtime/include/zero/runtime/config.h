@@ -52,10 +52,12 @@
 //   seed               ours; absent: EngineConfig's.
 //   wall_clock_breakdown -> TrainingConfig's wall_clock_breakdown (per-step timing lines).
 //   checkpoint         ours: override_optimizer (see TrainingConfig).
-//   activation_checkpointing  -> ActivationCheckpointingConfig: number_checkpoints (at least 1)
-//                      and our mode ("none", "selective", "full"; absent: none). Its other
-//                      DeepSpeed keys are accepted false; true is an error saying the feature is
-//                      not built (partition_activations: it needs tensor parallelism).
+//   activation_checkpointing  -> ActivationCheckpointingConfig: number_checkpoints (at least 1),
+//                      our mode ("none", "selective", "full"; absent: none), cpu_checkpointing,
+//                      contiguous_memory_optimization and profile. partition_activations and
+//                      synchronize_checkpoint_boundary are accepted false; true is an error
+//                      saying the feature is not built (partition_activations: it needs tensor
+//                      parallelism).
 //
 // Accepted and ignored, because ignoring them cannot change the result; each one a file gives
 // is listed in TrainingConfig::ignored_keys with the reason: memory_breakdown,
@@ -92,6 +94,12 @@ struct ActivationCheckpointingConfig {
   std::string mode = "none";    // "none", "selective" or "full"
   long number_checkpoints = 0;  // checkpointed blocks, spread evenly; 0: every block
   bool number_checkpoints_given = false;
+  // DeepSpeed's keys, with its defaults (false). cpu_checkpointing: checkpoints in pinned host
+  // memory on CUDA (the CPU path keeps them in host memory anyway); contiguous_memory_optimization:
+  // all checkpoints in one buffer; profile: per-block forward, recompute and backward times.
+  bool cpu_checkpointing = false;
+  bool contiguous_memory_optimization = false;
+  bool profile = false;
 };
 
 struct TrainingConfig {

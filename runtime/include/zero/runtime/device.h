@@ -70,6 +70,13 @@ class DeviceContext : public MemoryResource {
   // the host memory may be used as soon as they return.
   virtual void copy_to_host(void* host, const void* source, size_t bytes) = 0;
   virtual void copy_from_host(void* dest, const void* host, size_t bytes) = 0;
+  // The same on a copy stream of the context's own, so they overlap compute (activation
+  // checkpoints moved to pinned host memory in forward and brought back ahead of backward). Each
+  // starts after the compute work issued so far and returns the event of its completion:
+  // compute waits for it with wait(), and neither side's memory may be reused or freed before
+  // it completes. The CPU copies at once and returns a completed event.
+  virtual Event copy_to_host_async(void* host, const void* source, size_t bytes) = 0;
+  virtual Event copy_from_host_async(void* dest, const void* host, size_t bytes) = 0;
 
   // Element operations on this device's memory. Each runs on the compute stream, or, when `on`
   // is given, on that stream (the communication stream, for work queued behind a collective).

@@ -188,6 +188,11 @@ struct StepStats {
   double nvme_wait_ms = 0.0;
   uint64_t nvme_read_bytes = 0;
   uint64_t nvme_write_bytes = 0;
+  // The peak bytes of the model's activations and checkpoints together, and of the checkpoints
+  // alone, since the previous step() returned, as the engine's allocator counted them (a model
+  // counts its activations there through Tensor's allocator constructor; 0 when it does not).
+  uint64_t peak_activation_bytes = 0;
+  uint64_t peak_checkpoint_bytes = 0;
 };
 
 class Engine {

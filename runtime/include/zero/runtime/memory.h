@@ -29,16 +29,20 @@ enum class MemoryCategory : uint8_t {
   kOptimizerState,  // Adam moments / momentum
   kCommBuffer,      // fixed-size scratch for collectives (full-unit gradient buckets)
   kPrefetch,        // gathered full parameters of live units at stage 3
-  kActivation,
+  kActivation,      // what a model's modules keep from forward to backward (and backward's own
+                    // working set), when the model allocates them here
   kOther,
   kNvmeStaging,  // aligned buffers NVMe-offloaded optimizer state is read into and written from
+  kCheckpoint,   // activation checkpoints: the kept inputs recomputation starts from
 };
-constexpr int kNumMemoryCategories = 10;
+constexpr int kNumMemoryCategories = 11;
 
 const char* memory_category_name(MemoryCategory c);
 
 // True for the categories that make up "model state" in the ZeRO paper's formulas.
 bool is_model_state(MemoryCategory c);
+// True for kActivation and kCheckpoint.
+bool is_activation(MemoryCategory c);
 
 class Allocator;
 
@@ -77,6 +81,8 @@ class Buffer {
   size_t bytes() const { return bytes_; }
   bool empty() const { return data_ == nullptr; }
   MemoryCategory category() const { return category_; }
+  // The allocator that counts it (null when empty).
+  Allocator* allocator() const { return owner_; }
   // Frees now (same as assigning an empty Buffer).
   void reset();
 
@@ -95,8 +101,15 @@ struct MemoryStats {
   std::array<uint64_t, kNumMemoryCategories> peak{};
   uint64_t current_total = 0;
   uint64_t peak_total = 0;
+  std::array<uint64_t, kNumMemoryCategories> allocations{};  // made so far, per category
+  // Since the last Allocator::start_window() (the engine starts one as each step ends, so a
+  // window is one step): the peak of each category, and of activations and checkpoints together.
+  std::array<uint64_t, kNumMemoryCategories> window_peak{};
+  uint64_t window_peak_activations = 0;
   // Sum of current bytes over the model-state categories.
   uint64_t model_state() const;
+  // Sum of current bytes over kActivation and kCheckpoint.
+  uint64_t activations() const;
   // Sum of current bytes over kCommBuffer, kPrefetch and kNvmeStaging.
   uint64_t buffers() const;
 };
@@ -119,6 +132,12 @@ class Allocator {
   // test's way to make an allocation fail.
   void set_limit(uint64_t bytes) { limit_ = bytes; }
   uint64_t limit() const { return limit_; }
+
+  // Starts a new peak window (MemoryStats::window_peak): its peaks start from the bytes held now.
+  void start_window();
+
+  // Where the bytes come from.
+  MemoryResource& memory() const { return *memory_; }
 
   const MemoryStats& stats() const { return stats_; }
   // A table of current and peak bytes per category, for logs.

@@ -14,6 +14,8 @@ namespace zero {
 
 // An activation: a row-major fp32 array with its shape, in host memory or in a device's memory
 // (the device of the engine the model runs on). Copies are deep and stay on the same device.
+// A tensor made from an Allocator is counted there in its category (a model's activations in the
+// engine's allocator: Engine::allocator()); so are its copies.
 class Tensor {
  public:
   Tensor() = default;
@@ -21,6 +23,11 @@ class Tensor {
   explicit Tensor(std::vector<int64_t> shape);
   // Zero-filled, in the memory of `device` (host memory for a null or CPU context).
   Tensor(std::vector<int64_t> shape, std::shared_ptr<DeviceContext> device);
+  // Zero-filled, from `allocator` (counted as `category`), which must allocate the memory of
+  // `device` (host memory for a null or CPU context): a zero::Error otherwise. The allocator must
+  // outlive the tensor.
+  Tensor(std::vector<int64_t> shape, std::shared_ptr<DeviceContext> device, Allocator& allocator,
+         MemoryCategory category);
   // `values` (one per element, row-major) copied into the memory of `device`.
   Tensor(std::vector<int64_t> shape, const std::vector<float>& values,
          std::shared_ptr<DeviceContext> device = nullptr);
@@ -33,8 +40,14 @@ class Tensor {
   const std::vector<int64_t>& shape() const { return shape_; }
   size_t numel() const { return numel_; }
   // The elements, in host memory or the device's.
-  float* data() { return device_ ? device_data_ : host_.data(); }
-  const float* data() const { return device_ ? device_data_ : host_.data(); }
+  float* data() { return const_cast<float*>(static_cast<const Tensor*>(this)->data()); }
+  const float* data() const {
+    if (!counted_.empty()) return counted_.as<float>();
+    return device_ ? device_data_ : host_.data();
+  }
+  // The allocator counting the elements and their category; null for an uncounted tensor.
+  Allocator* allocator() const { return counted_.allocator(); }
+  MemoryCategory category() const { return counted_.category(); }
   // The device holding the elements; null in host memory.
   const std::shared_ptr<DeviceContext>& device() const { return device_; }
   // The elements copied into host memory.
@@ -47,7 +60,8 @@ class Tensor {
   size_t numel_ = 0;
   std::vector<float> host_;                // host memory
   std::shared_ptr<DeviceContext> device_;  // a CUDA device, or null
-  float* device_data_ = nullptr;
+  float* device_data_ = nullptr;           // an uncounted tensor's device memory
+  Buffer counted_;                         // a counted tensor's memory
 };
 
 // A parameter (or its gradient) as a module sees it during forward or backward: storage in the
@@ -125,11 +139,13 @@ class ZeroModel {
   std::vector<ParamRef> params_of(int module);
   std::vector<ParamRef> grads_of(int module);
 
+  // Declared before the modules, so destroyed after them: their tensors may be counted in the
+  // engine's allocator.
+  std::unique_ptr<Engine> engine_;
   std::vector<NamedModule> modules_;
   std::vector<std::vector<int>> module_params_;  // registration indices per module: its own,
                                                  // then those it ties to
   std::vector<size_t> own_params_;               // per module: how many are its own
-  std::unique_ptr<Engine> engine_;
 };
 
 }  // namespace zero

@@ -1,0 +1,240 @@
+// zero-bench-checkpointing: the GPT-2 trained with activation checkpointing none, selective and
+// full side by side (issue 15's targets): the peak activation bytes the engine's allocator
+// measured over a step (StepStats::peak_activation_bytes, which must equal gpt2_memory.h's
+// formula: the program fails when it does not) and the step time, each as a ratio to none.
+//
+//   zerorun -np 1 -- zero-bench-checkpointing   12 layers x 384, 6 heads, T = 1024, vocabulary
+//                                               256, one sequence per rank, stage 0, fp32
+//
+// The three models live at once, one engine each. After --warmup steps of each, every one of
+// --rounds rounds runs one step of each setting in turn, so load from other processes falls on
+// all of them alike. A step's time is the slowest rank's; each figure is the median over rounds,
+// and the time ratio the median of each round's ratio (a round's steps share that round's load).
+// Data: synthetic (benchmarks/synthetic_tokens.h).
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "benchmarks/stage_bench.h"
+#include "benchmarks/synthetic_tokens.h"
+#include "driver/cli.h"
+#include "driver/metrics_writer.h"
+#include "models/gpt2.h"
+#include "models/train_step.h"
+#include "zero/collectives/mpi_check.h"
+
+namespace {
+
+using zero::models::Recompute;
+
+struct Options {
+  zero::models::Gpt2Config gpt2;
+  int seq_len = 1024;
+  int micro_batch = 1;  // sequences per rank
+  int stage = 0;
+  int warmup = 1;
+  int rounds = 3;
+  int threads = 1;
+  std::string json_path;
+};
+
+const char* const kUsage =
+    "usage: zero-bench-checkpointing [--n-layer N] [--n-head N] [--n-embd N] [--vocab-size N]\n"
+    "                                [--seq-len T] [--micro-batch B] [--stage S] [--warmup N]\n"
+    "                                [--rounds R] [--threads N] [--json FILE]\n"
+    "  defaults: 12 layers, 6 heads, 384 wide, vocabulary 256, T 1024, 1 sequence per rank,\n"
+    "  stage 0, 1 warm-up step, 3 rounds, 1 kernel thread\n";
+
+Options parse_options(int argc, char** argv) {
+  using zero::driver::parse_between;
+  Options opt;
+  opt.gpt2.n_layer = 12;
+  opt.gpt2.n_head = 6;
+  opt.gpt2.n_embd = 384;
+  opt.gpt2.vocab_size = 256;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "-h" || flag == "--help") {
+      std::printf("%s", kUsage);
+      std::exit(0);
+    }
+    if (i + 1 >= argc) zero::driver::usage_error("missing value after " + flag);
+    const std::string value = argv[++i];
+    const auto count = [&] { return static_cast<int>(parse_between(flag, value, 1, INT_MAX)); };
+    if (flag == "--n-layer") {
+      opt.gpt2.n_layer = count();
+    } else if (flag == "--n-head") {
+      opt.gpt2.n_head = count();
+    } else if (flag == "--n-embd") {
+      opt.gpt2.n_embd = count();
+    } else if (flag == "--vocab-size") {
+      opt.gpt2.vocab_size = count();
+    } else if (flag == "--seq-len") {
+      opt.seq_len = count();
+    } else if (flag == "--micro-batch") {
+      opt.micro_batch = count();
+    } else if (flag == "--stage") {
+      opt.stage = static_cast<int>(parse_between(flag, value, 0, 3));
+    } else if (flag == "--warmup") {
+      opt.warmup = static_cast<int>(parse_between(flag, value, 0, INT_MAX));
+    } else if (flag == "--rounds") {
+      opt.rounds = count();
+    } else if (flag == "--threads") {
+      opt.threads = count();
+    } else if (flag == "--json") {
+      opt.json_path = value;
+    } else {
+      zero::driver::usage_error("unknown flag " + flag);
+    }
+  }
+  opt.gpt2.block_size = opt.seq_len;
+  try {
+    zero::models::check_gpt2_config(opt.gpt2);
+  } catch (const zero::Error& e) {
+    zero::driver::usage_error(e.what());
+  }
+  return opt;
+}
+
+// One checkpointing setting's model and what was measured of it.
+struct Setting {
+  Recompute recompute = Recompute::kNone;
+  zero::models::Gpt2 gpt2;  // the model's handles (its modules are the ZeroModel's)
+  std::unique_ptr<zero::bench::SyntheticSource> source;
+  std::unique_ptr<zero::ZeroModel> model;
+  long step = 0;
+  std::vector<double> step_ms;  // the slowest rank's, per measured step
+  uint64_t peak_activations = 0;
+  uint64_t formula = 0;
+};
+
+uint64_t max_over_ranks(uint64_t mine) {
+  uint64_t all = 0;
+  ZERO_MPI_CHECK(MPI_Allreduce(&mine, &all, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD));
+  return all;
+}
+
+// One optimizer step of `s`, timed; returns the slowest rank's milliseconds.
+double run_step(Setting& s, const Options& opt, int rank, int world) {
+  ZERO_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+  const auto start = std::chrono::steady_clock::now();
+  const long global_batch = static_cast<long>(opt.micro_batch) * world;
+  zero::models::forward_backward(*s.model, *s.source, ++s.step, global_batch, 1, rank, world);
+  const zero::StepStats stats = s.model->step();
+  double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  double slowest = 0.0;
+  ZERO_MPI_CHECK(MPI_Allreduce(&ms, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+  s.peak_activations = max_over_ranks(stats.peak_activation_bytes);
+  return slowest;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int run_benchmark(const Options& opt, zero::Communicator& comm) {
+  const int rank = comm.rank();
+  const int world = comm.world_size();
+  zero::bench::StageOptions engine_options;
+  engine_options.kernel_threads = opt.threads;
+  std::vector<Setting> settings(3);
+  const Recompute recomputes[] = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
+  for (size_t i = 0; i < settings.size(); ++i) {
+    Setting& s = settings[i];
+    s.recompute = recomputes[i];
+    s.gpt2 = zero::models::make_gpt2(opt.gpt2, opt.threads, {s.recompute});
+    s.source = std::make_unique<zero::bench::SyntheticSource>(opt.gpt2.vocab_size, opt.seq_len, 1,
+                                                              s.gpt2.targets);
+    s.model = std::make_unique<zero::ZeroModel>(
+        comm, std::move(s.gpt2.modules),
+        zero::bench::engine_config(engine_options, opt.stage, zero::DType::kFloat32, false));
+    zero::models::count_gpt2_activations(s.gpt2, s.model->engine().allocator());
+    s.formula =
+        zero::models::gpt2_activation_formula(opt.gpt2, {s.recompute}, opt.micro_batch, opt.seq_len)
+            .total();
+  }
+  for (Setting& s : settings) {
+    for (int w = 0; w < opt.warmup; ++w) run_step(s, opt, rank, world);
+  }
+  for (int round = 0; round < opt.rounds; ++round) {
+    for (Setting& s : settings) s.step_ms.push_back(run_step(s, opt, rank, world));
+  }
+  if (rank != 0) return 0;
+  std::printf(
+      "# zero-bench-checkpointing: gpt2 %d layers x %d wide, %d heads, T %d, vocab %d, %d "
+      "rank(s), %d sequence(s) per rank, stage %d, fp32, %d kernel thread(s); median of %d "
+      "round(s) after %d warm-up step(s), settings alternating\n",
+      opt.gpt2.n_layer, opt.gpt2.n_embd, opt.gpt2.n_head, opt.seq_len, opt.gpt2.vocab_size, world,
+      opt.micro_batch, opt.stage, opt.threads, opt.rounds, opt.warmup);
+  std::printf("# %-9s %21s %15s %13s %14s %15s\n", "recompute", "peak_activation_bytes",
+              "formula_bytes", "none/this", "step_ms", "this/none");
+  const double none_bytes = static_cast<double>(settings[0].peak_activations);
+  bool all_equal = true;
+  std::vector<zero::driver::JsonRecord> json;
+  for (const Setting& s : settings) {
+    const double ms = median(s.step_ms);
+    std::vector<double> ratios;  // this step over none's, round by round
+    for (size_t r = 0; r < s.step_ms.size(); ++r) {
+      ratios.push_back(s.step_ms[r] / settings[0].step_ms[r]);
+    }
+    const double time_ratio = median(ratios);
+    const double memory_ratio = none_bytes / static_cast<double>(s.peak_activations);
+    all_equal = all_equal && s.peak_activations == s.formula;
+    std::printf("  %-9s %21llu %15llu %13.3f %14.1f %15.3f\n",
+                zero::models::recompute_name(s.recompute),
+                static_cast<unsigned long long>(s.peak_activations),
+                static_cast<unsigned long long>(s.formula), memory_ratio, ms, time_ratio);
+    json.push_back({{"recompute", zero::models::recompute_name(s.recompute)},
+                    {"n_layer", opt.gpt2.n_layer},
+                    {"n_embd", opt.gpt2.n_embd},
+                    {"n_head", opt.gpt2.n_head},
+                    {"seq_len", opt.seq_len},
+                    {"vocab_size", opt.gpt2.vocab_size},
+                    {"micro_batch", opt.micro_batch},
+                    {"world", world},
+                    {"stage", opt.stage},
+                    {"peak_activation_bytes", s.peak_activations},
+                    {"formula_bytes", s.formula},
+                    {"activation_ratio_to_none", memory_ratio},
+                    {"median_step_ms", ms},
+                    {"step_ms", s.step_ms},
+                    {"time_ratio_to_none", time_ratio}});
+  }
+  if (!opt.json_path.empty() && !zero::driver::write_json_array(opt.json_path, json)) {
+    std::fprintf(stderr, "zero-bench-checkpointing: cannot write %s\n", opt.json_path.c_str());
+    return 1;
+  }
+  if (!all_equal) {
+    std::fprintf(stderr,
+                 "zero-bench-checkpointing: a measured peak differs from the formula (above)\n");
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Flags are checked before MPI starts, so a usage error exits 2 on every rank at once.
+  Options opt;
+  try {
+    opt = parse_options(argc, argv);
+  } catch (const zero::driver::UsageError& e) {
+    std::fprintf(stderr, "zero-bench-checkpointing: %s\n%s", e.what(), kUsage);
+    return 2;
+  }
+  zero::bench::StageOptions run;
+  run.kernel_threads = opt.threads;
+  return zero::bench::run_with_mpi(
+      &argc, &argv, "zero-bench-checkpointing", run,
+      [&](const zero::bench::Communicators& comms) { return run_benchmark(opt, *comms.front()); });
+}
