@@ -5,17 +5,19 @@
 # an all-reduce than in a reduce-scatter). Each run validates on the training batch after every
 # step: a forward without backward, whose loss is the reference's next one.
 #   gpt2_golden.sh BIN_DIR NP [--device cuda] [--dtype D --reference-tolerance R]
-#                  -- [MPIEXEC [MPIEXEC_FLAGS...]]
+#                  [--activation-checkpointing M [--number-checkpoints K]]
+#                  [--cpu-checkpointing true] -- [MPIEXEC [MPIEXEC_FLAGS...]]
 # Without MPIEXEC (NP 1 only) zero-train starts as a singleton MPI process.
 # --device cuda skips (exit 0, "skipping" in the output) where no GPU is listed.
 set -euo pipefail
 bin="$1"; np="$2"; shift 2
 device=cpu; dtype=fp32; reference_tolerance=1e-5
-checkpointing=none; checkpoints=()
+checkpointing=none; checkpoints=(); cpu_checkpointing=false
 while [ "$1" != "--" ]; do
   case "$1" in
     --activation-checkpointing) checkpointing="$2" ;;
     --number-checkpoints) checkpoints=(--number-checkpoints "$2") ;;
+    --cpu-checkpointing) cpu_checkpointing="$2" ;;
     --device) device="$2" ;;
     --dtype) dtype="$2" ;;
     --reference-tolerance) reference_tolerance="$2" ;;
@@ -31,6 +33,16 @@ fi
 data="$(cd "$(dirname "${BASH_SOURCE[0]}")/../data/gpt2" && pwd)"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
+# The reference's optimizer config, with DeepSpeed's activation_checkpointing.cpu_checkpointing
+# when asked (on CUDA: checkpoints in pinned host memory, fetched back ahead of backward).
+config="$data/adamw.json"
+if [ "$cpu_checkpointing" = true ]; then
+  config="$work/adamw_cpu_checkpointing.json"
+  python3 -c 'import json, sys
+c = json.load(open(sys.argv[1]))
+c.setdefault("activation_checkpointing", {})["cpu_checkpointing"] = True
+json.dump(c, open(sys.argv[2], "w"))' "$data/adamw.json" "$config"
+fi
 parity=0
 if [ "$np" -gt 2 ]; then parity=1e-6; fi
 # bf16 accumulates gradients in fp32 (grad_accum_dtype's default): stages 0-1 reduce that fp32
@@ -45,7 +57,7 @@ train() {
   shift 2
   local launch=()
   if [ ${#mpiexec[@]} -gt 0 ]; then launch=("${mpiexec[@]}" -np "$np"); fi
-  "${launch[@]}" "$bin/zero-train" --model gpt2 --config "$data/adamw.json" --stage "$stage" \
+  "${launch[@]}" "$bin/zero-train" --model gpt2 --config "$config" --stage "$stage" \
     --device "$device" --dtype "$dtype" \
     --n-layer 2 --n-head 4 --n-embd 64 --vocab-size 256 --block-size 64 --seq-len 32 \
     --global-batch 4 --steps 3 --data "$data/tokens.bin" --init-from "$data/model.safetensors" \
