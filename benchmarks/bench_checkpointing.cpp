@@ -224,14 +224,10 @@ int run_benchmark(const Options& opt, zero::Communicator& comm) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Flags are checked before MPI starts, so a usage error exits 2 on every rank at once.
-  Options opt;
-  try {
-    opt = parse_options(argc, argv);
-  } catch (const zero::driver::UsageError& e) {
-    std::fprintf(stderr, "zero-bench-checkpointing: %s\n%s", e.what(), kUsage);
-    return 2;
-  }
+  const std::optional<Options> parsed = zero::driver::parse_command_line(
+      "zero-bench-checkpointing", kUsage, [&] { return parse_options(argc, argv); });
+  if (!parsed) return 2;
+  const Options& opt = *parsed;
   zero::bench::StageOptions run;
   run.kernel_threads = opt.threads;
   return zero::bench::run_with_mpi(

@@ -281,14 +281,10 @@ int run_benchmark(const Options& opt, const zero::bench::Communicators& comms) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Flags are checked before MPI starts, so a usage error exits 2 on every rank at once.
-  Options opt;
-  try {
-    opt = parse_options(argc, argv);
-  } catch (const zero::driver::UsageError& e) {
-    std::fprintf(stderr, "zero-bench-gpt2: %s\n%s", e.what(), kUsage.c_str());
-    return 2;
-  }
+  const std::optional<Options> parsed = zero::driver::parse_command_line(
+      "zero-bench-gpt2", kUsage, [&] { return parse_options(argc, argv); });
+  if (!parsed) return 2;
+  const Options& opt = *parsed;
   return zero::bench::run_with_mpi(
       &argc, &argv, "zero-bench-gpt2", opt.run,
       [&](const zero::bench::Communicators& comms) { return run_benchmark(opt, comms); });

@@ -52,7 +52,6 @@ struct Options {
   int buffer_count = 4;
   zero::AioConfig aio;
   std::string json;
-  bool help = false;
 };
 
 Options parse_options(int argc, char** argv) {
@@ -61,9 +60,9 @@ Options parse_options(int argc, char** argv) {
   Options opt;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
-    if (flag == "--help") {
-      opt.help = true;
-      return opt;
+    if (flag == "-h" || flag == "--help") {
+      std::printf("%s", kUsage);
+      std::exit(0);
     }
     if (i + 1 >= argc) usage_error(flag + " expects a value");
     const std::string value = argv[++i];
@@ -279,17 +278,10 @@ int run(const Options& opt) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Options opt;
-  try {
-    opt = parse_options(argc, argv);
-  } catch (const zero::driver::UsageError& e) {
-    std::fprintf(stderr, "zero-bench-offload: %s\n%s", e.what(), kUsage);
-    return 2;
-  }
-  if (opt.help) {
-    std::printf("%s", kUsage);
-    return 0;
-  }
+  const std::optional<Options> parsed = zero::driver::parse_command_line(
+      "zero-bench-offload", kUsage, [&] { return parse_options(argc, argv); });
+  if (!parsed) return 2;
+  const Options& opt = *parsed;
   MPI_Init(&argc, &argv);
   int status = 1;
   try {

@@ -354,14 +354,10 @@ int run_benchmark(const Options& opt, const zero::bench::Communicators& comms) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Flags are checked before MPI starts, so a usage error exits 2 on every rank at once.
-  Options opt;
-  try {
-    opt = parse_options(argc, argv);
-  } catch (const zero::driver::UsageError& e) {
-    std::fprintf(stderr, "zero-bench-step: %s\n%s", e.what(), kUsage.c_str());
-    return 2;
-  }
+  const std::optional<Options> parsed = zero::driver::parse_command_line(
+      "zero-bench-step", kUsage, [&] { return parse_options(argc, argv); });
+  if (!parsed) return 2;
+  const Options& opt = *parsed;
   if (opt.memory_table) {
     try {
       return memory_table(opt);

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -20,6 +22,20 @@ class UsageError : public std::runtime_error {
 
 // Throws UsageError(message).
 [[noreturn]] void usage_error(const std::string& message);
+
+// A program's flags from `parse` (its own parser, which throws UsageError); on a usage error,
+// "PROGRAM: message" and the usage text on stderr, and nullopt: the program then exits 2, before
+// it starts MPI, so every rank of a job stops the same way.
+template <typename Parse>
+auto parse_command_line(const char* program, const std::string& usage, Parse&& parse)
+    -> std::optional<decltype(parse())> {
+  try {
+    return parse();
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "%s: %s\n%s", program, e.what(), usage.c_str());
+    return std::nullopt;
+  }
+}
 
 // `text` as a decimal integer, the whole of it, within the range of long; false otherwise.
 bool parse_integer(const std::string& text, long* out);

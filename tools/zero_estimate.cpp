@@ -386,13 +386,11 @@ int plan_model(const Options& options) {
 }
 
 int main(int argc, char** argv) {
-  Options options;
-  try {
-    options = parse_options(std::vector<std::string>(argv + 1, argv + argc));
-  } catch (const zero::driver::UsageError& e) {
-    std::fprintf(stderr, "zero-estimate: %s\n%s", e.what(), kUsage);
-    return 2;
-  }
+  const std::optional<Options> parsed = zero::driver::parse_command_line(
+      "zero-estimate", kUsage,
+      [&] { return parse_options(std::vector<std::string>(argv + 1, argv + argc)); });
+  if (!parsed) return 2;
+  const Options& options = *parsed;
   if (!options.model.empty()) return plan_model(options);
   const bool mixed = options.dtype != zero::DType::kFloat32;
   std::printf("%llu parameters, %d ranks, %s parameters and gradients\n",

@@ -3,10 +3,14 @@
 // than the one a path promises changes the bits.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
+#include "zero/collectives/communicator.h"
 #include "zero/core/dtype.h"
 
 namespace zero::testing {
@@ -27,6 +31,28 @@ inline Bytes contribution(int rank, size_t first, size_t n, DType dtype) {
   Bytes out(n * dtype_size(dtype));
   for (size_t i = 0; i < n; ++i) store_from_float(out.data(), dtype, i, value(rank, first + i));
   return out;
+}
+
+// An all-gather of `count` elements per rank on `comm`, out of place and in place (this rank's
+// part already where it lands), gives every rank's contribution in rank order, bit for bit.
+// Returns that expected result.
+inline Bytes expect_exact_all_gather(Communicator& comm, size_t count, DType dtype) {
+  const int n = comm.world_size();
+  const int rank = comm.rank();
+  const size_t elem = dtype_size(dtype);
+  Bytes expected;
+  for (int r = 0; r < n; ++r) {
+    const Bytes part = contribution(r, 0, count, dtype);
+    expected.insert(expected.end(), part.begin(), part.end());
+  }
+  const Bytes send = contribution(rank, 0, count, dtype);
+  Bytes recv(count * n * elem), in_place(count * n * elem, 0xab);
+  comm.all_gather_sync(send.data(), recv.data(), count, dtype);
+  EXPECT_TRUE(recv == expected) << "count " << count;
+  std::memcpy(in_place.data() + rank * count * elem, send.data(), send.size());
+  comm.all_gather_sync(in_place.data() + rank * count * elem, in_place.data(), count, dtype);
+  EXPECT_TRUE(in_place == expected) << "in place, count " << count;
+  return expected;
 }
 
 }  // namespace zero::testing

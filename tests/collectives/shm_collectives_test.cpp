@@ -99,20 +99,7 @@ TEST_P(ShmTest, AllReduceAddsRanksInOrder) {
 }
 
 TEST_P(ShmTest, AllGatherCopiesEveryRankExactly) {
-  for (size_t count : kCounts) {
-    Bytes expected;
-    for (int r = 0; r < n; ++r) {
-      const Bytes part = contribution(r, 0, count, dtype);
-      expected.insert(expected.end(), part.begin(), part.end());
-    }
-    const Bytes send = contribution(rank, 0, count, dtype);
-    Bytes recv(count * n * elem()), in_place(count * n * elem(), 0xab);
-    comm->all_gather_sync(send.data(), recv.data(), count, dtype);
-    EXPECT_TRUE(recv == expected) << "count " << count;
-    std::memcpy(in_place.data() + rank * count * elem(), send.data(), send.size());
-    comm->all_gather_sync(in_place.data() + rank * count * elem(), in_place.data(), count, dtype);
-    EXPECT_TRUE(in_place == expected) << "in place, count " << count;
-  }
+  for (size_t count : kCounts) testing::expect_exact_all_gather(*comm, count, dtype);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllDtypes, ShmTest,
