@@ -7,7 +7,8 @@
 # node: its contribution to the half of the gradients this node's ranks reduce, every step (a
 # job that stayed on one node moves only a few KB of control messages there). And the
 # collectives each job chose by itself, as its init record names them: shared memory on one
-# node, the hierarchical path (shared memory inside a node, MPI between) on two.
+# node, the hierarchical path (shared memory inside a node, MPI between) on two. Last, the
+# stage-3 checkpoint of the two nodes resumes on one node with 2 ranks.
 #   train_across_nodes.sh BIN_DIR STEPS [ZERO_TRAIN_ARGS...]
 set -euo pipefail
 bin="$1"
@@ -59,3 +60,35 @@ for stage in 0 1 2 3; do
     || { echo "FAIL: the checkpoints of stage $stage hold different files"; exit 1; }
   echo "checkpoints of step $steps hold the same files"
 done
+
+# The stage-3 checkpoint saved on two nodes resumes on one node, with another world size (2
+# ranks, the shards re-cut): the resumed steps match a one-node run that never stopped, within
+# the same tolerance (the gradients of 2 ranks are summed in another order than those of 4).
+total=$((steps + 2))
+resume_from="$work/two_nodes3/$(printf 'step_%08d' "$steps")"
+[ -d "$resume_from" ] || { echo "FAIL: no checkpoint $resume_from"; exit 1; }
+# The checkpoint has the weights: the resumed run takes no --init-from.
+resume_args=()
+for ((i = 0; i < ${#train_args[@]}; i++)); do
+  if [ "${train_args[i]}" = --init-from ]; then
+    i=$((i + 1))
+  else
+    resume_args+=("${train_args[i]}")
+  fi
+done
+# one_node NAME ZERO_TRAIN_ARGS...: stage 3 on 2 ranks of this machine for $total steps.
+one_node() {
+  local name="$1"
+  shift
+  "$bin/zerorun" -np 2 -- "$bin/zero-train" --stage 3 --steps "$total" "$@" \
+    --metrics "$work/$name.jsonl" > "$work/$name.log" 2>&1 || {
+    cat "$work/$name.log"
+    echo "FAIL: $name: zero-train failed"
+    exit 1
+  }
+}
+one_node unbroken "${train_args[@]}"
+one_node resumed "${resume_args[@]}" --resume "$resume_from"
+"$bin/metrics_check" --steps "$total" --from $((steps + 1)) same-losses 1e-6 \
+  "$work/unbroken.jsonl" "$work/resumed.jsonl"
+echo "the checkpoint of 2 nodes x 2 ranks resumed on 1 node x 2 ranks"
