@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -125,10 +126,6 @@ Options parse_options(int argc, char** argv) {
     }
   }
   zero::bench::check_stage_options(opt.run);
-  // Its batch sources are kept per stage (each holds its model's targets), so one model each.
-  if (opt.run.collectives.size() > 1) {
-    zero::driver::usage_error("--collectives: zero-bench-gpt2 measures one transport per run");
-  }
   try {
     zero::models::check_gpt2_config(opt.gpt2);
   } catch (const zero::Error& e) {
@@ -230,8 +227,9 @@ void print_throughput(const std::vector<Record>& records, const Options& opt, do
     const Throughput t = throughput(r, opt, peak);
     char ratio[16] = "-";  // tokens/s over stage 0's
     if (r.ratio_to_stage0 > 0) std::snprintf(ratio, sizeof(ratio), "%.3f", 1.0 / r.ratio_to_stage0);
-    std::printf("  %5d %5s %12.1f %12.2f %7s %8s\n", r.stage, zero::dtype_name(r.dtype),
-                t.tokens_per_s, t.model_gflops, zero::bench::percent(t.mfu).c_str(), ratio);
+    std::printf("  %5s %5s %12.1f %12.2f %7s %8s\n", zero::bench::stage_label(r).c_str(),
+                zero::dtype_name(r.dtype), t.tokens_per_s, t.model_gflops,
+                zero::bench::percent(t.mfu).c_str(), ratio);
   }
 }
 
@@ -249,18 +247,20 @@ int run_benchmark(const Options& opt, const zero::bench::Communicators& comms) {
     return 2;
   }
   double own_peak = sgemm_gflops(opt.peak_size, opt.run.kernel_threads);
-  std::vector<std::unique_ptr<zero::bench::SyntheticSource>> sources(4);
-  const zero::bench::MakeModel make_model = [&](zero::Communicator& on, int stage, DType dtype,
-                                                bool trace) {
+  // Each model reads its own targets, so each has its own batch source.
+  std::map<const zero::ZeroModel*, std::unique_ptr<zero::bench::SyntheticSource>> sources;
+  const zero::bench::MakeModel make_model = [&](zero::Communicator& on,
+                                                const zero::EngineConfig& config) {
     zero::models::Gpt2 gpt2 = zero::models::make_gpt2(opt.gpt2, opt.run.kernel_threads);
-    sources[static_cast<size_t>(stage)] = std::make_unique<zero::bench::SyntheticSource>(
-        opt.gpt2.vocab_size, opt.seq_len, opt.seed, gpt2.targets);
-    return std::make_unique<zero::ZeroModel>(
-        on, std::move(gpt2.modules), zero::bench::engine_config(opt.run, stage, dtype, trace));
+    auto source = std::make_unique<zero::bench::SyntheticSource>(opt.gpt2.vocab_size, opt.seq_len,
+                                                                 opt.seed, gpt2.targets);
+    auto model = std::make_unique<zero::ZeroModel>(on, std::move(gpt2.modules), config);
+    sources[model.get()] = std::move(source);
+    return model;
   };
   const zero::bench::TrainStep step = zero::bench::forward_backward_step(
-      [&](int stage) -> zero::models::MicroBatchSource& {
-        return *sources[static_cast<size_t>(stage)];
+      [&](const zero::bench::StageRun& run) -> zero::models::MicroBatchSource& {
+        return *sources.at(run.model.get());
       },
       opt.global_batch, opt.run.micro_batches, rank, world);
   const std::vector<Record> records = zero::bench::measure_dtypes(

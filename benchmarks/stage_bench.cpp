@@ -131,6 +131,7 @@ Record summarize(StageRun& run, int world, const StageOptions& opt) {
   Record r;
   r.transport = run.comm->transport();
   r.stage = run.stage;
+  r.mics_shard_size = run.mics_shard_size;
   r.dtype = run.dtype;
   r.world = world;
   r.params = engine.layout().numel();
@@ -192,7 +193,9 @@ const char* const kStageUsage =
     "                  hierarchical), each stage measured on each, alternating (default: one,\n"
     "                  from the environment)\n"
     "  --link-counters multi-node mode: add up the transmit counters of /sys/class/net/PREFIX*\n"
-    "                  (zero-node: netns_cluster.sh's links) as the bytes across nodes\n";
+    "                  (zero-node: netns_cluster.sh's links) as the bytes across nodes\n"
+    "  --mics-shard-size  also measure stage 3 with hybrid sharding over groups of K ranks\n"
+    "                  (MiCS), alternating with stage 3 over all ranks (default 0: off)\n";
 
 bool parse_stage_flag(const std::string& flag, const std::string& value, StageOptions* opt) {
   const auto count = [&](int min_value) {
@@ -243,6 +246,8 @@ bool parse_stage_flag(const std::string& flag, const std::string& value, StageOp
       transport_named(item);  // a bad name is a usage error now, before MPI starts
       opt->collectives.push_back(item);
     }
+  } else if (flag == "--mics-shard-size") {
+    opt->mics_shard_size = count(1);
   } else if (flag == "--link-counters") {
     if (value.empty() || value.find('/') != std::string::npos) {
       usage_error("--link-counters takes an interface name prefix, got '" + value + "'");
@@ -258,6 +263,10 @@ void check_stage_options(const StageOptions& opt) {
   if (opt.rounds > opt.steps) {
     usage_error("--rounds (" + std::to_string(opt.rounds) + ") must not exceed --steps (" +
                 std::to_string(opt.steps) + "): every round measures at least one step");
+  }
+  if (opt.mics_shard_size > 0 &&
+      std::find(opt.stages.begin(), opt.stages.end(), 3) == opt.stages.end()) {
+    usage_error("--mics-shard-size shards stage 3, which --stages does not list");
   }
 }
 
@@ -279,16 +288,23 @@ std::vector<Record> measure_stages(const StageOptions& opt, DType dtype, const C
   std::vector<StageRun> runs;
   for (Communicator* comm : comms) {
     for (int stage : opt.stages) {
-      StageRun run;
-      run.comm = comm;
-      run.stage = stage;
-      run.dtype = dtype;
-      run.model = make_model(*comm, stage, dtype, trace);
-      for (int w = 0; w < opt.warmup; ++w) {
-        run.data_step += 1;
-        train_step(run);
+      std::vector<int> shardings = {-1};
+      if (stage == 3 && opt.mics_shard_size > 0) shardings.push_back(opt.mics_shard_size);
+      for (int mics_shard_size : shardings) {
+        StageRun run;
+        run.comm = comm;
+        run.stage = stage;
+        run.mics_shard_size = mics_shard_size;
+        run.dtype = dtype;
+        EngineConfig config = engine_config(opt, stage, dtype, trace);
+        config.mics_shard_size = mics_shard_size;
+        run.model = make_model(*comm, config);
+        for (int w = 0; w < opt.warmup; ++w) {
+          run.data_step += 1;
+          train_step(run);
+        }
+        runs.push_back(std::move(run));
       }
-      runs.push_back(std::move(run));
     }
   }
   for (int round = 0; round < opt.rounds; ++round) {
@@ -300,7 +316,7 @@ std::vector<Record> measure_stages(const StageOptions& opt, DType dtype, const C
   for (StageRun& run : runs) records.push_back(summarize(run, run.comm->world_size(), opt));
   const int nodes = nodes_of_job();
   for (Record& r : records) {
-    if (r.transport.rfind("hierarchical", 0) == 0) {
+    if (r.transport.rfind("hierarchical", 0) == 0 && r.mics_shard_size < 0) {
       r.link_formula_bytes = hierarchical_link_formula(r, nodes);
     }
   }
@@ -313,8 +329,10 @@ std::vector<Record> measure_stages(const StageOptions& opt, DType dtype, const C
   }
   if (trace) {
     for (StageRun& run : runs) {
-      const std::string path = opt.trace_prefix + ".stage" + std::to_string(run.stage) + "." +
-                               dtype_name(dtype) + ".json";
+      const std::string sharding =
+          run.mics_shard_size > 0 ? ".mics" + std::to_string(run.mics_shard_size) : "";
+      const std::string path = opt.trace_prefix + ".stage" + std::to_string(run.stage) + sharding +
+                               "." + dtype_name(dtype) + ".json";
       run.model->engine().trace().write_chrome_trace(*run.comm, path);
       if (run.comm->rank() == 0) {
         std::printf("# trace of the last round written to %s\n", path.c_str());
@@ -329,6 +347,8 @@ driver::JsonRecord record_json(const Record& r, const StageOptions& opt) {
   driver::JsonRecord ratio;  // null: stage 0 was not measured
   if (r.ratio_to_stage0 >= 0) ratio = rounded(r.ratio_to_stage0, 4);
   return {{"stage", r.stage},
+          {"mics_shard_size",
+           r.mics_shard_size > 0 ? driver::JsonRecord(r.mics_shard_size) : driver::JsonRecord()},
           {"dtype", dtype_name(r.dtype)},
           {"world_size", r.world},
           {"params", r.params},
@@ -357,6 +377,12 @@ driver::JsonRecord record_json(const Record& r, const StageOptions& opt) {
           {"link_bytes_per_step", r.link_bytes_per_step < 0
                                       ? driver::JsonRecord()
                                       : driver::JsonRecord(rounded(r.link_bytes_per_step, 0))}};
+}
+
+std::string stage_label(const Record& r) {
+  std::string label = std::to_string(r.stage);
+  if (r.mics_shard_size > 0) label += "/m" + std::to_string(r.mics_shard_size);
+  return label;
 }
 
 double mib(uint64_t bytes) {
@@ -393,10 +419,10 @@ void print_record(const Record& r, const StageOptions& opt) {
   std::snprintf(range, sizeof(range), "(%.1f-%.1f)", r.min_ms, r.max_ms);
   char ratio[16] = "-";
   if (r.ratio_to_stage0 >= 0) std::snprintf(ratio, sizeof(ratio), "%.3f", r.ratio_to_stage0);
-  std::printf("  %5d %5s %9.2f %17s %10.2f %8.2f %8.2f %7s %6.1f %10.2f %9.2f %8s %10.6f", r.stage,
-              dtype_name(r.dtype), r.median_ms, range, r.compute_ms, r.comm_ms, r.exposed_ms,
-              percent(r.overlap).c_str(), r.collectives, mib(r.model_state_bytes),
-              mib(r.peak_bytes), ratio, r.final_loss);
+  std::printf("  %5s %5s %9.2f %17s %10.2f %8.2f %8.2f %7s %6.1f %10.2f %9.2f %8s %10.6f",
+              stage_label(r).c_str(), dtype_name(r.dtype), r.median_ms, range, r.compute_ms,
+              r.comm_ms, r.exposed_ms, percent(r.overlap).c_str(), r.collectives,
+              mib(r.model_state_bytes), mib(r.peak_bytes), ratio, r.final_loss);
   if (multinode_mode(opt)) {
     char link[24] = "-";
     if (r.link_bytes_per_step >= 0) {
@@ -445,7 +471,7 @@ int run_with_mpi(int* argc, char*** argv, const char* program, const StageOption
 TrainStep forward_backward_step(SourceOf source_of, long global_batch, int micro_batches, int rank,
                                 int world) {
   return [=](StageRun& run) {
-    const float loss_sum = models::forward_backward(*run.model, source_of(run.stage), run.data_step,
+    const float loss_sum = models::forward_backward(*run.model, source_of(run), run.data_step,
                                                     global_batch, micro_batches, rank, world);
     const StepStats stats = run.model->step();
     run.last_loss = loss_sum / static_cast<float>(micro_batches);

@@ -38,6 +38,10 @@ struct StageOptions {
   // transmit counters, summed, are the bytes delivered across nodes; read around every block.
   std::vector<std::string> collectives;
   std::string link_counters;
+  // Hybrid sharding (DeepSpeed MiCS's mics_shard_size): with k > 0, stage 3 is measured twice on
+  // each communicator, sharded over all ranks and over groups of k ranks (replicated across
+  // groups), alternating in the same rounds. 0: off.
+  int mics_shard_size = 0;
 };
 
 // The usage lines of StageOptions' flags, for a program's usage text.
@@ -55,6 +59,7 @@ EngineConfig engine_config(const StageOptions& opt, int stage, DType dtype, bool
 struct StageRun {
   Communicator* comm = nullptr;  // the communicator the model runs on
   int stage = 0;
+  int mics_shard_size = -1;  // the engine's (-1: sharded over every rank)
   DType dtype = DType::kFloat32;
   std::unique_ptr<ZeroModel> model;
   long data_step = 0;           // which global batch the next step trains on
@@ -70,6 +75,7 @@ struct StageRun {
 struct Record {
   std::string transport;  // the communicator's transport()
   int stage = 0;
+  int mics_shard_size = -1;
   DType dtype = DType::kFloat32;
   int world = 1;
   size_t params = 0;
@@ -95,16 +101,17 @@ struct Record {
   double link_formula_bytes = -1;
 };
 
-// The model of one stage, and everything one optimizer step does to it (batch, forward, loss,
-// backward, step), returning the engine's figures and setting run.last_loss.
-using MakeModel = std::function<std::unique_ptr<ZeroModel>(Communicator& comm, int stage,
-                                                           DType dtype, bool trace)>;
+// The model of one run, on `comm` with `config` (engine_config's, and the run's sharding), and
+// everything one optimizer step does to it (batch, forward, loss, backward, step), returning the
+// engine's figures and setting run.last_loss.
+using MakeModel =
+    std::function<std::unique_ptr<ZeroModel>(Communicator& comm, const EngineConfig& config)>;
 using TrainStep = std::function<StepStats(StageRun& run)>;
 
 // The step zero-train runs (models::forward_backward over the micro-batches, then step()), on
-// the micro-batches of `source_of(stage)`: sets run.last_loss to this rank's mean micro-batch
+// the micro-batches of `source_of(run)`: sets run.last_loss to this rank's mean micro-batch
 // loss.
-using SourceOf = std::function<models::MicroBatchSource&(int stage)>;
+using SourceOf = std::function<models::MicroBatchSource&(const StageRun& run)>;
 TrainStep forward_backward_step(SourceOf source_of, long global_batch, int micro_batches, int rank,
                                 int world);
 
@@ -128,6 +135,8 @@ std::vector<Record> measure_dtypes(const StageOptions& opt, const Communicators&
 // The keys of a record every step benchmark writes; the program adds its model's.
 driver::JsonRecord record_json(const Record& r, const StageOptions& opt);
 
+// A record's stage as the tables print it: "3", or "3/m2" for stage 3 sharded over groups of 2.
+std::string stage_label(const Record& r);
 double mib(uint64_t bytes);
 std::string percent(double fraction);  // "-" for a negative fraction
 // The table zero-bench-step prints, one line per record under its header; in the multi-node

@@ -94,3 +94,31 @@ endif()
 if(planned LESS formula)
   message(FATAL_ERROR "plan ${planned} B is below the formula ${formula} B")
 endif()
+
+# --mics-shard-size: stage 3 twice, over both ranks and over groups of 1 (replicated), in the
+# same rounds; the hybrid engine keeps what its plan says, about twice the sharded state (16 Psi
+# / k, each padded its own way), and a stage list without 3 is a usage error.
+run_checked(${ZERORUN} -np 2 -- ${BENCH} ${model} --global-batch 8 --steps 2 --warmup 1
+            --rounds 1 --stages 3 --mics-shard-size 1 --json ${OUT}/mics.json)
+file(READ "${OUT}/mics.json" mics)
+string(JSON count LENGTH "${mics}")
+if(NOT count EQUAL 2)
+  message(FATAL_ERROR "expected 2 stage-3 records, got ${count}:\n${mics}")
+endif()
+string(JSON sharded_kind TYPE "${mics}" 0 mics_shard_size)
+json_get(hybrid_k "${mics}" 1 mics_shard_size)
+json_get(sharded_state "${mics}" 0 model_state_bytes)
+json_get(hybrid_state "${mics}" 1 model_state_bytes)
+json_get(hybrid_plan "${mics}" 1 plan_model_state_bytes)
+math(EXPR most "2 * ${sharded_state}")
+math(EXPR least "19 * ${sharded_state} / 10")
+if(NOT sharded_kind STREQUAL "NULL" OR NOT hybrid_k EQUAL 1 OR NOT hybrid_state EQUAL hybrid_plan
+   OR hybrid_state LESS least OR hybrid_state GREATER most)
+  message(FATAL_ERROR "mics records: ${sharded_kind}/${hybrid_k}, state ${sharded_state} B and "
+                      "${hybrid_state} B (planned ${hybrid_plan} B; expected about twice)")
+endif()
+execute_process(COMMAND ${BENCH} --stages 0,1 --mics-shard-size 2 RESULT_VARIABLE rc
+                OUTPUT_QUIET ERROR_VARIABLE err)
+if(NOT rc EQUAL 2 OR NOT err MATCHES "stage 3")
+  message(FATAL_ERROR "--mics-shard-size without stage 3 exited with '${rc}', expected 2:\n${err}")
+endif()
