@@ -75,6 +75,9 @@ TrainedRun train_torch(Communicator& comm, int stage) {
     torch::Tensor* logits = step == 0 ? &run.first_logits : nullptr;
     const examples::Gpt2Batch batch = examples::read_gpt2_batch(data, step, kBatch, kSeqLen);
     run.losses.push_back(examples::gpt2_forward_backward(*wrapped, batch, logits));
+    // Stage 3 holds no unit between backward and step: the head's hold on wte's unit ended at
+    // the head's input, wte's own gather with its gradient.
+    EXPECT_EQ(wrapped->engine().live_elements(), 0u) << "step " << step;
     run.grad_norms.push_back(wrapped->step().grad_norm);
   }
   finish(run, wrapped->engine());
