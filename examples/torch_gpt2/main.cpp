@@ -229,6 +229,10 @@ int main(int argc, char** argv) {
     torch::set_num_threads(static_cast<int>(opt.threads));
     std::unique_ptr<zero::Communicator> comm = zero::make_mpi_communicator();
     return opt.bench ? bench(*comm, opt) : train(*comm, opt);
+  } catch (const c10::Error& e) {  // LibTorch's own message, without its stack trace
+    std::fprintf(stderr, "zero-torch-gpt2: rank %d: %s\n", mpi.world_rank(),
+                 e.what_without_backtrace());
+    MPI_Abort(MPI_COMM_WORLD, 1);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "zero-torch-gpt2: rank %d: %s\n", mpi.world_rank(), e.what());
     MPI_Abort(MPI_COMM_WORLD, 1);

@@ -65,10 +65,12 @@ void finish(TrainedRun& run, Engine& engine) {
   for (const ParamPlacement& p : engine.layout().params()) run.names.push_back(p.name);
 }
 
-TrainedRun train_torch(Communicator& comm, int stage) {
+TrainedRun train_torch(Communicator& comm, int stage, DType dtype = DType::kFloat32) {
   examples::Gpt2 model(examples::TorchGpt2Config{});
+  EngineConfig config = reference_config(stage);
+  config.dtype = dtype;
   std::unique_ptr<TorchModel> wrapped =
-      examples::wrap_gpt2(comm, model, reference_config(stage), kData + "model.safetensors");
+      examples::wrap_gpt2(comm, model, config, kData + "model.safetensors");
   const models::TokenData data(kData + "tokens.bin");
   TrainedRun run;
   for (int step = 0; step < kSteps; ++step) {
@@ -123,24 +125,35 @@ TrainedRun train_native(Communicator& comm, int stage) {
   return run;
 }
 
-void expect_relative(double got, double want, const std::string& what) {
-  EXPECT_LE(std::fabs(got - want), kTolerance * std::fabs(want))
+void expect_relative(double got, double want, const std::string& what,
+                     double tolerance = kTolerance) {
+  EXPECT_LE(std::fabs(got - want), tolerance * std::fabs(want))
       << what << ": " << got << ", expected " << want;
 }
 
-void expect_matches_reference(const TrainedRun& run, int rank, int world) {
+// Within `tolerance` relative (logits: absolute; sums: 10 tolerance times the L2 norm), as
+// gpt2_golden_check holds a run to the reference.
+bool is_attention_bias(const std::string& name) {
+  const std::string suffix = "attn.c_attn.bias";
+  return name.size() > suffix.size() &&
+         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+void expect_matches_reference(const TrainedRun& run, int rank, int world,
+                              double tolerance = kTolerance, bool skip_attention_bias = false) {
   const nlohmann::json reference = expected();
   for (int s = 0; s < kSteps; ++s) {
     const std::string step = "step " + std::to_string(s);
-    expect_relative(run.losses[s], reference["steps"][s]["loss"], step + " loss");
-    expect_relative(run.grad_norms[s], reference["steps"][s]["grad_norm"], step + " grad_norm");
+    expect_relative(run.losses[s], reference["steps"][s]["loss"], step + " loss", tolerance);
+    expect_relative(run.grad_norms[s], reference["steps"][s]["grad_norm"], step + " grad_norm",
+                    tolerance);
   }
   // Rank 0 holds the first sequence's logits, the last rank the last sequence's.
   const nlohmann::json& logits = reference["steps"][0]["logits_first8"];
   const auto expect_logits = [&](const torch::Tensor& row, const nlohmann::json& want,
                                  const std::string& where) {
     for (int i = 0; i < 8; ++i) {
-      EXPECT_NEAR(row[i].item<double>(), want[i].get<double>(), kTolerance)
+      EXPECT_NEAR(row[i].item<double>(), want[i].get<double>(), tolerance)
           << "logit " << i << " at " << where;
     }
   };
@@ -148,6 +161,7 @@ void expect_matches_reference(const TrainedRun& run, int rank, int world) {
   if (rank == world - 1) expect_logits(run.first_logits[-1][-1], logits["blast_tlast"], "last");
   ASSERT_EQ(run.names.size(), reference["final_params"].size());
   for (size_t p = 0; p < run.names.size(); ++p) {
+    if (skip_attention_bias && is_attention_bias(run.names[p])) continue;
     const nlohmann::json& want = reference["final_params"][run.names[p]];
     double sum = 0.0, squares = 0.0;
     for (float v : run.final_params[p]) {
@@ -155,8 +169,8 @@ void expect_matches_reference(const TrainedRun& run, int rank, int world) {
       squares += static_cast<double>(v) * v;
     }
     const double l2 = want["l2"];
-    expect_relative(std::sqrt(squares), l2, run.names[p] + " L2");
-    EXPECT_LE(std::fabs(sum - want["sum"].get<double>()), 10 * kTolerance * l2)
+    expect_relative(std::sqrt(squares), l2, run.names[p] + " L2", tolerance);
+    EXPECT_LE(std::fabs(sum - want["sum"].get<double>()), 10 * tolerance * l2)
         << run.names[p] << " sum " << sum << ", expected " << want["sum"];
   }
 }
@@ -171,9 +185,7 @@ void expect_same_as_native(const TrainedRun& run, const TrainedRun& native) {
   for (size_t p = 0; p < run.names.size(); ++p) {
     double difference = 0.0, norm = 0.0;
     const size_t third = run.final_params[p].size() / 3;
-    const bool key_bias =
-        run.names[p].size() > 16 &&
-        run.names[p].compare(run.names[p].size() - 16, 16, "attn.c_attn.bias") == 0;
+    const bool key_bias = is_attention_bias(run.names[p]);
     for (size_t i = 0; i < run.final_params[p].size(); ++i) {
       // The key third of c_attn.bias has a zero gradient in exact arithmetic (adding b to every
       // key adds q.b to every score of a row, which the softmax ignores): it gets rounding
@@ -198,6 +210,36 @@ TEST(TorchGpt2, MatchesTheReferenceAndTheNativeGpt2AtEveryStage) {
     const TrainedRun run = train_torch(*comm, stage);
     expect_matches_reference(run, comm->rank(), comm->world_size());
     expect_same_as_native(run, train_native(*comm, stage));
+  }
+}
+
+// bf16: the module computes on bf16 views of the fp32 master weights; held to PyTorch's fp32
+// run within 4e-3, as the native GPT-2's bf16 run is (gpt2_golden_bf16_np2). Except the
+// attention's bias: its key third has a zero gradient in exact arithmetic, and LibTorch's bf16
+// kernels leave rounding noise there far above Adam's eps, which turns it into updates of the
+// full learning rate (measured: its sum 0.012-0.025 off where 0.011 is allowed); fp32 noise
+// stays below eps. The query and value thirds are held to the fp32 run of the adapter instead.
+TEST(TorchGpt2, Bf16MatchesTheReferenceToItsPrecision) {
+  constexpr double kBf16 = 4e-3;
+  std::unique_ptr<Communicator> comm = make_mpi_communicator();
+  for (int stage : {0, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const TrainedRun run = train_torch(*comm, stage, DType::kBFloat16);
+    expect_matches_reference(run, comm->rank(), comm->world_size(), kBf16,
+                             /*skip_attention_bias=*/true);
+    const TrainedRun fp32 = train_torch(*comm, stage);
+    for (size_t p = 0; p < run.names.size(); ++p) {
+      if (!is_attention_bias(run.names[p])) continue;
+      const size_t third = run.final_params[p].size() / 3;
+      double difference = 0.0, norm = 0.0;
+      for (size_t i = 0; i < run.final_params[p].size(); ++i) {
+        if (i >= third && i < 2 * third) continue;  // the key third
+        const double d = run.final_params[p][i] - fp32.final_params[p][i];
+        difference += d * d;
+        norm += static_cast<double>(fp32.final_params[p][i]) * fp32.final_params[p][i];
+      }
+      EXPECT_LE(std::sqrt(difference), kBf16 * std::sqrt(norm)) << run.names[p];
+    }
   }
 }
 
