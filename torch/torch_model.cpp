@@ -506,7 +506,16 @@ torch::Tensor TorchModel::forward(const torch::Tensor& input) {
       }
       tied = gather_tied(m);
     }
-    x = units_[m].forward(x);
+    try {
+      x = units_[m].forward(x);
+    } catch (const c10::Error& e) {
+      if (!stage3) throw;
+      // The likely cause at stage 3 only: a parameter of another unit used without the tie.
+      ZERO_FAIL("TorchModel: unit '" << units_[m].name
+                                     << "' failed at stage 3: " << e.what_without_backtrace()
+                                     << " (while a unit runs, the parameters of other units are "
+                                        "empty tensors: declare those it uses in TorchUnit::tied)");
+    }
     if (ties) {
       x = detail::TorchModelAutograd::GatherTiedBeforeBackward::apply(x, self, int64_t{m});
       release_units(tied);

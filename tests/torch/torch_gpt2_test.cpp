@@ -338,6 +338,25 @@ TEST(TorchGpt2, TiesMustBeDeclaredAndNameAnEarlierUnitsParameter) {
   backwards[0].tied = {"mix.weight"};
   expect_error_naming([&] { TorchModel(*comm, net.ptr(), backwards, testing::config_at(3)); },
                       "unit 'embed' ties to 'mix.weight', which no earlier unit has");
+  // A unit reading another unit's parameter in its forward alone, undeclared: at stage 3 that
+  // parameter is empty while the unit runs, and the error says what to declare.
+  const std::shared_ptr<torch::nn::EmbeddingImpl> embed = net->embed.ptr();
+  const std::shared_ptr<torch::nn::LinearImpl> mix = net->mix.ptr();
+  std::vector<TorchUnit> hidden = {
+      {"embed", [embed](const torch::Tensor& ids) { return embed->forward(ids); }},
+      {"mix",
+       [mix, embed](const torch::Tensor& x) { return mix->forward(x).matmul(embed->weight.t()); }}};
+  TorchModel model(*comm, net.ptr(), hidden, testing::config_at(3));
+  expect_error_naming(
+      [&] {
+        model.forward(torch::zeros({2, 3}, torch::kLong));
+      },
+      "unit 'mix' failed at stage 3: ");
+  expect_error_naming(
+      [&] {
+        model.forward(torch::zeros({2, 3}, torch::kLong));
+      },
+      "declare those it uses in TorchUnit::tied");
 }
 
 }  // namespace
