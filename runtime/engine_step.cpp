@@ -225,7 +225,10 @@ void Engine::Impl::gather_one(int u) {
                                                           unit.shard, config.dtype);
                                  }),
                           issue_us);
-  if (!s.persistent) s.gathered = false;
+  // Stages 1-2 wait for this gather in gather(). A stage-3 unit gathered here was prefetched
+  // before a state load: its buffer now holds the loaded values and stays gathered (and
+  // counted live) until its release, which gives the buffer back.
+  if (!s.persistent && config.stage != 3) s.gathered = false;
 }
 
 // An allgather_bucket_size pack (stages 1-2): each unit's updated slice into its place in

@@ -95,6 +95,40 @@ struct TorchModelAutograd {
     }
   };
 
+  // At the output of a stage-3 unit that ties to parameters of other units: its backward runs
+  // before the unit's own and gathers those units, held until ReleaseTiedAfterBackward.
+  struct GatherTiedBeforeBackward : torch::autograd::Function<GatherTiedBeforeBackward> {
+    static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                                 int64_t model, int64_t module) {
+      ctx->saved_data["model"] = model;
+      ctx->saved_data["module"] = module;
+      return x;
+    }
+    static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                   torch::autograd::variable_list grads) {
+      TorchModel* model = reinterpret_cast<TorchModel*>(ctx->saved_data["model"].toInt());
+      model->hold_tied(static_cast<int>(ctx->saved_data["module"].toInt()));
+      return {grads[0], torch::Tensor(), torch::Tensor()};
+    }
+  };
+
+  // At the input of such a unit: the gradient reaching it means the unit's backward, which read
+  // the tied parameters, is done; the units held for them are released.
+  struct ReleaseTiedAfterBackward : torch::autograd::Function<ReleaseTiedAfterBackward> {
+    static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                                 int64_t model, int64_t module) {
+      ctx->saved_data["model"] = model;
+      ctx->saved_data["module"] = module;
+      return x;
+    }
+    static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                   torch::autograd::variable_list grads) {
+      TorchModel* model = reinterpret_cast<TorchModel*>(ctx->saved_data["model"].toInt());
+      model->let_go_tied(static_cast<int>(ctx->saved_data["module"].toInt()));
+      return {grads[0], torch::Tensor(), torch::Tensor()};
+    }
+  };
+
   // At a 16-bit model's output: the output in fp32; backward multiplies the incoming gradient
   // by the loss scale in fp32 and then rounds it to the working dtype, so small gradients
   // survive the rounding (scaling the loss does the same, since backward is linear in it).
@@ -119,23 +153,26 @@ struct TorchModelAutograd {
 
 }  // namespace detail
 
-TorchModel::TorchModel(Communicator& comm, torch::nn::Sequential module, const EngineConfig& config)
-    : TorchModel(comm, module.ptr(), children_of(module), config) {}
+TorchModel::TorchModel(Communicator& comm, torch::nn::Sequential module, const EngineConfig& config,
+                       const TorchWeightDecay& weight_decay)
+    : TorchModel(comm, module.ptr(), children_of(module), config, weight_decay) {}
 
 TorchModel::TorchModel(Communicator& comm, std::shared_ptr<torch::nn::Module> root,
-                       std::vector<TorchUnit> units, const EngineConfig& config)
+                       std::vector<TorchUnit> units, const EngineConfig& config,
+                       const TorchWeightDecay& weight_decay)
     : root_(std::move(root)), units_(std::move(units)) {
   ZERO_CHECK(root_ != nullptr, "TorchModel: the module is null");
   ZERO_CHECK(!config.device.is_cuda(), "TorchModel supports the CPU path only so far");
   ZERO_CHECK(config.stage != 3 || config.persistence_threshold == 0,
              "TorchModel does not support stage3_param_persistence_threshold yet (got "
                  << config.persistence_threshold << "); set it to 0");
-  register_parameters(comm, config);
+  register_parameters(comm, config, weight_decay);
 }
 
 // Registers every unit's parameters under the root's names, loads rank 0's values into the
 // engine and hooks each trainable parameter's gradient accumulator.
-void TorchModel::register_parameters(Communicator& comm, const EngineConfig& config) {
+void TorchModel::register_parameters(Communicator& comm, const EngineConfig& config,
+                                     const TorchWeightDecay& weight_decay) {
   const auto root_params = root_->named_parameters(/*recurse=*/true);
   std::map<const c10::TensorImpl*, std::string> name_of;  // every parameter of the root
   for (const auto& named : root_params) {
@@ -146,6 +183,9 @@ void TorchModel::register_parameters(Communicator& comm, const EngineConfig& con
     modules.emplace(named.key(), named.value());
   }
   std::map<const c10::TensorImpl*, size_t> unit_of;  // parameter -> the unit that declared it
+  std::map<const c10::TensorImpl*, int> index_of;    // parameter -> its registration index
+  std::map<std::string, int> index_by_name;
+  std::vector<std::vector<int>> tied_params(units_.size());
   std::vector<ParamDecl> decls;
   for (size_t m = 0; m < units_.size(); ++m) {
     const auto found = modules.find(units_[m].name);
@@ -153,15 +193,32 @@ void TorchModel::register_parameters(Communicator& comm, const EngineConfig& con
                "TorchModel: unit '" << units_[m].name << "' is not a submodule of the module");
     ZERO_CHECK(units_[m].forward != nullptr,
                "TorchModel: unit '" << units_[m].name << "' has no forward");
+    for (const std::string& tied_name : units_[m].tied) {
+      const auto tied = index_by_name.find(tied_name);
+      ZERO_CHECK(tied != index_by_name.end(), "TorchModel: unit '"
+                                                  << units_[m].name << "' ties to '" << tied_name
+                                                  << "', which no earlier unit has");
+      std::vector<int>& ties = tied_params[m];
+      ZERO_CHECK(std::find(ties.begin(), ties.end(), tied->second) == ties.end(),
+                 "TorchModel: unit '" << units_[m].name << "' ties to '" << tied_name << "' twice");
+      ties.push_back(tied->second);
+    }
     for (const auto& named : found->second->named_parameters(/*recurse=*/true)) {
       const torch::Tensor& param = named.value();
       const c10::TensorImpl* impl = param.unsafeGetTensorImpl();
       const std::string name = name_of.at(impl);
       const auto [first, inserted] = unit_of.emplace(impl, m);
+      if (!inserted && first->second != m) {
+        const std::vector<int>& ties = tied_params[m];
+        if (std::find(ties.begin(), ties.end(), index_of.at(impl)) != ties.end()) continue;
+      }
       ZERO_CHECK(inserted, "TorchModel: parameter '"
                                << name << "' belongs to unit '" << units_[first->second].name
                                << "' and to unit '" << units_[m].name
-                               << "'; a parameter (or a child) may be used by one unit only");
+                               << "'; a parameter (or a child) is used by one unit only, unless "
+                                  "the later unit declares the tie (TorchUnit::tied)");
+      index_of.emplace(impl, static_cast<int>(params_.size()));
+      index_by_name.emplace(name, static_cast<int>(params_.size()));
       ZERO_CHECK(param.scalar_type() == torch::kFloat32 && param.device().is_cpu(),
                  "parameter '" << name << "' must be an fp32 CPU tensor");
       ParamDecl decl;
@@ -170,6 +227,7 @@ void TorchModel::register_parameters(Communicator& comm, const EngineConfig& con
       decl.spec.module = static_cast<int>(m);
       decl.init = ParamInit{InitKind::kZeros, 0.0f};
       decl.trainable = param.requires_grad();
+      if (weight_decay) decl.weight_decay = weight_decay(name, param);
       decls.push_back(std::move(decl));
       params_.push_back(param);
     }
@@ -207,6 +265,19 @@ void TorchModel::register_parameters(Communicator& comm, const EngineConfig& con
   due_.assign(num_units, 0);
   ready_.assign(num_units, 0);
   gathered_for_backward_.assign(num_units, false);
+  tied_holds_.assign(num_units, 0);
+  tied_units_.resize(units_.size());
+  for (size_t m = 0; m < units_.size(); ++m) {
+    for (int p : tied_params[m]) {
+      const int owner = layout.params()[p].unit;
+      std::vector<int>& owners = tied_units_[m];
+      if (owner == layout.unit_of_module(static_cast<int>(m)) ||
+          std::find(owners.begin(), owners.end(), owner) != owners.end()) {
+        continue;
+      }
+      owners.push_back(owner);
+    }
+  }
   arrived_.assign(params_.size(), false);
   released_ = torch::empty({0}, torch::TensorOptions().dtype(torch_dtype(config.dtype)));
   for (const ParamPlacement& pl : layout.params()) {
@@ -302,14 +373,55 @@ void TorchModel::prefetch_after(int unit, int direction) {
   }
 }
 
-// Units gathered for a backward and not released by their gradients (frozen units, or a
-// backward that did not reach them) are released before the next forward or step.
+// Units gathered for a backward and not released by their gradients (frozen units, a backward
+// that did not reach them, a tied user whose input needs no gradient) are released before the
+// next forward or step.
 void TorchModel::release_left_over() {
   for (size_t u = 0; u < gathered_for_backward_.size(); ++u) {
-    if (!gathered_for_backward_[u]) continue;
+    if (!gathered_for_backward_[u] && tied_holds_[u] == 0) continue;
     gathered_for_backward_[u] = false;
+    tied_holds_[u] = 0;
     unbind_unit(static_cast<int>(u));
     engine_->release(static_cast<int>(u));
+  }
+}
+
+// Stage 3, forward: gathers and binds the units `module` ties to; returns those it gathered
+// (one gathered already, by a prefetch, stays so).
+std::vector<int> TorchModel::gather_tied(int module) {
+  std::vector<int> gathered;
+  for (int owner : tied_units_[module]) {
+    if (!engine_->is_gathered(owner)) gathered.push_back(owner);
+    engine_->gather(owner);
+    bind_unit(owner, /*wrapping=*/false);
+  }
+  return gathered;
+}
+
+void TorchModel::release_units(const std::vector<int>& units) {
+  for (int u : units) {
+    unbind_unit(u);
+    engine_->release(u);
+  }
+}
+
+// Stage 3, backward: the units `module` ties to stay gathered until its backward is done. A unit
+// gathered for its own backward meanwhile is released by whichever lets go of it last.
+void TorchModel::hold_tied(int module) {
+  for (int owner : tied_units_[module]) {
+    if (tied_holds_[owner]++ > 0 || gathered_for_backward_[owner]) continue;
+    engine_->gather(owner);
+    bind_unit(owner, /*wrapping=*/false);
+  }
+}
+
+void TorchModel::let_go_tied(int module) {
+  for (int owner : tied_units_[module]) {
+    if (tied_holds_[owner] == 0 || --tied_holds_[owner] > 0 || gathered_for_backward_[owner]) {
+      continue;
+    }
+    unbind_unit(owner);
+    engine_->release(owner);
   }
 }
 
@@ -347,6 +459,7 @@ void TorchModel::accumulated(int param) {
   }
   if (gathered_for_backward_[unit]) {
     gathered_for_backward_[unit] = false;
+    if (tied_holds_[unit] > 0) return;  // a tied user's backward still reads it
     unbind_unit(unit);
     engine_->release(unit);
   }
@@ -385,7 +498,30 @@ torch::Tensor TorchModel::forward(const torch::Tensor& input) {
       bind_unit(u, /*wrapping=*/false);
       if (stage3) prefetch_after(u, +1);
     }
-    x = units_[m].forward(x);
+    const bool ties = stage3 && !tied_units_[m].empty();
+    std::vector<int> tied;
+    if (ties) {
+      if (x.requires_grad()) {
+        x = detail::TorchModelAutograd::ReleaseTiedAfterBackward::apply(x, self, int64_t{m});
+      }
+      tied = gather_tied(m);
+    }
+    try {
+      x = units_[m].forward(x);
+    } catch (const c10::Error& e) {
+      if (!stage3) throw;
+      // The likely cause at stage 3 only: a parameter of another unit used without the tie.
+      ZERO_FAIL("TorchModel: unit '" << units_[m].name
+                                     << "' failed at stage 3: " << e.what_without_backtrace()
+                                     << " (while a unit runs, the parameters of other units are "
+                                        "empty tensors: declare those it uses in TorchUnit::tied)");
+    }
+    if (ties) {
+      x = detail::TorchModelAutograd::GatherTiedBeforeBackward::apply(x, self, int64_t{m});
+      release_units(tied);
+      // The tied units may have taken the buffers the next units' prefetch wanted.
+      if (!tied.empty() && u >= 0) prefetch_after(u, +1);
+    }
     if (!last_of_unit || !stage3) continue;
     x = detail::TorchModelAutograd::GatherBeforeBackward::apply(x, self, int64_t{u});
     unbind_unit(u);

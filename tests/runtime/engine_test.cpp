@@ -392,6 +392,28 @@ TEST(Engine, PrimitivesRejectMisuse) {
   EXPECT_EQ(stats.grad_norm, 0.0f);
 }
 
+// A stage-3 unit prefetched when a state load comes (a model wrapped, then its weights loaded)
+// stays gathered with the loaded values; its release gives the buffer back.
+TEST(Engine, StateLoadedRefreshesAPrefetchedStage3Unit) {
+  std::unique_ptr<Communicator> comm = make_mpi_communicator();
+  std::vector<ParamDecl> params = {ParamDecl{ParamSpec{"w", {8}, 0}, ParamInit{}},
+                                   ParamDecl{ParamSpec{"v", {8}, 1}, ParamInit{}}};
+  EngineConfig config;
+  config.stage = 3;
+  Engine engine(*comm, params, config);
+  engine.prefetch(0);
+  const Engine::StateView view = engine.state_view(0);
+  for (size_t i = view.begin; i < view.end; ++i) view.master[i - view.begin] = float(i);
+  engine.state_loaded();
+  EXPECT_TRUE(engine.is_gathered(0));
+  EXPECT_EQ(engine.live_elements(), engine.layout().units()[0].numel);
+  engine.gather(0);
+  const float* w = static_cast<const float*>(engine.param(0));
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(w[i], float(i)) << "element " << i;
+  engine.release(0);
+  EXPECT_EQ(engine.live_elements(), 0u);
+}
+
 }  // namespace
 // The communicator reads and writes the engine's buffers: it must work on the memory they are in.
 TEST(Engine, ACudaEngineOnAHostCommunicatorIsAnError) {

@@ -31,6 +31,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,9 +47,17 @@ namespace zero {
 
 // One unit of a wrapped module: a submodule, named by its path under the root as
 // named_modules() names it ("h.0"), and how to run it (one tensor in, one out).
+//
+// `tied`: the full names ("wte.weight") of parameters of earlier units that this unit's forward
+// uses too, as a GPT's LM head reads the token embedding. Autograd sums the gradients of every
+// use into the one parameter, which its own unit hands to the engine. At stage 3 the units
+// holding them are gathered around this unit's forward, and again from the start of its
+// backward until the gradient reaches its input. The unit's submodule may also hold such a
+// parameter itself (a head registered with the embedding's weight): a tied one is skipped there.
 struct TorchUnit {
   std::string name;
   std::function<torch::Tensor(const torch::Tensor&)> forward;
+  std::vector<std::string> tied = {};
 };
 
 // The units of a list of blocks of type Block (the module class: BlockImpl for a
@@ -68,6 +77,11 @@ std::vector<TorchUnit> units_of(const std::string& prefix, const torch::nn::Modu
   return units;
 }
 
+// Per-parameter weight decay, as a PyTorch parameter group sets it (GPT-2 decays matrices only):
+// the decay of the parameter of this named_parameters() name, or nullopt for the optimizer's.
+using TorchWeightDecay =
+    std::function<std::optional<float>(const std::string& name, const torch::Tensor& param)>;
+
 namespace detail {
 struct TorchModelAutograd;
 }  // namespace detail
@@ -75,18 +89,21 @@ struct TorchModelAutograd;
 class TorchModel {
  public:
   // Each child of the Sequential is a unit.
-  TorchModel(Communicator& comm, torch::nn::Sequential module, const EngineConfig& config);
+  TorchModel(Communicator& comm, torch::nn::Sequential module, const EngineConfig& config,
+             const TorchWeightDecay& weight_decay = {});
   // A module whose units are the listed submodules of `root` (say its embedding, each block of
   // a ModuleList through units_of, its head), run in the listed order. Every parameter of the
-  // root must belong to exactly one unit.
+  // root must belong to exactly one unit, apart from the ties units declare.
   //
   // Both register the parameters under their named_parameters() names ("h.0.weight"), which
   // checkpoints and exports keep; start every rank from rank 0's values; and bind the
   // parameters to the engine's buffers. Throws zero::Error for a unit name the root does not
-  // have, a parameter in no unit or in two, a parameter that is not an fp32 CPU tensor, a
+  // have, a parameter in no unit or in two (unless the later one declares the tie), a tie to a
+  // parameter no earlier unit has, a parameter that is not an fp32 CPU tensor, a
   // CUDA device, and stage3_param_persistence_threshold (not supported yet).
   TorchModel(Communicator& comm, std::shared_ptr<torch::nn::Module> root,
-             std::vector<TorchUnit> units, const EngineConfig& config);
+             std::vector<TorchUnit> units, const EngineConfig& config,
+             const TorchWeightDecay& weight_decay = {});
   // Gives the module its own fp32 copy of the current values (the fp32 master weights for a
   // 16-bit working dtype): it trains on with LibTorch alone. Collective at stage 3 and with a
   // 16-bit dtype (every rank destroys its model at the same point); if an exception is
@@ -111,13 +128,18 @@ class TorchModel {
  private:
   friend struct detail::TorchModelAutograd;
 
-  void register_parameters(Communicator& comm, const EngineConfig& config);
+  void register_parameters(Communicator& comm, const EngineConfig& config,
+                           const TorchWeightDecay& weight_decay);
   void check_no_parameter_added() const;
   void bind_unit(int unit, bool wrapping);
   void unbind_unit(int unit);
   void prefetch_after(int unit, int direction);
   void release_left_over();
   void before_unit_backward(int unit);
+  std::vector<int> gather_tied(int module);
+  void release_units(const std::vector<int>& units);
+  void hold_tied(int module);
+  void let_go_tied(int module);
   void before_accumulate(int param);
   void accumulated(int param);
 
@@ -133,7 +155,9 @@ class TorchModel {
   std::vector<int> pending_;   // per unit: those whose gradient this backward has not yet added
   std::vector<int> ready_;     // per unit: grads_ready calls since the last step
   std::vector<bool> arrived_;  // per parameter: its gradient was added in this backward
-  std::vector<bool> gathered_for_backward_;  // per unit (stage 3): awaiting its release
+  std::vector<bool> gathered_for_backward_;   // per unit (stage 3): awaiting its release
+  std::vector<std::vector<int>> tied_units_;  // per listed unit: other units it ties to
+  std::vector<int> tied_holds_;  // per unit (stage 3): backwards of tied users holding it
   // The gradient accumulators carrying our hooks: a parameter holds its accumulator weakly,
   // and a new one (without hooks) would replace it once the last graph using it is gone.
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
