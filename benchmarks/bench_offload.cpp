@@ -85,6 +85,8 @@ Options parse_options(int argc, char** argv) {
     } else if (flag == "--block-size") {
       opt.aio.block_size = zero::driver::parse_bytes(flag, value);
       if (opt.aio.block_size % 4096 != 0) usage_error("--block-size must be a multiple of 4096");
+      // A request's length travels in 32 bits of its completion tag (RawDisk).
+      if (opt.aio.block_size > (size_t{1} << 30)) usage_error("--block-size must be at most 1G");
     } else if (flag == "--queue-depth") {
       opt.aio.queue_depth = static_cast<int>(zero::driver::parse_between(flag, value, 1, 4096));
     } else if (flag == "--io-threads") {
@@ -95,6 +97,15 @@ Options parse_options(int argc, char** argv) {
     } else {
       usage_error("unknown flag " + flag);
     }
+  }
+  // The raw pass keeps queue_depth x io_threads requests in one ring (io_uring's limit: 32768
+  // entries), each with a block of its own.
+  const size_t depth = static_cast<size_t>(opt.aio.queue_depth) * opt.aio.intra_op_parallelism;
+  if (depth > 32768) usage_error("--queue-depth x --io-threads must be at most 32768");
+  if (depth * opt.aio.block_size > (size_t{4} << 30)) {
+    usage_error(
+        "--block-size x --queue-depth x --io-threads must be at most 4G (the raw pass's "
+        "buffers)");
   }
   return opt;
 }
@@ -112,10 +123,11 @@ class RawDisk {
         block_(aio.block_size),
         depth_(static_cast<unsigned>(aio.queue_depth * aio.intra_op_parallelism)) {
     const std::string path = dir + "/zero_bench_offload_raw." + std::to_string(::getpid());
-    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT, 0600);
-    ZERO_CHECK(fd_ >= 0, "cannot open '" << path << "' with O_DIRECT: " << std::strerror(errno));
-    ::unlink(path.c_str());
-    const int fallocated = ::posix_fallocate(fd_, 0, static_cast<off_t>(bytes));
+    fd_.fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT, 0600);
+    ZERO_CHECK(fd_.fd >= 0, "cannot open '" << path << "' with O_DIRECT: " << std::strerror(errno));
+    ZERO_CHECK(::unlink(path.c_str()) == 0,
+               "cannot unlink '" << path << "': " << std::strerror(errno));
+    const int fallocated = ::posix_fallocate(fd_.fd, 0, static_cast<off_t>(bytes));
     ZERO_CHECK(fallocated == 0, "cannot reserve " << bytes << " bytes for '" << path
                                                   << "': " << std::strerror(fallocated));
     void* memory = nullptr;
@@ -126,10 +138,9 @@ class RawDisk {
     const int ring = io_uring_queue_init(depth_, &ring_, 0);
     ZERO_CHECK(ring == 0, "io_uring_queue_init(" << depth_ << "): " << std::strerror(-ring));
   }
-  ~RawDisk() {
-    io_uring_queue_exit(&ring_);
-    ::close(fd_);
-  }
+  // The ring is made last, so a constructor that throws has none to tear down (the file and the
+  // buffer close and free themselves).
+  ~RawDisk() { io_uring_queue_exit(&ring_); }
   RawDisk(const RawDisk&) = delete;
   RawDisk& operator=(const RawDisk&) = delete;
 
@@ -149,9 +160,9 @@ class RawDisk {
         ZERO_CHECK(sqe != nullptr, "io_uring submission queue full");
         char* data = buffer_.get() + slot * block_;
         if (write) {
-          io_uring_prep_write(sqe, fd_, data, length, next);
+          io_uring_prep_write(sqe, fd_.fd, data, length, next);
         } else {
-          io_uring_prep_read(sqe, fd_, data, length, next);
+          io_uring_prep_read(sqe, fd_.fd, data, length, next);
         }
         io_uring_sqe_set_data64(sqe, (static_cast<uint64_t>(slot) << 32) | length);
         next += length;
@@ -177,10 +188,20 @@ class RawDisk {
   }
 
  private:
+  // A file descriptor closed with its owner.
+  struct File {
+    int fd = -1;
+    ~File() {
+      if (fd >= 0 && ::close(fd) != 0) {
+        std::fprintf(stderr, "zero-bench-offload: close: %s\n", std::strerror(errno));
+      }
+    }
+  };
+
   uint64_t bytes_;
   size_t block_;
   unsigned depth_;
-  int fd_ = -1;
+  File fd_;
   std::unique_ptr<char, decltype(&std::free)> buffer_{nullptr, &std::free};
   io_uring ring_{};
 };
@@ -282,13 +303,19 @@ int main(int argc, char** argv) {
       "zero-bench-offload", kUsage, [&] { return parse_options(argc, argv); });
   if (!parsed) return 2;
   const Options& opt = *parsed;
-  MPI_Init(&argc, &argv);
+  if (MPI_Init(&argc, &argv) != MPI_SUCCESS) {
+    std::fprintf(stderr, "zero-bench-offload: MPI_Init failed\n");
+    return 1;
+  }
   int status = 1;
   try {
     status = run(opt);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "zero-bench-offload: error: %s\n", e.what());
   }
-  MPI_Finalize();
+  if (MPI_Finalize() != MPI_SUCCESS) {
+    std::fprintf(stderr, "zero-bench-offload: MPI_Finalize failed\n");
+    status = 1;
+  }
   return status;
 }

@@ -4,8 +4,10 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <climits>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <fstream>
 
@@ -54,7 +56,8 @@ uint64_t link_tx_bytes(const std::string& prefix) {
     total += bytes;
     ++links;
   }
-  closedir(dir);
+  ZERO_CHECK(closedir(dir) == 0,
+             "--link-counters: closedir(" << root << "): " << std::strerror(errno));
   ZERO_CHECK(links > 0,
              "--link-counters: no interface " << root << "/" << prefix << "* (is the cluster up?)");
   return total;
@@ -67,8 +70,9 @@ int nodes_of_job() {
       MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
   int local_rank = 0;
   const int status = MPI_Comm_rank(node, &local_rank);
-  MPI_Comm_free(&node);
+  const int freed = MPI_Comm_free(&node);
   ZERO_MPI_CHECK(status);
+  ZERO_MPI_CHECK(freed);
   int leader = local_rank == 0 ? 1 : 0, nodes = 0;
   ZERO_MPI_CHECK(MPI_Allreduce(&leader, &nodes, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD));
   return nodes;

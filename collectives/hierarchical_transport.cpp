@@ -32,13 +32,19 @@ struct StridedType {
     ZERO_MPI_CHECK(MPI_Type_contiguous(static_cast<int>(n), element, &contiguous));
     const int status =
         MPI_Type_create_resized(contiguous, 0, static_cast<MPI_Aint>(stride_bytes), &type);
-    MPI_Type_free(&contiguous);
+    ZERO_MPI_CHECK(MPI_Type_free(&contiguous));
     ZERO_MPI_CHECK(status);
-    ZERO_MPI_CHECK(MPI_Type_commit(&type));
+    const int committed = MPI_Type_commit(&type);
+    if (committed != MPI_SUCCESS) MPI_Type_free(&type);  // the commit's error is the one to report
+    ZERO_MPI_CHECK(committed);
   }
   StridedType(const StridedType&) = delete;
   StridedType& operator=(const StridedType&) = delete;
-  ~StridedType() { MPI_Type_free(&type); }
+  ~StridedType() {
+    if (MPI_Type_free(&type) != MPI_SUCCESS) {
+      std::fprintf(stderr, "zero: MPI_Type_free of a hierarchical collective's type failed\n");
+    }
+  }
 };
 
 MPI_Comm split(MPI_Comm comm, int color, int key) {
@@ -61,9 +67,17 @@ HierarchicalTransport::HierarchicalTransport(MPI_Comm comm, const NodeGroups& gr
              "the hierarchical collectives need the same number of "
              "consecutive ranks on every node: "
                  << groups.irregular);
-  node_ = split(comm, node_index_, local_index_);
-  across_ = split(comm, local_index_, node_index_);
-  in_node_ = std::make_unique<SharedMemoryTransport>(node_);
+  try {
+    node_ = split(comm, node_index_, local_index_);
+    across_ = split(comm, local_index_, node_index_);
+    in_node_ = std::make_unique<SharedMemoryTransport>(node_);
+  } catch (...) {
+    // No destructor runs for a half-made transport: the groups made so far go here.
+    for (MPI_Comm* group : {&node_, &across_}) {
+      if (*group != MPI_COMM_NULL) MPI_Comm_free(group);
+    }
+    throw;
+  }
   sources_.resize(static_cast<size_t>(nodes_));
   bounds_.resize(static_cast<size_t>(per_node_) + 1);
 }
@@ -71,9 +85,11 @@ HierarchicalTransport::HierarchicalTransport(MPI_Comm comm, const NodeGroups& gr
 HierarchicalTransport::~HierarchicalTransport() {
   in_node_.reset();
   int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (finalized) return;
-  if (MPI_Comm_free(&node_) != MPI_SUCCESS || MPI_Comm_free(&across_) != MPI_SUCCESS) {
+  if (MPI_Finalized(&finalized) != MPI_SUCCESS || finalized) return;
+  // Both are freed whatever the first one's result.
+  const int node_freed = MPI_Comm_free(&node_);
+  const int across_freed = MPI_Comm_free(&across_);
+  if (node_freed != MPI_SUCCESS || across_freed != MPI_SUCCESS) {
     std::fprintf(stderr, "zero: MPI_Comm_free of the hierarchical collectives' groups failed\n");
   }
 }

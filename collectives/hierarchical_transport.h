@@ -39,7 +39,8 @@ class HierarchicalTransport {
   // Collective over `comm`, whose layout `groups` must be regular. MPI calls across nodes
   // carry at most `max_elements_per_call` elements (bytes for all_gather) each.
   HierarchicalTransport(MPI_Comm comm, const NodeGroups& groups, size_t max_elements_per_call);
-  // Collective too (frees the window and the communicators); skipped once MPI is finalized.
+  // Collective too (the node's shared window is freed with MPI_Win_free), and frees the two
+  // groups; skipped once MPI is finalized.
   ~HierarchicalTransport();
   HierarchicalTransport(const HierarchicalTransport&) = delete;
   HierarchicalTransport& operator=(const HierarchicalTransport&) = delete;

@@ -30,8 +30,9 @@ int64_t real_node_key(MPI_Comm comm, int world_rank) {
   ZERO_MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL, &node));
   int lowest = world_rank;
   const int status = MPI_Allreduce(&world_rank, &lowest, 1, MPI_INT, MPI_MIN, node);
-  MPI_Comm_free(&node);
+  const int freed = MPI_Comm_free(&node);
   ZERO_MPI_CHECK(status);
+  ZERO_MPI_CHECK(freed);
   return lowest;
 }
 
