@@ -3,6 +3,7 @@ the report gathered (its ctx dictionary), and the small formatting helpers the r
 share with it.
 """
 import report_gpt2
+import report_memory
 
 # The report's fixed settings the text names.
 RANKS = 2
@@ -96,6 +97,7 @@ def write_markdown(path, ctx):
                                 "compute > collectives",
                                 f"{r['compute_ms']:.1f} ms vs {r['comm_ms']:.1f} ms", dominates])
     target_rows += report_gpt2.target_rows(ctx["gpt2"])
+    target_rows += report_memory.target_rows(ctx["memory_tiers"])
     md.append(table(["figure", "target", "measured", ""], target_rows))
     md.append("\nThe step figures come from `zero-bench-step`'s default configuration (rerun "
               f"them with `zerorun -np {RANKS} -- zero-bench-step`):\n\n")
@@ -150,6 +152,7 @@ def write_markdown(path, ctx):
                      "off: step ms", "off: comm ms", "off: exposed ms", "off: overlap"], rows))
 
     md += report_gpt2.markdown(ctx["gpt2"], table)
+    md += report_memory.markdown(ctx["memory_tiers"], table)
 
     delay = ctx["delay_us"]
     md.append(f"\n## Overlap under an injected delay (zero-train, {RANKS} ranks)\n")

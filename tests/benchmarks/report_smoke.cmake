@@ -28,7 +28,8 @@ foreach(plot busbw_all_gather busbw_reduce_scatter busbw_all_reduce busbw_broadc
 endforeach()
 foreach(section "## Targets" "## Limits of this machine" "## Training step per ZeRO stage"
                 "## Fused AdamW" "## Collectives" "## Model-state memory"
-                "### Overlap with overlap_comm on and off" "## Overlap under an injected delay")
+                "### Overlap with overlap_comm on and off" "## Overlap under an injected delay"
+                "## Activation checkpointing" "## NVMe optimizer offload against the disk")
   string(FIND "${markdown}" "${section}" at)
   if(at EQUAL -1)
     message(FATAL_ERROR "BENCHMARKS.md has no section '${section}'")
