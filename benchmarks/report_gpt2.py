@@ -38,7 +38,10 @@ def torch_python():
     this one, which then reports why it skips."""
     candidates = [sys.executable, shutil.which("python3"), "/usr/bin/python3"]
     for python in dict.fromkeys(c for c in candidates if c):
-        probe = subprocess.run([python, "-c", "import torch"], capture_output=True)
+        # Not from the repository root, where our LibTorch adapter's folder torch/ imports as an
+        # empty namespace package; PyTorch has torch.tensor.
+        probe = subprocess.run([python, "-c", "import torch; torch.tensor"], capture_output=True,
+                               cwd=HERE)
         if probe.returncode == 0:
             return python
     return sys.executable
