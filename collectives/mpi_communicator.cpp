@@ -31,6 +31,7 @@
 #include "hierarchical_transport.h"
 #include "node_groups.h"
 #include "shm_transport.h"
+#include "transport_choice.h"
 #include "zero/core/check.h"
 #include "zero/kernels/cpu_kernels.h"
 
@@ -144,73 +145,21 @@ struct OwnedDatatype {
   }
 };
 
-CpuTransport transport_from_environment() {
-  const char* text = std::getenv("ZERO_COLLECTIVES");
-  const std::string value = text == nullptr ? "" : text;
-  if (value.empty() || value == "auto") return CpuTransport::kFromEnvironment;
-  if (value == "mpi") return CpuTransport::kMpi;
-  if (value == "shm") return CpuTransport::kSharedMemory;
-  if (value == "hierarchical") return CpuTransport::kHierarchical;
-  ZERO_FAIL("ZERO_COLLECTIVES must be auto, mpi, shm or hierarchical, got '" << value << "'");
-}
-
-// The paths, ordered so that the ranks agree on the smallest any of them can take (MPI_MIN): a
-// rank told "mpi" makes the whole job use MPI.
-enum class Path : int { kMpi = 0, kHierarchical = 1, kSharedMemory = 2 };
-
-// The same path on every rank: each rank's wish (from `requested` or its own environment) on
-// the layout every rank sees alike, combined with MPI_MIN.
-Path choose_path(CpuTransport requested, MPI_Comm comm, const backend::NodeGroups& groups) {
-  if (requested == CpuTransport::kFromEnvironment) requested = transport_from_environment();
-  Path wanted = Path::kMpi;
-  switch (requested) {
-    case CpuTransport::kMpi:
-      break;
-    case CpuTransport::kSharedMemory:
-      ZERO_CHECK(groups.nodes == 1 && !groups.declared,
-                 "the shared-memory transport (ZERO_COLLECTIVES=shm) needs every rank on one "
-                 "node; this job spans "
-                     << groups.nodes << (groups.declared ? " declared (ZERO_NODE_SIZE)" : "")
-                     << " nodes");
-      wanted = Path::kSharedMemory;
-      break;
-    case CpuTransport::kHierarchical:
-      ZERO_CHECK(groups.regular(),
-                 "the hierarchical collectives (ZERO_COLLECTIVES=hierarchical) need the same "
-                 "number of consecutive ranks on every node: "
-                     << groups.irregular);
-      wanted = Path::kHierarchical;
-      break;
-    case CpuTransport::kFromEnvironment:
-      // Unequal or interleaved nodes fall back to MPI: correct everywhere, only slower.
-      if (groups.nodes == 1) {
-        wanted = Path::kSharedMemory;
-      } else if (groups.regular()) {
-        wanted = Path::kHierarchical;
-      }
-      break;
-  }
-  int agreed = 0;
-  const int mine = static_cast<int>(wanted);
-  ZERO_MPI_CHECK(MPI_Allreduce(&mine, &agreed, 1, MPI_INT, MPI_MIN, comm));
-  return static_cast<Path>(agreed);
-}
-
 class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
  public:
   MpiCommunicator(std::chrono::milliseconds timeout, size_t max_elements_per_call,
                   CpuTransport transport, MPI_Comm parent = MPI_COMM_WORLD)
       : CommunicatorBase(timeout, parent), max_elements_per_call_(max_elements_per_call) {
     const backend::NodeGroups groups = backend::find_node_groups(mpi_comm_);
-    switch (choose_path(transport, mpi_comm_, groups)) {
-      case Path::kMpi:
+    switch (backend::choose_cpu_path(transport, mpi_comm_, groups)) {
+      case backend::CpuPath::kMpi:
         transport_name_ = "mpi";
         break;
-      case Path::kSharedMemory:
+      case backend::CpuPath::kSharedMemory:
         shm_ = std::make_unique<backend::SharedMemoryTransport>(mpi_comm_);
         transport_name_ = "shm";
         break;
-      case Path::kHierarchical:
+      case backend::CpuPath::kHierarchical:
         hier_ = std::make_unique<backend::HierarchicalTransport>(mpi_comm_, groups,
                                                                  max_elements_per_call_);
         transport_name_ = "hierarchical (" + std::to_string(groups.nodes) + " nodes x " +

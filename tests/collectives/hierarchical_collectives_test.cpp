@@ -210,5 +210,18 @@ TEST(HierarchicalChoice, IrregularNodesFallBackToMpi) {
   }
 }
 
+// A rank whose ZERO_COLLECTIVES asks for a path its layout cannot take stops every rank, each
+// with a message, instead of leaving the others waiting in the agreement: rank 0 insists on the
+// one-node shared memory while the job declares 2 nodes.
+TEST(HierarchicalChoice, ARankThatCannotHaveItsPathStopsEveryRank) {
+  const int world = make_mpi_communicator(INT_MAX, CpuTransport::kMpi)->world_size();
+  if (world != 4 || node_size() != 2) GTEST_SKIP() << "needs 4 ranks in 2 nodes of 2";
+  const int rank = make_mpi_communicator(INT_MAX, CpuTransport::kMpi)->rank();
+  ScopedEnv mode("ZERO_COLLECTIVES", rank == 0 ? "shm" : "auto");
+  testing::expect_error_naming(
+      [] { make_mpi_communicator(); },
+      rank == 0 ? "needs every rank on one node" : "another rank cannot use the collectives");
+}
+
 }  // namespace
 }  // namespace zero
