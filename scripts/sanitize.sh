@@ -7,11 +7,11 @@
 #   fails. Any undefined behaviour stops the program (-fno-sanitize-recover=undefined).
 #
 #   ThreadSanitizer (build-tsan/): the communication-stream, flight-recorder, shared-memory and
-#   hierarchical collective, engine and kernel thread-pool tests (ctest -R
-#   "stream|flight_recorder|collectives_shm|collectives_hierarchical|engine|thread_pool"): the code where our
-#   threads meet. OpenMPI is not
-#   built with TSan, so what it does inside its own locks is invisible to TSan;
-#   tests/sanitizers/tsan.supp silences reports inside OpenMPI's libraries only.
+#   hierarchical collective, engine and kernel thread-pool tests (ctest -R "stream|
+#   flight_recorder|collectives_shm|collectives_hierarchical|engine|thread_pool"): the code
+#   where our threads meet. OpenMPI is not built with TSan, so what it does inside its own
+#   locks is invisible to TSan; tests/sanitizers/tsan.supp silences reports inside OpenMPI's
+#   libraries only.
 #
 # Build directories: $ZERO_ASAN_BUILD_DIR and $ZERO_TSAN_BUILD_DIR, else build-asan/ and
 # build-tsan/ in the repository. Extra arguments go to both ctest runs.
