@@ -181,7 +181,8 @@ struct StepStats {
   int collectives = 0;
   double comm_busy_ms = 0.0;
   double comm_wait_ms = 0.0;
-  // The update of this rank's slices (0 for a skipped step): its wall time, I/O included; with
+  // The update of this rank's slices (0 for a skipped step): its wall time, I/O included (on
+  // CUDA, where the kernels run asynchronously, the host's time to issue them); with
   // optimizer state on NVMe, how long it was blocked waiting for transfers and the bytes it read
   // and wrote. optimizer_ms - nvme_wait_ms is the time the kernels were not hidden under I/O.
   double optimizer_ms = 0.0;
