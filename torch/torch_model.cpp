@@ -78,56 +78,33 @@ namespace detail {
 
 // The autograd functions at the model's seams, run by autograd during loss.backward().
 struct TorchModelAutograd {
-  // At a stage-3 unit's output: identity forward; its backward runs before any of the unit's
-  // own backward and gathers the unit's parameters again (DeepSpeed's pre-backward hook).
-  struct GatherBeforeBackward : torch::autograd::Function<GatherBeforeBackward> {
+  // An identity in forward whose backward first calls `Hook` of the model with an index (a
+  // unit or a module), so the model learns where autograd has got to.
+  template <void (TorchModel::*Hook)(int)>
+  struct OnBackward : torch::autograd::Function<OnBackward<Hook>> {
     static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
-                                 int64_t model, int64_t unit) {
+                                 int64_t model, int64_t index) {
       ctx->saved_data["model"] = model;
-      ctx->saved_data["unit"] = unit;
+      ctx->saved_data["index"] = index;
       return x;
     }
     static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                    torch::autograd::variable_list grads) {
       TorchModel* model = reinterpret_cast<TorchModel*>(ctx->saved_data["model"].toInt());
-      model->before_unit_backward(static_cast<int>(ctx->saved_data["unit"].toInt()));
+      (model->*Hook)(static_cast<int>(ctx->saved_data["index"].toInt()));
       return {grads[0], torch::Tensor(), torch::Tensor()};
     }
   };
 
-  // At the output of a stage-3 unit that ties to parameters of other units: its backward runs
-  // before the unit's own and gathers those units, held until ReleaseTiedAfterBackward.
-  struct GatherTiedBeforeBackward : torch::autograd::Function<GatherTiedBeforeBackward> {
-    static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
-                                 int64_t model, int64_t module) {
-      ctx->saved_data["model"] = model;
-      ctx->saved_data["module"] = module;
-      return x;
-    }
-    static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                   torch::autograd::variable_list grads) {
-      TorchModel* model = reinterpret_cast<TorchModel*>(ctx->saved_data["model"].toInt());
-      model->hold_tied(static_cast<int>(ctx->saved_data["module"].toInt()));
-      return {grads[0], torch::Tensor(), torch::Tensor()};
-    }
-  };
-
+  // At a stage-3 unit's output: its backward runs before any of the unit's own backward and
+  // gathers the unit's parameters again (DeepSpeed's pre-backward hook).
+  using GatherBeforeBackward = OnBackward<&TorchModel::before_unit_backward>;
+  // At the output of a stage-3 unit that ties to parameters of other units: gathers those
+  // units before the unit's own backward, held until ReleaseTiedAfterBackward.
+  using GatherTiedBeforeBackward = OnBackward<&TorchModel::hold_tied>;
   // At the input of such a unit: the gradient reaching it means the unit's backward, which read
   // the tied parameters, is done; the units held for them are released.
-  struct ReleaseTiedAfterBackward : torch::autograd::Function<ReleaseTiedAfterBackward> {
-    static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
-                                 int64_t model, int64_t module) {
-      ctx->saved_data["model"] = model;
-      ctx->saved_data["module"] = module;
-      return x;
-    }
-    static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                   torch::autograd::variable_list grads) {
-      TorchModel* model = reinterpret_cast<TorchModel*>(ctx->saved_data["model"].toInt());
-      model->let_go_tied(static_cast<int>(ctx->saved_data["module"].toInt()));
-      return {grads[0], torch::Tensor(), torch::Tensor()};
-    }
-  };
+  using ReleaseTiedAfterBackward = OnBackward<&TorchModel::let_go_tied>;
 
   // At a 16-bit model's output: the output in fp32; backward multiplies the incoming gradient
   // by the loss scale in fp32 and then rounds it to the working dtype, so small gradients

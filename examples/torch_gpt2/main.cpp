@@ -16,7 +16,6 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -67,11 +66,9 @@ Options parse(int argc, char** argv) {
     if (flag == "--stage") {
       opt.stage = static_cast<int>(parse_between(flag, value, 0, 3));
     } else if (flag == "--dtype") {
-      const std::map<std::string, zero::DType> dtypes = {{"fp32", zero::DType::kFloat32},
-                                                         {"bf16", zero::DType::kBFloat16},
-                                                         {"fp16", zero::DType::kFloat16}};
-      if (!dtypes.count(value)) zero::driver::usage_error("--dtype: fp32, bf16 or fp16");
-      opt.dtype = dtypes.at(value);
+      if (!zero::parse_dtype(value, &opt.dtype, /*short_only=*/true)) {
+        zero::driver::usage_error("--dtype: fp32, bf16 or fp16");
+      }
     } else if (flag == "--steps") {
       opt.steps = parse_at_least(flag, value, 1);
     } else if (flag == "--global-batch") {
