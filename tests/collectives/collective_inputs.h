@@ -33,6 +33,36 @@ inline Bytes contribution(int rank, size_t first, size_t n, DType dtype) {
   return out;
 }
 
+// A reduce-scatter on `comm` of this rank's contribution of count x ranks elements gives
+// `expected` (this rank's block of the sum) bit for bit, out of place and in place (the block
+// left at the rank's own place). Returns the out-of-place result.
+inline Bytes expect_exact_reduce_scatter(Communicator& comm, size_t count, DType dtype,
+                                         const Bytes& expected) {
+  const int rank = comm.rank();
+  const size_t elem = dtype_size(dtype);
+  const Bytes send = contribution(rank, 0, count * comm.world_size(), dtype);
+  Bytes recv(count * elem), in_place = send;
+  comm.reduce_scatter_sync(send.data(), recv.data(), count, dtype);
+  EXPECT_TRUE(recv == expected) << "count " << count;
+  comm.reduce_scatter_sync(in_place.data(), in_place.data() + rank * count * elem, count, dtype);
+  EXPECT_EQ(0, std::memcmp(in_place.data() + rank * count * elem, expected.data(), expected.size()))
+      << "in place, count " << count;
+  return recv;
+}
+
+// An all-reduce on `comm` of this rank's contribution of `count` elements gives `expected` bit
+// for bit, out of place and in place. Returns the out-of-place result.
+inline Bytes expect_exact_all_reduce(Communicator& comm, size_t count, DType dtype,
+                                     const Bytes& expected) {
+  const Bytes send = contribution(comm.rank(), 0, count, dtype);
+  Bytes recv(count * dtype_size(dtype)), in_place = send;
+  comm.all_reduce_sync(send.data(), recv.data(), count, dtype);
+  EXPECT_TRUE(recv == expected) << "count " << count;
+  comm.all_reduce_sync(in_place.data(), in_place.data(), count, dtype);
+  EXPECT_TRUE(in_place == expected) << "in place, count " << count;
+  return recv;
+}
+
 // An all-gather of `count` elements per rank on `comm`, out of place and in place (this rank's
 // part already where it lands), gives every rank's contribution in rank order, bit for bit.
 // Returns that expected result.

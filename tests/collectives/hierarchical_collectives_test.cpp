@@ -88,28 +88,15 @@ TEST_P(HierarchicalTest, NamesItsShape) {
 
 TEST_P(HierarchicalTest, ReduceScatterAddsNodesInOrder) {
   for (size_t count : kCounts) {
-    const Bytes send = contribution(rank, 0, count * n, dtype);
-    const Bytes expected = reference_sum(n, per_node, rank * count, count, dtype);
-    Bytes recv(count * elem()), in_place = send;
-    comm->reduce_scatter_sync(send.data(), recv.data(), count, dtype);
-    EXPECT_TRUE(recv == expected) << "count " << count;
-    comm->reduce_scatter_sync(in_place.data(), in_place.data() + rank * count * elem(), count,
-                              dtype);
-    EXPECT_EQ(
-        0, std::memcmp(in_place.data() + rank * count * elem(), expected.data(), expected.size()))
-        << "in place, count " << count;
+    testing::expect_exact_reduce_scatter(*comm, count, dtype,
+                                         reference_sum(n, per_node, rank * count, count, dtype));
   }
 }
 
 TEST_P(HierarchicalTest, AllReduceAddsNodesInOrder) {
   for (size_t count : kCounts) {
-    const Bytes send = contribution(rank, 0, count, dtype);
-    const Bytes expected = reference_sum(n, per_node, 0, count, dtype);
-    Bytes recv(count * elem()), in_place = send;
-    comm->all_reduce_sync(send.data(), recv.data(), count, dtype);
-    EXPECT_TRUE(recv == expected) << "count " << count;
-    comm->all_reduce_sync(in_place.data(), in_place.data(), count, dtype);
-    EXPECT_TRUE(in_place == expected) << "in place, count " << count;
+    testing::expect_exact_all_reduce(*comm, count, dtype,
+                                     reference_sum(n, per_node, 0, count, dtype));
   }
 }
 

@@ -63,17 +63,10 @@ class ShmTest : public ::testing::TestWithParam<DType> {
 
 TEST_P(ShmTest, ReduceScatterAddsRanksInOrder) {
   for (size_t count : kCounts) {
-    const Bytes send = contribution(rank, 0, count * n, dtype);
-    const Bytes expected = reference_sum(n, rank * count, count, dtype);
-    Bytes recv(count * elem()), in_place = send;
-    comm->reduce_scatter_sync(send.data(), recv.data(), count, dtype);
-    EXPECT_TRUE(recv == expected) << "count " << count;
-    comm->reduce_scatter_sync(in_place.data(), in_place.data() + rank * count * elem(), count,
-                              dtype);
-    EXPECT_EQ(
-        0, std::memcmp(in_place.data() + rank * count * elem(), expected.data(), expected.size()))
-        << "in place, count " << count;
+    const Bytes recv = testing::expect_exact_reduce_scatter(
+        *comm, count, dtype, reference_sum(n, rank * count, count, dtype));
     if (n <= 2) {
+      const Bytes send = contribution(rank, 0, count * n, dtype);
       Bytes over_mpi(count * elem());
       mpi->reduce_scatter_sync(send.data(), over_mpi.data(), count, dtype);
       EXPECT_TRUE(recv == over_mpi) << "against MPI, count " << count;
@@ -83,14 +76,10 @@ TEST_P(ShmTest, ReduceScatterAddsRanksInOrder) {
 
 TEST_P(ShmTest, AllReduceAddsRanksInOrder) {
   for (size_t count : kCounts) {
-    const Bytes send = contribution(rank, 0, count, dtype);
-    const Bytes expected = reference_sum(n, 0, count, dtype);
-    Bytes recv(count * elem()), in_place = send;
-    comm->all_reduce_sync(send.data(), recv.data(), count, dtype);
-    EXPECT_TRUE(recv == expected) << "count " << count;
-    comm->all_reduce_sync(in_place.data(), in_place.data(), count, dtype);
-    EXPECT_TRUE(in_place == expected) << "in place, count " << count;
+    const Bytes recv =
+        testing::expect_exact_all_reduce(*comm, count, dtype, reference_sum(n, 0, count, dtype));
     if (n <= 2) {
+      const Bytes send = contribution(rank, 0, count, dtype);
       Bytes over_mpi(count * elem());
       mpi->all_reduce_sync(send.data(), over_mpi.data(), count, dtype);
       EXPECT_TRUE(recv == over_mpi) << "against MPI, count " << count;
