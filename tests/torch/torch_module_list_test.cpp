@@ -60,22 +60,6 @@ std::vector<TorchUnit> units_of_net(Net net) {
   return units;
 }
 
-// Plain LibTorch through the module's own forward(): the parameters after each step.
-std::vector<std::vector<torch::Tensor>> train_net_plain() {
-  Net net = make_net(1);
-  torch::optim::AdamW adamw(net->parameters(),
-                            torch::optim::AdamWOptions(kLr).weight_decay(kWeightDecay));
-  std::vector<std::vector<torch::Tensor>> after;
-  for (int step = 0; step < kSteps; ++step) {
-    const auto [x, y] = batch(step);
-    adamw.zero_grad();
-    torch::mse_loss(net->forward(x), y).backward();
-    adamw.step();
-    after.push_back(snapshot(*net));
-  }
-  return after;
-}
-
 // Trains `model` for `steps` steps on this rank's rows of each global batch.
 void train(TorchModel& model, int rank, int world, int first_step, int steps) {
   const int64_t rows = kGlobalRows / world;
@@ -94,7 +78,7 @@ std::vector<std::string> names_of(const torch::nn::Module& module) {
 }
 
 TEST(TorchModuleList, BlocksAsUnitsMatchPlainLibTorch) {
-  const std::vector<std::vector<torch::Tensor>> plain = train_net_plain();
+  const std::vector<std::vector<torch::Tensor>> plain = train_plain([] { return make_net(1); });
   std::unique_ptr<Communicator> comm = make_mpi_communicator();
   for (int stage : {1, 3}) {
     Net net = make_net(1);

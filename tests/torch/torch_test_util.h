@@ -46,12 +46,13 @@ inline std::vector<torch::Tensor> tensors_of(const std::vector<std::vector<float
   return tensors;
 }
 
-// Plain LibTorch: the parameters after each step of the model make() returns (make_mlp(1)
-// unless said otherwise), its loss multiplied by loss_factor (fp16 tests make small gradients).
-inline std::vector<std::vector<torch::Tensor>> train_plain(
-    const std::function<torch::nn::Sequential()>& make = [] { return make_mlp(1); },
-    float loss_factor = 1.0f) {
-  torch::nn::Sequential net = make();
+// Plain LibTorch through the module's own forward(): the parameters after each step of the
+// model make() returns (make_mlp(1) unless said otherwise; any module holder), its loss
+// multiplied by loss_factor (fp16 tests make small gradients).
+template <typename Make = std::function<torch::nn::Sequential()>>
+std::vector<std::vector<torch::Tensor>> train_plain(
+    const Make& make = [] { return make_mlp(1); }, float loss_factor = 1.0f) {
+  auto net = make();
   torch::optim::AdamW adamw(net->parameters(),
                             torch::optim::AdamWOptions(kLr).weight_decay(kWeightDecay));
   std::vector<std::vector<torch::Tensor>> after;
