@@ -273,6 +273,14 @@ Engine::~Engine() {
   // A failed stream reports its error to whoever waits; here there is no one left to tell.
   try {
     impl_->comm.stream().synchronize();
+  } catch (const std::exception&) {
+  }
+  try {
+    // Hybrid sharding's sums across replicas and their tails read and write our buffers too.
+    if (impl_->hybrid.replica) impl_->hybrid.replica->stream().synchronize();
+  } catch (const std::exception&) {
+  }
+  try {
     impl_->device->synchronize();
     // The communicator outlives the engine: it must not keep staging in memory freed next.
     if (!impl_->staging.empty()) impl_->comm.clear_staging_buffer();

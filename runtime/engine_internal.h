@@ -129,6 +129,14 @@ struct UnitBytes {
   int state_arrays = 0;
 };
 
+// An issued reduction: when its input may be written again, and when its result is in place.
+// They differ when the result lands elsewhere and is then summed across replicas (hybrid
+// sharding) on another stream.
+struct Reduction {
+  CommPoint input_read;
+  CommPoint done;
+};
+
 struct UnitState {
   Buffer params_full;
   Buffer params_shard;
@@ -300,16 +308,23 @@ struct Engine::Impl {
   // work at issue, so there the figures would be issue times: only the CPU stream measures.)
   template <typename Issue>
   CommPoint traced(const char* name, uint64_t bytes, Issue issue) {
+    return traced_on(comm.stream(), name, bytes, issue);
+  }
+
+  // The same for a collective issued on another communicator's stream `on` (the replica
+  // group's).
+  template <typename Issue>
+  CommPoint traced_on(Stream& on, const char* name, uint64_t bytes, Issue issue) {
     ++collectives_issued;
-    if (!measures_comm()) return CommPoint{issue(), nullptr};
+    if (on.native_handle() != nullptr) return CommPoint{issue(), nullptr};
     auto begin_us = std::make_shared<double>(0.0);
-    comm.stream().enqueue([begin_us] { *begin_us = Trace::now_us(); });
+    on.enqueue([begin_us] { *begin_us = Trace::now_us(); });
     issue();
     Trace* t = trace.enabled() ? &trace : nullptr;
     std::shared_ptr<std::atomic<int64_t>> busy = comm_busy_us;
     std::string span_name = name;
     auto end_us = std::make_shared<double>(0.0);
-    Event end = comm.stream().enqueue([t, busy, begin_us, end_us, span_name, bytes] {
+    Event end = on.enqueue([t, busy, begin_us, end_us, span_name, bytes] {
       *end_us = Trace::now_us();
       busy->fetch_add(static_cast<int64_t>(*end_us - *begin_us));
       if (t) t->add(TraceSpan{span_name, true, *begin_us, *end_us, bytes});
@@ -319,8 +334,10 @@ struct Engine::Impl {
 
   bool measures_comm() const { return comm.stream().native_handle() == nullptr; }
 
-  // The communication stream's current end, stamped when the stream gets there.
-  CommPoint comm_point();
+  // The current end of the communication stream (or of `on`), stamped when the stream gets
+  // there.
+  CommPoint comm_point() { return comm_point(comm.stream()); }
+  CommPoint comm_point(Stream& on);
 
   // The one place compute waits for communication. comm_wait_ms adds how long compute was
   // exposed to it: from when compute needed the result (`needed_us`; now, by default) until
@@ -353,14 +370,20 @@ struct Engine::Impl {
   void* grad_shard(size_t u);
 
   // Sums `bucket` (the unit's whole gradient from this rank, `dtype`) over the ranks and leaves
-  // this rank's reduced slice in `dest` (accum_dtype; added to it when `accumulate`). Everything
-  // runs on the communication stream in order, so the returned event covers the whole chain.
-  CommPoint reduce_to_shard(const Unit& unit, void* bucket, DType dtype, void* dest,
+  // this rank's reduced slice in `dest` (accum_dtype; added to it when `accumulate`).
+  Reduction reduce_to_shard(const Unit& unit, void* bucket, DType dtype, void* dest,
                             bool accumulate);
 
   // Hybrid sharding: sums `count` elements at `data`, just reduced inside the shard group,
-  // across the replica group, in place, in stream order (nothing without hybrid sharding).
-  void reduce_across_replicas(void* data, size_t count, DType dtype);
+  // across the replica group, in place, and returns the stream that whatever reads the sum must
+  // be enqueued on: the replica group's, so that the shard group's stream goes on with its next
+  // collective (a reduce-scatter, a prefetching all-gather) instead of queueing behind the
+  // slower one across replicas. Without hybrid sharding: the communication stream, unchanged.
+  Stream& sum_across_replicas(void* data, size_t count, DType dtype);
+
+  // Before the shard group's stream writes fp32_scratch or the fusion buffer again: waits for
+  // the replica stream's reads of them (see scratch_read_by_replicas).
+  void wait_until_replicas_read_scratch();
 
   // Sums a whole unit's gradient (`dtype`) over the ranks in place (stage 0).
   CommPoint reduce_whole(const Unit& unit, void* bucket, DType dtype);
@@ -386,7 +409,8 @@ struct Engine::Impl {
   void grads_ready(int u);
 
   // Reduces unit u's gradient `source` (`dtype`) into what the rank keeps of it, alone or as
-  // part of its reduce_bucket_size pack. Returns the event after which `source` may be reused.
+  // part of its reduce_bucket_size pack; grads_reduced says when that is done. Returns the
+  // event after which `source` may be reused.
   CommPoint reduce_unit(int u, void* source, DType dtype, bool accumulate);
 
   // A unit of a packed reduction: its gradient is copied into its place in every rank region
@@ -516,7 +540,10 @@ struct Engine::Impl {
   BufferPool grad_pool;
   Buffer fp32_scratch;  // reductions in fp32 of a 16-bit gradient (reduce_in_fp32)
   Buffer fusion;        // packed collectives (see pack_units); one at a time, in stream order
-  Buffer staging;       // the communicator's staging memory (set_staging_buffer)
+  // Hybrid sharding: the replica stream's last read of fp32_scratch or the fusion buffer (a
+  // sum across replicas of a slot in them, and its cast out). Complete without hybrid sharding.
+  Event scratch_read_by_replicas;
+  Buffer staging;  // the communicator's staging memory (set_staging_buffer)
   PackedCollectives reduce_packs;
   PackedCollectives gather_packs;
   Buffer norm_sums;          // each unit's sum of squared gradients, all-reduced at step()

@@ -4,11 +4,10 @@
 
 namespace zero {
 
-// The communication stream's current end, stamped when the stream gets there.
-CommPoint Engine::Impl::comm_point() {
-  if (!measures_comm()) return CommPoint{comm.stream().record(), nullptr};
+CommPoint Engine::Impl::comm_point(Stream& on) {
+  if (on.native_handle() != nullptr) return CommPoint{on.record(), nullptr};
   auto done_us = std::make_shared<double>(0.0);
-  Event e = comm.stream().enqueue([done_us] { *done_us = Trace::now_us(); });
+  Event e = on.enqueue([done_us] { *done_us = Trace::now_us(); });
   return CommPoint{std::move(e), std::move(done_us)};
 }
 
@@ -51,9 +50,10 @@ void* Engine::Impl::grad_shard(size_t u) {
 }
 
 // Sums `bucket` (the unit's whole gradient from this rank, `dtype`) over the ranks and leaves
-// this rank's reduced slice in `dest` (accum_dtype; added to it when `accumulate`). Everything
-// runs on the communication stream in order, so the returned event covers the whole chain.
-CommPoint Engine::Impl::reduce_to_shard(const Unit& unit, void* bucket, DType dtype, void* dest,
+// this rank's reduced slice in `dest` (accum_dtype; added to it when `accumulate`). The shard
+// group's part runs on the communication stream in order; the sum across replicas and what
+// follows it, on the replica stream (sum_across_replicas).
+Reduction Engine::Impl::reduce_to_shard(const Unit& unit, void* bucket, DType dtype, void* dest,
                                         bool accumulate) {
   const double issue_us = Trace::now_us();
   const bool via_fp32 = config.reduce_in_fp32 && dtype != DType::kFloat32;
@@ -64,28 +64,31 @@ CommPoint Engine::Impl::reduce_to_shard(const Unit& unit, void* bucket, DType dt
   prepare_for_reduction(bucket, dtype, numel);
   comm.stream().wait(device->record());
   DeviceContext* dev = device.get();
-  Stream* on = &comm.stream();
   void* buf = bucket;
   if (via_fp32) {
     buf = fp32_scratch.data();
+    wait_until_replicas_read_scratch();
+    Stream* on = &comm.stream();
     on->enqueue([=] { dev->cast(bucket, dtype, buf, DType::kFloat32, numel, on); });
   }
   const uint64_t bytes_on_wire = numel * dtype_size(wire);
   if (!accumulate && wire == dest_dtype && config.reduce_scatter) {
-    traced("reduce_scatter", bytes_on_wire,
-           [&] { return comm.reduce_scatter(buf, dest, shard, wire); });
-    reduce_across_replicas(dest, shard, wire);
-    return issued(comm_point(), issue_us);
+    const CommPoint scattered = traced("reduce_scatter", bytes_on_wire,
+                                       [&] { return comm.reduce_scatter(buf, dest, shard, wire); });
+    Stream& tail = sum_across_replicas(dest, shard, wire);
+    const bool replicated = &tail != &comm.stream();
+    return Reduction{scattered, issued(replicated ? comm_point(tail) : scattered, issue_us)};
   }
   void* slot = byte_offset(buf, rank * shard * dtype_size(wire));
   if (config.reduce_scatter) {
     traced("reduce_scatter", bytes_on_wire,
            [&] { return comm.reduce_scatter(buf, slot, shard, wire); });
-    reduce_across_replicas(slot, shard, wire);
   } else {
     traced("all_reduce", bytes_on_wire, [&] { return comm.all_reduce(buf, buf, numel, wire); });
-    reduce_across_replicas(slot, shard, wire);
   }
+  // The slot is read until the tail has run: the bucket is free after it, and so is the
+  // scratch (which the bucket then no longer needs).
+  Stream* on = &sum_across_replicas(slot, shard, wire);
   on->enqueue([=] {
     if (dest == slot) return;
     if (accumulate) {
@@ -94,7 +97,10 @@ CommPoint Engine::Impl::reduce_to_shard(const Unit& unit, void* bucket, DType dt
       dev->cast(slot, wire, dest, dest_dtype, shard, on);
     }
   });
-  return issued(comm_point(), issue_us);
+  const CommPoint done = issued(comm_point(*on), issue_us);
+  if (!via_fp32 || on == &comm.stream()) return Reduction{done, done};
+  scratch_read_by_replicas = done.event;
+  return Reduction{comm_point(), done};
 }
 
 // Sums a whole unit's gradient (`dtype`) over the ranks in place (stage 0).
@@ -105,19 +111,21 @@ CommPoint Engine::Impl::reduce_whole(const Unit& unit, void* bucket, DType dtype
   comm.stream().wait(device->record());
   if (config.reduce_in_fp32 && dtype != DType::kFloat32) {
     DeviceContext* dev = device.get();
-    Stream* on = &comm.stream();
     void* buf = fp32_scratch.data();
-    on->enqueue([=] { dev->cast(bucket, dtype, buf, DType::kFloat32, numel, on); });
+    wait_until_replicas_read_scratch();
+    Stream* from = &comm.stream();
+    from->enqueue([=] { dev->cast(bucket, dtype, buf, DType::kFloat32, numel, from); });
     traced("all_reduce", numel * sizeof(float),
            [&] { return comm.all_reduce(buf, buf, numel, DType::kFloat32); });
-    reduce_across_replicas(buf, numel, DType::kFloat32);
+    Stream* on = &sum_across_replicas(buf, numel, DType::kFloat32);
     on->enqueue([=] { dev->cast(buf, DType::kFloat32, bucket, dtype, numel, on); });
-  } else {
-    traced("all_reduce", numel * dtype_size(dtype),
-           [&] { return comm.all_reduce(bucket, bucket, numel, dtype); });
-    reduce_across_replicas(bucket, numel, dtype);
+    const CommPoint done = issued(comm_point(*on), issue_us);
+    if (on != from) scratch_read_by_replicas = done.event;
+    return done;
   }
-  return issued(comm_point(), issue_us);
+  traced("all_reduce", numel * dtype_size(dtype),
+         [&] { return comm.all_reduce(bucket, bucket, numel, dtype); });
+  return issued(comm_point(sum_across_replicas(bucket, numel, dtype)), issue_us);
 }
 
 // The pre-divide keeps 16-bit sums over many ranks in range: divide by f before the sum,
@@ -221,10 +229,13 @@ CommPoint Engine::Impl::reduce_unit(int u, void* source, DType dtype, bool accum
   UnitState& s = units[u];
   const Unit& unit = layout.units()[u];
   if (reduce_packs.fused(u)) return reduce_packed(u, source, dtype, accumulate);
-  s.grads_reduced = config.stage == 0
-                        ? reduce_whole(unit, source, dtype)
-                        : reduce_to_shard(unit, source, dtype, owned_grads(u), accumulate);
-  return s.grads_reduced;
+  if (config.stage == 0) {
+    s.grads_reduced = reduce_whole(unit, source, dtype);
+    return s.grads_reduced;
+  }
+  const Reduction r = reduce_to_shard(unit, source, dtype, owned_grads(u), accumulate);
+  s.grads_reduced = r.done;
+  return r.input_read;
 }
 
 // A unit of a packed reduction: its gradient is copied into its place in every rank region
@@ -254,6 +265,7 @@ CommPoint Engine::Impl::reduce_packed(int u, void* source, DType dtype, bool acc
   const size_t offset = packs.offset_of[u];
   const char* from = static_cast<const char*>(source);
   const size_t from_size = dtype_size(dtype);
+  if (packs.filled == 0) wait_until_replicas_read_scratch();
   on->enqueue([=] {
     for (int r = 0; r < ranks; ++r) {
       dev->cast(from + r * shard * from_size, dtype, fused + (r * region + offset) * wire_size,
@@ -276,7 +288,7 @@ CommPoint Engine::Impl::reduce_packed(int u, void* source, DType dtype, bool acc
     });
   }
   // Only this rank's region is read below (hybrid sharding runs at stage 3 alone).
-  reduce_across_replicas(fused + rank * region * wire_size, region, wire);
+  on = &sum_across_replicas(fused + rank * region * wire_size, region, wire);
   for (int v : packs.packs[p]) {
     const size_t v_shard = layout.units()[v].shard;
     const char* reduced = fused + packs.offset_of[v] * wire_size;
@@ -303,7 +315,8 @@ CommPoint Engine::Impl::reduce_packed(int u, void* source, DType dtype, bool acc
       }
     });
   }
-  const CommPoint reduced = issued(comm_point(), issue_us);
+  const CommPoint reduced = issued(comm_point(*on), issue_us);
+  if (on != &comm.stream()) scratch_read_by_replicas = reduced.event;
   for (int v : packs.packs[p]) units[v].grads_reduced = reduced;
   return copied;
 }

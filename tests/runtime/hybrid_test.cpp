@@ -3,7 +3,10 @@
 // training, hold 16Ψ/k of model state per rank, and refuse what it cannot do by name.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/expect_error.h"
@@ -91,6 +94,85 @@ TEST(HybridSharding, CommunicationPerStepFollowsTheFormula) {
     EXPECT_EQ(run.comm_bytes[1], run.comm_bytes[2]) << "k " << k;
     EXPECT_NEAR(static_cast<double>(run.comm_bytes[2]) / expected, 1.0, 0.02)
         << "k " << k << ": " << run.comm_bytes[2] << " bytes, formula " << expected;
+  }
+}
+
+// The last rank starts every backward late, so the sums across replicas that need it wait.
+RunOptions with_a_slow_last_rank(RunOptions o, int sleep_ms) {
+  o.before_backward = [sleep_ms](int rank) {
+    if (rank == world_size() - 1) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
+  };
+  return o;
+}
+
+// While a sum across replicas waits for a slow replica, the shard group's stream goes on: the
+// next unit's reduce-scatter, issued after the sum, starts before the sum ends. Were the shard
+// stream to wait for each sum (as it once did), it could start only after that end. Each
+// reduction issues one reduce-scatter and then one sum, and each stream runs its work in
+// order, so the i-th of each belong together.
+TEST(HybridSharding, TheShardGroupDoesNotWaitForSumsAcrossReplicas) {
+  const int n = world_size();
+  if (n < 2 || n % 2 != 0) GTEST_SKIP() << "needs an even number of ranks, two or more";
+  // Shard groups of n/2: rank 0's group never holds the slow last rank.
+  const int k = n == 2 ? 1 : n / 2;
+  RunOptions o = with_a_slow_last_rank(hybrid(k), 100);
+  o.steps = 2;
+  o.micro_batches = 1;
+  o.tweak = [k](EngineConfig& c) {
+    c.mics_shard_size = k;
+    c.trace = true;
+  };
+  const TrainResult run = train(o);
+  if (make_mpi_communicator()->rank() != 0) return;
+  const auto spans_named = [&run](const std::string& name) {
+    std::vector<TraceSpan> spans;
+    for (const TraceSpan& s : run.trace) {
+      if (s.comm && s.name == name) spans.push_back(s);
+    }
+    std::sort(spans.begin(), spans.end(),
+              [](const TraceSpan& a, const TraceSpan& b) { return a.begin_us < b.begin_us; });
+    return spans;
+  };
+  const std::vector<TraceSpan> scatters = spans_named("reduce_scatter");
+  const std::vector<TraceSpan> sums = spans_named("replica_all_reduce");
+  ASSERT_EQ(scatters.size(), sums.size()) << "one sum across replicas per reduce-scatter";
+  ASSERT_GT(sums.size(), 1u);
+  int started_before_the_previous_sum_ended = 0;
+  for (size_t i = 1; i < sums.size(); ++i) {
+    if (scatters[i].begin_us < sums[i - 1].end_us) ++started_before_the_previous_sum_ended;
+  }
+  EXPECT_GT(started_before_the_previous_sum_ended, 0)
+      << "every reduce-scatter waited for the sum across replicas issued before it";
+}
+
+// Sums across replicas read a slot of fp32_scratch (bf16 reduced in fp32) or of the fusion
+// buffer (reduce_bucket_size) on the replica stream after the shard stream has moved on; with
+// a slow replica, a missing wait lets the next unit's reduction overwrite the slot first. At
+// two ranks (k = 1) each sum is a + b, as plain stage 3's is: equal bit for bit.
+TEST(HybridSharding, SumsAcrossASlowReplicaReadScratchBeforeItIsReused) {
+  if (world_size() != 2) GTEST_SKIP() << "the bitwise comparison is for two ranks";
+  for (const bool packed : {false, true}) {
+    RunOptions o = with_a_slow_last_rank(hybrid(1), 20);
+    o.steps = 3;
+    o.dtype = DType::kBFloat16;
+    o.mlp.layers = 6;  // several packs in one backward
+    const auto setting = [packed](EngineConfig& c) {
+      c.reduce_in_fp32 = true;
+      if (packed) c.reduce_bucket_elements = 1u << 20;
+    };
+    o.tweak = [setting](EngineConfig& c) {
+      setting(c);
+      c.mics_shard_size = 1;
+    };
+    RunOptions plain = o;
+    plain.tweak = setting;
+    const TrainResult stage3 = train(plain);
+    const TrainResult run = train(o);
+    const std::string what = packed ? "packed, " : "unit by unit, ";
+    EXPECT_EQ(run.losses, stage3.losses) << what << "losses";
+    // The norm adds its per-shard sums in another order (shards of k = 1 are whole units).
+    expect_close(run.grad_norms, stage3.grad_norms, 1e-6, what + "gradient norms");
+    EXPECT_EQ(run.final_params, stage3.final_params) << what << "parameters";
   }
 }
 

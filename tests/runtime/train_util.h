@@ -37,6 +37,7 @@ struct TrainResult {
   uint64_t nvme_bytes = 0;
   size_t padded_params = 0;
   std::vector<std::vector<float>> final_params;
+  std::vector<TraceSpan> trace;  // this rank's spans, when the tweak enabled the trace
 };
 
 struct RunOptions {
@@ -54,7 +55,8 @@ struct RunOptions {
   DType dtype = DType::kFloat32;
   int inf_grad_step = 0;       // the last rank's loss gradient is infinite at this step
   bool record_params = false;  // keep the full parameters after every step
-  std::function<void(EngineConfig&)> tweak;  // any other setting
+  std::function<void(EngineConfig&)> tweak;       // any other setting
+  std::function<void(int rank)> before_backward;  // runs before every micro-batch's backward
 };
 
 // Trains the example MLP and records what the tests compare. The loss of a step is the mean
@@ -96,6 +98,7 @@ inline TrainResult train(const RunOptions& o) {
         const bool inject =
             step == o.inf_grad_step && k == o.micro_batches - 1 && comm->rank() == world - 1;
         if (inject) grad.data()[0] = std::numeric_limits<float>::infinity();
+        if (o.before_backward) o.before_backward(comm->rank());
         model.backward(grad);
       }
       const StepStats stats = model.step();
@@ -112,6 +115,7 @@ inline TrainResult train(const RunOptions& o) {
       run.losses.push_back(total / static_cast<float>(world * o.micro_batches));
     }
     run.final_params = model.engine().gather_full_params();
+    run.trace = model.engine().trace().spans();
     run.peak_bytes = model.engine().allocator().stats().peak_total;
     run.units = model.engine().layout().units().size();
   }
