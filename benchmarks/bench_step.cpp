@@ -44,9 +44,10 @@
 //    --link-counters PREFIX, rank 0 sums the transmit counters of the host's interfaces PREFIX*
 //    (for netns_cluster.sh, zero-nodeK: everything delivered into node K) after a barrier before
 //    and after each block, divided by the block's steps (frame headers and the barriers'
-//    few bytes included). formula_MB beside it is what the hierarchical path should send
-//    (Record::link_formula_bytes), to compare the measured figure with; MPI alone has none (its
-//    algorithms are OpenMPI's choice), only its measured bytes.
+//    few bytes included). formula_MB beside it is what should cross (Record::link_formula_bytes):
+//    for the hierarchical path, from the engine's counted all-gathers; for hybrid sharding with
+//    a shard group per node, its sums across replicas. MPI alone has none (its algorithms are
+//    OpenMPI's choice), only its measured bytes.
 //  - Memory is Engine::model_state_bytes() and the engine allocator's peak (model state plus the
 //    pooled gradient buckets and gathered-parameter buffers; activations are host vectors the
 //    allocator does not see), the maximum over ranks.

@@ -78,13 +78,16 @@ int nodes_of_job() {
   return nodes;
 }
 
-// Record::link_formula_bytes of a hierarchical run over `nodes` nodes.
-double hierarchical_link_formula(const Record& r, int nodes) {
-  const double reduced = 4.0 * static_cast<double>(r.padded_params);
-  const double gathered = static_cast<double>(dtype_size(r.dtype)) * r.padded_params;
-  const double per_node_pair = r.stage == 0   ? 2 * reduced
-                               : r.stage <= 2 ? reduced + gathered
-                                              : reduced + 2 * gathered;
+// Record::link_formula_bytes of a hierarchical run over `nodes` nodes, from the bytes the
+// engine's all-gathers sent per step on one rank (the ring's share of their buffers).
+double hierarchical_link_formula(const Record& r, int nodes, int micro_batches,
+                                 double gather_sent_per_step) {
+  const int reductions = r.stage >= 2 ? micro_batches : 1;
+  const double reduced = 4.0 * static_cast<double>(r.padded_params) * reductions;
+  const double gathered =
+      r.world > 1 ? gather_sent_per_step / ring_share(CollectiveOp::kAllGather, r.world).factor()
+                  : 0.0;
+  const double per_node_pair = r.stage == 0 ? 2 * reduced : reduced + gathered;
   return (nodes - 1) * per_node_pair;
 }
 
@@ -104,10 +107,20 @@ void measure_block(StageRun& run, const TrainStep& train_step, const StageOption
   Engine& engine = run.model->engine();
   Communicator& comm = *run.comm;
   const bool count_links = !opt.link_counters.empty() && comm.rank() == 0;
-  comm.stream().synchronize();
+  engine.communicator().stream().synchronize();
   ZERO_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
   const uint64_t links_before = count_links ? link_tx_bytes(opt.link_counters) : 0;
   engine.trace().clear();
+  const auto gather_sent = [&engine] {
+    return engine.communicator().counters().bytes[static_cast<size_t>(CollectiveOp::kAllGather)];
+  };
+  // own_comm_bytes: the shard and replica groups' (hybrid sharding only; 0 otherwise).
+  const auto replica_sent = [&engine] {
+    const uint64_t own = engine.own_comm_bytes();
+    return own == 0 ? 0 : own - engine.communicator().counters().total_bytes();
+  };
+  const uint64_t gather_before = gather_sent();
+  const uint64_t replica_before = replica_sent();
   std::vector<double> starts{Trace::now_us()};
   for (int i = 0; i < steps; ++i) {
     run.data_step += 1;
@@ -117,8 +130,12 @@ void measure_block(StageRun& run, const TrainStep& train_step, const StageOption
     run.collectives += stats.collectives;
     if (i + 1 < steps) starts.push_back(Trace::now_us());
   }
-  // The last step ends when what it left in flight (stages 1-3's post-step all-gathers) is done.
-  comm.stream().synchronize();
+  // The last step ends when what it left in flight (stages 1-3's post-step all-gathers, stage
+  // 3's prefetch of the first unit) is done, on the engine's communicator (hybrid sharding's
+  // shard group: not the world's).
+  engine.communicator().stream().synchronize();
+  run.gather_bytes_sent += gather_sent() - gather_before;
+  run.replica_bytes_sent += replica_sent() - replica_before;
   starts.push_back(Trace::now_us());
   for (size_t i = 0; i + 1 < starts.size(); ++i) {
     run.step_ms.push_back((starts[i + 1] - starts[i]) / 1000.0);
@@ -319,9 +336,18 @@ std::vector<Record> measure_stages(const StageOptions& opt, DType dtype, const C
   std::vector<Record> records;
   for (StageRun& run : runs) records.push_back(summarize(run, run.comm->world_size(), opt));
   const int nodes = nodes_of_job();
-  for (Record& r : records) {
-    if (r.transport.rfind("hierarchical", 0) == 0 && r.mics_shard_size < 0) {
-      r.link_formula_bytes = hierarchical_link_formula(r, nodes);
+  for (size_t i = 0; i < records.size(); ++i) {
+    Record& r = records[i];
+    const StageRun& run = runs[i];
+    const double steps = static_cast<double>(r.steps);
+    const bool hierarchical = r.transport.rfind("hierarchical", 0) == 0;
+    if (hierarchical && r.mics_shard_size < 0) {
+      r.link_formula_bytes =
+          hierarchical_link_formula(r, nodes, opt.micro_batches, run.gather_bytes_sent / steps);
+    }
+    const bool shard_group_per_node = r.mics_shard_size > 0 && r.mics_shard_size * nodes == r.world;
+    if (nodes > 1 && shard_group_per_node) {
+      r.link_formula_bytes = r.world * (run.replica_bytes_sent / steps);
     }
   }
   for (Record& r : records) {

@@ -69,6 +69,11 @@ struct StageRun {
   long collectives = 0;         // sum of StepStats::collectives
   float last_loss = 0.0f;
   uint64_t link_bytes = 0;  // delivered across nodes during the measured steps (rank 0)
+  // What this rank's engine counted during the measured steps (CommCounters: the bytes one rank
+  // sends by the ring's figures): its communicator's all-gathers, and with hybrid sharding the
+  // replica group's collectives.
+  uint64_t gather_bytes_sent = 0;
+  uint64_t replica_bytes_sent = 0;
 };
 
 // One stage and dtype, combined over the ranks.
@@ -94,10 +99,13 @@ struct Record {
   double ratio_to_stage0 = -1;  // step time over stage 0's; negative: stage 0 was not measured
   double final_loss = 0;
   double link_bytes_per_step = -1;  // across nodes, from the link counters; negative: not read
-  // What the hierarchical path sends across M nodes per step, all links together, in bytes
-  // (negative for other transports): (M - 1) x (each reduction's fp32 partial sums of the
-  // padded parameters, 4 bytes an element, twice for stage 0's all-reduce; each parameter
-  // all-gather's working dtype: once for stages 1-2, twice for stage 3).
+  // What should cross M nodes per step, all links together, in bytes (negative where there is
+  // no formula). The hierarchical path: (M - 1) x (each reduction's fp32 partial sums of the
+  // padded parameters, 4 bytes an element, twice for stage 0's all-reduce, once per
+  // micro-batch at stages 2-3; each parameter all-gather's whole buffer, as many as the engine
+  // counted: stage 3 gathers a unit for its forward, its backward, and for every module tied
+  // to it). Hybrid sharding with one shard group per node: only the sums across replicas
+  // cross, every rank's ring share of them.
   double link_formula_bytes = -1;
 };
 
