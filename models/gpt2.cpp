@@ -72,6 +72,9 @@ class Gpt2Embedding : public Module {
     grad_in = Tensor();  // token ids have no gradient
   }
 
+  // The gradient is a scatter of grad_out by token id: stage 3 need not gather wte and wpe again.
+  bool backward_reads_params() const override { return false; }
+
   uint64_t activation_bytes() const { return bytes_of(tokens_); }
 
  private:

@@ -237,14 +237,28 @@ ZeroModel::ZeroModel(Communicator& comm, std::vector<NamedModule> modules,
   engine_ = std::make_unique<Engine>(comm, decls, config);
 }
 
-std::vector<ParamRef> ZeroModel::params_of(int module) {
+std::vector<ParamRef> ZeroModel::params_of(int module, bool own_values) {
   std::vector<ParamRef> refs;
-  for (int p : module_params_[module]) {
+  const std::vector<int>& params = module_params_[module];
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int p = params[i];
     const ParamPlacement& pl = engine_->layout().params()[p];
-    refs.push_back(ParamRef{engine_->param(p), engine_->dtype(), &pl.shape, pl.numel,
-                            engine_->device_context()});
+    void* data = own_values || i >= own_params_[module] ? engine_->param(p) : nullptr;
+    refs.push_back(
+        ParamRef{data, engine_->dtype(), &pl.shape, pl.numel, engine_->device_context()});
   }
   return refs;
+}
+
+bool ZeroModel::backward_reads_params_of_unit(int unit) const {
+  const Layout& layout = engine_->layout();
+  const Unit& u = layout.units()[unit];
+  for (int m = u.first_module; m <= u.last_module; ++m) {
+    if (layout.unit_of_module(m) == unit && modules_[m].module->backward_reads_params()) {
+      return true;
+    }
+  }
+  return false;
 }
 
 std::vector<ParamRef> ZeroModel::grads_of(int module) {
@@ -308,6 +322,7 @@ void ZeroModel::prefetch_after(int u, int direction) {
   const int num_units = static_cast<int>(layout.units().size());
   size_t ahead = 0;
   for (int v = u + direction; v >= 0 && v < num_units; v += direction) {
+    if (direction < 0 && !backward_reads_params_of_unit(v)) continue;  // not gathered there
     ahead += layout.units()[v].numel;
     if (v != u + direction && ahead > engine_->config().prefetch_elements) break;
     engine_->prefetch(v);
@@ -398,7 +413,11 @@ Tensor ZeroModel::backward(const Tensor& grad_output) {
     const int u = layout.unit_of_module(m);
     const bool first_of_unit = u >= 0 && layout.units()[u].first_module == m;
     const bool last_of_unit = u >= 0 && layout.units()[u].last_module == m;
-    if (last_of_unit) engine_->gather(u);
+    // Stage 3 gathers a unit again for backward only if a module of it reads its values
+    // there; one still gathered (kept from forward, persistent) is read as it is.
+    const bool reads_values =
+        u >= 0 && (engine_->is_gathered(u) || backward_reads_params_of_unit(u));
+    if (last_of_unit && reads_values) engine_->gather(u);
     if (last_of_unit) tied = gather_tied(m);
     // A module without a unit of its own (all its parameters tied or persistent) may sit
     // inside a merged unit: its tied units are its own business.
@@ -407,7 +426,8 @@ Tensor ZeroModel::backward(const Tensor& grad_output) {
     Tensor grad_in;
     {
       ScopedSpan span(engine_->trace(), "backward " + modules_[m].name);
-      modules_[m].module->backward(current, grad_in, params_of(m), grads_of(m));
+      modules_[m].module->backward(current, grad_in, params_of(m, u < 0 || reads_values),
+                                   grads_of(m));
     }
     current = std::move(grad_in);
     // A tied parameter's gradient stays in its owner's buffer until the owner's grads_ready.

@@ -219,6 +219,92 @@ TEST(ModelFeatures, CheckpointsSaveAndRestoreFrozenValues) {
   }
 }
 
+// y = x + b: backward's gradients (db = the column sums of gy, dx = gy) need no value of b, and
+// the module can say so.
+class Shift : public Module {
+ public:
+  explicit Shift(bool reads) : reads_(reads) {}
+  std::vector<ParamDecl> parameters() const override {
+    return {ParamDecl{ParamSpec{"b", {kD}, 0}, ParamInit{InitKind::kUniform, 0.2f}}};
+  }
+  void forward(const Tensor& x, Tensor& y, const std::vector<ParamRef>& p) override {
+    Tensor scratch;
+    const float* b = p[0].as_f32(scratch);
+    y = Tensor(x.shape());
+    for (size_t i = 0; i < x.numel(); ++i) y.data()[i] = x.data()[i] + b[i % kD];
+  }
+  void backward(const Tensor& gy, Tensor& gx, const std::vector<ParamRef>& p,
+                const std::vector<ParamRef>& g) override {
+    saw_values = p[0].data != nullptr;
+    std::vector<float> db(kD, 0.0f);
+    for (size_t i = 0; i < gy.numel(); ++i) db[i % kD] += gy.data()[i];
+    g[0].add_f32(db.data());
+    gx = gy;
+  }
+  bool backward_reads_params() const override { return reads_; }
+  bool saw_values = false;
+
+ private:
+  bool reads_;
+};
+
+struct ShiftRun {
+  std::vector<std::vector<float>> final_params;
+  uint64_t all_gathers = 0;  // on the engine's communicator, over the steps after the first
+  bool backward_saw_values = false;
+};
+
+ShiftRun train_shifted(int stage, bool shift_reads) {
+  std::unique_ptr<Communicator> comm = make_mpi_communicator();
+  std::vector<NamedModule> modules;
+  auto shift = std::make_unique<Shift>(shift_reads);
+  const Shift* shift_module = shift.get();
+  modules.push_back({"shift", std::move(shift)});
+  const Net net;
+  const std::vector<ParamDecl> dense = {declare(Decl{"w", {kD, kD}, 0.3f}, "w", net, true),
+                                        declare(Decl{"b", {kD}, 0.1f}, "b", net, true)};
+  modules.push_back({"h", std::make_unique<Dense>(dense, kD, kD, true)});
+  EngineConfig config;
+  config.stage = stage;
+  ZeroModel model(*comm, std::move(modules), config);
+  const std::shared_ptr<DeviceContext>& device = model.engine().device_context();
+  const auto all_gathers = [&model] {
+    return model.engine().communicator().counters().calls[static_cast<size_t>(
+        CollectiveOp::kAllGather)];
+  };
+  ShiftRun run;
+  uint64_t after_first = 0;
+  for (int step = 1; step <= 3; ++step) {
+    const int64_t first = comm->rank() * 4;
+    const Tensor out = model.forward(Tensor({4, kD}, inputs(step, first, 4), device)).to(nullptr);
+    const std::vector<float> t = targets(step, first, 4);
+    std::vector<float> grad(t.size());
+    for (size_t i = 0; i < t.size(); ++i) grad[i] = out.data()[i] - t[i];
+    model.backward(Tensor({4, kD}, grad, device));
+    model.step();
+    if (step == 1) after_first = all_gathers();
+  }
+  run.all_gathers = all_gathers() - after_first;
+  run.backward_saw_values = shift_module->saw_values;
+  run.final_params = model.engine().gather_full_params();
+  return run;
+}
+
+// Stage 3 does not gather a unit again for a backward that says it reads none of its
+// parameters (the GPT-2's embedding): one all-gather fewer per step, the same numbers.
+TEST(ModelFeatures, BackwardThatReadsNoParametersIsNotGatheredAtStageThree) {
+  const ShiftRun reads = train_shifted(3, true);
+  const ShiftRun skips = train_shifted(3, false);
+  EXPECT_EQ(skips.final_params, reads.final_params);
+  EXPECT_TRUE(reads.backward_saw_values);
+  EXPECT_FALSE(skips.backward_saw_values);
+  if (zero::testing::world_size() > 1) {
+    EXPECT_EQ(skips.all_gathers + 2, reads.all_gathers) << "two steps, one gather fewer in each";
+  }
+  // Other stages keep every parameter whole: backward sees the values either way.
+  EXPECT_TRUE(train_shifted(2, false).backward_saw_values);
+}
+
 class Plain : public Module {
  public:
   Plain(std::vector<ParamDecl> params, std::vector<std::string> tied)

@@ -101,6 +101,10 @@ class Module {
   virtual void backward(const Tensor& grad_out, Tensor& grad_in,
                         const std::vector<ParamRef>& params,
                         const std::vector<ParamRef>& grads) = 0;
+  // Whether backward reads the values of the module's own parameters. An embedding's does not
+  // (its gradient comes from the token ids and grad_out alone): at stage 3 a unit whose modules
+  // all say so is not gathered again for backward, and their own params have null data there.
+  virtual bool backward_reads_params() const { return true; }
 };
 
 struct NamedModule {
@@ -136,7 +140,9 @@ class ZeroModel {
   bool keep_for_backward(int unit) const;
   std::vector<int> gather_tied(int module);
   void release_tied(const std::vector<int>& units, int unit, int direction);
-  std::vector<ParamRef> params_of(int module);
+  bool backward_reads_params_of_unit(int unit) const;
+  // The module's parameters: its own (null data when `own_values` is false), then its tied ones.
+  std::vector<ParamRef> params_of(int module, bool own_values = true);
   std::vector<ParamRef> grads_of(int module);
 
   // Declared before the modules, so destroyed after them: their tensors may be counted in the
