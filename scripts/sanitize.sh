@@ -59,10 +59,10 @@ start=$(date +%s)
 # minutes for binaries nobody runs under TSan.
 configure_and_build "$tsan_build" thread --target collectives_stream_test \
   collectives_flight_recorder_test collectives_shm_test collectives_hierarchical_test \
-  runtime_engine_test thread_pool_test
+  runtime_engine_test runtime_hybrid_test thread_pool_test
 echo "sanitize: TSan build took $(seconds_since "$start") s"
 start=$(date +%s)
 TSAN_OPTIONS="suppressions=$root/tests/sanitizers/tsan.supp:halt_on_error=1:second_deadlock_stack=1" \
   ctest --test-dir "$tsan_build" --output-on-failure -j 2 --timeout 900 \
-  -R "stream|flight_recorder|collectives_shm|collectives_hierarchical|engine|thread_pool" "$@"
+  -R "stream|flight_recorder|collectives_shm|collectives_hierarchical|engine|runtime_hybrid|thread_pool" "$@"
 echo "sanitize: TSan tests took $(seconds_since "$start") s"
