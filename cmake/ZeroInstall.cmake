@@ -20,12 +20,8 @@ set(ZERO_INSTALL_LIBRARIES zero_core zero_kernels zero_kernels_cuda zero_collect
 set(ZERO_INSTALL_PROGRAMS zerorun zero-train zero-estimate zero-checkpoint zero-tokenize
     zero-bench-optimizer zero-bench-collectives)
 
-# The optional LibTorch adapter (zero_torch, built when CMake found Torch) is the package's
-# `torch` component: an export set of its own, loaded only when a project asks for the component
-# (find_package(zero COMPONENTS torch)), so the package works for projects without LibTorch.
-set(ZERO_COMPONENT_LIBRARIES zero_torch)
 # Imported targets without a namespace that a component's own find_dependency provides
-# (LibTorch's target is plain `torch`).
+# (LibTorch's target is plain `torch`; the torch component below finds it).
 set(ZERO_COMPONENT_IMPORTED_TARGETS torch)
 
 # find_dependency() lines for the imported targets our libraries link, by namespace. A
@@ -172,9 +168,12 @@ install(TARGETS ${zero_libraries} zero_all EXPORT zeroTargets
 install(TARGETS ${zero_programs} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(EXPORT zeroTargets NAMESPACE zero:: DESTINATION ${ZERO_CMAKE_DIR})
 
-# The torch component: zero::torch in zeroTorchTargets.cmake. zeroConfig.cmake finds Torch for
-# it, through the user's Torch_DIR or else where this build found it. ZERO_TORCH_DIR_HINT stays
-# empty without the adapter, which is how zeroConfig.cmake knows it was not built.
+# The optional LibTorch adapter (zero_torch, built when CMake found Torch) is the package's
+# `torch` component: zero::torch in an export set of its own, zeroTorchTargets.cmake, which
+# zeroConfig.cmake loads only when a project asks for the component (find_package(zero
+# COMPONENTS torch)), so the package works for projects without LibTorch. It finds Torch through
+# the user's Torch_DIR or else where this build found it. ZERO_TORCH_DIR_HINT stays empty
+# without the adapter, which is how zeroConfig.cmake knows it was not built.
 set(ZERO_TORCH_DIR_HINT "")
 if(TARGET zero_torch)
   zero_prepare_export(zero_torch)
