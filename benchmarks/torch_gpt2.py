@@ -75,7 +75,9 @@ def build_model(torch, args):
             self.ln_2 = nn.LayerNorm(C, eps=1e-5)
             self.c_fc = nn.Linear(C, 4 * C)
             self.mlp_proj = nn.Linear(4 * C, C)
-            self.register_buffer("mask", torch.tril(torch.ones(T, T, dtype=torch.bool)))
+            # A constant, not a buffer: DDP (torch_ddp_zero_gpt2.py) broadcasts buffers, and
+            # gloo cannot broadcast bool tensors.
+            self.mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
 
         def attention(self, x):
             B = x.shape[0]

@@ -20,6 +20,10 @@ set(ZERO_INSTALL_LIBRARIES zero_core zero_kernels zero_kernels_cuda zero_collect
 set(ZERO_INSTALL_PROGRAMS zerorun zero-train zero-estimate zero-checkpoint zero-tokenize
     zero-bench-optimizer zero-bench-collectives)
 
+# Imported targets without a namespace that a component's own find_dependency provides
+# (LibTorch's target is plain `torch`; the torch component below finds it).
+set(ZERO_COMPONENT_IMPORTED_TARGETS torch)
+
 # find_dependency() lines for the imported targets our libraries link, by namespace. A
 # namespace missing here stops the configure step: a package that cannot find its own
 # dependencies fails only later, in the user's project.
@@ -105,6 +109,10 @@ function(zero_prepare_export library)
       if(link MATCHES "^\\$<LINK_ONLY:([^$<>]+)>$")
         set(target "${CMAKE_MATCH_1}")
       endif()
+      if(target IN_LIST ZERO_COMPONENT_IMPORTED_TARGETS)
+        list(APPEND exported "${link}")
+        continue()
+      endif()
       if(TARGET ${target} AND NOT target MATCHES "::" AND NOT target IN_LIST zero_libraries)
         get_target_property(type ${target} TYPE)
         if(NOT type STREQUAL "INTERFACE_LIBRARY")
@@ -159,6 +167,20 @@ install(TARGETS ${zero_libraries} zero_all EXPORT zeroTargets
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(TARGETS ${zero_programs} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(EXPORT zeroTargets NAMESPACE zero:: DESTINATION ${ZERO_CMAKE_DIR})
+
+# The optional LibTorch adapter (zero_torch, built when CMake found Torch) is the package's
+# `torch` component: zero::torch in an export set of its own, zeroTorchTargets.cmake, which
+# zeroConfig.cmake loads only when a project asks for the component (find_package(zero
+# COMPONENTS torch)), so the package works for projects without LibTorch. It finds Torch through
+# the user's Torch_DIR or else where this build found it. ZERO_TORCH_DIR_HINT stays empty
+# without the adapter, which is how zeroConfig.cmake knows it was not built.
+set(ZERO_TORCH_DIR_HINT "")
+if(TARGET zero_torch)
+  zero_prepare_export(zero_torch)
+  install(TARGETS zero_torch EXPORT zeroTorchTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
+  install(EXPORT zeroTorchTargets NAMESPACE zero:: DESTINATION ${ZERO_CMAKE_DIR})
+  set(ZERO_TORCH_DIR_HINT "${Torch_DIR}")
+endif()
 
 # The find_dependency lines zeroConfig.cmake runs before it loads the targets, once each.
 set(ZERO_FIND_DEPENDENCIES)

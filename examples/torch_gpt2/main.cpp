@@ -8,7 +8,10 @@
 // (torch::optim::AdamW) on one rank's share of the batch, the two alternating in one
 // run: each round times --steps steps of each, and the medians are compared. Every rank trains
 // its own LibTorch copy at the same time (no communication), so both phases see the same load
-// on shared cores: a rank left waiting in a barrier would slow the one measured.
+// on shared cores: a rank left waiting in a barrier would slow the one measured. It also reports
+// the adapter's communication overlap as zero-bench-step does, from the engine's StepStats over
+// the measured steps and ranks: 1 - comm_wait / comm_busy. --json writes the figures as one
+// record (benchmarks/report_torch.py reads it).
 #include <mpi.h>
 #include <torch/torch.h>
 
@@ -21,7 +24,9 @@
 #include <vector>
 
 #include "driver/cli.h"
+#include "driver/metrics_writer.h"
 #include "examples/torch_gpt2/torch_gpt2.h"
+#include "zero/collectives/mpi_check.h"
 #include "zero/collectives/mpi_communicator.h"
 
 namespace {
@@ -43,13 +48,14 @@ struct Options {
   bool bench = false;
   long rounds = 5;
   long threads = 1;
+  std::string json_path;
 };
 
 const char* kUsage =
     "usage: zero-torch-gpt2 [--stage 0..3] [--dtype fp32|bf16|fp16] [--steps N] "
     "[--global-batch B] [--seq-len T] [--n-layer L] [--n-head H] [--n-embd C] [--vocab-size V] "
     "[--block-size N] [--lr X] [--weight-decay X] [--data FILE] [--init-from FILE] [--threads N] "
-    "[--bench [--rounds R]]";
+    "[--bench [--rounds R] [--json FILE]]";
 
 Options parse(int argc, char** argv) {
   using zero::driver::parse_at_least;
@@ -95,6 +101,8 @@ Options parse(int argc, char** argv) {
       opt.init_from = value;
     } else if (flag == "--rounds") {
       opt.rounds = parse_at_least(flag, value, 1);
+    } else if (flag == "--json") {
+      opt.json_path = value;
     } else if (flag == "--threads") {
       opt.threads = parse_at_least(flag, value, 1);
     } else {
@@ -143,6 +151,30 @@ double median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
+// The adapter's communication over the measured steps, summed over the ranks (collective).
+struct CommFigures {
+  double busy_ms = 0.0;  // StepStats::comm_busy_ms
+  double wait_ms = 0.0;  // StepStats::comm_wait_ms
+  double collectives = 0.0;
+
+  void add(const zero::StepStats& stats) {
+    busy_ms += stats.comm_busy_ms;
+    wait_ms += stats.comm_wait_ms;
+    collectives += stats.collectives;
+  }
+  void sum_over_ranks() {
+    double sums[3] = {busy_ms, wait_ms, collectives};
+    ZERO_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, sums, 3, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+    busy_ms = sums[0];
+    wait_ms = sums[1];
+    collectives = sums[2];
+  }
+  // zero-bench-step's figure: the part of the communication time compute did not wait for.
+  double overlap() const {
+    return busy_ms > 0 ? std::min(1.0, std::max(0.0, 1.0 - wait_ms / busy_ms)) : 0.0;
+  }
+};
+
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -171,6 +203,7 @@ int bench(zero::Communicator& comm, const Options& opt) {
       zero::examples::wrap_gpt2(comm, model, engine_config(opt), "");
   const int64_t per_rank = opt.global_batch / world;
   std::vector<double> adapter_s, plain_s;
+  CommFigures comm_figures;
   long step = 0;
   for (long round = 0; round <= opt.rounds; ++round) {  // round 0 warms up, unmeasured
     comm.barrier().wait();
@@ -179,7 +212,8 @@ int bench(zero::Communicator& comm, const Options& opt) {
       const Gpt2Batch batch = zero::examples::random_gpt2_batch(
           static_cast<uint64_t>(step++), opt.global_batch, opt.seq_len, opt.gpt2.vocab_size);
       zero::examples::gpt2_forward_backward(*wrapped, batch);
-      wrapped->step();
+      const zero::StepStats stats = wrapped->step();
+      if (round > 0) comm_figures.add(stats);
     }
     if (round > 0) adapter_s.push_back(seconds_since(start) / static_cast<double>(opt.steps));
     comm.barrier().wait();
@@ -193,7 +227,9 @@ int bench(zero::Communicator& comm, const Options& opt) {
     }
     if (round > 0) plain_s.push_back(seconds_since(start) / static_cast<double>(opt.steps));
   }
+  comm_figures.sum_over_ranks();
   if (comm.rank() == 0) {
+    const double rank_steps = static_cast<double>(world * opt.rounds * opt.steps);
     const double tokens = static_cast<double>(per_rank * opt.seq_len);
     const double through_adapter = tokens / median(adapter_s);
     const double alone = tokens / median(plain_s);
@@ -207,6 +243,38 @@ int bench(zero::Communicator& comm, const Options& opt) {
                 world, through_adapter);
     std::printf("LibTorch alone (AdamW), each rank:       %10.1f tokens/s per rank\n", alone);
     std::printf("ratio adapter / alone: %.3f\n", through_adapter / alone);
+    std::printf(
+        "adapter communication per step (mean over ranks): %.1f collectives, busy %.2f ms, "
+        "exposed %.2f ms, overlap %.1f%% (1 - comm_wait / comm_busy, as zero-bench-step)\n",
+        comm_figures.collectives / rank_steps, comm_figures.busy_ms / rank_steps,
+        comm_figures.wait_ms / rank_steps, 100.0 * comm_figures.overlap());
+    if (!opt.json_path.empty()) {
+      using zero::driver::rounded;
+      const zero::driver::JsonRecord record = {
+          {"world_size", world},
+          {"stage", opt.stage},
+          {"dtype", zero::dtype_name(opt.dtype)},
+          {"n_layer", opt.gpt2.n_layer},
+          {"n_embd", opt.gpt2.n_embd},
+          {"n_head", opt.gpt2.n_head},
+          {"vocab_size", opt.gpt2.vocab_size},
+          {"block_size", opt.gpt2.block_size},
+          {"seq_len", opt.seq_len},
+          {"global_batch", opt.global_batch},
+          {"threads", opt.threads},
+          {"rounds", opt.rounds},
+          {"steps", opt.steps},
+          {"adapter_tokens_per_s_per_rank", rounded(through_adapter, 2)},
+          {"alone_tokens_per_s_per_rank", rounded(alone, 2)},
+          {"adapter_step_ms", rounded(1000.0 * median(adapter_s), 3)},
+          {"alone_step_ms", rounded(1000.0 * median(plain_s), 3)},
+          {"collectives_per_step", rounded(comm_figures.collectives / rank_steps, 2)},
+          {"comm_ms", rounded(comm_figures.busy_ms / rank_steps, 4)},
+          {"exposed_comm_ms", rounded(comm_figures.wait_ms / rank_steps, 4)},
+          {"overlap_fraction", rounded(comm_figures.overlap(), 4)}};
+      ZERO_CHECK(zero::driver::write_json_array(opt.json_path, {record}),
+                 "cannot write " << opt.json_path);
+    }
   }
   return 0;
 }
