@@ -6,7 +6,9 @@ and csrc/includes, as its op_builder compiles them: -O3 -march=native -fopenmp a
 width the CPU has) with torch.utils.cpp_extension; ours is benchmarks/deepspeed/zero_adamw_ext.cpp
 linked against the build's libzero_kernels.a. Both update the same fp32 tensors (AdamW, decoupled
 weight decay 0.01, bias correction), alternating step by step, at each thread count; a STREAM
-triad moving the same 28 bytes per parameter runs in the same rotation as the yardstick.
+triad moving the same 28 bytes per parameter runs in the same rotation as the yardstick, and so
+does AdamW's own traffic without its arithmetic (read p, g, m, v, write p, m, v, an add each): the
+most any fp32 AdamW can reach here, so traffic / DeepSpeed bounds the ratio ours / DeepSpeed.
 
   benchmarks/deepspeed_cpu_adam.py --deepspeed-src DIR   DIR holds csrc/ (an unpacked sdist, or
                                                         an installed deepspeed/ops)
@@ -123,11 +125,15 @@ def main():
         state[who] = [torch.rand(n) * 2 - 1, torch.rand(n) * 2 - 1, torch.zeros(n), torch.zeros(n)]
     triad_n = n * BYTES_PER_PARAM // 12
     triad_arrays = [torch.zeros(triad_n), torch.ones(triad_n), torch.full((triad_n,), 2.0)]
+    traffic_arrays = [torch.zeros(n), torch.full((n,), 1e-3), torch.zeros(n), torch.zeros(n)]
     step = {"deepspeed": 0, "zero": 0}
 
     def run(who, threads):
         if who == "triad":
             ours.triad(*triad_arrays, 3.0, threads)
+            return
+        if who == "traffic":
+            ours.adamw_traffic(*traffic_arrays, threads)
             return
         step[who] += 1
         p, g, m, v = state[who]
@@ -139,7 +145,7 @@ def main():
     results = []
     for threads in (int(t) for t in args.threads.split(",")):
         torch.set_num_threads(threads)  # DeepSpeed's OpenMP loop follows torch's thread count
-        times = {"deepspeed": [], "zero": [], "triad": []}
+        times = {"deepspeed": [], "zero": [], "triad": [], "traffic": []}
         for who in times:
             run(who, threads)  # warm-up
         for _ in range(args.reps):
@@ -156,22 +162,27 @@ def main():
                         "median_mparams": n / statistics.median(t) / 1e6,
                         "best_GBps": BYTES_PER_PARAM * n / min(t) / 1e9,
                         "median_GBps": BYTES_PER_PARAM * n / statistics.median(t) / 1e9}
-        for who in ("deepspeed", "zero"):
+        for who in ("deepspeed", "zero", "traffic"):
             row[who]["vs_triad_best"] = row[who]["best_GBps"] / row["triad"]["best_GBps"]
+        for who in ("deepspeed", "zero"):
+            row[who]["vs_traffic_best"] = row[who]["best_GBps"] / row["traffic"]["best_GBps"]
+        row["traffic_over_deepspeed_best"] = min(times["deepspeed"]) / min(times["traffic"])
         results.append(row)
 
     print(f"torch {torch.__version__}, DeepSpeed sources {csrc}, {args.params}Mi fp32 params, "
           f"{args.reps} alternating reps")
     print(f"{'threads':>7s} {'impl':>10s} {'best Mp/s':>10s} {'med Mp/s':>10s} {'best GB/s':>10s} "
-          f"{'vs triad':>9s}")
+          f"{'vs triad':>9s} {'vs traffic':>10s}")
     for row in results:
-        for who in ("deepspeed", "zero", "triad"):
+        for who in ("deepspeed", "zero", "triad", "traffic"):
             r = row[who]
             print(f"{row['threads']:7d} {who:>10s} {r['best_mparams']:10.0f} "
                   f"{r['median_mparams']:10.0f} {r['best_GBps']:10.2f} "
-                  f"{r.get('vs_triad_best', 1.0):9.2f}")
+                  f"{r.get('vs_triad_best', 1.0):9.2f} {r.get('vs_traffic_best', 1.0):10.2f}")
         print(f"{row['threads']:7d} zero/deepspeed: {row['zero_over_deepspeed_median']:.2f} "
-              f"(median of pairs), {row['zero_over_deepspeed_best']:.2f} (best against best)")
+              f"(median of pairs), {row['zero_over_deepspeed_best']:.2f} (best against best); "
+              f"at most {row['traffic_over_deepspeed_best']:.2f} (AdamW's traffic alone against "
+              f"DeepSpeed)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"torch": torch.__version__, "bytes_per_param": BYTES_PER_PARAM,
