@@ -4,6 +4,7 @@
 //
 // Save:  1. rank 0 removes leftovers of interrupted saves and creates DIR/.tmp_step_N
 //        2. every rank writes its shard file there and fsyncs it; the reports carry size + CRC
+//           (with hybrid sharding only the first shard group: every group holds the whole state)
 //        3. rank 0 writes the manifest, fsyncs it and the directory, renames the directory to
 //           DIR/step_N, fsyncs DIR, then replaces DIR/latest (latest.tmp, fsync, rename, fsync)
 // Load:  1. every rank reads and checks the manifest and the model, verifies the shard files it
@@ -165,11 +166,11 @@ class StateViewsReleased {
   Engine& engine_;
 };
 
-// Every rank, step 2: units in order, each as master then the state arrays, elements
-// [rank * shard, (rank + 1) * shard) of the unit (proto/checkpoint.proto has the layout).
+// Every rank that writes a shard, step 2: units in order, each as master then the state arrays,
+// elements [rank * shard, (rank + 1) * shard) of the unit (proto/checkpoint.proto has the layout).
 RankReport write_shard(Engine& engine, const std::string& path, Fault fault) {
   RankReport report;
-  const int rank = engine.host_communicator().rank();
+  const int rank = engine.communicator().rank();
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   ZERO_CHECK(fd >= 0, "cannot create " << path << ": " << std::strerror(errno));
   uint32_t crc = 0;
@@ -225,7 +226,8 @@ CheckpointInfo describe(Engine& engine, const TrainerState& trainer,
   info.lr_schedule = config.lr_schedule;
   info.loss_scaler = engine.loss_scaler_state();
   info.trainer = trainer;
-  for (size_t r = 0; r < reports.size(); ++r) {
+  // One file per shard: the reports of the first world_size ranks (writes_a_shard).
+  for (size_t r = 0; r < static_cast<size_t>(info.world_size); ++r) {
     info.files.push_back({checkpoint_files::shard_file_name(static_cast<int>(r)), reports[r].size,
                           static_cast<uint32_t>(reports[r].crc32c)});
   }
@@ -394,21 +396,17 @@ std::vector<std::string> optimizer_differences(const OptimizerConfig& saved,
 
 namespace {
 
-// The checkpoint format holds one shard per rank of the world; with hybrid sharding the world
-// holds each shard several times, which the format cannot say yet: refused, never half-right.
-void check_not_hybrid(Engine& engine, const char* what) {
-  const int world = engine.host_communicator().world_size();
-  const int k = engine.config().mics_shard_size;
-  ZERO_CHECK(sharding_group_size(engine.config(), world) == world,
-             "checkpoint " << what << " with hybrid sharding (mics_shard_size " << k << " on "
-                           << world << " ranks) is not supported yet");
+// Whether this rank writes a shard file: with hybrid sharding every shard group holds the whole
+// state, so only the first group (world ranks 0..k-1, shard ranks alike) writes it, and the
+// checkpoint is the one a world of k ranks would save.
+bool writes_a_shard(Engine& engine) {
+  return engine.host_communicator().rank() < engine.layout().world_size();
 }
 
 }  // namespace
 
 void save_checkpoint(Engine& engine, const std::string& dir, const TrainerState& trainer,
                      const SaveOptions& options) {
-  check_not_hybrid(engine, "save");
   Communicator& comm = engine.host_communicator();
   const int rank = comm.rank();
   const std::string what =
@@ -426,7 +424,9 @@ void save_checkpoint(Engine& engine, const std::string& dir, const TrainerState&
 
   RankReport written;
   RankReport outcome = attempt([&] {
-    written = write_shard(engine, join(tmp_dir, checkpoint_files::shard_file_name(rank)), fault);
+    if (!writes_a_shard(engine)) return;
+    const int shard = engine.communicator().rank();
+    written = write_shard(engine, join(tmp_dir, checkpoint_files::shard_file_name(shard)), fault);
   });
   written.failed = outcome.failed;
   std::memcpy(written.message, outcome.message, sizeof(written.message));
@@ -450,7 +450,6 @@ void save_checkpoint(Engine& engine, const std::string& dir, const TrainerState&
 
 void load_checkpoint(Engine& engine, const std::string& path, TrainerState* trainer,
                      const LoadOptions& options) {
-  check_not_hybrid(engine, "load");
   Communicator& comm = engine.host_communicator();
   CheckpointInfo info;
   std::vector<std::vector<float>> staged;

@@ -33,6 +33,7 @@ struct TrainSetup {
   float lr = 1e-2f;
   OptimizerType optimizer = OptimizerType::kAdamW;
   float weight_decay = OptimizerConfig().weight_decay;
+  int mics_shard_size = -1;
 };
 
 // The example MLP on the engine; step(s) trains on the global batch of step s, as zero-train
@@ -48,6 +49,7 @@ class CheckpointTrainer {
     config.optimizer.lr = setup.lr;
     config.optimizer.type = setup.optimizer;
     config.optimizer.weight_decay = setup.weight_decay;
+    config.mics_shard_size = setup.mics_shard_size;
     model_ = std::make_unique<ZeroModel>(comm, models::make_mlp(setup.mlp), config);
   }
 

@@ -5,11 +5,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "tests/expect_error.h"
+#include "tests/runtime/checkpoint_util.h"
 #include "tests/runtime/train_util.h"
 #include "zero/core/check.h"
 #include "zero/runtime/checkpoint.h"
@@ -190,18 +192,54 @@ TEST(HybridSharding, BadShardSizesAreNamedErrors) {
   if (n >= 2) expect_error_naming([&] { run_with(1, 2); }, "needs ZeRO stage 3, not stage 2");
 }
 
-TEST(HybridSharding, CheckpointsAreRefusedNotHalfWritten) {
+// Trains steps [first, last] of a run with shard groups of k (-1: plain stage 3), loading
+// `load_from` first and saving into `save_to` after the last step when they are given; returns
+// the mean loss of every step and the final parameters.
+struct Resumed {
+  std::vector<float> losses;
+  std::vector<std::vector<float>> final_params;
+};
+
+Resumed train_span(int k, long first, long last, const std::string& load_from,
+                   const std::string& save_to) {
+  std::unique_ptr<Communicator> comm = make_mpi_communicator();
+  TrainSetup setup;
+  setup.mics_shard_size = k;
+  CheckpointTrainer trainer(*comm, setup);
+  if (!load_from.empty()) load_checkpoint(trainer.engine(), load_from, nullptr);
+  Resumed run;
+  for (long step = first; step <= last; ++step) run.losses.push_back(trainer.step(step));
+  if (!save_to.empty()) save_checkpoint(trainer.engine(), save_to, TrainerState{last, 0});
+  run.final_params = trainer.engine().gather_full_params();
+  return run;
+}
+
+// A hybrid run's checkpoint holds each shard once, as a world of k ranks would save it: it
+// resumes in the same run bit for bit, and in plain stage 3 over every rank (and a plain
+// stage-3 checkpoint in the hybrid run) within the reduction-order tolerance.
+TEST(HybridSharding, CheckpointsResumeAcrossShardGroupSizes) {
   if (world_size() < 2) GTEST_SKIP() << "hybrid sharding needs two ranks or more";
   std::unique_ptr<Communicator> comm = make_mpi_communicator();
-  EngineConfig config;
-  config.stage = 3;
-  config.mics_shard_size = 1;
-  ZeroModel model(*comm, models::make_mlp(MlpConfig{4, 8, 2, 2}), config);
-  const std::string dir = "hybrid_checkpoint_" + std::to_string(world_size());
-  expect_error_naming([&] { save_checkpoint(model.engine(), dir, TrainerState{}); },
-                      "checkpoint save with hybrid sharding (mics_shard_size 1 on");
-  expect_error_naming([&] { load_checkpoint(model.engine(), dir, nullptr); },
-                      "checkpoint load with hybrid sharding");
+  for (int k : shard_sizes()) {
+    const std::string what = "mics_shard_size " + std::to_string(k);
+    const std::string dir = shared_temp_dir(*comm);
+    const Resumed whole = train_span(k, 1, 6, "", "");
+    train_span(k, 1, 3, "", dir + "/hybrid");
+    const Resumed same = train_span(k, 4, 6, dir + "/hybrid", "");
+    const std::vector<float> later(whole.losses.begin() + 3, whole.losses.end());
+    EXPECT_EQ(same.losses, later) << what << ", resumed in the same run";
+    EXPECT_EQ(same.final_params, whole.final_params) << what << ", resumed in the same run";
+    const Resumed plain = train_span(-1, 4, 6, dir + "/hybrid", "");
+    expect_close(plain.losses, later, 1e-6, what + ", resumed in plain stage 3");
+    train_span(-1, 1, 3, "", dir + "/plain");
+    const Resumed hybrid = train_span(k, 4, 6, dir + "/plain", "");
+    expect_close(hybrid.losses, later, 1e-6, what + ", a plain stage-3 checkpoint resumed");
+    for (size_t p = 0; p < whole.final_params.size(); ++p) {
+      expect_close(plain.final_params[p], whole.final_params[p], 1e-5, what, 1e-7);
+      expect_close(hybrid.final_params[p], whole.final_params[p], 1e-5, what, 1e-7);
+    }
+    if (comm->rank() == 0) std::filesystem::remove_all(dir);
+  }
 }
 
 }  // namespace
