@@ -103,6 +103,12 @@ def main():
     parser.add_argument("--json")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
+    # DeepSpeed's loop is an OpenMP parallel for, and GNU OpenMP's idle threads spin for a while
+    # after it returns, on the cores the next kernel in the rotation needs: at 2 threads that
+    # cost ours 15 % here (1235 against 1453 Mparam/s right after DeepSpeed's call) and left
+    # DeepSpeed's own speed as it was (1263 and 1245). Idle threads that sleep (read by libgomp
+    # when torch loads it) make the rotation measure each kernel alone, as the triad already is.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
         import torch
     except ImportError:
@@ -170,7 +176,7 @@ def main():
         results.append(row)
 
     print(f"torch {torch.__version__}, DeepSpeed sources {csrc}, {args.params}Mi fp32 params, "
-          f"{args.reps} alternating reps")
+          f"{args.reps} alternating reps, OMP_WAIT_POLICY {os.environ['OMP_WAIT_POLICY']}")
     print(f"{'threads':>7s} {'impl':>10s} {'best Mp/s':>10s} {'med Mp/s':>10s} {'best GB/s':>10s} "
           f"{'vs triad':>9s} {'vs traffic':>10s}")
     for row in results:
@@ -186,6 +192,7 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"torch": torch.__version__, "bytes_per_param": BYTES_PER_PARAM,
+                       "omp_wait_policy": os.environ["OMP_WAIT_POLICY"],
                        "results": results}, f, indent=2)
 
 

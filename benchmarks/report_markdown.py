@@ -212,7 +212,10 @@ def write_markdown(path, ctx):
                   f"with ours, a triad of the same bytes, and AdamW's own traffic without its "
                   f"arithmetic (read p, g, m, v, write p, m, v, an add each, prefetched as ours): "
                   f"about the most any fp32 AdamW can reach here, so traffic / DeepSpeed bounds "
-                  f"what ours / DeepSpeed can be. Best and median of the alternating calls.\n\n")
+                  f"what ours / DeepSpeed can be. Best and median of the alternating calls. "
+                  f"OpenMP's idle threads sleep (OMP_WAIT_POLICY "
+                  f"{ds.get('omp_wait_policy', 'unset')}): spinning after DeepSpeed's call, they "
+                  f"took the cores of the kernel after it.\n\n")
         rows = []
         for r in ds["results"]:
             for who, label in (("zero", "ours"), ("deepspeed", "DeepSpeed CPUAdam"),
