@@ -370,9 +370,10 @@ struct Engine::Impl {
   void* grad_shard(size_t u);
 
   // Sums `bucket` (the unit's whole gradient from this rank, `dtype`) over the ranks and leaves
-  // this rank's reduced slice in `dest` (accum_dtype; added to it when `accumulate`).
+  // this rank's reduced slice in `dest` (accum_dtype; added to it when `accumulate`). `last`:
+  // the step's last micro-batch, after which hybrid sharding sums across replicas.
   Reduction reduce_to_shard(const Unit& unit, void* bucket, DType dtype, void* dest,
-                            bool accumulate);
+                            bool accumulate, bool last);
 
   // Hybrid sharding: sums `count` elements at `data`, just reduced inside the shard group,
   // across the replica group, in place, and returns the stream that whatever reads the sum must
@@ -411,12 +412,12 @@ struct Engine::Impl {
   // Reduces unit u's gradient `source` (`dtype`) into what the rank keeps of it, alone or as
   // part of its reduce_bucket_size pack; grads_reduced says when that is done. Returns the
   // event after which `source` may be reused.
-  CommPoint reduce_unit(int u, void* source, DType dtype, bool accumulate);
+  CommPoint reduce_unit(int u, void* source, DType dtype, bool accumulate, bool last);
 
   // A unit of a packed reduction: its gradient is copied into its place in every rank region
   // of the fusion buffer (in the reduction dtype); the pack's last unit issues the one
   // collective and copies each unit's reduced part out to what the rank keeps.
-  CommPoint reduce_packed(int u, void* source, DType dtype, bool accumulate);
+  CommPoint reduce_packed(int u, void* source, DType dtype, bool accumulate, bool last);
 
   // One optimizer step in named phases: wait for the reductions, the global norm and overflow,
   // the update of each rank's slice, the all-gathers that bring the slices back.

@@ -52,15 +52,19 @@ void* Engine::Impl::grad_shard(size_t u) {
 // Sums `bucket` (the unit's whole gradient from this rank, `dtype`) over the ranks and leaves
 // this rank's reduced slice in `dest` (accum_dtype; added to it when `accumulate`). The shard
 // group's part runs on the communication stream in order; the sum across replicas and what
-// follows it, on the replica stream (sum_across_replicas).
+// follows it, on the replica stream (sum_across_replicas). With gradient accumulation the
+// replicas are summed once, as MiCS does at the accumulation boundary: the accumulated `dest`
+// after the `last` micro-batch's reduction. With one micro-batch the result is summed in the
+// wire dtype before its cast into `dest` (half the bytes across replicas when that is 16-bit).
 Reduction Engine::Impl::reduce_to_shard(const Unit& unit, void* bucket, DType dtype, void* dest,
-                                        bool accumulate) {
+                                        bool accumulate, bool last) {
   const double issue_us = Trace::now_us();
   const bool via_fp32 = config.reduce_in_fp32 && dtype != DType::kFloat32;
   const DType wire = via_fp32 ? DType::kFloat32 : dtype;
   const DType dest_dtype = accum_dtype;
   const size_t numel = unit.numel;
   const size_t shard = unit.shard;
+  const bool sum_at_boundary = config.micro_batches > 1;
   prepare_for_reduction(bucket, dtype, numel);
   comm.stream().wait(device->record());
   DeviceContext* dev = device.get();
@@ -75,6 +79,7 @@ Reduction Engine::Impl::reduce_to_shard(const Unit& unit, void* bucket, DType dt
   if (!accumulate && wire == dest_dtype && config.reduce_scatter) {
     const CommPoint scattered = traced("reduce_scatter", bytes_on_wire,
                                        [&] { return comm.reduce_scatter(buf, dest, shard, wire); });
+    if (sum_at_boundary && !last) return Reduction{scattered, issued(scattered, issue_us)};
     Stream& tail = sum_across_replicas(dest, shard, wire);
     const bool replicated = &tail != &comm.stream();
     return Reduction{scattered, issued(replicated ? comm_point(tail) : scattered, issue_us)};
@@ -88,7 +93,7 @@ Reduction Engine::Impl::reduce_to_shard(const Unit& unit, void* bucket, DType dt
   }
   // The slot is read until the tail has run: the bucket is free after it, and so is the
   // scratch (which the bucket then no longer needs).
-  Stream* on = &sum_across_replicas(slot, shard, wire);
+  Stream* on = sum_at_boundary ? &comm.stream() : &sum_across_replicas(slot, shard, wire);
   on->enqueue([=] {
     if (dest == slot) return;
     if (accumulate) {
@@ -97,6 +102,13 @@ Reduction Engine::Impl::reduce_to_shard(const Unit& unit, void* bucket, DType dt
       dev->cast(slot, wire, dest, dest_dtype, shard, on);
     }
   });
+  if (sum_at_boundary) {
+    const CommPoint added = comm_point();
+    if (!last) return Reduction{added, issued(added, issue_us)};
+    Stream& tail = sum_across_replicas(dest, shard, dest_dtype);
+    const bool replicated = &tail != &comm.stream();
+    return Reduction{added, issued(replicated ? comm_point(tail) : added, issue_us)};
+  }
   const CommPoint done = issued(comm_point(*on), issue_us);
   if (!via_fp32 || on == &comm.stream()) return Reduction{done, done};
   scratch_read_by_replicas = done.event;
@@ -209,7 +221,7 @@ void Engine::Impl::grads_ready(int u) {
   if (config.stage >= 2) {
     if (s.bucket.empty()) s.bucket = grad_pool.acquire(/*zeroed=*/true);
     const CommPoint bucket_read = reduce_unit(u, s.bucket.data(), config.dtype,
-                                              /*accumulate=*/s.micro_batches_done > 1);
+                                              /*accumulate=*/s.micro_batches_done > 1, last);
     grad_pool.give_back(std::move(s.bucket), bucket_read);
     return;
   }
@@ -220,20 +232,20 @@ void Engine::Impl::grads_ready(int u) {
   }
   // Stages 0-1 keep whole gradients through accumulation and reduce them in place (stage 1's
   // reduced slice lands at the rank's own offset in the full buffer).
-  if (last) reduce_unit(u, s.grads_full.data(), accum_dtype, /*accumulate=*/false);
+  if (last) reduce_unit(u, s.grads_full.data(), accum_dtype, /*accumulate=*/false, last);
 }
 
 // Reduces unit u's gradient `source` (`dtype`) into what the rank keeps of it, alone or as
 // part of its reduce_bucket_size pack. Returns the event after which `source` may be reused.
-CommPoint Engine::Impl::reduce_unit(int u, void* source, DType dtype, bool accumulate) {
+CommPoint Engine::Impl::reduce_unit(int u, void* source, DType dtype, bool accumulate, bool last) {
   UnitState& s = units[u];
   const Unit& unit = layout.units()[u];
-  if (reduce_packs.fused(u)) return reduce_packed(u, source, dtype, accumulate);
+  if (reduce_packs.fused(u)) return reduce_packed(u, source, dtype, accumulate, last);
   if (config.stage == 0) {
     s.grads_reduced = reduce_whole(unit, source, dtype);
     return s.grads_reduced;
   }
-  const Reduction r = reduce_to_shard(unit, source, dtype, owned_grads(u), accumulate);
+  const Reduction r = reduce_to_shard(unit, source, dtype, owned_grads(u), accumulate, last);
   s.grads_reduced = r.done;
   return r.input_read;
 }
@@ -241,7 +253,8 @@ CommPoint Engine::Impl::reduce_unit(int u, void* source, DType dtype, bool accum
 // A unit of a packed reduction: its gradient is copied into its place in every rank region
 // of the fusion buffer (in the reduction dtype); the pack's last unit issues the one
 // collective and copies each unit's reduced part out to what the rank keeps.
-CommPoint Engine::Impl::reduce_packed(int u, void* source, DType dtype, bool accumulate) {
+CommPoint Engine::Impl::reduce_packed(int u, void* source, DType dtype, bool accumulate,
+                                      bool last) {
   const double issue_us = Trace::now_us();
   PackedCollectives& packs = reduce_packs;
   const int p = packs.pack_of[u];
@@ -287,8 +300,10 @@ CommPoint Engine::Impl::reduce_packed(int u, void* source, DType dtype, bool acc
       return comm.reduce_scatter(fused, fused + rank * region * wire_size, region, wire);
     });
   }
-  // Only this rank's region is read below (hybrid sharding runs at stage 3 alone).
-  on = &sum_across_replicas(fused + rank * region * wire_size, region, wire);
+  // Only this rank's region is read below (hybrid sharding runs at stage 3 alone). With
+  // gradient accumulation each unit's accumulated shard is summed across replicas at the end.
+  const bool sum_at_boundary = config.micro_batches > 1;
+  if (!sum_at_boundary) on = &sum_across_replicas(fused + rank * region * wire_size, region, wire);
   for (int v : packs.packs[p]) {
     const size_t v_shard = layout.units()[v].shard;
     const char* reduced = fused + packs.offset_of[v] * wire_size;
@@ -315,8 +330,14 @@ CommPoint Engine::Impl::reduce_packed(int u, void* source, DType dtype, bool acc
       }
     });
   }
+  if (sum_at_boundary && last && config.stage != 0) {
+    for (int v : packs.packs[p]) {
+      on = &sum_across_replicas(owned_grads(static_cast<size_t>(v)), layout.units()[v].shard,
+                                accum_dtype);
+    }
+  }
   const CommPoint reduced = issued(comm_point(*on), issue_us);
-  if (on != &comm.stream()) scratch_read_by_replicas = reduced.event;
+  if (on != &comm.stream() && !sum_at_boundary) scratch_read_by_replicas = reduced.event;
   for (int v : packs.packs[p]) units[v].grads_reduced = reduced;
   return copied;
 }

@@ -13,7 +13,8 @@ StepStats Engine::Impl::step() {
   // The persistent unit's gradient was added to by every module's backward: reduce it now.
   for (size_t u = 0; u < units.size(); ++u) {
     if (units[u].persistent) {
-      reduce_unit(static_cast<int>(u), units[u].grads_full.data(), config.dtype, false);
+      reduce_unit(static_cast<int>(u), units[u].grads_full.data(), config.dtype,
+                  /*accumulate=*/false, /*last=*/true);
     }
   }
   for (UnitState& s : units) wait_for_comm(s.grads_reduced);

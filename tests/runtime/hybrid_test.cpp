@@ -147,20 +147,26 @@ TEST(HybridSharding, TheShardGroupDoesNotWaitForSumsAcrossReplicas) {
       << "every reduce-scatter waited for the sum across replicas issued before it";
 }
 
-// Sums across replicas read a slot of fp32_scratch (bf16 reduced in fp32) or of the fusion
-// buffer (reduce_bucket_size) on the replica stream after the shard stream has moved on; with
-// a slow replica, a missing wait lets the next unit's reduction overwrite the slot first. At
-// two ranks (k = 1) each sum is a + b, as plain stage 3's is: equal bit for bit.
+// With one micro-batch, sums across replicas read a slot of fp32_scratch (bf16 reduced in
+// fp32, kept in bf16) or of the fusion buffer (reduce_bucket_size) on the replica stream after
+// the shard stream has moved on; with a slow replica, a missing wait lets the next unit's
+// reduction overwrite the slot first. At two ranks (k = 1) each sum is a + b, as plain stage
+// 3's is: equal bit for bit.
 TEST(HybridSharding, SumsAcrossASlowReplicaReadScratchBeforeItIsReused) {
   if (world_size() != 2) GTEST_SKIP() << "the bitwise comparison is for two ranks";
   for (const bool packed : {false, true}) {
     RunOptions o = with_a_slow_last_rank(hybrid(1), 20);
     o.steps = 3;
+    o.micro_batches = 1;
     o.dtype = DType::kBFloat16;
     o.mlp.layers = 6;  // several packs in one backward
     const auto setting = [packed](EngineConfig& c) {
       c.reduce_in_fp32 = true;
-      if (packed) c.reduce_bucket_elements = 1u << 20;
+      if (packed) {
+        c.reduce_bucket_elements = 1u << 20;
+      } else {
+        c.grad_accum_dtype = DType::kBFloat16;  // the sum is cast out of the scratch
+      }
     };
     o.tweak = [setting](EngineConfig& c) {
       setting(c);
@@ -175,6 +181,26 @@ TEST(HybridSharding, SumsAcrossASlowReplicaReadScratchBeforeItIsReused) {
     // The norm adds its per-shard sums in another order (shards of k = 1 are whole units).
     expect_close(run.grad_norms, stage3.grad_norms, 1e-6, what + "gradient norms");
     EXPECT_EQ(run.final_params, stage3.final_params) << what << "parameters";
+  }
+}
+
+// With gradient accumulation the shard is summed across replicas once per step, at the
+// accumulation boundary (as DeepSpeed's MiCS does), while the shard group reduce-scatters and
+// gathers every micro-batch: m (3 (k-1)/k Ψ) + 2 (R-1)/R Ψ/k bytes per step, fp32.
+TEST(HybridSharding, GradientAccumulationSumsAcrossReplicasOncePerStep) {
+  if (world_size() < 2) GTEST_SKIP() << "hybrid sharding needs two ranks or more";
+  const int n = world_size();
+  for (int k : shard_sizes()) {
+    RunOptions o = hybrid(k);
+    o.steps = 2;
+    o.micro_batches = 3;
+    const TrainResult run = train(o);
+    const double psi = static_cast<double>(run.padded_params) * sizeof(float);
+    const double replicas = static_cast<double>(n / k);
+    const double expected =
+        3.0 * 3.0 * (k - 1) / k * psi + 2.0 * (replicas - 1.0) / replicas * psi / k;
+    EXPECT_NEAR(static_cast<double>(run.comm_bytes[1]) / expected, 1.0, 0.02)
+        << "k " << k << ": " << run.comm_bytes[1] << " bytes, formula " << expected;
   }
 }
 
