@@ -4,6 +4,7 @@ share with it.
 """
 import report_gpt2
 import report_memory
+import report_multinode
 import report_torch
 
 # The report's fixed settings the text names.
@@ -100,6 +101,7 @@ def write_markdown(path, ctx):
     target_rows += report_gpt2.target_rows(ctx["gpt2"])
     target_rows += report_memory.target_rows(ctx["memory_tiers"])
     target_rows += report_torch.target_rows(ctx["torch_adapter"])
+    target_rows += report_multinode.target_rows(ctx["multinode"])
     md.append(table(["figure", "target", "measured", ""], target_rows))
     md.append("\nThe step figures come from `zero-bench-step`'s default configuration (rerun "
               f"them with `zerorun -np {RANKS} -- zero-bench-step`):\n\n")
@@ -156,6 +158,7 @@ def write_markdown(path, ctx):
     md += report_gpt2.markdown(ctx["gpt2"], table)
     md += report_memory.markdown(ctx["memory_tiers"], table)
     md += report_torch.markdown(ctx["torch_adapter"], table)
+    md += report_multinode.markdown(ctx["multinode"], table)
 
     delay = ctx["delay_us"]
     md.append(f"\n## Overlap under an injected delay (zero-train, {RANKS} ranks)\n")
