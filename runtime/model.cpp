@@ -271,11 +271,7 @@ std::vector<ParamRef> ZeroModel::grads_of(int module) {
   return refs;
 }
 
-// The units holding what the modules of `module`'s unit (or `module` alone, when it has no
-// unit) tie to, other than that unit, are gathered for the whole unit: gathered before the
-// unit's prefetches take the planned buffers. Returns those this call gathered, which
-// release_tied gives back; one gathered already (prefetched, or the persistent unit) stays so.
-std::vector<int> ZeroModel::gather_tied(int module) {
+std::vector<int> ZeroModel::tied_owners(int module) const {
   const Layout& layout = engine_->layout();
   const int u = layout.unit_of_module(module);
   const int first = u >= 0 ? layout.units()[u].first_module : module;
@@ -290,12 +286,41 @@ std::vector<int> ZeroModel::gather_tied(int module) {
       }
     }
   }
+  return owners;
+}
+
+std::vector<int> ZeroModel::unit_ties(int unit) const {
+  const Unit& u = engine_->layout().units()[unit];
+  if (u.persistent) return {};  // belongs to no one module; always gathered
+  return tied_owners(u.first_module);
+}
+
+// The tied units of `module`'s unit are gathered for the whole unit: before the unit's
+// prefetches take the planned buffers. Returns those this call gathered or prefetch_with_tied
+// started for it, which release_tied gives back; one gathered already for its own use
+// (prefetched, or the persistent unit) stays so.
+std::vector<int> ZeroModel::gather_tied(int module) {
   std::vector<int> gathered;
-  for (int owner : owners) {
-    if (!engine_->is_gathered(owner)) gathered.push_back(owner);
+  for (int owner : tied_owners(module)) {
+    const bool prefetched_for_the_tie = prefetched_for_ties_.erase(owner) > 0;
+    if (prefetched_for_the_tie || !engine_->is_gathered(owner)) gathered.push_back(owner);
     engine_->gather(owner);
   }
   return gathered;
+}
+
+// A unit's gather, and first those of the units its modules tie to (a tied unit's own forward
+// is long past when the tying unit needs it, and it is the large one: the GPT-2's wte for its
+// head, whose unit is only ln_f). Prefetches stay within the planned buffers, so when only one
+// fits, it is the tied unit's. A tied unit this starts is the tying unit's to give back
+// (gather_tied).
+void ZeroModel::prefetch_with_tied(int unit) {
+  for (int owner : unit_ties(unit)) {
+    if (engine_->is_gathered(owner)) continue;
+    engine_->prefetch(owner);
+    if (engine_->is_gathered(owner)) prefetched_for_ties_.insert(owner);
+  }
+  engine_->prefetch(unit);
 }
 
 // Releases the units gather_tied gathered, then refills the prefetch they held back.
@@ -324,8 +349,9 @@ void ZeroModel::prefetch_after(int u, int direction) {
   for (int v = u + direction; v >= 0 && v < num_units; v += direction) {
     if (direction < 0 && !backward_reads_params_of_unit(v)) continue;  // not gathered there
     ahead += layout.units()[v].numel;
+    for (int owner : unit_ties(v)) ahead += layout.units()[owner].numel;
     if (v != u + direction && ahead > engine_->config().prefetch_elements) break;
-    engine_->prefetch(v);
+    prefetch_with_tied(v);
   }
 }
 
@@ -388,7 +414,7 @@ Tensor ZeroModel::forward(const Tensor& input) {
     if (last_of_unit && !keep_for_backward(u)) engine_->release(u);
     // Backward starts with the last module's unit: start its gather now, behind the rest of
     // forward (the persistent unit, if any, comes after it and is always gathered).
-    if (last_of_unit && u == last_module_unit(layout)) engine_->prefetch(u);
+    if (last_of_unit && u == last_module_unit(layout)) prefetch_with_tied(u);
   }
   return current;
 }

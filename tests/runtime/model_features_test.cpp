@@ -305,6 +305,70 @@ TEST(ModelFeatures, BackwardThatReadsNoParametersIsNotGatheredAtStageThree) {
   EXPECT_TRUE(train_shifted(2, false).backward_saw_values);
 }
 
+// y = x + c + the tied b of an earlier Shift: a head that ties to the embedding, as the
+// GPT-2's does.
+class TiedHead : public Module {
+ public:
+  std::vector<ParamDecl> parameters() const override {
+    return {ParamDecl{ParamSpec{"c", {kD}, 0}, ParamInit{InitKind::kUniform, 0.2f}}};
+  }
+  std::vector<std::string> tied_parameters() const override { return {"shift.b"}; }
+  void forward(const Tensor& x, Tensor& y, const std::vector<ParamRef>& p) override {
+    Tensor s0, s1;
+    const float* c = p[0].as_f32(s0);
+    const float* b = p[1].as_f32(s1);
+    y = Tensor(x.shape());
+    for (size_t i = 0; i < x.numel(); ++i) y.data()[i] = x.data()[i] + c[i % kD] + b[i % kD];
+  }
+  void backward(const Tensor& gy, Tensor& gx, const std::vector<ParamRef>&,
+                const std::vector<ParamRef>& g) override {
+    std::vector<float> sums(kD, 0.0f);
+    for (size_t i = 0; i < gy.numel(); ++i) sums[i % kD] += gy.data()[i];
+    g[0].add_f32(sums.data());
+    g[1].add_f32(sums.data());
+    gx = gy;
+  }
+};
+
+// Records whether a unit is gathered (or being gathered) when its forward runs.
+class GatherProbe : public Shift {
+ public:
+  GatherProbe() : Shift(true) {}
+  void forward(const Tensor& x, Tensor& y, const std::vector<ParamRef>& p) override {
+    if (model != nullptr) watched_was_gathered = model->engine().is_gathered(watched);
+    Shift::forward(x, y, p);
+  }
+  ZeroModel* model = nullptr;
+  int watched = -1;
+  bool watched_was_gathered = false;
+};
+
+// Stage 3 starts gathering a tied unit together with the unit that ties to it: during the
+// forward before the head (its prefetch), and at the end of forward for the head's backward,
+// not when the head is reached. The one tying unit gives it back afterwards.
+TEST(ModelFeatures, StageThreePrefetchesTiedUnitsWithTheUnitThatTiesThem) {
+  std::unique_ptr<Communicator> comm = make_mpi_communicator();
+  std::vector<NamedModule> modules;
+  modules.push_back({"shift", std::make_unique<Shift>(true)});
+  auto probe = std::make_unique<GatherProbe>();
+  GatherProbe* probe_module = probe.get();
+  modules.push_back({"probe", std::move(probe)});
+  modules.push_back({"head", std::make_unique<TiedHead>()});
+  EngineConfig config;
+  config.stage = 3;
+  ZeroModel model(*comm, std::move(modules), config);
+  const int tied = model.engine().layout().params()[0].unit;  // shift.b's
+  probe_module->model = &model;
+  probe_module->watched = tied;
+  const std::shared_ptr<DeviceContext>& device = model.engine().device_context();
+  const Tensor out = model.forward(Tensor({4, kD}, inputs(1, 0, 4), device));
+  EXPECT_TRUE(probe_module->watched_was_gathered) << "the head's tied unit was not prefetched";
+  EXPECT_TRUE(model.engine().is_gathered(tied)) << "not prefetched for the head's backward";
+  model.backward(Tensor({4, kD}, std::vector<float>(4 * kD, 0.1f), device));
+  EXPECT_FALSE(model.engine().is_gathered(tied)) << "the tied unit was never given back";
+  model.step();
+}
+
 class Plain : public Module {
  public:
   Plain(std::vector<ParamDecl> params, std::vector<std::string> tied)

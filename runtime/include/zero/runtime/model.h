@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -138,7 +139,12 @@ class ZeroModel {
   void check_on_engine_device(const Tensor& tensor, const char* what) const;
   void prefetch_after(int unit, int direction);
   bool keep_for_backward(int unit) const;
+  // The units holding what the modules of `module`'s unit (or `module` alone, when it has no
+  // unit) tie to, other than that unit.
+  std::vector<int> tied_owners(int module) const;
+  std::vector<int> unit_ties(int unit) const;  // tied_owners of a module unit's modules
   std::vector<int> gather_tied(int module);
+  void prefetch_with_tied(int unit);
   void release_tied(const std::vector<int>& units, int unit, int direction);
   bool backward_reads_params_of_unit(int unit) const;
   // The module's parameters: its own (null data when `own_values` is false), then its tied ones.
@@ -152,6 +158,7 @@ class ZeroModel {
   std::vector<std::vector<int>> module_params_;  // registration indices per module: its own,
                                                  // then those it ties to
   std::vector<size_t> own_params_;               // per module: how many are its own
+  std::set<int> prefetched_for_ties_;            // tied units prefetch_with_tied gathered
 };
 
 }  // namespace zero
