@@ -23,13 +23,15 @@ RATE = "1gbit"
 MICS_TARGET = 1.5  # issue 23: hybrid sharding inside the node against stage 3 across nodes
 FORMULA_TOLERANCE = 0.02  # link counters include frame headers and the barriers' bytes
 
+# (micro-batches, global batch): one micro-batch of 2 sequences per rank, then gradient
+# accumulation over micro-batches of 1 sequence per rank.
 CONFIGS = {
     "full": {"model": [], "steps": ["--steps", "4", "--rounds", "2"],
-             "micro_batches": [1, 2]},
+             "accumulation": [(1, 8), (2, 8), (4, 16)]},
     "quick": {"model": ["--n-layer", "1", "--n-embd", "64", "--n-head", "2", "--vocab-size", "512",
                         "--seq-len", "32"],
               "steps": ["--steps", "1", "--rounds", "1", "--warmup", "0"],
-              "micro_batches": [1, 2]},
+              "accumulation": [(1, 8), (2, 8)]},
 }
 
 
@@ -60,12 +62,13 @@ def run_multinode(build_dir, quick, out, logs, run, binary):
         env = cluster_env()
         hostfile = os.path.join(env["ZERO_NETNS_STATE"], "hostfile")
         config = CONFIGS["quick" if quick else "full"]
-        for m in config["micro_batches"]:
+        for m, global_batch in config["accumulation"]:
             path = os.path.join(out, f"multinode_gpt2_m{m}.json")
             cmd = [binary(build_dir, "zerorun"), "--hostfile", hostfile, "--",
                    binary(build_dir, "zero-bench-gpt2"), "--stages", "3", "--mics-shard-size",
                    str(RANKS_PER_NODE), "--link-counters", "zero-node", "--micro-batches", str(m),
-                   *config["model"], *config["steps"], "--json", path]
+                   "--global-batch", str(global_batch), *config["model"], *config["steps"],
+                   "--json", path]
             run(cmd, os.path.join(logs, f"multinode_gpt2_m{m}.txt"), env=env)
             with open(path) as f:
                 result["runs"].append(json.load(f))
@@ -121,8 +124,9 @@ def markdown(multinode, table):
         f"`scripts/netns_cluster.sh up {NODES} --rate {RATE}`: {NODES} network namespaces as "
         f"nodes of {RANKS_PER_NODE} ranks, their links shaped to {RATE} each way; "
         f"`zerorun --hostfile` starts zero-bench-gpt2 on them. The GPT-2 is {r0['n_layer']} "
-        f"layers x {r0['n_embd']} wide, vocabulary {r0['vocab_size']}, T = {r0['seq_len']}, a "
-        f"global batch of {r0['global_batch']} sequences, fp32. Stage 3 over all "
+        f"layers x {r0['n_embd']} wide, vocabulary {r0['vocab_size']}, T = {r0['seq_len']}, "
+        "fp32, micro-batches of 2 sequences per rank without gradient accumulation and of 1 "
+        "with it. Stage 3 over all "
         f"{r0['world_size']} ranks (hierarchical collectives) and hybrid sharding with "
         f"mics_shard_size {RANKS_PER_NODE} (all-gathers and reduce-scatters inside the node, "
         "each gradient shard summed with its replica on the other node) alternate round by "
@@ -133,7 +137,8 @@ def markdown(multinode, table):
     rows = []
     for plain, mics in pairs(multinode):
         for r, what in ((plain, "stage 3"), (mics, f"MiCS k={RANKS_PER_NODE}")):
-            rows.append([r["micro_batches"], what, f"{r['median_step_ms']:.0f}",
+            rows.append([f"{r['micro_batches']} (global batch {r['global_batch']})", what,
+                         f"{r['median_step_ms']:.0f}",
                          f"{r['compute_ms']:.0f}", f"{r['exposed_comm_ms']:.0f}",
                          f"{r['link_bytes_per_step'] / 1e6:.1f}",
                          f"{r['link_formula_bytes_per_step'] / 1e6:.1f}",
