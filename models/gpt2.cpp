@@ -23,6 +23,10 @@ int64_t rows_of(const Tensor& t) {
   return t.numel() / t.shape().back();
 }
 
+// The modules of make_gpt2, on no tensor-parallel group yet.
+Gpt2 build_gpt2(const Gpt2Config& config, int kernel_threads,
+                const Gpt2Checkpointing& checkpointing);
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -203,10 +207,31 @@ void check_gpt2_config(const Gpt2Config& c) {
              "GPT-2 n_embd (" << c.n_embd << ") must be a multiple of n_head (" << c.n_head << ")");
   ZERO_CHECK(c.vocab_size >= 1, "GPT-2 vocab_size must be at least 1, got " << c.vocab_size);
   ZERO_CHECK(c.block_size >= 1, "GPT-2 block_size must be at least 1, got " << c.block_size);
+  ZERO_CHECK(c.tensor_parallel_size >= 1,
+             "GPT-2 tensor_parallel_size must be at least 1, got " << c.tensor_parallel_size);
+  ZERO_CHECK(c.n_head % c.tensor_parallel_size == 0,
+             "GPT-2 n_head (" << c.n_head << ") must be a multiple of the tensor-parallel size ("
+                              << c.tensor_parallel_size
+                              << "): each tensor-parallel rank computes whole heads");
 }
 
-Gpt2 make_gpt2(const Gpt2Config& config, int kernel_threads,
-               const Gpt2Checkpointing& checkpointing) {
+Gpt2 make_gpt2(const Gpt2Config& config, int kernel_threads, const Gpt2Checkpointing& checkpointing,
+               const Gpt2TensorParallel& tensor_parallel) {
+  const int t = config.tensor_parallel_size;
+  ZERO_CHECK(
+      t == 1 || (tensor_parallel.comm != nullptr && tensor_parallel.comm->world_size() == t &&
+                 tensor_parallel.rank == tensor_parallel.comm->rank()),
+      "a GPT-2 split over " << t << " tensor-parallel ranks needs the communicator of its " << t
+                            << " ranks and this rank's place in it");
+  Gpt2 model = build_gpt2(config, kernel_threads, checkpointing);
+  if (t > 1) model.backend->set_tensor_parallel(tensor_parallel);
+  return model;
+}
+
+namespace {
+
+Gpt2 build_gpt2(const Gpt2Config& config, int kernel_threads,
+                const Gpt2Checkpointing& checkpointing) {
   check_gpt2_config(config);
   check_gpt2_checkpointing(checkpointing, config.n_layer);
   auto backend = std::make_shared<gpt2_detail::Gpt2Backend>(kernel_threads);
@@ -248,6 +273,8 @@ Gpt2 make_gpt2(const Gpt2Config& config, int kernel_threads,
   return model;
 }
 
+}  // namespace
+
 void count_gpt2_activations(Gpt2& model, Allocator& allocator) {
   model.backend->set_allocator(&allocator);
 }
@@ -279,7 +306,8 @@ Gpt2ActivationBytes gpt2_held_activations(const Gpt2& model) {
 }
 
 std::vector<ParamSpec> gpt2_param_specs(const Gpt2Config& config) {
-  Gpt2 model = make_gpt2(config, 1);
+  // The shapes only: the modules are never run, so no tensor-parallel group is needed.
+  Gpt2 model = build_gpt2(config, 1, {});
   std::vector<ParamSpec> specs;
   for (size_t m = 0; m < model.modules.size(); ++m) {
     const std::string& prefix = model.modules[m].name;
@@ -308,8 +336,11 @@ const Tensor& gpt2_logits(const Gpt2& model) {
 }
 
 double gpt2_flops_per_token(const Gpt2Config& c, int seq_len) {
+  // The whole model's, however it is split.
+  Gpt2Config whole = c;
+  whole.tensor_parallel_size = 1;
   double params = 0.0;
-  for (const ParamSpec& s : gpt2_param_specs(c)) {
+  for (const ParamSpec& s : gpt2_param_specs(whole)) {
     double n = 1.0;
     for (int64_t d : s.shape) n *= static_cast<double>(d);
     params += n;

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The reference GPT-2 (tests/data/gpt2) trained by zero-train with Megatron-style tensor
+# parallelism over TP ranks at each ZeRO stage, on NP ranks (NP / TP data-parallel), against
+# PyTorch's expected.json and against the same run at --tp 1 on NP / TP ranks: every step's
+# loss, gradient norm and validation loss within TOLERANCE relative (the split matrices sum their
+# products in another order, so the runs are not bit for bit).
+#   gpt2_tensor_parallel.sh BIN_DIR NP TP TOLERANCE [zero-train flags...] -- MPIEXEC [FLAGS...]
+set -euo pipefail
+bin="$1"; np="$2"; tp="$3"; tolerance="$4"; shift 4
+extra=()
+while [ "$1" != "--" ]; do extra+=("$1"); shift; done
+shift
+mpiexec=("$@")
+data="$(cd "$(dirname "${BASH_SOURCE[0]}")/../data/gpt2" && pwd)"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+# train STAGE RANKS TP NAME: one zero-train run of the reference, its metrics in NAME.jsonl.
+train() {
+  local stage="$1" ranks="$2" split="$3" run="$work/$4"
+  "${mpiexec[@]}" -np "$ranks" "$bin/zero-train" --model gpt2 --config "$data/adamw.json" \
+    --stage "$stage" --tp "$split" \
+    --n-layer 2 --n-head 4 --n-embd 64 --vocab-size 256 --block-size 64 --seq-len 32 \
+    --global-batch 4 --steps 3 --data "$data/tokens.bin" --init-from "$data/model.safetensors" \
+    --val-data "$data/tokens.bin" --val-every 1 --val-batches 1 \
+    --metrics "$run.jsonl" "${extra[@]}" > "$run.log" 2>&1 || {
+    cat "$run.log"; echo "zero-train failed at stage $stage on $ranks rank(s), --tp $split"; exit 1; }
+}
+
+for stage in 0 1 2 3; do
+  train "$stage" $((np / tp)) 1 "plain$stage"
+  train "$stage" "$np" "$tp" "split$stage"
+  grep -q "tensor-parallel $tp x data-parallel $((np / tp))" "$work/split$stage.log" || {
+    cat "$work/split$stage.log"; echo "the run did not report its grid"; exit 1; }
+  # Each rank's activations are its slices: the measured peak is the formula's, exactly.
+  python3 - "$work/split$stage.jsonl" <<'PY'
+import json, sys
+records = [json.loads(line) for line in open(sys.argv[1])]
+planned = next(r for r in records if r["event"] == "init")["activation_bytes_counted_planned"]
+for r in records:
+    if r["event"] == "step" and r["peak_activation_bytes"] != planned:
+        sys.exit(f"step {r['step']}: peak activations {r['peak_activation_bytes']} B, formula {planned} B")
+print(f"peak activations per rank: {planned} B, as the formula says")
+PY
+  echo "stage $stage, tensor-parallel $tp x data-parallel $((np / tp)) against --tp 1:"
+  "$bin/gpt2_golden_check" --expected "$data/expected.json" --metrics "$work/split$stage.jsonl" \
+    --reference-tolerance "$tolerance" --expect-val 1 \
+    --same-metrics-as "$work/plain$stage.jsonl" --metrics-tolerance "$tolerance"
+done
