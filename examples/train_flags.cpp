@@ -316,10 +316,10 @@ int data_parallel_size(int world_size, const zero::TrainingConfig& tc, const Fla
                             ": the GPT-2's tensor-parallel layers run on the CPU path only for "
                             "now (--device cpu)");
   }
-  if (tp > 1 && (!f.save_dir.empty() || !f.resume.empty())) {
+  if (tp > 1 && tc.gather_16bit_weights_on_model_save) {
     throw zero::ConfigError(source + " is " + std::to_string(tp) +
-                            ": checkpoints of a tensor-parallel run are not built yet (leave out "
-                            "--save-dir and --resume)");
+                            ": zero_optimization.stage3_gather_16bit_weights_on_model_save would "
+                            "merge the ranks' slices into one model, which is not built yet");
   }
   return world_size / tp;
 }
