@@ -192,8 +192,9 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
   }
 
   for (long step = first_step; step <= f.steps; ++step) {
+    const uint64_t tensor_parallel_before = tensor_parallel_bytes();
     const uint64_t bytes_before =
-        comm.counters().total_bytes() + engine.own_comm_bytes() + tensor_parallel_bytes();
+        comm.counters().total_bytes() + engine.own_comm_bytes() + tensor_parallel_before;
     // The last step is always saved when there is a save directory.
     const bool save_now =
         !f.save_dir.empty() && ((f.save_every > 0 && step % f.save_every == 0) || step == f.steps);
@@ -230,6 +231,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
     // Validation is outside the step's time: forward only, on the validation batches.
     std::optional<float> val_loss;
     if (task.validates(step)) val_loss = task.validation_loss(model, host);
+    const uint64_t step_tensor_parallel_bytes = tensor_parallel_bytes() - tensor_parallel_before;
     const uint64_t step_bytes = comm.counters().total_bytes() + engine.own_comm_bytes() +
                                 tensor_parallel_bytes() - bytes_before;
     if (save_now) {
@@ -282,6 +284,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
                       {"comm_busy_ms", json_number(stats.comm_busy_ms)},
                       {"comm_wait_ms", json_number(stats.comm_wait_ms)},
                       {"comm_bytes", step_bytes},
+                      {"tensor_parallel_comm_bytes", step_tensor_parallel_bytes},
                       {"model_state_bytes", step_state},
                       {"peak_bytes", peak},
                       {"peak_resident_bytes", peak_resident},

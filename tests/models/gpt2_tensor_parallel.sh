@@ -32,15 +32,29 @@ for stage in 0 1 2 3; do
   train "$stage" "$np" "$tp" "split$stage"
   grep -q "tensor-parallel $tp x data-parallel $((np / tp))" "$work/split$stage.log" || {
     cat "$work/split$stage.log"; echo "the run did not report its grid"; exit 1; }
-  # Each rank's activations are its slices: the measured peak is the formula's, exactly.
-  python3 - "$work/split$stage.jsonl" <<'PY'
+  # Each rank's activations are its slices: the measured peak is the formula's, exactly. Its
+  # tensor-parallel traffic per step is Megatron's: per layer two all-reduces of the B x T x C
+  # activations in forward and two in backward, plus the validation forward's two (B sequences
+  # of this rank's data-parallel slice, T = 32, C = 64 fp32), and the engine's all-reduce of
+  # its 4 units' squared-gradient sums; each all-reduce counts 2 (t - 1) / t of its bytes.
+  python3 - "$work/split$stage.jsonl" "$tp" "$((4 / (np / tp)))" <<'PY'
 import json, sys
 records = [json.loads(line) for line in open(sys.argv[1])]
+t, batch = int(sys.argv[2]), int(sys.argv[3])
 planned = next(r for r in records if r["event"] == "init")["activation_bytes_counted_planned"]
+layers, T, C = 2, 32, 64
+share = lambda size: size * 2 * (t - 1) // t
+expected = share(batch * T * C * 4) * (4 + 2) * layers + share(4 * 4)
 for r in records:
-    if r["event"] == "step" and r["peak_activation_bytes"] != planned:
+    if r["event"] != "step":
+        continue
+    if r["peak_activation_bytes"] != planned:
         sys.exit(f"step {r['step']}: peak activations {r['peak_activation_bytes']} B, formula {planned} B")
-print(f"peak activations per rank: {planned} B, as the formula says")
+    if r["tensor_parallel_comm_bytes"] != expected:
+        sys.exit(f"step {r['step']}: tensor-parallel traffic {r['tensor_parallel_comm_bytes']} B, "
+                 f"Megatron's formula {expected} B")
+print(f"per rank: peak activations {planned} B and tensor-parallel traffic {expected} B per step, "
+      "as the formulas say")
 PY
   echo "stage $stage, tensor-parallel $tp x data-parallel $((np / tp)) against --tp 1:"
   "$bin/gpt2_golden_check" --expected "$data/expected.json" --metrics "$work/split$stage.jsonl" \
