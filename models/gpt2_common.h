@@ -95,9 +95,14 @@ class Gpt2Backend {
     if (tensor_parallel_.comm == nullptr) return;
     tensor_parallel_.comm->all_reduce_sync(data, data, n, DType::kFloat32);
   }
+  // recv (n floats per rank, in rank order) = every rank's send (n floats), over the group.
+  void all_gather_tensor_parallel(const float* send, float* recv, size_t n) {
+    tensor_parallel_.comm->all_gather_sync(send, recv, n, DType::kFloat32);
+  }
   // Whether this rank adds the replicated bias of a row-parallel matrix before the all-reduce
-  // (one rank does, so the sum holds it once).
+  // (one rank does, so the sum holds it once), and the position embedding likewise.
   bool adds_row_parallel_bias() const { return tensor_parallel_.rank == 0; }
+  int tensor_parallel_rank() const { return tensor_parallel_.rank; }
 
   // Where the model's activations are counted (count_gpt2_activations); null: nowhere.
   void set_allocator(Allocator* allocator) { allocator_ = allocator; }

@@ -100,7 +100,7 @@ Gpt2ActivationBytes gpt2_activation_formula(const Gpt2Config& config,
     bytes.checkpoints = bytes.moving_checkpoints;
   }
   bytes.recompute = recomputed * f;
-  bytes.head = N * (2 * C + V + 4) * f;
+  bytes.head = N * (2 * C + V / t + 4) * f;  // a rank's logits: its V / t columns
   bytes.backward = N * (2 * C + 12 * Cl) * f;
   return bytes;
 }

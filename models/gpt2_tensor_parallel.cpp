@@ -15,7 +15,8 @@ Gpt2Split gpt2_split_of(const std::string& name) {
   if (ends_with(name, ".mlp.c_fc.weight") || ends_with(name, ".mlp.c_fc.bias")) {
     return Gpt2Split::kColumns;
   }
-  if (ends_with(name, ".attn.c_proj.weight") || ends_with(name, ".mlp.c_proj.weight")) {
+  if (name == "wte.weight" || ends_with(name, ".attn.c_proj.weight") ||
+      ends_with(name, ".mlp.c_proj.weight")) {
     return Gpt2Split::kRows;
   }
   return Gpt2Split::kReplicated;

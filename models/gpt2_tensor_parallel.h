@@ -5,11 +5,16 @@
 //   attn.c_proj         row-parallel: rows r C/t ..; its output is all-reduced over the group
 //   mlp.c_fc            column-parallel: columns r 4C/t .. (and their bias)
 //   mlp.c_proj          row-parallel: rows r 4C/t ..; its output is all-reduced
+//   wte                 vocabulary-parallel: rows r V/t ..; the embedding's lookups (and wpe,
+//                       added by rank 0) are all-reduced; the tied head computes the logits of
+//                       those rows only, with a parallel cross-entropy (an all-gather of each
+//                       row's log-sum-exp, an all-reduce of the target's logit) and an all-reduce
+//                       of its input's gradient
 //
 // Forward all-reduces the two row-parallel outputs of each block (Megatron's g); backward
 // all-reduces the input gradient of the two column-parallel matrices (its f). LayerNorms, the
-// row-parallel biases (added once, by rank 0, before the all-reduce), the embeddings and the
-// head are replicated: their inputs and gradients are the same on every rank of the group.
+// row-parallel biases (added once, by rank 0, before the all-reduce) and wpe are replicated:
+// their inputs and gradients are the same on every rank of the group.
 // Weight files hold the full tensors in Hugging Face's layouts ([in, out]); these functions cut
 // a rank's slice out of one. Private to models/.
 #pragma once
@@ -25,7 +30,7 @@ enum class Gpt2Split {
   kReplicated,
   kQkvColumns,  // columns of each third (q, k, v) of the last dimension
   kColumns,     // columns of the last dimension
-  kRows,        // rows of the first dimension
+  kRows,        // rows of the first dimension (wte's: the vocabulary)
 };
 Gpt2Split gpt2_split_of(const std::string& name);
 

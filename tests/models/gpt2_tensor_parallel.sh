@@ -35,8 +35,11 @@ for stage in 0 1 2 3; do
   # Each rank's activations are its slices: the measured peak is the formula's, exactly. Its
   # tensor-parallel traffic per step is Megatron's: per layer two all-reduces of the B x T x C
   # activations in forward and two in backward, plus the validation forward's two (B sequences
-  # of this rank's data-parallel slice, T = 32, C = 64 fp32), and the engine's all-reduce of
-  # its 4 units' squared-gradient sums; each all-reduce counts 2 (t - 1) / t of its bytes.
+  # of this rank's data-parallel slice, T = 32, C = 64 fp32); the vocabulary-parallel embedding's
+  # all-reduce of B x T x C in each forward and the head's of its input gradient in backward; the
+  # parallel cross-entropy's all-gather and all-reduce of B x T floats in each forward; and the
+  # engine's all-reduce of its 4 units' squared-gradient sums. An all-reduce counts
+  # 2 (t - 1) / t of its bytes, an all-gather (t - 1) / t of the gathered buffer.
   python3 - "$work/split$stage.jsonl" "$tp" "$((4 / (np / tp)))" <<'PY'
 import json, sys
 records = [json.loads(line) for line in open(sys.argv[1])]
@@ -44,7 +47,10 @@ t, batch = int(sys.argv[2]), int(sys.argv[3])
 planned = next(r for r in records if r["event"] == "init")["activation_bytes_counted_planned"]
 layers, T, C = 2, 32, 64
 share = lambda size: size * 2 * (t - 1) // t
-expected = share(batch * T * C * 4) * (4 + 2) * layers + share(4 * 4)
+N = batch * T
+activations = share(N * C * 4) * ((4 + 2) * layers + 2 + 1)
+cross_entropy = 2 * (share(N * 4) + (t - 1) * N * 4)
+expected = activations + cross_entropy + share(4 * 4)
 for r in records:
     if r["event"] != "step":
         continue

@@ -35,7 +35,8 @@ TEST(Gpt2TensorParallel, EachTensorIsSplitAlongItsDimension) {
   EXPECT_EQ(gpt2_split_of("h.0.mlp.c_fc.bias"), Gpt2Split::kColumns);
   EXPECT_EQ(gpt2_split_of("h.1.attn.c_proj.weight"), Gpt2Split::kRows);
   EXPECT_EQ(gpt2_split_of("h.1.mlp.c_proj.weight"), Gpt2Split::kRows);
-  for (const char* whole : {"wte.weight", "wpe.weight", "h.0.ln_1.weight", "h.0.ln_2.bias",
+  EXPECT_EQ(gpt2_split_of("wte.weight"), Gpt2Split::kRows);  // the vocabulary
+  for (const char* whole : {"wpe.weight", "h.0.ln_1.weight", "h.0.ln_2.bias",
                             "h.0.attn.c_proj.bias", "h.0.mlp.c_proj.bias", "ln_f.weight"}) {
     EXPECT_EQ(gpt2_split_of(whole), Gpt2Split::kReplicated) << whole;
   }
@@ -93,7 +94,8 @@ TEST(Gpt2TensorParallel, ARanksParametersAreItsSlices) {
   EXPECT_EQ(shapes["h.1.mlp.c_fc.bias"], (std::vector<int64_t>{128}));
   EXPECT_EQ(shapes["h.1.mlp.c_proj.weight"], (std::vector<int64_t>{128, 64}));
   EXPECT_EQ(shapes["h.1.mlp.c_proj.bias"], (std::vector<int64_t>{64}));
-  EXPECT_EQ(shapes["wte.weight"], (std::vector<int64_t>{256, 64}));
+  EXPECT_EQ(shapes["wte.weight"], (std::vector<int64_t>{128, 64}));
+  EXPECT_EQ(shapes["wpe.weight"], (std::vector<int64_t>{64, 64}));
   EXPECT_EQ(shapes["h.0.ln_2.weight"], (std::vector<int64_t>{64}));
   // FLOPs count the whole model, however it is split.
   Gpt2Config whole = config;
@@ -108,6 +110,7 @@ TEST(Gpt2TensorParallel, TheActivationFormulaHoldsEachRanksSlices) {
   const Gpt2ActivationBytes none = gpt2_activation_formula(config, {}, 4, 32);
   EXPECT_EQ(none.blocks.front(), N * (4 * C + 12 * Cl + 4 + Hl) * f);
   EXPECT_EQ(none.backward, N * (2 * C + 12 * Cl) * f);
+  EXPECT_EQ(none.head, N * (2 * C + 256 / 2 + 4) * f);  // half the vocabulary's logits
   const Gpt2ActivationBytes full = gpt2_activation_formula(config, {Recompute::kFull, 0}, 4, 32);
   EXPECT_EQ(full.recompute, N * (3 * C + 12 * Cl + 4 + Hl) * f);
   const Gpt2ActivationBytes selective =
@@ -120,7 +123,11 @@ TEST(Gpt2TensorParallel, ASplitTheModelCannotMakeIsAnError) {
   Gpt2Config config;
   config.tensor_parallel_size = 3;
   expect_error_naming([&] { check_gpt2_config(config); },
+                      "vocab_size (256) must be a multiple of the tensor-parallel size (3)");
+  config.vocab_size = 255;
+  expect_error_naming([&] { check_gpt2_config(config); },
                       "n_head (4) must be a multiple of the tensor-parallel size (3)");
+  config.vocab_size = 256;
   config.tensor_parallel_size = 2;
   expect_error_naming([&] { make_gpt2(config, 1); },
                       "a GPT-2 split over 2 tensor-parallel ranks needs the communicator");
