@@ -7,6 +7,7 @@
 
 #include "models/gpt2_block.h"
 #include "models/gpt2_common.h"
+#include "models/gpt2_tensor_parallel.h"
 #include "zero/core/check.h"
 #include "zero/runtime/device.h"
 
@@ -33,13 +34,16 @@ Gpt2 build_gpt2(const Gpt2Config& config, int kernel_threads,
 
 // ---------------------------------------------------------------------------------------------
 // The rows of wte (the vocabulary) this rank holds: all of them without tensor parallelism.
+// `rows` of them from token `first`, of which `count` are tokens (the rest padding).
 struct VocabularyRows {
   int first = 0;
   int count = 0;
+  int rows = 0;
 };
 VocabularyRows vocabulary_rows(const Gpt2Config& config, int tensor_parallel_rank) {
-  const int count = config.vocab_size / config.tensor_parallel_size;
-  return {count * tensor_parallel_rank, count};
+  const int rows = gpt2_vocabulary_rows(config.vocab_size, config.tensor_parallel_size);
+  const int first = rows * tensor_parallel_rank;
+  return {first, std::min(rows, config.vocab_size - first), rows};
 }
 
 // wte and wpe: out[b, t] = wte[token] + wpe[t]. With tensor parallelism wte is split by rows
@@ -52,9 +56,10 @@ class Gpt2Embedding : public Module {
 
   std::vector<ParamDecl> parameters() const override {
     const ParamInit init{InitKind::kUniform, uniform_bound(0.02f)};
-    ParamDecl wte =
-        param(config_, "wte.weight",
-              {config_.vocab_size / config_.tensor_parallel_size, config_.n_embd}, init);
+    ParamDecl wte = param(
+        config_, "wte.weight",
+        {gpt2_vocabulary_rows(config_.vocab_size, config_.tensor_parallel_size), config_.n_embd},
+        init);
     wte.tensor_parallel = true;
     return {wte, param(config_, "wpe.weight", {config_.block_size, config_.n_embd}, init)};
   }
@@ -137,7 +142,8 @@ class Gpt2Head : public Module {
 
   void forward(const Tensor& in, Tensor& out, const std::vector<ParamRef>& params) override {
     const int C = config_.n_embd;
-    const int V = config_.vocab_size / config_.tensor_parallel_size;  // this rank's columns
+    // This rank's columns of the logits: its rows of wte, padding included.
+    const int V = gpt2_vocabulary_rows(config_.vocab_size, config_.tensor_parallel_size);
     const int N = static_cast<int>(rows_of(in));
     const std::vector<int32_t>& ids = targets_->ids;
     ZERO_CHECK(ids.size() == static_cast<size_t>(N),
@@ -176,7 +182,8 @@ class Gpt2Head : public Module {
   void backward(const Tensor& grad_out, Tensor& grad_in, const std::vector<ParamRef>& params,
                 const std::vector<ParamRef>& grads) override {
     const int C = config_.n_embd;
-    const int V = config_.vocab_size / config_.tensor_parallel_size;  // this rank's columns
+    // This rank's columns of the logits: its rows of wte, padding included.
+    const int V = gpt2_vocabulary_rows(config_.vocab_size, config_.tensor_parallel_size);
     const int N = static_cast<int>(rows_of(input_));
     ZERO_CHECK(grad_out.numel() == 1, "the GPT-2's output is its loss: its gradient is one value");
     // d(mean loss)/d(loss of one position) = 1 / N, times the gradient of the mean.
@@ -188,9 +195,10 @@ class Gpt2Head : public Module {
       ops.cross_entropy_backward(logits_.data(), logits_.data(), lse_.data(),
                                  ops.targets(targets_->ids), dloss, N, V);
     } else {
-      ops.cross_entropy_backward_partial(
-          logits_.data(), logits_.data(), lse_.data(), ops.targets(targets_->ids),
-          vocabulary_rows(config_, backend_->tensor_parallel_rank()).first, dloss, N, V);
+      const VocabularyRows rows = vocabulary_rows(config_, backend_->tensor_parallel_rank());
+      ops.cross_entropy_backward_partial(logits_.data(), logits_.data(), lse_.data(),
+                                         ops.targets(targets_->ids), rows.first, dloss, N,
+                                         rows.count, V);
     }
     backend_->activation(d_norm_, {N, C}, dev);
     ops.matmul_backward(d_norm_.data(), slots_.grad(grads, 2), nullptr, logits_.data(),
@@ -220,11 +228,11 @@ class Gpt2Head : public Module {
   // target's logit (summed over the ranks: only its owner's is not 0).
   void parallel_cross_entropy(Gpt2Ops& ops, int N, int V) {
     const int t = config_.tensor_parallel_size;
-    const int first = vocabulary_rows(config_, backend_->tensor_parallel_rank()).first;
+    const VocabularyRows rows = vocabulary_rows(config_, backend_->tensor_parallel_rank());
     std::vector<float> mine(static_cast<size_t>(N)), all(static_cast<size_t>(N) * t);
     std::vector<float> target_logits(static_cast<size_t>(N));
     ops.cross_entropy_partials(mine.data(), target_logits.data(), logits_.data(),
-                               ops.targets(targets_->ids), first, N, V);
+                               ops.targets(targets_->ids), rows.first, N, rows.count, V);
     backend_->all_gather_tensor_parallel(mine.data(), all.data(), mine.size());
     backend_->all_reduce_tensor_parallel(target_logits.data(), target_logits.size());
     for (int n = 0; n < N; ++n) {
@@ -282,10 +290,12 @@ void check_gpt2_config(const Gpt2Config& c) {
   ZERO_CHECK(c.block_size >= 1, "GPT-2 block_size must be at least 1, got " << c.block_size);
   ZERO_CHECK(c.tensor_parallel_size >= 1,
              "GPT-2 tensor_parallel_size must be at least 1, got " << c.tensor_parallel_size);
-  ZERO_CHECK(c.vocab_size % c.tensor_parallel_size == 0,
-             "GPT-2 vocab_size (" << c.vocab_size << ") must be a multiple of the tensor-parallel "
-                                  << "size (" << c.tensor_parallel_size
-                                  << "): each tensor-parallel rank holds as many rows of wte");
+  ZERO_CHECK(
+      c.tensor_parallel_size == 1 || gpt2_vocabulary_rows(c.vocab_size, c.tensor_parallel_size) *
+                                             (c.tensor_parallel_size - 1) <
+                                         c.vocab_size,
+      "GPT-2 vocab_size (" << c.vocab_size << ") leaves the last of " << c.tensor_parallel_size
+                           << " tensor-parallel ranks no row of wte: use fewer ranks");
   ZERO_CHECK(c.n_head % c.tensor_parallel_size == 0,
              "GPT-2 n_head (" << c.n_head << ") must be a multiple of the tensor-parallel size ("
                               << c.tensor_parallel_size

@@ -100,7 +100,9 @@ Gpt2ActivationBytes gpt2_activation_formula(const Gpt2Config& config,
     bytes.checkpoints = bytes.moving_checkpoints;
   }
   bytes.recompute = recomputed * f;
-  bytes.head = N * (2 * C + V / t + 4) * f;  // a rank's logits: its V / t columns
+  // A rank's logits: its columns, padded as its rows of wte (gpt2_tensor_parallel.h).
+  const uint64_t Vl = (V + t - 1) / t;
+  bytes.head = N * (2 * C + Vl + 4) * f;
   bytes.backward = N * (2 * C + 12 * Cl) * f;
   return bytes;
 }

@@ -41,7 +41,7 @@
 // of qkv, the attention's output and the two MLP tensors, and Hl = H / t log-sum-exps; the rest
 // is whole: none N (4 C + 12 Cl + 4 + Hl), selective N (2 C + 8 Cl + Hl) kept and
 // N (2 C + 4 Cl + 4) rebuilt, full rebuilds N (3 C + 12 Cl + 4 + Hl); backward N (2 C + 12 Cl);
-// the head holds its V / t columns of the logits: N (2 C + V / t + 4).
+// the head holds its ceil(V / t) columns of the logits: N (2 C + ceil(V / t) + 4).
 #pragma once
 
 #include <cstdint>

@@ -100,9 +100,9 @@ class CpuGpt2Ops : public Gpt2Ops {
     }
   }
   void cross_entropy_partials(float* lse, float* target_logits, const float* logits,
-                              const int32_t* targets, int first, int N, int V) override {
+                              const int32_t* targets, int first, int N, int V, int Vp) override {
     for (int n = 0; n < N; ++n) {
-      const float* row = logits + static_cast<size_t>(n) * V;
+      const float* row = logits + static_cast<size_t>(n) * Vp;
       float max = row[0];
       for (int v = 1; v < V; ++v) max = std::max(max, row[v]);
       double sum = 0.0;
@@ -113,11 +113,12 @@ class CpuGpt2Ops : public Gpt2Ops {
     }
   }
   void cross_entropy_backward_partial(float* dlogits, const float* logits, const float* lse,
-                                      const int32_t* targets, int first, float dloss, int N,
-                                      int V) override {
+                                      const int32_t* targets, int first, float dloss, int N, int V,
+                                      int Vp) override {
     for (int n = 0; n < N; ++n) {
-      const size_t at = static_cast<size_t>(n) * V;
+      const size_t at = static_cast<size_t>(n) * Vp;
       for (int v = 0; v < V; ++v) dlogits[at + v] = std::exp(logits[at + v] - lse[n]) * dloss;
+      for (int v = V; v < Vp; ++v) dlogits[at + v] = 0.0f;
       const int column = targets[n] - first;
       if (column >= 0 && column < V) dlogits[at + column] -= dloss;
     }

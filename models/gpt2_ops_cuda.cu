@@ -87,12 +87,12 @@ class CudaGpt2Ops : public Gpt2Ops {
                                int) override {
     ZERO_FAIL("the vocabulary-parallel embedding runs on the CPU path only so far");
   }
-  void cross_entropy_partials(float*, float*, const float*, const int32_t*, int, int,
+  void cross_entropy_partials(float*, float*, const float*, const int32_t*, int, int, int,
                               int) override {
     ZERO_FAIL("the vocabulary-parallel cross-entropy runs on the CPU path only so far");
   }
   void cross_entropy_backward_partial(float*, const float*, const float*, const int32_t*, int,
-                                      float, int, int) override {
+                                      float, int, int, int) override {
     ZERO_FAIL("the vocabulary-parallel cross-entropy runs on the CPU path only so far");
   }
   void add(float* dst, const float* src, size_t n) override {

@@ -1,5 +1,6 @@
 #include "models/gpt2_tensor_parallel.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -22,6 +23,10 @@ Gpt2Split gpt2_split_of(const std::string& name) {
   return Gpt2Split::kReplicated;
 }
 
+int gpt2_vocabulary_rows(int vocab_size, int size) {
+  return (vocab_size + size - 1) / size;
+}
+
 LoadedTensor gpt2_tensor_parallel_slice(const LoadedTensor& full, int size, int rank) {
   const Gpt2Split split = gpt2_split_of(full.name);
   if (size == 1 || split == Gpt2Split::kReplicated) return full;
@@ -29,6 +34,19 @@ LoadedTensor gpt2_tensor_parallel_slice(const LoadedTensor& full, int size, int 
   LoadedTensor slice;
   slice.name = full.name;
   slice.shape = full.shape;
+  if (full.name == "wte.weight") {
+    // The vocabulary: this rank's rows, then zero rows up to the padded count.
+    const int64_t vocab = full.shape.front();
+    const int64_t rows = gpt2_vocabulary_rows(static_cast<int>(vocab), size);
+    const size_t row = full.values.size() / static_cast<size_t>(vocab);
+    const int64_t first = std::min(vocab, rows * rank);
+    const int64_t last = std::min(vocab, first + rows);
+    slice.values.assign(full.values.begin() + static_cast<std::ptrdiff_t>(first * row),
+                        full.values.begin() + static_cast<std::ptrdiff_t>(last * row));
+    slice.values.resize(static_cast<size_t>(rows) * row, 0.0f);
+    slice.shape.front() = rows;
+    return slice;
+  }
   if (split == Gpt2Split::kRows) {
     const int64_t rows = full.shape.front();
     ZERO_CHECK(rows % size == 0, "tensor '" << full.name << "' " << shape_text(full.shape)

@@ -34,9 +34,14 @@ enum class Gpt2Split {
 };
 Gpt2Split gpt2_split_of(const std::string& name);
 
+// The rows of wte each of `size` ranks holds: ceil(vocab_size / size). Where size does not divide
+// the vocabulary, the last rank's last rows are padding (zeros, never looked up, their logits
+// left out of the cross-entropy), as Megatron pads its vocabulary.
+int gpt2_vocabulary_rows(int vocab_size, int size);
+
 // Tensor-parallel rank `rank`'s slice of `full` (a full tensor of the model, by its name), in the
-// same layout; a replicated tensor whole. Throws zero::Error naming the tensor when its split
-// dimension does not divide by `size`.
+// same layout; a replicated tensor whole; wte's rows padded with zeros to gpt2_vocabulary_rows.
+// Throws zero::Error naming the tensor when another split dimension does not divide by `size`.
 LoadedTensor gpt2_tensor_parallel_slice(const LoadedTensor& full, int size, int rank);
 
 }  // namespace zero::models

@@ -123,14 +123,36 @@ TEST(Gpt2TensorParallel, ASplitTheModelCannotMakeIsAnError) {
   Gpt2Config config;
   config.tensor_parallel_size = 3;
   expect_error_naming([&] { check_gpt2_config(config); },
-                      "vocab_size (256) must be a multiple of the tensor-parallel size (3)");
-  config.vocab_size = 255;
-  expect_error_naming([&] { check_gpt2_config(config); },
                       "n_head (4) must be a multiple of the tensor-parallel size (3)");
+  config.tensor_parallel_size = 4;
+  config.vocab_size = 5;  // 2 rows per rank: the last rank would hold none
+  expect_error_naming([&] { check_gpt2_config(config); },
+                      "vocab_size (5) leaves the last of 4 tensor-parallel ranks no row of wte");
   config.vocab_size = 256;
   config.tensor_parallel_size = 2;
   expect_error_naming([&] { make_gpt2(config, 1); },
                       "a GPT-2 split over 2 tensor-parallel ranks needs the communicator");
+}
+
+TEST(Gpt2TensorParallel, AVocabularyThatDoesNotSplitIsPadded) {
+  // 5 tokens over 2 ranks: 3 rows each, rank 1's last one zeros.
+  EXPECT_EQ(gpt2_vocabulary_rows(5, 2), 3);
+  const LoadedTensor wte = counting("wte.weight", {5, 2});
+  const LoadedTensor first = gpt2_tensor_parallel_slice(wte, 2, 0);
+  EXPECT_EQ(first.shape, (std::vector<int64_t>{3, 2}));
+  EXPECT_EQ(first.values, (std::vector<float>{0, 1, 2, 3, 4, 5}));
+  const LoadedTensor last = gpt2_tensor_parallel_slice(wte, 2, 1);
+  EXPECT_EQ(last.shape, (std::vector<int64_t>{3, 2}));
+  EXPECT_EQ(last.values, (std::vector<float>{6, 7, 8, 9, 0, 0}));
+  Gpt2Config config;
+  config.vocab_size = 257;
+  config.tensor_parallel_size = 2;
+  for (const ParamSpec& spec : gpt2_param_specs(config)) {
+    if (spec.name == "wte.weight") {
+      EXPECT_EQ(spec.shape, (std::vector<int64_t>{129, 64}));
+    }
+  }
+  EXPECT_EQ(gpt2_activation_formula(config, {}, 1, 1).head, (2 * 64 + 129 + 4) * sizeof(float));
 }
 
 }  // namespace
