@@ -316,6 +316,11 @@ int data_parallel_size(int world_size, const zero::TrainingConfig& tc, const Fla
                             ": the GPT-2's tensor-parallel layers run on the CPU path only for "
                             "now (--device cpu)");
   }
+  if (tp > 1 && !f.trace.empty()) {
+    throw zero::ConfigError(source + " is " + std::to_string(tp) +
+                            ": --trace of a tensor-parallel run is not built yet (each "
+                            "data-parallel group would write the same file)");
+  }
   if (tp > 1 && tc.gather_16bit_weights_on_model_save) {
     throw zero::ConfigError(source + " is " + std::to_string(tp) +
                             ": zero_optimization.stage3_gather_16bit_weights_on_model_save would "
