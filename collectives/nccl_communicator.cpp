@@ -73,12 +73,16 @@ void check_device_memory(const void* p, const char* op) {
 // The MPI communicator of CommunicatorBase carries the unique id and the desync check.
 class NcclCommunicatorImpl final : public backend::CommunicatorBase<NcclCommunicator> {
  public:
-  NcclCommunicatorImpl(std::chrono::milliseconds timeout, int requested_device)
-      : CommunicatorBase(timeout) {
-    // The GPU: the rank's place among the ranks of its node, unless the caller chose one.
+  NcclCommunicatorImpl(std::chrono::milliseconds timeout, int requested_device,
+                       MPI_Comm parent = MPI_COMM_WORLD)
+      : CommunicatorBase(timeout, parent) {
+    // The GPU: the rank's place among the ranks of its node, unless the caller chose one. Over
+    // the world, so a group's communicator uses the GPU its rank's world communicator does.
+    int world_rank = 0;
+    ZERO_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
     MPI_Comm node = MPI_COMM_NULL;
-    ZERO_MPI_CHECK(
-        MPI_Comm_split_type(mpi_comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+    ZERO_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank,
+                                       MPI_INFO_NULL, &node));
     struct FreeComm {
       MPI_Comm* comm;
       ~FreeComm() { MPI_Comm_free(comm); }
@@ -343,6 +347,24 @@ class NcclCommunicatorImpl final : public backend::CommunicatorBase<NcclCommunic
 
 std::unique_ptr<NcclCommunicator> make_nccl_communicator(int device) {
   return std::make_unique<NcclCommunicatorImpl>(backend::timeout_from_environment(), device);
+}
+
+std::unique_ptr<NcclCommunicator> make_nccl_communicator_split(int color, int key, int device) {
+  ZERO_CHECK(color >= 0, "a communicator's color must be >= 0, got " << color);
+  MPI_Comm group = MPI_COMM_NULL;
+  ZERO_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, color, key, &group));
+  // The communicator keeps a duplicate of the split group, so the split is freed here, also
+  // when the construction throws.
+  std::unique_ptr<NcclCommunicator> comm;
+  try {
+    comm =
+        std::make_unique<NcclCommunicatorImpl>(backend::timeout_from_environment(), device, group);
+  } catch (...) {
+    MPI_Comm_free(&group);  // unchecked: the error being thrown is the one to report
+    throw;
+  }
+  ZERO_MPI_CHECK(MPI_Comm_free(&group));
+  return comm;
 }
 
 }  // namespace zero

@@ -15,6 +15,7 @@ using driver::usage_error;
 
 const char* const kTrainUsage =
     "usage: zero-train [--config FILE] [--model mlp|gpt2] [--steps N] [--stage 0|1|2|3]\n"
+    "                  [--tp T (gpt2: tensor-parallel size)]\n"
     "                  [--dtype fp32|bf16|fp16] [--seed S] [--global-batch B]\n"
     "                  [--micro-batches K] [--lr X] [--weight-decay X] [--clip X]\n"
     "                  [--schedule constant|warmup|linear|cosine] [--warmup N]\n"
@@ -207,6 +208,8 @@ Flags parse_flags(int argc, char** argv) {
     } else if (flag == "--stage") {
       f.stage = static_cast<int>(parse_at_least(flag, v, 0));
       if (*f.stage > 3) usage_error("--stage must be 0, 1, 2 or 3");
+    } else if (flag == "--tp") {
+      f.tp = static_cast<int>(parse_at_least(flag, v, 1));
     } else if (flag == "--dtype") {
       zero::DType dtype;
       if (!zero::parse_dtype(v, &dtype)) usage_error("--dtype must be fp32, bf16 or fp16");
@@ -286,6 +289,48 @@ Flags parse_flags(int argc, char** argv) {
   return f;
 }
 
+namespace {
+
+// The data-parallel ranks of a tensor-parallel size (--tp over tensor_parallel.tp_size) that the
+// world holds; a ConfigError naming the problem otherwise.
+int data_parallel_size(int world_size, const zero::TrainingConfig& tc, const Flags& f) {
+  const int tp = tc.tensor_parallel_size;
+  const std::string source = f.tp ? "--tp" : "tensor_parallel.tp_size in " + tc.origin;
+  if (tp > world_size || world_size % tp != 0) {
+    throw zero::ConfigError(source + " is " + std::to_string(tp) + " and the job has " +
+                            std::to_string(world_size) +
+                            " rank(s): they must divide into tensor-parallel groups of that size");
+  }
+  if (tp > 1 && f.model != "gpt2") {
+    throw zero::ConfigError(source + " is " + std::to_string(tp) +
+                            ": only --model gpt2 splits its layers over tensor-parallel ranks");
+  }
+  if (tp > 1 && tc.engine.mics_shard_size != -1) {
+    throw zero::ConfigError(source + " is " + std::to_string(tp) +
+                            " and zero_optimization.mics_shard_size is " +
+                            std::to_string(tc.engine.mics_shard_size) +
+                            ": tensor parallelism with hybrid sharding is not supported yet");
+  }
+  if (tp > 1 && f.cuda) {
+    throw zero::ConfigError(source + " is " + std::to_string(tp) +
+                            ": the GPT-2's tensor-parallel layers run on the CPU path only for "
+                            "now (--device cpu)");
+  }
+  if (tp > 1 && !f.trace.empty()) {
+    throw zero::ConfigError(source + " is " + std::to_string(tp) +
+                            ": --trace of a tensor-parallel run is not built yet (each "
+                            "data-parallel group would write the same file)");
+  }
+  if (tp > 1 && tc.gather_16bit_weights_on_model_save) {
+    throw zero::ConfigError(source + " is " + std::to_string(tp) +
+                            ": zero_optimization.stage3_gather_16bit_weights_on_model_save would "
+                            "merge the ranks' slices into one model, which is not built yet");
+  }
+  return world_size / tp;
+}
+
+}  // namespace
+
 // The config file (or the built-in defaults), then every flag the user gave on top.
 zero::TrainingConfig resolve_config(const Flags& f, int world_size) {
   zero::TrainingConfig tc;
@@ -323,20 +368,24 @@ zero::TrainingConfig resolve_config(const Flags& f, int world_size) {
     e.lr_schedule.total_steps = f.steps;
   }
   if (f.warmup) e.lr_schedule.warmup_steps = *f.warmup;
-  if (f.global_batch || f.micro_batches) {
+  // The batch is cut over the data-parallel ranks: --tp changes how many there are.
+  const bool tp_changed = f.tp && *f.tp != tc.tensor_parallel_size;
+  if (f.tp) tc.tensor_parallel_size = *f.tp;
+  const int data_parallel = data_parallel_size(world_size, tc, f);
+  if (f.global_batch || f.micro_batches || (tp_changed && !f.config.empty())) {
     const long global = f.global_batch ? *f.global_batch : tc.train_batch_size;
     const int accumulation = f.micro_batches ? *f.micro_batches : tc.gradient_accumulation_steps;
-    const long slices = static_cast<long>(accumulation) * world_size;
+    const long slices = static_cast<long>(accumulation) * data_parallel;
     zero::BatchSizes b = zero::derive_batch_sizes(
         f.global_batch ? divisible_batch(global, slices) : global, std::nullopt, accumulation,
-        world_size, "--global-batch/--micro-batches");
+        data_parallel, "--global-batch/--micro-batches/--tp");
     b.train_batch_size = global;
     tc.train_batch_size = b.train_batch_size;
     tc.micro_batch_per_rank = b.micro_batch_per_rank;
     tc.gradient_accumulation_steps = b.gradient_accumulation_steps;
   } else if (f.config.empty()) {
     const zero::BatchSizes b =
-        zero::derive_batch_sizes(tc.train_batch_size, std::nullopt, 1, world_size, tc.origin);
+        zero::derive_batch_sizes(tc.train_batch_size, std::nullopt, 1, data_parallel, tc.origin);
     tc.micro_batch_per_rank = b.micro_batch_per_rank;
     tc.gradient_accumulation_steps = b.gradient_accumulation_steps;
   }
@@ -425,6 +474,8 @@ std::vector<zero::examples::Setting> run_description(const Flags& f,
   return {
       {"the model (--model and its flags)", model.str()},
       {"the ZeRO stage (--stage, zero_optimization.stage)", std::to_string(e.stage)},
+      {"the tensor-parallel size (--tp, tensor_parallel.tp_size)",
+       std::to_string(tc.tensor_parallel_size)},
       {"the dtype (--dtype, bf16/fp16.enabled)", zero::dtype_name(e.dtype)},
       {"--steps", std::to_string(f.steps)},
       {"the global batch (--global-batch, train_batch_size)", std::to_string(tc.train_batch_size)},

@@ -30,6 +30,7 @@ struct Flags {
   std::string config;
   long steps = 20;
   std::optional<int> stage;
+  std::optional<int> tp;  // --tp: tensor_parallel.tp_size
   std::optional<uint64_t> seed;
   std::optional<long> global_batch;
   std::optional<int> micro_batches;

@@ -32,7 +32,12 @@ class MlpTask : public TrainTask {
             {"output_dim", config_.output_dim},
             {"layers", config_.layers}};
   }
-  std::vector<NamedModule> take_modules() override { return models::make_mlp(config_); }
+  std::vector<NamedModule> take_modules(
+      const models::Gpt2TensorParallel& tensor_parallel) override {
+    ZERO_CHECK(tensor_parallel.comm == nullptr,
+               "the MLP does not split over tensor-parallel ranks");
+    return models::make_mlp(config_);
+  }
   void start(Engine&, uint64_t data_seed) override { data_.emplace(config_, data_seed); }
 
   Tensor input(long step, int64_t first, int64_t count) override {
@@ -79,8 +84,8 @@ class MlpTask : public TrainTask {
 class Gpt2Task : public TrainTask {
  public:
   Gpt2Task(const Flags& f, long global_batch, int micro_batches, int kernel_threads,
-           const models::Gpt2Checkpointing& checkpointing)
-      : config_(f.gpt2),
+           const models::Gpt2Checkpointing& checkpointing, int tensor_parallel_size)
+      : config_(with_tensor_parallel(f.gpt2, tensor_parallel_size)),
         checkpointing_(checkpointing),
         seq_len_(f.seq_len),
         global_batch_(global_batch),
@@ -88,8 +93,12 @@ class Gpt2Task : public TrainTask {
         init_from_(f.init_from),
         val_every_(f.val_every),
         val_batches_(f.val_batches),
-        train_(f.data),
-        model_(models::make_gpt2(config_, kernel_threads, checkpointing_)) {
+        kernel_threads_(kernel_threads),
+        train_(f.data) {
+    // The modules are made on the rank's tensor-parallel group (take_modules); the sizes and
+    // the checkpointing are checked now, before any rank starts.
+    models::check_gpt2_config(config_);
+    models::check_gpt2_checkpointing(checkpointing_, config_.n_layer);
     check_vocabulary(train_, "--data");
     if (!f.val_data.empty()) {
       val_.emplace(f.val_data);
@@ -101,10 +110,14 @@ class Gpt2Task : public TrainTask {
   }
 
   std::string description() const override {
+    const std::string split =
+        config_.tensor_parallel_size == 1
+            ? ""
+            : ", tensor-parallel over " + std::to_string(config_.tensor_parallel_size) + " ranks";
     return "gpt2 (" + std::to_string(config_.n_layer) + " layers, " +
            std::to_string(config_.n_head) + " heads, " + std::to_string(config_.n_embd) +
            " wide, vocab " + std::to_string(config_.vocab_size) + ", seq " +
-           std::to_string(seq_len_) + ")";
+           std::to_string(seq_len_) + split + ")";
   }
   driver::JsonRecord model_record() const override {
     return {{"model", "gpt2"},
@@ -113,16 +126,25 @@ class Gpt2Task : public TrainTask {
             {"n_embd", config_.n_embd},
             {"vocab_size", config_.vocab_size},
             {"block_size", config_.block_size},
+            {"tensor_parallel_size", config_.tensor_parallel_size},
             {"seq_len", seq_len_},
             {"train_tokens", train_.size()},
             {"flops_per_token", models::gpt2_flops_per_token(config_, seq_len_)},
             {"activation_checkpointing", models::recompute_name(checkpointing_.recompute)},
             {"number_checkpoints", checkpointed_blocks()}};
   }
-  std::vector<NamedModule> take_modules() override { return std::move(model_.modules); }
+  std::vector<NamedModule> take_modules(
+      const models::Gpt2TensorParallel& tensor_parallel) override {
+    model_ = models::make_gpt2(config_, kernel_threads_, checkpointing_, tensor_parallel);
+    tensor_parallel_rank_ = tensor_parallel.rank;
+    return std::move(model_.modules);
+  }
   void start(Engine& engine, uint64_t) override {
     models::count_gpt2_activations(model_, engine.allocator());
-    if (!init_from_.empty()) models::load_gpt2_weights(engine, init_from_);
+    if (!init_from_.empty()) {
+      models::load_gpt2_weights(engine, init_from_, config_.tensor_parallel_size,
+                                tensor_parallel_rank_);
+    }
   }
 
   Tensor input(long step, int64_t first, int64_t count) override {
@@ -255,6 +277,11 @@ class Gpt2Task : public TrainTask {
     return n;
   }
 
+  static models::Gpt2Config with_tensor_parallel(models::Gpt2Config config, int size) {
+    config.tensor_parallel_size = size;
+    return config;
+  }
+
   models::Gpt2Config config_;
   models::Gpt2Checkpointing checkpointing_;
   int seq_len_;
@@ -263,6 +290,8 @@ class Gpt2Task : public TrainTask {
   std::string init_from_;
   long val_every_;
   long val_batches_;
+  int kernel_threads_;
+  int tensor_parallel_rank_ = 0;
   models::TokenData train_;
   std::optional<models::TokenData> val_;
   models::Gpt2 model_;
@@ -280,9 +309,9 @@ std::unique_ptr<TrainTask> make_train_task(const Flags& flags, const TrainingCon
   checkpointing.profile = config.activation_checkpointing.profile;
   // On the CPU path checkpoints are in host memory already (resolve_config says so).
   checkpointing.cpu_checkpointing = config.activation_checkpointing.cpu_checkpointing && flags.cuda;
-  return std::make_unique<Gpt2Task>(flags, config.train_batch_size,
-                                    config.gradient_accumulation_steps,
-                                    config.engine.kernel_threads, checkpointing);
+  return std::make_unique<Gpt2Task>(
+      flags, config.train_batch_size, config.gradient_accumulation_steps,
+      config.engine.kernel_threads, checkpointing, config.tensor_parallel_size);
 }
 
 }  // namespace zero::examples

@@ -11,6 +11,7 @@
 
 #include "driver/metrics_writer.h"
 #include "examples/train_flags.h"
+#include "models/gpt2.h"
 #include "models/train_step.h"
 #include "zero/runtime/model.h"
 
@@ -24,8 +25,10 @@ class TrainTask : public models::MicroBatchSource {
   virtual std::string description() const = 0;
   // The model's config for the metrics' init record.
   virtual driver::JsonRecord model_record() const = 0;
-  // The modules to wrap (once).
-  virtual std::vector<NamedModule> take_modules() = 0;
+  // The modules to wrap (once), on this rank's tensor-parallel group (the GPT-2's; a model that
+  // does not split its layers is only ever given none).
+  virtual std::vector<NamedModule> take_modules(
+      const models::Gpt2TensorParallel& tensor_parallel) = 0;
   // After the engine is built and before training: weights from a file (--init-from), and the
   // seed of the data (the run's, or the resumed checkpoint's).
   virtual void start(Engine& engine, uint64_t data_seed) = 0;

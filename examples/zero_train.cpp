@@ -38,6 +38,7 @@
 #include "examples/train_flags.h"
 #include "examples/train_task.h"
 #include "zero/collectives/mpi_communicator.h"
+#include "zero/collectives/process_grid.h"
 #if ZERO_HAVE_NCCL
 #include "zero/collectives/nccl_communicator.h"
 #endif
@@ -74,10 +75,18 @@ double mib(uint64_t bytes) {
   return static_cast<double>(bytes) / (1 << 20);
 }
 
+// The engine shards over the data-parallel group (`comm`); rank and world are this rank's place
+// in it, which cuts the batch. Rank 0 of the world (`leader`) prints and writes the metrics.
 void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::TrainTask& task,
-           zero::Communicator& comm) {
+           zero::ProcessGrid& grid) {
+  zero::Communicator& comm = *grid.data_parallel;
+  zero::Communicator* tensor_parallel = grid.tensor_parallel.get();
   const int rank = comm.rank();
   const int world = comm.world_size();
+  const bool leader = rank == 0 && grid.place.tp_rank == 0;
+  const auto tensor_parallel_bytes = [&] {
+    return tensor_parallel ? tensor_parallel->counters().total_bytes() : 0;
+  };
   const zero::EngineConfig& config = tc.engine;
   const long per_micro_batch = tc.micro_batch_per_rank;  // the largest slice
   const int micro_batches = tc.gradient_accumulation_steps;
@@ -88,7 +97,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
   // What the process holds before the engine allocates (the program, MPI, the libraries): the
   // base of the resident-memory plan.
   const uint64_t baseline_resident = zero::examples::resident_bytes();
-  zero::ZeroModel model(comm, task.take_modules(), config);
+  zero::ZeroModel model(comm, task.take_modules({grid.place.tp_rank, tensor_parallel}), config);
   zero::Engine& engine = model.engine();
   // Metrics, memory figures and traces are host values: they travel over MPI even when the
   // engine's collectives run through NCCL.
@@ -104,7 +113,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
                           zero::LoadOptions{tc.override_optimizer});
     first_step = resumed.step + 1;
     data_seed = resumed.seed;
-    if (rank == 0) {
+    if (leader) {
       std::printf("resumed from %s at step %ld\n", f.resume.c_str(), resumed.step);
     }
   }
@@ -118,12 +127,12 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
 
   // A resumed run appends to the metrics file it continues, after a record marking the resume.
   zero::driver::MetricsWriter metrics;
-  if (rank == 0 && !f.metrics.empty()) {
+  if (leader && !f.metrics.empty()) {
     metrics.open(f.metrics, f.resume.empty() ? zero::driver::MetricsWriter::Mode::kTruncate
                                              : zero::driver::MetricsWriter::Mode::kAppend);
     if (!f.resume.empty()) metrics.write(JsonRecord{{"event", "resume"}, {"step", first_step - 1}});
   }
-  if (rank == 0 && !f.save_dir.empty() && f.save_every == 0) {
+  if (leader && !f.save_dir.empty() && f.save_every == 0) {
     std::printf(
         "checkpoints: --save-dir without --save-every: the last step (%ld) is saved at "
         "the end\n",
@@ -138,18 +147,20 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
   const uint64_t planned_resident = max_over_ranks(
       host, baseline_resident + engine.model_state_bytes() + engine.buffer_bytes() +
                 task.activation_bytes(per_micro_batch) + task.module_bytes(config.dtype));
-  if (rank == 0) {
+  if (leader) {
     // Slices differ by one sample when the batch does not divide (see batch_slice).
     const long smallest = tc.train_batch_size / (static_cast<long>(micro_batches) * world);
     const std::string per_slice = smallest == per_micro_batch ? std::to_string(per_micro_batch)
                                                               : std::to_string(smallest) + "-" +
                                                                     std::to_string(per_micro_batch);
     std::printf(
-        "zero-train: %s in %s, %zu params (%zu padded) in %zu units, stage %d, %d rank(s), "
-        "global batch %ld = %s per micro-batch x %d micro-batches x %d ranks\n",
+        "zero-train: %s in %s, %zu params (%zu padded) in %zu units, stage %d, %d rank(s) "
+        "(tensor-parallel %d x data-parallel %d), global batch %ld = %s per micro-batch x %d "
+        "micro-batches x %d ranks\n",
         task.description().c_str(), zero::dtype_name(config.dtype), engine.layout().numel(),
-        engine.layout().padded_numel(), engine.layout().units().size(), config.stage, world,
-        tc.train_batch_size, per_slice.c_str(), micro_batches, world);
+        engine.layout().padded_numel(), engine.layout().units().size(), config.stage,
+        world * grid.place.tp_size, grid.place.tp_size, world, tc.train_batch_size,
+        per_slice.c_str(), micro_batches, world);
     std::printf("collectives: %s\n", comm.transport().c_str());
     std::printf("memory on rank 0 at start:\n%s%s", engine.allocator().summary().c_str(),
                 task.activation_summary(per_micro_batch).c_str());
@@ -160,7 +171,9 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
     }
     std::fflush(stdout);
     JsonRecord init{{"event", "init"},
-                    {"world_size", world},
+                    {"world_size", world * grid.place.tp_size},
+                    {"tensor_parallel_size", grid.place.tp_size},
+                    {"data_parallel_size", world},
                     {"collectives", comm.transport()},
                     {"stage", config.stage},
                     {"dtype", zero::dtype_name(config.dtype)},
@@ -179,7 +192,9 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
   }
 
   for (long step = first_step; step <= f.steps; ++step) {
-    const uint64_t bytes_before = comm.counters().total_bytes() + engine.own_comm_bytes();
+    const uint64_t tensor_parallel_before = tensor_parallel_bytes();
+    const uint64_t bytes_before =
+        comm.counters().total_bytes() + engine.own_comm_bytes() + tensor_parallel_before;
     // The last step is always saved when there is a save directory.
     const bool save_now =
         !f.save_dir.empty() && ((f.save_every > 0 && step % f.save_every == 0) || step == f.steps);
@@ -216,12 +231,13 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
     // Validation is outside the step's time: forward only, on the validation batches.
     std::optional<float> val_loss;
     if (task.validates(step)) val_loss = task.validation_loss(model, host);
-    const uint64_t step_bytes =
-        comm.counters().total_bytes() + engine.own_comm_bytes() - bytes_before;
+    const uint64_t step_tensor_parallel_bytes = tensor_parallel_bytes() - tensor_parallel_before;
+    const uint64_t step_bytes = comm.counters().total_bytes() + engine.own_comm_bytes() +
+                                tensor_parallel_bytes() - bytes_before;
     if (save_now) {
       zero::save_checkpoint(engine, f.save_dir, zero::TrainerState{step, data_seed},
                             zero::SaveOptions{tc.gather_16bit_weights_on_model_save});
-      if (rank == 0) std::printf("checkpoint of step %ld saved in %s\n", step, f.save_dir.c_str());
+      if (leader) std::printf("checkpoint of step %ld saved in %s\n", step, f.save_dir.c_str());
     }
     const uint64_t step_state = max_over_ranks(host, engine.model_state_bytes());
     const uint64_t peak = max_over_ranks(host, engine.allocator().stats().peak_total);
@@ -229,7 +245,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
     const uint64_t peak_activations = max_over_ranks(host, stats.peak_activation_bytes);
     const uint64_t peak_checkpoints = max_over_ranks(host, stats.peak_checkpoint_bytes);
     const JsonRecord activations = task.activation_record();
-    if (rank != 0) continue;
+    if (!leader) continue;
     if (stats.skipped) {
       std::printf("step %ld: gradient overflow, step skipped; loss scale now %g\n", step,
                   stats.loss_scale);
@@ -268,6 +284,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
                       {"comm_busy_ms", json_number(stats.comm_busy_ms)},
                       {"comm_wait_ms", json_number(stats.comm_wait_ms)},
                       {"comm_bytes", step_bytes},
+                      {"tensor_parallel_comm_bytes", step_tensor_parallel_bytes},
                       {"model_state_bytes", step_state},
                       {"peak_bytes", peak},
                       {"peak_resident_bytes", peak_resident},
@@ -282,7 +299,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
   }
   if (!f.trace.empty()) {
     engine.trace().write_chrome_trace(host, f.trace);
-    if (rank == 0) std::printf("trace written to %s\n", f.trace.c_str());
+    if (leader) std::printf("trace written to %s\n", f.trace.c_str());
   }
 }
 
@@ -456,18 +473,21 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "zero-train: %s\n", blas_warning.c_str());
   }
   try {
-    std::unique_ptr<zero::Communicator> comm;
+    zero::ProcessGrid grid;
     zero::Device device = zero::Device::cpu();
 #if ZERO_HAVE_NCCL
     if (flags.cuda) {
+      // resolve_config refused tensor parallelism on CUDA: the data-parallel group is the world.
       std::unique_ptr<zero::NcclCommunicator> nccl = zero::make_nccl_communicator();
       device = zero::Device::cuda(nccl->device());
-      comm = std::move(nccl);
+      grid.place = zero::grid_place(rank, mpi.world_size(), 1);
+      grid.data_parallel = std::move(nccl);
     }
 #endif
-    if (!comm) comm = zero::make_mpi_communicator();
+    if (!grid.data_parallel) grid = zero::make_mpi_process_grid(config.tensor_parallel_size);
     config.engine.device = device;
-    train(flags, config, *task, *comm);
+    config.engine.tensor_parallel = grid.tensor_parallel.get();
+    train(flags, config, *task, grid);
   } catch (const zero::ConfigError& e) {
     // Raised on every rank at once (a resume whose checkpoint disagrees with the run): one
     // message, exit 2, and no rank is left in a collective.

@@ -1,10 +1,13 @@
 #include "models/gpt2.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
+#include <vector>
 
 #include "models/gpt2_block.h"
 #include "models/gpt2_common.h"
+#include "models/gpt2_tensor_parallel.h"
 #include "zero/core/check.h"
 #include "zero/runtime/device.h"
 
@@ -23,10 +26,29 @@ int64_t rows_of(const Tensor& t) {
   return t.numel() / t.shape().back();
 }
 
+// The modules of make_gpt2, on no tensor-parallel group yet.
+Gpt2 build_gpt2(const Gpt2Config& config, int kernel_threads,
+                const Gpt2Checkpointing& checkpointing);
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
-// wte and wpe: out[b, t] = wte[token] + wpe[t].
+// The rows of wte (the vocabulary) this rank holds: all of them without tensor parallelism.
+// `rows` of them from token `first`, of which `count` are tokens (the rest padding).
+struct VocabularyRows {
+  int first = 0;
+  int count = 0;
+  int rows = 0;
+};
+VocabularyRows vocabulary_rows(const Gpt2Config& config, int tensor_parallel_rank) {
+  const int rows = gpt2_vocabulary_rows(config.vocab_size, config.tensor_parallel_size);
+  const int first = rows * tensor_parallel_rank;
+  return {first, std::min(rows, config.vocab_size - first), rows};
+}
+
+// wte and wpe: out[b, t] = wte[token] + wpe[t]. With tensor parallelism wte is split by rows
+// (vocabulary-parallel): each rank looks up the tokens in its rows (0 for the others), rank 0
+// adds wpe, and the sum over the group is the embedding, exactly.
 class Gpt2Embedding : public Module {
  public:
   Gpt2Embedding(const Gpt2Config& config, std::shared_ptr<gpt2_detail::Gpt2Backend> backend)
@@ -34,8 +56,12 @@ class Gpt2Embedding : public Module {
 
   std::vector<ParamDecl> parameters() const override {
     const ParamInit init{InitKind::kUniform, uniform_bound(0.02f)};
-    return {param(config_, "wte.weight", {config_.vocab_size, config_.n_embd}, init),
-            param(config_, "wpe.weight", {config_.block_size, config_.n_embd}, init)};
+    ParamDecl wte = param(
+        config_, "wte.weight",
+        {gpt2_vocabulary_rows(config_.vocab_size, config_.tensor_parallel_size), config_.n_embd},
+        init);
+    wte.tensor_parallel = true;
+    return {wte, param(config_, "wpe.weight", {config_.block_size, config_.n_embd}, init)};
   }
 
   void forward(const Tensor& in, Tensor& out, const std::vector<ParamRef>& params) override {
@@ -57,8 +83,17 @@ class Gpt2Embedding : public Module {
     Gpt2Ops& ops = backend_->ops_for(in);
     backend_->keep_copy(tokens_, in);
     ensure(out, {B, T, config_.n_embd}, in.device());
-    ops.embedding_forward(out.data(), in.data(), slots_.value(params, 0), slots_.value(params, 1),
-                          B, T, config_.n_embd);
+    if (config_.tensor_parallel_size == 1) {
+      ops.embedding_forward(out.data(), in.data(), slots_.value(params, 0), slots_.value(params, 1),
+                            B, T, config_.n_embd);
+      return;
+    }
+    const VocabularyRows rows = vocabulary_rows(config_, backend_->tensor_parallel_rank());
+    ops.embedding_forward_rows(
+        out.data(), in.data(), slots_.value(params, 0),
+        backend_->adds_row_parallel_bias() ? slots_.value(params, 1) : nullptr, rows.first,
+        rows.count, B, T, config_.n_embd);
+    backend_->all_reduce_tensor_parallel(out.data(), out.numel());
   }
 
   void backward(const Tensor& grad_out, Tensor& grad_in, const std::vector<ParamRef>&,
@@ -66,8 +101,14 @@ class Gpt2Embedding : public Module {
     const int B = static_cast<int>(tokens_.shape()[0]);
     const int T = static_cast<int>(tokens_.shape()[1]);
     Gpt2Ops& ops = backend_->ops_for(grad_out);
-    ops.embedding_backward(slots_.grad(grads, 0), slots_.grad(grads, 1), grad_out.data(),
-                           tokens_.data(), B, T, config_.n_embd);
+    if (config_.tensor_parallel_size == 1) {
+      ops.embedding_backward(slots_.grad(grads, 0), slots_.grad(grads, 1), grad_out.data(),
+                             tokens_.data(), B, T, config_.n_embd);
+    } else {
+      const VocabularyRows rows = vocabulary_rows(config_, backend_->tensor_parallel_rank());
+      ops.embedding_backward_rows(slots_.grad(grads, 0), slots_.grad(grads, 1), grad_out.data(),
+                                  tokens_.data(), rows.first, rows.count, B, T, config_.n_embd);
+    }
     slots_.flush(grads);
     grad_in = Tensor();  // token ids have no gradient
   }
@@ -85,7 +126,10 @@ class Gpt2Embedding : public Module {
 };
 
 // ---------------------------------------------------------------------------------------------
-// ln_f, then logits = ln_f(x) @ wte^T and the mean cross-entropy against the targets.
+// ln_f, then logits = ln_f(x) @ wte^T and the mean cross-entropy against the targets. With
+// tensor parallelism each rank computes the logits of its rows of wte only (no rank holds them
+// all): the cross-entropy combines the ranks' log-sum-exps (an all-gather of N values) and the
+// target's logit (an all-reduce of N), and backward all-reduces the input's gradient.
 class Gpt2Head : public Module {
  public:
   Gpt2Head(const Gpt2Config& config, std::shared_ptr<gpt2_detail::Gpt2Backend> backend,
@@ -101,14 +145,16 @@ class Gpt2Head : public Module {
 
   void forward(const Tensor& in, Tensor& out, const std::vector<ParamRef>& params) override {
     const int C = config_.n_embd;
-    const int V = config_.vocab_size;
+    // This rank's columns of the logits: its rows of wte, padding included.
+    const int V = gpt2_vocabulary_rows(config_.vocab_size, config_.tensor_parallel_size);
     const int N = static_cast<int>(rows_of(in));
     const std::vector<int32_t>& ids = targets_->ids;
     ZERO_CHECK(ids.size() == static_cast<size_t>(N),
                "the GPT-2 head has " << ids.size() << " targets for " << N << " positions");
     for (size_t i = 0; i < ids.size(); ++i) {
-      ZERO_CHECK(ids[i] >= 0 && ids[i] < V, "target " << ids[i] << " at position " << i
-                                                      << " is not below the vocabulary size " << V);
+      ZERO_CHECK(ids[i] >= 0 && ids[i] < config_.vocab_size,
+                 "target " << ids[i] << " at position " << i << " is not below the vocabulary size "
+                           << config_.vocab_size);
     }
     Gpt2Ops& ops = backend_->ops_for(in);
     const std::shared_ptr<DeviceContext>& dev = in.device();
@@ -124,7 +170,12 @@ class Gpt2Head : public Module {
                           config_.layer_norm_eps);
     ops.matmul_forward(logits_.data(), norm_.data(), slots_.value(params, 2), nullptr, N, C, V,
                        WeightLayout::kOutIn);
-    ops.cross_entropy_forward(losses_.data(), lse_.data(), logits_.data(), ops.targets(ids), N, V);
+    if (config_.tensor_parallel_size == 1) {
+      ops.cross_entropy_forward(losses_.data(), lse_.data(), logits_.data(), ops.targets(ids), N,
+                                V);
+    } else {
+      parallel_cross_entropy(ops, N, V);
+    }
     // The mean over the positions, summed in double on the host (N values).
     double sum = 0.0;
     for (float loss : losses_.to_host()) sum += loss;
@@ -134,7 +185,8 @@ class Gpt2Head : public Module {
   void backward(const Tensor& grad_out, Tensor& grad_in, const std::vector<ParamRef>& params,
                 const std::vector<ParamRef>& grads) override {
     const int C = config_.n_embd;
-    const int V = config_.vocab_size;
+    // This rank's columns of the logits: its rows of wte, padding included.
+    const int V = gpt2_vocabulary_rows(config_.vocab_size, config_.tensor_parallel_size);
     const int N = static_cast<int>(rows_of(input_));
     ZERO_CHECK(grad_out.numel() == 1, "the GPT-2's output is its loss: its gradient is one value");
     // d(mean loss)/d(loss of one position) = 1 / N, times the gradient of the mean.
@@ -142,11 +194,20 @@ class Gpt2Head : public Module {
     Gpt2Ops& ops = backend_->ops_for(grad_out);
     const std::shared_ptr<DeviceContext>& dev = grad_out.device();
     // The targets forward put in the device's memory are still there.
-    ops.cross_entropy_backward(logits_.data(), logits_.data(), lse_.data(),
-                               ops.targets(targets_->ids), dloss, N, V);
+    if (config_.tensor_parallel_size == 1) {
+      ops.cross_entropy_backward(logits_.data(), logits_.data(), lse_.data(),
+                                 ops.targets(targets_->ids), dloss, N, V);
+    } else {
+      const VocabularyRows rows = vocabulary_rows(config_, backend_->tensor_parallel_rank());
+      ops.cross_entropy_backward_partial(logits_.data(), logits_.data(), lse_.data(),
+                                         ops.targets(targets_->ids), rows.first, dloss, N,
+                                         rows.count, V);
+    }
     backend_->activation(d_norm_, {N, C}, dev);
     ops.matmul_backward(d_norm_.data(), slots_.grad(grads, 2), nullptr, logits_.data(),
                         norm_.data(), slots_.value(params, 2), N, C, V, WeightLayout::kOutIn);
+    // Each rank's columns give a share of ln_f's output gradient: the sum is whole.
+    backend_->all_reduce_tensor_parallel(d_norm_.data(), d_norm_.numel());
     grad_in = Tensor(input_.shape(), dev);
     ops.layernorm_backward(grad_in.data(), slots_.grad(grads, 0), slots_.grad(grads, 1),
                            d_norm_.data(), input_.data(), slots_.value(params, 0), mean_.data(),
@@ -165,6 +226,30 @@ class Gpt2Head : public Module {
  private:
   Gpt2Config config_;
   std::shared_ptr<gpt2_detail::Gpt2Backend> backend_;
+  // The cross-entropy over the whole vocabulary from this rank's columns of the logits: each
+  // row's log-sum-exp combined from every rank's (into lse_, which backward uses), minus the
+  // target's logit (summed over the ranks: only its owner's is not 0).
+  void parallel_cross_entropy(Gpt2Ops& ops, int N, int V) {
+    const int t = config_.tensor_parallel_size;
+    const VocabularyRows rows = vocabulary_rows(config_, backend_->tensor_parallel_rank());
+    std::vector<float> mine(static_cast<size_t>(N)), all(static_cast<size_t>(N) * t);
+    std::vector<float> target_logits(static_cast<size_t>(N));
+    ops.cross_entropy_partials(mine.data(), target_logits.data(), logits_.data(),
+                               ops.targets(targets_->ids), rows.first, N, rows.count, V);
+    backend_->all_gather_tensor_parallel(mine.data(), all.data(), mine.size());
+    backend_->all_reduce_tensor_parallel(target_logits.data(), target_logits.size());
+    for (int n = 0; n < N; ++n) {
+      float max = all[static_cast<size_t>(n)];
+      for (int r = 1; r < t; ++r) max = std::max(max, all[static_cast<size_t>(r) * N + n]);
+      double sum = 0.0;
+      for (int r = 0; r < t; ++r)
+        sum += std::exp(static_cast<double>(all[static_cast<size_t>(r) * N + n]) - max);
+      const float lse = static_cast<float>(max + std::log(sum));
+      lse_.data()[n] = lse;
+      losses_.data()[n] = lse - target_logits[static_cast<size_t>(n)];
+    }
+  }
+
   std::shared_ptr<Gpt2Targets> targets_;
   ParamSlots slots_{3};
   Tensor input_, norm_, mean_, rstd_, logits_, losses_, lse_, d_norm_;
@@ -206,10 +291,37 @@ void check_gpt2_config(const Gpt2Config& c) {
              "GPT-2 n_embd (" << c.n_embd << ") must be a multiple of n_head (" << c.n_head << ")");
   ZERO_CHECK(c.vocab_size >= 1, "GPT-2 vocab_size must be at least 1, got " << c.vocab_size);
   ZERO_CHECK(c.block_size >= 1, "GPT-2 block_size must be at least 1, got " << c.block_size);
+  ZERO_CHECK(c.tensor_parallel_size >= 1,
+             "GPT-2 tensor_parallel_size must be at least 1, got " << c.tensor_parallel_size);
+  ZERO_CHECK(
+      c.tensor_parallel_size == 1 || gpt2_vocabulary_rows(c.vocab_size, c.tensor_parallel_size) *
+                                             (c.tensor_parallel_size - 1) <
+                                         c.vocab_size,
+      "GPT-2 vocab_size (" << c.vocab_size << ") leaves the last of " << c.tensor_parallel_size
+                           << " tensor-parallel ranks no row of wte: use fewer ranks");
+  ZERO_CHECK(c.n_head % c.tensor_parallel_size == 0,
+             "GPT-2 n_head (" << c.n_head << ") must be a multiple of the tensor-parallel size ("
+                              << c.tensor_parallel_size
+                              << "): each tensor-parallel rank computes whole heads");
 }
 
-Gpt2 make_gpt2(const Gpt2Config& config, int kernel_threads,
-               const Gpt2Checkpointing& checkpointing) {
+Gpt2 make_gpt2(const Gpt2Config& config, int kernel_threads, const Gpt2Checkpointing& checkpointing,
+               const Gpt2TensorParallel& tensor_parallel) {
+  const int t = config.tensor_parallel_size;
+  ZERO_CHECK(
+      t == 1 || (tensor_parallel.comm != nullptr && tensor_parallel.comm->world_size() == t &&
+                 tensor_parallel.rank == tensor_parallel.comm->rank()),
+      "a GPT-2 split over " << t << " tensor-parallel ranks needs the communicator of its " << t
+                            << " ranks and this rank's place in it");
+  Gpt2 model = build_gpt2(config, kernel_threads, checkpointing);
+  if (t > 1) model.backend->set_tensor_parallel(tensor_parallel);
+  return model;
+}
+
+namespace {
+
+Gpt2 build_gpt2(const Gpt2Config& config, int kernel_threads,
+                const Gpt2Checkpointing& checkpointing) {
   check_gpt2_config(config);
   check_gpt2_checkpointing(checkpointing, config.n_layer);
   auto backend = std::make_shared<gpt2_detail::Gpt2Backend>(kernel_threads);
@@ -251,6 +363,8 @@ Gpt2 make_gpt2(const Gpt2Config& config, int kernel_threads,
   return model;
 }
 
+}  // namespace
+
 void count_gpt2_activations(Gpt2& model, Allocator& allocator) {
   model.backend->set_allocator(&allocator);
 }
@@ -282,7 +396,8 @@ Gpt2ActivationBytes gpt2_held_activations(const Gpt2& model) {
 }
 
 std::vector<ParamSpec> gpt2_param_specs(const Gpt2Config& config) {
-  Gpt2 model = make_gpt2(config, 1);
+  // The shapes only: the modules are never run, so no tensor-parallel group is needed.
+  Gpt2 model = build_gpt2(config, 1, {});
   std::vector<ParamSpec> specs;
   for (size_t m = 0; m < model.modules.size(); ++m) {
     const std::string& prefix = model.modules[m].name;
@@ -311,8 +426,11 @@ const Tensor& gpt2_logits(const Gpt2& model) {
 }
 
 double gpt2_flops_per_token(const Gpt2Config& c, int seq_len) {
+  // The whole model's, however it is split.
+  Gpt2Config whole = c;
+  whole.tensor_parallel_size = 1;
   double params = 0.0;
-  for (const ParamSpec& s : gpt2_param_specs(c)) {
+  for (const ParamSpec& s : gpt2_param_specs(whole)) {
     double n = 1.0;
     for (int64_t d : s.shape) n *= static_cast<double>(d);
     params += n;

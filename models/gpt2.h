@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "models/gpt2_memory.h"
+#include "zero/collectives/communicator.h"
 #include "zero/runtime/layout.h"
 #include "zero/runtime/model.h"
 
@@ -31,12 +32,25 @@ struct Gpt2Config {
   // Weight decay only on tensors with two or more dimensions (the embeddings and the four
   // matrices of each block), as GPT-2 training recipes do; false decays every tensor.
   bool decay_matrices_only = true;
+  // Megatron-style tensor parallelism over this many ranks (1: none; models/gpt2_tensor_parallel.h
+  // says what is split). The parameters and activations a rank holds are its slices: the shapes
+  // below (gpt2_param_specs, gpt2_activation_formula) are one rank's.
+  int tensor_parallel_size = 1;
+};
+
+// Where this rank sits in its tensor-parallel group of Gpt2Config::tensor_parallel_size ranks,
+// and the group's communicator (host memory; null without tensor parallelism). The communicator
+// must outlive the modules.
+struct Gpt2TensorParallel {
+  int rank = 0;
+  Communicator* comm = nullptr;
 };
 
 // "tiny", "gpt2-124M", "gpt2-350M", "gpt2-774M", "gpt2-1.5B"; false for another name.
 bool gpt2_preset(const std::string& name, Gpt2Config* config);
 const char* gpt2_preset_names();  // "tiny, gpt2-124M, ..." for messages
-// Throws zero::Error naming the first bad field (sizes < 1, n_embd not divisible by n_head).
+// Throws zero::Error naming the first bad field (sizes < 1, n_embd not divisible by n_head,
+// n_head not divisible by tensor_parallel_size).
 void check_gpt2_config(const Gpt2Config& config);
 
 // The targets of the micro-batch the next forward computes the loss of: token ids, one per
@@ -66,9 +80,11 @@ struct Gpt2 {
 
 // The modules of a GPT-2; kernel_threads: threads of every CPU kernel and GEMM; checkpointing:
 // which blocks recompute what in backward (gpt2_memory.h). Throws zero::Error for a bad config
-// or a number_checkpoints outside 0..n_layer.
+// or a number_checkpoints outside 0..n_layer; tensor_parallel: this rank's place in its group
+// (a communicator of tensor_parallel_size ranks is needed when that is above 1).
 Gpt2 make_gpt2(const Gpt2Config& config, int kernel_threads,
-               const Gpt2Checkpointing& checkpointing = {});
+               const Gpt2Checkpointing& checkpointing = {},
+               const Gpt2TensorParallel& tensor_parallel = {});
 
 // Counts the model's activations in `allocator` from now on (the engine's, Engine::allocator(),
 // whose limit then covers them): the kept inputs of checkpointed blocks as
@@ -111,7 +127,9 @@ double gpt2_flops_per_token(const Gpt2Config& config, int seq_len);
 // layouts as GPT2Model saves them; a "transformer." prefix is accepted, the attention's `bias`
 // and `masked_bias` buffers and a tied `lm_head.weight` are ignored). A missing, extra or
 // misshaped tensor is a zero::Error naming it. Collective: every rank reads the file and keeps
-// its shard.
-void load_gpt2_weights(Engine& engine, const std::string& path);
+// its shard; with tensor parallelism (tensor_parallel_size > 1) each tensor the blocks split is
+// first cut to the slice of tensor-parallel rank `tensor_parallel_rank`.
+void load_gpt2_weights(Engine& engine, const std::string& path, int tensor_parallel_size = 1,
+                       int tensor_parallel_rank = 0);
 
 }  // namespace zero::models

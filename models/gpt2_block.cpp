@@ -27,7 +27,9 @@ bool keeps(Recompute recompute, int a) {
   return true;
 }
 
-std::vector<int64_t> shape_of(int a, int B, int T, int C, int NH) {
+// Shapes on one tensor-parallel rank: C wide, its slice Cl = C / t of the heads' width and NHl of
+// the heads (Cl = C and NHl = NH without tensor parallelism).
+std::vector<int64_t> shape_of(int a, int B, int T, int C, int Cl, int NHl) {
   const int64_t N = static_cast<int64_t>(B) * T;
   switch (a) {
     case kInput:
@@ -35,19 +37,20 @@ std::vector<int64_t> shape_of(int a, int B, int T, int C, int NH) {
       return {B, T, C};
     case kLn1:
     case kLn2:
-    case kAtt:
       return {N, C};
+    case kAtt:
+      return {N, Cl};
     case kLn1Mean:
     case kLn1Rstd:
     case kLn2Mean:
     case kLn2Rstd:
       return {N};
     case kQkv:
-      return {N, 3 * C};
+      return {N, 3 * static_cast<int64_t>(Cl)};
     case kLse:
-      return {B, NH, T};
+      return {B, NHl, T};
     default:  // kFc, kGelu
-      return {N, 4 * static_cast<int64_t>(C)};
+      return {N, 4 * static_cast<int64_t>(Cl)};
   }
 }
 
@@ -76,6 +79,7 @@ Gpt2Block::Gpt2Block(const Gpt2Config& config, const Gpt2BlockCheckpointing& che
 std::vector<ParamDecl> Gpt2Block::parameters() const {
   using gpt2_detail::uniform_bound;
   const int64_t C = config_.n_embd;
+  const int64_t Cl = C / config_.tensor_parallel_size;  // this rank's slice (heads' width)
   const ParamInit ones{InitKind::kOnes, 0.0f};
   const ParamInit zeros{InitKind::kZeros, 0.0f};
   const ParamInit weight{InitKind::kUniform, uniform_bound(0.02f)};
@@ -85,17 +89,23 @@ std::vector<ParamDecl> Gpt2Block::parameters() const {
   auto decl = [this](const char* name, std::vector<int64_t> shape, ParamInit init) {
     return gpt2_detail::param(config_, name, std::move(shape), init);
   };
+  // The split matrices and biases are this rank's slices (gpt2_tensor_parallel.h).
+  auto slice = [&](const char* name, std::vector<int64_t> shape, ParamInit init) {
+    ParamDecl d = decl(name, std::move(shape), init);
+    d.tensor_parallel = true;
+    return d;
+  };
   return {decl("ln_1.weight", {C}, ones),
           decl("ln_1.bias", {C}, zeros),
-          decl("attn.c_attn.weight", {C, 3 * C}, weight),
-          decl("attn.c_attn.bias", {3 * C}, zeros),
-          decl("attn.c_proj.weight", {C, C}, residual),
+          slice("attn.c_attn.weight", {C, 3 * Cl}, weight),
+          slice("attn.c_attn.bias", {3 * Cl}, zeros),
+          slice("attn.c_proj.weight", {Cl, C}, residual),
           decl("attn.c_proj.bias", {C}, zeros),
           decl("ln_2.weight", {C}, ones),
           decl("ln_2.bias", {C}, zeros),
-          decl("mlp.c_fc.weight", {C, 4 * C}, weight),
-          decl("mlp.c_fc.bias", {4 * C}, zeros),
-          decl("mlp.c_proj.weight", {4 * C, C}, residual),
+          slice("mlp.c_fc.weight", {C, 4 * Cl}, weight),
+          slice("mlp.c_fc.bias", {4 * Cl}, zeros),
+          slice("mlp.c_proj.weight", {4 * Cl, C}, residual),
           decl("mlp.c_proj.bias", {C}, zeros)};
 }
 
@@ -184,7 +194,10 @@ void Gpt2Block::forward(const Tensor& in, Tensor& out, const std::vector<ParamRe
     fetched_ = false;
   }
   for (int a = kInput + 1; a < kBlockActivations; ++a) {
-    backend_->activation(at(a), shape_of(a, B_, T_, C, config_.n_head), in.device());
+    backend_->activation(at(a),
+                         shape_of(a, B_, T_, C, C / config_.tensor_parallel_size,
+                                  config_.n_head / config_.tensor_parallel_size),
+                         in.device());
   }
   ensure(out, {B_, T_, C}, in.device());
   run_forward(params, &out);
@@ -198,7 +211,11 @@ void Gpt2Block::forward(const Tensor& in, Tensor& out, const std::vector<ParamRe
 
 void Gpt2Block::run_forward(const std::vector<ParamRef>& params, Tensor* out) {
   const int C = config_.n_embd;
+  const int Cl = C / config_.tensor_parallel_size;
+  const int NHl = config_.n_head / config_.tensor_parallel_size;
   const int N = B_ * T_;
+  // The row-parallel biases go in once, on the rank that adds them, before the all-reduce.
+  const bool bias = backend_->adds_row_parallel_bias();
   const float eps = config_.layer_norm_eps;
   auto w = [&](int i) { return slots_.value(params, i); };
   auto p = [&](int a) { return data_of(a); };
@@ -210,29 +227,34 @@ void Gpt2Block::run_forward(const std::vector<ParamRef>& params, Tensor* out) {
                           eps);
   }
   if (makes(kQkv)) {
-    ops.matmul_forward(p(kQkv), p(kLn1), w(kQkvW), w(kQkvB), N, C, 3 * C, WeightLayout::kInOut);
+    ops.matmul_forward(p(kQkv), p(kLn1), w(kQkvW), w(kQkvB), N, C, 3 * Cl, WeightLayout::kInOut);
   }
-  if (makes(kAtt)) ops.attention_forward(p(kAtt), p(kLse), p(kQkv), B_, T_, C, config_.n_head);
+  if (makes(kAtt)) ops.attention_forward(p(kAtt), p(kLse), p(kQkv), B_, T_, Cl, NHl);
   if (makes(kX2)) {
-    ops.matmul_forward(p(kX2), p(kAtt), w(kProjW), w(kProjB), N, C, C, WeightLayout::kInOut);
+    ops.matmul_forward(p(kX2), p(kAtt), w(kProjW), bias ? w(kProjB) : nullptr, N, Cl, C,
+                       WeightLayout::kInOut);
+    backend_->all_reduce_tensor_parallel(p(kX2), static_cast<size_t>(N) * C);
     ops.add(p(kX2), p(kInput), static_cast<size_t>(N) * C);  // the residual
   }
   if (makes(kLn2)) {
     ops.layernorm_forward(p(kLn2), p(kLn2Mean), p(kLn2Rstd), p(kX2), w(kLn2W), w(kLn2B), N, C, eps);
   }
   if (makes(kFc)) {
-    ops.matmul_forward(p(kFc), p(kLn2), w(kFcW), w(kFcB), N, C, 4 * C, WeightLayout::kInOut);
+    ops.matmul_forward(p(kFc), p(kLn2), w(kFcW), w(kFcB), N, C, 4 * Cl, WeightLayout::kInOut);
   }
-  if (makes(kGelu)) ops.gelu_forward(p(kGelu), p(kFc), static_cast<size_t>(N) * 4 * C);
+  if (makes(kGelu)) ops.gelu_forward(p(kGelu), p(kFc), static_cast<size_t>(N) * 4 * Cl);
   if (out == nullptr) return;
-  ops.matmul_forward(out->data(), p(kGelu), w(kFcProjW), w(kFcProjB), N, 4 * C, C,
+  ops.matmul_forward(out->data(), p(kGelu), w(kFcProjW), bias ? w(kFcProjB) : nullptr, N, 4 * Cl, C,
                      WeightLayout::kInOut);
+  backend_->all_reduce_tensor_parallel(out->data(), out->numel());
   ops.add(out->data(), p(kX2), out->numel());
 }
 
 void Gpt2Block::backward(const Tensor& grad_out, Tensor& grad_in,
                          const std::vector<ParamRef>& params, const std::vector<ParamRef>& grads) {
   const int C = config_.n_embd;
+  const int Cl = C / config_.tensor_parallel_size;
+  const int NHl = config_.n_head / config_.tensor_parallel_size;
   const int N = B_ * T_;
   if (moves_checkpoint()) {
     // This block's checkpoint back (fetched one block ahead, except for the first), then the
@@ -257,28 +279,32 @@ void Gpt2Block::backward(const Tensor& grad_out, Tensor& grad_in,
   Gpt2Ops& ops = backend_->ops_for(grad_out);
   const std::shared_ptr<DeviceContext>& dev = grad_out.device();
   Gpt2BlockShared& s = *shared_;
-  backend_->activation(s.d_hidden4, {N, 4 * C}, dev);
-  backend_->activation(s.d_fc, {N, 4 * C}, dev);
+  backend_->activation(s.d_hidden4, {N, 4 * Cl}, dev);
+  backend_->activation(s.d_fc, {N, 4 * Cl}, dev);
   backend_->activation(s.d_norm, {N, C}, dev);
-  backend_->activation(s.d_att, {N, C}, dev);
-  backend_->activation(s.d_qkv, {N, 3 * C}, dev);
+  backend_->activation(s.d_att, {N, Cl}, dev);
+  backend_->activation(s.d_qkv, {N, 3 * Cl}, dev);
 
   // The skip connection carries grad_out to x2 unchanged; the MLP's gradient is added to it.
   Tensor d_x2 = grad_out;
+  // Row-parallel: the output gradient is whole on every rank, so is the bias's gradient.
   ops.matmul_backward(s.d_hidden4.data(), g(kFcProjW), g(kFcProjB), grad_out.data(), p(kGelu),
-                      w(kFcProjW), N, 4 * C, C, WeightLayout::kInOut);
-  ops.gelu_backward(s.d_fc.data(), p(kFc), s.d_hidden4.data(), static_cast<size_t>(N) * 4 * C);
+                      w(kFcProjW), N, 4 * Cl, C, WeightLayout::kInOut);
+  ops.gelu_backward(s.d_fc.data(), p(kFc), s.d_hidden4.data(), static_cast<size_t>(N) * 4 * Cl);
+  // Column-parallel: each rank has its columns' share of the input gradient; the sum is whole.
   ops.matmul_backward(s.d_norm.data(), g(kFcW), g(kFcB), s.d_fc.data(), p(kLn2), w(kFcW), N, C,
-                      4 * C, WeightLayout::kInOut);
+                      4 * Cl, WeightLayout::kInOut);
+  backend_->all_reduce_tensor_parallel(s.d_norm.data(), static_cast<size_t>(N) * C);
   ops.layernorm_backward(d_x2.data(), g(kLn2W), g(kLn2B), s.d_norm.data(), p(kX2), w(kLn2W),
                          p(kLn2Mean), p(kLn2Rstd), N, C);
   // The same for the attention half: x's gradient is x2's plus the attention path's.
-  ops.matmul_backward(s.d_att.data(), g(kProjW), g(kProjB), d_x2.data(), p(kAtt), w(kProjW), N, C,
+  ops.matmul_backward(s.d_att.data(), g(kProjW), g(kProjB), d_x2.data(), p(kAtt), w(kProjW), N, Cl,
                       C, WeightLayout::kInOut);
-  ops.attention_backward(s.d_qkv.data(), s.d_att.data(), p(kQkv), p(kAtt), p(kLse), B_, T_, C,
-                         config_.n_head);
+  ops.attention_backward(s.d_qkv.data(), s.d_att.data(), p(kQkv), p(kAtt), p(kLse), B_, T_, Cl,
+                         NHl);
   ops.matmul_backward(s.d_norm.data(), g(kQkvW), g(kQkvB), s.d_qkv.data(), p(kLn1), w(kQkvW), N, C,
-                      3 * C, WeightLayout::kInOut);
+                      3 * Cl, WeightLayout::kInOut);
+  backend_->all_reduce_tensor_parallel(s.d_norm.data(), static_cast<size_t>(N) * C);
   grad_in = std::move(d_x2);
   ops.layernorm_backward(grad_in.data(), g(kLn1W), g(kLn1B), s.d_norm.data(), p(kInput), w(kLn1W),
                          p(kLn1Mean), p(kLn1Rstd), N, C);

@@ -84,6 +84,26 @@ class Gpt2Backend {
  public:
   explicit Gpt2Backend(int threads) : threads_(threads) {}
 
+  // The tensor-parallel group (gpt2_tensor_parallel.h); without one, a group of this rank alone.
+  void set_tensor_parallel(const Gpt2TensorParallel& tensor_parallel) {
+    tensor_parallel_ = tensor_parallel;
+  }
+  // data (n floats, host memory) summed over the tensor-parallel group, in place: Megatron's
+  // all-reduce after a row-parallel matrix (forward) and before a column-parallel one's input
+  // gradient is used (backward). Nothing without a group.
+  void all_reduce_tensor_parallel(float* data, size_t n) {
+    if (tensor_parallel_.comm == nullptr) return;
+    tensor_parallel_.comm->all_reduce_sync(data, data, n, DType::kFloat32);
+  }
+  // recv (n floats per rank, in rank order) = every rank's send (n floats), over the group.
+  void all_gather_tensor_parallel(const float* send, float* recv, size_t n) {
+    tensor_parallel_.comm->all_gather_sync(send, recv, n, DType::kFloat32);
+  }
+  // Whether this rank adds the replicated bias of a row-parallel matrix before the all-reduce
+  // (one rank does, so the sum holds it once), and the position embedding likewise.
+  bool adds_row_parallel_bias() const { return tensor_parallel_.rank == 0; }
+  int tensor_parallel_rank() const { return tensor_parallel_.rank; }
+
   // Where the model's activations are counted (count_gpt2_activations); null: nowhere.
   void set_allocator(Allocator* allocator) { allocator_ = allocator; }
 
@@ -144,6 +164,7 @@ class Gpt2Backend {
 
  private:
   int threads_;
+  Gpt2TensorParallel tensor_parallel_;
   Allocator* allocator_ = nullptr;
   std::shared_ptr<DeviceContext> cpu_context_;
   std::unique_ptr<Allocator> pinned_;

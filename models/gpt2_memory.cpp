@@ -63,23 +63,29 @@ Gpt2ActivationBytes gpt2_activation_formula(const Gpt2Config& config,
                                             int64_t T) {
   const uint64_t N = static_cast<uint64_t>(B * T);
   const uint64_t C = static_cast<uint64_t>(config.n_embd);
-  const uint64_t H = static_cast<uint64_t>(config.n_head);
   const uint64_t V = static_cast<uint64_t>(config.vocab_size);
   const uint64_t f = sizeof(float);
-  uint64_t kept = N * (16 * C + 4 + H);  // a block that is not checkpointed
-  uint64_t recomputed = 0;               // what a checkpointed one rebuilds
+  // With tensor parallelism over t ranks, a rank holds Cl = C / t of qkv (3 Cl), the attention's
+  // output (Cl), its log-sum-exp (Hl = H / t heads) and the MLP's hidden tensors (4 Cl each);
+  // the residual stream and the LayerNorms stay C wide. t = 1 gives the table's figures.
+  const uint64_t t = static_cast<uint64_t>(config.tensor_parallel_size);
+  const uint64_t Cl = C / t;
+  const uint64_t Hl = static_cast<uint64_t>(config.n_head) / t;
+  const uint64_t whole = N * (4 * C + 12 * Cl + 4 + Hl);  // a block that is not checkpointed
+  uint64_t kept = whole;
+  uint64_t recomputed = 0;  // what a checkpointed one rebuilds
   if (checkpointing.recompute == Recompute::kSelective) {
-    kept = N * (10 * C + H);
-    recomputed = N * (6 * C + 4);
+    kept = N * (2 * C + 8 * Cl + Hl);
+    recomputed = N * (2 * C + 4 * Cl + 4);
   } else if (checkpointing.recompute == Recompute::kFull) {
     kept = N * C;
-    recomputed = N * (15 * C + 4 + H);
+    recomputed = N * (3 * C + 12 * Cl + 4 + Hl);
   }
   Gpt2ActivationBytes bytes;
   bytes.embedding = N * f;
   for (int layer = 0; layer < config.n_layer; ++layer) {
     const bool checkpointed = gpt2_block_checkpointed(checkpointing, layer, config.n_layer);
-    bytes.blocks.push_back((checkpointed ? kept : N * (16 * C + 4 + H)) * f);
+    bytes.blocks.push_back((checkpointed ? kept : whole) * f);
     if (checkpointed) bytes.checkpoints += N * C * f;
   }
   if (checkpointing.cpu_checkpointing && bytes.checkpoints > 0) {
@@ -94,8 +100,10 @@ Gpt2ActivationBytes gpt2_activation_formula(const Gpt2Config& config,
     bytes.checkpoints = bytes.moving_checkpoints;
   }
   bytes.recompute = recomputed * f;
-  bytes.head = N * (2 * C + V + 4) * f;
-  bytes.backward = 14 * N * C * f;
+  // A rank's logits: its columns, padded as its rows of wte (gpt2_tensor_parallel.h).
+  const uint64_t Vl = (V + t - 1) / t;
+  bytes.head = N * (2 * C + Vl + 4) * f;
+  bytes.backward = N * (2 * C + 12 * Cl) * f;
   return bytes;
 }
 

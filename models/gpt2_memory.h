@@ -36,6 +36,12 @@
 // log-sum-exps: N (2 C + V + 4). Backward's own working set, shared by the blocks: the
 // gradients of a block's inner tensors (4C twice, C twice, 3C) and the head's ln_f gradient:
 // 14 N C. The residual-stream tensors in flight between modules are the caller's, not counted.
+//
+// Split over t tensor-parallel ranks (Gpt2Config::tensor_parallel_size), a rank holds Cl = C / t
+// of qkv, the attention's output and the two MLP tensors, and Hl = H / t log-sum-exps; the rest
+// is whole: none N (4 C + 12 Cl + 4 + Hl), selective N (2 C + 8 Cl + Hl) kept and
+// N (2 C + 4 Cl + 4) rebuilt, full rebuilds N (3 C + 12 Cl + 4 + Hl); backward N (2 C + 12 Cl);
+// the head holds its ceil(V / t) columns of the logits: N (2 C + ceil(V / t) + 4).
 #pragma once
 
 #include <cstdint>

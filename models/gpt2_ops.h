@@ -46,6 +46,29 @@ class Gpt2Ops {
   virtual void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
                                       const int32_t* targets, float dloss, int N, int V) = 0;
 
+  // The vocabulary-parallel embedding and head (gpt2_tensor_parallel.h): this rank holds rows
+  // [first, first + rows) of wte, and the logits of those columns.
+  // out[b, t] = wte_rows[token - first] for a token in this rank's rows, else 0; plus wpe[t]
+  // when wpe is not null.
+  virtual void embedding_forward_rows(float* out, const float* tokens, const float* wte_rows,
+                                      const float* wpe, int first, int rows, int B, int T,
+                                      int C) = 0;
+  // dwte_rows[token - first] += dout[b, t] for the tokens in this rank's rows; dwpe as
+  // embedding_backward.
+  virtual void embedding_backward_rows(float* dwte_rows, float* dwpe, const float* dout,
+                                       const float* tokens, int first, int rows, int B, int T,
+                                       int C) = 0;
+  // Per row n of logits [N, Vp] (this rank's columns, of which the first V are tokens from
+  // `first` on, the rest padding): lse[n] = log sum exp over the V, and target_logits[n] = the
+  // target's logit when its column is this rank's, else 0.
+  virtual void cross_entropy_partials(float* lse, float* target_logits, const float* logits,
+                                      const int32_t* targets, int first, int N, int V, int Vp) = 0;
+  // dlogits[n, v] = (exp(logits[n, v] - lse[n]) - [first + v == target[n]]) * dloss for v < V,
+  // lse the whole vocabulary's; 0 in the padding; dlogits may be logits.
+  virtual void cross_entropy_backward_partial(float* dlogits, const float* logits, const float* lse,
+                                              const int32_t* targets, int first, float dloss, int N,
+                                              int V, int Vp) = 0;
+
   // dst[i] += src[i]: the residual connections.
   virtual void add(float* dst, const float* src, size_t n) = 0;
   // The targets in this memory (host memory as they are; a GPU copy, kept until the next call).

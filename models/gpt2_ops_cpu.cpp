@@ -1,5 +1,9 @@
 // The GPT-2's operations on host memory: the CPU kernels, each split over `threads`.
 #include "models/gpt2_ops.h"
+
+#include <algorithm>
+#include <cmath>
+
 #include "zero/core/check.h"
 #include "zero/kernels/cpu_kernels.h"
 
@@ -58,6 +62,66 @@ class CpuGpt2Ops : public Gpt2Ops {
   void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
                               const int32_t* targets, float dloss, int N, int V) override {
     kernels::cross_entropy_backward(dlogits, logits, lse, targets, dloss, N, V, V, opt_);
+  }
+  // The vocabulary-parallel operations: plain loops (the CPU path is where tensor parallelism
+  // runs so far).
+  void embedding_forward_rows(float* out, const float* tokens, const float* wte_rows,
+                              const float* wpe, int first, int rows, int B, int T, int C) override {
+    for (int b = 0; b < B; ++b) {
+      for (int t = 0; t < T; ++t) {
+        float* o = out + (static_cast<size_t>(b) * T + t) * C;
+        const int row = static_cast<int>(tokens[b * T + t]) - first;
+        const float* w = row >= 0 && row < rows ? wte_rows + static_cast<size_t>(row) * C : nullptr;
+        const float* p = wpe != nullptr ? wpe + static_cast<size_t>(t) * C : nullptr;
+        for (int c = 0; c < C; ++c) o[c] = (w ? w[c] : 0.0f) + (p ? p[c] : 0.0f);
+      }
+    }
+  }
+  void embedding_backward_rows(float* dwte_rows, float* dwpe, const float* dout,
+                               const float* tokens, int first, int rows, int B, int T,
+                               int C) override {
+    for (int b = 0; b < B; ++b) {
+      for (int t = 0; t < T; ++t) {
+        const float* d = dout + (static_cast<size_t>(b) * T + t) * C;
+        const int row = static_cast<int>(tokens[b * T + t]) - first;
+        if (row >= 0 && row < rows) {
+          float* w = dwte_rows + static_cast<size_t>(row) * C;
+          for (int c = 0; c < C; ++c) w[c] += d[c];
+        }
+      }
+    }
+    // The positions' gradient as the whole table's kernel sums it (over b, in order).
+    for (int t = 0; t < T; ++t) {
+      float* p = dwpe + static_cast<size_t>(t) * C;
+      for (int b = 0; b < B; ++b) {
+        const float* d = dout + (static_cast<size_t>(b) * T + t) * C;
+        for (int c = 0; c < C; ++c) p[c] += d[c];
+      }
+    }
+  }
+  void cross_entropy_partials(float* lse, float* target_logits, const float* logits,
+                              const int32_t* targets, int first, int N, int V, int Vp) override {
+    for (int n = 0; n < N; ++n) {
+      const float* row = logits + static_cast<size_t>(n) * Vp;
+      float max = row[0];
+      for (int v = 1; v < V; ++v) max = std::max(max, row[v]);
+      double sum = 0.0;
+      for (int v = 0; v < V; ++v) sum += std::exp(static_cast<double>(row[v]) - max);
+      lse[n] = static_cast<float>(max + std::log(sum));
+      const int column = targets[n] - first;
+      target_logits[n] = column >= 0 && column < V ? row[column] : 0.0f;
+    }
+  }
+  void cross_entropy_backward_partial(float* dlogits, const float* logits, const float* lse,
+                                      const int32_t* targets, int first, float dloss, int N, int V,
+                                      int Vp) override {
+    for (int n = 0; n < N; ++n) {
+      const size_t at = static_cast<size_t>(n) * Vp;
+      for (int v = 0; v < V; ++v) dlogits[at + v] = std::exp(logits[at + v] - lse[n]) * dloss;
+      for (int v = V; v < Vp; ++v) dlogits[at + v] = 0.0f;
+      const int column = targets[n] - first;
+      if (column >= 0 && column < V) dlogits[at + column] -= dloss;
+    }
   }
   void add(float* dst, const float* src, size_t n) override {
     kernels::accumulate(dst, src, n, opt_);

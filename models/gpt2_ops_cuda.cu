@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "models/gpt2_ops.h"
+#include "zero/core/check.h"
 #include "zero/kernels/cublas_check.h"
 #include "zero/kernels/cuda_check.h"
 #include "zero/kernels/cuda_transformer_kernels.h"
@@ -76,6 +77,23 @@ class CudaGpt2Ops : public Gpt2Ops {
   void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
                               const int32_t* targets, float dloss, int N, int V) override {
     cuda::cross_entropy_backward(dlogits, logits, lse, targets, dloss, N, V, V, stream_);
+  }
+  // Tensor parallelism runs on the CPU path only so far (zero-train refuses it on CUDA).
+  void embedding_forward_rows(float*, const float*, const float*, const float*, int, int, int, int,
+                              int) override {
+    ZERO_FAIL("the vocabulary-parallel embedding runs on the CPU path only so far");
+  }
+  void embedding_backward_rows(float*, float*, const float*, const float*, int, int, int, int,
+                               int) override {
+    ZERO_FAIL("the vocabulary-parallel embedding runs on the CPU path only so far");
+  }
+  void cross_entropy_partials(float*, float*, const float*, const int32_t*, int, int, int,
+                              int) override {
+    ZERO_FAIL("the vocabulary-parallel cross-entropy runs on the CPU path only so far");
+  }
+  void cross_entropy_backward_partial(float*, const float*, const float*, const int32_t*, int,
+                                      float, int, int, int) override {
+    ZERO_FAIL("the vocabulary-parallel cross-entropy runs on the CPU path only so far");
   }
   void add(float* dst, const float* src, size_t n) override {
     device_->add(dst, DType::kFloat32, src, DType::kFloat32, n);

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "models/gpt2.h"
+#include "models/gpt2_tensor_parallel.h"
 #include "zero/core/check.h"
 #include "zero/core/text.h"
 #include "zero/runtime/safetensors.h"
@@ -12,7 +13,8 @@
 
 namespace zero::models {
 
-void load_gpt2_weights(Engine& engine, const std::string& path) {
+void load_gpt2_weights(Engine& engine, const std::string& path, int tensor_parallel_size,
+                       int tensor_parallel_rank) {
   LoadedSafetensors file = load_safetensors(path);
   std::vector<LoadedTensor> weights;
   std::vector<float> lm_head;
@@ -26,7 +28,7 @@ void load_gpt2_weights(Engine& engine, const std::string& path) {
       continue;
     }
     if (ends_with(t.name, ".attn.bias") || ends_with(t.name, ".attn.masked_bias")) continue;
-    weights.push_back(std::move(t));
+    weights.push_back(gpt2_tensor_parallel_slice(t, tensor_parallel_size, tensor_parallel_rank));
   }
   // A head saved beside wte must be wte itself: this model has no head of its own to load it in.
   if (!lm_head.empty()) {

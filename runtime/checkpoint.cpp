@@ -10,6 +10,8 @@
 // Load:  1. every rank reads and checks the manifest and the model, verifies the shard files it
 //           needs and reads its elements into staging buffers
 //        2. only when every rank succeeded: copy into the engine, restore counters, state_loaded()
+// With tensor parallelism each data-parallel group does the above in its tensor-parallel rank's
+// directory (checkpoint_grid.h), and the tensor-parallel ranks then agree on the outcome.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -19,10 +21,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <unordered_map>
 
 #include "checkpoint_format.h"
+#include "checkpoint_grid.h"
 #include "zero/core/check.h"
 #include "zero/core/text.h"
 #include "zero/runtime/checkpoint.h"
@@ -226,6 +230,10 @@ CheckpointInfo describe(Engine& engine, const TrainerState& trainer,
   info.lr_schedule = config.lr_schedule;
   info.loss_scaler = engine.loss_scaler_state();
   info.trainer = trainer;
+  if (config.tensor_parallel != nullptr) {
+    info.tensor_parallel_size = config.tensor_parallel->world_size();
+    info.tensor_parallel_rank = config.tensor_parallel->rank();
+  }
   // One file per shard: the reports of the first world_size ranks (writes_a_shard).
   for (size_t r = 0; r < static_cast<size_t>(info.world_size); ++r) {
     info.files.push_back({checkpoint_files::shard_file_name(static_cast<int>(r)), reports[r].size,
@@ -403,10 +411,9 @@ bool writes_a_shard(Engine& engine) {
   return engine.host_communicator().rank() < engine.layout().world_size();
 }
 
-}  // namespace
-
-void save_checkpoint(Engine& engine, const std::string& dir, const TrainerState& trainer,
-                     const SaveOptions& options) {
+// This rank's part of save_checkpoint: its data-parallel group's checkpoint in `dir`.
+void save_own(Engine& engine, const std::string& dir, const TrainerState& trainer,
+              const SaveOptions& options) {
   Communicator& comm = engine.host_communicator();
   const int rank = comm.rank();
   const std::string what =
@@ -448,6 +455,22 @@ void save_checkpoint(Engine& engine, const std::string& dir, const TrainerState&
         }));
 }
 
+}  // namespace
+
+void save_checkpoint(Engine& engine, const std::string& dir, const TrainerState& trainer,
+                     const SaveOptions& options) {
+  ZERO_CHECK(!options.consolidated_weights || engine.config().tensor_parallel == nullptr,
+             "the consolidated weights of a tensor-parallel run would merge the ranks' slices, "
+             "which is not built yet");
+  std::exception_ptr failure;
+  try {
+    save_own(engine, checkpoint_grid::own_dir(engine, dir), trainer, options);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  checkpoint_grid::agree(engine, "checkpoint save to " + dir, failure, trainer.step);
+}
+
 void load_checkpoint(Engine& engine, const std::string& path, TrainerState* trainer,
                      const LoadOptions& options) {
   Communicator& comm = engine.host_communicator();
@@ -455,9 +478,11 @@ void load_checkpoint(Engine& engine, const std::string& path, TrainerState* trai
   std::vector<std::vector<float>> staged;
   // This rank's own text of a mismatch: the reports carry at most 488 characters of it.
   std::string mismatch;
+  std::exception_ptr failure;
   try {
     agree(comm, "checkpoint load from " + path, attempt([&] {
-            info = read_checkpoint_info(path);
+            info = read_checkpoint_info(checkpoint_grid::own_source(engine, path));
+            checkpoint_grid::check_grid(engine, info);
             const std::vector<std::string> differences =
                 optimizer_differences(info.optimizer, engine.config().optimizer);
             if (!differences.empty() && !options.override_optimizer) {
@@ -480,9 +505,13 @@ void load_checkpoint(Engine& engine, const std::string& path, TrainerState* trai
             staged = stage_state(engine, info, match_params(engine.layout(), info));
           }));
   } catch (const ConfigError&) {
-    if (!mismatch.empty()) throw ConfigError(mismatch);
-    throw;
+    failure = mismatch.empty() ? std::current_exception()
+                               : std::make_exception_ptr(ConfigError(mismatch));
+  } catch (...) {
+    failure = std::current_exception();
   }
+  // The tensor-parallel ranks load together or not at all.
+  checkpoint_grid::agree(engine, "checkpoint load from " + path, failure, info.trainer.step);
 
   // Every rank has its state in hand: nothing below can fail for a bad checkpoint.
   for (size_t u = 0; u < staged.size(); ++u) {

@@ -303,6 +303,10 @@ std::vector<std::string> verify_checkpoint_files(const CheckpointInfo& info) {
 }
 
 std::vector<std::vector<float>> read_full_master(const CheckpointInfo& info) {
+  ZERO_CHECK(info.tensor_parallel_size == 1,
+             "checkpoint " << info.step_dir << " holds the slices of tensor-parallel rank "
+                           << info.tensor_parallel_rank << " of " << info.tensor_parallel_size
+                           << ": merging the ranks' slices into the full model is not built yet");
   checkpoint_files::ShardReader reader(info);
   std::vector<std::vector<float>> out(info.params.size());
   for (size_t p = 0; p < info.params.size(); ++p) {

@@ -86,6 +86,14 @@ void read_header(const zero::checkpoint::Manifest& m, const Bad& bad, Checkpoint
   info->stage = m.stage();
   if (!parse_dtype(m.dtype(), &info->dtype)) bad("unknown dtype '" + m.dtype() + "'");
   info->alignment_bytes = m.alignment_bytes();
+  // Absent (0) in checkpoints of runs without tensor parallelism.
+  info->tensor_parallel_size = m.tensor_parallel_size() == 0 ? 1 : m.tensor_parallel_size();
+  if (info->tensor_parallel_size < 1 || m.tensor_parallel_rank() < 0 ||
+      m.tensor_parallel_rank() >= info->tensor_parallel_size) {
+    bad("tensor_parallel_rank " + std::to_string(m.tensor_parallel_rank()) +
+        " is not a rank of tensor_parallel_size " + std::to_string(m.tensor_parallel_size()));
+  }
+  info->tensor_parallel_rank = m.tensor_parallel_rank();
 }
 
 void read_units(const zero::checkpoint::Manifest& m, const Bad& bad, CheckpointInfo* info) {
@@ -246,6 +254,10 @@ std::string manifest_text(const CheckpointInfo& info) {
   m.set_stage(info.stage);
   m.set_dtype(dtype_name(info.dtype));
   m.set_alignment_bytes(info.alignment_bytes);
+  if (info.tensor_parallel_size > 1) {
+    m.set_tensor_parallel_size(info.tensor_parallel_size);
+    m.set_tensor_parallel_rank(info.tensor_parallel_rank);
+  }
   for (const ParamPlacement& p : info.params) {
     zero::checkpoint::Param* out = m.add_params();
     out->set_name(p.name);

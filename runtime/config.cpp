@@ -53,6 +53,33 @@ void read_batch_sizes(const config::TrainingConfig& c, int world_size, const std
   out->engine.micro_batches = batch.gradient_accumulation_steps;
 }
 
+// tensor_parallel: the degree, checked against the world; the data-parallel size it leaves.
+int read_tensor_parallel(const config::TrainingConfig& c, int world_size, const Checker& check,
+                         TrainingConfig* out) {
+  const config::TensorParallel& t = c.tensor_parallel();
+  if (t.has_tp_size() && t.has_autotp_size() && t.tp_size() != t.autotp_size()) {
+    check.fail("tensor_parallel.autotp_size",
+               "the same as tensor_parallel.tp_size (" + std::to_string(t.tp_size()) +
+                   ") when both are given",
+               std::to_string(t.autotp_size()));
+  }
+  const char* key = t.has_tp_size() ? "tensor_parallel.tp_size" : "tensor_parallel.autotp_size";
+  const int64_t tp = t.has_tp_size() ? t.tp_size() : t.has_autotp_size() ? t.autotp_size() : 1;
+  check.integer(key, tp, 1, world_size);
+  if (world_size % tp != 0) {
+    check.fail(key, "a divisor of the world size " + std::to_string(world_size),
+               std::to_string(tp));
+  }
+  const int64_t mics = c.zero_optimization().mics_shard_size();
+  if (tp > 1 && c.zero_optimization().has_mics_shard_size() && mics != -1) {
+    config_error(in_quotes(key) + " in " + check.origin() + " is " + std::to_string(tp) +
+                 " and zero_optimization.mics_shard_size is " + std::to_string(mics) +
+                 ": tensor parallelism with hybrid sharding is not supported yet");
+  }
+  out->tensor_parallel_size = static_cast<int>(tp);
+  return world_size / static_cast<int>(tp);
+}
+
 // The top-level keys of the run: clipping, printing, seed, debug and non-finite gradients.
 void read_run_keys(const config::TrainingConfig& c, const Checker& check, TrainingConfig* out) {
   EngineConfig& e = out->engine;
@@ -291,7 +318,9 @@ TrainingConfig interpret(const config::TrainingConfig& c, int world_size, const 
   out.origin = origin;
   out.resolved_auto = std::move(resolved);
   EngineConfig& e = out.engine;
-  read_batch_sizes(c, world_size, origin, context, &out);
+  // The batch keys count data-parallel ranks.
+  const int data_parallel_size = read_tensor_parallel(c, world_size, check, &out);
+  read_batch_sizes(c, data_parallel_size, origin, context, &out);
   read_run_keys(c, check, &out);
   // Precision first: grad_accum_dtype and communication_data_type are checked against it.
   read_precision(c, check, &e);

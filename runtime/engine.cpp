@@ -38,6 +38,7 @@ Engine::Impl::Impl(Communicator& c, const std::vector<ParamDecl>& decls, const E
       grad_pool(allocator, *device, MemoryCategory::kCommBuffer, layout.max_unit_numel() * elem,
                 [this](const CommPoint& p) { wait_for_comm(p); }),
       decay_runs(decay_runs_of(decls)) {
+  for (const ParamDecl& d : decls) tensor_parallel_slices.push_back(d.tensor_parallel);
   if (config.desync_check) comm.set_desync_check(true);
   check_same_model_on_all_ranks();
   allocator.set_limit(config.memory_limit_bytes);
@@ -110,6 +111,13 @@ EngineConfig Engine::Impl::validated(const EngineConfig& c, Communicator& comm) 
                "aio needs a block_size that is a multiple of "
                    << kNvmeAlignment
                    << " and a queue_depth and intra_op_parallelism of at least 1");
+  }
+  if (c.tensor_parallel != nullptr) {
+    ZERO_CHECK(!c.device.is_cuda(), "tensor parallelism runs on the CPU path only for now, not on "
+                                        << device_name(c.device));
+    ZERO_CHECK(c.mics_shard_size == -1 || c.mics_shard_size == comm.world_size(),
+               "tensor parallelism with hybrid sharding (mics_shard_size "
+                   << c.mics_shard_size << ") is not supported yet");
   }
   ZERO_CHECK(c.offload_param.device != OffloadDevice::kNvme,
              "parameter offload to nvme is not supported yet (offload_param device nvme)");

@@ -435,6 +435,7 @@ struct Engine::Impl {
   // One all-reduce of each unit's sum of squares over the shards gives the global norm, and
   // tells every rank at once whether (and in which unit) a gradient overflowed anywhere.
   GradientCheck check_gradients();
+  float tensor_parallel_sum_squares(size_t u);
 
   // fp16 lets the loss scaler decide; fp32 and bf16 stop on a non-finite gradient, naming the
   // unit, unless told to skip such steps.
@@ -552,6 +553,7 @@ struct Engine::Impl {
   std::map<float*, Buffer> host_state;     // state_view() copies of device arrays (CUDA only)
   std::map<int, FrozenView> frozen_views;  // state_view() of frozen units, by unit
   std::vector<std::vector<DecayRun>> decay_runs;  // per unit
+  std::vector<bool> tensor_parallel_slices;       // per parameter: ParamDecl::tensor_parallel
   std::vector<UnitState> units;
   std::vector<std::vector<Piece>> sub_groups;   // update()'s passes
   std::unique_ptr<OffloadedOptimizer> offload;  // optimizer state on NVMe, if offloaded

@@ -81,13 +81,22 @@ Engine::Impl::GradientCheck Engine::Impl::check_gradients() {
     device->zero(unit_sums, units.size() * sizeof(float));
     for (size_t u = 0; u < units.size(); ++u) {
       if (!layout.units()[u].trainable) continue;
-      device->sum_squares(grad_shard(u), accum_dtype, layout.units()[u].shard, unit_sums + u);
+      if (config.tensor_parallel != nullptr) {
+        unit_sums[u] = tensor_parallel_sum_squares(u);
+      } else {
+        device->sum_squares(grad_shard(u), accum_dtype, layout.units()[u].shard, unit_sums + u);
+      }
     }
   }
   comm.stream().wait(device->record());
   wait_for_comm(traced("all_reduce", units.size() * sizeof(float), [&] {
     return comm.all_reduce(unit_sums, unit_sums, units.size(), DType::kFloat32);
   }));
+  if (config.tensor_parallel != nullptr) {
+    // The data-parallel sums of every tensor-parallel rank, added: every rank of the grid then
+    // holds the same figures, so all of them clip and skip alike.
+    config.tensor_parallel->all_reduce_sync(unit_sums, unit_sums, units.size(), DType::kFloat32);
+  }
   // The one value the host must see each step: whether to skip, and how much to clip.
   device->copy_to_host(norm_sums_on_host.data(), unit_sums, units.size() * sizeof(float));
   GradientCheck check;
@@ -104,6 +113,28 @@ Engine::Impl::GradientCheck Engine::Impl::check_gradients() {
   check.grad_norm = static_cast<float>(std::sqrt(total)) * check.to_mean;
   check.overflow = !std::isfinite(total);
   return check;
+}
+
+// Unit u's sum of squared gradients over this rank's shard, counting the parameters replicated
+// over the tensor-parallel group on its rank 0 only (the CPU path: host memory).
+float Engine::Impl::tensor_parallel_sum_squares(size_t u) {
+  const Unit& unit = layout.units()[u];
+  const size_t begin = static_cast<size_t>(rank) * unit.shard;
+  const size_t end = begin + unit.shard;
+  const bool counts_replicated = config.tensor_parallel->rank() == 0;
+  double sum = 0.0;
+  for (int p : unit.params) {
+    if (!tensor_parallel_slices[static_cast<size_t>(p)] && !counts_replicated) continue;
+    const ParamPlacement& param = layout.params()[static_cast<size_t>(p)];
+    const size_t first = std::max(begin, param.offset);
+    const size_t last = std::min(end, param.offset + param.numel);
+    if (first >= last) continue;
+    float part = 0.0f;
+    device->sum_squares(byte_offset(grad_shard(u), (first - begin) * accum), accum_dtype,
+                        last - first, &part);
+    sum += part;
+  }
+  return static_cast<float>(sum);
 }
 
 // fp16 lets the loss scaler decide; fp32 and bf16 stop on a non-finite gradient, naming the

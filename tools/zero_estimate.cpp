@@ -53,6 +53,9 @@ constexpr const char* kUsage =
     "              config's offload_optimizer and sub_group_size; the nvme column is the file\n"
     "  with --model: --mics-shard-size K: hybrid sharding (the config's mics_shard_size):\n"
     "              stage 3 sharded over groups of K of the N ranks, replicated across them\n"
+    "  with --model gpt2: --tp T: tensor parallelism over T ranks (the config's\n"
+    "              tensor_parallel.tp_size): each rank holds its slices; --ranks N is then\n"
+    "              the data-parallel ranks (N x T in the job)\n"
     "  with --model gpt2: --micro-batch B: the activations of B sequences per rank for each\n"
     "              activation checkpointing (none, selective, full), with --seq-len T\n"
     "              (default: --block-size), --number-checkpoints K (default: every block)\n"
@@ -171,7 +174,7 @@ Options parse_options(const std::vector<std::string>& args) {
         flag == "--vocab-size" || flag == "--block-size" || flag == "--offload-optimizer" ||
         flag == "--sub-group-size" || flag == "--buffer-count" || flag == "--mics-shard-size" ||
         flag == "--micro-batch" || flag == "--seq-len" || flag == "--number-checkpoints" ||
-        flag == "--memory-limit";
+        flag == "--memory-limit" || flag == "--tp";
     if (flag != "--params" && flag != "--ranks" && flag != "--dtype" && flag != "--stage" &&
         !model_flag) {
       usage_error(flag.compare(0, 1, "-") == 0 ? "unknown option '" + flag + "'"
@@ -226,6 +229,7 @@ Options parse_options(const std::vector<std::string>& args) {
       if (flag == "--n-embd") options.gpt2.n_embd = v;
       if (flag == "--vocab-size") options.gpt2.vocab_size = v;
       if (flag == "--block-size") options.gpt2.block_size = v;
+      if (flag == "--tp") options.gpt2.tensor_parallel_size = v;
       if (flag == "--micro-batch") options.micro_batch = v;
       if (flag == "--seq-len") options.seq_len = v;
       if (flag == "--number-checkpoints") options.number_checkpoints = v;
@@ -239,6 +243,14 @@ Options parse_options(const std::vector<std::string>& args) {
     } catch (const zero::Error& e) {
       usage_error(e.what());
     }
+  }
+  if (options.gpt2.tensor_parallel_size > 1 && options.model != "gpt2") {
+    usage_error("--tp splits the layers of --model gpt2 only");
+  }
+  if (options.gpt2.tensor_parallel_size > 1 && options.mics_shard_size != -1) {
+    usage_error(
+        "--tp with --mics-shard-size (tensor parallelism with hybrid sharding) is not "
+        "supported yet");
   }
   const bool activation_flags = options.micro_batch > 0 || options.seq_len > 0 ||
                                 options.number_checkpoints > 0 || options.memory_limit > 0;
@@ -362,6 +374,12 @@ int plan_model(const Options& options) {
   std::printf("%s: %zu parameters (%zu padded) in %zu units, %d ranks, %s\n", options.model.c_str(),
               layout.numel(), layout.padded_numel(), layout.units().size(), options.ranks,
               zero::dtype_name(options.dtype));
+  if (options.gpt2.tensor_parallel_size > 1) {
+    std::printf(
+        "tensor parallelism: each rank holds its slices of %d, over %d data-parallel "
+        "ranks\n",
+        options.gpt2.tensor_parallel_size, options.ranks);
+  }
   if (options.mics_shard_size != -1) {
     std::printf("hybrid sharding: shard groups of %d ranks, %d replicas\n", layout.world_size(),
                 options.ranks / layout.world_size());

@@ -222,6 +222,18 @@ const std::vector<BadConfig>& bad_configs() {
       {R"({"train_batch_size": 8, "scheduler": {"type": "WarmupCosineLR",
           "params": {"total_num_steps": 100, "cos_min_ratio": 2}}})",
        R"("scheduler.params.cos_min_ratio" in ds.json must be in [0, 1], got 2)"},
+      // tensor_parallel, on 2 ranks.
+      {R"({"train_batch_size": 8, "tensor_parallel": {"tp_size": 3}})",
+       R"("tensor_parallel.tp_size" in ds.json must be at most 2, got 3)"},
+      {R"({"train_batch_size": 8, "tensor_parallel": {"autotp_size": 0}})",
+       R"("tensor_parallel.autotp_size" in ds.json must be at least 1, got 0)"},
+      {R"({"train_batch_size": 8, "tensor_parallel": {"tp_size": 2, "autotp_size": 1}})",
+       R"("tensor_parallel.autotp_size" in ds.json must be the same as tensor_parallel.tp_size )"
+       R"((2) when both are given, got 1)"},
+      {R"({"train_batch_size": 8, "tensor_parallel": {"tp_size": 2},
+          "zero_optimization": {"stage": 3, "mics_shard_size": 1}})",
+       R"("tensor_parallel.tp_size" in ds.json is 2 and zero_optimization.mics_shard_size is 1: )"
+       R"(tensor parallelism with hybrid sharding is not supported yet)"},
       // Not a config at all.
       {" \n\t", "config ds.json is empty"},
       {"[1, 2]", "ds.json must hold a JSON object of config keys, got a list"},
@@ -235,6 +247,11 @@ TEST(Config, EveryBadInputGetsItsExactMessage) {
     SCOPED_TRACE(bad.text);
     EXPECT_EQ(error_of(bad.text), bad.message);
   }
+}
+
+TEST(Config, ATensorParallelSizeThatDoesNotDivideTheWorldIsAnError) {
+  EXPECT_EQ(error_of(R"({"train_batch_size": 8, "tensor_parallel": {"tp_size": 4}})", 6),
+            R"("tensor_parallel.tp_size" in ds.json must be a divisor of the world size 6, got 4)");
 }
 
 TEST(Config, InvalidJsonSaysWhere) {

@@ -170,6 +170,23 @@ TEST(Config, MicsShardSizeReachesTheEngine) {
   EXPECT_EQ(c.engine.mics_shard_size, 2);
 }
 
+// tensor_parallel.tp_size (or DeepSpeed's training name autotp_size): the batch keys then count
+// the data-parallel ranks, world / tp.
+TEST(Config, TensorParallelSizeCutsTheBatchOverDataParallelRanks) {
+  const TrainingConfig none = parse_training_config(R"({"train_batch_size": 8})", 4, "ds.json");
+  EXPECT_EQ(none.tensor_parallel_size, 1);
+  EXPECT_EQ(none.micro_batch_per_rank, 2);
+  const TrainingConfig c = parse_training_config(
+      R"({"train_batch_size": 8, "tensor_parallel": {"tp_size": 2}})", 4, "ds.json");
+  EXPECT_EQ(c.tensor_parallel_size, 2);
+  EXPECT_EQ(c.micro_batch_per_rank, 4);  // 2 data-parallel ranks
+  const TrainingConfig autotp = parse_training_config(
+      R"({"train_micro_batch_size_per_gpu": 1, "tensor_parallel": {"autotp_size": 4}})", 4,
+      "ds.json");
+  EXPECT_EQ(autotp.tensor_parallel_size, 4);
+  EXPECT_EQ(autotp.train_batch_size, 1);  // one data-parallel rank
+}
+
 TEST(Config, AbsentKeysTakeTheDocumentedDefaults) {
   const TrainingConfig c = parse_training_config(R"({"train_batch_size": 8})", 2, "ds.json");
   const EngineConfig defaults;

@@ -34,6 +34,9 @@ expect "--nonfinite must be error or skip" --nonfinite warn
 expect "--save-every needs --save-dir" --save-every 5
 expect "--resume latest needs --save-dir" --resume latest
 expect "unknown model 'gpt' (available: mlp, gpt2)" --model gpt
+expect "--tp must be at least 1" --tp 0
+expect "--tp is 2 and the job has 1 rank(s): they must divide into tensor-parallel groups of \
+that size" --tp 2
 # The GPT-2's flags, and each model's flags only with that model.
 tokens="$(dirname "${BASH_SOURCE[0]}")/../data/gpt2/tokens.bin"
 expect "--model gpt2 needs --data FILES (token files; see zero-tokenize)" --model gpt2

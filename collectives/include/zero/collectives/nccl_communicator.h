@@ -35,4 +35,9 @@ class NcclCommunicator : public Communicator {
 // size, the NCCL communicator is aborted (ncclCommAbort) and so is the job.
 std::unique_ptr<NcclCommunicator> make_nccl_communicator(int device = -1);
 
+// The same over the ranks of MPI_COMM_WORLD that pass the same `color` (>= 0), ranked by `key`
+// (MPI_Comm_split; the group's rank 0 makes the ncclUniqueId), on the GPU the rank's world
+// communicator uses. Collective over the whole world.
+std::unique_ptr<NcclCommunicator> make_nccl_communicator_split(int color, int key, int device = -1);
+
 }  // namespace zero

@@ -52,6 +52,10 @@ struct CheckpointInfo {
   LossScaler::State loss_scaler{1.0f, 0, 0};
   TrainerState trainer;
   std::vector<File> files;  // rank order
+  // Tensor parallelism: the slices of rank tensor_parallel_rank of tensor_parallel_size (1: the
+  // whole model), over world_size data-parallel ranks.
+  int tensor_parallel_size = 1;
+  int tensor_parallel_rank = 0;
 };
 
 // Resolves `path` as load_checkpoint does, checks the manifest's checksum and consistency (the
@@ -64,7 +68,8 @@ CheckpointInfo read_checkpoint_info(const std::string& path);
 std::vector<std::string> verify_checkpoint_files(const CheckpointInfo& info);
 
 // The full fp32 master of every parameter (registration order), read from the shard files
-// (their checksums verified first).
+// (their checksums verified first). A tensor-parallel checkpoint holds slices: merging them is
+// not built yet, and such a checkpoint is a zero::Error saying so.
 std::vector<std::vector<float>> read_full_master(const CheckpointInfo& info);
 
 }  // namespace zero

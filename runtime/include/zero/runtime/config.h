@@ -52,6 +52,10 @@
 //   seed               ours; absent: EngineConfig's.
 //   wall_clock_breakdown -> TrainingConfig's wall_clock_breakdown (per-step timing lines).
 //   checkpoint         ours: override_optimizer (see TrainingConfig).
+//   tensor_parallel    tp_size or autotp_size (DeepSpeed's inference and training names; equal
+//                      when both are given) -> tensor_parallel_size, absent 1; it must divide
+//                      the world size, and cannot be combined with mics_shard_size yet. The
+//                      batch keys' "world size" is then the data-parallel size, world / tp.
 //   activation_checkpointing  -> ActivationCheckpointingConfig: number_checkpoints (at least 1),
 //                      our mode ("none", "selective", "full"; absent: none), cpu_checkpointing,
 //                      contiguous_memory_optimization and profile. partition_activations and
@@ -104,6 +108,9 @@ struct ActivationCheckpointingConfig {
 
 struct TrainingConfig {
   EngineConfig engine;
+  // tensor_parallel.tp_size (or autotp_size): ranks per tensor-parallel group (1: none). The
+  // batch keys count data-parallel ranks, world size / tensor_parallel_size, as DeepSpeed's do.
+  int tensor_parallel_size = 1;
   ActivationCheckpointingConfig activation_checkpointing;
   long train_batch_size = 0;            // samples per optimizer step, all ranks together
   long micro_batch_per_rank = 0;        // samples per micro-batch on one rank

@@ -1,0 +1,45 @@
+// The rank grid of tensor parallelism x data parallelism (Megatron's layout). Of N ranks,
+// each tp_size consecutive ones form a tensor-parallel group (so a group shares a node and its
+// per-layer all-reduces stay on the fast links), and the ranks at the same position in every
+// tensor-parallel group form a data-parallel group of N / tp_size ranks, over which ZeRO shards
+// the model state. World rank r is tensor-parallel rank r % tp_size in group r / tp_size, and
+// data-parallel rank r / tp_size in group r % tp_size.
+#pragma once
+
+#include <memory>
+
+#include "zero/collectives/communicator.h"
+
+namespace zero {
+
+// Where one rank sits in the grid.
+struct GridPlace {
+  int tp_size = 1;
+  int tp_rank = 0;
+  int dp_size = 1;
+  int dp_rank = 0;
+};
+
+// The place of world_rank in a world of world_size ranks split into tensor-parallel groups of
+// tp_size. Throws zero::Error naming the values when tp_size is below 1, above the world, or
+// does not divide it.
+GridPlace grid_place(int world_rank, int world_size, int tp_size);
+
+// A rank's communicators: one over its tensor-parallel group, one over its data-parallel group.
+// With tp_size 1 there is no tensor-parallel communicator (null) and the data-parallel one is
+// the whole world, made as make_mpi_communicator() makes it.
+struct ProcessGrid {
+  GridPlace place;
+  std::unique_ptr<Communicator> tensor_parallel;
+  std::unique_ptr<Communicator> data_parallel;
+};
+
+// The grid on the MPI backend (host memory): communicators split from MPI_COMM_WORLD
+// (MPI_Comm_split). Collective over the whole world: every rank calls it with the same tp_size.
+ProcessGrid make_mpi_process_grid(int tp_size);
+
+// The grid on NCCL (device memory): one NCCL communicator per group, each on the GPU the rank's
+// world communicator would use (make_nccl_communicator_split). Builds with NCCL only.
+ProcessGrid make_nccl_process_grid(int tp_size);
+
+}  // namespace zero
