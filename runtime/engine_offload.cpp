@@ -74,7 +74,7 @@ void Engine::Impl::check_offload_space() {
                          param_records(layout, config).file_bytes;
   check_free_space(
       param_path, bytes,
-      "rank " + std::to_string(rank) + "'s optimizer and parameter offload files together");
+      "rank " + std::to_string(rank) + "'s pair of offload files (optimizer state and parameters)");
 }
 
 void Engine::Impl::open_offload(const std::vector<ParamDecl>& decls) {
