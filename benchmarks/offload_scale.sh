@@ -30,7 +30,7 @@ vocab=50257
 seq_len=16
 dtype=fp32
 steps=3
-lr=3e-4
+lr=5e-6
 dry_run=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
