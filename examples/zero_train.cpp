@@ -71,6 +71,12 @@ uint64_t max_over_ranks(zero::Communicator& comm, uint64_t value) {
   return m;
 }
 
+uint64_t sum_over_ranks(zero::Communicator& comm, uint64_t value) {
+  uint64_t sum = 0;
+  for (uint64_t v : zero::all_gather_u64(comm, value)) sum += v;
+  return sum;
+}
+
 double mib(uint64_t bytes) {
   return static_cast<double>(bytes) / (1 << 20);
 }
@@ -165,9 +171,15 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
     std::printf("memory on rank 0 at start:\n%s%s", engine.allocator().summary().c_str(),
                 task.activation_summary(per_micro_batch).c_str());
     if (nvme_bytes > 0) {
-      std::printf("nvme per rank: %s of optimizer state under %s\n",
-                  zero::human_bytes(nvme_bytes).c_str(),
-                  config.offload_optimizer.nvme_path.c_str());
+      const bool optimizer_on_nvme = config.offload_optimizer.device == zero::OffloadDevice::kNvme;
+      const bool params_on_nvme = config.offload_param.device == zero::OffloadDevice::kNvme;
+      std::printf(
+          "nvme per rank: %s of %s under %s\n", zero::human_bytes(nvme_bytes).c_str(),
+          optimizer_on_nvme && params_on_nvme ? "optimizer state and parameters"
+          : params_on_nvme                    ? "parameters"
+                                              : "optimizer state",
+          (optimizer_on_nvme ? config.offload_optimizer.nvme_path : config.offload_param.nvme_path)
+              .c_str());
     }
     std::fflush(stdout);
     JsonRecord init{{"event", "init"},
@@ -242,6 +254,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
     const uint64_t step_state = max_over_ranks(host, engine.model_state_bytes());
     const uint64_t peak = max_over_ranks(host, engine.allocator().stats().peak_total);
     const uint64_t peak_resident = max_over_ranks(host, zero::examples::peak_resident_bytes());
+    const uint64_t peak_resident_all = sum_over_ranks(host, zero::examples::peak_resident_bytes());
     const uint64_t peak_activations = max_over_ranks(host, stats.peak_activation_bytes);
     const uint64_t peak_checkpoints = max_over_ranks(host, stats.peak_checkpoint_bytes);
     const JsonRecord activations = task.activation_record();
@@ -288,6 +301,14 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
                       {"model_state_bytes", step_state},
                       {"peak_bytes", peak},
                       {"peak_resident_bytes", peak_resident},
+                      {"peak_resident_bytes_all_ranks", peak_resident_all},
+                      {"forward_ms", json_number(to_ms(times.forward))},
+                      {"backward_ms", json_number(to_ms(times.backward))},
+                      {"optimizer_ms", json_number(optimizer_ms)},
+                      {"nvme_wait_ms", json_number(stats.nvme_wait_ms)},
+                      {"nvme_param_read_wait_ms", json_number(stats.nvme_param_read_wait_ms)},
+                      {"nvme_read_bytes", stats.nvme_read_bytes},
+                      {"nvme_write_bytes", stats.nvme_write_bytes},
                       {"peak_activation_bytes", peak_activations},
                       {"peak_checkpoint_bytes", peak_checkpoints},
                       {"loss_scale", json_number(stats.loss_scale)},

@@ -86,9 +86,13 @@ void read_param_offload(const config::OffloadParam& o, int stage, const Checker&
                  "): only stage 3 partitions the parameters");
   }
   if (e.device == OffloadDevice::kNvme) {
-    config_error("\"" + key + ".device\" \"nvme\" in " + check.origin() +
-                 " is a DeepSpeed option this runtime does not support yet (parameters stay in "
-                 "host memory; offload_optimizer supports nvme)");
+    if (o.has_max_in_cpu()) {
+      out->ignored_keys.push_back(key +
+                                  ".max_in_cpu has no effect here: every parameter shard but the "
+                                  "persistent unit's lives on NVMe, and memory holds only the "
+                                  "buffer_count buffers");
+    }
+    return;
   }
   out->ignored_keys.push_back(key +
                               ".device \"cpu\" has no effect here: on the CPU path the parameter "

@@ -63,7 +63,14 @@ Engine::Impl::Impl(Communicator& c, const std::vector<ParamDecl>& decls, const E
     throw OutOfMemoryError(std::string(e.what()) + what_would_fit());
   }
   sub_groups = plan_sub_groups();
+  check_offload_space();
+  if (offloads_params_to_nvme(config)) {
+    param_swap = std::make_unique<ParamSwap>(layout, config, allocator, rank,
+                                             [this](const CommPoint& p) { wait_for_comm(p); });
+  }
   initialize(decls);
+  // The first step's NVMe figures are its own, not the initial values' writes.
+  if (param_swap) param_swap->take_stats();
   if (offloads_optimizer_to_nvme(config)) open_offload(decls);
 }
 
@@ -95,6 +102,19 @@ EngineConfig Engine::Impl::validated(const EngineConfig& c, Communicator& comm) 
   ZERO_CHECK(c.gradient_predivide_factor > 0.0f,
              "gradient_predivide_factor must be > 0, got " << c.gradient_predivide_factor);
   ZERO_CHECK(c.kernel_threads >= 1, "kernel threads must be at least 1, got " << c.kernel_threads);
+  const bool params_on_nvme = c.offload_param.device == OffloadDevice::kNvme;
+  if (params_on_nvme) {
+    ZERO_CHECK(!c.device.is_cuda(), "parameter offload to nvme is not supported yet on "
+                                        << device_name(c.device) << "; it runs on the CPU path");
+    // As DeepSpeed: only stage 3 partitions the parameters.
+    ZERO_CHECK(c.stage == 3,
+               "parameter offload to nvme (offload_param) needs ZeRO stage 3, not "
+               "stage "
+                   << c.stage << " (only stage 3 partitions the parameters)");
+    ZERO_CHECK(
+        c.offload_param.buffer_count >= 1,
+        "offload_param.buffer_count must be at least 1, got " << c.offload_param.buffer_count);
+  }
   if (offloads_optimizer_to_nvme(c)) {
     ZERO_CHECK(!c.device.is_cuda(), "optimizer offload to nvme is not supported yet on "
                                         << device_name(c.device) << "; it runs on the CPU path");
@@ -106,6 +126,8 @@ EngineConfig Engine::Impl::validated(const EngineConfig& c, Communicator& comm) 
                "optimizer offload to nvme needs at least "
                    << needed << " staging buffers with these pipeline settings, got buffer_count "
                    << c.offload_optimizer.buffer_count);
+  }
+  if (params_on_nvme || offloads_optimizer_to_nvme(c)) {
     ZERO_CHECK(c.aio.block_size >= kNvmeAlignment && c.aio.block_size % kNvmeAlignment == 0 &&
                    c.aio.queue_depth >= 1 && c.aio.intra_op_parallelism >= 1,
                "aio needs a block_size that is a multiple of "
@@ -119,8 +141,6 @@ EngineConfig Engine::Impl::validated(const EngineConfig& c, Communicator& comm) 
                "tensor parallelism with hybrid sharding (mics_shard_size "
                    << c.mics_shard_size << ") is not supported yet");
   }
-  ZERO_CHECK(c.offload_param.device != OffloadDevice::kNvme,
-             "parameter offload to nvme is not supported yet (offload_param device nvme)");
   ZERO_CHECK(!c.grad_accum_dtype || *c.grad_accum_dtype == DType::kFloat32 ||
                  *c.grad_accum_dtype == c.dtype,
              "gradients accumulate in fp32 or in the working dtype ("
@@ -246,10 +266,9 @@ void Engine::Impl::initialize(const std::vector<ParamDecl>& decls) {
   for (size_t u = 0; u < units.size(); ++u) {
     const Unit& unit = layout.units()[u];
     UnitState& s = units[u];
-    // `buffer` holds unit elements [region_begin, region_end) of `dtype`; padding stays zero.
-    auto upload = [&](Buffer& buffer, DType dtype, size_t region_begin, size_t region_end) {
-      if (buffer.empty()) return;
-      host.assign(buffer.bytes(), 0);
+    // `host` gets unit elements [region_begin, region_end) of `dtype`; padding stays zero.
+    auto fill = [&](size_t bytes, DType dtype, size_t region_begin, size_t region_end) {
+      host.assign(bytes, 0);
       for (int i : unit.params) {
         const ParamPlacement& p = layout.params()[i];
         const size_t begin = std::clamp(region_begin, p.offset, p.offset + p.numel);
@@ -259,11 +278,19 @@ void Engine::Impl::initialize(const std::vector<ParamDecl>& decls) {
                            init_value(config.seed, i, e - p.offset, decls[i].init));
         }
       }
+    };
+    auto upload = [&](Buffer& buffer, DType dtype, size_t region_begin, size_t region_end) {
+      if (buffer.empty()) return;
+      fill(buffer.bytes(), dtype, region_begin, region_end);
       device->copy_from_host(buffer.data(), host.data(), host.size());
     };
     const size_t shard_begin = static_cast<size_t>(rank) * unit.shard;
     const size_t shard_end = shard_begin + unit.shard;
     upload(s.params_full, config.dtype, 0, unit.numel);
+    if (param_swap && param_swap->swapped(static_cast<int>(u))) {
+      fill(unit.shard * elem, config.dtype, shard_begin, shard_end);
+      param_swap->store(static_cast<int>(u), host.data(), host.size());
+    }
     upload(s.params_shard, config.dtype, shard_begin, shard_end);
     if (config.stage == 0) {
       upload(s.master, DType::kFloat32, 0, unit.numel);
@@ -379,7 +406,9 @@ uint64_t Engine::buffer_bytes() const {
   return impl_->allocator.stats().buffers();
 }
 uint64_t Engine::nvme_bytes() const {
-  return impl_->offload && impl_->offload->file ? impl_->offload->file->bytes() : 0;
+  const uint64_t optimizer_file =
+      impl_->offload && impl_->offload->file ? impl_->offload->file->bytes() : 0;
+  return optimizer_file + (impl_->param_swap ? impl_->param_swap->file_bytes() : 0);
 }
 std::vector<std::vector<float>> Engine::gather_full_params() {
   return impl_->gather_full_params();

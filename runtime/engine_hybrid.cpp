@@ -27,6 +27,9 @@ int sharding_group_size(const EngineConfig& config, int world_size) {
   ZERO_CHECK(!offloads_optimizer_to_nvme(config),
              "mics_shard_size " << k << " (hybrid sharding) with optimizer offload to nvme is "
                                 << "not supported yet");
+  ZERO_CHECK(config.offload_param.device != OffloadDevice::kNvme,
+             "mics_shard_size " << k << " (hybrid sharding) with parameter offload to nvme is "
+                                << "not supported yet");
   return k;
 }
 

@@ -7,6 +7,7 @@
 //   engine_state.cpp     checkpoint access: state views, state_loaded, full parameters
 //   engine_offload.cpp   optimizer state on NVMe: the file's records, the streamed update, and
 //                        the records read and written for checkpoint access
+//   param_swap.cpp       stage 3's parameter shards on NVMe (offload_param device nvme)
 #pragma once
 
 #include <atomic>
@@ -18,19 +19,13 @@
 #include <string>
 #include <vector>
 
+#include "comm_point.h"
 #include "nvme_store.h"
+#include "param_swap.h"
 #include "zero/runtime/engine.h"
 #include "zero/runtime/trace.h"
 
 namespace zero {
-
-// A point on the communication stream and when the stream passed it, stamped by the stream
-// itself (null for a compute event, or where the stream cannot stamp): a wait for it then
-// knows how long compute was exposed to the communication before it.
-struct CommPoint {
-  Event event;
-  std::shared_ptr<const double> done_us;
-};
 
 // Same-size buffers handed out and given back with the event after which they are free again
 // (e.g. the reduce-scatter that reads a gradient bucket). Buffers come back in the order their
@@ -450,6 +445,17 @@ struct Engine::Impl {
   // The passes of update(): each a list of pieces of at most sub_group_size elements in all.
   std::vector<std::vector<Piece>> plan_sub_groups() const;
 
+  // One pass of update(): builds each piece's update with `make` (by index) and applies them;
+  // with parameters on NVMe, unit by unit, each unit's shard brought into a buffer first (the
+  // next unit's read started ahead) and written back after its last piece. The element-wise
+  // update does not notice how the pieces are grouped.
+  void apply_pass(const std::vector<Piece>& pieces, const std::function<ShardUpdate(size_t)>& make,
+                  float grad_scale);
+
+  // A swapped unit's shard in host memory for checkpoint access (read on first use), which
+  // state_loaded() writes back and release_state_views() drops.
+  void* param_copy(int u);
+
   // The piece's update with its master and state arrays at `master` and `state` (null master:
   // the working parameters are the master).
   ShardUpdate piece_update(const Piece& piece, float* master, float* const* state);
@@ -459,6 +465,9 @@ struct Engine::Impl {
   // k - 1 while k is stepped, as pipeline_read and pipeline_write ask); and the unit's arrays
   // read out of and written back into the records for checkpoints.
   void open_offload(const std::vector<ParamDecl>& decls);
+  // Refuses a run whose NVMe files (optimizer and parameters together where they share a
+  // file system) do not fit the free space, before any file is made.
+  void check_offload_space();
   void update_offloaded(float grad_scale);
   Engine::StateView offloaded_state_view(int u);
   void write_back_offloaded_views();
@@ -557,6 +566,8 @@ struct Engine::Impl {
   std::vector<UnitState> units;
   std::vector<std::vector<Piece>> sub_groups;   // update()'s passes
   std::unique_ptr<OffloadedOptimizer> offload;  // optimizer state on NVMe, if offloaded
+  std::unique_ptr<ParamSwap> param_swap;        // stage 3's parameter shards on NVMe, if so
+  std::map<int, Buffer> param_copies;           // param_copy()'s shards, by unit
   size_t live = 0;  // elements of non-persistent stage-3 units gathered now
   // Communication figures of the step in progress (StepStats). Busy time is added by markers
   // on the communication stream, hence shared with its closures and atomic.

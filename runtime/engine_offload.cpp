@@ -3,6 +3,7 @@
 // records, one per sub-group (NvmeRecords). The step streams the records through a few aligned
 // staging buffers and runs the same kernels on the same pieces, in the same order, as
 // memory-resident state: the result is bitwise the same.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -56,6 +57,24 @@ NvmeRecords nvme_records(const Layout& layout, const EngineConfig& config, int s
   const auto slots = static_cast<uint64_t>(config.offload_optimizer.buffer_count);
   r.staging_bytes = slots * r.slot_bytes + kNvmeAlignment;
   return r;
+}
+
+void Engine::Impl::check_offload_space() {
+  if (!offloads_optimizer_to_nvme(config) || !offloads_params_to_nvme(config)) return;
+  // Each file checks its own bytes when made; on one file system both must fit together.
+  const std::string& optimizer_path = config.offload_optimizer.nvme_path;
+  const std::string& param_path = config.offload_param.nvme_path;
+  struct stat optimizer_dir {};
+  struct stat param_dir {};
+  if (::stat(optimizer_path.c_str(), &optimizer_dir) != 0 ||
+      ::stat(param_path.c_str(), &param_dir) != 0 || optimizer_dir.st_dev != param_dir.st_dev) {
+    return;  // a bad path is reported, naming it, when its file is made
+  }
+  const uint64_t bytes = nvme_records(layout, config, optimizer.state_count()).file_bytes +
+                         param_records(layout, config).file_bytes;
+  check_free_space(
+      param_path, bytes,
+      "rank " + std::to_string(rank) + "'s pair of offload files (optimizer state and parameters)");
 }
 
 void Engine::Impl::open_offload(const std::vector<ParamDecl>& decls) {
@@ -120,12 +139,10 @@ void Engine::Impl::update_offloaded(float grad_scale) {
   o.write_bytes = 0;
   if (records.records.empty()) {
     // Nothing is offloaded (no optimizer state in fp32): the passes run as in memory.
-    std::vector<ShardUpdate> group;
     float* none[2] = {nullptr, nullptr};
     for (const std::vector<Piece>& pieces : sub_groups) {
-      group.clear();
-      for (const Piece& piece : pieces) group.push_back(piece_update(piece, nullptr, none));
-      device->apply_optimizer(optimizer, group, accum_dtype, grad_scale, config.dtype);
+      apply_pass(
+          pieces, [&](size_t i) { return piece_update(pieces[i], nullptr, none); }, grad_scale);
     }
     return;
   }
@@ -170,7 +187,7 @@ void Engine::Impl::update_offloaded(float grad_scale) {
   };
   try {
     const size_t count = records.records.size();
-    std::vector<ShardUpdate> group;
+    std::vector<size_t> at_of;
     for (size_t k = 0; k < count; ++k) {
       if (!read_of[k]) start_read(k);
       if (config.offload_optimizer.pipeline_read && k + 1 < count) start_read(k + 1);
@@ -181,15 +198,18 @@ void Engine::Impl::update_offloaded(float grad_scale) {
       auto* arrays = reinterpret_cast<float*>(slot_memory(slot));
       float* const master_array = records.master ? arrays : nullptr;
       float* const first_state = arrays + (records.master ? stride : 0);
-      group.clear();
-      size_t at = 0;
-      for (const Piece& piece : sub_groups[k]) {
-        float* state[2] = {first_state + at, first_state + stride + at};
-        group.push_back(
-            piece_update(piece, master_array != nullptr ? master_array + at : nullptr, state));
-        at += piece.count;
-      }
-      device->apply_optimizer(optimizer, group, accum_dtype, grad_scale, config.dtype);
+      const std::vector<Piece>& pieces = sub_groups[k];
+      at_of.assign(1, 0);  // each piece's first element in the record
+      for (const Piece& piece : pieces) at_of.push_back(at_of.back() + piece.count);
+      apply_pass(
+          pieces,
+          [&](size_t i) {
+            const size_t at = at_of[i];
+            float* state[2] = {first_state + at, first_state + stride + at};
+            return piece_update(pieces[i], master_array != nullptr ? master_array + at : nullptr,
+                                state);
+          },
+          grad_scale);
       slot_ticket[slot] =
           o.file->write(slot_memory(slot), records.records[k].offset, record_bytes(k));
       o.write_bytes += record_bytes(k);

@@ -31,6 +31,13 @@ CommPoint Engine::Impl::issued(CommPoint point, double issue_us) {
 // This rank's working-dtype parameters the optimizer writes (see owned_begin).
 void* Engine::Impl::owned_params(size_t u) {
   UnitState& s = units[u];
+  if (config.stage == 3 && param_swap && param_swap->swapped(static_cast<int>(u))) {
+    const auto copy = param_copies.find(static_cast<int>(u));
+    if (copy != param_copies.end()) return copy->second.data();
+    void* buffer = param_swap->buffer_of(static_cast<int>(u));
+    ZERO_CHECK(buffer != nullptr, "offload_param: unit " << u << "'s shard is not in memory");
+    return buffer;
+  }
   if (config.stage == 3) return s.params_shard.data();
   return byte_offset(s.params_full.data(), owned_begin(u) * elem);
 }
@@ -160,17 +167,22 @@ bool Engine::Impl::start_gather(int u, bool required) {
         config.max_live_elements > 0 && live > 0 && live + unit.numel > config.max_live_elements;
     if (over_live_budget || !param_pool.can_acquire_within_plan()) return false;
   }
+  // A shard on NVMe is read into a buffer now, behind compute; the communication stream waits
+  // for the read right before the all-gather, and the buffer is free once that ran.
+  const bool swapped = param_swap && param_swap->swapped(u);
+  if (swapped && !param_swap->start_read(u, required)) return false;
+  const void* shard = swapped ? param_swap->buffer_of(u) : s.params_shard.data();
   const double issue_us = Trace::now_us();
   s.params_full = param_pool.acquire(/*zeroed=*/false);
   // The pooled buffer may have just been released by compute: order the gather after it.
   comm.stream().wait(device->record());
-  s.params_ready =
-      issued(traced("all_gather", unit.numel * elem,
-                    [&] {
-                      return comm.all_gather(s.params_shard.data(), s.params_full.data(),
-                                             unit.shard, config.dtype);
-                    }),
-             issue_us);
+  if (swapped) comm.stream().enqueue(param_swap->read_waiter(u));
+  s.params_ready = issued(
+      traced(
+          "all_gather", unit.numel * elem,
+          [&] { return comm.all_gather(shard, s.params_full.data(), unit.shard, config.dtype); }),
+      issue_us);
+  if (swapped) param_swap->drop(u, s.params_ready);
   s.gathered = true;
   live += unit.numel;
   return true;

@@ -10,6 +10,7 @@ Engine::StateView Engine::Impl::state_view(int u) {
   check_unit(u);
   // A post-step all-gather or a prefetch may still be reading these arrays.
   device->wait(comm.stream().record());
+  if (param_swap && param_swap->swapped(u)) param_copy(u);
   if (!layout.units()[u].trainable) return frozen_state_view(u);
   if (offload) return offloaded_state_view(u);
   UnitState& s = units[u];
@@ -23,6 +24,16 @@ Engine::StateView Engine::Impl::state_view(int u) {
   view.state_count = optimizer.state_count();
   for (int k = 0; k < view.state_count; ++k) view.state[k] = host_view(s.state[k].as<float>(), n);
   return view;
+}
+
+void* Engine::Impl::param_copy(int u) {
+  Buffer& copy = param_copies[u];
+  if (copy.empty()) {
+    const size_t bytes = layout.units()[u].shard * elem;
+    copy = allocator.allocate(bytes, MemoryCategory::kOther);
+    param_swap->load(u, copy.data(), bytes);
+  }
+  return copy.data();
 }
 
 // Host memory for the n floats at `data`: the array itself on the CPU; on a GPU a fresh copy,
@@ -63,6 +74,13 @@ Engine::StateView Engine::Impl::frozen_state_view(int u) {
 
 void Engine::Impl::state_loaded() {
   device->wait(comm.stream().record());
+  // Shards on NVMe are loaded into copies, which take the loaded values and go back to the file
+  // after the all-gathers below have read them.
+  if (param_swap) {
+    for (size_t u = 0; u < units.size(); ++u) {
+      if (param_swap->swapped(static_cast<int>(u))) param_copy(static_cast<int>(u));
+    }
+  }
   for (const auto& [data, copy] : host_state)
     device->copy_from_host(data, copy.data(), copy.bytes());
   host_state.clear();
@@ -84,10 +102,13 @@ void Engine::Impl::state_loaded() {
   frozen_views.clear();
   start_post_step_gathers(/*with_frozen=*/true);
   for (UnitState& s : units) wait_for_comm(s.params_ready);
+  for (const auto& [u, copy] : param_copies) param_swap->store(u, copy.data(), copy.bytes());
+  param_copies.clear();
 }
 
 void Engine::Impl::release_state_views() {
   host_state.clear();
+  param_copies.clear();
   if (offload) offload->views.clear();
   frozen_views.clear();
 }

@@ -43,6 +43,13 @@ StepStats Engine::Impl::step() {
     }
     start_post_step_gathers();
   }
+  if (param_swap) {
+    const ParamSwap::Stats swapped = param_swap->take_stats();
+    stats.nvme_wait_ms += swapped.wait_ms;
+    stats.nvme_read_bytes += swapped.read_bytes;
+    stats.nvme_write_bytes += swapped.write_bytes;
+    stats.nvme_param_read_wait_ms = swapped.stream_wait_ms;
+  }
   finish_step();
   stats.step = optimizer.step();
   stats.collectives = collectives_issued;
@@ -165,22 +172,56 @@ void Engine::Impl::update(float lr, float grad_scale) {
   ScopedSpan optimizer_span(trace, "optimizer");
   if (offload) {
     update_offloaded(grad_scale);
+  } else {
+    const bool separate_master = config.dtype != DType::kFloat32;
+    for (const std::vector<Piece>& pieces : sub_groups) {
+      apply_pass(
+          pieces,
+          [&](size_t i) {
+            const Piece& piece = pieces[i];
+            UnitState& s = units[piece.unit];
+            float* state[2] = {s.state[0].as<float>(), s.state[1].as<float>()};
+            for (float*& array : state) {
+              if (array != nullptr) array += piece.begin;
+            }
+            float* master = separate_master ? s.master.as<float>() + piece.begin : nullptr;
+            return piece_update(piece, master, state);
+          },
+          grad_scale);
+    }
+  }
+  // The next forward reads the shards written back here.
+  if (param_swap) param_swap->flush();
+}
+
+void Engine::Impl::apply_pass(const std::vector<Piece>& pieces,
+                              const std::function<ShardUpdate(size_t)>& make, float grad_scale) {
+  std::vector<ShardUpdate> group;
+  if (!param_swap) {
+    for (size_t i = 0; i < pieces.size(); ++i) group.push_back(make(i));
+    device->apply_optimizer(optimizer, group, accum_dtype, grad_scale, config.dtype);
     return;
   }
-  const bool separate_master = config.dtype != DType::kFloat32;
-  std::vector<ShardUpdate> group;
-  for (const std::vector<Piece>& pieces : sub_groups) {
-    group.clear();
-    for (const Piece& piece : pieces) {
-      UnitState& s = units[piece.unit];
-      float* state[2] = {s.state[0].as<float>(), s.state[1].as<float>()};
-      for (float*& array : state) {
-        if (array != nullptr) array += piece.begin;
+  for (size_t i = 0; i < pieces.size();) {
+    const int u = static_cast<int>(pieces[i].unit);
+    size_t end = i;
+    while (end < pieces.size() && pieces[end].unit == pieces[i].unit) ++end;
+    const bool swapped = param_swap->swapped(u);
+    if (swapped) {
+      param_swap->resident(u);
+      // Read the next trainable unit's shard while this one is stepped, if a buffer is free.
+      for (int v = u + 1; v < static_cast<int>(units.size()); ++v) {
+        if (!layout.units()[v].trainable) continue;
+        if (param_swap->swapped(v)) param_swap->start_read(v, /*required=*/false);
+        break;
       }
-      float* master = separate_master ? s.master.as<float>() + piece.begin : nullptr;
-      group.push_back(piece_update(piece, master, state));
     }
+    group.clear();
+    for (size_t k = i; k < end; ++k) group.push_back(make(k));
     device->apply_optimizer(optimizer, group, accum_dtype, grad_scale, config.dtype);
+    const Piece& last = pieces[end - 1];
+    if (swapped && last.begin + last.count == owned_numel(last.unit)) param_swap->write_back(u);
+    i = end;
   }
 }
 
@@ -250,13 +291,16 @@ void Engine::Impl::gather_one(int u) {
   UnitState& s = units[u];
   if (s.params_full.empty()) return;
   const Unit& unit = layout.units()[u];
+  // A gathered stage-3 unit whose shard is on NVMe (and not in a checkpoint's copy) is read in.
+  const bool read_in = param_swap && param_swap->swapped(u) && param_copies.count(u) == 0;
+  const void* shard = read_in ? param_swap->resident(u) : owned_params(u);
   const double issue_us = Trace::now_us();
-  s.params_ready = issued(traced("all_gather", unit.numel * elem,
-                                 [&] {
-                                   return comm.all_gather(owned_params(u), s.params_full.data(),
-                                                          unit.shard, config.dtype);
-                                 }),
-                          issue_us);
+  s.params_ready = issued(
+      traced(
+          "all_gather", unit.numel * elem,
+          [&] { return comm.all_gather(shard, s.params_full.data(), unit.shard, config.dtype); }),
+      issue_us);
+  if (read_in) param_swap->drop(u, s.params_ready);
   // Stages 1-2 wait for this gather in gather(). A stage-3 unit gathered here was prefetched
   // before a state load: its buffer now holds the loaded values and stays gathered (and
   // counted live) until its release, which gives the buffer back.

@@ -145,7 +145,8 @@ UnitBytes unit_bytes(const Unit& unit, const EngineConfig& config, int state_arr
   const size_t owned = config.stage == 0 ? full : shard;  // what this rank updates
   UnitBytes b;
   if (config.stage <= 2 || is_persistent(unit, config)) b.params_full = full * w;
-  if (config.stage == 3) b.params_shard = shard * w;
+  // A shard on NVMe (offload_param) is in the rank's parameter file, not in memory.
+  if (config.stage == 3 && !swaps_unit(unit, config)) b.params_shard = shard * w;
   if (!unit.trainable) return b;  // frozen: its working parameters are all it holds
   // Offloaded to NVMe, the master and optimizer state are in the rank's file, not in memory.
   const bool on_nvme = offloads_optimizer_to_nvme(config);
@@ -188,8 +189,9 @@ MemoryPlan plan_memory(const Layout& layout, const EngineConfig& config) {
   plan.buffers += fusion_bytes(layout, config);
   plan.buffers += planned_staging_bytes(layout, config);
   const NvmeRecords records = nvme_records(layout, config, state_arrays);
-  plan.buffers += records.staging_bytes;
-  plan.nvme = records.file_bytes;
+  const ParamRecords params = param_records(layout, config);
+  plan.buffers += records.staging_bytes + params.staging_bytes;
+  plan.nvme = records.file_bytes + params.file_bytes;
   return plan;
 }
 

@@ -50,7 +50,10 @@ constexpr const char* kUsage =
     "              gpt2-1.5B, then --n-layer --n-head --n-embd --vocab-size --block-size\n"
     "  with --model: --offload-optimizer none|nvme (the optimizer state on NVMe),\n"
     "              --sub-group-size N (default 1e9) and --buffer-count N (default 4), as the\n"
-    "              config's offload_optimizer and sub_group_size; the nvme column is the file\n"
+    "              config's offload_optimizer and sub_group_size; the nvme column is the files\n"
+    "  with --model: --offload-param none|nvme (stage 3's parameter shards on NVMe, only\n"
+    "              stage 3 is planned), --param-buffer-count N (default 5) and\n"
+    "              --param-buffer-size N (elements, default 1e8), as the config's offload_param\n"
     "  with --model: --mics-shard-size K: hybrid sharding (the config's mics_shard_size):\n"
     "              stage 3 sharded over groups of K of the N ranks, replicated across them\n"
     "  with --model gpt2: --tp T: tensor parallelism over T ranks (the config's\n"
@@ -71,6 +74,9 @@ struct Options {
   zero::models::Gpt2Config gpt2;
   size_t merge_bytes = 32 * 1024;  // zero-train's default
   bool offload_nvme = false;
+  bool offload_param_nvme = false;
+  int param_buffer_count = 5;  // DeepSpeed's offload_param defaults
+  size_t param_buffer_size = 100000000;
   size_t sub_group_size = 1000000000;  // DeepSpeed's default, as the config takes it
   int buffer_count = 4;
   int mics_shard_size = -1;  // off
@@ -174,7 +180,8 @@ Options parse_options(const std::vector<std::string>& args) {
         flag == "--vocab-size" || flag == "--block-size" || flag == "--offload-optimizer" ||
         flag == "--sub-group-size" || flag == "--buffer-count" || flag == "--mics-shard-size" ||
         flag == "--micro-batch" || flag == "--seq-len" || flag == "--number-checkpoints" ||
-        flag == "--memory-limit" || flag == "--tp";
+        flag == "--memory-limit" || flag == "--tp" || flag == "--offload-param" ||
+        flag == "--param-buffer-count" || flag == "--param-buffer-size";
     if (flag != "--params" && flag != "--ranks" && flag != "--dtype" && flag != "--stage" &&
         !model_flag) {
       usage_error(flag.compare(0, 1, "-") == 0 ? "unknown option '" + flag + "'"
@@ -208,6 +215,15 @@ Options parse_options(const std::vector<std::string>& args) {
         usage_error("--offload-optimizer must be none or nvme, got '" + value + "'");
       }
       options.offload_nvme = value == "nvme";
+    } else if (flag == "--offload-param") {
+      if (value != "none" && value != "nvme") {
+        usage_error("--offload-param must be none or nvme, got '" + value + "'");
+      }
+      options.offload_param_nvme = value == "nvme";
+    } else if (flag == "--param-buffer-count") {
+      options.param_buffer_count = static_cast<int>(parse_whole(flag, value, 1, 1024));
+    } else if (flag == "--param-buffer-size") {
+      options.param_buffer_size = static_cast<size_t>(parse_whole(flag, value, 1, LONG_MAX));
     } else if (flag == "--sub-group-size") {
       options.sub_group_size = static_cast<size_t>(parse_whole(flag, value, 1, LONG_MAX));
     } else if (flag == "--mics-shard-size") {
@@ -277,6 +293,19 @@ Options parse_options(const std::vector<std::string>& args) {
   }
   if (!have_params) usage_error("missing --params P (the number of parameters)");
   if (!have_ranks) usage_error("missing --ranks N (the number of data-parallel ranks)");
+  if (options.offload_param_nvme) {
+    if (options.model.empty()) usage_error("--offload-param plans a --model's layout");
+    if (options.mics_shard_size != -1) {
+      usage_error("--offload-param nvme with --mics-shard-size is not supported by the engine");
+    }
+    if (options.stage && *options.stage != 3) {
+      usage_error(
+          "--offload-param nvme needs stage 3 (only stage 3 partitions the parameters), "
+          "not stage " +
+          std::to_string(*options.stage));
+    }
+    options.stage = 3;
+  }
   if (options.mics_shard_size != -1) {
     if (options.model.empty()) usage_error("--mics-shard-size plans a --model's layout");
     if (options.stage && *options.stage != 3) {
@@ -367,6 +396,9 @@ int plan_model(const Options& options) {
   config.optimizer_sub_group_elements = options.sub_group_size;
   config.offload_optimizer.buffer_count = options.buffer_count;
   if (options.offload_nvme) config.offload_optimizer.device = zero::OffloadDevice::kNvme;
+  if (options.offload_param_nvme) config.offload_param.device = zero::OffloadDevice::kNvme;
+  config.offload_param.buffer_count = options.param_buffer_count;
+  config.offload_param.buffer_size = options.param_buffer_size;
   // The layout is sharded over the shard group (layout_options); only stage 3 is planned then.
   config.mics_shard_size = options.mics_shard_size;
   const zero::Layout layout =
@@ -391,13 +423,26 @@ int plan_model(const Options& options) {
     // Stage 0 has no partitioned optimizer to offload (the engine refuses it).
     if (options.offload_nvme && stage == 0) continue;
     config.stage = stage;
-    const zero::MemoryPlan plan = zero::plan_memory(layout, config);
+    zero::MemoryPlan plan;
+    try {
+      plan = zero::plan_memory(layout, config);
+    } catch (const zero::Error& e) {
+      std::fprintf(stderr, "zero-estimate: %s\n", e.what());
+      return 1;
+    }
     std::printf("%5d  %17llu  %12llu  %20llu  %10llu\n", stage,
                 static_cast<unsigned long long>(plan.model_state),
                 static_cast<unsigned long long>(plan.buffers),
                 static_cast<unsigned long long>(plan.model_state + plan.buffers),
                 static_cast<unsigned long long>(plan.nvme));
     engine_bytes.emplace_back(stage, plan.model_state + plan.buffers);
+  }
+  // The tiers: this CPU path holds every byte of the table in host memory (pageable; pinned
+  // memory and a device are what the CUDA path would add), the nvme column on the disk.
+  if (options.offload_nvme || options.offload_param_nvme) {
+    std::printf("tiers per rank: device 0, host = total bytes per rank, nvme = nvme bytes");
+    std::printf(" (optimizer state%s on NVMe)\n",
+                options.offload_param_nvme ? " and parameters" : "");
   }
   if (options.micro_batch > 0) print_activations(options, engine_bytes);
   return 0;

@@ -38,6 +38,28 @@ TEST(ConfigOffload, AbsentKeysTakeDeepSpeedsDefaults) {
   EXPECT_EQ(p.max_in_cpu, 1000000000u);
 }
 
+// offload_param on nvme at stage 3 takes every key with DeepSpeed's meaning; max_in_cpu is said
+// to have no effect (every shard but the persistent unit's is on NVMe).
+TEST(ConfigOffload, ParamOffloadToNvme) {
+  const TrainingConfig c = parse_training_config(
+      R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
+          "offload_param": {"device": "nvme", "nvme_path": "/tmp/x", "buffer_count": 3,
+                            "buffer_size": 4096, "max_in_cpu": 10, "pin_memory": true}}})",
+      2, "ds.json");
+  const ParamOffload& p = c.engine.offload_param;
+  EXPECT_EQ(p.device, OffloadDevice::kNvme);
+  EXPECT_EQ(p.nvme_path, "/tmp/x");
+  EXPECT_EQ(p.buffer_count, 3);
+  EXPECT_EQ(p.buffer_size, 4096u);
+  EXPECT_EQ(p.max_in_cpu, 10u);
+  EXPECT_TRUE(p.pin_memory);
+  ASSERT_EQ(c.ignored_keys.size(), 1u);
+  EXPECT_NE(c.ignored_keys[0].find("offload_param.max_in_cpu has no effect here"),
+            std::string::npos)
+      << c.ignored_keys[0];
+  expect_engine_accepts(c.engine);
+}
+
 TEST(ConfigOffload, NvmeExampleFile) {
   const TrainingConfig c = load_training_config(example_config("ds_stage3_nvme_offload.json"), 2);
   const EngineConfig& e = c.engine;
@@ -106,11 +128,10 @@ TEST(ConfigOffload, BadValuesAreNamed) {
           "offload_param": {"device": "cpu"}}})",
        R"("zero_optimization.offload_param.device" in ds.json is "cpu", which needs )"
        R"(zero_optimization.stage 3 (it is 2): only stage 3 partitions the parameters)"},
-      {R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
+      {R"({"train_batch_size": 8, "zero_optimization": {"stage": 2,
           "offload_param": {"device": "nvme"}}})",
-       R"("zero_optimization.offload_param.device" "nvme" in ds.json is a DeepSpeed option )"
-       R"(this runtime does not support yet (parameters stay in host memory; )"
-       R"(offload_optimizer supports nvme))"},
+       R"("zero_optimization.offload_param.device" in ds.json is "nvme", which needs )"
+       R"(zero_optimization.stage 3 (it is 2): only stage 3 partitions the parameters)"},
       {R"({"train_batch_size": 8, "aio": {"block_size": 5000}})",
        R"("aio.block_size" in ds.json must be a multiple of 4096, got 5000)"},
       {R"({"train_batch_size": 8, "aio": {"queue_depth": 0}})",

@@ -2,7 +2,8 @@
 // bitwise the in-memory engine's at stages 1-3 in fp32 and bf16, with and without pipelining
 // and under every aio setting; the memory of each tier is what the plan says; a full disk, a
 // bad path and an I/O error each stop with the file, the offset and errno named; checkpoints
-// save and load the state through the files and a resume is bitwise.
+// save and load the state through the files and a resume is bitwise. The same for stage 3's
+// parameter shards on NVMe (offload_param) beside the optimizer's state.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -57,6 +58,25 @@ std::function<void(EngineConfig&)> nvme(size_t sub_group, bool pipeline, AioConf
     c.offload_optimizer.pipeline_write = pipeline;
     c.offload_optimizer.buffer_count = pipeline ? 3 : 1;
     c.aio = aio;
+  };
+}
+
+// offload_param on nvme: each shard in the rank's file, `buffers` buffers of `buffer_size`.
+std::function<void(EngineConfig&)> params_on_nvme(int buffers, size_t buffer_size = 4096) {
+  const std::string dir = nvme_dir();
+  return [=](EngineConfig& c) {
+    c.offload_param.device = OffloadDevice::kNvme;
+    c.offload_param.nvme_path = dir;
+    c.offload_param.buffer_count = buffers;
+    c.offload_param.buffer_size = buffer_size;
+  };
+}
+
+std::function<void(EngineConfig&)> both(std::function<void(EngineConfig&)> first,
+                                        std::function<void(EngineConfig&)> second) {
+  return [=](EngineConfig& c) {
+    first(c);
+    second(c);
   };
 }
 
@@ -249,6 +269,167 @@ TEST(Offload, CheckpointResumeIsBitwise) {
   const std::vector<float> tail(whole.begin() + 3, whole.end());
   EXPECT_EQ(run(true, 4, 6, false, true), tail);
   EXPECT_EQ(run(false, 4, 6, false, true), tail);
+}
+
+// Stage 3 with the parameter shards on NVMe, alone and beside the optimizer's state there, is
+// bitwise the in-memory run in fp32 and bf16, with one buffer (no read-ahead), two, and a
+// prefetch that gathers ahead; sub-groups cut inside units.
+TEST(ParamOffload, NvmeTrainingIsBitwiseInMemoryTraining) {
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    RunOptions o;
+    o.stage = 3;
+    o.dtype = dtype;
+    o.steps = 5;
+    o.weight_decay = 0.05f;
+    const auto sub_groups = [](EngineConfig& c) { c.optimizer_sub_group_elements = 100; };
+    o.tweak = sub_groups;
+    const TrainResult reference = train(o);
+    EXPECT_LT(reference.losses.back(), reference.losses.front());
+    for (int buffers : {1, 2, 5}) {
+      const std::string what =
+          std::string(dtype_name(dtype)) + " " + std::to_string(buffers) + " buffer(s)";
+      o.tweak = both(sub_groups, params_on_nvme(buffers));
+      expect_bitwise(train(o), reference, what + ", params on nvme");
+      o.tweak = both(nvme(100, true), params_on_nvme(buffers));
+      expect_bitwise(train(o), reference, what + ", params and optimizer on nvme");
+    }
+    o.tweak = both(sub_groups, [](EngineConfig& c) { c.prefetch_elements = 1000; });
+    const TrainResult prefetched = train(o);
+    o.tweak = both(both(sub_groups, [](EngineConfig& c) { c.prefetch_elements = 1000; }),
+                   params_on_nvme(3));
+    expect_bitwise(train(o), prefetched, std::string(dtype_name(dtype)) + " prefetching");
+    // The persistent unit (the biases and the last layer's weight) stays in memory.
+    const auto persistent = [](EngineConfig& c) { c.persistence_threshold = 100; };
+    o.tweak = both(sub_groups, persistent);
+    const TrainResult with_persistent = train(o);
+    o.tweak = both(both(sub_groups, persistent), params_on_nvme(2));
+    expect_bitwise(train(o), with_persistent, std::string(dtype_name(dtype)) + " persistent");
+  }
+}
+
+// The shards leave memory for the file: params-shard bytes fall by the working shard of every
+// unit but the persistent one, the file holds them (each padded to 4 KiB), the buffers are
+// buffers; measured equals planned in each tier. Every step reads each shard for the forward's
+// and the backward's all-gathers and for the update, and writes it once.
+TEST(ParamOffload, MemoryOfEachTierIsThePlan) {
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    RunOptions o;
+    o.stage = 3;
+    o.dtype = dtype;
+    o.steps = 2;
+    const TrainResult in_memory = train(o);
+    o.tweak = nvme(0, false);
+    const TrainResult optimizer_only = train(o);
+    o.tweak = both(nvme(0, false), params_on_nvme(2));
+    const TrainResult run = train(o);
+    const std::string what = dtype_name(dtype);
+    EXPECT_EQ(run.model_state_bytes, run.plan.model_state) << what;
+    EXPECT_EQ(run.buffer_bytes, run.plan.buffers) << what;
+    EXPECT_EQ(run.nvme_bytes, run.plan.nvme) << what;
+    const uint64_t owned = run.padded_params / static_cast<uint64_t>(world_size());
+    const uint64_t shards = dtype_size(dtype) * owned;
+    const uint64_t optimizer = (dtype == DType::kFloat32 ? 8 : 12) * owned;
+    EXPECT_EQ(in_memory.model_state_bytes - run.model_state_bytes, optimizer + shards) << what;
+    EXPECT_GE(run.nvme_bytes, optimizer + shards) << what;
+    // Padding: the optimizer's arrays and each of the MLP's 3 unit shards to 4 KiB.
+    EXPECT_LT(run.nvme_bytes, optimizer + shards + 6 * kNvmeAlignment) << what;
+    const uint64_t optimizer_file = optimizer_only.nvme_bytes;
+    const uint64_t param_file = run.nvme_bytes - optimizer_file;
+    EXPECT_GE(param_file, shards) << what;
+    // Each shard is read for the forward's all-gather, for the backward's (unless the unit
+    // stayed gathered from forward to backward) and for the update; each file is written once.
+    for (const StepStats& stats : run.stats) {
+      EXPECT_EQ(stats.nvme_write_bytes, run.nvme_bytes) << what;
+      EXPECT_GE(stats.nvme_read_bytes, optimizer_file + 2 * param_file) << what;
+      EXPECT_LE(stats.nvme_read_bytes, optimizer_file + 3 * param_file) << what;
+      EXPECT_GE(stats.nvme_param_read_wait_ms, 0.0) << what;
+    }
+  }
+}
+
+// Too small a buffer for a unit's shard is refused before anything runs, naming both sizes;
+// other stages refuse offload_param nvme, as DeepSpeed does.
+TEST(ParamOffload, ShardLargerThanBufferIsRefused) {
+  RunOptions o;
+  o.stage = 3;
+  o.steps = 1;
+  o.tweak = params_on_nvme(2, 16);
+  const std::string message = error_of([&] { train(o); });
+  expect_naming(message, "offload_param.buffer_size is 16 elements, but unit ");
+  expect_naming(message, "'s shard on each rank has ");
+  expect_naming(message, "raise buffer_size to at least ");
+  o.stage = 2;
+  o.tweak = params_on_nvme(2);
+  expect_naming(error_of([&] { train(o); }),
+                "parameter offload to nvme (offload_param) needs ZeRO stage 3, not stage 2");
+}
+
+TEST(ParamOffload, BadPathNamesTheFileAndErrno) {
+  RunOptions o;
+  o.stage = 3;
+  o.steps = 1;
+  o.tweak = [](EngineConfig& c) {
+    c.offload_param.device = OffloadDevice::kNvme;
+    c.offload_param.nvme_path = "/nonexistent/nvme";
+  };
+  const std::string message = error_of([&] { train(o); });
+  expect_naming(message, "cannot create the offload file /nonexistent/nvme/zero_param_rank");
+  expect_naming(message, "No such file or directory (errno 2)");
+}
+
+// The first shard read of every rank fails as a failing disk would (the first all-gather's):
+// the error names the parameter file, the offset and errno.
+TEST(ParamOffload, IoErrorNamesFileOffsetAndErrno) {
+  const std::string fault = "read@" + std::to_string(make_mpi_communicator()->rank());
+  ASSERT_EQ(setenv("ZERO_TEST_NVME_FAULT", fault.c_str(), 1), 0);
+  RunOptions o;
+  o.stage = 3;
+  o.steps = 2;
+  o.tweak = params_on_nvme(2);
+  const std::string message = error_of([&] { train(o); });
+  ASSERT_EQ(unsetenv("ZERO_TEST_NVME_FAULT"), 0);
+  expect_naming(message, "nvme: read of " + nvme_dir() + "/zero_param_rank");
+  expect_naming(message, " at offset 0 (4096 bytes) failed: ");
+  expect_naming(message, "Input/output error (errno 5) [injected by ZERO_TEST_NVME_FAULT]");
+}
+
+// Saved at step 3 with the shards and the optimizer state on NVMe, resumed into a fresh
+// offloaded engine and into an in-memory one: steps 4-6 are those of the run that never
+// stopped, in fp32 and bf16.
+TEST(ParamOffload, CheckpointResumeIsBitwise) {
+  std::unique_ptr<Communicator> comm = make_mpi_communicator();
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    const std::string dir = job_dir() + "/param_checkpoint";
+    if (comm->rank() == 0) std::filesystem::remove_all(dir);
+    comm->barrier_sync();
+    const models::MlpConfig mlp{8, 24, 4, 3};
+    const auto run = [&](bool offloaded, int from, int to, bool save, bool load) {
+      EngineConfig config;
+      config.stage = 3;
+      config.dtype = dtype;
+      config.optimizer.lr = 1e-2f;
+      if (offloaded) both(nvme(100, true), params_on_nvme(2))(config);
+      ZeroModel model(*comm, models::make_mlp(mlp), config);
+      if (load) load_checkpoint(model.engine(), dir + "/latest", nullptr);
+      models::TeacherTask task(mlp, 7);
+      std::vector<float> losses;
+      for (int step = from; step <= to; ++step) {
+        models::Batch batch = task.batch(step, comm->rank() * 6, 6);
+        Tensor grad;
+        losses.push_back(models::mse_loss(model.forward(batch.inputs), batch.targets, grad));
+        model.backward(grad);
+        model.step();
+        if (save && step == 3) save_checkpoint(model.engine(), dir, TrainerState{step, 7});
+      }
+      return losses;
+    };
+    const std::vector<float> whole = run(true, 1, 6, true, false);
+    const std::vector<float> tail(whole.begin() + 3, whole.end());
+    EXPECT_EQ(run(true, 4, 6, false, true), tail) << dtype_name(dtype);
+    EXPECT_EQ(run(false, 4, 6, false, true), tail) << dtype_name(dtype);
+    const std::vector<float> in_memory = run(false, 1, 6, false, false);
+    EXPECT_EQ(in_memory, whole) << dtype_name(dtype);
+  }
 }
 
 }  // namespace

@@ -9,7 +9,10 @@ estimate="$1" metrics="$2" ranks="$3" stage="$4"
 shift 4
 model=(--model mlp)
 if [[ $# -gt 0 ]]; then model=("$@"); fi
-row="$("$estimate" --dtype fp32 "${model[@]}" --ranks "$ranks" --stage "$stage" | tail -1)"
+# The table's row of that stage (lines after it describe the tiers).
+row="$("$estimate" --dtype fp32 "${model[@]}" --ranks "$ranks" --stage "$stage" |
+  awk -v stage="$stage" '$1 == stage && NF == 5')"
+[[ -n "$row" ]] || { echo "no row for stage $stage in the estimate" >&2; exit 1; }
 read -r _ planned_state planned_buffers _ planned_nvme <<<"$row"
 init="$(grep '"event":"init"' "$metrics")"
 measured_state="$(sed -E 's/.*"model_state_bytes":([0-9]+).*/\1/' <<<"$init")"

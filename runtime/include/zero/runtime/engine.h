@@ -60,7 +60,10 @@ struct OptimizerOffload {
 };
 
 // offload_param, with DeepSpeed's defaults (stage 3 only; cpu is accepted on the CPU path,
-// where parameter shards already live in host memory).
+// where parameter shards already live in host memory). nvme (the CPU path): each rank's shard
+// of every unit but the persistent one lives in a file under nvme_path and passes through
+// buffer_count buffers, each sized to the largest shard, which must fit buffer_size elements.
+// max_in_cpu has no effect: no shard is kept in memory beyond those buffers.
 struct ParamOffload {
   OffloadDevice device = OffloadDevice::kNone;
   std::string nvme_path = "/local_nvme";
@@ -197,10 +200,15 @@ struct StepStats {
   // CUDA, where the kernels run asynchronously, the host's time to issue them); with
   // optimizer state on NVMe, how long it was blocked waiting for transfers and the bytes it read
   // and wrote. optimizer_ms - nvme_wait_ms is the time the kernels were not hidden under I/O.
+  // With parameters on NVMe (offload_param) the bytes also count every shard read for an
+  // all-gather or an update and written back since the previous step() returned, the wait also
+  // the step's blocking on them, and nvme_param_read_wait_ms is how long the communication
+  // stream waited for shard reads before their all-gathers (the reads not hidden by prefetch).
   double optimizer_ms = 0.0;
   double nvme_wait_ms = 0.0;
   uint64_t nvme_read_bytes = 0;
   uint64_t nvme_write_bytes = 0;
+  double nvme_param_read_wait_ms = 0.0;
   // The peak bytes of the model's activations and checkpoints together, and of the checkpoints
   // alone, since the previous step() returned, as the engine's allocator counted them (a model
   // counts its activations there through Tensor's allocator constructor; 0 when it does not).
@@ -262,7 +270,8 @@ class Engine {
   // sharding's shard and replica groups (0 without; then every collective of the engine counts
   // on the communicator it was given). Read it from the thread that drives the engine.
   uint64_t own_comm_bytes() const;
-  // Bytes of this rank's NVMe file (optimizer offload to nvme; 0 otherwise).
+  // Bytes of this rank's NVMe files: optimizer state (offload_optimizer nvme) and parameter
+  // shards (offload_param nvme); 0 without.
   uint64_t nvme_bytes() const;
 
   // Checkpoint access. For each unit, the fp32 training state this rank holds: elements
@@ -312,7 +321,7 @@ struct MemoryPlan {
   uint64_t model_state = 0;  // params, grads, master, optimizer state
   uint64_t buffers = 0;      // pooled gradient buckets, gathered-parameter buffers, fp32 scratch,
                              // NVMe staging buffers
-  uint64_t nvme = 0;         // the rank's file of NVMe-offloaded optimizer state
+  uint64_t nvme = 0;         // the rank's files of NVMe-offloaded optimizer state and params
 };
 MemoryPlan plan_memory(const Layout& layout, const EngineConfig& config);
 
