@@ -125,7 +125,8 @@ const char* usage_text() {
          "  -h, --help       print this text\n"
          "environment: ZERO_MPIRUN names the mpirun to use (default: mpirun on PATH);\n"
          "             ZERO_* and NCCL_* variables, OMP_NUM_THREADS, OPENBLAS_NUM_THREADS,\n"
-         "             OPENBLAS_CORETYPE and CUDA_VISIBLE_DEVICES are passed on to the ranks;\n"
+         "             OPENBLAS_CORETYPE, CUDA_VISIBLE_DEVICES and the sanitizers' ASAN_, LSAN_,\n"
+         "             UBSAN_ and TSAN_OPTIONS are passed on to the ranks;\n"
          "             without a hostfile and OPENBLAS_CORETYPE, ranks on a CPU that OpenBLAS\n"
          "             does not recognise get the core type that suits it (AVX2 or AVX-512)\n";
 }
@@ -257,8 +258,11 @@ HostFacts current_host() {
 }
 
 std::vector<std::string> forwarded_variables(const std::vector<std::string>& environment) {
-  static const std::set<std::string> kSingles = {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                                                 "OPENBLAS_CORETYPE", "CUDA_VISIBLE_DEVICES"};
+  // The sanitizers' options too: a sanitized build's ranks on other hosts start from a clean
+  // environment, and would otherwise run without the suppressions the job was given.
+  static const std::set<std::string> kSingles = {
+      "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "CUDA_VISIBLE_DEVICES",
+      "ASAN_OPTIONS",    "LSAN_OPTIONS",         "UBSAN_OPTIONS",     "TSAN_OPTIONS"};
   std::set<std::string> names;
   for (const std::string& entry : environment) {
     const std::string name = entry.substr(0, entry.find('='));

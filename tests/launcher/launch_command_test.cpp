@@ -218,6 +218,14 @@ TEST(ForwardedVariables, PicksRuntimeThreadAndDeviceVariables) {
   EXPECT_EQ(forwarded_variables({}), Words{});
 }
 
+// A sanitized build's ranks on other hosts get the job's sanitizer options (suppressions).
+TEST(ForwardedVariables, PicksSanitizerOptions) {
+  EXPECT_EQ(forwarded_variables({"ASAN_OPTIONS=detect_leaks=1", "LSAN_OPTIONS=suppressions=x",
+                                 "UBSAN_OPTIONS=halt_on_error=1", "TSAN_OPTIONS=a=1",
+                                 "MSAN_OPTIONS=b=1"}),
+            (Words{"ASAN_OPTIONS", "LSAN_OPTIONS", "TSAN_OPTIONS", "UBSAN_OPTIONS"}));
+}
+
 TEST(BuildMpirunCommand, NumGpusAloneStartsThatManyRanksHere) {
   LaunchRequest request = request_for(0, {"train"});
   request.num_gpus = 3;
