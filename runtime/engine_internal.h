@@ -393,6 +393,9 @@ struct Engine::Impl {
   // started; a required gather always starts.
   bool start_gather(int u, bool required);
 
+  // Unit u's all-gather of this rank's `shard` into its params_full, issued at `issue_us`.
+  CommPoint all_gather_unit(int u, const void* shard, double issue_us);
+
   bool prefetch(int u);
 
   void gather(int u);

@@ -177,15 +177,20 @@ bool Engine::Impl::start_gather(int u, bool required) {
   // The pooled buffer may have just been released by compute: order the gather after it.
   comm.stream().wait(device->record());
   if (swapped) comm.stream().enqueue(param_swap->read_waiter(u));
-  s.params_ready = issued(
-      traced(
-          "all_gather", unit.numel * elem,
-          [&] { return comm.all_gather(shard, s.params_full.data(), unit.shard, config.dtype); }),
-      issue_us);
+  s.params_ready = all_gather_unit(u, shard, issue_us);
   if (swapped) param_swap->drop(u, s.params_ready);
   s.gathered = true;
   live += unit.numel;
   return true;
+}
+
+// Unit u's all-gather of this rank's `shard` into its params_full, issued at `issue_us`.
+CommPoint Engine::Impl::all_gather_unit(int u, const void* shard, double issue_us) {
+  const Unit& unit = layout.units()[u];
+  void* full = units[u].params_full.data();
+  return issued(traced("all_gather", unit.numel * elem,
+                       [&] { return comm.all_gather(shard, full, unit.shard, config.dtype); }),
+                issue_us);
 }
 
 bool Engine::Impl::prefetch(int u) {

@@ -290,16 +290,11 @@ void Engine::Impl::start_post_step_gathers(bool with_frozen) {
 void Engine::Impl::gather_one(int u) {
   UnitState& s = units[u];
   if (s.params_full.empty()) return;
-  const Unit& unit = layout.units()[u];
   // A gathered stage-3 unit whose shard is on NVMe (and not in a checkpoint's copy) is read in.
   const bool read_in = param_swap && param_swap->swapped(u) && param_copies.count(u) == 0;
   const void* shard = read_in ? param_swap->resident(u) : owned_params(u);
   const double issue_us = Trace::now_us();
-  s.params_ready = issued(
-      traced(
-          "all_gather", unit.numel * elem,
-          [&] { return comm.all_gather(shard, s.params_full.data(), unit.shard, config.dtype); }),
-      issue_us);
+  s.params_ready = all_gather_unit(u, shard, issue_us);
   if (read_in) param_swap->drop(u, s.params_ready);
   // Stages 1-2 wait for this gather in gather(). A stage-3 unit gathered here was prefetched
   // before a state load: its buffer now holds the loaded values and stays gathered (and
