@@ -321,11 +321,6 @@ int data_parallel_size(int world_size, const zero::TrainingConfig& tc, const Fla
                             ": --trace of a tensor-parallel run is not built yet (each "
                             "data-parallel group would write the same file)");
   }
-  if (tp > 1 && tc.gather_16bit_weights_on_model_save) {
-    throw zero::ConfigError(source + " is " + std::to_string(tp) +
-                            ": zero_optimization.stage3_gather_16bit_weights_on_model_save would "
-                            "merge the ranks' slices into one model, which is not built yet");
-  }
   return world_size / tp;
 }
 

@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "models/gpt2_tensor_parallel.h"
 #include "zero/core/check.h"
 
 namespace zero::models {
@@ -79,7 +80,6 @@ Gpt2Block::Gpt2Block(const Gpt2Config& config, const Gpt2BlockCheckpointing& che
 std::vector<ParamDecl> Gpt2Block::parameters() const {
   using gpt2_detail::uniform_bound;
   const int64_t C = config_.n_embd;
-  const int64_t Cl = C / config_.tensor_parallel_size;  // this rank's slice (heads' width)
   const ParamInit ones{InitKind::kOnes, 0.0f};
   const ParamInit zeros{InitKind::kZeros, 0.0f};
   const ParamInit weight{InitKind::kUniform, uniform_bound(0.02f)};
@@ -89,23 +89,25 @@ std::vector<ParamDecl> Gpt2Block::parameters() const {
   auto decl = [this](const char* name, std::vector<int64_t> shape, ParamInit init) {
     return gpt2_detail::param(config_, name, std::move(shape), init);
   };
-  // The split matrices and biases are this rank's slices (gpt2_tensor_parallel.h).
-  auto slice = [&](const char* name, std::vector<int64_t> shape, ParamInit init) {
-    ParamDecl d = decl(name, std::move(shape), init);
-    d.tensor_parallel = true;
+  // The split matrices and biases are this rank's slices of the whole tensors' shapes given
+  // here (gpt2_tensor_parallel.h).
+  auto slice = [&](const char* name, std::vector<int64_t> whole, ParamInit init) {
+    ParamDecl d = decl(name, whole, init);
+    d.spec.split = gpt2_split_of(name, whole);
+    d.spec.shape = slice_shape(d.spec.split, whole, config_.tensor_parallel_size);
     return d;
   };
   return {decl("ln_1.weight", {C}, ones),
           decl("ln_1.bias", {C}, zeros),
-          slice("attn.c_attn.weight", {C, 3 * Cl}, weight),
-          slice("attn.c_attn.bias", {3 * Cl}, zeros),
-          slice("attn.c_proj.weight", {Cl, C}, residual),
+          slice("attn.c_attn.weight", {C, 3 * C}, weight),
+          slice("attn.c_attn.bias", {3 * C}, zeros),
+          slice("attn.c_proj.weight", {C, C}, residual),
           decl("attn.c_proj.bias", {C}, zeros),
           decl("ln_2.weight", {C}, ones),
           decl("ln_2.bias", {C}, zeros),
-          slice("mlp.c_fc.weight", {C, 4 * Cl}, weight),
-          slice("mlp.c_fc.bias", {4 * Cl}, zeros),
-          slice("mlp.c_proj.weight", {4 * Cl, C}, residual),
+          slice("mlp.c_fc.weight", {C, 4 * C}, weight),
+          slice("mlp.c_fc.bias", {4 * C}, zeros),
+          slice("mlp.c_proj.weight", {4 * C, C}, residual),
           decl("mlp.c_proj.bias", {C}, zeros)};
 }
 

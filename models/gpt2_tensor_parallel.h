@@ -20,19 +20,19 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "zero/runtime/safetensors.h"
+#include "zero/runtime/tensor_split.h"
 
 namespace zero::models {
 
-// How a parameter of the GPT-2 is split over the tensor-parallel group, by its name.
-enum class Gpt2Split {
-  kReplicated,
-  kQkvColumns,  // columns of each third (q, k, v) of the last dimension
-  kColumns,     // columns of the last dimension
-  kRows,        // rows of the first dimension (wte's: the vocabulary)
-};
-Gpt2Split gpt2_split_of(const std::string& name);
+// How a parameter of the GPT-2 is split over the tensor-parallel group, by its name (with or
+// without its module's prefix: "h.0.attn.c_attn.weight" or "attn.c_attn.weight"), as a
+// TensorSplit of the whole tensor of shape `full_shape`: QKV along its last dimension in three
+// parts (q, k, v), c_fc along its last, both c_proj and wte along their first (wte's: the
+// vocabulary); the rest is whole.
+TensorSplit gpt2_split_of(const std::string& name, const std::vector<int64_t>& full_shape);
 
 // The rows of wte each of `size` ranks holds: ceil(vocab_size / size). Where size does not divide
 // the vocabulary, the last rank's last rows are padding (zeros, never looked up, their logits

@@ -283,7 +283,8 @@ void commit(Engine& engine, const TrainerState& trainer, const std::vector<RankR
       const std::vector<ParamPlacement>& params = engine.layout().params();
       std::vector<NamedTensor> tensors;
       for (size_t p = 0; p < params.size(); ++p) {
-        tensors.push_back({params[p].name, params[p].shape, &(*consolidated)[p]});
+        tensors.push_back(
+            {params[p].name, full_shape(params[p].split, params[p].shape), &(*consolidated)[p]});
       }
       write_safetensors(join(tmp_dir, kConsolidatedWeightsName), tensors, engine.dtype(),
                         {{"format", "pt"}, {"step", std::to_string(trainer.step)}});
@@ -311,8 +312,13 @@ void commit(Engine& engine, const TrainerState& trainer, const std::vector<RankR
 
 // ---- Load.
 
-// Same parameter names and shapes on both sides; returns, per engine parameter, its saved index.
-std::vector<size_t> match_params(const Layout& layout, const CheckpointInfo& info) {
+// Same parameter names and whole tensors on both sides; returns, per engine parameter, its saved
+// index. At the same tensor-parallel size the slices must match too; at another, a split
+// parameter must be cut the same way (or be whole in the checkpoint).
+std::vector<size_t> match_params(const Layout& layout, const std::vector<CheckpointInfo>& grid,
+                                 int tensor_parallel_size) {
+  const CheckpointInfo& info = grid.front();
+  const bool same_size = static_cast<int>(grid.size()) == tensor_parallel_size;
   const std::string manifest = join(info.step_dir, checkpoint_files::kManifestName);
   std::unordered_map<std::string, size_t> saved;
   for (size_t i = 0; i < info.params.size(); ++i) saved[info.params[i].name] = i;
@@ -323,9 +329,20 @@ std::vector<size_t> match_params(const Layout& layout, const CheckpointInfo& inf
                                                    << " of the model is not in checkpoint "
                                                    << manifest);
     const ParamPlacement& s = info.params[found->second];
-    ZERO_CHECK(s.shape == p.shape, "parameter '" << p.name << "' has shape " << shape_text(p.shape)
-                                                 << " in the model but " << shape_text(s.shape)
-                                                 << " in checkpoint " << manifest);
+    const std::vector<int64_t> whole = full_shape(p.split, p.shape);
+    const std::vector<int64_t> saved_whole = full_shape(s.split, s.shape);
+    ZERO_CHECK(same_size ? s.shape == p.shape : saved_whole == whole,
+               "parameter '" << p.name << "' has shape " << shape_text(p.shape)
+                             << " in the model but " << shape_text(s.shape) << " in checkpoint "
+                             << manifest
+                             << (same_size ? ""
+                                           : " (whole tensors: " + shape_text(whole) + " and " +
+                                                 shape_text(saved_whole) + ")"));
+    ZERO_CHECK(same_size || !s.split.is_split() || !p.split.is_split() || s.split == p.split,
+               "parameter '" << p.name << "' is split along dimension " << p.split.dim << " in "
+                             << p.split.parts << " part(s) by the model, along dimension "
+                             << s.split.dim << " in " << s.split.parts << " by checkpoint "
+                             << manifest);
     index.push_back(found->second);
   }
   if (info.params.size() != layout.params().size()) {
@@ -340,26 +357,46 @@ std::vector<size_t> match_params(const Layout& layout, const CheckpointInfo& inf
 }
 
 // Reads, for every unit, the elements [begin, end) this rank holds: master, then each state
-// array, (end - begin) floats each. Elements outside every parameter (padding) stay zero.
-std::vector<std::vector<float>> stage_state(Engine& engine, const CheckpointInfo& info,
+// array, (end - begin) floats each. Elements outside every parameter (padding) stay zero. At the
+// checkpoint's tensor-parallel size a rank reads its own rank's slices (and a replicated
+// parameter from any); at another, each split parameter is merged from every rank's slice and
+// this rank's slice cut from the whole (tensor_split.h), so a run saved at t resumes at t'.
+std::vector<std::vector<float>> stage_state(Engine& engine, const std::vector<CheckpointInfo>& grid,
                                             const std::vector<size_t>& saved_index) {
-  checkpoint_files::ShardReader reader(info);
+  checkpoint_files::GridReader reader(grid);
   const Layout& layout = engine.layout();
+  const Communicator* tp = engine.config().tensor_parallel;
+  const int tp_size = tp == nullptr ? 1 : tp->world_size();
+  const int tp_rank = tp == nullptr ? 0 : tp->rank();
+  const bool same_size = static_cast<int>(grid.size()) == tp_size;
+  const int state_count = grid.front().state_count;
   std::vector<std::vector<float>> staged(layout.units().size());
   const StateViewsReleased released(engine);
   for (size_t u = 0; u < layout.units().size(); ++u) {
     engine.release_state_views();
     const Engine::StateView view = engine.state_view(static_cast<int>(u));
     const size_t n = view.end - view.begin;
-    staged[u].assign(n * (1 + static_cast<size_t>(info.state_count)), 0.0f);
+    staged[u].assign(n * (1 + static_cast<size_t>(state_count)), 0.0f);
     for (int p : layout.units()[u].params) {
       const ParamPlacement& placed = layout.params()[p];
       const size_t lo = std::max(view.begin, placed.offset);
       const size_t hi = std::min(view.end, placed.offset + placed.numel);
       if (lo >= hi) continue;
-      for (int array = 0; array <= info.state_count; ++array) {
-        reader.read(array, saved_index[p], lo - placed.offset, hi - lo,
-                    staged[u].data() + array * n + (lo - view.begin));
+      const size_t saved = saved_index[p];
+      const bool resliced =
+          !same_size && (placed.split.is_split() || grid.front().params[saved].split.is_split());
+      for (int array = 0; array <= state_count; ++array) {
+        float* out = staged[u].data() + array * n + (lo - view.begin);
+        if (!resliced) {
+          reader.read(same_size ? tp_rank : 0, array, saved, lo - placed.offset, hi - lo, out);
+          continue;
+        }
+        const std::vector<float> whole = reader.read_whole(array, saved);
+        const std::vector<float> slice =
+            placed.split.is_split()
+                ? cut_slice(placed.split, reader.whole_shape(saved), whole.data(), tp_size, tp_rank)
+                : whole;
+        std::memcpy(out, slice.data() + (lo - placed.offset), (hi - lo) * sizeof(float));
       }
     }
   }
@@ -404,6 +441,27 @@ std::vector<std::string> optimizer_differences(const OptimizerConfig& saved,
 
 namespace {
 
+// The working parameters as whole tensors: gathered over the data-parallel group by the engine,
+// then each split parameter's slices gathered over the tensor-parallel group and merged.
+// Collective over both groups.
+std::vector<std::vector<float>> whole_params(Engine& engine) {
+  std::vector<std::vector<float>> params = engine.gather_full_params();
+  Communicator* tp = engine.config().tensor_parallel;
+  if (tp == nullptr) return params;
+  const std::vector<ParamPlacement>& placed = engine.layout().params();
+  for (size_t p = 0; p < params.size(); ++p) {
+    if (!placed[p].split.is_split()) continue;
+    const size_t n = params[p].size();
+    std::vector<float> slices(n * static_cast<size_t>(tp->world_size()));
+    tp->all_gather_bytes_sync(params[p].data(), slices.data(), n * sizeof(float));
+    std::vector<const float*> pointers;
+    for (int r = 0; r < tp->world_size(); ++r) pointers.push_back(slices.data() + n * r);
+    params[p] =
+        merge_slices(placed[p].split, full_shape(placed[p].split, placed[p].shape), pointers);
+  }
+  return params;
+}
+
 // Whether this rank writes a shard file: with hybrid sharding every shard group holds the whole
 // state, so only the first group (world ranks 0..k-1, shard ranks alike) writes it, and the
 // checkpoint is the one a world of k ranks would save.
@@ -444,13 +502,16 @@ void save_own(Engine& engine, const std::string& dir, const TrainerState& traine
   }
 
   // The working parameters, gathered on every rank (a collective of the engine's); exact in the
-  // working dtype, since they are that dtype widened to fp32.
+  // working dtype, since they are that dtype widened to fp32. With tensor parallelism the whole
+  // model is written once, beside tensor-parallel rank 0's checkpoint.
   std::vector<std::vector<float>> consolidated;
-  if (options.consolidated_weights) consolidated = engine.gather_full_params();
+  if (options.consolidated_weights) consolidated = whole_params(engine);
+  const Communicator* tp = engine.config().tensor_parallel;
+  const bool writes_model = options.consolidated_weights && (tp == nullptr || tp->rank() == 0);
   agree(comm, what, attempt([&] {
           if (rank == 0) {
             commit(engine, trainer, reports, dir, name, tmp_dir, fault,
-                   options.consolidated_weights ? &consolidated : nullptr);
+                   writes_model ? &consolidated : nullptr);
           }
         }));
 }
@@ -459,9 +520,6 @@ void save_own(Engine& engine, const std::string& dir, const TrainerState& traine
 
 void save_checkpoint(Engine& engine, const std::string& dir, const TrainerState& trainer,
                      const SaveOptions& options) {
-  ZERO_CHECK(!options.consolidated_weights || engine.config().tensor_parallel == nullptr,
-             "the consolidated weights of a tensor-parallel run would merge the ranks' slices, "
-             "which is not built yet");
   std::exception_ptr failure;
   try {
     save_own(engine, checkpoint_grid::own_dir(engine, dir), trainer, options);
@@ -481,8 +539,8 @@ void load_checkpoint(Engine& engine, const std::string& path, TrainerState* trai
   std::exception_ptr failure;
   try {
     agree(comm, "checkpoint load from " + path, attempt([&] {
-            info = read_checkpoint_info(checkpoint_grid::own_source(engine, path));
-            checkpoint_grid::check_grid(engine, info);
+            const std::vector<CheckpointInfo> grid = read_checkpoint_grid(path);
+            info = grid.front();
             const std::vector<std::string> differences =
                 optimizer_differences(info.optimizer, engine.config().optimizer);
             if (!differences.empty() && !options.override_optimizer) {
@@ -502,7 +560,10 @@ void load_checkpoint(Engine& engine, const std::string& path, TrainerState* trai
                                      << " optimizer state arrays per element, "
                                      << "the engine's optimizer keeps " << state_count
                                      << " (a different optimizer type or momentum setting)");
-            staged = stage_state(engine, info, match_params(engine.layout(), info));
+            const Communicator* tp = engine.config().tensor_parallel;
+            staged = stage_state(
+                engine, grid,
+                match_params(engine.layout(), grid, tp == nullptr ? 1 : tp->world_size()));
           }));
   } catch (const ConfigError&) {
     failure = mismatch.empty() ? std::current_exception()

@@ -235,6 +235,38 @@ void ShardReader::read(int array, size_t param, size_t first, size_t count, floa
   }
 }
 
+GridReader::GridReader(const std::vector<CheckpointInfo>& grid) : grid_(grid) {
+  ZERO_CHECK(!grid.empty(), "no checkpoint to read");
+  const CheckpointInfo& first = grid.front();
+  ZERO_CHECK(static_cast<int>(grid.size()) == first.tensor_parallel_size,
+             "checkpoint " << first.step_dir << " holds the slices of tensor-parallel rank "
+                           << first.tensor_parallel_rank << " of " << first.tensor_parallel_size
+                           << ": the whole model needs every rank's (read_checkpoint_grid)");
+  for (const CheckpointInfo& info : grid) readers_.push_back(std::make_unique<ShardReader>(info));
+}
+
+void GridReader::read(int rank, int array, size_t param, size_t first, size_t count, float* out) {
+  readers_.at(static_cast<size_t>(rank))->read(array, param, first, count, out);
+}
+
+std::vector<int64_t> GridReader::whole_shape(size_t param) const {
+  const ParamPlacement& p = grid_.front().params[param];
+  return full_shape(p.split, p.shape);
+}
+
+std::vector<float> GridReader::read_whole(int array, size_t param) {
+  const ParamPlacement& p = grid_.front().params[param];
+  std::vector<std::vector<float>> slices(p.split.is_split() ? grid_.size() : 1);
+  std::vector<const float*> pointers;
+  for (size_t r = 0; r < slices.size(); ++r) {
+    slices[r].resize(p.numel);
+    read(static_cast<int>(r), array, param, 0, p.numel, slices[r].data());
+    pointers.push_back(slices[r].data());
+  }
+  if (!p.split.is_split()) return std::move(slices.front());
+  return merge_slices(p.split, whole_shape(param), pointers);
+}
+
 }  // namespace checkpoint_files
 
 // ---- Public entry points that work without MPI.
@@ -302,17 +334,10 @@ std::vector<std::string> verify_checkpoint_files(const CheckpointInfo& info) {
   return problems;
 }
 
-std::vector<std::vector<float>> read_full_master(const CheckpointInfo& info) {
-  ZERO_CHECK(info.tensor_parallel_size == 1,
-             "checkpoint " << info.step_dir << " holds the slices of tensor-parallel rank "
-                           << info.tensor_parallel_rank << " of " << info.tensor_parallel_size
-                           << ": merging the ranks' slices into the full model is not built yet");
-  checkpoint_files::ShardReader reader(info);
-  std::vector<std::vector<float>> out(info.params.size());
-  for (size_t p = 0; p < info.params.size(); ++p) {
-    out[p].resize(info.params[p].numel);
-    reader.read(0, p, 0, out[p].size(), out[p].data());
-  }
+std::vector<std::vector<float>> read_full_master(const std::vector<CheckpointInfo>& grid) {
+  checkpoint_files::GridReader reader(grid);
+  std::vector<std::vector<float>> out;
+  for (size_t p = 0; p < grid.front().params.size(); ++p) out.push_back(reader.read_whole(0, p));
   return out;
 }
 

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -64,6 +65,25 @@ class ShardReader {
   const CheckpointInfo& info_;
   std::vector<uint64_t> unit_offsets_;
   std::unordered_map<int, int> fds_;  // rank -> open file
+};
+
+// Reads the checkpoints of every tensor-parallel rank of one save (read_checkpoint_grid's, in
+// rank order; one for a run without tensor parallelism): a rank's slice of a parameter, or the
+// whole tensor with the slices of a split one merged.
+class GridReader {
+ public:
+  explicit GridReader(const std::vector<CheckpointInfo>& grid);
+
+  // As ShardReader::read, from tensor-parallel rank `rank`'s checkpoint.
+  void read(int rank, int array, size_t param, size_t first, size_t count, float* out);
+  // Array `array` of saved parameter `param` as the whole tensor (of shape whole_shape(param)):
+  // every rank's slice merged when it is split, else rank 0's copy.
+  std::vector<float> read_whole(int array, size_t param);
+  std::vector<int64_t> whole_shape(size_t param) const;
+
+ private:
+  const std::vector<CheckpointInfo>& grid_;
+  std::vector<std::unique_ptr<ShardReader>> readers_;
 };
 
 }  // namespace zero::checkpoint_files

@@ -13,14 +13,6 @@ namespace zero::checkpoint_grid {
 
 namespace {
 
-const char* const kResharding =
-    "resharding across tensor-parallel sizes (splitting or merging each slice) is not built yet";
-
-int size_of(const Engine& engine) {
-  const Communicator* tp = engine.config().tensor_parallel;
-  return tp == nullptr ? 1 : tp->world_size();
-}
-
 std::string rank_dir(const std::string& dir, int rank) {
   char name[32];
   std::snprintf(name, sizeof(name), "tp_rank_%02d", rank);
@@ -37,32 +29,6 @@ bool is_dir(const std::string& path) {
 std::string own_dir(const Engine& engine, const std::string& dir) {
   const Communicator* tp = engine.config().tensor_parallel;
   return tp == nullptr ? dir : rank_dir(dir, tp->rank());
-}
-
-std::string own_source(const Engine& engine, const std::string& path) {
-  const int size = size_of(engine);
-  if (size == 1) {
-    ZERO_CHECK(!is_dir(rank_dir(path, 0)),
-               "checkpoint " << path << " was saved by a tensor-parallel run (it holds "
-                             << rank_dir(path, 0)
-                             << "), and this run has no tensor parallelism: " << kResharding);
-    return path;
-  }
-  const std::string own = own_dir(engine, path);
-  ZERO_CHECK(is_dir(own), "checkpoint "
-                              << path << " has no " << own << ": it was not saved by a run "
-                              << "with tensor-parallel size " << size << ", and " << kResharding);
-  return own;
-}
-
-void check_grid(const Engine& engine, const CheckpointInfo& info) {
-  const int size = size_of(engine);
-  const int rank = size == 1 ? 0 : engine.config().tensor_parallel->rank();
-  ZERO_CHECK(info.tensor_parallel_size == size && info.tensor_parallel_rank == rank,
-             "checkpoint " << info.step_dir << " holds tensor-parallel rank "
-                           << info.tensor_parallel_rank << " of " << info.tensor_parallel_size
-                           << ", and this is rank " << rank << " of " << size << ": "
-                           << kResharding);
 }
 
 void agree(const Engine& engine, const std::string& what, const std::exception_ptr& failure,
@@ -88,3 +54,62 @@ void agree(const Engine& engine, const std::string& what, const std::exception_p
 }
 
 }  // namespace zero::checkpoint_grid
+
+namespace zero {
+
+std::vector<CheckpointInfo> read_checkpoint_grid(const std::string& path) {
+  using checkpoint_grid::rank_dir;
+  if (!checkpoint_grid::is_dir(rank_dir(path, 0))) {
+    CheckpointInfo info = read_checkpoint_info(path);
+    ZERO_CHECK(info.tensor_parallel_size == 1,
+               "checkpoint " << info.step_dir << " holds the slices of tensor-parallel rank "
+                             << info.tensor_parallel_rank << " of " << info.tensor_parallel_size
+                             << " only: load the save directory that holds every rank's "
+                             << "tp_rank_RR directory");
+    return {info};
+  }
+  std::vector<CheckpointInfo> grid;
+  for (int r = 0; checkpoint_grid::is_dir(rank_dir(path, r)); ++r) {
+    grid.push_back(read_checkpoint_info(rank_dir(path, r)));
+  }
+  const CheckpointInfo& first = grid.front();
+  ZERO_CHECK(static_cast<int>(grid.size()) == first.tensor_parallel_size,
+             "checkpoint " << path << " holds " << grid.size()
+                           << " tp_rank_RR directories, and its manifests were written by "
+                           << first.tensor_parallel_size << " tensor-parallel ranks");
+  for (size_t r = 0; r < grid.size(); ++r) {
+    const CheckpointInfo& info = grid[r];
+    const auto same_params = [&] {
+      if (info.params.size() != first.params.size()) return false;
+      for (size_t p = 0; p < info.params.size(); ++p) {
+        const ParamPlacement& a = info.params[p];
+        const ParamPlacement& b = first.params[p];
+        if (a.name != b.name || a.split != b.split ||
+            full_shape(a.split, a.shape) != full_shape(b.split, b.shape)) {
+          return false;
+        }
+      }
+      return true;
+    };
+    ZERO_CHECK(info.tensor_parallel_size == first.tensor_parallel_size &&
+                   info.tensor_parallel_rank == static_cast<int>(r),
+               "checkpoint " << info.step_dir << " holds tensor-parallel rank "
+                             << info.tensor_parallel_rank << " of " << info.tensor_parallel_size
+                             << ", not rank " << r << " of " << grid.size());
+    ZERO_CHECK(
+        info.trainer.step == first.trainer.step && info.optimizer_step == first.optimizer_step,
+        "checkpoint " << path << ": the tensor-parallel ranks' checkpoints are of "
+                      << "different steps (rank 0: " << first.trainer.step << ", rank " << r << ": "
+                      << info.trainer.step << "); a save was interrupted on some "
+                      << "ranks");
+    ZERO_CHECK(
+        info.world_size == first.world_size && info.stage == first.stage &&
+            info.dtype == first.dtype && info.state_count == first.state_count && same_params(),
+        "checkpoint " << path << ": tensor-parallel rank " << r << "'s checkpoint " << info.step_dir
+                      << " is not of the same run as rank 0's " << first.step_dir
+                      << " (world size, stage, dtype, optimizer or parameters differ)");
+  }
+  return grid;
+}
+
+}  // namespace zero

@@ -149,6 +149,15 @@ void read_params(const zero::checkpoint::Manifest& m, const Bad& bad, Checkpoint
     out.module = p.module();
     out.unit = p.unit();
     out.offset = p.offset();
+    if (p.has_split()) {
+      out.split = {p.split().dim(), p.split().parts(), p.split().full_extent()};
+      const char* problem = split_problem(out.split, out.shape, info->tensor_parallel_size);
+      if (*problem != '\0' || !out.split.is_split()) {
+        bad("parameter '" + p.name() + "' " + shape_text(out.shape) + " has " +
+            (*problem != '\0' ? problem : "a split dimension below 0") +
+            " over tensor_parallel_size " + std::to_string(info->tensor_parallel_size));
+      }
+    }
     info->params.push_back(std::move(out));
   }
 }
@@ -267,6 +276,12 @@ std::string manifest_text(const CheckpointInfo& info) {
     out->set_offset(p.offset);
     out->set_numel(p.numel);
     out->set_module(p.module);
+    if (p.split.is_split()) {
+      zero::checkpoint::TensorSplit* split = out->mutable_split();
+      split->set_dim(p.split.dim);
+      split->set_parts(p.split.parts);
+      split->set_full_extent(p.split.full_extent);
+    }
   }
   for (const CheckpointInfo::SavedUnit& u : info.units) {
     zero::checkpoint::Unit* out = m.add_units();

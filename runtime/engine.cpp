@@ -38,7 +38,18 @@ Engine::Impl::Impl(Communicator& c, const std::vector<ParamDecl>& decls, const E
       grad_pool(allocator, *device, MemoryCategory::kCommBuffer, layout.max_unit_numel() * elem,
                 [this](const CommPoint& p) { wait_for_comm(p); }),
       decay_runs(decay_runs_of(decls)) {
-  for (const ParamDecl& d : decls) tensor_parallel_slices.push_back(d.tensor_parallel);
+  // A split the model declares must be one of this group's size: checkpoints cut and merge
+  // slices by it.
+  const int tensor_parallel_size =
+      config.tensor_parallel == nullptr ? 1 : config.tensor_parallel->world_size();
+  for (size_t p = 0; p < decls.size(); ++p) {
+    const char* problem =
+        split_problem(decls[p].spec.split, decls[p].spec.shape, tensor_parallel_size);
+    ZERO_CHECK(*problem == '\0', "parameter " << layout.describe_param(p) << " declares " << problem
+                                              << " over " << tensor_parallel_size
+                                              << " tensor-parallel rank(s)");
+    tensor_parallel_slices.push_back(decls[p].spec.split.is_split());
+  }
   if (config.desync_check) comm.set_desync_check(true);
   check_same_model_on_all_ranks();
   allocator.set_limit(config.memory_limit_bytes);

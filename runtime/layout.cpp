@@ -71,6 +71,7 @@ Layout Layout::build(const std::vector<ParamSpec>& specs, const LayoutOptions& o
     p.numel = numel;
     p.module = spec.module;
     p.trainable = spec.trainable;
+    p.split = spec.split;
     // A unit is reduced and updated as a whole: a module's parameters are frozen or trained
     // together (FSDP's rule for a flat parameter). Its parameters are consecutive, so a mix
     // shows where the flag changes from one parameter to the next.

@@ -209,7 +209,7 @@ MemoryPlan plan_elsewhere(const Layout& layout, const EngineConfig& config, int 
   if (same_layout) return plan_memory(layout, config);
   std::vector<ParamSpec> specs;
   for (const ParamPlacement& p : layout.params())
-    specs.push_back({p.name, p.shape, p.module, p.trainable});
+    specs.push_back({p.name, p.shape, p.module, p.trainable, p.split});
   return plan_memory(Layout::build(specs, wanted), config);
 }
 

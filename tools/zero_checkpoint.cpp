@@ -5,10 +5,12 @@
 //   zero-checkpoint export DIR --to model.safetensors [--dtype fp32|bf16]
 //
 // DIR is a step directory (DIR/step_00000010), a save directory (its `latest` is followed) or a
-// `latest` file. export writes the full fp32 master of every parameter, by name and shape, in
-// the safetensors format that PyTorch and Hugging Face load. Resharding needs no command: a load
-// re-slices for the world size and stage it runs at. Exit codes: 0 ok, 1 a bad or unreadable
-// checkpoint (the message names the file), 2 bad arguments.
+// `latest` file; for a tensor-parallel run, the save directory that holds tp_rank_RR/ for each
+// rank (info and verify then go through every rank's checkpoint). export writes the full fp32
+// master of every parameter, by name and shape, in the safetensors format that PyTorch and
+// Hugging Face load, a tensor-parallel run's slices merged into whole tensors. Resharding needs
+// no command: a load re-slices for the world size, stage and tensor-parallel size it runs at. Exit
+// codes: 0 ok, 1 a bad or unreadable checkpoint (the message names the file), 2 bad arguments.
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -26,15 +28,15 @@ constexpr const char* kUsage =
     "usage: zero-checkpoint info DIR\n"
     "       zero-checkpoint verify DIR\n"
     "       zero-checkpoint export DIR --to FILE.safetensors [--dtype fp32|bf16]\n"
-    "  DIR  a step directory, a save directory (its 'latest' is used) or a 'latest' file\n";
+    "  DIR  a step directory, a save directory (its 'latest' is used) or a 'latest' file;\n"
+    "       for a tensor-parallel run, the directory holding every tp_rank_RR\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
   std::fprintf(stderr, "zero-checkpoint: %s\n%s", message.c_str(), kUsage);
   std::exit(2);
 }
 
-int info(const std::string& dir) {
-  const zero::CheckpointInfo c = zero::read_checkpoint_info(dir);
+void print_info(const zero::CheckpointInfo& c) {
   size_t elements = 0;
   size_t padded = 0;
   for (const zero::ParamPlacement& p : c.params) elements += p.numel;
@@ -44,6 +46,10 @@ int info(const std::string& dir) {
               static_cast<unsigned long long>(c.trainer.seed));
   std::printf("saved by     %d ranks, ZeRO stage %d, dtype %s, alignment %zu bytes\n", c.world_size,
               c.stage, zero::dtype_name(c.dtype), c.alignment_bytes);
+  if (c.tensor_parallel_size > 1) {
+    std::printf("tensor par.  the slices of rank %d of %d\n", c.tensor_parallel_rank,
+                c.tensor_parallel_size);
+  }
   std::printf(
       "optimizer    %s, step %ld, lr %g, betas %g %g, eps %g, weight decay %g, "
       "momentum %g, %d state array(s)\n",
@@ -55,34 +61,54 @@ int info(const std::string& dir) {
   std::printf("parameters   %zu (%zu elements) in %zu units (%zu elements padded)\n",
               c.params.size(), elements, c.units.size(), padded);
   for (const zero::ParamPlacement& p : c.params) {
-    std::printf("  %-32s %-16s numel %-10zu unit %-4d offset %zu\n", p.name.c_str(),
+    std::printf("  %-32s %-16s numel %-10zu unit %-4d offset %zu", p.name.c_str(),
                 zero::shape_text(p.shape).c_str(), p.numel, p.unit, p.offset);
+    if (p.split.is_split()) {
+      std::printf("  split dim %d of %lld in %d part(s)", p.split.dim,
+                  static_cast<long long>(p.split.full_extent), p.split.parts);
+    }
+    std::printf("\n");
   }
   std::printf("files        %zu\n", c.files.size());
   for (const zero::CheckpointInfo::File& f : c.files) {
     std::printf("  %-16s %12llu bytes  crc32c %08x\n", f.name.c_str(),
                 static_cast<unsigned long long>(f.size), f.crc32c);
   }
+}
+
+int info(const std::string& dir) {
+  const std::vector<zero::CheckpointInfo> grid = zero::read_checkpoint_grid(dir);
+  for (size_t r = 0; r < grid.size(); ++r) {
+    if (r > 0) std::printf("\n");
+    print_info(grid[r]);
+  }
   return 0;
 }
 
 int verify(const std::string& dir) {
-  const zero::CheckpointInfo c = zero::read_checkpoint_info(dir);
-  const std::vector<std::string> problems = zero::verify_checkpoint_files(c);
-  for (const std::string& problem : problems) {
-    std::fprintf(stderr, "zero-checkpoint: %s\n", problem.c_str());
+  int status = 0;
+  for (const zero::CheckpointInfo& c : zero::read_checkpoint_grid(dir)) {
+    const std::vector<std::string> problems = zero::verify_checkpoint_files(c);
+    for (const std::string& problem : problems) {
+      std::fprintf(stderr, "zero-checkpoint: %s: %s\n", c.step_dir.c_str(), problem.c_str());
+    }
+    if (!problems.empty()) {
+      status = 1;
+      continue;
+    }
+    std::printf("ok: %s (manifest and %zu shard files)\n", c.step_dir.c_str(), c.files.size());
   }
-  if (!problems.empty()) return 1;
-  std::printf("ok: %s (manifest and %zu shard files)\n", c.step_dir.c_str(), c.files.size());
-  return 0;
+  return status;
 }
 
 int export_model(const std::string& dir, const std::string& to, zero::DType dtype) {
-  const zero::CheckpointInfo c = zero::read_checkpoint_info(dir);
-  const std::vector<std::vector<float>> master = zero::read_full_master(c);
+  const std::vector<zero::CheckpointInfo> grid = zero::read_checkpoint_grid(dir);
+  const zero::CheckpointInfo& c = grid.front();
+  const std::vector<std::vector<float>> master = zero::read_full_master(grid);
   std::vector<zero::NamedTensor> tensors;
   for (size_t p = 0; p < c.params.size(); ++p) {
-    tensors.push_back({c.params[p].name, c.params[p].shape, &master[p]});
+    tensors.push_back(
+        {c.params[p].name, zero::full_shape(c.params[p].split, c.params[p].shape), &master[p]});
   }
   zero::write_safetensors(to, tensors, dtype,
                           {{"format", "pt"},

@@ -29,16 +29,18 @@ LoadedTensor counting(const std::string& name, std::vector<int64_t> shape) {
 }
 
 TEST(Gpt2TensorParallel, EachTensorIsSplitAlongItsDimension) {
-  EXPECT_EQ(gpt2_split_of("h.0.attn.c_attn.weight"), Gpt2Split::kQkvColumns);
-  EXPECT_EQ(gpt2_split_of("h.3.attn.c_attn.bias"), Gpt2Split::kQkvColumns);
-  EXPECT_EQ(gpt2_split_of("h.0.mlp.c_fc.weight"), Gpt2Split::kColumns);
-  EXPECT_EQ(gpt2_split_of("h.0.mlp.c_fc.bias"), Gpt2Split::kColumns);
-  EXPECT_EQ(gpt2_split_of("h.1.attn.c_proj.weight"), Gpt2Split::kRows);
-  EXPECT_EQ(gpt2_split_of("h.1.mlp.c_proj.weight"), Gpt2Split::kRows);
-  EXPECT_EQ(gpt2_split_of("wte.weight"), Gpt2Split::kRows);  // the vocabulary
+  // C = 4: QKV's last dimension in three parts, c_fc's last, both c_proj's and wte's first.
+  EXPECT_EQ(gpt2_split_of("h.0.attn.c_attn.weight", {4, 12}), (TensorSplit{1, 3, 12}));
+  EXPECT_EQ(gpt2_split_of("h.3.attn.c_attn.bias", {12}), (TensorSplit{0, 3, 12}));
+  EXPECT_EQ(gpt2_split_of("attn.c_attn.weight", {4, 12}), (TensorSplit{1, 3, 12}));
+  EXPECT_EQ(gpt2_split_of("h.0.mlp.c_fc.weight", {4, 16}), (TensorSplit{1, 1, 16}));
+  EXPECT_EQ(gpt2_split_of("h.0.mlp.c_fc.bias", {16}), (TensorSplit{0, 1, 16}));
+  EXPECT_EQ(gpt2_split_of("h.1.attn.c_proj.weight", {4, 4}), (TensorSplit{0, 1, 4}));
+  EXPECT_EQ(gpt2_split_of("h.1.mlp.c_proj.weight", {16, 4}), (TensorSplit{0, 1, 16}));
+  EXPECT_EQ(gpt2_split_of("wte.weight", {257, 4}), (TensorSplit{0, 1, 257}));  // the vocabulary
   for (const char* whole : {"wpe.weight", "h.0.ln_1.weight", "h.0.ln_2.bias",
                             "h.0.attn.c_proj.bias", "h.0.mlp.c_proj.bias", "ln_f.weight"}) {
-    EXPECT_EQ(gpt2_split_of(whole), Gpt2Split::kReplicated) << whole;
+    EXPECT_FALSE(gpt2_split_of(whole, {4}).is_split()) << whole;
   }
 }
 
@@ -85,7 +87,16 @@ TEST(Gpt2TensorParallel, ARanksParametersAreItsSlices) {
   Gpt2Config config;  // 2 layers, 4 heads, 64 wide, vocabulary 256, block 64
   config.tensor_parallel_size = 2;
   std::map<std::string, std::vector<int64_t>> shapes;
-  for (const ParamSpec& spec : gpt2_param_specs(config)) shapes[spec.name] = spec.shape;
+  std::map<std::string, TensorSplit> splits;
+  for (const ParamSpec& spec : gpt2_param_specs(config)) {
+    shapes[spec.name] = spec.shape;
+    splits[spec.name] = spec.split;
+  }
+  // Each slice says how the whole tensor is cut, for checkpoints to reshard.
+  EXPECT_EQ(splits["h.0.attn.c_attn.weight"], (TensorSplit{1, 3, 192}));
+  EXPECT_EQ(splits["h.1.mlp.c_proj.weight"], (TensorSplit{0, 1, 256}));
+  EXPECT_EQ(splits["wte.weight"], (TensorSplit{0, 1, 256}));
+  EXPECT_FALSE(splits["h.0.ln_2.weight"].is_split());
   EXPECT_EQ(shapes["h.0.attn.c_attn.weight"], (std::vector<int64_t>{64, 96}));
   EXPECT_EQ(shapes["h.0.attn.c_attn.bias"], (std::vector<int64_t>{96}));
   EXPECT_EQ(shapes["h.0.attn.c_proj.weight"], (std::vector<int64_t>{32, 64}));

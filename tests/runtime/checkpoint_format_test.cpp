@@ -152,7 +152,7 @@ TEST_F(HandWrittenCheckpoint, ReadsTheDocumentedLayout) {
   EXPECT_EQ(info.params[2].shape, (std::vector<int64_t>{2, 2, 2}));
   EXPECT_TRUE(verify_checkpoint_files(info).empty());
 
-  const std::vector<std::vector<float>> master = read_full_master(info);
+  const std::vector<std::vector<float>> master = read_full_master({info});
   std::vector<float> a, b, c;
   for (int i = 0; i < 15; ++i) a.push_back(static_cast<float>(i));
   for (int i = 0; i < 4; ++i) b.push_back(static_cast<float>(16 + i));
@@ -174,7 +174,7 @@ TEST_F(HandWrittenCheckpoint, CorruptOrMissingShardFilesNameTheFile) {
   EXPECT_NE(problems[0].find("rank_00001.bin: checksum mismatch"), std::string::npos)
       << problems[0];
   try {
-    read_full_master(info);
+    read_full_master({info});
     ADD_FAILURE() << "read a corrupt file";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("rank_00001.bin"), std::string::npos) << e.what();
@@ -212,6 +212,10 @@ TEST_F(HandWrittenCheckpoint, BadManifestsAreRefusedWithTheReason) {
       {with("rank: 1 name: \"rank_00001.bin\"", "rank: 1 name: \"rank_00009.bin\""),
        "expected rank_00001.bin"},
       {with("scale: 1", "scale: -1"), "scale must be positive"},
+      {with("shape: 3 shape: 5", "shape: 3 shape: 5 split { dim: 2 parts: 1 full_extent: 5 }"),
+       "parameter 'a' [3, 5] has a split dimension outside the shape over tensor_parallel_size 1"},
+      {with("shape: 3 shape: 5", "shape: 3 shape: 5 split { dim: 1 parts: 1 full_extent: 10 }"),
+       "'a' [3, 5] has a slice whose extent is not its share of the full extent"},
   };
   for (const auto& c : cases) {
     write_manifest(c.first);

@@ -333,7 +333,7 @@ TEST_F(CheckpointTest, SafetensorsExportEqualsGatheredMaster) {
   const std::vector<std::vector<float>> master = t.engine().gather_full_master();
   if (comm_->rank() == 0) {
     const CheckpointInfo info = read_checkpoint_info(dir_);
-    const std::vector<std::vector<float>> read = read_full_master(info);
+    const std::vector<std::vector<float>> read = read_full_master({info});
     EXPECT_EQ(read, master);
     std::vector<NamedTensor> tensors;
     for (size_t p = 0; p < info.params.size(); ++p) {

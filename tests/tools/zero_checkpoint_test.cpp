@@ -55,7 +55,7 @@ TEST(ZeroCheckpoint, InfoVerifyAndExportOfASavedCheckpoint) {
   EXPECT_EQ(verify.exit_code, 0) << verify.err;
 
   const CheckpointInfo saved = read_checkpoint_info(dir);
-  const std::vector<std::vector<float>> master = read_full_master(saved);
+  const std::vector<std::vector<float>> master = read_full_master({saved});
   char name[] = "/tmp/zero_checkpoint_export_XXXXXX";
   ASSERT_NE(mkdtemp(name), nullptr);
   for (const std::string dtype : {"fp32", "bf16"}) {

@@ -67,9 +67,19 @@ CheckpointInfo read_checkpoint_info(const std::string& path);
 // checksum ..."), empty when all are good.
 std::vector<std::string> verify_checkpoint_files(const CheckpointInfo& info);
 
-// The full fp32 master of every parameter (registration order), read from the shard files
-// (their checksums verified first). A tensor-parallel checkpoint holds slices: merging them is
-// not built yet, and such a checkpoint is a zero::Error saying so.
-std::vector<std::vector<float>> read_full_master(const CheckpointInfo& info);
+// A tensor-parallel run saves one checkpoint per tensor-parallel rank, in PATH/tp_rank_RR/ (each
+// with its own step directories and `latest`). Returns the checkpoint of every rank of the save
+// at `path` in rank order, each resolved as read_checkpoint_info resolves a path, or the one
+// checkpoint at `path` of a run without tensor parallelism. Throws zero::Error naming the
+// directory when a rank's checkpoint is missing, when the ranks' checkpoints are not of one save
+// (another step, world size, stage, dtype or parameter list), and for the directory of a single
+// tensor-parallel rank.
+std::vector<CheckpointInfo> read_checkpoint_grid(const std::string& path);
+
+// The fp32 master of every parameter (registration order) as the whole tensor, of shape
+// full_shape(param.split, param.shape): a tensor-parallel save's slices (`grid`, every rank's
+// checkpoint from read_checkpoint_grid) merged, padding left out. Read from the shard files,
+// their checksums verified first.
+std::vector<std::vector<float>> read_full_master(const std::vector<CheckpointInfo>& grid);
 
 }  // namespace zero

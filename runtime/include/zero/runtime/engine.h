@@ -147,7 +147,7 @@ struct EngineConfig {
   // Tensor parallelism (Megatron's): the communicator of this rank's tensor-parallel group (host
   // memory, CPU path; null: none), which the caller owns and keeps alive with the engine. The
   // engine's own communicator is then the data-parallel group's, over which ZeRO shards; the
-  // model splits its layers over this group (ParamDecl::tensor_parallel marks the slices). The
+  // model splits its layers over this group (ParamSpec::split describes the slices). The
   // global gradient norm and the overflow check then add each rank's slices over the group and
   // the replicated parameters once (tensor-parallel rank 0's), as Megatron's clip does.
   Communicator* tensor_parallel = nullptr;
@@ -175,10 +175,6 @@ struct ParamDecl {
   // parameters are its values); it is never reduced or updated, and the gradient norm and
   // clipping leave it out. Engine::grad() of a frozen parameter is null.
   bool trainable = true;
-  // True: this rank holds one slice of a tensor split over the tensor-parallel group (Megatron's
-  // tensor_model_parallel); false: the parameter is whole and the same on every rank of the
-  // group. Only read when EngineConfig::tensor_parallel is set.
-  bool tensor_parallel = false;
 };
 
 struct StepStats {

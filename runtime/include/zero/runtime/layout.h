@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "zero/core/dtype.h"
+#include "zero/runtime/tensor_split.h"
 
 namespace zero {
 
@@ -22,6 +23,10 @@ struct ParamSpec {
   // False: a frozen parameter (the engine sets it from ParamDecl::trainable). A module's
   // parameters are all trainable or all frozen, as FSDP requires of a flat parameter.
   bool trainable = true;
+  // With tensor parallelism: how the tensor this parameter is one rank's slice of is cut
+  // (tensor_split.h); shape is the slice's. Not split: whole and the same on every rank of the
+  // tensor-parallel group. Checkpoints record it, so they can be resharded across group sizes.
+  TensorSplit split{};
 };
 
 struct LayoutOptions {
@@ -46,6 +51,7 @@ struct ParamPlacement {
   int unit = 0;
   size_t offset = 0;  // element offset inside the unit's flat buffer
   bool trainable = true;
+  TensorSplit split{};  // ParamSpec::split
 };
 
 struct Unit {
