@@ -2,6 +2,8 @@
 
 #include <mpi.h>
 
+#include <climits>
+
 #include "zero/collectives/mpi_check.h"
 #include "zero/collectives/mpi_communicator.h"
 #include "zero/core/check.h"
@@ -27,26 +29,60 @@ GridPlace grid_place(int world_rank, int world_size, int tp_size) {
   return place;
 }
 
-ProcessGrid make_mpi_process_grid(int tp_size) {
+namespace {
+
+// The first world rank of a tensor-parallel group whose ranks do not all share one node, or -1.
+// Collective over the world.
+int group_across_nodes(const GridPlace& place, int world_rank) {
+  MPI_Comm group = MPI_COMM_NULL;
+  MPI_Comm on_node = MPI_COMM_NULL;
+  ZERO_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, place.dp_rank, place.tp_rank, &group));
+  ZERO_MPI_CHECK(
+      MPI_Comm_split_type(group, MPI_COMM_TYPE_SHARED, place.tp_rank, MPI_INFO_NULL, &on_node));
+  int local = 0;
+  ZERO_MPI_CHECK(MPI_Comm_size(on_node, &local));
+  ZERO_MPI_CHECK(MPI_Comm_free(&on_node));
+  ZERO_MPI_CHECK(MPI_Comm_free(&group));
+  // The minimum over the world of each spanning group's first rank (INT_MAX for the others).
+  int mine = local == place.tp_size ? INT_MAX : world_rank - place.tp_rank;
+  int first = INT_MAX;
+  ZERO_MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+  return first == INT_MAX ? -1 : first;
+}
+
+}  // namespace
+
+ProcessGrid make_process_grid(int tp_size,
+                              const std::function<std::unique_ptr<Communicator>()>& whole,
+                              const std::function<std::unique_ptr<Communicator>(int, int)>& split) {
   int rank = 0, size = 1;
   ZERO_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
   ZERO_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
   ProcessGrid grid;
   grid.place = grid_place(rank, size, tp_size);
   if (tp_size == 1) {
-    grid.data_parallel = make_mpi_communicator();
+    grid.data_parallel = whole();
     return grid;
   }
   // Both splits are collective over the world: every rank makes them in the same order.
-  grid.tensor_parallel = make_mpi_communicator_split(grid.place.dp_rank, grid.place.tp_rank);
-  grid.data_parallel = make_mpi_communicator_split(grid.place.tp_rank, grid.place.dp_rank);
+  grid.tensor_parallel = split(grid.place.dp_rank, grid.place.tp_rank);
+  grid.data_parallel = split(grid.place.tp_rank, grid.place.dp_rank);
   ZERO_CHECK(grid.tensor_parallel->world_size() == tp_size &&
                  grid.data_parallel->world_size() == grid.place.dp_size,
              "the grid split gave tensor-parallel groups of "
                  << grid.tensor_parallel->world_size() << " and data-parallel groups of "
                  << grid.data_parallel->world_size() << " ranks, not " << tp_size << " and "
                  << grid.place.dp_size);
+  grid.tensor_parallel_group_across_nodes = group_across_nodes(grid.place, rank);
   return grid;
+}
+
+ProcessGrid make_mpi_process_grid(int tp_size) {
+  return make_process_grid(
+      tp_size, []() -> std::unique_ptr<Communicator> { return make_mpi_communicator(); },
+      [](int color, int key) -> std::unique_ptr<Communicator> {
+        return make_mpi_communicator_split(color, key);
+      });
 }
 
 }  // namespace zero

@@ -90,6 +90,14 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
   const int rank = comm.rank();
   const int world = comm.world_size();
   const bool leader = rank == 0 && grid.place.tp_rank == 0;
+  if (leader && grid.tensor_parallel_group_across_nodes >= 0) {
+    const int first = grid.tensor_parallel_group_across_nodes;
+    std::fprintf(stderr,
+                 "zero-train: warning: the tensor-parallel group of ranks %d-%d spans several "
+                 "nodes, so its all-reduces (two per layer each way) cross the network; start "
+                 "the job with zerorun --tp %d to keep each group on one node\n",
+                 first, first + grid.place.tp_size - 1, grid.place.tp_size);
+  }
   const auto tensor_parallel_bytes = [&] {
     return tensor_parallel ? tensor_parallel->counters().total_bytes() : 0;
   };

@@ -113,14 +113,17 @@ bool needs_no_quoting(const std::string& word) {
 }  // namespace
 
 const char* usage_text() {
-  return "usage: zerorun [-np N | --hostfile FILE] [--num_gpus G] [--dry-run] [--] program "
-         "[args...]\n"
+  return "usage: zerorun [-np N | --hostfile FILE] [--num_gpus G] [--tp T] [--dry-run] [--] "
+         "program [args...]\n"
          "  -np N            start N ranks (N >= 1); with a hostfile, at most its total slots\n"
          "  --hostfile FILE  run on the hosts of FILE, one 'host slots=N' per line ('#' "
          "comments);\n"
          "                   ranks fill the hosts in order, one per slot, unbound to cores\n"
          "  --num_gpus G     at most G ranks per host (each host's slots are capped at G);\n"
          "                   without -np or a hostfile, start G ranks on this host\n"
+         "  --tp T           the program's tensor-parallel size: each T consecutive ranks on\n"
+         "                   one host (slots used in whole groups); give the program its own\n"
+         "                   --tp T too\n"
          "  --dry-run        print the mpirun command instead of running it\n"
          "  -h, --help       print this text\n"
          "environment: ZERO_MPIRUN names the mpirun to use (default: mpirun on PATH);\n"
@@ -140,15 +143,17 @@ LaunchRequest parse_arguments(const std::vector<std::string>& args) {
       ++i;
       break;
     }
-    if (arg == "-np" || arg == "--num_gpus" || arg == "--hostfile") {
+    if (arg == "-np" || arg == "--num_gpus" || arg == "--hostfile" || arg == "--tp") {
       if (i + 1 == args.size()) {
         throw UsageError(arg == "-np"          ? "-np needs a number of ranks"
                          : arg == "--num_gpus" ? "--num_gpus needs a number of GPUs per host"
+                         : arg == "--tp"       ? "--tp needs a tensor-parallel size"
                                                : "--hostfile needs a file name");
       }
       const std::string& value = args[++i];
       if (arg == "-np") request.ranks = parse_count(arg, value);
       if (arg == "--num_gpus") request.num_gpus = parse_count(arg, value);
+      if (arg == "--tp") request.tensor_parallel = parse_count(arg, value);
       if (arg == "--hostfile") {
         if (value.empty()) throw UsageError("--hostfile needs a file name, got ''");
         request.hostfile = value;
@@ -177,6 +182,11 @@ LaunchRequest parse_arguments(const std::vector<std::string>& args) {
     }
   }
   if (request.program.empty()) throw UsageError("no program to run");
+  const int ranks = request.ranks > 0 ? request.ranks : request.num_gpus;
+  if (ranks > 0 && ranks % request.tensor_parallel != 0) {
+    throw UsageError(std::to_string(ranks) + " ranks do not divide into tensor-parallel groups " +
+                     "of --tp " + std::to_string(request.tensor_parallel));
+  }
   return request;
 }
 
@@ -288,24 +298,38 @@ std::vector<std::string> build_mpirun_command(const std::string& mpirun,
   } else {
     std::string host_list;
     int total_slots = 0;
+    const int group = request.tensor_parallel;
     for (const HostSlots& entry : hosts) {
       ZERO_CHECK(entry.slots >= 1, "host '" << entry.host << "' has " << entry.slots << " slots");
-      const int slots =
-          request.num_gpus > 0 ? std::min(entry.slots, request.num_gpus) : entry.slots;
+      int slots = request.num_gpus > 0 ? std::min(entry.slots, request.num_gpus) : entry.slots;
+      slots -= slots % group;
+      if (slots == 0) continue;
       ZERO_CHECK(slots <= INT_MAX - total_slots,
                  "the hosts' slots add up to more than " << INT_MAX);
       host_list += (host_list.empty() ? "" : ",") + entry.host + ":" + std::to_string(slots);
       total_slots += slots;
     }
+    if (total_slots == 0) {
+      throw HostfileError("no host of hostfile '" + request.hostfile + "' has the " +
+                          std::to_string(group) + " slots of a whole tensor-parallel group (--tp)");
+    }
     if (ranks == 0) ranks = total_slots;
     if (ranks > total_slots) {
-      throw HostfileError(
-          "-np " + std::to_string(ranks) + " exceeds the " + std::to_string(total_slots) +
-          " slots of hostfile '" + request.hostfile + "'" +
-          (request.num_gpus > 0
-               ? " (at most " + std::to_string(request.num_gpus) + " per host with --num_gpus)"
-               : ""));
+      std::string limits;
+      if (request.num_gpus > 0) {
+        limits += "at most " + std::to_string(request.num_gpus) + " per host with --num_gpus";
+      }
+      if (group > 1) {
+        limits += (limits.empty() ? "" : ", ") +
+                  std::string("in whole tensor-parallel groups of ") + std::to_string(group) +
+                  " per host with --tp";
+      }
+      throw HostfileError("-np " + std::to_string(ranks) + " exceeds the " +
+                          std::to_string(total_slots) + " slots of hostfile '" + request.hostfile +
+                          "'" + (limits.empty() ? "" : " (" + limits + ")"));
     }
+    ZERO_CHECK(ranks % group == 0,
+               ranks << " ranks do not divide into tensor-parallel groups of " << group);
     placement = {"--host", host_list, "--map-by", "slot", "--bind-to", "none"};
   }
 

@@ -100,6 +100,10 @@ TEST(ParseArguments, RejectsBadFlags) {
   expect_usage_error(
       {"--num_gpus", "2", "-np", "3", "/bin/true"},
       "-np 3 exceeds --num_gpus 2 (without a hostfile every rank runs on this host)");
+  expect_usage_error({"--tp"}, "--tp needs a tensor-parallel size");
+  expect_usage_error({"--tp", "0", "-np", "2", "/bin/true"}, "--tp must be at least 1, got 0");
+  expect_usage_error({"--tp", "2", "-np", "3", "/bin/true"},
+                     "3 ranks do not divide into tensor-parallel groups of --tp 2");
 }
 
 TEST(ParseHostfile, ReadsHostsSlotsCommentsAndBlankLines) {
@@ -306,6 +310,37 @@ TEST(BuildMpirunCommand, NumGpusCapsSlotsPerHost) {
   EXPECT_EQ(build_mpirun_command("mpirun", hostfile_request(0, 8), host_with(false, 8), kTwoHosts),
             (Words{"mpirun", "-np", "6", "--host", "node-a:4,node-b:2", "--map-by", "slot",
                    "--bind-to", "none", "train", "--steps", "3"}));
+}
+
+// --tp places each tensor-parallel group on one host: every host's slots are used in whole
+// groups, and a host too small for one is left out.
+TEST(BuildMpirunCommand, TensorParallelGroupsStayOnOneHost) {
+  const auto command = [](int ranks, int num_gpus, int tp) {
+    LaunchRequest request = hostfile_request(ranks, num_gpus);
+    request.tensor_parallel = tp;
+    return build_mpirun_command("mpirun", request, host_with(false, 8), kTwoHosts);
+  };
+  EXPECT_EQ(command(0, 0, 2),
+            (Words{"mpirun", "-np", "6", "--host", "node-a:4,node-b:2", "--map-by", "slot",
+                   "--bind-to", "none", "train", "--steps", "3"}));
+  EXPECT_EQ(command(0, 0, 3), (Words{"mpirun", "-np", "3", "--host", "node-a:3", "--map-by", "slot",
+                                     "--bind-to", "none", "train", "--steps", "3"}));
+  EXPECT_EQ(command(4, 3, 2),
+            (Words{"mpirun", "-np", "4", "--host", "node-a:2,node-b:2", "--map-by", "slot",
+                   "--bind-to", "none", "train", "--steps", "3"}));
+  const auto error = [&](int ranks, int tp) {
+    try {
+      command(ranks, 0, tp);
+    } catch (const HostfileError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error(6, 4),
+            "-np 6 exceeds the 4 slots of hostfile 'hosts' (in whole tensor-parallel groups of 4 "
+            "per host with --tp)");
+  EXPECT_EQ(error(0, 5),
+            "no host of hostfile 'hosts' has the 5 slots of a whole tensor-parallel group (--tp)");
 }
 
 TEST(BuildMpirunCommand, RejectsRequestsParseWouldRefuse) {

@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # Helpers for the multi-node tests, sourced by them (bash, set -euo pipefail).
-# start_cluster N: brings up N nodes of 2 slots with links shaped to 1 Gbit/s (the shaping is
+# start_cluster N [SLOTS]: brings up N nodes of SLOTS (2) slots with links shaped to 1 Gbit/s (the shaping is
 # part of what is tested) and tears them down when the test exits, however it ends. Where the
 # cluster cannot be made (not root, no namespaces) the test ends here with exit 0 and
 # "skipping (REASON)", which CTest reports as skipped. Sets `hostfile`, and `work`, a scratch
@@ -16,7 +16,7 @@ start_cluster() {
   fi
   work="$(mktemp -d)"
   trap 'bash "$cluster" down; rm -rf "$work"' EXIT
-  bash "$cluster" up "$1" --rate 1gbit
+  bash "$cluster" up "$1" --rate 1gbit --slots "${2:-2}"
   # shellcheck disable=SC2034  # read by the test that sources this file
   hostfile="${ZERO_NETNS_STATE:-/run/zero-netns}/hostfile"
 }

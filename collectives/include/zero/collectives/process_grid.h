@@ -6,6 +6,7 @@
 // data-parallel rank r / tp_size in group r % tp_size.
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "zero/collectives/communicator.h"
@@ -32,7 +33,18 @@ struct ProcessGrid {
   GridPlace place;
   std::unique_ptr<Communicator> tensor_parallel;
   std::unique_ptr<Communicator> data_parallel;
+  // The world rank of the first rank of a tensor-parallel group that spans several nodes (its
+  // all-reduces, two per layer each way, then cross the network), the same on every rank; -1
+  // when every group lies within one node (MPI_COMM_TYPE_SHARED), as zerorun --tp places them.
+  int tensor_parallel_group_across_nodes = -1;
 };
+
+// The grid from a backend's communicator factories: `whole` makes the world's communicator (for
+// tp_size 1), `split(color, key)` one over the ranks of the same color, ordered by key. Checks
+// the groups' sizes and finds a tensor-parallel group across nodes. Collective over the world.
+ProcessGrid make_process_grid(int tp_size,
+                              const std::function<std::unique_ptr<Communicator>()>& whole,
+                              const std::function<std::unique_ptr<Communicator>(int, int)>& split);
 
 // The grid on the MPI backend (host memory): communicators split from MPI_COMM_WORLD
 // (MPI_Comm_split). Collective over the whole world: every rank calls it with the same tp_size.

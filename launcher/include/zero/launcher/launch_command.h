@@ -1,7 +1,7 @@
 // zerorun's logic, kept apart from main() so tests can drive it without starting processes:
 // parse the command line, read the hostfile, look at the host, and build the mpirun command.
 //
-//   zerorun [-np N | --hostfile FILE] [--num_gpus G] [--dry-run] [--] program [args...]
+//   zerorun [-np N | --hostfile FILE] [--num_gpus G] [--tp T] [--dry-run] [--] program [args...]
 //
 // On this host alone (no hostfile) it becomes
 //
@@ -42,6 +42,9 @@ struct LaunchRequest {
   int ranks = 0;         // -np; 0 when not given (then the hostfile or --num_gpus decides)
   std::string hostfile;  // --hostfile; empty: every rank runs on this host
   int num_gpus = 0;      // --num_gpus; 0 when not given: at most this many ranks per host
+  // --tp: the job's tensor-parallel size; each group of this many consecutive ranks is placed
+  // on one host (1: no constraint).
+  int tensor_parallel = 1;
   bool dry_run = false;
   bool help = false;                 // -h/--help: print the usage and exit 0
   std::vector<std::string> program;  // the program and its arguments
@@ -104,11 +107,14 @@ std::vector<std::string> forwarded_variables(const std::vector<std::string>& env
 // type a CPU cannot run stops the program on an illegal instruction.
 //
 // With hosts (from a hostfile), each host's slots are capped at request.num_gpus when it is
-// set; the rank count is request.ranks when set, else the sum of the slots, and it may not
-// exceed that sum (HostfileError). Ranks fill the hosts in order (--map-by slot), so the ranks
-// of one host are consecutive and a rank's node-local rank picks its GPU. Ranks are not bound
-// to cores (--bind-to none): each runs a compute thread, a communication thread and often
-// BLAS/OpenMP threads, which a one-core binding would squeeze onto a single core.
+// set, then rounded down to a multiple of request.tensor_parallel so that no tensor-parallel
+// group spans two hosts (its all-reduces, two per layer each way, stay on the host's links; a
+// host with fewer slots than a group is left out); the rank count is request.ranks when set,
+// else the sum of the slots, and it may not exceed that sum (HostfileError). Ranks fill the hosts
+// in order (--map-by slot), so the ranks of one host are consecutive and a rank's node-local rank
+// picks its GPU. Ranks are not bound to cores (--bind-to none): each runs a compute thread, a
+// communication thread and often BLAS/OpenMP threads, which a one-core binding would squeeze onto a
+// single core.
 std::vector<std::string> build_mpirun_command(const std::string& mpirun,
                                               const LaunchRequest& request, const HostFacts& host,
                                               const std::vector<HostSlots>& hosts = {});
