@@ -26,7 +26,7 @@ const char* const kTrainUsage =
     "                        [--n-layer N] [--n-head N] [--n-embd N] [--vocab-size N]\n"
     "                        [--block-size N] [--seq-len N] [--decay-all] [--init-from FILE]\n"
     "                        [--activation-checkpointing none|selective|full]\n"
-    "                        [--number-checkpoints N]\n"
+    "                        [--number-checkpoints N] [--partition-activations]\n"
     "                  [--merge-bytes N] [--threads N] [--memory-limit BYTES[K|M|G]]\n"
     "                  [--save-dir DIR] [--save-every K] [--resume DIR|latest]\n"
     "                  [--override-optimizer]\n"
@@ -194,6 +194,11 @@ Flags parse_flags(int argc, char** argv) {
     }
     if (flag == "--decay-all") {
       f.gpt2.decay_matrices_only = false;
+      f.gpt2_flags.push_back(flag);
+      continue;
+    }
+    if (flag == "--partition-activations") {
+      f.partition_activations = true;
       f.gpt2_flags.push_back(flag);
       continue;
     }
@@ -396,6 +401,7 @@ zero::TrainingConfig resolve_config(const Flags& f, int world_size) {
     ac.number_checkpoints = *f.number_checkpoints;
     ac.number_checkpoints_given = true;
   }
+  if (f.partition_activations) ac.partition_activations = true;
   if (ac.mode != "none" && f.model != "gpt2") {
     throw zero::ConfigError("activation_checkpointing.mode \"" + ac.mode + "\" in " + tc.origin +
                             ": only --model gpt2 recomputes activations");
@@ -414,6 +420,18 @@ zero::TrainingConfig resolve_config(const Flags& f, int world_size) {
     tc.ignored_keys.push_back(
         "activation_checkpointing.contiguous_memory_optimization has no effect: no block is "
         "checkpointed");
+  }
+  // DeepSpeed partitions over the tensor-parallel group whatever its size: over a group of one
+  // each rank keeps the whole checkpoint, as without.
+  if (ac.partition_activations && ac.mode == "none") {
+    tc.ignored_keys.push_back(
+        "activation_checkpointing.partition_activations has no effect: no block is "
+        "checkpointed");
+  } else if (ac.partition_activations && tc.tensor_parallel_size == 1) {
+    tc.ignored_keys.push_back(
+        "activation_checkpointing.partition_activations has no effect without tensor "
+        "parallelism (--tp, tensor_parallel.tp_size): it splits checkpoints over the "
+        "tensor-parallel group");
   }
   // DeepSpeed's cpu_checkpointing moves checkpoints from the GPU to pinned host memory.
   if (ac.cpu_checkpointing && ac.contiguous_memory_optimization && f.cuda) {
@@ -460,7 +478,8 @@ std::vector<zero::examples::Setting> run_description(const Flags& f,
     model << " recompute " << tc.activation_checkpointing.mode << " checkpoints "
           << tc.activation_checkpointing.number_checkpoints << " contiguous "
           << tc.activation_checkpointing.contiguous_memory_optimization << " profile "
-          << tc.activation_checkpointing.profile;
+          << tc.activation_checkpointing.profile << " partition "
+          << tc.activation_checkpointing.partition_activations;
   } else {
     model << f.model << " " << f.mlp.input_dim << "-" << f.mlp.hidden_dim << "x" << f.mlp.layers
           << "-" << f.mlp.output_dim;

@@ -60,6 +60,8 @@ struct Flags {
   // activation_checkpointing.mode and number_checkpoints).
   std::optional<std::string> activation_checkpointing;
   std::optional<long> number_checkpoints;
+  // --partition-activations: activation_checkpointing.partition_activations true.
+  bool partition_activations = false;
   int threads = 1;
   bool cuda = false;
   uint64_t memory_limit = 0;

@@ -189,7 +189,9 @@ class Gpt2Task : public TrainTask {
     using models::Recompute;
     for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
       if (r <= checkpointing_.recompute) continue;
-      const uint64_t bytes = activation_bytes({r, checkpointing_.number_checkpoints}, samples);
+      models::Gpt2Checkpointing heavier{r, checkpointing_.number_checkpoints};
+      heavier.partition_activations = checkpointing_.partition_activations;
+      const uint64_t bytes = activation_bytes(heavier, samples);
       if (bytes <= room) {
         return std::string("--activation-checkpointing ") + models::recompute_name(r) +
                " would fit (" + human_bytes(bytes) + " of activations)";
@@ -309,6 +311,9 @@ std::unique_ptr<TrainTask> make_train_task(const Flags& flags, const TrainingCon
   checkpointing.profile = config.activation_checkpointing.profile;
   // On the CPU path checkpoints are in host memory already (resolve_config says so).
   checkpointing.cpu_checkpointing = config.activation_checkpointing.cpu_checkpointing && flags.cuda;
+  // Without tensor parallelism it changes nothing (resolve_config says so).
+  checkpointing.partition_activations =
+      config.activation_checkpointing.partition_activations && config.tensor_parallel_size > 1;
   return std::make_unique<Gpt2Task>(
       flags, config.train_batch_size, config.gradient_accumulation_steps,
       config.engine.kernel_threads, checkpointing, config.tensor_parallel_size);

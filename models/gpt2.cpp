@@ -345,6 +345,7 @@ Gpt2 build_gpt2(const Gpt2Config& config, int kernel_threads,
     block_checkpointing.slots = slots;
     block_checkpointing.profile = checkpointing.profile;
     block_checkpointing.cpu_checkpointing = checkpointing.cpu_checkpointing;
+    block_checkpointing.partition = gpt2_partitions_checkpoints(config, checkpointing);
     if (gpt2_block_checkpointed(checkpointing, i, config.n_layer)) {
       block_checkpointing.recompute = checkpointing.recompute;
       block_checkpointing.slot = slot++;

@@ -1,5 +1,6 @@
 #include "models/gpt2_block.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "models/gpt2_tensor_parallel.h"
@@ -112,7 +113,12 @@ std::vector<ParamDecl> Gpt2Block::parameters() const {
 }
 
 Tensor& Gpt2Block::at(int a) {
+  if (a == kInput && partitioned()) return shared_->recomputed[kInput];
   return keeps(recompute_, a) ? kept_[a] : shared_->recomputed[a];
+}
+
+bool Gpt2Block::partitioned() const {
+  return checkpointing_.partition && recompute_ != Recompute::kNone;
 }
 
 bool Gpt2Block::in_shared_buffer() const {
@@ -123,11 +129,35 @@ const Tensor& Gpt2Block::input_holder() const {
   return in_shared_buffer() ? shared_->checkpoints : kept_[kInput];
 }
 
-float* Gpt2Block::data_of(int a) {
-  if (a != kInput || !in_shared_buffer()) return at(a).data();
+float* Gpt2Block::checkpoint_data() {
+  if (!in_shared_buffer()) return kept_[kInput].data();
   Tensor& all = shared_->checkpoints;
   return all.data() + all.numel() / static_cast<size_t>(checkpointing_.slots) *
                           static_cast<size_t>(checkpointing_.slot);
+}
+
+float* Gpt2Block::data_of(int a) {
+  return a == kInput && !partitioned() ? checkpoint_data() : at(a).data();
+}
+
+void Gpt2Block::keep_piece(const Tensor& in) {
+  const int t = config_.tensor_parallel_size;
+  const uint64_t piece = gpt2_checkpoint_piece(config_, B_, T_);
+  backend_->activation(shared_->recomputed[kInput], {static_cast<int64_t>(t * piece)}, in.device());
+  gpt2_detail::Gpt2Backend::copy_into(shared_->recomputed[kInput].data(), in);
+  if (in_shared_buffer()) {
+    backend_->activation(shared_->checkpoints, {checkpointing_.slots, static_cast<int64_t>(piece)},
+                         in.device(), MemoryCategory::kCheckpoint);
+  } else {
+    backend_->activation(kept_[kInput], {static_cast<int64_t>(piece)}, in.device(),
+                         MemoryCategory::kCheckpoint);
+  }
+  // Rank r's piece is the flattened input's floats from r P; the last one's tail past the input
+  // stays the zeros it was allocated with (empty here: gpt2_memory.h).
+  const uint64_t numel = in.numel();
+  const uint64_t first = std::min<uint64_t>(numel, backend_->tensor_parallel_rank() * piece);
+  gpt2_detail::Gpt2Backend::copy_floats(checkpoint_data(), in.data() + first,
+                                        std::min<uint64_t>(piece, numel - first), in.device());
 }
 
 uint64_t Gpt2Block::kept_bytes() const {
@@ -171,7 +201,9 @@ void Gpt2Block::forward(const Tensor& in, Tensor& out, const std::vector<ParamRe
   B_ = static_cast<int>(in.shape()[0]);
   T_ = static_cast<int>(in.shape()[1]);
   // A checkpointed block's input is its checkpoint: what its recomputation starts from.
-  if (in_shared_buffer()) {
+  if (partitioned()) {
+    keep_piece(in);
+  } else if (in_shared_buffer()) {
     // The first checkpointed block of a micro-batch of another size reallocates the buffer.
     backend_->activation(shared_->checkpoints, {checkpointing_.slots, B_, T_, C}, in.device(),
                          MemoryCategory::kCheckpoint);
@@ -269,6 +301,12 @@ void Gpt2Block::backward(const Tensor& grad_out, Tensor& grad_in,
   auto start = std::chrono::steady_clock::now();
   // The recomputed tensors of this block: the shared buffers hold another block's by now.
   if (recompute_ != Recompute::kNone) {
+    if (partitioned()) {
+      // The whole input from every rank's piece, in rank order: a copy, so the recomputation
+      // starts from exactly the input forward had.
+      backend_->all_gather_tensor_parallel(checkpoint_data(), data_of(kInput),
+                                           gpt2_checkpoint_piece(config_, B_, T_));
+    }
     run_forward(params, nullptr);
     if (checkpointing_.profile) {
       times_.recompute_ms += elapsed_ms(start, grad_out);

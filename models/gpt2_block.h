@@ -38,6 +38,9 @@ struct Gpt2BlockCheckpointing {
   int slots = 0;
   bool profile = false;
   bool cpu_checkpointing = false;
+  // partition_activations over more than one tensor-parallel rank: this block keeps its rank's
+  // piece of its checkpoint and computes on the whole input in Gpt2BlockShared::recomputed.
+  bool partition = false;
 };
 
 // Milliseconds a block spent since the profile was last taken (gpt2.h's Gpt2Profile).
@@ -49,10 +52,11 @@ struct Gpt2BlockTimes {
 
 // Buffers every block uses in turn: backward runs one block at a time.
 struct Gpt2BlockShared {
-  // With contiguous_memory: every checkpointed block's input, [slots, N, C].
+  // With contiguous_memory: every checkpointed block's input, [slots, N, C]; with partition,
+  // every checkpointed block's piece of it, [slots, P] (gpt2_memory.h).
   Tensor checkpoints;
   // The recomputed tensors of the checkpointed block being processed (only those its setting
-  // recomputes are allocated).
+  // recomputes are allocated); with partition, [kInput] is its whole input (t pieces).
   Tensor recomputed[kBlockActivations];
   // Input gradients of a block's inner operations.
   Tensor d_hidden4;  // [N, 4C] gradient of the GELU output, then of the MLP's first matrix
@@ -115,10 +119,17 @@ class Gpt2Block : public Module {
   Tensor& at(int a);
   // Whether this block's checkpoint is a slot of Gpt2BlockShared::checkpoints.
   bool in_shared_buffer() const;
-  // The tensor whose memory holds this block's input.
+  // Whether this block keeps a piece of its checkpoint (partition_activations).
+  bool partitioned() const;
+  // The tensor whose memory holds this block's checkpoint.
   const Tensor& input_holder() const;
+  // Where this block's checkpoint is: kept_[kInput], or with contiguous_memory its slot.
+  float* checkpoint_data();
   // Where tensor `a` is: at(a)'s memory, or for a contiguous checkpoint this block's slot.
   float* data_of(int a);
+  // partition_activations in forward: `in` whole in the shared buffer, this rank's piece of it
+  // kept as the checkpoint.
+  void keep_piece(const Tensor& in);
   // cpu_checkpointing: whether this block moves its checkpoint to the host, and the start of its
   // copy back to the memory of `on`.
   bool moves_checkpoint() const;

@@ -142,11 +142,16 @@ class Gpt2Backend {
   }
   // source's elements to `dest`, in the same memory.
   static void copy_into(float* dest, const Tensor& source) {
-    if (source.numel() == 0) return;
-    if (source.device()) {
-      source.device()->copy(dest, source.data(), source.numel() * sizeof(float));
+    copy_floats(dest, source.data(), source.numel(), source.device());
+  }
+  // n floats from `source` to `dest`, both in the memory of `on` (null: host memory).
+  static void copy_floats(float* dest, const float* source, size_t n,
+                          const std::shared_ptr<DeviceContext>& on) {
+    if (n == 0) return;
+    if (on) {
+      on->copy(dest, source, n * sizeof(float));
     } else {
-      std::memcpy(dest, source.data(), source.numel() * sizeof(float));
+      std::memcpy(dest, source, n * sizeof(float));
     }
   }
 

@@ -46,6 +46,19 @@ void check_gpt2_checkpointing(const Gpt2Checkpointing& checkpointing, int n_laye
                                    << " layers (each checkpoint is one block)");
   ZERO_CHECK(!(checkpointing.cpu_checkpointing && checkpointing.contiguous_memory),
              "cpu_checkpointing with contiguous_memory_optimization is not built yet: choose one");
+  // Tensor parallelism runs on the CPU path only, where cpu_checkpointing saves nothing.
+  ZERO_CHECK(!(checkpointing.cpu_checkpointing && checkpointing.partition_activations),
+             "cpu_checkpointing with partition_activations is not built yet: choose one");
+}
+
+bool gpt2_partitions_checkpoints(const Gpt2Config& config, const Gpt2Checkpointing& checkpointing) {
+  return checkpointing.partition_activations && config.tensor_parallel_size > 1;
+}
+
+uint64_t gpt2_checkpoint_piece(const Gpt2Config& config, int64_t B, int64_t T) {
+  const uint64_t whole = static_cast<uint64_t>(B * T) * static_cast<uint64_t>(config.n_embd);
+  const uint64_t t = static_cast<uint64_t>(config.tensor_parallel_size);
+  return (whole + t - 1) / t;
 }
 
 uint64_t Gpt2ActivationBytes::kept() const {
@@ -81,12 +94,21 @@ Gpt2ActivationBytes gpt2_activation_formula(const Gpt2Config& config,
     kept = N * C;
     recomputed = N * (3 * C + 12 * Cl + 4 + Hl);
   }
+  // What a checkpointed block keeps of its input: the whole of it, or with partition_activations
+  // this rank's piece, the whole input then rebuilt in one more shared buffer (t pieces).
+  uint64_t checkpoint = N * C;
+  if (gpt2_partitions_checkpoints(config, checkpointing) &&
+      checkpointing.recompute != Recompute::kNone) {
+    checkpoint = gpt2_checkpoint_piece(config, B, T);
+    kept = kept - N * C + checkpoint;
+    recomputed += t * checkpoint;
+  }
   Gpt2ActivationBytes bytes;
   bytes.embedding = N * f;
   for (int layer = 0; layer < config.n_layer; ++layer) {
     const bool checkpointed = gpt2_block_checkpointed(checkpointing, layer, config.n_layer);
     bytes.blocks.push_back((checkpointed ? kept : whole) * f);
-    if (checkpointed) bytes.checkpoints += N * C * f;
+    if (checkpointed) bytes.checkpoints += checkpoint * f;
   }
   if (checkpointing.cpu_checkpointing && bytes.checkpoints > 0) {
     // The inputs leave the blocks for the host; two are on the device at once in backward (the

@@ -42,6 +42,23 @@
 // is whole: none N (4 C + 12 Cl + 4 + Hl), selective N (2 C + 8 Cl + Hl) kept and
 // N (2 C + 4 Cl + 4) rebuilt, full rebuilds N (3 C + 12 Cl + 4 + Hl); backward N (2 C + 12 Cl);
 // the head holds its ceil(V / t) columns of the logits: N (2 C + ceil(V / t) + 4).
+//
+// DeepSpeed's partition_activations (Gpt2Checkpointing::partition_activations, t > 1): the
+// block input a checkpointed block keeps (its checkpoint, identical on every rank of the group)
+// is kept as one rank's piece of it, P = ceil(N C / t) floats of the flattened tensor (rank r's
+// from r P; the last rank's piece is padded with zeros where t does not divide N C, as
+// DeepSpeed pads; here t divides H, which divides C, so it always divides and the padding is
+// empty). Backward rebuilds the whole input with an all-gather of the pieces over the group
+// into one more shared buffer of t P floats, which the block also computes on in forward:
+//
+//   tensor                     floats   none  selective  full     (partitioned)
+//   block input (checkpoint)   P        -     kept       kept     1/t of it per rank
+//   whole input (shared)       t P      -     rebuilt    rebuilt  all-gathered in backward
+//
+// so a checkpointed block keeps N C - P floats fewer (selective N (C + 8 Cl + Hl) + P, full P)
+// and the shared buffers hold t P more (selective N (2 C + 4 Cl + 4) + t P, full
+// N (3 C + 12 Cl + 4 + Hl) + t P). Without tensor parallelism it changes nothing (a partition
+// over a group of one).
 #pragma once
 
 #include <cstdint>
@@ -79,13 +96,25 @@ struct Gpt2Checkpointing {
   // On the CPU that is a copy from host memory to host memory, which saves nothing (zero-train
   // does not turn it on there). Not with contiguous_memory.
   bool cpu_checkpointing = false;
+  // DeepSpeed's partition_activations: with tensor parallelism (Gpt2Config::tensor_parallel_size
+  // t > 1), each checkpoint is kept as this rank's 1/t piece and rebuilt by an all-gather over
+  // the tensor-parallel group before its block recomputes (the table above); nothing at t = 1.
+  // Not with cpu_checkpointing.
+  bool partition_activations = false;
 };
 
 // Whether block `layer` of `n_layer` recomputes (false everywhere with Recompute::kNone).
 bool gpt2_block_checkpointed(const Gpt2Checkpointing& checkpointing, int layer, int n_layer);
 
+// Whether the checkpointed blocks of a model of `config` keep their checkpoints partitioned:
+// partition_activations over more than one tensor-parallel rank.
+bool gpt2_partitions_checkpoints(const Gpt2Config& config, const Gpt2Checkpointing& checkpointing);
+
+// Floats of one rank's piece of a partitioned checkpoint of B T positions: ceil(B T C / t).
+uint64_t gpt2_checkpoint_piece(const Gpt2Config& config, int64_t B, int64_t T);
+
 // Throws zero::Error for a number_checkpoints below 0 or above n_layer, and for
-// cpu_checkpointing with contiguous_memory.
+// cpu_checkpointing with contiguous_memory or with partition_activations.
 void check_gpt2_checkpointing(const Gpt2Checkpointing& checkpointing, int n_layer);
 
 // Activation bytes of a model, by where they are held.

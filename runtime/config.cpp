@@ -255,8 +255,8 @@ void read_data_types(const config::DataTypes& types, const Checker& check, Engin
   }
 }
 
-// activation_checkpointing: the mode, number_checkpoints and the options that are built; those
-// that are not are accepted only false.
+// activation_checkpointing: the mode, number_checkpoints and the options that are built; the one
+// that is not (synchronize_checkpoint_boundary) is accepted only false.
 void read_activation_checkpointing(const config::ActivationCheckpointing& a, const Checker& check,
                                    ActivationCheckpointingConfig* out) {
   const std::string& origin = check.origin();
@@ -275,19 +275,11 @@ void read_activation_checkpointing(const config::ActivationCheckpointing& a, con
   out->cpu_checkpointing = a.cpu_checkpointing();
   out->contiguous_memory_optimization = a.contiguous_memory_optimization();
   out->profile = a.profile();
-  const std::pair<bool, const char*> not_built[] = {
-      {a.partition_activations(),
-       "partition_activations splits checkpoints over tensor-parallel ranks, and this runtime "
-       "has no tensor parallelism"},
-      {a.synchronize_checkpoint_boundary(),
-       "synchronize_checkpoint_boundary (a device synchronization at each checkpoint) is not "
-       "built yet"},
-  };
-  for (const auto& [given, why] : not_built) {
-    if (given) {
-      config_error("\"activation_checkpointing\" in " + origin + ": " + why +
-                   "; set it to false or leave it out");
-    }
+  out->partition_activations = a.partition_activations();
+  if (a.synchronize_checkpoint_boundary()) {
+    config_error("\"activation_checkpointing\" in " + origin +
+                 ": synchronize_checkpoint_boundary (a device synchronization at each "
+                 "checkpoint) is not built yet; set it to false or leave it out");
   }
 }
 

@@ -7,7 +7,8 @@
 //                 --vocab-size N --block-size N] --ranks 8 [--dtype D] [--stage S]
 //   zero-estimate --model mlp --ranks 8 --mics-shard-size 2    (hybrid sharding, stage 3)
 //   zero-estimate --model gpt2 ... --micro-batch B [--seq-len T] [--number-checkpoints K]
-//                 [--memory-limit BYTES]       (activations too, for none/selective/full)
+//                 [--partition-activations] [--memory-limit BYTES]
+//                                              (activations too, for none/selective/full)
 //
 // prints one row per stage (or only stage S): parameters, gradients, optimizer state (fp32
 // master and Adam moments) and their total per rank, in GB (1e9 bytes) and in bytes. With the
@@ -61,7 +62,9 @@ constexpr const char* kUsage =
     "              the data-parallel ranks (N x T in the job)\n"
     "  with --model gpt2: --micro-batch B: the activations of B sequences per rank for each\n"
     "              activation checkpointing (none, selective, full), with --seq-len T\n"
-    "              (default: --block-size), --number-checkpoints K (default: every block)\n"
+    "              (default: --block-size), --number-checkpoints K (default: every block),\n"
+    "              --partition-activations (with --tp: each checkpoint split over the T\n"
+    "              ranks, the config's activation_checkpointing.partition_activations)\n"
     "              and --memory-limit BYTES[K|M|G] (which setting fits at each stage)\n";
 
 struct Options {
@@ -81,10 +84,12 @@ struct Options {
   int buffer_count = 4;
   int mics_shard_size = -1;  // off
   // The GPT-2's activations: sequences per rank (0: not printed), their length (0: block_size),
-  // checkpointed blocks (0: every one) and the per-rank budget (0: none).
+  // checkpointed blocks (0: every one), whether checkpoints are partitioned over the
+  // tensor-parallel ranks, and the per-rank budget (0: none).
   int micro_batch = 0;
   int seq_len = 0;
   int number_checkpoints = 0;
+  bool partition_activations = false;
   uint64_t memory_limit = 0;
 };
 
@@ -172,6 +177,10 @@ Options parse_options(const std::vector<std::string>& args) {
     if (flag == "-h" || flag == "--help") {
       std::fputs(kUsage, stdout);
       std::exit(0);
+    }
+    if (flag == "--partition-activations") {
+      options.partition_activations = true;
+      continue;
     }
     const bool model_flag =
         flag == "--model" || flag == "--input-dim" || flag == "--hidden" ||
@@ -269,14 +278,17 @@ Options parse_options(const std::vector<std::string>& args) {
         "supported yet");
   }
   const bool activation_flags = options.micro_batch > 0 || options.seq_len > 0 ||
-                                options.number_checkpoints > 0 || options.memory_limit > 0;
+                                options.number_checkpoints > 0 || options.memory_limit > 0 ||
+                                options.partition_activations;
   if (activation_flags && options.model != "gpt2") {
     usage_error(
-        "--micro-batch, --seq-len, --number-checkpoints and --memory-limit plan the "
-        "activations of --model gpt2");
+        "--micro-batch, --seq-len, --number-checkpoints, --partition-activations and "
+        "--memory-limit plan the activations of --model gpt2");
   }
   if (activation_flags && options.micro_batch == 0) {
-    usage_error("--seq-len, --number-checkpoints and --memory-limit need --micro-batch B");
+    usage_error(
+        "--seq-len, --number-checkpoints, --partition-activations and --memory-limit need "
+        "--micro-batch B");
   }
   if (options.seq_len == 0) options.seq_len = options.gpt2.block_size;
   if (options.seq_len > options.gpt2.block_size) {
@@ -337,9 +349,15 @@ constexpr zero::models::Recompute kRecomputes[] = {zero::models::Recompute::kNon
 // each planned stage, and with a budget which setting fits at each stage.
 void print_activations(const Options& options,
                        const std::vector<std::pair<int, uint64_t>>& engine_bytes) {
-  const std::string checkpoints = options.number_checkpoints == 0
-                                      ? "every block"
-                                      : std::to_string(options.number_checkpoints) + " blocks";
+  std::string checkpoints = options.number_checkpoints == 0
+                                ? "every block"
+                                : std::to_string(options.number_checkpoints) + " blocks";
+  const int t = options.gpt2.tensor_parallel_size;
+  if (options.partition_activations) {
+    // As zero-train: over a group of one the partition is the whole checkpoint.
+    checkpoints += t > 1 ? ", partitioned over " + std::to_string(t) + " tensor-parallel ranks"
+                         : ", partition_activations without effect at --tp 1";
+  }
   std::printf("activations of %d x %d tokens per rank (fp32; selective and full checkpoint %s):\n",
               options.micro_batch, options.seq_len, checkpoints.c_str());
   std::printf("recompute  activation bytes  checkpoint bytes");
@@ -347,9 +365,10 @@ void print_activations(const Options& options,
   std::printf("\n");
   uint64_t activations[3] = {};
   for (int r = 0; r < 3; ++r) {
+    zero::models::Gpt2Checkpointing checkpointing{kRecomputes[r], options.number_checkpoints};
+    checkpointing.partition_activations = options.partition_activations;
     const zero::models::Gpt2ActivationBytes bytes = zero::models::gpt2_activation_formula(
-        options.gpt2, {kRecomputes[r], options.number_checkpoints}, options.micro_batch,
-        options.seq_len);
+        options.gpt2, checkpointing, options.micro_batch, options.seq_len);
     activations[r] = bytes.total();
     std::printf("%-9s  %16llu  %16llu", zero::models::recompute_name(kRecomputes[r]),
                 static_cast<unsigned long long>(bytes.total()),

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "driver/cli.h"
 #include "examples/train_flags.h"
 
 namespace zero::examples {
@@ -149,6 +150,40 @@ TEST(TrainFlags, CpuCheckpointingDependsOnTheDevice) {
               std::string::npos)
         << e.what();
   }
+}
+
+// activation_checkpointing.partition_activations (or --partition-activations, a GPT-2 flag):
+// carried to the model with tensor parallelism and checkpointing; otherwise a partition over a
+// group of one, or of nothing, so a note at start says it has no effect.
+TEST(TrainFlags, PartitionActivationsNeedsTensorParallelismAndCheckpoints) {
+  const std::vector<std::string> gpt2 = {"--model", "gpt2", "--data", "tokens.bin",
+                                         "--partition-activations"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), gpt2.begin(), gpt2.end());
+    return resolve(more);
+  };
+  const TrainingConfig split = with({"--activation-checkpointing", "full", "--tp", "2"});
+  EXPECT_TRUE(split.activation_checkpointing.partition_activations);
+  EXPECT_TRUE(split.ignored_keys.empty());
+  const TrainingConfig alone = with({"--activation-checkpointing", "selective"});
+  ASSERT_EQ(alone.ignored_keys.size(), 1u);
+  EXPECT_EQ(alone.ignored_keys[0],
+            "activation_checkpointing.partition_activations has no effect without tensor "
+            "parallelism (--tp, tensor_parallel.tp_size): it splits checkpoints over the "
+            "tensor-parallel group");
+  const std::string nothing_checkpointed =
+      "activation_checkpointing.partition_activations has no effect: no block is checkpointed";
+  const TrainingConfig none = with({"--tp", "2"});
+  ASSERT_EQ(none.ignored_keys.size(), 1u);
+  EXPECT_EQ(none.ignored_keys[0], nothing_checkpointed);
+  // The MLP checkpoints nothing: the config key is the same note, the flag the GPT-2's.
+  const std::string path = ::testing::TempDir() + "/train_flags_test_partition.json";
+  std::ofstream(path) << R"({"train_batch_size": 8,
+    "activation_checkpointing": {"partition_activations": true}})";
+  const TrainingConfig mlp = resolve({"--config", path});
+  ASSERT_EQ(mlp.ignored_keys.size(), 1u);
+  EXPECT_EQ(mlp.ignored_keys[0], nothing_checkpointed);
+  EXPECT_THROW(resolve({"--partition-activations"}), driver::UsageError);
 }
 
 }  // namespace

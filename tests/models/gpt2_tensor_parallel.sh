@@ -3,7 +3,10 @@
 # parallelism over TP ranks at each ZeRO stage, on NP ranks (NP / TP data-parallel), against
 # PyTorch's expected.json and against the same run at --tp 1 on NP / TP ranks: every step's
 # loss, gradient norm and validation loss within TOLERANCE relative (the split matrices sum their
-# products in another order, so the runs are not bit for bit).
+# products in another order, so the runs are not bit for bit). At stages 1 and 2 also with full
+# and selective recomputation and partition_activations (each checkpoint split over the TP ranks,
+# all-gathered before its block recomputes): bit for bit the split run without checkpointing,
+# with 1/TP of the checkpoint bytes.
 #   gpt2_tensor_parallel.sh BIN_DIR NP TP TOLERANCE [zero-train flags...] -- MPIEXEC [FLAGS...]
 set -euo pipefail
 bin="$1"; np="$2"; tp="$3"; tolerance="$4"; shift 4
@@ -15,16 +18,63 @@ data="$(cd "$(dirname "${BASH_SOURCE[0]}")/../data/gpt2" && pwd)"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
-# train STAGE RANKS TP NAME: one zero-train run of the reference, its metrics in NAME.jsonl.
+# train STAGE RANKS TP NAME [FLAGS...]: one zero-train run of the reference, its metrics in
+# NAME.jsonl.
 train() {
   local stage="$1" ranks="$2" split="$3" run="$work/$4"
+  shift 4
   "${mpiexec[@]}" -np "$ranks" "$bin/zero-train" --model gpt2 --config "$data/adamw.json" \
     --stage "$stage" --tp "$split" \
     --n-layer 2 --n-head 4 --n-embd 64 --vocab-size 256 --block-size 64 --seq-len 32 \
     --global-batch 4 --steps 3 --data "$data/tokens.bin" --init-from "$data/model.safetensors" \
     --val-data "$data/tokens.bin" --val-every 1 --val-batches 1 \
-    --metrics "$run.jsonl" "${extra[@]}" > "$run.log" 2>&1 || {
-    cat "$run.log"; echo "zero-train failed at stage $stage on $ranks rank(s), --tp $split"; exit 1; }
+    --metrics "$run.jsonl" "${extra[@]}" "$@" > "$run.log" 2>&1 || {
+    cat "$run.log"; echo "zero-train failed at stage $stage on $ranks rank(s), --tp $split $*"
+    exit 1; }
+}
+
+# check_formulas NAME [RECOMPUTE]: the run's peak activations and tensor-parallel traffic against
+# the formulas. Each rank's activations are its slices: the measured peak is the formula's,
+# exactly. Its tensor-parallel traffic per step is Megatron's: per layer two all-reduces of the
+# B x T x C activations in forward and two in backward, plus the validation forward's two (B
+# sequences of this rank's data-parallel slice, T = 32, C = 64 fp32); the vocabulary-parallel
+# embedding's all-reduce of B x T x C in each forward and the head's of its input gradient in
+# backward; the parallel cross-entropy's all-gather and all-reduce of B x T floats in each
+# forward; and the engine's all-reduce of its 4 units' squared-gradient sums. An all-reduce
+# counts 2 (t - 1) / t of its bytes, an all-gather (t - 1) / t of the gathered buffer. With
+# RECOMPUTE (full or selective, every block, partition_activations): backward all-gathers each
+# block's B x T x C input from its pieces, full recomputation reruns each layer's first forward
+# all-reduce (the attention's: the block's output, after the second, is not rebuilt), and the
+# measured peak of the checkpoints is 1/t of the layers' inputs.
+check_formulas() {
+  python3 - "$work/$1.jsonl" "$tp" "$((4 / (np / tp)))" "${2:-none}" <<'PY'
+import json, sys
+records = [json.loads(line) for line in open(sys.argv[1])]
+t, batch, recompute = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+planned = next(r for r in records if r["event"] == "init")["activation_bytes_counted_planned"]
+layers, T, C = 2, 32, 64
+share = lambda size: size * 2 * (t - 1) // t
+N = batch * T
+reruns = layers if recompute == "full" else 0
+activations = share(N * C * 4) * ((4 + 2) * layers + reruns + 2 + 1)
+cross_entropy = 2 * (share(N * 4) + (t - 1) * N * 4)
+gathers = layers * ((t - 1) * N * C * 4 // t) if recompute != "none" else 0
+expected = activations + cross_entropy + share(4 * 4) + gathers
+checkpoints = layers * N * C * 4 // t if recompute != "none" else 0
+for r in records:
+    if r["event"] != "step":
+        continue
+    if r["peak_activation_bytes"] != planned:
+        sys.exit(f"step {r['step']}: peak activations {r['peak_activation_bytes']} B, formula {planned} B")
+    if r["peak_checkpoint_bytes"] != checkpoints:
+        sys.exit(f"step {r['step']}: peak checkpoints {r['peak_checkpoint_bytes']} B, "
+                 f"1/{t} of the layers' inputs {checkpoints} B")
+    if r["tensor_parallel_comm_bytes"] != expected:
+        sys.exit(f"step {r['step']}: tensor-parallel traffic {r['tensor_parallel_comm_bytes']} B, "
+                 f"Megatron's formula {expected} B")
+print(f"per rank: peak activations {planned} B (checkpoints {checkpoints} B) and tensor-parallel "
+      f"traffic {expected} B per step, as the formulas say")
+PY
 }
 
 for stage in 0 1 2 3; do
@@ -32,38 +82,22 @@ for stage in 0 1 2 3; do
   train "$stage" "$np" "$tp" "split$stage"
   grep -q "tensor-parallel $tp x data-parallel $((np / tp))" "$work/split$stage.log" || {
     cat "$work/split$stage.log"; echo "the run did not report its grid"; exit 1; }
-  # Each rank's activations are its slices: the measured peak is the formula's, exactly. Its
-  # tensor-parallel traffic per step is Megatron's: per layer two all-reduces of the B x T x C
-  # activations in forward and two in backward, plus the validation forward's two (B sequences
-  # of this rank's data-parallel slice, T = 32, C = 64 fp32); the vocabulary-parallel embedding's
-  # all-reduce of B x T x C in each forward and the head's of its input gradient in backward; the
-  # parallel cross-entropy's all-gather and all-reduce of B x T floats in each forward; and the
-  # engine's all-reduce of its 4 units' squared-gradient sums. An all-reduce counts
-  # 2 (t - 1) / t of its bytes, an all-gather (t - 1) / t of the gathered buffer.
-  python3 - "$work/split$stage.jsonl" "$tp" "$((4 / (np / tp)))" <<'PY'
-import json, sys
-records = [json.loads(line) for line in open(sys.argv[1])]
-t, batch = int(sys.argv[2]), int(sys.argv[3])
-planned = next(r for r in records if r["event"] == "init")["activation_bytes_counted_planned"]
-layers, T, C = 2, 32, 64
-share = lambda size: size * 2 * (t - 1) // t
-N = batch * T
-activations = share(N * C * 4) * ((4 + 2) * layers + 2 + 1)
-cross_entropy = 2 * (share(N * 4) + (t - 1) * N * 4)
-expected = activations + cross_entropy + share(4 * 4)
-for r in records:
-    if r["event"] != "step":
-        continue
-    if r["peak_activation_bytes"] != planned:
-        sys.exit(f"step {r['step']}: peak activations {r['peak_activation_bytes']} B, formula {planned} B")
-    if r["tensor_parallel_comm_bytes"] != expected:
-        sys.exit(f"step {r['step']}: tensor-parallel traffic {r['tensor_parallel_comm_bytes']} B, "
-                 f"Megatron's formula {expected} B")
-print(f"per rank: peak activations {planned} B and tensor-parallel traffic {expected} B per step, "
-      "as the formulas say")
-PY
+  check_formulas "split$stage"
   echo "stage $stage, tensor-parallel $tp x data-parallel $((np / tp)) against --tp 1:"
   "$bin/gpt2_golden_check" --expected "$data/expected.json" --metrics "$work/split$stage.jsonl" \
     --reference-tolerance "$tolerance" --expect-val 1 \
     --same-metrics-as "$work/plain$stage.jsonl" --metrics-tolerance "$tolerance"
+  # partition_activations: recomputing from all-gathered pieces gives the split run's bits.
+  case "$stage" in
+    1) recompute=full ;;
+    2) recompute=selective ;;
+    *) continue ;;
+  esac
+  train "$stage" "$np" "$tp" "partitioned$stage" --activation-checkpointing "$recompute" \
+    --partition-activations
+  check_formulas "partitioned$stage" "$recompute"
+  echo "stage $stage, $recompute recomputation from partitioned checkpoints against none:"
+  "$bin/gpt2_golden_check" --expected "$data/expected.json" \
+    --metrics "$work/partitioned$stage.jsonl" --reference-tolerance "$tolerance" --expect-val 1 \
+    --same-metrics-as "$work/split$stage.jsonl"
 done

@@ -7,15 +7,20 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <condition_variable>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "models/gpt2.h"
+#include "models/gpt2_tensor_parallel.h"
 #include "models/token_data.h"
 #include "zero/runtime/device.h"
 #include "zero/runtime/memory.h"
@@ -49,10 +54,116 @@ double l2(const std::vector<float>& v) {
   return std::sqrt(s);
 }
 
-// The model's modules on fp32 parameters and gradients owned here, by full name; their
-// activations are counted in an allocator of the harness.
-struct Harness {
+Gpt2Config split_config(int tensor_parallel_size) {
   Gpt2Config config = reference_config();
+  config.tensor_parallel_size = tensor_parallel_size;
+  return config;
+}
+
+// A tensor-parallel group of `size` ranks as threads of this process, for the GPT-2's two
+// collectives: all_gather and all_reduce (fp32, summed in rank order, so every rank gets the
+// same bits) return once every rank has made the same call. Counts the calls per op.
+class ThreadGroup {
+ public:
+  explicit ThreadGroup(int size) : size_(size), sends_(static_cast<size_t>(size)) {}
+  int size() const { return size_; }
+
+  // Each rank's `send` to `combine` (which reads them all into this rank's own memory), then
+  // `finish` once no rank reads any send any more: in-place calls are safe.
+  template <typename Combine, typename Finish>
+  void exchange(int rank, const void* send, Combine combine, Finish finish) {
+    sends_[static_cast<size_t>(rank)] = send;
+    arrive();
+    combine(sends_);
+    arrive();
+    finish();
+  }
+
+ private:
+  void arrive() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const uint64_t generation = generation_;
+    if (++arrived_ == size_) {
+      arrived_ = 0;
+      ++generation_;
+      all_arrived_.notify_all();
+    } else {
+      all_arrived_.wait(lock, [&] { return generation_ != generation; });
+    }
+  }
+
+  int size_;
+  std::vector<const void*> sends_;
+  std::mutex mutex_;
+  std::condition_variable all_arrived_;
+  int arrived_ = 0;
+  uint64_t generation_ = 0;
+};
+
+class ThreadGroupCommunicator : public Communicator {
+ public:
+  ThreadGroupCommunicator(ThreadGroup& group, int rank) : group_(group), rank_(rank) {}
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return group_.size(); }
+  std::string transport() const override { return "threads"; }
+  Event all_gather(const void* send, void* recv, size_t count, DType dtype) override {
+    return all_gather_bytes(send, recv, count * dtype_size(dtype));
+  }
+  Event all_gather_bytes(const void* send, void* recv, size_t bytes) override {
+    ++counters_.calls[static_cast<size_t>(CollectiveOp::kAllGather)];
+    std::vector<char> all(bytes * static_cast<size_t>(group_.size()));
+    group_.exchange(
+        rank_, send,
+        [&](const std::vector<const void*>& sends) {
+          for (size_t r = 0; r < sends.size(); ++r) std::memcpy(&all[r * bytes], sends[r], bytes);
+        },
+        [&] { std::memcpy(recv, all.data(), all.size()); });
+    return Event();
+  }
+  Event all_reduce(const void* send, void* recv, size_t count, DType dtype) override {
+    ZERO_CHECK(dtype == DType::kFloat32, "the test's group sums fp32 only");
+    ++counters_.calls[static_cast<size_t>(CollectiveOp::kAllReduce)];
+    std::vector<float> sum(count, 0.0f);
+    group_.exchange(
+        rank_, send,
+        [&](const std::vector<const void*>& sends) {
+          for (const void* from : sends) {
+            const float* values = static_cast<const float*>(from);
+            for (size_t i = 0; i < count; ++i) sum[i] += values[i];
+          }
+        },
+        [&] { std::memcpy(recv, sum.data(), count * sizeof(float)); });
+    return Event();
+  }
+  // Not called by the GPT-2's modules.
+  Event reduce_scatter(const void*, void*, size_t, DType) override { return unused(); }
+  Event broadcast(void*, size_t, DType, int) override { return unused(); }
+  Event barrier() override { return unused(); }
+  Stream& stream() override { return stream_; }
+  const CommCounters& counters() const override { return counters_; }
+  void set_timeout(std::chrono::milliseconds) override {}
+  void set_desync_check(bool) override {}
+  bool desync_check() const override { return false; }
+  std::string flight_record() const override { return ""; }
+  size_t staging_bytes(CollectiveOp, size_t, DType) const override { return 0; }
+  void set_staging_buffer(void*, size_t) override {}
+  void clear_staging_buffer() override {}
+
+ private:
+  static Event unused() { throw Error("the test's thread group has no such collective"); }
+
+  ThreadGroup& group_;
+  int rank_;
+  CommCounters counters_;
+  Stream stream_{"thread-group"};
+};
+
+// The model's modules on fp32 parameters and gradients owned here, by full name; their
+// activations are counted in an allocator of the harness. With tensor parallelism (a
+// communicator of tensor_parallel_size ranks) the parameters are this rank's slices.
+struct Harness {
+  Gpt2Config config;
   Allocator allocator;  // before the model: it outlives the model's tensors
   Gpt2 model;
   std::shared_ptr<DeviceContext> cpu = DeviceContext::create(Device::cpu());
@@ -60,10 +171,15 @@ struct Harness {
   std::map<std::string, std::vector<int64_t>> shapes;
   std::vector<std::vector<std::string>> names;  // per module: its own, then its tied ones
 
-  explicit Harness(const Gpt2Checkpointing& checkpointing = {})
-      : model(make_gpt2(config, 2, checkpointing)) {
+  explicit Harness(const Gpt2Checkpointing& checkpointing = {}, Communicator* group = nullptr)
+      : config(split_config(group != nullptr ? group->world_size() : 1)),
+        // One kernel thread per rank of a group: its ranks share the cores.
+        model(make_gpt2(config, group != nullptr ? 1 : 2, checkpointing,
+                        {group != nullptr ? group->rank() : 0, group})) {
     count_gpt2_activations(model, allocator);
-    for (const LoadedTensor& t : load_safetensors(kData + "model.safetensors").tensors) {
+    for (const LoadedTensor& full : load_safetensors(kData + "model.safetensors").tensors) {
+      const LoadedTensor t = gpt2_tensor_parallel_slice(full, config.tensor_parallel_size,
+                                                        group != nullptr ? group->rank() : 0);
       values[t.name] = t.values;
       grads[t.name].assign(t.values.size(), 0.0f);
       shapes[t.name] = t.shape;
@@ -304,6 +420,109 @@ TEST(Gpt2Checkpointing, HeldActivationsEqualTheFormula) {
   EXPECT_EQ(moved.host_checkpoints, 3 * one);
   EXPECT_EQ(moved.moving_checkpoints, 2 * one);
   EXPECT_EQ(moved.total(), kept.total() - one);
+}
+
+// partition_activations at t = 2, the tensor-parallel group being two threads of this process:
+// each checkpoint is kept as a rank's half and all-gathered back before its block recomputes.
+// Per rank, losses, logits and every gradient are bit for bit those of the same checkpointing
+// without partitioning (the all-gather rebuilds the exact input) and those without
+// checkpointing; the held bytes and the allocator's peaks are the formula's, whose checkpoints
+// are half the unpartitioned ones; and backward all-gathers once per checkpointed block.
+TEST(Gpt2Checkpointing, PartitionedCheckpointsAreBitwiseAndHoldTheirFormula) {
+  constexpr int kRanks = 2;
+  struct SplitStep {
+    StepResult result;
+    uint64_t gathers = 0;  // all-gathers of the step
+  };
+  // One step of two micro-batches on each rank; `check(rank, harness)` after it.
+  auto split_step = [](const Gpt2Checkpointing& c, int B, int T, auto check) {
+    ThreadGroup group(kRanks);
+    std::vector<SplitStep> steps(kRanks);
+    std::vector<std::thread> ranks;
+    for (int rank = 0; rank < kRanks; ++rank) {
+      ranks.emplace_back([&, rank] {
+        ThreadGroupCommunicator comm(group, rank);
+        Harness h(c, &comm);
+        const Tensor tokens = reference_batch(h, B, T);
+        SplitStep& step = steps[static_cast<size_t>(rank)];
+        for (int micro_batch = 0; micro_batch < 2; ++micro_batch) {
+          step.result.losses.push_back(h.forward(tokens));
+          step.result.logits = gpt2_logits(h.model).to_host();
+          h.backward();
+        }
+        step.result.grads = h.grads;
+        step.gathers = comm.counters().calls[static_cast<size_t>(CollectiveOp::kAllGather)];
+        check(rank, h);
+      });
+    }
+    for (std::thread& r : ranks) r.join();
+    return steps;
+  };
+  const auto nothing = [](int, Harness&) {};
+  const std::vector<SplitStep> none = split_step({}, 4, 32, nothing);
+  const Gpt2Checkpointing settings[] = {
+      {Recompute::kFull, 0},
+      {Recompute::kSelective, 0},
+      {Recompute::kFull, 0, true},       // the pieces in one contiguous buffer
+      {Recompute::kSelective, 1, true},  // block 0 of 2 partitions, block 1 keeps everything
+  };
+  for (const Gpt2Checkpointing& whole : settings) {
+    Gpt2Checkpointing partitioned = whole;
+    partitioned.partition_activations = true;
+    const std::string what = label(whole) + " partition_activations";
+    const std::vector<SplitStep> kept = split_step(whole, 4, 32, nothing);
+    const std::vector<SplitStep> split = split_step(partitioned, 4, 32, nothing);
+    const uint64_t blocks = static_cast<uint64_t>(checkpointed_blocks(whole, 2));
+    for (size_t rank = 0; rank < kRanks; ++rank) {
+      const std::string on = what + ", rank " + std::to_string(rank);
+      EXPECT_EQ(split[rank].result.losses, kept[rank].result.losses) << on;
+      EXPECT_EQ(split[rank].result.losses, none[rank].result.losses) << on;
+      EXPECT_EQ(split[rank].result.logits, kept[rank].result.logits) << on;
+      for (const auto& [name, grad] : kept[rank].result.grads) {
+        EXPECT_EQ(split[rank].result.grads.at(name), grad) << on << ": " << name;
+        EXPECT_EQ(none[rank].result.grads.at(name), grad) << on << ": " << name;
+      }
+      // Per micro-batch: one all-gather per checkpointed block in backward.
+      EXPECT_EQ(split[rank].gathers, kept[rank].gathers + 2 * blocks) << on;
+    }
+    for (const auto& [B, T] : {std::pair{4, 32}, std::pair{1, 16}}) {
+      const Gpt2Config config = split_config(kRanks);
+      const Gpt2ActivationBytes formula = gpt2_activation_formula(config, partitioned, B, T);
+      const Gpt2ActivationBytes unpartitioned = gpt2_activation_formula(config, whole, B, T);
+      const uint64_t piece = static_cast<uint64_t>(B * T * 64 / kRanks) * sizeof(float);
+      EXPECT_EQ(formula.checkpoints, blocks * piece) << what;
+      EXPECT_EQ(formula.checkpoints * kRanks, unpartitioned.checkpoints) << what;
+      EXPECT_EQ(formula.recompute, unpartitioned.recompute + kRanks * piece) << what;
+      split_step(partitioned, B, T, [&](int, Harness& h) {
+        const Gpt2ActivationBytes held = gpt2_held_activations(h.model);
+        EXPECT_EQ(held.blocks, formula.blocks) << what;
+        EXPECT_EQ(held.checkpoints, formula.checkpoints) << what;
+        EXPECT_EQ(held.recompute, formula.recompute) << what;
+        EXPECT_EQ(held.total(), formula.total()) << what;
+        const MemoryStats& measured = h.allocator.stats();
+        EXPECT_EQ(measured.window_peak_activations, formula.total()) << what;
+        EXPECT_EQ(measured.window_peak[static_cast<size_t>(MemoryCategory::kCheckpoint)],
+                  formula.checkpoints)
+            << what;
+        EXPECT_EQ(measured.allocations[static_cast<size_t>(MemoryCategory::kCheckpoint)],
+                  whole.contiguous_memory ? 1u : blocks)
+            << what;
+      });
+    }
+  }
+  // Over a group of one a partition is the whole checkpoint: the formula is the one without.
+  const Gpt2Checkpointing alone{Recompute::kFull, 0, false, false, false, true};
+  EXPECT_EQ(gpt2_activation_formula(reference_config(), alone, 4, 32).total(),
+            gpt2_activation_formula(reference_config(), {Recompute::kFull, 0}, 4, 32).total());
+  try {
+    check_gpt2_checkpointing({Recompute::kFull, 0, false, false, true, true}, 2);
+    FAIL() << "cpu_checkpointing with partition_activations was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("cpu_checkpointing with partition_activations is not built yet"),
+        std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Gpt2Checkpointing, NumberCheckpointsSpreadsBlocksEvenly) {

@@ -49,11 +49,7 @@ const std::vector<BadConfig>& bad_configs() {
        R"(support yet)"},
       {R"({"train_batch_size": 8, "autotuning": {}})",
        R"("autotuning" in ds.json is a DeepSpeed option this runtime does not support yet)"},
-      // activation_checkpointing: the options that are not built say so when true.
-      {R"({"train_batch_size": 8, "activation_checkpointing": {"partition_activations": true}})",
-       R"("activation_checkpointing" in ds.json: partition_activations splits checkpoints over )"
-       R"(tensor-parallel ranks, and this runtime has no tensor parallelism; set it to false or )"
-       R"(leave it out)"},
+      // activation_checkpointing: the option that is not built says so when true.
       {R"({"train_batch_size": 8,
           "activation_checkpointing": {"synchronize_checkpoint_boundary": true}})",
        R"("activation_checkpointing" in ds.json: synchronize_checkpoint_boundary (a device )"

@@ -346,16 +346,20 @@ TEST(Config, ActivationCheckpointing) {
   EXPECT_FALSE(c.activation_checkpointing.cpu_checkpointing);
   EXPECT_FALSE(c.activation_checkpointing.contiguous_memory_optimization);
   EXPECT_FALSE(c.activation_checkpointing.profile);
+  EXPECT_FALSE(c.activation_checkpointing.partition_activations);
   EXPECT_TRUE(c.ignored_keys.empty());
   const TrainingConfig absent = parse_training_config(R"({"train_batch_size": 8})", 2, "ds.json");
   EXPECT_EQ(absent.activation_checkpointing.mode, "none");
   EXPECT_FALSE(absent.activation_checkpointing.number_checkpoints_given);
   EXPECT_FALSE(absent.activation_checkpointing.contiguous_memory_optimization);
   EXPECT_FALSE(absent.activation_checkpointing.profile);
+  EXPECT_FALSE(absent.activation_checkpointing.partition_activations);
   const TrainingConfig all = parse_training_config(
       R"({"train_batch_size": 8, "activation_checkpointing": {"mode": "full",
-          "cpu_checkpointing": true, "contiguous_memory_optimization": true, "profile": true}})",
+          "cpu_checkpointing": true, "contiguous_memory_optimization": true, "profile": true,
+          "partition_activations": true}})",
       2, "ds.json");
+  EXPECT_TRUE(all.activation_checkpointing.partition_activations);
   EXPECT_TRUE(all.activation_checkpointing.cpu_checkpointing);
   EXPECT_TRUE(all.activation_checkpointing.contiguous_memory_optimization);
   EXPECT_TRUE(all.activation_checkpointing.profile);

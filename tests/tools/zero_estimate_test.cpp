@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/run_program.h"
@@ -187,6 +188,42 @@ TEST(ZeroEstimate, Gpt2ActivationsForEachCheckpointing) {
   EXPECT_EQ(out.substr(out.find("activations of")), rows);
 }
 
+// --partition-activations with --tp T: each checkpointed block keeps 1/T of its input
+// (N C / T floats) and the shared recompute buffers one whole input more (gpt2_memory.h), worked
+// by hand. At T = 2 with 2 layers the two cancel in the total: the blocks keep 2 x 4096 fewer
+// bytes and the buffers hold 8192 more (none 264320, selective 231040, full 189824 as without);
+// at T = 4 (Cl = 16, one head per rank) the blocks keep 2 x 6144 fewer and the buffers 8192
+// more: full 132352 - 4096. Without --tp it has no effect, and says so.
+TEST(ZeroEstimate, Gpt2PartitionedCheckpoints) {
+  auto table = [](const Words& more) {
+    const ProgramOutcome outcome = run_estimate(with(kGpt2, more));
+    EXPECT_EQ(outcome.exit_code, 0) << outcome.err;
+    const unsigned long long engine = stage_total(outcome.out, 3);
+    const size_t at = outcome.out.find("activations of");
+    EXPECT_NE(at, std::string::npos) << outcome.out;
+    return std::pair{engine, outcome.out.substr(at)};
+  };
+  const auto [two, at_two] = table({"--tp", "2", "--partition-activations"});
+  char rows[640];
+  std::snprintf(rows, sizeof(rows),
+                "activations of 2 x 16 tokens per rank (fp32; selective and full checkpoint every "
+                "block, partitioned over 2 tensor-parallel ranks):\n"
+                "recompute  activation bytes  checkpoint bytes  stage 3 total bytes\n"
+                "none                 264320                 0  %19llu\n"
+                "selective            231040              8192  %19llu\n"
+                "full                 189824              8192  %19llu\n",
+                two + 264320, two + 231040, two + 189824);
+  EXPECT_EQ(at_two, rows);
+  const std::string at_four = table({"--tp", "4", "--partition-activations"}).second;
+  EXPECT_NE(at_four.find("\nfull                 128256              4096  "), std::string::npos)
+      << at_four;
+  const std::string unsplit = table({"--partition-activations"}).second;
+  EXPECT_NE(unsplit.find("partition_activations without effect at --tp 1):\n"), std::string::npos)
+      << unsplit;
+  EXPECT_NE(unsplit.find("\nfull                 304768             16384  "), std::string::npos)
+      << unsplit;
+}
+
 // With a budget: the lightest recomputation that fits, counting what zero-train's budget holds
 // beside the activations (fp32: 3 N C + 3 N floats of tensors between modules and batch data).
 TEST(ZeroEstimate, Gpt2MemoryLimitNamesTheCheckpointingThatFits) {
@@ -219,10 +256,11 @@ TEST(ZeroEstimate, Gpt2MemoryLimitNamesTheCheckpointingThatFits) {
 
 TEST(ZeroEstimate, Gpt2ActivationFlagsNeedTheirContext) {
   expect_usage_error({"--params", "1B", "--ranks", "2", "--micro-batch", "2"},
-                     "--micro-batch, --seq-len, --number-checkpoints and --memory-limit plan the "
-                     "activations of --model gpt2");
+                     "--micro-batch, --seq-len, --number-checkpoints, --partition-activations and "
+                     "--memory-limit plan the activations of --model gpt2");
   expect_usage_error({"--model", "gpt2", "--ranks", "2", "--seq-len", "16"},
-                     "--seq-len, --number-checkpoints and --memory-limit need --micro-batch B");
+                     "--seq-len, --number-checkpoints, --partition-activations and --memory-limit "
+                     "need --micro-batch B");
   expect_usage_error({"--model", "gpt2", "--ranks", "2", "--micro-batch", "2", "--seq-len", "65"},
                      "--seq-len 65 is longer than the block size 64");
 }

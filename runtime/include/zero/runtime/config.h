@@ -58,10 +58,9 @@
 //                      batch keys' "world size" is then the data-parallel size, world / tp.
 //   activation_checkpointing  -> ActivationCheckpointingConfig: number_checkpoints (at least 1),
 //                      our mode ("none", "selective", "full"; absent: none), cpu_checkpointing,
-//                      contiguous_memory_optimization and profile. partition_activations and
-//                      synchronize_checkpoint_boundary are accepted false; true is an error
-//                      saying the feature is not built (partition_activations: it needs tensor
-//                      parallelism).
+//                      contiguous_memory_optimization, profile and partition_activations.
+//                      synchronize_checkpoint_boundary is accepted false; true is an error
+//                      saying the feature is not built.
 //
 // Accepted and ignored, because ignoring them cannot change the result; each one a file gives
 // is listed in TrainingConfig::ignored_keys with the reason: memory_breakdown,
@@ -100,10 +99,12 @@ struct ActivationCheckpointingConfig {
   bool number_checkpoints_given = false;
   // DeepSpeed's keys, with its defaults (false). cpu_checkpointing: checkpoints in pinned host
   // memory on CUDA (the CPU path keeps them in host memory anyway); contiguous_memory_optimization:
-  // all checkpoints in one buffer; profile: per-block forward, recompute and backward times.
+  // all checkpoints in one buffer; profile: per-block forward, recompute and backward times;
+  // partition_activations: each checkpoint split over the tensor-parallel group.
   bool cpu_checkpointing = false;
   bool contiguous_memory_optimization = false;
   bool profile = false;
+  bool partition_activations = false;
 };
 
 struct TrainingConfig {
