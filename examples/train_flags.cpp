@@ -321,11 +321,6 @@ int data_parallel_size(int world_size, const zero::TrainingConfig& tc, const Fla
                             ": the GPT-2's tensor-parallel layers run on the CPU path only for "
                             "now (--device cpu)");
   }
-  if (tp > 1 && !f.trace.empty()) {
-    throw zero::ConfigError(source + " is " + std::to_string(tp) +
-                            ": --trace of a tensor-parallel run is not built yet (each "
-                            "data-parallel group would write the same file)");
-  }
   return world_size / tp;
 }
 

@@ -327,7 +327,11 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
     metrics.write(record);
   }
   if (!f.trace.empty()) {
-    engine.trace().write_chrome_trace(host, f.trace);
+    // With tensor parallelism the engine's group is one data-parallel group of several: the
+    // trace gathers over the whole world instead, so one file holds every rank (pid = rank).
+    std::unique_ptr<zero::Communicator> everyone;
+    if (tensor_parallel != nullptr) everyone = zero::make_mpi_communicator();
+    engine.trace().write_chrome_trace(everyone ? *everyone : host, f.trace);
     if (leader) std::printf("trace written to %s\n", f.trace.c_str());
   }
 }
