@@ -548,4 +548,10 @@ std::unique_ptr<Communicator> make_mpi_communicator_split(int color, int key) {
   return comm;
 }
 
+int mpi_world_rank() {
+  int rank = 0;
+  ZERO_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  return rank;
+}
+
 }  // namespace zero

@@ -310,12 +310,6 @@ int data_parallel_size(int world_size, const zero::TrainingConfig& tc, const Fla
     throw zero::ConfigError(source + " is " + std::to_string(tp) +
                             ": only --model gpt2 splits its layers over tensor-parallel ranks");
   }
-  if (tp > 1 && tc.engine.mics_shard_size != -1) {
-    throw zero::ConfigError(source + " is " + std::to_string(tp) +
-                            " and zero_optimization.mics_shard_size is " +
-                            std::to_string(tc.engine.mics_shard_size) +
-                            ": tensor parallelism with hybrid sharding is not supported yet");
-  }
   if (tp > 1 && f.cuda) {
     throw zero::ConfigError(source + " is " + std::to_string(tp) +
                             ": the GPT-2's tensor-parallel layers run on the CPU path only for "

@@ -70,11 +70,16 @@ int read_tensor_parallel(const config::TrainingConfig& c, int world_size, const 
     check.fail(key, "a divisor of the world size " + std::to_string(world_size),
                std::to_string(tp));
   }
+  // Hybrid sharding groups the ranks of each data-parallel group (Megatron + MiCS).
   const int64_t mics = c.zero_optimization().mics_shard_size();
-  if (tp > 1 && c.zero_optimization().has_mics_shard_size() && mics != -1) {
-    config_error(in_quotes(key) + " in " + check.origin() + " is " + std::to_string(tp) +
-                 " and zero_optimization.mics_shard_size is " + std::to_string(mics) +
-                 ": tensor parallelism with hybrid sharding is not supported yet");
+  const int64_t data_parallel = world_size / tp;
+  if (tp > 1 && c.zero_optimization().has_mics_shard_size() && mics >= 1 &&
+      (mics > data_parallel || data_parallel % mics != 0)) {
+    check.fail("zero_optimization.mics_shard_size",
+               "a divisor of the " + std::to_string(data_parallel) +
+                   " data-parallel rank(s) (the world's " + std::to_string(world_size) + " over " +
+                   key + " " + std::to_string(tp) + ")",
+               std::to_string(mics));
   }
   out->tensor_parallel_size = static_cast<int>(tp);
   return world_size / static_cast<int>(tp);

@@ -145,13 +145,9 @@ EngineConfig Engine::Impl::validated(const EngineConfig& c, Communicator& comm) 
                    << kNvmeAlignment
                    << " and a queue_depth and intra_op_parallelism of at least 1");
   }
-  if (c.tensor_parallel != nullptr) {
-    ZERO_CHECK(!c.device.is_cuda(), "tensor parallelism runs on the CPU path only for now, not on "
-                                        << device_name(c.device));
-    ZERO_CHECK(c.mics_shard_size == -1 || c.mics_shard_size == comm.world_size(),
-               "tensor parallelism with hybrid sharding (mics_shard_size "
-                   << c.mics_shard_size << ") is not supported yet");
-  }
+  ZERO_CHECK(
+      c.tensor_parallel == nullptr || !c.device.is_cuda(),
+      "tensor parallelism runs on the CPU path only for now, not on " << device_name(c.device));
   ZERO_CHECK(!c.grad_accum_dtype || *c.grad_accum_dtype == DType::kFloat32 ||
                  *c.grad_accum_dtype == c.dtype,
              "gradients accumulate in fp32 or in the working dtype ("

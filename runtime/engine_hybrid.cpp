@@ -38,17 +38,18 @@ HybridGroups HybridGroups::split(Communicator& world, const EngineConfig& config
   const int k = sharding_group_size(config, n);
   HybridGroups groups;
   if (k == n) return groups;
-  // The split is over MPI_COMM_WORLD: the engine's communicator must be the whole world in its
-  // order, or the groups would not be the ones its ranks expect.
-  const std::vector<uint64_t> ranks = all_gather_u64(world, static_cast<uint64_t>(world.rank()));
-  for (int r = 0; r < n; ++r) {
-    ZERO_CHECK(ranks[static_cast<size_t>(r)] == static_cast<uint64_t>(r),
-               "hybrid sharding needs the engine's communicator to span the whole MPI world");
-  }
+  // The splits are of MPI_COMM_WORLD and collective over it: every rank of the world builds its
+  // engine at once, in the same order (with tensor parallelism, each data-parallel group its
+  // own). A group is named by the world rank of its first member, which no other group of
+  // another data-parallel group can share.
+  const std::vector<uint64_t> members =
+      all_gather_u64(world, static_cast<uint64_t>(mpi_world_rank()));
   const int rank = world.rank();
-  // Both splits are collective over the world: every rank makes them in the same order.
-  groups.shard = make_mpi_communicator_split(rank / k, rank);
-  groups.replica = make_mpi_communicator_split(rank % k, rank);
+  const auto color = [&](int first) {
+    return static_cast<int>(members[static_cast<size_t>(first)]);
+  };
+  groups.shard = make_mpi_communicator_split(color(rank / k * k), rank);
+  groups.replica = make_mpi_communicator_split(color(rank % k), rank);
   ZERO_CHECK(groups.shard->world_size() == k && groups.replica->world_size() == n / k,
              "the hybrid split gave shard groups of "
                  << groups.shard->world_size() << " and replica groups of "

@@ -272,11 +272,6 @@ Options parse_options(const std::vector<std::string>& args) {
   if (options.gpt2.tensor_parallel_size > 1 && options.model != "gpt2") {
     usage_error("--tp splits the layers of --model gpt2 only");
   }
-  if (options.gpt2.tensor_parallel_size > 1 && options.mics_shard_size != -1) {
-    usage_error(
-        "--tp with --mics-shard-size (tensor parallelism with hybrid sharding) is not "
-        "supported yet");
-  }
   const bool activation_flags = options.micro_batch > 0 || options.seq_len > 0 ||
                                 options.number_checkpoints > 0 || options.memory_limit > 0 ||
                                 options.partition_activations;

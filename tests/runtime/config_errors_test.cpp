@@ -227,9 +227,9 @@ const std::vector<BadConfig>& bad_configs() {
        R"("tensor_parallel.autotp_size" in ds.json must be the same as tensor_parallel.tp_size )"
        R"((2) when both are given, got 1)"},
       {R"({"train_batch_size": 8, "tensor_parallel": {"tp_size": 2},
-          "zero_optimization": {"stage": 3, "mics_shard_size": 1}})",
-       R"("tensor_parallel.tp_size" in ds.json is 2 and zero_optimization.mics_shard_size is 1: )"
-       R"(tensor parallelism with hybrid sharding is not supported yet)"},
+          "zero_optimization": {"stage": 3, "mics_shard_size": 2}})",
+       R"("zero_optimization.mics_shard_size" in ds.json must be a divisor of the 1 )"
+       R"(data-parallel rank(s) (the world's 2 over tensor_parallel.tp_size 2), got 2)"},
       // Not a config at all.
       {" \n\t", "config ds.json is empty"},
       {"[1, 2]", "ds.json must hold a JSON object of config keys, got a list"},

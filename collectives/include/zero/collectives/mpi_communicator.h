@@ -72,4 +72,8 @@ std::unique_ptr<Communicator> make_mpi_communicator(
 // over each replica group. Collective over the whole world: every rank calls it together.
 std::unique_ptr<Communicator> make_mpi_communicator_split(int color, int key);
 
+// This process's rank in MPI_COMM_WORLD (MPI must be initialized): what names a rank across the
+// communicators split from the world.
+int mpi_world_rank();
+
 }  // namespace zero
