@@ -310,11 +310,6 @@ int data_parallel_size(int world_size, const zero::TrainingConfig& tc, const Fla
     throw zero::ConfigError(source + " is " + std::to_string(tp) +
                             ": only --model gpt2 splits its layers over tensor-parallel ranks");
   }
-  if (tp > 1 && f.cuda) {
-    throw zero::ConfigError(source + " is " + std::to_string(tp) +
-                            ": the GPT-2's tensor-parallel layers run on the CPU path only for "
-                            "now (--device cpu)");
-  }
   return world_size / tp;
 }
 

@@ -510,11 +510,12 @@ int main(int argc, char** argv) {
     zero::Device device = zero::Device::cpu();
 #if ZERO_HAVE_NCCL
     if (flags.cuda) {
-      // resolve_config refused tensor parallelism on CUDA: the data-parallel group is the world.
-      std::unique_ptr<zero::NcclCommunicator> nccl = zero::make_nccl_communicator();
-      device = zero::Device::cuda(nccl->device());
-      grid.place = zero::grid_place(rank, mpi.world_size(), 1);
-      grid.data_parallel = std::move(nccl);
+      // NCCL groups on the GPU, with MPI ones beside them for the host-side exchanges.
+      grid = zero::make_nccl_process_grid(config.tensor_parallel_size);
+      device =
+          zero::Device::cuda(dynamic_cast<zero::NcclCommunicator&>(*grid.data_parallel).device());
+      config.engine.host_communicator = grid.host_data_parallel.get();
+      config.engine.host_tensor_parallel = grid.host_tensor_parallel.get();
     }
 #endif
     if (!grid.data_parallel) grid = zero::make_mpi_process_grid(config.tensor_parallel_size);

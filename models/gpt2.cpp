@@ -93,7 +93,7 @@ class Gpt2Embedding : public Module {
         out.data(), in.data(), slots_.value(params, 0),
         backend_->adds_row_parallel_bias() ? slots_.value(params, 1) : nullptr, rows.first,
         rows.count, B, T, config_.n_embd);
-    backend_->all_reduce_tensor_parallel(out.data(), out.numel());
+    backend_->all_reduce_tensor_parallel(out.data(), out.numel(), out.device());
   }
 
   void backward(const Tensor& grad_out, Tensor& grad_in, const std::vector<ParamRef>&,
@@ -174,7 +174,7 @@ class Gpt2Head : public Module {
       ops.cross_entropy_forward(losses_.data(), lse_.data(), logits_.data(), ops.targets(ids), N,
                                 V);
     } else {
-      parallel_cross_entropy(ops, N, V);
+      parallel_cross_entropy(ops, N, V, dev);
     }
     // The mean over the positions, summed in double on the host (N values).
     double sum = 0.0;
@@ -207,7 +207,7 @@ class Gpt2Head : public Module {
     ops.matmul_backward(d_norm_.data(), slots_.grad(grads, 2), nullptr, logits_.data(),
                         norm_.data(), slots_.value(params, 2), N, C, V, WeightLayout::kOutIn);
     // Each rank's columns give a share of ln_f's output gradient: the sum is whole.
-    backend_->all_reduce_tensor_parallel(d_norm_.data(), d_norm_.numel());
+    backend_->all_reduce_tensor_parallel(d_norm_.data(), d_norm_.numel(), dev);
     grad_in = Tensor(input_.shape(), dev);
     ops.layernorm_backward(grad_in.data(), slots_.grad(grads, 0), slots_.grad(grads, 1),
                            d_norm_.data(), input_.data(), slots_.value(params, 0), mean_.data(),
@@ -228,26 +228,33 @@ class Gpt2Head : public Module {
   std::shared_ptr<gpt2_detail::Gpt2Backend> backend_;
   // The cross-entropy over the whole vocabulary from this rank's columns of the logits: each
   // row's log-sum-exp combined from every rank's (into lse_, which backward uses), minus the
-  // target's logit (summed over the ranks: only its owner's is not 0).
-  void parallel_cross_entropy(Gpt2Ops& ops, int N, int V) {
+  // target's logit (summed over the ranks: only its owner's is not 0). The ranks' partials are
+  // gathered in the activations' memory and combined on the host in double (N rows), so both
+  // devices combine them alike.
+  void parallel_cross_entropy(Gpt2Ops& ops, int N, int V,
+                              const std::shared_ptr<DeviceContext>& dev) {
     const int t = config_.tensor_parallel_size;
     const VocabularyRows rows = vocabulary_rows(config_, backend_->tensor_parallel_rank());
-    std::vector<float> mine(static_cast<size_t>(N)), all(static_cast<size_t>(N) * t);
-    std::vector<float> target_logits(static_cast<size_t>(N));
+    Tensor mine({N}, dev), all({t, N}, dev), target_logits({N}, dev);
     ops.cross_entropy_partials(mine.data(), target_logits.data(), logits_.data(),
                                ops.targets(targets_->ids), rows.first, N, rows.count, V);
-    backend_->all_gather_tensor_parallel(mine.data(), all.data(), mine.size());
-    backend_->all_reduce_tensor_parallel(target_logits.data(), target_logits.size());
-    for (int n = 0; n < N; ++n) {
-      float max = all[static_cast<size_t>(n)];
-      for (int r = 1; r < t; ++r) max = std::max(max, all[static_cast<size_t>(r) * N + n]);
+    backend_->all_gather_tensor_parallel(mine.data(), all.data(), static_cast<size_t>(N), dev);
+    backend_->all_reduce_tensor_parallel(target_logits.data(), static_cast<size_t>(N), dev);
+    const std::vector<float> lses = all.to_host();
+    const std::vector<float> targets = target_logits.to_host();
+    std::vector<float> lse(static_cast<size_t>(N)), losses(static_cast<size_t>(N));
+    for (size_t n = 0; n < static_cast<size_t>(N); ++n) {
+      float max = lses[n];
+      for (int r = 1; r < t; ++r) max = std::max(max, lses[static_cast<size_t>(r) * N + n]);
       double sum = 0.0;
       for (int r = 0; r < t; ++r)
-        sum += std::exp(static_cast<double>(all[static_cast<size_t>(r) * N + n]) - max);
-      const float lse = static_cast<float>(max + std::log(sum));
-      lse_.data()[n] = lse;
-      losses_.data()[n] = lse - target_logits[static_cast<size_t>(n)];
+        sum += std::exp(static_cast<double>(lses[static_cast<size_t>(r) * N + n]) - max);
+      lse[n] = static_cast<float>(max + std::log(sum));
+      losses[n] = lse[n] - targets[n];
     }
+    DeviceContext& context = backend_->context_of(dev);
+    context.copy_from_host(lse_.data(), lse.data(), lse.size() * sizeof(float));
+    context.copy_from_host(losses_.data(), losses.data(), losses.size() * sizeof(float));
   }
 
   std::shared_ptr<Gpt2Targets> targets_;

@@ -256,6 +256,7 @@ void Gpt2Block::run_forward(const std::vector<ParamRef>& params, Tensor* out) {
   // In backward, an operation runs again when this block did not keep what it makes.
   auto makes = [&](int a) { return out != nullptr || !keeps(recompute_, a); };
   Gpt2Ops& ops = backend_->ops_for(input_holder());
+  const std::shared_ptr<DeviceContext>& on = input_holder().device();
   if (makes(kLn1)) {
     ops.layernorm_forward(p(kLn1), p(kLn1Mean), p(kLn1Rstd), p(kInput), w(kLn1W), w(kLn1B), N, C,
                           eps);
@@ -267,7 +268,7 @@ void Gpt2Block::run_forward(const std::vector<ParamRef>& params, Tensor* out) {
   if (makes(kX2)) {
     ops.matmul_forward(p(kX2), p(kAtt), w(kProjW), bias ? w(kProjB) : nullptr, N, Cl, C,
                        WeightLayout::kInOut);
-    backend_->all_reduce_tensor_parallel(p(kX2), static_cast<size_t>(N) * C);
+    backend_->all_reduce_tensor_parallel(p(kX2), static_cast<size_t>(N) * C, on);
     ops.add(p(kX2), p(kInput), static_cast<size_t>(N) * C);  // the residual
   }
   if (makes(kLn2)) {
@@ -280,7 +281,7 @@ void Gpt2Block::run_forward(const std::vector<ParamRef>& params, Tensor* out) {
   if (out == nullptr) return;
   ops.matmul_forward(out->data(), p(kGelu), w(kFcProjW), bias ? w(kFcProjB) : nullptr, N, 4 * Cl, C,
                      WeightLayout::kInOut);
-  backend_->all_reduce_tensor_parallel(out->data(), out->numel());
+  backend_->all_reduce_tensor_parallel(out->data(), out->numel(), on);
   ops.add(out->data(), p(kX2), out->numel());
 }
 
@@ -305,7 +306,8 @@ void Gpt2Block::backward(const Tensor& grad_out, Tensor& grad_in,
       // The whole input from every rank's piece, in rank order: a copy, so the recomputation
       // starts from exactly the input forward had.
       backend_->all_gather_tensor_parallel(checkpoint_data(), data_of(kInput),
-                                           gpt2_checkpoint_piece(config_, B_, T_));
+                                           gpt2_checkpoint_piece(config_, B_, T_),
+                                           grad_out.device());
     }
     run_forward(params, nullptr);
     if (checkpointing_.profile) {
@@ -334,7 +336,7 @@ void Gpt2Block::backward(const Tensor& grad_out, Tensor& grad_in,
   // Column-parallel: each rank has its columns' share of the input gradient; the sum is whole.
   ops.matmul_backward(s.d_norm.data(), g(kFcW), g(kFcB), s.d_fc.data(), p(kLn2), w(kFcW), N, C,
                       4 * Cl, WeightLayout::kInOut);
-  backend_->all_reduce_tensor_parallel(s.d_norm.data(), static_cast<size_t>(N) * C);
+  backend_->all_reduce_tensor_parallel(s.d_norm.data(), static_cast<size_t>(N) * C, dev);
   ops.layernorm_backward(d_x2.data(), g(kLn2W), g(kLn2B), s.d_norm.data(), p(kX2), w(kLn2W),
                          p(kLn2Mean), p(kLn2Rstd), N, C);
   // The same for the attention half: x's gradient is x2's plus the attention path's.
@@ -344,7 +346,7 @@ void Gpt2Block::backward(const Tensor& grad_out, Tensor& grad_in,
                          NHl);
   ops.matmul_backward(s.d_norm.data(), g(kQkvW), g(kQkvB), s.d_qkv.data(), p(kLn1), w(kQkvW), N, C,
                       3 * Cl, WeightLayout::kInOut);
-  backend_->all_reduce_tensor_parallel(s.d_norm.data(), static_cast<size_t>(N) * C);
+  backend_->all_reduce_tensor_parallel(s.d_norm.data(), static_cast<size_t>(N) * C, dev);
   grad_in = std::move(d_x2);
   ops.layernorm_backward(grad_in.data(), g(kLn1W), g(kLn1B), s.d_norm.data(), p(kInput), w(kLn1W),
                          p(kLn1Mean), p(kLn1Rstd), N, C);

@@ -88,16 +88,20 @@ class Gpt2Backend {
   void set_tensor_parallel(const Gpt2TensorParallel& tensor_parallel) {
     tensor_parallel_ = tensor_parallel;
   }
-  // data (n floats, host memory) summed over the tensor-parallel group, in place: Megatron's
-  // all-reduce after a row-parallel matrix (forward) and before a column-parallel one's input
-  // gradient is used (backward). Nothing without a group.
-  void all_reduce_tensor_parallel(float* data, size_t n) {
+  // data (n floats in the memory of `on`: host memory when null) summed over the
+  // tensor-parallel group, in place: Megatron's all-reduce after a row-parallel matrix (forward)
+  // and before a column-parallel one's input gradient is used (backward). Nothing without a
+  // group.
+  void all_reduce_tensor_parallel(float* data, size_t n, const std::shared_ptr<DeviceContext>& on) {
     if (tensor_parallel_.comm == nullptr) return;
-    tensor_parallel_.comm->all_reduce_sync(data, data, n, DType::kFloat32);
+    Communicator& comm = *tensor_parallel_.comm;
+    in_order(on, [&] { return comm.all_reduce(data, data, n, DType::kFloat32); });
   }
   // recv (n floats per rank, in rank order) = every rank's send (n floats), over the group.
-  void all_gather_tensor_parallel(const float* send, float* recv, size_t n) {
-    tensor_parallel_.comm->all_gather_sync(send, recv, n, DType::kFloat32);
+  void all_gather_tensor_parallel(const float* send, float* recv, size_t n,
+                                  const std::shared_ptr<DeviceContext>& on) {
+    Communicator& comm = *tensor_parallel_.comm;
+    in_order(on, [&] { return comm.all_gather(send, recv, n, DType::kFloat32); });
   }
   // Whether this rank adds the replicated bias of a row-parallel matrix before the all-reduce
   // (one rank does, so the sum holds it once), and the position embedding likewise.
@@ -168,6 +172,19 @@ class Gpt2Backend {
   }
 
  private:
+  // Runs a collective of the group between the work before it and after it: on a GPU (the
+  // group's communicator is then NCCL's) the collective's stream waits for the compute stream
+  // and the compute stream for the collective, on the device; in host memory it blocks.
+  template <typename Collective>
+  void in_order(const std::shared_ptr<DeviceContext>& on, Collective collective) {
+    if (!on) {
+      collective().wait();
+      return;
+    }
+    tensor_parallel_.comm->stream().wait(on->record());
+    on->wait(collective());
+  }
+
   int threads_;
   Gpt2TensorParallel tensor_parallel_;
   Allocator* allocator_ = nullptr;

@@ -63,8 +63,7 @@ class CpuGpt2Ops : public Gpt2Ops {
                               const int32_t* targets, float dloss, int N, int V) override {
     kernels::cross_entropy_backward(dlogits, logits, lse, targets, dloss, N, V, V, opt_);
   }
-  // The vocabulary-parallel operations: plain loops (the CPU path is where tensor parallelism
-  // runs so far).
+  // The vocabulary-parallel operations (tensor parallelism): plain loops.
   void embedding_forward_rows(float* out, const float* tokens, const float* wte_rows,
                               const float* wpe, int first, int rows, int B, int T, int C) override {
     for (int b = 0; b < B; ++b) {

@@ -78,22 +78,25 @@ class CudaGpt2Ops : public Gpt2Ops {
                               const int32_t* targets, float dloss, int N, int V) override {
     cuda::cross_entropy_backward(dlogits, logits, lse, targets, dloss, N, V, V, stream_);
   }
-  // Tensor parallelism runs on the CPU path only so far (zero-train refuses it on CUDA).
-  void embedding_forward_rows(float*, const float*, const float*, const float*, int, int, int, int,
-                              int) override {
-    ZERO_FAIL("the vocabulary-parallel embedding runs on the CPU path only so far");
+  // The vocabulary-parallel embedding and cross-entropy (tensor parallelism).
+  void embedding_forward_rows(float* out, const float* tokens, const float* wte_rows,
+                              const float* wpe, int first, int rows, int B, int T, int C) override {
+    cuda::embedding_forward_rows(out, tokens, wte_rows, wpe, first, rows, B, T, C, stream_);
   }
-  void embedding_backward_rows(float*, float*, const float*, const float*, int, int, int, int,
-                               int) override {
-    ZERO_FAIL("the vocabulary-parallel embedding runs on the CPU path only so far");
+  void embedding_backward_rows(float* dwte_rows, float* dwpe, const float* dout,
+                               const float* tokens, int first, int rows, int B, int T,
+                               int C) override {
+    cuda::embedding_backward_rows(dwte_rows, dwpe, dout, tokens, first, rows, B, T, C, stream_);
   }
-  void cross_entropy_partials(float*, float*, const float*, const int32_t*, int, int, int,
-                              int) override {
-    ZERO_FAIL("the vocabulary-parallel cross-entropy runs on the CPU path only so far");
+  void cross_entropy_partials(float* lse, float* target_logits, const float* logits,
+                              const int32_t* targets, int first, int N, int V, int Vp) override {
+    cuda::cross_entropy_partials(lse, target_logits, logits, targets, first, N, V, Vp, stream_);
   }
-  void cross_entropy_backward_partial(float*, const float*, const float*, const int32_t*, int,
-                                      float, int, int, int) override {
-    ZERO_FAIL("the vocabulary-parallel cross-entropy runs on the CPU path only so far");
+  void cross_entropy_backward_partial(float* dlogits, const float* logits, const float* lse,
+                                      const int32_t* targets, int first, float dloss, int N, int V,
+                                      int Vp) override {
+    cuda::cross_entropy_backward_partial(dlogits, logits, lse, targets, first, dloss, N, V, Vp,
+                                         stream_);
   }
   void add(float* dst, const float* src, size_t n) override {
     device_->add(dst, DType::kFloat32, src, DType::kFloat32, n);

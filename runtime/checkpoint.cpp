@@ -446,7 +446,7 @@ namespace {
 // Collective over both groups.
 std::vector<std::vector<float>> whole_params(Engine& engine) {
   std::vector<std::vector<float>> params = engine.gather_full_params();
-  Communicator* tp = engine.config().tensor_parallel;
+  Communicator* tp = engine.host_tensor_parallel();
   if (tp == nullptr) return params;
   const std::vector<ParamPlacement>& placed = engine.layout().params();
   for (size_t p = 0; p < params.size(); ++p) {

@@ -33,7 +33,7 @@ std::string own_dir(const Engine& engine, const std::string& dir) {
 
 void agree(const Engine& engine, const std::string& what, const std::exception_ptr& failure,
            long step) {
-  Communicator* tp = engine.config().tensor_parallel;
+  Communicator* tp = engine.host_tensor_parallel();
   if (tp == nullptr) {
     if (failure) std::rethrow_exception(failure);
     return;

@@ -18,8 +18,12 @@ Engine::Impl::Impl(Communicator& c, const std::vector<ParamDecl>& decls, const E
       comm(hybrid.shard ? *hybrid.shard : c),
       config(validated(cfg, comm)),
       device(DeviceContext::create(cfg.device, cfg.kernel_threads)),
-      owned_host_comm(cfg.device.is_cuda() ? make_mpi_communicator() : nullptr),
-      host_comm(owned_host_comm ? *owned_host_comm : c),
+      owned_host_comm(cfg.device.is_cuda() && cfg.host_communicator == nullptr
+                          ? make_mpi_communicator()
+                          : nullptr),
+      host_comm(owned_host_comm        ? *owned_host_comm
+                : cfg.device.is_cuda() ? *cfg.host_communicator
+                                       : c),
       allocator(*device),
       host_allocator(device->pinned_memory()),
       layout(Layout::build(specs_of(decls), layout_options(cfg, c.world_size()))),
@@ -145,9 +149,12 @@ EngineConfig Engine::Impl::validated(const EngineConfig& c, Communicator& comm) 
                    << kNvmeAlignment
                    << " and a queue_depth and intra_op_parallelism of at least 1");
   }
-  ZERO_CHECK(
-      c.tensor_parallel == nullptr || !c.device.is_cuda(),
-      "tensor parallelism runs on the CPU path only for now, not on " << device_name(c.device));
+  ZERO_CHECK(c.tensor_parallel == nullptr || !c.device.is_cuda() ||
+                 (c.host_communicator != nullptr && c.host_tensor_parallel != nullptr),
+             "tensor parallelism on " << device_name(c.device)
+                                      << " needs the MPI communicators of its groups for the "
+                                         "host-side exchanges (EngineConfig::host_communicator "
+                                         "and host_tensor_parallel: a process grid's)");
   ZERO_CHECK(!c.grad_accum_dtype || *c.grad_accum_dtype == DType::kFloat32 ||
                  *c.grad_accum_dtype == c.dtype,
              "gradients accumulate in fp32 or in the working dtype ("
@@ -341,6 +348,10 @@ Communicator& Engine::communicator() {
 }
 Communicator& Engine::host_communicator() {
   return impl_->host_comm;
+}
+Communicator* Engine::host_tensor_parallel() const {
+  const EngineConfig& c = impl_->config;
+  return c.device.is_cuda() ? c.host_tensor_parallel : c.tensor_parallel;
 }
 const std::shared_ptr<DeviceContext>& Engine::device_context() const {
   return impl_->device;

@@ -433,7 +433,7 @@ struct Engine::Impl {
   // One all-reduce of each unit's sum of squares over the shards gives the global norm, and
   // tells every rank at once whether (and in which unit) a gradient overflowed anywhere.
   GradientCheck check_gradients();
-  float tensor_parallel_sum_squares(size_t u);
+  float tensor_parallel_sum_squares(size_t u, float* slot);
 
   // fp16 lets the loss scaler decide; fp32 and bf16 stop on a non-finite gradient, naming the
   // unit, unless told to skip such steps.

@@ -89,7 +89,8 @@ Engine::Impl::GradientCheck Engine::Impl::check_gradients() {
     for (size_t u = 0; u < units.size(); ++u) {
       if (!layout.units()[u].trainable) continue;
       if (config.tensor_parallel != nullptr) {
-        unit_sums[u] = tensor_parallel_sum_squares(u);
+        const float sum = tensor_parallel_sum_squares(u, unit_sums + u);
+        device->copy_from_host(unit_sums + u, &sum, sizeof(float));
       } else {
         device->sum_squares(grad_shard(u), accum_dtype, layout.units()[u].shard, unit_sums + u);
       }
@@ -123,8 +124,10 @@ Engine::Impl::GradientCheck Engine::Impl::check_gradients() {
 }
 
 // Unit u's sum of squared gradients over this rank's shard, counting the parameters replicated
-// over the tensor-parallel group on its rank 0 only (the CPU path: host memory).
-float Engine::Impl::tensor_parallel_sum_squares(size_t u) {
+// over the tensor-parallel group on its rank 0 only. Each counted parameter's sum lands in
+// `slot` (the device's memory), is read back and added in double on the host: one small copy
+// per parameter, which a GPU pays once a step per split parameter.
+float Engine::Impl::tensor_parallel_sum_squares(size_t u, float* slot) {
   const Unit& unit = layout.units()[u];
   const size_t begin = static_cast<size_t>(rank) * unit.shard;
   const size_t end = begin + unit.shard;
@@ -136,9 +139,10 @@ float Engine::Impl::tensor_parallel_sum_squares(size_t u) {
     const size_t first = std::max(begin, param.offset);
     const size_t last = std::min(end, param.offset + param.numel);
     if (first >= last) continue;
-    float part = 0.0f;
     device->sum_squares(byte_offset(grad_shard(u), (first - begin) * accum), accum_dtype,
-                        last - first, &part);
+                        last - first, slot);
+    float part = 0.0f;
+    device->copy_to_host(&part, slot, sizeof(float));
     sum += part;
   }
   return static_cast<float>(sum);

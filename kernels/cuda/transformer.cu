@@ -38,8 +38,8 @@ __device__ void column_reduce(float* shared, float value) {
 
 __global__ void __launch_bounds__(kElementThreads)
     embedding_forward_kernel(float* out, const float* tokens, const float* wte, const float* wpe,
-                             int B, int T, int C) {
-  embedding_forward_thread(blockIdx.x, threadIdx.x, out, tokens, wte, wpe, B, T, C);
+                             int first, int rows, int B, int T, int C) {
+  embedding_forward_thread(blockIdx.x, threadIdx.x, out, tokens, wte, wpe, first, rows, B, T, C);
 }
 
 __global__ void __launch_bounds__(kElementThreads)
@@ -48,9 +48,9 @@ __global__ void __launch_bounds__(kElementThreads)
 }
 
 __global__ void __launch_bounds__(kElementThreads)
-    embedding_backward_wte_kernel(float* dwte, const float* dout, const float* tokens, int B, int T,
-                                  int C) {
-  embedding_backward_wte_thread(blockIdx.x, threadIdx.x, dwte, dout, tokens, B, T, C);
+    embedding_backward_wte_kernel(float* dwte, const float* dout, const float* tokens, int first,
+                                  int rows, int B, int T, int C) {
+  embedding_backward_wte_thread(blockIdx.x, threadIdx.x, dwte, dout, tokens, first, rows, B, T, C);
 }
 
 __global__ void __launch_bounds__(kRowThreads)
@@ -124,11 +124,24 @@ __global__ void __launch_bounds__(kRowThreads)
   cross_entropy_forward_finish(blockIdx.x, threadIdx.x, losses, lse, logits, targets, Vp, max, sum);
 }
 
+__global__ void __launch_bounds__(kRowThreads)
+    cross_entropy_partials_kernel(float* lse, float* target_logits, const float* logits,
+                                  const int32_t* targets, int first, int V, int Vp) {
+  __shared__ float shared[kRowThreads];
+  const float max =
+      row_reduce<MaxOp>(shared, cross_entropy_max_partial(blockIdx.x, threadIdx.x, logits, V, Vp));
+  const float sum = row_reduce<SumOp>(
+      shared, cross_entropy_sum_partial(blockIdx.x, threadIdx.x, logits, V, Vp, max));
+  cross_entropy_partials_finish(blockIdx.x, threadIdx.x, lse, target_logits, logits, targets, first,
+                                V, Vp, max, sum);
+}
+
 __global__ void __launch_bounds__(kElementThreads)
     cross_entropy_backward_kernel(float* dlogits, const float* logits, const float* lse,
-                                  const int32_t* targets, float dloss, int N, int V, int Vp) {
-  cross_entropy_backward_thread(blockIdx.x, threadIdx.x, dlogits, logits, lse, targets, dloss, N, V,
-                                Vp);
+                                  const int32_t* targets, int first, float dloss, int N, int V,
+                                  int Vp) {
+  cross_entropy_backward_thread(blockIdx.x, threadIdx.x, dlogits, logits, lse, targets, first,
+                                dloss, N, V, Vp);
 }
 
 // Dynamic shared memory: the row's T scores.
@@ -189,24 +202,40 @@ void row_major_sgemm(cublasContext* handle, CUstream_st* stream, bool transpose_
 
 void embedding_forward(float* out, const float* tokens, const float* wte, const float* wpe, int B,
                        int T, int C, CUstream_st* stream) {
-  check_dims("embedding_forward", B, T, C);
-  const uint32_t blocks =
-      grid_blocks(static_cast<size_t>(B) * T * C, kElementThreads, "embedding_forward");
-  if (blocks == 0) return;
-  embedding_forward_kernel<<<blocks, kElementThreads, 0, stream>>>(out, tokens, wte, wpe, B, T, C);
-  ZERO_CUDA_CHECK_LAUNCH();
+  embedding_forward_rows(out, tokens, wte, wpe, 0, kAllRows, B, T, C, stream);
 }
 
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const float* tokens, int B,
                         int T, int C, CUstream_st* stream) {
+  embedding_backward_rows(dwte, dwpe, dout, tokens, 0, kAllRows, B, T, C, stream);
+}
+
+void embedding_forward_rows(float* out, const float* tokens, const float* wte_rows,
+                            const float* wpe, int first, int rows, int B, int T, int C,
+                            CUstream_st* stream) {
+  check_dims("embedding_forward", B, T, C);
+  ZERO_CHECK(first >= 0 && rows >= 0,
+             "embedding_forward: rows [" << first << ", +" << rows << ") of the vocabulary");
+  const uint32_t blocks =
+      grid_blocks(static_cast<size_t>(B) * T * C, kElementThreads, "embedding_forward");
+  if (blocks == 0) return;
+  embedding_forward_kernel<<<blocks, kElementThreads, 0, stream>>>(out, tokens, wte_rows, wpe,
+                                                                   first, rows, B, T, C);
+  ZERO_CUDA_CHECK_LAUNCH();
+}
+
+void embedding_backward_rows(float* dwte_rows, float* dwpe, const float* dout, const float* tokens,
+                             int first, int rows, int B, int T, int C, CUstream_st* stream) {
   check_dims("embedding_backward", B, T, C);
+  ZERO_CHECK(first >= 0 && rows >= 0,
+             "embedding_backward: rows [" << first << ", +" << rows << ") of the vocabulary");
   if (static_cast<size_t>(B) * T * C == 0) return;
   embedding_backward_wpe_kernel<<<grid_blocks(static_cast<size_t>(T) * C, kElementThreads,
                                               "embedding_backward"),
                                   kElementThreads, 0, stream>>>(dwpe, dout, B, T, C);
   ZERO_CUDA_CHECK_LAUNCH();
   embedding_backward_wte_kernel<<<embedding_wte_blocks(C), kElementThreads, 0, stream>>>(
-      dwte, dout, tokens, B, T, C);
+      dwte_rows, dout, tokens, first, rows, B, T, C);
   ZERO_CUDA_CHECK_LAUNCH();
 }
 
@@ -337,13 +366,32 @@ void cross_entropy_forward(float* losses, float* lse, const float* logits, const
 void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
                             const int32_t* targets, float dloss, int N, int V, int Vp,
                             CUstream_st* stream) {
+  cross_entropy_backward_partial(dlogits, logits, lse, targets, 0, dloss, N, V, Vp, stream);
+}
+
+void cross_entropy_partials(float* lse, float* target_logits, const float* logits,
+                            const int32_t* targets, int first, int N, int V, int Vp,
+                            CUstream_st* stream) {
+  check_dims("cross_entropy_partials", N, V, Vp);
+  ZERO_CHECK(V > 0 && V <= Vp && first >= 0,
+             "cross_entropy_partials: V = " << V << " with Vp = " << Vp << ", first " << first);
+  if (N == 0) return;
+  cross_entropy_partials_kernel<<<grid_blocks(N, 1, "cross_entropy_partials"), kRowThreads, 0,
+                                  stream>>>(lse, target_logits, logits, targets, first, V, Vp);
+  ZERO_CUDA_CHECK_LAUNCH();
+}
+
+void cross_entropy_backward_partial(float* dlogits, const float* logits, const float* lse,
+                                    const int32_t* targets, int first, float dloss, int N, int V,
+                                    int Vp, CUstream_st* stream) {
   check_dims("cross_entropy_backward", N, V, Vp);
-  ZERO_CHECK(V > 0 && V <= Vp, "cross_entropy_backward: V = " << V << " with Vp = " << Vp);
+  ZERO_CHECK(V > 0 && V <= Vp && first >= 0,
+             "cross_entropy_backward: V = " << V << " with Vp = " << Vp << ", first " << first);
   const uint32_t blocks =
       grid_blocks(static_cast<size_t>(N) * Vp, kElementThreads, "cross_entropy_backward");
   if (blocks == 0) return;
-  cross_entropy_backward_kernel<<<blocks, kElementThreads, 0, stream>>>(dlogits, logits, lse,
-                                                                        targets, dloss, N, V, Vp);
+  cross_entropy_backward_kernel<<<blocks, kElementThreads, 0, stream>>>(
+      dlogits, logits, lse, targets, first, dloss, N, V, Vp);
   ZERO_CUDA_CHECK_LAUNCH();
 }
 

@@ -101,14 +101,22 @@ ZERO_HD void column_sum_finish(uint32_t block, uint32_t thread, const float* sha
 
 // --- embedding ---------------------------------------------------------------------------------
 
+// The rows of wte a kernel sees: [first, first + rows) of the vocabulary, the whole table with
+// first 0 and rows kAllRows, one tensor-parallel rank's rows otherwise (its vocabulary-parallel
+// embedding and head).
+constexpr int kAllRows = 0x7fffffff;
+
+// out[b, t, c] = wte[token - first, c] + wpe[t, c], a token outside the rows adding 0 and a null
+// wpe (the tensor-parallel ranks but the first) nothing.
 ZERO_HD void embedding_forward_thread(uint32_t block, uint32_t thread, float* out,
                                       const float* tokens, const float* wte, const float* wpe,
-                                      int B, int T, int C) {
+                                      int first, int rows, int B, int T, int C) {
   const size_t i = static_cast<size_t>(block) * kElementThreads + thread;
   if (i >= static_cast<size_t>(B) * T * C) return;
   const size_t bt = i / C, c = i % C, t = bt % T;
-  const size_t token = static_cast<size_t>(tokens[bt]);
-  out[i] = wte[token * C + c] + wpe[t * C + c];
+  const int64_t row = static_cast<int64_t>(tokens[bt]) - first;
+  const float w = row >= 0 && row < rows ? wte[static_cast<size_t>(row) * C + c] : 0.0f;
+  out[i] = w + (wpe != nullptr ? wpe[t * C + c] : 0.0f);
 }
 
 // dwpe[t, c] += dout[b, t, c] for b = 0, 1, ... in order: element (t, c) per thread.
@@ -128,18 +136,22 @@ inline uint32_t embedding_wte_blocks(int C) {
          kEmbeddingBuckets;
 }
 
-// dwte[token, c] += dout[b, t, c]: the thread owns channel c of every token in its bucket and
-// walks all B * T positions in order, so each dwte element has one writer and a fixed order.
+// dwte[token - first, c] += dout[b, t, c] for the tokens in the rows: the thread owns channel c
+// of every row in its bucket and walks all B * T positions in order, so each dwte element has
+// one writer and a fixed order.
 ZERO_HD void embedding_backward_wte_thread(uint32_t block, uint32_t thread, float* dwte,
-                                           const float* dout, const float* tokens, int B, int T,
-                                           int C) {
+                                           const float* dout, const float* tokens, int first,
+                                           int rows, int B, int T, int C) {
   const uint32_t bucket = block % kEmbeddingBuckets;
   const size_t c = static_cast<size_t>(block / kEmbeddingBuckets) * kElementThreads + thread;
   if (c >= static_cast<size_t>(C)) return;
   const size_t positions = static_cast<size_t>(B) * T;
   for (size_t bt = 0; bt < positions; ++bt) {
-    const size_t token = static_cast<size_t>(tokens[bt]);
-    if (token % kEmbeddingBuckets == bucket) dwte[token * C + c] += dout[bt * C + c];
+    const int64_t row = static_cast<int64_t>(tokens[bt]) - first;
+    if (row < 0 || row >= rows || static_cast<uint64_t>(row) % kEmbeddingBuckets != bucket) {
+      continue;
+    }
+    dwte[static_cast<size_t>(row) * C + c] += dout[bt * C + c];
   }
 }
 
@@ -305,12 +317,27 @@ ZERO_HD void cross_entropy_forward_finish(uint32_t block, uint32_t thread, float
   losses[block] = l - logits[static_cast<size_t>(block) * Vp + targets[block]];
 }
 
-// Element-wise over N * Vp. Each element is read, then written, by the same thread, so dlogits
-// may be logits.
+// The vocabulary-parallel forward's last phase, after the same two reductions over this rank's
+// V columns: the rank's lse of each row, and the target's logit where the target's column is
+// this rank's (tokens [first, first + V)), else 0, for the group to combine.
+ZERO_HD void cross_entropy_partials_finish(uint32_t block, uint32_t thread, float* lse,
+                                           float* target_logits, const float* logits,
+                                           const int32_t* targets, int first, int V, int Vp,
+                                           float max, float sum) {
+  if (thread != 0) return;
+  lse[block] = max + logf(sum);
+  const int64_t column = static_cast<int64_t>(targets[block]) - first;
+  target_logits[block] =
+      column >= 0 && column < V ? logits[static_cast<size_t>(block) * Vp + column] : 0.0f;
+}
+
+// Element-wise over N * Vp: column v is token first + v (first 0 for the whole vocabulary, lse
+// the whole vocabulary's either way). Each element is read, then written, by the same thread,
+// so dlogits may be logits.
 ZERO_HD void cross_entropy_backward_thread(uint32_t block, uint32_t thread, float* dlogits,
                                            const float* logits, const float* lse,
-                                           const int32_t* targets, float dloss, int N, int V,
-                                           int Vp) {
+                                           const int32_t* targets, int first, float dloss, int N,
+                                           int V, int Vp) {
   const size_t i = static_cast<size_t>(block) * kElementThreads + thread;
   if (i >= static_cast<size_t>(N) * Vp) return;
   const size_t n = i / Vp, v = i % Vp;
@@ -319,7 +346,7 @@ ZERO_HD void cross_entropy_backward_thread(uint32_t block, uint32_t thread, floa
     return;
   }
   const float p = expf(logits[i] - lse[n]);
-  const float indicator = v == static_cast<size_t>(targets[n]) ? 1.0f : 0.0f;
+  const float indicator = static_cast<int64_t>(v) + first == targets[n] ? 1.0f : 0.0f;
   dlogits[i] = (p - indicator) * dloss;
 }
 

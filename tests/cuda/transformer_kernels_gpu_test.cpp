@@ -7,6 +7,7 @@
 #include <cublas_v2.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -274,6 +275,97 @@ TEST_F(TransformerKernelsGpu, CrossEntropyZeroesThePaddingAndRunsInPlace) {
       }
     }
   }
+}
+
+// The vocabulary-parallel kernels (tensor parallelism) of GPT-2's padded vocabulary split over
+// 2 ranks (25,129 rows each, rank 1's last one padding), each rank's on its own columns:
+// combined as the model combines them, the whole vocabulary's lse, losses and dlogits; the
+// embedding's rows look up and gather exactly their tokens.
+TEST_F(TransformerKernelsGpu, VocabularyParallelKernelsCombineToTheWholeVocabulary) {
+  std::mt19937 rng(7);
+  const int N = 16, V = 50257, Vr = 25129, C = 8, B = 2, T = N / B;
+  const auto whole = uniform(static_cast<size_t>(N) * V, -20, 20, rng);
+  std::vector<int32_t> targets(N);
+  std::uniform_int_distribution<int32_t> pick(0, V - 1);
+  for (int32_t& t : targets) t = pick(rng);
+  targets[0] = V - 1;
+  targets[1] = Vr - 1;
+  const int32_t* d_targets = device(targets);
+  std::vector<std::vector<float>> lse(2), target_logits(2), dlogits(2);
+  for (int r = 0; r < 2; ++r) {
+    const int first = r * Vr, count = std::min(Vr, V - first);
+    std::vector<float> logits(static_cast<size_t>(N) * Vr, 1e4f);  // padding that would dominate
+    for (int n = 0; n < N; ++n) {
+      for (int v = 0; v < count; ++v) {
+        logits[static_cast<size_t>(n) * Vr + v] = whole[static_cast<size_t>(n) * V + first + v];
+      }
+    }
+    float* d_logits = device(logits);
+    float *d_lse = poisoned(N), *d_target = poisoned(N);
+    cross_entropy_partials(d_lse, d_target, d_logits, d_targets, first, N, count, Vr, stream_);
+    lse[r] = download(d_lse, N);
+    target_logits[r] = download(d_target, N);
+    dlogits[r] = logits;
+  }
+  const auto want = ref::cross_entropy_forward(whole, targets, N, V, V);
+  std::vector<float> combined(N), losses(N);
+  for (int n = 0; n < N; ++n) {
+    const double m = std::max(lse[0][n], lse[1][n]);
+    combined[n] =
+        static_cast<float>(m + std::log(std::exp(lse[0][n] - m) + std::exp(lse[1][n] - m)));
+    losses[n] = combined[n] - (target_logits[0][n] + target_logits[1][n]);
+  }
+  expect_close(combined, want.lse, kTolerance, "combined lse");
+  expect_close(losses, want.losses, kTolerance, "losses");
+  const float dloss = 1.0f / N;
+  const float* d_combined = device(combined);
+  std::vector<float> d(whole.size(), NAN);
+  for (int r = 0; r < 2; ++r) {
+    const int first = r * Vr, count = std::min(Vr, V - first);
+    float* d_logits = device(dlogits[r]);
+    cross_entropy_backward_partial(d_logits, d_logits, d_combined, d_targets, first, dloss, N,
+                                   count, Vr, stream_);
+    const auto mine = download(d_logits, dlogits[r].size());
+    for (int n = 0; n < N; ++n) {
+      for (int v = 0; v < Vr; ++v) {
+        const float x = mine[static_cast<size_t>(n) * Vr + v];
+        if (v >= count) {
+          ASSERT_EQ(x, 0.0f) << "padding of rank " << r;
+        } else {
+          d[static_cast<size_t>(n) * V + first + v] = x;
+        }
+      }
+    }
+  }
+  expect_close(d, ref::cross_entropy_backward(whole, targets, dloss, N, V, V), kTolerance,
+               "dlogits of both ranks");
+
+  // The embedding: rank 1's rows of a table of 2 * 5 rows, tokens on both sides.
+  const int rows = 5;
+  const std::vector<float> tokens = {0, 4, 5, 9, 7, 2, 5, 8, 1, 6, 3, 9, 5, 0, 7, 4};
+  const auto wte = uniform(static_cast<size_t>(2 * rows) * C, -1, 1, rng);
+  const std::vector<float> no_wpe(static_cast<size_t>(T) * C, 0.0f);
+  std::vector<float> mine_only = wte;
+  std::fill(mine_only.begin(), mine_only.begin() + rows * C, 0.0f);
+  const std::vector<float> rank1_rows(wte.begin() + rows * C, wte.end());
+  float* out = poisoned(static_cast<size_t>(N) * C);
+  const float* d_tokens = device(tokens);
+  embedding_forward_rows(out, d_tokens, device(rank1_rows), nullptr, rows, rows, B, T, C, stream_);
+  expect_close(download(out, static_cast<size_t>(N) * C),
+               ref::embedding_forward(tokens, mine_only, no_wpe, B, T, C), kTolerance,
+               "embedding rows out");
+  const auto dout = uniform(static_cast<size_t>(N) * C, -1, 1, rng);
+  float* dwte = device(std::vector<float>(static_cast<size_t>(2 * rows) * C, 0.0f));
+  float* dwpe = device(std::vector<float>(static_cast<size_t>(T) * C, 0.0f));
+  const float* d_dout = device(dout);
+  embedding_backward_rows(dwte, dwpe, d_dout, d_tokens, 0, rows, B, T, C, stream_);
+  embedding_backward_rows(dwte + rows * C, dwpe, d_dout, d_tokens, rows, rows, B, T, C, stream_);
+  std::vector<double> want_wte(static_cast<size_t>(2 * rows) * C, 0.0),
+      want_wpe(no_wpe.size(), 0.0);
+  ref::embedding_backward(want_wte, want_wpe, dout, tokens, B, T, C);
+  expect_close(download(dwte, want_wte.size()), want_wte, kTolerance, "dwte of both ranks' rows");
+  for (double& v : want_wpe) v *= 2;  // both ranks added it
+  expect_close(download(dwpe, want_wpe.size()), want_wpe, kTolerance, "dwpe");
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 // and column-sum kernels are checked here. Needs no GPU and no nvcc.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -67,13 +68,13 @@ void element_grid(size_t n, Body body) {
 }
 
 void grid_embedding_backward(float* dwte, float* dwpe, const float* dout, const float* tokens,
-                             int B, int T, int C) {
+                             int B, int T, int C, int first = 0, int rows = kAllRows) {
   element_grid(static_cast<size_t>(T) * C, [&](uint32_t b, uint32_t t) {
     embedding_backward_wpe_thread(b, t, dwpe, dout, B, T, C);
   });
   for (uint32_t b = 0; b < embedding_wte_blocks(C); ++b) {
     each_thread(kElementThreads, [&](uint32_t t) {
-      embedding_backward_wte_thread(b, t, dwte, dout, tokens, B, T, C);
+      embedding_backward_wte_thread(b, t, dwte, dout, tokens, first, rows, B, T, C);
     });
   }
 }
@@ -128,17 +129,23 @@ void grid_column_sum(float* dst, const float* x, int rows, int cols) {
   }
 }
 
-void grid_cross_entropy_forward(float* losses, float* lse, const float* logits,
-                                const int32_t* targets, int N, int V, int Vp) {
+// The forward's two row reductions, then `finish(block, thread, max, sum)` per thread.
+template <typename Finish>
+void grid_cross_entropy_rows(const float* logits, int N, int V, int Vp, Finish finish) {
   for (uint32_t b = 0; b < static_cast<uint32_t>(N); ++b) {
     const float max = row_reduce<MaxOp>(
         [&](uint32_t t) { return cross_entropy_max_partial(b, t, logits, V, Vp); });
     const float sum = row_reduce<SumOp>(
         [&](uint32_t t) { return cross_entropy_sum_partial(b, t, logits, V, Vp, max); });
-    each_thread(kRowThreads, [&](uint32_t t) {
-      cross_entropy_forward_finish(b, t, losses, lse, logits, targets, Vp, max, sum);
-    });
+    each_thread(kRowThreads, [&](uint32_t t) { finish(b, t, max, sum); });
   }
+}
+
+void grid_cross_entropy_forward(float* losses, float* lse, const float* logits,
+                                const int32_t* targets, int N, int V, int Vp) {
+  grid_cross_entropy_rows(logits, N, V, Vp, [&](uint32_t b, uint32_t t, float max, float sum) {
+    cross_entropy_forward_finish(b, t, losses, lse, logits, targets, Vp, max, sum);
+  });
 }
 
 void grid_attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
@@ -205,8 +212,8 @@ TEST(CudaTransformerGrid, EmbeddingForwardMatchesReference) {
     const auto wpe = uniform(static_cast<size_t>(s.T) * s.C, -1, 1, rng);
     std::vector<float> out(static_cast<size_t>(s.B) * s.T * s.C, NAN);
     element_grid(out.size(), [&](uint32_t b, uint32_t t) {
-      embedding_forward_thread(b, t, out.data(), tokens.data(), wte.data(), wpe.data(), s.B, s.T,
-                               s.C);
+      embedding_forward_thread(b, t, out.data(), tokens.data(), wte.data(), wpe.data(), 0, kAllRows,
+                               s.B, s.T, s.C);
     });
     expect_close(out, ref::embedding_forward(tokens, wte, wpe, s.B, s.T, s.C), kTolerance,
                  "embedding out");
@@ -227,6 +234,43 @@ TEST(CudaTransformerGrid, EmbeddingBackwardAddsEveryPositionIntoItsRows) {
     grid_embedding_backward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), s.B, s.T, s.C);
     expect_close(dwte, want_wte, kTolerance, "dwte");
     expect_close(dwpe, want_wpe, kTolerance, "dwpe");
+  }
+}
+
+// The vocabulary-parallel embedding (tensor parallelism): rank 1 of 2 holds rows [27, 54) of a
+// vocabulary of 53, the last row padding. Its lookups are the whole table's for its tokens and 0
+// for the others, without wpe; its dwte rows gather exactly its tokens' positions, and together
+// with rank 0's they are the whole table's gradient.
+TEST(CudaTransformerGrid, EmbeddingRowsLookUpAndGatherOnlyTheRanksTokens) {
+  std::mt19937 rng(11);
+  for (const Shape& s : kShapes) {
+    const int V = 53, rows = 27;
+    const auto tokens = random_tokens(static_cast<size_t>(s.B) * s.T, V, rng);
+    const auto wte = uniform(static_cast<size_t>(2 * rows) * s.C, -1, 1, rng);
+    const auto wpe = uniform(static_cast<size_t>(s.T) * s.C, -1, 1, rng);
+    const std::vector<float> no_wpe(wpe.size(), 0.0f);
+    std::vector<float> out(static_cast<size_t>(s.B) * s.T * s.C, NAN);
+    element_grid(out.size(), [&](uint32_t b, uint32_t t) {
+      embedding_forward_thread(b, t, out.data(), tokens.data(), wte.data() + rows * s.C, nullptr,
+                               rows, rows, s.B, s.T, s.C);
+    });
+    std::vector<float> mine_only = wte;  // rank 1's rows, zeros where rank 0's are
+    std::fill(mine_only.begin(), mine_only.begin() + rows * s.C, 0.0f);
+    expect_close(out, ref::embedding_forward(tokens, mine_only, no_wpe, s.B, s.T, s.C), kTolerance,
+                 "embedding rows out");
+
+    const auto dout = uniform(out.size(), -1, 1, rng);
+    std::vector<float> dwte(static_cast<size_t>(2 * rows) * s.C, 0.0f), dwpe(wpe.size(), 0.0f);
+    std::vector<float> dwpe_again(wpe.size(), 0.0f);
+    grid_embedding_backward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), s.B, s.T, s.C, 0,
+                            rows);
+    grid_embedding_backward(dwte.data() + rows * s.C, dwpe_again.data(), dout.data(), tokens.data(),
+                            s.B, s.T, s.C, rows, rows);
+    std::vector<double> want_wte(dwte.size(), 0.0), want_wpe(dwpe.size(), 0.0);
+    ref::embedding_backward(want_wte, want_wpe, dout, tokens, s.B, s.T, s.C);
+    expect_close(dwte, want_wte, kTolerance, "dwte of both ranks' rows");
+    expect_close(dwpe, want_wpe, kTolerance, "dwpe");
+    EXPECT_EQ(dwpe, dwpe_again) << "every rank adds the same position gradient";
   }
 }
 
@@ -343,7 +387,7 @@ TEST(CudaTransformerGrid, CrossEntropyMatchesReferenceAndZeroesThePadding) {
     // In place, as the model calls it: dlogits is logits.
     auto d = logits;
     element_grid(d.size(), [&](uint32_t b, uint32_t t) {
-      cross_entropy_backward_thread(b, t, d.data(), d.data(), lse.data(), targets.data(), dloss,
+      cross_entropy_backward_thread(b, t, d.data(), d.data(), lse.data(), targets.data(), 0, dloss,
                                     s.N, s.V, s.Vp);
     });
     expect_close(d, want_d, kTolerance, "dlogits");
@@ -352,6 +396,80 @@ TEST(CudaTransformerGrid, CrossEntropyMatchesReferenceAndZeroesThePadding) {
         ASSERT_EQ(d[static_cast<size_t>(n) * s.Vp + v], 0.0f) << "padding at " << n << ", " << v;
       }
     }
+  }
+}
+
+// The vocabulary-parallel cross-entropy: the vocabulary split over 2 ranks, rank 1's last
+// columns padding. Combined as the model combines them (the log-sum-exp of the ranks' lse, the
+// sum of their target logits), the ranks' partials are the whole vocabulary's lse and loss;
+// with that lse, the ranks' dlogits side by side are the whole vocabulary's.
+TEST(CudaTransformerGrid, CrossEntropyPartialsCombineToTheWholeVocabulary) {
+  std::mt19937 rng(12);
+  for (const Vocabulary& s : std::vector<Vocabulary>{{3, 101, 51}, {5, 300, 150}, {4, 999, 500}}) {
+    const int Vp = s.Vp;  // each rank's columns
+    const int first[2] = {0, Vp};
+    const int V[2] = {Vp, s.V - Vp};
+    const auto whole = uniform(static_cast<size_t>(s.N) * s.V, -20, 20, rng);
+    std::vector<int32_t> targets(s.N);
+    std::uniform_int_distribution<int32_t> pick(0, s.V - 1);
+    for (int32_t& t : targets) t = pick(rng);
+    targets[0] = s.V - 1;
+    targets[1] = Vp - 1;
+    // Each rank's columns of the logits, the padding holding values that would dominate.
+    std::vector<std::vector<float>> logits(2,
+                                           std::vector<float>(static_cast<size_t>(s.N) * Vp, 1e4f));
+    for (int r = 0; r < 2; ++r) {
+      for (int n = 0; n < s.N; ++n) {
+        for (int v = 0; v < V[r]; ++v) {
+          logits[r][static_cast<size_t>(n) * Vp + v] =
+              whole[static_cast<size_t>(n) * s.V + first[r] + v];
+        }
+      }
+    }
+    std::vector<std::vector<float>> lse(2, std::vector<float>(s.N, NAN));
+    std::vector<std::vector<float>> target_logits(2, std::vector<float>(s.N, NAN));
+    for (int r = 0; r < 2; ++r) {
+      grid_cross_entropy_rows(
+          logits[r].data(), s.N, V[r], Vp, [&](uint32_t b, uint32_t t, float max, float sum) {
+            cross_entropy_partials_finish(b, t, lse[r].data(), target_logits[r].data(),
+                                          logits[r].data(), targets.data(), first[r], V[r], Vp, max,
+                                          sum);
+          });
+    }
+    const auto want = ref::cross_entropy_forward(whole, targets, s.N, s.V, s.V);
+    std::vector<float> combined(s.N), losses(s.N);
+    for (int n = 0; n < s.N; ++n) {
+      const double m = std::max(lse[0][n], lse[1][n]);
+      combined[n] =
+          static_cast<float>(m + std::log(std::exp(lse[0][n] - m) + std::exp(lse[1][n] - m)));
+      losses[n] = combined[n] - (target_logits[0][n] + target_logits[1][n]);
+      ASSERT_TRUE(target_logits[0][n] == 0.0f || target_logits[1][n] == 0.0f)
+          << "row " << n << ": only the target's owner reports its logit";
+    }
+    expect_close(combined, want.lse, kTolerance, "combined lse");
+    expect_close(losses, want.losses, kTolerance, "losses");
+
+    const float dloss = 0.25f;
+    const auto want_d = ref::cross_entropy_backward(whole, targets, dloss, s.N, s.V, s.V);
+    std::vector<float> d(whole.size(), NAN);
+    for (int r = 0; r < 2; ++r) {
+      auto dr = logits[r];  // in place, as the model calls it
+      element_grid(dr.size(), [&](uint32_t b, uint32_t t) {
+        cross_entropy_backward_thread(b, t, dr.data(), dr.data(), combined.data(), targets.data(),
+                                      first[r], dloss, s.N, V[r], Vp);
+      });
+      for (int n = 0; n < s.N; ++n) {
+        for (int v = 0; v < Vp; ++v) {
+          const float x = dr[static_cast<size_t>(n) * Vp + v];
+          if (v >= V[r]) {
+            ASSERT_EQ(x, 0.0f) << "padding of rank " << r << " at " << n << ", " << v;
+          } else {
+            d[static_cast<size_t>(n) * s.V + first[r] + v] = x;
+          }
+        }
+      }
+    }
+    expect_close(d, want_d, kTolerance, "dlogits of both ranks");
   }
 }
 

@@ -33,6 +33,11 @@ struct ProcessGrid {
   GridPlace place;
   std::unique_ptr<Communicator> tensor_parallel;
   std::unique_ptr<Communicator> data_parallel;
+  // On NCCL, MPI communicators over the same two groups (host memory), for the host-side
+  // exchanges (EngineConfig::host_communicator and host_tensor_parallel); null on MPI, whose
+  // communicators above are host ones.
+  std::unique_ptr<Communicator> host_tensor_parallel;
+  std::unique_ptr<Communicator> host_data_parallel;
   // The world rank of the first rank of a tensor-parallel group that spans several nodes (its
   // all-reduces, two per layer each way, then cross the network), the same on every rank; -1
   // when every group lies within one node (MPI_COMM_TYPE_SHARED), as zerorun --tp places them.
@@ -51,7 +56,9 @@ ProcessGrid make_process_grid(int tp_size,
 ProcessGrid make_mpi_process_grid(int tp_size);
 
 // The grid on NCCL (device memory): one NCCL communicator per group, each on the GPU the rank's
-// world communicator would use (make_nccl_communicator_split). Builds with NCCL only.
+// world communicator would use (make_nccl_communicator_split), and the MPI grid's
+// communicators beside them as host_tensor_parallel and host_data_parallel. Builds with NCCL
+// only.
 ProcessGrid make_nccl_process_grid(int tp_size);
 
 }  // namespace zero

@@ -27,6 +27,14 @@ void embedding_forward(float* out, const float* tokens, const float* wte, const 
                        int T, int C, CUstream_st* stream);
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const float* tokens, int B,
                         int T, int C, CUstream_st* stream);
+// The vocabulary-parallel embedding of a tensor-parallel rank holding rows [first, first + rows)
+// of wte (models/gpt2_ops.h has the contracts): a token outside them looks up zeros and adds
+// nothing to dwte_rows; a null wpe is not added in forward.
+void embedding_forward_rows(float* out, const float* tokens, const float* wte_rows,
+                            const float* wpe, int first, int rows, int B, int T, int C,
+                            CUstream_st* stream);
+void embedding_backward_rows(float* dwte_rows, float* dwpe, const float* dout, const float* tokens,
+                             int first, int rows, int B, int T, int C, CUstream_st* stream);
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int N, int C, float eps, CUstream_st* stream);
@@ -58,5 +66,14 @@ void cross_entropy_forward(float* losses, float* lse, const float* logits, const
 void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
                             const int32_t* targets, float dloss, int N, int V, int Vp,
                             CUstream_st* stream);
+// The vocabulary-parallel cross-entropy over this rank's V columns (tokens first .. first +
+// V - 1) of logits [N, Vp]: each row's lse over them and the target's logit where the target is
+// this rank's (else 0); backward with the whole vocabulary's lse, the padding zeroed.
+void cross_entropy_partials(float* lse, float* target_logits, const float* logits,
+                            const int32_t* targets, int first, int N, int V, int Vp,
+                            CUstream_st* stream);
+void cross_entropy_backward_partial(float* dlogits, const float* logits, const float* lse,
+                                    const int32_t* targets, int first, float dloss, int N, int V,
+                                    int Vp, CUstream_st* stream);
 
 }  // namespace zero::kernels::cuda

@@ -144,13 +144,21 @@ struct EngineConfig {
   // per rank is 16Ψ/k at fp32. k = N is plain ZeRO-3.
   int mics_shard_size = -1;
 
-  // Tensor parallelism (Megatron's): the communicator of this rank's tensor-parallel group (host
-  // memory, CPU path; null: none), which the caller owns and keeps alive with the engine. The
-  // engine's own communicator is then the data-parallel group's, over which ZeRO shards; the
+  // Tensor parallelism (Megatron's): the communicator of this rank's tensor-parallel group, on
+  // the engine's memory (MPI on the CPU path, NCCL on a GPU; null: none), which the caller owns
+  // and keeps alive with the engine. The engine's own communicator is then the data-parallel
+  // group's, over which ZeRO shards; the
   // model splits its layers over this group (ParamSpec::split describes the slices). The
   // global gradient norm and the overflow check then add each rank's slices over the group and
   // the replicated parameters once (tensor-parallel rank 0's), as Megatron's clip does.
   Communicator* tensor_parallel = nullptr;
+  // On a GPU, MPI communicators over the same ranks as the engine's (NCCL) communicator and as
+  // tensor_parallel, for the host-side exchanges (checkpoints, metrics, traces): a process
+  // grid's host_data_parallel and host_tensor_parallel. Null: the engine makes one over the
+  // whole world, which is the engine's ranks without tensor parallelism (tensor parallelism on
+  // a GPU needs both). Unused on the CPU, where the communicators are host ones already.
+  Communicator* host_communicator = nullptr;
+  Communicator* host_tensor_parallel = nullptr;
 
   // Record compute and collective spans (Engine::trace()) for a Chrome trace and overlap figures.
   // CPU only: the spans are host times, which on CUDA would be launch times, not run times.
@@ -227,10 +235,13 @@ class Engine {
   // The communicator of the collectives on the engine's buffers: the shard group's with hybrid
   // sharding (mics_shard_size), else the one the engine was given.
   Communicator& communicator();
-  // A communicator on host memory over every rank, for small host-side exchanges (checkpoint
-  // agreement, traces, metrics): the one the engine was given on the CPU, an MPI communicator
-  // of the engine's on CUDA.
+  // A communicator on host memory over the engine's ranks, for small host-side exchanges
+  // (checkpoint agreement, traces, metrics): the one the engine was given on the CPU, an MPI
+  // communicator over the same ranks on CUDA (EngineConfig::host_communicator).
   Communicator& host_communicator();
+  // The same over the tensor-parallel group (null without tensor parallelism): the group's
+  // communicator on the CPU, EngineConfig::host_tensor_parallel on a GPU.
+  Communicator* host_tensor_parallel() const;
   // The device's compute stream, memory and element operations; modules compute on it.
   const std::shared_ptr<DeviceContext>& device_context() const;
   Allocator& allocator();
