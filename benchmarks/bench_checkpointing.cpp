@@ -43,12 +43,14 @@ struct Options {
   int rounds = 3;
   int threads = 1;
   std::string json_path;
+  std::string nvme_path;  // --checkpoint-nvme-path: a fourth setting, full spilled there
 };
 
 const char* const kUsage =
     "usage: zero-bench-checkpointing [--n-layer N] [--n-head N] [--n-embd N] [--vocab-size N]\n"
     "                                [--seq-len T] [--micro-batch B] [--stage S] [--warmup N]\n"
     "                                [--rounds R] [--threads N] [--json FILE]\n"
+    "                                [--checkpoint-nvme-path DIR]\n"
     "  defaults: 12 layers, 6 heads, 384 wide, vocabulary 256, T 1024, 1 sequence per rank,\n"
     "  stage 0, 1 warm-up step, 3 rounds, 1 kernel thread\n";
 
@@ -90,6 +92,8 @@ Options parse_options(int argc, char** argv) {
       opt.threads = count();
     } else if (flag == "--json") {
       opt.json_path = value;
+    } else if (flag == "--checkpoint-nvme-path") {
+      opt.nvme_path = value;
     } else {
       zero::driver::usage_error("unknown flag " + flag);
     }
@@ -105,7 +109,8 @@ Options parse_options(int argc, char** argv) {
 
 // One checkpointing setting's model and what was measured of it.
 struct Setting {
-  Recompute recompute = Recompute::kNone;
+  zero::models::Gpt2Checkpointing checkpointing;
+  std::string name;         // the recomputation, "+nvme" when spilled
   zero::models::Gpt2 gpt2;  // the model's handles (its modules are the ZeroModel's)
   std::unique_ptr<zero::bench::SyntheticSource> source;
   std::unique_ptr<zero::ZeroModel> model;
@@ -146,21 +151,29 @@ int run_benchmark(const Options& opt, zero::Communicator& comm) {
   const int world = comm.world_size();
   zero::bench::StageOptions engine_options;
   engine_options.kernel_threads = opt.threads;
-  std::vector<Setting> settings(3);
-  const Recompute recomputes[] = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
+  std::vector<Setting> settings(opt.nvme_path.empty() ? 3 : 4);
+  const Recompute recomputes[] = {Recompute::kNone, Recompute::kSelective, Recompute::kFull,
+                                  Recompute::kFull};
   for (size_t i = 0; i < settings.size(); ++i) {
     Setting& s = settings[i];
-    s.recompute = recomputes[i];
-    s.gpt2 = zero::models::make_gpt2(opt.gpt2, opt.threads, {s.recompute});
+    s.checkpointing.recompute = recomputes[i];
+    s.name = zero::models::recompute_name(recomputes[i]);
+    if (i == 3) {
+      // The checkpoints spilled to NVMe: the step time this costs over full's kept ones.
+      s.checkpointing.nvme_path = opt.nvme_path;
+      s.checkpointing.spill_rank = rank;
+      s.name += "+nvme";
+    }
+    s.gpt2 = zero::models::make_gpt2(opt.gpt2, opt.threads, s.checkpointing);
     s.source = std::make_unique<zero::bench::SyntheticSource>(opt.gpt2.vocab_size, opt.seq_len, 1,
                                                               s.gpt2.targets);
     s.model = std::make_unique<zero::ZeroModel>(
         comm, std::move(s.gpt2.modules),
         zero::bench::engine_config(engine_options, opt.stage, zero::DType::kFloat32, false));
     zero::models::count_gpt2_activations(s.gpt2, s.model->engine().allocator());
-    s.formula =
-        zero::models::gpt2_activation_formula(opt.gpt2, {s.recompute}, opt.micro_batch, opt.seq_len)
-            .total();
+    s.formula = zero::models::gpt2_activation_formula(opt.gpt2, s.checkpointing, opt.micro_batch,
+                                                      opt.seq_len)
+                    .total();
   }
   for (Setting& s : settings) {
     for (int w = 0; w < opt.warmup; ++w) run_step(s, opt, rank, world);
@@ -189,11 +202,10 @@ int run_benchmark(const Options& opt, zero::Communicator& comm) {
     const double time_ratio = median(ratios);
     const double memory_ratio = none_bytes / static_cast<double>(s.peak_activations);
     all_equal = all_equal && s.peak_activations == s.formula;
-    std::printf("  %-9s %21llu %15llu %13.3f %14.1f %15.3f\n",
-                zero::models::recompute_name(s.recompute),
+    std::printf("  %-9s %21llu %15llu %13.3f %14.1f %15.3f\n", s.name.c_str(),
                 static_cast<unsigned long long>(s.peak_activations),
                 static_cast<unsigned long long>(s.formula), memory_ratio, ms, time_ratio);
-    json.push_back({{"recompute", zero::models::recompute_name(s.recompute)},
+    json.push_back({{"recompute", s.name},
                     {"n_layer", opt.gpt2.n_layer},
                     {"n_embd", opt.gpt2.n_embd},
                     {"n_head", opt.gpt2.n_head},

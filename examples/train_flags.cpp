@@ -27,6 +27,7 @@ const char* const kTrainUsage =
     "                        [--block-size N] [--seq-len N] [--decay-all] [--init-from FILE]\n"
     "                        [--activation-checkpointing none|selective|full]\n"
     "                        [--number-checkpoints N] [--partition-activations]\n"
+    "                        [--checkpoint-nvme-path DIR]\n"
     "                  [--merge-bytes N] [--threads N] [--memory-limit BYTES[K|M|G]]\n"
     "                  [--save-dir DIR] [--save-every K] [--resume DIR|latest]\n"
     "                  [--override-optimizer]\n"
@@ -139,6 +140,9 @@ bool parse_gpt2_flag(const std::string& flag, const std::string& v, Flags* f) {
     f->activation_checkpointing = v;
   } else if (flag == "--number-checkpoints") {
     f->number_checkpoints = parse_between(flag, v, 1, 1 << 30);
+  } else if (flag == "--checkpoint-nvme-path") {
+    if (v.empty()) usage_error("--checkpoint-nvme-path needs a directory");
+    f->checkpoint_nvme_path = v;
   } else {
     return false;
   }
@@ -386,6 +390,7 @@ zero::TrainingConfig resolve_config(const Flags& f, int world_size) {
     ac.number_checkpoints_given = true;
   }
   if (f.partition_activations) ac.partition_activations = true;
+  if (f.checkpoint_nvme_path) ac.nvme_path = *f.checkpoint_nvme_path;
   if (ac.mode != "none" && f.model != "gpt2") {
     throw zero::ConfigError("activation_checkpointing.mode \"" + ac.mode + "\" in " + tc.origin +
                             ": only --model gpt2 recomputes activations");
@@ -422,6 +427,36 @@ zero::TrainingConfig resolve_config(const Flags& f, int world_size) {
     throw zero::ConfigError("activation_checkpointing in " + tc.origin +
                             ": cpu_checkpointing with contiguous_memory_optimization on CUDA is "
                             "not built yet; choose one");
+  }
+  // Ours: the checkpoints spilled to NVMe (models/gpt2_spill.h), the schedule of cpu_checkpointing
+  // with a file; the directory itself is checked when the task is made (train_task.cpp).
+  if (!ac.nvme_path.empty()) {
+    const std::string spill =
+        "activation_checkpointing.nvme_path (--checkpoint-nvme-path) in " + tc.origin + ": ";
+    if (f.model != "gpt2") {
+      throw zero::ConfigError(spill + "only --model gpt2 has activation checkpoints to spill");
+    }
+    if (ac.mode == "none") {
+      throw zero::ConfigError(spill +
+                              "no block is checkpointed, so there is nothing to spill "
+                              "(--activation-checkpointing selective or full)");
+    }
+    if (f.cuda) {
+      throw zero::ConfigError(spill +
+                              "the spill is built on the CPU path only (on CUDA it would need "
+                              "pinned staging; cpu_checkpointing moves checkpoints to the host)");
+    }
+    if (ac.cpu_checkpointing) {
+      throw zero::ConfigError(spill + "with cpu_checkpointing is not built; choose one");
+    }
+    if (ac.contiguous_memory_optimization) {
+      throw zero::ConfigError(spill +
+                              "with contiguous_memory_optimization is not built (the spill's "
+                              "buffer is one allocation already); choose one");
+    }
+    if (ac.partition_activations && tc.tensor_parallel_size > 1) {
+      throw zero::ConfigError(spill + "with partition_activations is not built yet; choose one");
+    }
   }
   if (ac.cpu_checkpointing && !f.cuda) {
     tc.ignored_keys.push_back(
@@ -463,7 +498,8 @@ std::vector<zero::examples::Setting> run_description(const Flags& f,
           << tc.activation_checkpointing.number_checkpoints << " contiguous "
           << tc.activation_checkpointing.contiguous_memory_optimization << " profile "
           << tc.activation_checkpointing.profile << " partition "
-          << tc.activation_checkpointing.partition_activations;
+          << tc.activation_checkpointing.partition_activations << " nvme "
+          << tc.activation_checkpointing.nvme_path;
   } else {
     model << f.model << " " << f.mlp.input_dim << "-" << f.mlp.hidden_dim << "x" << f.mlp.layers
           << "-" << f.mlp.output_dim;

@@ -62,6 +62,8 @@ struct Flags {
   std::optional<long> number_checkpoints;
   // --partition-activations: activation_checkpointing.partition_activations true.
   bool partition_activations = false;
+  // --checkpoint-nvme-path DIR: activation_checkpointing.nvme_path (ours).
+  std::optional<std::string> checkpoint_nvme_path;
   int threads = 1;
   bool cuda = false;
   uint64_t memory_limit = 0;

@@ -1,5 +1,7 @@
 #include "examples/train_task.h"
 
+#include <mpi.h>
+
 #include <optional>
 #include <sstream>
 #include <utility>
@@ -8,6 +10,7 @@
 #include "models/mlp.h"
 #include "models/token_data.h"
 #include "zero/core/check.h"
+#include "zero/runtime/nvme_file.h"
 
 namespace zero::examples {
 
@@ -71,7 +74,7 @@ class MlpTask : public TrainTask {
     return params * sizeof(float) * (dtype == DType::kFloat32 ? 1 : 2);
   }
   std::string activation_summary(int64_t) const override { return ""; }
-  driver::JsonRecord activation_record() const override { return driver::JsonRecord::object(); }
+  driver::JsonRecord activation_record() override { return driver::JsonRecord::object(); }
   driver::JsonRecord profile_record() override { return driver::JsonRecord::object(); }
 
  private:
@@ -84,7 +87,8 @@ class MlpTask : public TrainTask {
 class Gpt2Task : public TrainTask {
  public:
   Gpt2Task(const Flags& f, long global_batch, int micro_batches, int kernel_threads,
-           const models::Gpt2Checkpointing& checkpointing, int tensor_parallel_size)
+           const models::Gpt2Checkpointing& checkpointing, int tensor_parallel_size,
+           long micro_batch_per_rank)
       : config_(with_tensor_parallel(f.gpt2, tensor_parallel_size)),
         checkpointing_(checkpointing),
         seq_len_(f.seq_len),
@@ -99,6 +103,7 @@ class Gpt2Task : public TrainTask {
     // the checkpointing are checked now, before any rank starts.
     models::check_gpt2_config(config_);
     models::check_gpt2_checkpointing(checkpointing_, config_.n_layer);
+    if (!checkpointing_.nvme_path.empty()) check_spill_directory(micro_batch_per_rank);
     check_vocabulary(train_, "--data");
     if (!f.val_data.empty()) {
       val_.emplace(f.val_data);
@@ -233,13 +238,21 @@ class Gpt2Task : public TrainTask {
     if (any) record["block_recompute_ms"] = recompute;
     return record;
   }
-  driver::JsonRecord activation_record() const override {
+  driver::JsonRecord activation_record() override {
     const models::Gpt2ActivationBytes bytes = models::gpt2_held_activations(model_);
-    return {{"activation_bytes", bytes.total()},
-            {"activation_kept_bytes", bytes.kept()},
-            {"activation_checkpoint_bytes", bytes.checkpoints},
-            {"activation_block_bytes", bytes.blocks},
-            {"activation_recompute_bytes", bytes.recompute}};
+    driver::JsonRecord record{{"activation_bytes", bytes.total()},
+                              {"activation_kept_bytes", bytes.kept()},
+                              {"activation_checkpoint_bytes", bytes.checkpoints},
+                              {"activation_block_bytes", bytes.blocks},
+                              {"activation_recompute_bytes", bytes.recompute}};
+    if (!checkpointing_.nvme_path.empty()) {
+      // Fields of their own: nvme_read_bytes and nvme_write_bytes are the engine's offloads'.
+      const models::Gpt2SpillTraffic traffic = models::take_gpt2_spill_traffic(model_);
+      record["checkpoint_nvme_read_bytes"] = traffic.read_bytes;
+      record["checkpoint_nvme_write_bytes"] = traffic.write_bytes;
+      record["checkpoint_nvme_file_bytes"] = bytes.nvme_checkpoints;
+    }
+    return record;
   }
   // fp32 kernels add gradients straight into fp32 storage; with 16-bit storage each module keeps
   // fp32 copies of its parameters and of their gradients (gpt2.cpp's ParamSlots).
@@ -248,6 +261,17 @@ class Gpt2Task : public TrainTask {
   }
 
  private:
+  // At start, as the offloads check theirs: the spill directory takes an O_DIRECT file and has
+  // room for every checkpoint of a micro-batch (gpt2_memory.h's file bytes).
+  void check_spill_directory(long samples) const {
+    const models::Gpt2ActivationBytes bytes = formula(samples);
+    const int blocks = checkpointed_blocks();
+    check_nvme_directory(checkpointing_.nvme_path, bytes.nvme_checkpoints,
+                         "rank " + std::to_string(checkpointing_.spill_rank) +
+                             "'s activation checkpoints (" + std::to_string(blocks) + " blocks x " +
+                             std::to_string(bytes.nvme_checkpoints / blocks) + " bytes)");
+  }
+
   // Every token must index the embedding: checked once, before training, naming the first bad one.
   void check_vocabulary(const models::TokenData& data, const char* flag) const {
     const std::optional<models::TokenLocation> bad = data.first_token_at_least(config_.vocab_size);
@@ -314,9 +338,14 @@ std::unique_ptr<TrainTask> make_train_task(const Flags& flags, const TrainingCon
   // Without tensor parallelism it changes nothing (resolve_config says so).
   checkpointing.partition_activations =
       config.activation_checkpointing.partition_activations && config.tensor_parallel_size > 1;
-  return std::make_unique<Gpt2Task>(
-      flags, config.train_batch_size, config.gradient_accumulation_steps,
-      config.engine.kernel_threads, checkpointing, config.tensor_parallel_size);
+  checkpointing.nvme_path = config.activation_checkpointing.nvme_path;
+  checkpointing.spill_aio = config.engine.aio;
+  // The spill's file is named by the world rank: unique across tensor- and data-parallel groups.
+  MPI_Comm_rank(MPI_COMM_WORLD, &checkpointing.spill_rank);
+  return std::make_unique<Gpt2Task>(flags, config.train_batch_size,
+                                    config.gradient_accumulation_steps,
+                                    config.engine.kernel_threads, checkpointing,
+                                    config.tensor_parallel_size, config.micro_batch_per_rank);
 }
 
 }  // namespace zero::examples

@@ -60,8 +60,10 @@ class TrainTask : public models::MicroBatchSource {
   // where they are held; empty when the model does not count them.
   virtual std::string activation_summary(int64_t samples_per_micro_batch) const = 0;
   // The activation bytes the model's modules hold now (after a step), for the step records:
-  // empty when the model does not count them.
-  virtual driver::JsonRecord activation_record() const = 0;
+  // empty when the model does not count them. With the checkpoint spill also the bytes it read
+  // and wrote since the last call (the step and the validation after it, whose forwards write
+  // the checkpoints too) and the size of its file.
+  virtual driver::JsonRecord activation_record() = 0;
   // activation_checkpointing.profile: the per-block forward, recompute and backward times since
   // the last call, for the step records; empty without it.
   virtual driver::JsonRecord profile_record() = 0;

@@ -344,6 +344,10 @@ Gpt2 build_gpt2(const Gpt2Config& config, int kernel_threads,
   for (int i = 0; i < config.n_layer; ++i) {
     slots += gpt2_block_checkpointed(checkpointing, i, config.n_layer) ? 1 : 0;
   }
+  if (!checkpointing.nvme_path.empty()) {
+    shared->spill = std::make_unique<Gpt2CheckpointSpill>(
+        checkpointing.nvme_path, checkpointing.spill_aio, checkpointing.spill_rank, slots);
+  }
   int slot = 0;
   Gpt2Block* previous_checkpointed = nullptr;  // backward fetches its checkpoint next
   for (int i = 0; i < config.n_layer; ++i) {
@@ -353,6 +357,7 @@ Gpt2 build_gpt2(const Gpt2Config& config, int kernel_threads,
     block_checkpointing.profile = checkpointing.profile;
     block_checkpointing.cpu_checkpointing = checkpointing.cpu_checkpointing;
     block_checkpointing.partition = gpt2_partitions_checkpoints(config, checkpointing);
+    block_checkpointing.spill = !checkpointing.nvme_path.empty();
     if (gpt2_block_checkpointed(checkpointing, i, config.n_layer)) {
       block_checkpointing.recompute = checkpointing.recompute;
       block_checkpointing.slot = slot++;
@@ -389,6 +394,10 @@ Gpt2Profile take_gpt2_profile(Gpt2& model) {
   return profile;
 }
 
+Gpt2SpillTraffic take_gpt2_spill_traffic(Gpt2& model) {
+  return model.shared->spill ? model.shared->spill->take_traffic() : Gpt2SpillTraffic{};
+}
+
 Gpt2ActivationBytes gpt2_held_activations(const Gpt2& model) {
   Gpt2ActivationBytes bytes;
   bytes.embedding = model.embedding->activation_bytes();
@@ -396,6 +405,11 @@ Gpt2ActivationBytes gpt2_held_activations(const Gpt2& model) {
     bytes.blocks.push_back(block->kept_bytes());
     bytes.checkpoints += block->checkpoint_bytes();
     bytes.host_checkpoints += block->host_checkpoint_bytes();
+  }
+  if (model.shared->spill) {
+    bytes.spill_buffer = gpt2_detail::bytes_of(model.shared->spill_buffer);
+    bytes.checkpoints += bytes.spill_buffer;
+    bytes.nvme_checkpoints = model.shared->spill->file_bytes();
   }
   bytes.recompute = model.shared->recompute_bytes();
   bytes.head = model.head->kept_bytes();

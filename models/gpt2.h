@@ -103,6 +103,11 @@ struct Gpt2Profile {
 };
 Gpt2Profile take_gpt2_profile(Gpt2& model);
 
+// nvme_path: the bytes the checkpoint spill read from and wrote to its file since the last call
+// (zeros without it): per micro-batch, each checkpointed block's region once each way, and one
+// write per region for a forward without backward. Valid while the modules live.
+Gpt2SpillTraffic take_gpt2_spill_traffic(Gpt2& model);
+
 // The activation bytes the model's modules hold now, counted from their tensors: after a
 // forward and backward of B sequences of T tokens, gpt2_activation_formula(config, checkpointing,
 // B, T). Valid while the modules live.

@@ -126,10 +126,12 @@ bool Gpt2Block::in_shared_buffer() const {
 }
 
 const Tensor& Gpt2Block::input_holder() const {
+  if (spills()) return shared_->spill_buffer;
   return in_shared_buffer() ? shared_->checkpoints : kept_[kInput];
 }
 
 float* Gpt2Block::checkpoint_data() {
+  if (spills()) return shared_->spill->in_buffer(shared_->spill_buffer, checkpointing_.slot);
   if (!in_shared_buffer()) return kept_[kInput].data();
   Tensor& all = shared_->checkpoints;
   return all.data() + all.numel() / static_cast<size_t>(checkpointing_.slots) *
@@ -183,6 +185,15 @@ void Gpt2Block::fetch_checkpoint(const std::shared_ptr<DeviceContext>& on) {
   fetched_ = true;
 }
 
+bool Gpt2Block::spills() const {
+  return checkpointing_.spill && recompute_ != Recompute::kNone;
+}
+
+void Gpt2Block::fetch_spilled() {
+  spill_transfer_ = shared_->spill->read(checkpoint_data(), checkpointing_.slot);
+  fetched_ = true;
+}
+
 Gpt2BlockTimes Gpt2Block::take_times() {
   return std::exchange(times_, Gpt2BlockTimes{});
 }
@@ -203,6 +214,19 @@ void Gpt2Block::forward(const Tensor& in, Tensor& out, const std::vector<ParamRe
   // A checkpointed block's input is its checkpoint: what its recomputation starts from.
   if (partitioned()) {
     keep_piece(in);
+  } else if (spills()) {
+    // O_DIRECT reads and writes host memory: a device's checkpoint would need a staging copy.
+    ZERO_CHECK(!in.device(), "the checkpoint spill to NVMe is built on the CPU path only");
+    Gpt2CheckpointSpill& spill = *shared_->spill;
+    // The first checkpointed block of a micro-batch of another size remakes the file and buffer.
+    spill.prepare(in.numel() * sizeof(float));
+    backend_->activation(shared_->spill_buffer, {static_cast<int64_t>(spill.buffer_floats())},
+                         in.device(), MemoryCategory::kCheckpoint);
+    gpt2_detail::Gpt2Backend::copy_into(checkpoint_data(), in);
+    // Written while the block computes on it; a forward without backward (validation) replaces
+    // the region a fetch would have read.
+    spill_transfer_ = spill.write(checkpoint_data(), checkpointing_.slot);
+    fetched_ = false;
   } else if (in_shared_buffer()) {
     // The first checkpointed block of a micro-batch of another size reallocates the buffer.
     backend_->activation(shared_->checkpoints, {checkpointing_.slots, B_, T_, C}, in.device(),
@@ -240,6 +264,8 @@ void Gpt2Block::forward(const Tensor& in, Tensor& out, const std::vector<ParamRe
     context.wait(checkpoint_copy_);
     kept_[kInput] = Tensor();
   }
+  // The buffer's half is the next checkpointed block's but one once the write is done.
+  if (spills()) shared_->spill->wait(spill_transfer_);
   if (checkpointing_.profile) times_.forward_ms += elapsed_ms(start, in);
 }
 
@@ -299,6 +325,13 @@ void Gpt2Block::backward(const Tensor& grad_out, Tensor& grad_in,
     if (previous_checkpointed_ != nullptr)
       previous_checkpointed_->fetch_checkpoint(grad_out.device());
   }
+  if (spills()) {
+    // The same from the file: this block's checkpoint (read ahead, except for the first), then
+    // the next one's into the buffer's other half while this block computes.
+    if (!fetched_) fetch_spilled();
+    shared_->spill->wait(spill_transfer_);
+    if (previous_checkpointed_ != nullptr) previous_checkpointed_->fetch_spilled();
+  }
   auto start = std::chrono::steady_clock::now();
   // The recomputed tensors of this block: the shared buffers hold another block's by now.
   if (recompute_ != Recompute::kNone) {
@@ -355,6 +388,7 @@ void Gpt2Block::backward(const Tensor& grad_out, Tensor& grad_in,
     kept_[kInput] = Tensor();  // freed in stream order, after the work that read it
     fetched_ = false;
   }
+  if (spills()) fetched_ = false;
   if (checkpointing_.profile) times_.backward_ms += elapsed_ms(start, grad_out);
 }
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "models/gpt2_common.h"
+#include "models/gpt2_spill.h"
 
 namespace zero::models {
 
@@ -41,6 +42,8 @@ struct Gpt2BlockCheckpointing {
   // partition_activations over more than one tensor-parallel rank: this block keeps its rank's
   // piece of its checkpoint and computes on the whole input in Gpt2BlockShared::recomputed.
   bool partition = false;
+  // nvme_path: this block's checkpoint goes to Gpt2BlockShared::spill's file, region `slot`.
+  bool spill = false;
 };
 
 // Milliseconds a block spent since the profile was last taken (gpt2.h's Gpt2Profile).
@@ -64,6 +67,10 @@ struct Gpt2BlockShared {
   Tensor d_norm;     // [N, C] gradient of a LayerNorm's output
   Tensor d_att;      // [N, C]
   Tensor d_qkv;      // [N, 3C]
+  // nvme_path: the file the checkpoints are spilled to, and the buffer they pass through (the
+  // allocator's kCheckpoint; gpt2_spill.h).
+  std::unique_ptr<Gpt2CheckpointSpill> spill;
+  Tensor spill_buffer;
 
   uint64_t recompute_bytes() const;
   uint64_t backward_bytes() const;
@@ -109,8 +116,9 @@ class Gpt2Block : public Module {
   bool recomputes() const { return recompute_ != Recompute::kNone; }
   // cpu_checkpointing: bytes of this block's checkpoint in pinned host memory.
   uint64_t host_checkpoint_bytes() const { return host_checkpoint_.bytes(); }
-  // cpu_checkpointing: the checkpointed block before this one, whose checkpoint this block's
-  // backward brings back to the device ahead of that block's backward.
+  // cpu_checkpointing and nvme_path: the checkpointed block before this one, whose checkpoint
+  // this block's backward brings back (to the device, from the file) ahead of that block's
+  // backward.
   void set_previous_checkpointed(Gpt2Block* block) { previous_checkpointed_ = block; }
   // The times since the last call (zeros unless profiling), and a restart.
   Gpt2BlockTimes take_times();
@@ -134,6 +142,9 @@ class Gpt2Block : public Module {
   // copy back to the memory of `on`.
   bool moves_checkpoint() const;
   void fetch_checkpoint(const std::shared_ptr<DeviceContext>& on);
+  // nvme_path: whether this block spills its checkpoint, and the start of its read back.
+  bool spills() const;
+  void fetch_spilled();
   // Milliseconds since `start`, after the device ran the work issued (when profiling).
   double elapsed_ms(std::chrono::steady_clock::time_point start, const Tensor& on) const;
   // The forward's operations: all of them (and the output) when out is given; otherwise, in
@@ -155,6 +166,8 @@ class Gpt2Block : public Module {
   Event checkpoint_copy_;
   bool fetched_ = false;
   Gpt2Block* previous_checkpointed_ = nullptr;
+  // nvme_path: the checkpoint's last transfer to or from the file (fetched_ as above).
+  NvmeFile::Ticket spill_transfer_;
 };
 
 }  // namespace zero::models

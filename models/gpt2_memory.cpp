@@ -4,6 +4,7 @@
 
 #include "models/gpt2.h"
 #include "zero/core/check.h"
+#include "zero/runtime/nvme_file.h"
 
 namespace zero::models {
 
@@ -49,6 +50,20 @@ void check_gpt2_checkpointing(const Gpt2Checkpointing& checkpointing, int n_laye
   // Tensor parallelism runs on the CPU path only, where cpu_checkpointing saves nothing.
   ZERO_CHECK(!(checkpointing.cpu_checkpointing && checkpointing.partition_activations),
              "cpu_checkpointing with partition_activations is not built yet: choose one");
+  if (checkpointing.nvme_path.empty()) return;
+  ZERO_CHECK(checkpointing.recompute != Recompute::kNone,
+             "the checkpoint spill to " << checkpointing.nvme_path
+                                        << " needs activation checkpointing (selective or full): "
+                                           "without it there are no checkpoints to spill");
+  // Each is another place for the checkpoints; the spill's buffer is one allocation already.
+  ZERO_CHECK(!checkpointing.cpu_checkpointing,
+             "the checkpoint spill to NVMe with cpu_checkpointing is not built: choose one");
+  ZERO_CHECK(!checkpointing.contiguous_memory,
+             "the checkpoint spill to NVMe with contiguous_memory_optimization is not built "
+             "(the spill's buffer is one allocation already): choose one");
+  ZERO_CHECK(!checkpointing.partition_activations,
+             "the checkpoint spill to NVMe with partition_activations is not built yet: choose "
+             "one");
 }
 
 bool gpt2_partitions_checkpoints(const Gpt2Config& config, const Gpt2Checkpointing& checkpointing) {
@@ -68,7 +83,7 @@ uint64_t Gpt2ActivationBytes::kept() const {
 }
 
 uint64_t Gpt2ActivationBytes::total() const {
-  return embedding + kept() + moving_checkpoints + recompute + head + backward;
+  return embedding + kept() + moving_checkpoints + spill_buffer + recompute + head + backward;
 }
 
 Gpt2ActivationBytes gpt2_activation_formula(const Gpt2Config& config,
@@ -120,6 +135,21 @@ Gpt2ActivationBytes gpt2_activation_formula(const Gpt2Config& config,
     bytes.host_checkpoints = bytes.checkpoints;
     bytes.moving_checkpoints = std::min<uint64_t>(2 * one, bytes.checkpoints);
     bytes.checkpoints = bytes.moving_checkpoints;
+  }
+  if (!checkpointing.nvme_path.empty() && bytes.checkpoints > 0) {
+    // The inputs leave the blocks for the file, through a buffer of two regions (the block's own
+    // and the next one's, read ahead in backward), one where one block is checkpointed.
+    const uint64_t one = N * C * f;
+    const uint64_t region = nvme_align_up(one);
+    uint64_t checkpointed = 0;
+    for (int layer = 0; layer < config.n_layer; ++layer) {
+      if (!gpt2_block_checkpointed(checkpointing, layer, config.n_layer)) continue;
+      bytes.blocks[layer] -= one;
+      ++checkpointed;
+    }
+    bytes.nvme_checkpoints = checkpointed * region;
+    bytes.spill_buffer = std::min<uint64_t>(2, checkpointed) * region + kNvmeBufferSlack;
+    bytes.checkpoints = bytes.spill_buffer;
   }
   bytes.recompute = recomputed * f;
   // A rank's logits: its columns, padded as its rows of wte (gpt2_tensor_parallel.h).

@@ -59,11 +59,21 @@
 // and the shared buffers hold t P more (selective N (2 C + 4 Cl + 4) + t P, full
 // N (3 C + 12 Cl + 4 + Hl) + t P). Without tensor parallelism it changes nothing (a partition
 // over a group of one).
+//
+// Ours, the NVMe spill (Gpt2Checkpointing::nvme_path): each checkpoint (N C floats) leaves its
+// block for a region of R = N C f rounded up to kNvmeAlignment (4096) bytes of this rank's file,
+// written while the block computes and read back one checkpointed block ahead of its backward.
+// O_DIRECT transfers whole aligned regions from aligned memory, so the checkpoints pass through
+// one buffer of b R + kNvmeBufferSlack bytes (b = 2 regions, or 1 with one checkpointed block;
+// the slack aligns them, zero/runtime/nvme_file.h) instead of being kept: a checkpointed block
+// keeps N C floats fewer, and the file holds L R bytes for L checkpointed blocks.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "zero/runtime/engine.h"
 
 namespace zero::models {
 
@@ -101,6 +111,13 @@ struct Gpt2Checkpointing {
   // the tensor-parallel group before its block recomputes (the table above); nothing at t = 1.
   // Not with cpu_checkpointing.
   bool partition_activations = false;
+  // Ours (DeepSpeed has no such key): a directory on NVMe the checkpoints are spilled to
+  // (gpt2_spill.h), one file per rank (activations_rank_<spill_rank>.bin, removed once open, so
+  // nothing stays behind), with the engine's aio settings; empty: off. On the CPU path only,
+  // and not with cpu_checkpointing, contiguous_memory or partition_activations.
+  std::string nvme_path{};
+  AioConfig spill_aio{};
+  int spill_rank = 0;
 };
 
 // Whether block `layer` of `n_layer` recomputes (false everywhere with Recompute::kNone).
@@ -113,9 +130,16 @@ bool gpt2_partitions_checkpoints(const Gpt2Config& config, const Gpt2Checkpointi
 // Floats of one rank's piece of a partitioned checkpoint of B T positions: ceil(B T C / t).
 uint64_t gpt2_checkpoint_piece(const Gpt2Config& config, int64_t B, int64_t T);
 
-// Throws zero::Error for a number_checkpoints below 0 or above n_layer, and for
-// cpu_checkpointing with contiguous_memory or with partition_activations.
+// Throws zero::Error for a number_checkpoints below 0 or above n_layer, for cpu_checkpointing
+// with contiguous_memory or with partition_activations, and for an nvme_path without
+// recomputation or with any of those three.
 void check_gpt2_checkpointing(const Gpt2Checkpointing& checkpointing, int n_layer);
+
+// nvme_path: the bytes the spill moved to and from its file (take_gpt2_spill_traffic, gpt2.h).
+struct Gpt2SpillTraffic {
+  uint64_t read_bytes = 0;
+  uint64_t write_bytes = 0;
+};
 
 // Activation bytes of a model, by where they are held.
 struct Gpt2ActivationBytes {
@@ -128,6 +152,11 @@ struct Gpt2ActivationBytes {
   // apart, not in total()).
   uint64_t moving_checkpoints = 0;
   uint64_t host_checkpoints = 0;
+  // With nvme_path, instead: the aligned buffer the checkpoints pass through (outside blocks; the
+  // allocator's kCheckpoint, so also `checkpoints`), and the bytes of every checkpoint's region
+  // in the file (counted apart, not in total()).
+  uint64_t spill_buffer = 0;
+  uint64_t nvme_checkpoints = 0;
   uint64_t recompute = 0;  // the shared buffers of recomputed tensors
   uint64_t head = 0;
   uint64_t backward = 0;  // gradients of inner tensors, shared by the blocks

@@ -281,6 +281,12 @@ void read_activation_checkpointing(const config::ActivationCheckpointing& a, con
   out->contiguous_memory_optimization = a.contiguous_memory_optimization();
   out->profile = a.profile();
   out->partition_activations = a.partition_activations();
+  if (a.has_nvme_path()) {
+    if (a.nvme_path().empty()) {
+      check.fail("activation_checkpointing.nvme_path", "a directory", in_quotes(a.nvme_path()));
+    }
+    out->nvme_path = a.nvme_path();
+  }
   if (a.synchronize_checkpoint_boundary()) {
     config_error("\"activation_checkpointing\" in " + origin +
                  ": synchronize_checkpoint_boundary (a device synchronization at each "

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "comm_point.h"
-#include "nvme_store.h"
+#include "zero/runtime/nvme_file.h"
 #include "param_swap.h"
 #include "zero/runtime/engine.h"
 #include "zero/runtime/trace.h"

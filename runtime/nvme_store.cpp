@@ -1,4 +1,4 @@
-#include "nvme_store.h"
+#include "zero/runtime/nvme_file.h"
 
 #include <fcntl.h>
 #include <liburing.h>
@@ -60,6 +60,20 @@ void check_free_space(const std::string& dir, uint64_t bytes, const std::string&
                                                << human_bytes(free_bytes) << ") free, but " << what
                                                << " needs " << bytes << " bytes ("
                                                << human_bytes(bytes) << ")");
+}
+
+void check_nvme_directory(const std::string& dir, uint64_t bytes, const std::string& what) {
+  // O_DIRECT at open is where a file system without direct I/O refuses, as NvmeFile's would.
+  const std::string probe = dir + "/.zero_nvme_probe_" + std::to_string(::getpid());
+  const int fd = ::open(probe.c_str(), O_RDWR | O_CREAT | O_EXCL | O_DIRECT | O_CLOEXEC, 0600);
+  ZERO_CHECK(fd >= 0, "nvme_path " << dir << " cannot take " << what << ": creating " << probe
+                                   << " (O_DIRECT) failed: " << errno_text(errno));
+  const int unlinked = ::unlink(probe.c_str());
+  const int unlink_errno = errno;
+  ::close(fd);
+  ZERO_CHECK(unlinked == 0,
+             "nvme: cannot remove the probe file " << probe << ": " << errno_text(unlink_errno));
+  check_free_space(dir, bytes, what);
 }
 
 struct NvmeFile::Worker {

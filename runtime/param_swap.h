@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "comm_point.h"
-#include "nvme_store.h"
+#include "zero/runtime/nvme_file.h"
 #include "zero/runtime/layout.h"
 #include "zero/runtime/memory.h"
 

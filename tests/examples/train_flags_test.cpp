@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "driver/cli.h"
@@ -150,6 +151,56 @@ TEST(TrainFlags, CpuCheckpointingDependsOnTheDevice) {
               std::string::npos)
         << e.what();
   }
+}
+
+// Ours: activation_checkpointing.nvme_path, or --checkpoint-nvme-path over it; refused where there
+// is nothing to spill or the combination is not built, each naming why.
+TEST(TrainFlags, CheckpointNvmePath) {
+  const std::string path = ::testing::TempDir() + "/train_flags_test_nvme_path.json";
+  std::ofstream(path) << R"({"train_batch_size": 8, "activation_checkpointing": {
+    "mode": "full", "nvme_path": "/from/config"}})";
+  EXPECT_EQ(resolve({"--model", "gpt2", "--data", "t.bin", "--config", path})
+                .activation_checkpointing.nvme_path,
+            "/from/config");
+  EXPECT_EQ(resolve({"--model", "gpt2", "--data", "t.bin", "--config", path,
+                     "--checkpoint-nvme-path", "/flag"})
+                .activation_checkpointing.nvme_path,
+            "/flag");
+  auto refusal = [](const Flags& flags) {
+    try {
+      resolve_config(flags, 2);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  Flags flags;
+  flags.model = "gpt2";
+  flags.checkpoint_nvme_path = "/nvme";
+  EXPECT_NE(refusal(flags).find("no block is checkpointed, so there is nothing to spill"),
+            std::string::npos)
+      << refusal(flags);
+  flags.activation_checkpointing = "full";
+  EXPECT_EQ(refusal(flags), "accepted");
+  flags.cuda = true;
+  EXPECT_NE(refusal(flags).find("the spill is built on the CPU path only"), std::string::npos)
+      << refusal(flags);
+  flags.cuda = false;
+  const std::pair<const char*, const char*> combinations[] = {
+      {"cpu_checkpointing", "with cpu_checkpointing is not built"},
+      {"contiguous_memory_optimization", "with contiguous_memory_optimization is not built"}};
+  for (const auto& [key, expected] : combinations) {
+    flags.config = ::testing::TempDir() + "/train_flags_test_nvme_" + key + ".json";
+    std::ofstream(flags.config) << R"({"train_batch_size": 8, "activation_checkpointing": {")"
+                                << key << R"(": true}})";
+    EXPECT_NE(refusal(flags).find(expected), std::string::npos) << refusal(flags);
+  }
+  flags.config.clear();
+  flags.model = "mlp";
+  flags.activation_checkpointing.reset();
+  EXPECT_NE(refusal(flags).find("only --model gpt2 has activation checkpoints to spill"),
+            std::string::npos)
+      << refusal(flags);
 }
 
 // activation_checkpointing.partition_activations (or --partition-activations, a GPT-2 flag):

@@ -6,18 +6,24 @@
 # step: a forward without backward, whose loss is the reference's next one.
 #   gpt2_golden.sh BIN_DIR NP [--device cuda] [--dtype D --reference-tolerance R]
 #                  [--activation-checkpointing M [--number-checkpoints K]]
-#                  [--cpu-checkpointing true] -- [MPIEXEC [MPIEXEC_FLAGS...]]
+#                  [--cpu-checkpointing true] [--nvme-spill STAGE:MODE ...]
+#                  -- [MPIEXEC [MPIEXEC_FLAGS...]]
+# --nvme-spill adds a run of STAGE with checkpointing MODE (and --number-checkpoints, if given)
+# whose checkpoints are spilled to a directory (--checkpoint-nvme-path), checked against PyTorch
+# and bitwise against the stage without checkpointing, its step records counting the spill's
+# file once each way per micro-batch (and one more write for the validation forward).
 # Without MPIEXEC (NP 1 only) zero-train starts as a singleton MPI process.
 # --device cuda skips (exit 0, "skipping" in the output) where no GPU is listed.
 set -euo pipefail
 bin="$1"; np="$2"; shift 2
 device=cpu; dtype=fp32; reference_tolerance=1e-5
-checkpointing=none; checkpoints=(); cpu_checkpointing=false
+checkpointing=none; checkpoints=(); cpu_checkpointing=false; spills=()
 while [ "$1" != "--" ]; do
   case "$1" in
     --activation-checkpointing) checkpointing="$2" ;;
     --number-checkpoints) checkpoints=(--number-checkpoints "$2") ;;
     --cpu-checkpointing) cpu_checkpointing="$2" ;;
+    --nvme-spill) spills+=("$2") ;;
     --device) device="$2" ;;
     --dtype) dtype="$2" ;;
     --reference-tolerance) reference_tolerance="$2" ;;
@@ -71,7 +77,11 @@ mpiexec=("$@")
 for stage in 0 1 2 3; do
   run="$work/stage$stage"
   recompute=()
-  if [ "$checkpointing" != none ]; then
+  spill_modes=()
+  for spill in "${spills[@]}"; do
+    if [ "${spill%%:*}" = "$stage" ]; then spill_modes+=("${spill#*:}"); fi
+  done
+  if [ "$checkpointing" != none ] || [ ${#spill_modes[@]} -gt 0 ]; then
     train "$stage" "plain$stage"
     recompute=(--activation-checkpointing "$checkpointing" "${checkpoints[@]}")
   fi
@@ -89,4 +99,25 @@ for stage in 0 1 2 3; do
       --same-as "$work/plain$stage.safetensors" --tolerance 0 \
       --same-metrics-as "$work/plain$stage.jsonl"
   fi
+  for mode in "${spill_modes[@]}"; do
+    spill="spill$stage$mode"
+    mkdir -p "$work/$spill.nvme"
+    train "$stage" "$spill" --activation-checkpointing "$mode" "${checkpoints[@]}" \
+      --checkpoint-nvme-path "$work/$spill.nvme"
+    echo "stage $stage with $mode checkpoints spilled to NVMe against without checkpointing, bitwise:"
+    "$bin/gpt2_golden_check" --expected "$data/expected.json" --metrics "$work/$spill.jsonl" \
+      --final "$work/$spill.safetensors" --reference-tolerance "$reference_tolerance" \
+      --same-as "$work/plain$stage.safetensors" --tolerance 0 \
+      --same-metrics-as "$work/plain$stage.jsonl"
+    # One micro-batch a step (the global batch of 4 over the ranks) and one validation forward.
+    python3 -c 'import json, sys
+steps = [r for r in map(json.loads, open(sys.argv[1])) if r.get("event") == "step"]
+assert len(steps) == 3, steps
+for r in steps:
+    f = r["checkpoint_nvme_file_bytes"]
+    assert f > 0 and r["checkpoint_nvme_read_bytes"] == f and r["checkpoint_nvme_write_bytes"] == 2 * f, r
+print("spill traffic per step: read", f, "written", 2 * f, "bytes")' "$work/$spill.jsonl"
+    # The file is unlinked once open: nothing stays behind.
+    [ -z "$(ls -A "$work/$spill.nvme")" ] || { ls -la "$work/$spill.nvme"; exit 1; }
+  done
 done

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -24,6 +25,7 @@
 #include "models/token_data.h"
 #include "zero/runtime/device.h"
 #include "zero/runtime/memory.h"
+#include "zero/runtime/nvme_file.h"
 #include "zero/runtime/safetensors.h"
 
 namespace zero::models {
@@ -58,6 +60,20 @@ Gpt2Config split_config(int tensor_parallel_size) {
   Gpt2Config config = reference_config();
   config.tensor_parallel_size = tensor_parallel_size;
   return config;
+}
+
+Gpt2Config with_layers(Gpt2Config config, int n_layer) {
+  config.n_layer = n_layer;
+  return config;
+}
+
+// Where the checkpoint spill's tests put their files (a directory of the build tree, on disk).
+const std::string kSpillDir = ZERO_GPT2_SPILL_DIR;
+
+// `c` with its checkpoints spilled to kSpillDir.
+Gpt2Checkpointing spilled(Gpt2Checkpointing c) {
+  c.nvme_path = kSpillDir;
+  return c;
 }
 
 // A tensor-parallel group of `size` ranks as threads of this process, for the GPT-2's two
@@ -171,8 +187,10 @@ struct Harness {
   std::map<std::string, std::vector<int64_t>> shapes;
   std::vector<std::vector<std::string>> names;  // per module: its own, then its tied ones
 
-  explicit Harness(const Gpt2Checkpointing& checkpointing = {}, Communicator* group = nullptr)
-      : config(split_config(group != nullptr ? group->world_size() : 1)),
+  // n_layer: the reference's 2 layers, or more, block k taking block k % 2's weights.
+  explicit Harness(const Gpt2Checkpointing& checkpointing = {}, Communicator* group = nullptr,
+                   int n_layer = 2)
+      : config(with_layers(split_config(group != nullptr ? group->world_size() : 1), n_layer)),
         // One kernel thread per rank of a group: its ranks share the cores.
         model(make_gpt2(config, group != nullptr ? 1 : 2, checkpointing,
                         {group != nullptr ? group->rank() : 0, group})) {
@@ -188,6 +206,13 @@ struct Harness {
       std::vector<std::string> list;
       for (const ParamDecl& d : m.module->parameters()) {
         list.push_back(m.name.empty() ? d.spec.name : m.name + "." + d.spec.name);
+        if (values.count(list.back()) == 0 && m.name.rfind("h.", 0) == 0) {
+          const std::string from =
+              "h." + std::to_string(std::stoi(m.name.substr(2)) % 2) + "." + d.spec.name;
+          values[list.back()] = values.at(from);
+          grads[list.back()].assign(values[list.back()].size(), 0.0f);
+          shapes[list.back()] = shapes.at(from);
+        }
         EXPECT_EQ(shapes[list.back()], d.spec.shape) << list.back();
       }
       for (const std::string& tied : m.module->tied_parameters()) list.push_back(tied);
@@ -297,8 +322,8 @@ struct StepResult {
   std::map<std::string, std::vector<float>> grads;
 };
 
-StepResult run_step(const Gpt2Checkpointing& checkpointing, int B, int T) {
-  Harness h(checkpointing);
+StepResult run_step(const Gpt2Checkpointing& checkpointing, int B, int T, int n_layer = 2) {
+  Harness h(checkpointing, nullptr, n_layer);
   const Tensor tokens = reference_batch(h, B, T);
   StepResult r;
   for (int micro_batch = 0; micro_batch < 2; ++micro_batch) {
@@ -321,12 +346,16 @@ const Gpt2Checkpointing kSettings[] = {
     // cpu_checkpointing: the checkpoints moved to (here: host) memory and back
     {Recompute::kFull, 0, false, false, true},
     {Recompute::kSelective, 1, false, false, true},
+    // nvme_path: the checkpoints spilled to a file and read back (two blocks, then one)
+    spilled({Recompute::kFull, 0}),
+    spilled({Recompute::kSelective, 1}),
 };
 
 std::string label(const Gpt2Checkpointing& c) {
   return std::string(recompute_name(c.recompute)) + " number_checkpoints " +
          std::to_string(c.number_checkpoints) + (c.contiguous_memory ? " contiguous" : "") +
-         (c.cpu_checkpointing ? " cpu_checkpointing" : "");
+         (c.cpu_checkpointing ? " cpu_checkpointing" : "") +
+         (c.nvme_path.empty() ? "" : " nvme_path");
 }
 
 int checkpointed_blocks(const Gpt2Checkpointing& c, int n_layer) {
@@ -375,6 +404,8 @@ TEST(Gpt2Checkpointing, HeldActivationsEqualTheFormula) {
       const uint64_t moving = formula.moving_checkpoints;
       EXPECT_EQ(held.checkpoints + moving, formula.checkpoints) << what;
       EXPECT_EQ(held.host_checkpoints, formula.host_checkpoints) << what;
+      EXPECT_EQ(held.spill_buffer, formula.spill_buffer) << what;
+      EXPECT_EQ(held.nvme_checkpoints, formula.nvme_checkpoints) << what;
       EXPECT_EQ(held.total() + moving, formula.total()) << what;
       const MemoryStats& measured = h.allocator.stats();
       EXPECT_EQ(measured.window_peak_activations, formula.total()) << what;
@@ -384,12 +415,13 @@ TEST(Gpt2Checkpointing, HeldActivationsEqualTheFormula) {
       EXPECT_EQ(measured.window_peak[static_cast<size_t>(MemoryCategory::kActivation)],
                 formula.total() - formula.checkpoints)
           << what;
-      // One allocation per checkpoint, or one for all of them with contiguous_memory; with
-      // cpu_checkpointing one in forward and one to bring it back.
+      // One allocation per checkpoint, or one for all of them with contiguous_memory (and the
+      // spill's buffer); with cpu_checkpointing one in forward and one to bring it back.
       const int blocks = checkpointed_blocks(c, h.config.n_layer);
-      const int expected_allocations = c.contiguous_memory && blocks > 0 ? 1
-                                       : c.cpu_checkpointing             ? 2 * blocks
-                                                                         : blocks;
+      const bool one_buffer = c.contiguous_memory || !c.nvme_path.empty();
+      const int expected_allocations = one_buffer && blocks > 0 ? 1
+                                       : c.cpu_checkpointing    ? 2 * blocks
+                                                                : blocks;
       EXPECT_EQ(measured.allocations[static_cast<size_t>(MemoryCategory::kCheckpoint)],
                 static_cast<uint64_t>(expected_allocations))
           << what;
@@ -420,6 +452,123 @@ TEST(Gpt2Checkpointing, HeldActivationsEqualTheFormula) {
   EXPECT_EQ(moved.host_checkpoints, 3 * one);
   EXPECT_EQ(moved.moving_checkpoints, 2 * one);
   EXPECT_EQ(moved.total(), kept.total() - one);
+}
+
+// The NVMe spill on 4 blocks with full recomputation, one micro-batch of 20 positions (a
+// checkpoint of 5 KiB in a region of 8 KiB): bit for bit the run without the spill; the
+// checkpoints in memory at peak (the allocator's kCheckpoint) are the spill's buffer of two
+// regions, not the four checkpoints; each micro-batch writes and reads every region once, the
+// last block's backward reading the next one's ahead; a forward alone writes them, reads none.
+TEST(Gpt2Checkpointing, NvmeSpillHoldsTwoCheckpointsAndMovesEachOnce) {
+  constexpr int kLayers = 4, B = 1, T = 20;
+  const Gpt2Checkpointing full{Recompute::kFull, 0};
+  const StepResult kept = run_step(full, B, T, kLayers);
+  const StepResult spill = run_step(spilled(full), B, T, kLayers);
+  EXPECT_EQ(spill.losses, kept.losses);
+  EXPECT_EQ(spill.logits, kept.logits);
+  for (const auto& [name, grad] : kept.grads) EXPECT_EQ(spill.grads.at(name), grad) << name;
+
+  Harness h(spilled(full), nullptr, kLayers);
+  const Tensor tokens = reference_batch(h, B, T);
+  const uint64_t checkpoint = B * T * 64 * sizeof(float), region = 8192;
+  const Gpt2ActivationBytes formula = gpt2_activation_formula(h.config, spilled(full), B, T);
+  EXPECT_EQ(formula.spill_buffer, 2 * region + kNvmeBufferSlack);
+  EXPECT_EQ(formula.checkpoints, formula.spill_buffer);
+  EXPECT_EQ(formula.nvme_checkpoints, kLayers * region);
+  EXPECT_EQ(formula.total(), gpt2_activation_formula(h.config, full, B, T).total() -
+                                 kLayers * checkpoint + formula.spill_buffer);
+  for (int micro_batch = 0; micro_batch < 2; ++micro_batch) {
+    h.allocator.start_window();
+    h.forward(tokens);
+    h.backward();
+    const MemoryStats& measured = h.allocator.stats();
+    EXPECT_EQ(measured.window_peak[static_cast<size_t>(MemoryCategory::kCheckpoint)],
+              formula.checkpoints);
+    EXPECT_LT(formula.checkpoints, kLayers * checkpoint);
+    EXPECT_EQ(measured.window_peak_activations, formula.total());
+    const Gpt2SpillTraffic traffic = take_gpt2_spill_traffic(h.model);
+    EXPECT_EQ(traffic.write_bytes, kLayers * region) << "micro-batch " << micro_batch;
+    EXPECT_EQ(traffic.read_bytes, kLayers * region) << "micro-batch " << micro_batch;
+  }
+  EXPECT_EQ(gpt2_held_activations(h.model).nvme_checkpoints, kLayers * region);
+  // Read ahead: the last block's backward reads its own checkpoint and starts the next one's
+  // (modules: the embedding, the blocks, the head).
+  h.forward(tokens);
+  take_gpt2_spill_traffic(h.model);
+  Tensor grad({1}, {1.0f});
+  size_t next = h.model.modules.size();  // the module whose backward runs next, plus one
+  auto backward_to = [&](size_t first) {
+    for (; next > first; --next) {
+      const size_t m = next - 1;
+      Tensor grad_in;
+      h.model.modules[m].module->backward(grad, grad_in, h.refs(m, h.values), h.refs(m, h.grads));
+      grad = std::move(grad_in);
+    }
+  };
+  backward_to(kLayers);
+  EXPECT_EQ(take_gpt2_spill_traffic(h.model).read_bytes, 2 * region);
+  backward_to(0);
+  EXPECT_EQ(take_gpt2_spill_traffic(h.model).read_bytes, 2 * region);
+  h.forward(tokens);
+  const Gpt2SpillTraffic forward_only = take_gpt2_spill_traffic(h.model);
+  EXPECT_EQ(forward_only.write_bytes, kLayers * region);
+  EXPECT_EQ(forward_only.read_bytes, 0u);
+}
+
+// A failing disk (ZERO_TEST_NVME_FAULT, as the offloads' tests inject it) ends forward or
+// backward with the spill file, the offset of the failed transfer and errno.
+TEST(Gpt2Checkpointing, NvmeSpillErrorsNameFileOffsetAndErrno) {
+  constexpr int kLayers = 4, B = 1, T = 20;
+  const Gpt2Checkpointing full = spilled({Recompute::kFull, 0});
+  const std::string file = kSpillDir + "/activations_rank_0.bin";
+  auto error_of = [&](const char* fault, bool backward) {
+    EXPECT_EQ(setenv("ZERO_TEST_NVME_FAULT", fault, 1), 0);
+    std::string message;
+    try {
+      Harness h(full, nullptr, kLayers);
+      const Tensor tokens = reference_batch(h, B, T);
+      h.forward(tokens);
+      if (backward) h.backward();
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    EXPECT_EQ(unsetenv("ZERO_TEST_NVME_FAULT"), 0);
+    return message;
+  };
+  // The second block's write, at its region; in backward the first read is the last block's.
+  const std::string write = error_of("write@0#2", false);
+  EXPECT_NE(write.find("nvme: write of " + file +
+                       " at offset 8192 (8192 bytes) failed: "
+                       "Input/output error (errno 5) [injected by ZERO_TEST_NVME_FAULT]"),
+            std::string::npos)
+      << write;
+  const std::string read = error_of("read@0", true);
+  EXPECT_NE(read.find("nvme: read of " + file +
+                      " at offset 24576 (8192 bytes) failed: "
+                      "Input/output error (errno 5)"),
+            std::string::npos)
+      << read;
+}
+
+// What the spill is not built with, or has nothing to do without, is refused by name.
+TEST(Gpt2Checkpointing, NvmeSpillRefusesWhatItIsNotBuiltWith) {
+  const std::pair<Gpt2Checkpointing, std::string> refused[] = {
+      {spilled({Recompute::kNone, 0}), "needs activation checkpointing (selective or full)"},
+      {spilled({Recompute::kFull, 0, false, false, true}),
+       "spill to NVMe with cpu_checkpointing is not built"},
+      {spilled({Recompute::kFull, 0, true}),
+       "spill to NVMe with contiguous_memory_optimization is not built"},
+      {spilled({Recompute::kFull, 0, false, false, false, true}),
+       "spill to NVMe with partition_activations is not built yet"},
+  };
+  for (const auto& [c, expected] : refused) {
+    try {
+      check_gpt2_checkpointing(c, 2);
+      ADD_FAILURE() << label(c) << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+  }
 }
 
 // partition_activations at t = 2, the tensor-parallel group being two threads of this process:

@@ -354,11 +354,13 @@ TEST(Config, ActivationCheckpointing) {
   EXPECT_FALSE(absent.activation_checkpointing.contiguous_memory_optimization);
   EXPECT_FALSE(absent.activation_checkpointing.profile);
   EXPECT_FALSE(absent.activation_checkpointing.partition_activations);
+  EXPECT_EQ(absent.activation_checkpointing.nvme_path, "");
   const TrainingConfig all = parse_training_config(
       R"({"train_batch_size": 8, "activation_checkpointing": {"mode": "full",
           "cpu_checkpointing": true, "contiguous_memory_optimization": true, "profile": true,
-          "partition_activations": true}})",
+          "partition_activations": true, "nvme_path": "/local_nvme"}})",
       2, "ds.json");
+  EXPECT_EQ(all.activation_checkpointing.nvme_path, "/local_nvme");
   EXPECT_TRUE(all.activation_checkpointing.partition_activations);
   EXPECT_TRUE(all.activation_checkpointing.cpu_checkpointing);
   EXPECT_TRUE(all.activation_checkpointing.contiguous_memory_optimization);

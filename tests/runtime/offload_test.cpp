@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/nvme_store.h"
+#include "zero/runtime/nvme_file.h"
 #include "tests/runtime/train_util.h"
 #include "zero/runtime/checkpoint.h"
 

@@ -58,7 +58,8 @@
 //                      batch keys' "world size" is then the data-parallel size, world / tp.
 //   activation_checkpointing  -> ActivationCheckpointingConfig: number_checkpoints (at least 1),
 //                      our mode ("none", "selective", "full"; absent: none), cpu_checkpointing,
-//                      contiguous_memory_optimization, profile and partition_activations.
+//                      contiguous_memory_optimization, profile and partition_activations, and
+//                      our nvme_path (the checkpoints spilled to files there; not empty).
 //                      synchronize_checkpoint_boundary is accepted false; true is an error
 //                      saying the feature is not built.
 //
@@ -105,6 +106,8 @@ struct ActivationCheckpointingConfig {
   bool contiguous_memory_optimization = false;
   bool profile = false;
   bool partition_activations = false;
+  // Ours: the directory checkpoints are spilled to (models/gpt2_spill.h); empty: none.
+  std::string nvme_path;
 };
 
 struct TrainingConfig {

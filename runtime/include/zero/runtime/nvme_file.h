@@ -1,5 +1,5 @@
-// One rank's NVMe file (private to runtime/): asynchronous reads and writes of aligned ranges
-// through io_uring with O_DIRECT, as DeepSpeed's aio settings ask. Each transfer is cut into
+// One rank's NVMe file: asynchronous reads and writes of aligned ranges through io_uring with
+// O_DIRECT, as DeepSpeed's aio settings ask. Each transfer is cut into
 // aio.block_size requests; aio.intra_op_parallelism threads each own a ring and a contiguous
 // part of every transfer, and keep at most aio.queue_depth requests in flight. The threads block
 // in io_uring_wait_cqe and callers block in wait(): nothing spins (ranks outnumber cores).
@@ -8,6 +8,10 @@
 // completion) is a zero::Error naming the file, the offset and errno, with the source line.
 // ZERO_TEST_NVME_FAULT=KIND@RANK[#N] (tests only) makes the N-th (default first) read or write
 // transfer of that rank fail with EIO, as a failing disk would.
+//
+// The engine's optimizer and parameter offloads use it (runtime/), and so does the GPT-2's
+// activation-checkpoint spill (models/gpt2_spill.h): one implementation of the I/O, its checks
+// and its fault injection for every file the runtime streams to NVMe.
 #pragma once
 
 #include <condition_variable>
@@ -31,9 +35,24 @@ inline uint64_t nvme_align_up(uint64_t bytes) {
   return (bytes + kNvmeAlignment - 1) / kNvmeAlignment * kNvmeAlignment;
 }
 
+// What a buffer from an Allocator (64-byte aligned, memory.h) needs beyond the bytes of an
+// aligned range to hold that range at a kNvmeAlignment boundary: the worst distance from a
+// 64-byte boundary to the next 4096-byte one. nvme_aligned() gives the range's start.
+constexpr size_t kNvmeBufferSlack = kNvmeAlignment - 64;
+
+inline char* nvme_aligned(void* buffer) {
+  const uintptr_t at = reinterpret_cast<uintptr_t>(buffer);
+  return static_cast<char*>(buffer) + (nvme_align_up(at) - at);
+}
+
 // Refuses (zero::Error) when the file system holding `dir` has fewer than `bytes` free for an
 // unprivileged writer, with both numbers; `what` says whose bytes they are.
 void check_free_space(const std::string& dir, uint64_t bytes, const std::string& what);
+
+// The start-up check of a directory a file of `bytes` will be made in (what: whose bytes): it
+// must exist and take an O_DIRECT file (a probe file is created and removed), and hold `bytes`
+// (check_free_space). A zero::Error names the path and errno, or both numbers.
+void check_nvme_directory(const std::string& dir, uint64_t bytes, const std::string& what);
 
 class NvmeFile {
  public:
