@@ -7,7 +7,7 @@
 //                 --vocab-size N --block-size N] --ranks 8 [--dtype D] [--stage S]
 //   zero-estimate --model mlp --ranks 8 --mics-shard-size 2    (hybrid sharding, stage 3)
 //   zero-estimate --model gpt2 ... --micro-batch B [--seq-len T] [--number-checkpoints K]
-//                 [--partition-activations] [--memory-limit BYTES]
+//                 [--partition-activations] [--checkpoint-nvme-path DIR] [--memory-limit BYTES]
 //                                              (activations too, for none/selective/full)
 //
 // prints one row per stage (or only stage S): parameters, gradients, optimizer state (fp32
@@ -64,8 +64,10 @@ constexpr const char* kUsage =
     "              activation checkpointing (none, selective, full), with --seq-len T\n"
     "              (default: --block-size), --number-checkpoints K (default: every block),\n"
     "              --partition-activations (with --tp: each checkpoint split over the T\n"
-    "              ranks, the config's activation_checkpointing.partition_activations)\n"
-    "              and --memory-limit BYTES[K|M|G] (which setting fits at each stage)\n";
+    "              ranks, the config's activation_checkpointing.partition_activations),\n"
+    "              --checkpoint-nvme-path DIR (checkpoints spilled to NVMe, as zero-train's)\n"
+    "              and --memory-limit BYTES[K|M|G] (which setting fits at each stage, and the\n"
+    "              most sequences per rank each one fits)\n";
 
 struct Options {
   uint64_t params = 0;
@@ -91,9 +93,23 @@ struct Options {
   int number_checkpoints = 0;
   bool partition_activations = false;
   uint64_t memory_limit = 0;
+  // The checkpoints spilled to this directory (zero-train --checkpoint-nvme-path): planned, not
+  // touched.
+  std::string checkpoint_nvme_path;
 };
 
 using zero::driver::usage_error;
+
+// The checkpointing zero-train runs with these flags and `recompute` (none spills nothing).
+zero::models::Gpt2Checkpointing checkpointing_of(const Options& options,
+                                                 zero::models::Recompute recompute) {
+  zero::models::Gpt2Checkpointing checkpointing{recompute, options.number_checkpoints};
+  checkpointing.partition_activations = options.partition_activations;
+  if (recompute != zero::models::Recompute::kNone) {
+    checkpointing.nvme_path = options.checkpoint_nvme_path;
+  }
+  return checkpointing;
+}
 
 bool is_digit(char c) {
   return c >= '0' && c <= '9';
@@ -190,7 +206,8 @@ Options parse_options(const std::vector<std::string>& args) {
         flag == "--sub-group-size" || flag == "--buffer-count" || flag == "--mics-shard-size" ||
         flag == "--micro-batch" || flag == "--seq-len" || flag == "--number-checkpoints" ||
         flag == "--memory-limit" || flag == "--tp" || flag == "--offload-param" ||
-        flag == "--param-buffer-count" || flag == "--param-buffer-size";
+        flag == "--param-buffer-count" || flag == "--param-buffer-size" ||
+        flag == "--checkpoint-nvme-path";
     if (flag != "--params" && flag != "--ranks" && flag != "--dtype" && flag != "--stage" &&
         !model_flag) {
       usage_error(flag.compare(0, 1, "-") == 0 ? "unknown option '" + flag + "'"
@@ -241,6 +258,9 @@ Options parse_options(const std::vector<std::string>& args) {
       options.buffer_count = static_cast<int>(parse_whole(flag, value, 1, 1024));
     } else if (flag == "--memory-limit") {
       options.memory_limit = zero::driver::parse_bytes(flag, value);
+    } else if (flag == "--checkpoint-nvme-path") {
+      if (value.empty()) usage_error("--checkpoint-nvme-path needs a directory, got ''");
+      options.checkpoint_nvme_path = value;
     } else if (flag == "--merge-bytes") {
       options.merge_bytes = static_cast<size_t>(parse_whole(flag, value, 0, INT_MAX));
     } else {
@@ -274,16 +294,17 @@ Options parse_options(const std::vector<std::string>& args) {
   }
   const bool activation_flags = options.micro_batch > 0 || options.seq_len > 0 ||
                                 options.number_checkpoints > 0 || options.memory_limit > 0 ||
-                                options.partition_activations;
+                                options.partition_activations ||
+                                !options.checkpoint_nvme_path.empty();
   if (activation_flags && options.model != "gpt2") {
     usage_error(
-        "--micro-batch, --seq-len, --number-checkpoints, --partition-activations and "
-        "--memory-limit plan the activations of --model gpt2");
+        "--micro-batch, --seq-len, --number-checkpoints, --partition-activations, "
+        "--checkpoint-nvme-path and --memory-limit plan the activations of --model gpt2");
   }
   if (activation_flags && options.micro_batch == 0) {
     usage_error(
-        "--seq-len, --number-checkpoints, --partition-activations and --memory-limit need "
-        "--micro-batch B");
+        "--seq-len, --number-checkpoints, --partition-activations, --checkpoint-nvme-path and "
+        "--memory-limit need --micro-batch B");
   }
   if (options.seq_len == 0) options.seq_len = options.gpt2.block_size;
   if (options.seq_len > options.gpt2.block_size) {
@@ -293,7 +314,7 @@ Options parse_options(const std::vector<std::string>& args) {
   if (options.model == "gpt2") {
     try {
       zero::models::check_gpt2_checkpointing(
-          {zero::models::Recompute::kFull, options.number_checkpoints}, options.gpt2.n_layer);
+          checkpointing_of(options, zero::models::Recompute::kFull), options.gpt2.n_layer);
     } catch (const zero::Error& e) {
       usage_error(e.what());
     }
@@ -340,8 +361,40 @@ constexpr zero::models::Recompute kRecomputes[] = {zero::models::Recompute::kNon
                                                    zero::models::Recompute::kSelective,
                                                    zero::models::Recompute::kFull};
 
+// What zero-train's budget per rank holds for B sequences besides the engine: the activations
+// of `recompute`, and what it does not count in the engine's allocator.
+uint64_t activation_budget(const Options& options, zero::models::Recompute recompute, int B) {
+  return zero::models::gpt2_activation_formula(options.gpt2, checkpointing_of(options, recompute),
+                                               B, options.seq_len)
+             .total() +
+         zero::models::gpt2_uncounted_activation_bytes(options.gpt2, B, options.seq_len) +
+         zero::models::gpt2_module_copy_bytes(options.gpt2, options.dtype);
+}
+
+// The most sequences per rank whose activations fit beside `engine` bytes in the limit (0: not
+// even one); the bytes grow with B, so a doubling search then a bisection finds it.
+int largest_micro_batch(const Options& options, zero::models::Recompute recompute,
+                        uint64_t engine) {
+  const auto fits = [&](int B) {
+    return engine + activation_budget(options, recompute, B) <= options.memory_limit;
+  };
+  if (!fits(1)) return 0;
+  int low = 1, high = 2;  // fits(low), and high is above the answer once !fits(high)
+  while (high < (1 << 20) && fits(high)) {
+    low = high;
+    high *= 2;
+  }
+  if (fits(high)) return high;
+  while (high - low > 1) {
+    const int mid = low + (high - low) / 2;
+    (fits(mid) ? low : high) = mid;
+  }
+  return low;
+}
+
 // The GPT-2's activations per rank for each checkpointing setting, beside the engine's bytes of
-// each planned stage, and with a budget which setting fits at each stage.
+// each planned stage, and with a budget which setting fits at each stage and the largest
+// micro-batch each setting fits.
 void print_activations(const Options& options,
                        const std::vector<std::pair<int, uint64_t>>& engine_bytes) {
   std::string checkpoints = options.number_checkpoints == 0
@@ -353,21 +406,26 @@ void print_activations(const Options& options,
     checkpoints += t > 1 ? ", partitioned over " + std::to_string(t) + " tensor-parallel ranks"
                          : ", partition_activations without effect at --tp 1";
   }
+  const bool spilled = !options.checkpoint_nvme_path.empty();
+  if (spilled) checkpoints += ", spilled to NVMe";
   std::printf("activations of %d x %d tokens per rank (fp32; selective and full checkpoint %s):\n",
               options.micro_batch, options.seq_len, checkpoints.c_str());
   std::printf("recompute  activation bytes  checkpoint bytes");
+  if (spilled) std::printf("  nvme bytes");
   for (const auto& stage : engine_bytes) std::printf("  stage %d total bytes", stage.first);
   std::printf("\n");
   uint64_t activations[3] = {};
   for (int r = 0; r < 3; ++r) {
-    zero::models::Gpt2Checkpointing checkpointing{kRecomputes[r], options.number_checkpoints};
-    checkpointing.partition_activations = options.partition_activations;
     const zero::models::Gpt2ActivationBytes bytes = zero::models::gpt2_activation_formula(
-        options.gpt2, checkpointing, options.micro_batch, options.seq_len);
+        options.gpt2, checkpointing_of(options, kRecomputes[r]), options.micro_batch,
+        options.seq_len);
     activations[r] = bytes.total();
+    // With the spill, the checkpoints in memory are the buffer they pass through.
+    const uint64_t held = spilled && r > 0 ? bytes.spill_buffer : bytes.checkpoints;
     std::printf("%-9s  %16llu  %16llu", zero::models::recompute_name(kRecomputes[r]),
                 static_cast<unsigned long long>(bytes.total()),
-                static_cast<unsigned long long>(bytes.checkpoints));
+                static_cast<unsigned long long>(held));
+    if (spilled) std::printf("  %10llu", static_cast<unsigned long long>(bytes.nvme_checkpoints));
     for (const auto& stage : engine_bytes) {
       std::printf("  %19llu", static_cast<unsigned long long>(stage.second + bytes.total()));
     }
@@ -386,13 +444,17 @@ void print_activations(const Options& options,
     int fits = 0;
     while (fits < 3 && bytes + activations[fits] + uncounted > options.memory_limit) ++fits;
     if (fits == 3) {
-      std::printf("stage %d in %llu bytes: does not fit with any activation checkpointing\n", stage,
+      std::printf("stage %d in %llu bytes: does not fit with any activation checkpointing", stage,
                   static_cast<unsigned long long>(options.memory_limit));
     } else {
-      std::printf("stage %d in %llu bytes: fits with activation checkpointing %s\n", stage,
+      std::printf("stage %d in %llu bytes: fits with activation checkpointing %s", stage,
                   static_cast<unsigned long long>(options.memory_limit),
                   zero::models::recompute_name(kRecomputes[fits]));
     }
+    std::printf("; the most sequences per rank: none %d, selective %d, full %d\n",
+                largest_micro_batch(options, kRecomputes[0], bytes),
+                largest_micro_batch(options, kRecomputes[1], bytes),
+                largest_micro_batch(options, kRecomputes[2], bytes));
   }
 }
 
