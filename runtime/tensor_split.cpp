@@ -47,8 +47,9 @@ void check_usable(const TensorSplit& split, const std::vector<int64_t>& full_sha
 }  // namespace
 
 int64_t split_extent(const TensorSplit& split, int size) {
+  // ceil(part / size) without part + size - 1, which could overflow for a manifest's extent.
   const int64_t part = split.full_extent / split.parts;
-  return split.parts * ((part + size - 1) / size);
+  return split.parts * (part / size + (part % size != 0 ? 1 : 0));
 }
 
 std::vector<int64_t> slice_shape(const TensorSplit& split, std::vector<int64_t> full_shape,
@@ -68,6 +69,8 @@ const char* split_problem(const TensorSplit& split, const std::vector<int64_t>& 
   if (split.parts < 1 || split.full_extent < 0 || split.full_extent % split.parts != 0) {
     return "a split whose parts do not divide its full extent";
   }
+  // A slice's extent is at most full_extent + parts: this bound keeps it inside an int64_t.
+  if (split.full_extent > (int64_t{1} << 62)) return "a split whose full extent is too large";
   if (shape[static_cast<size_t>(split.dim)] != split_extent(split, size)) {
     return "a slice whose extent is not its share of the full extent";
   }
