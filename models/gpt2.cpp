@@ -434,13 +434,19 @@ std::vector<ParamSpec> gpt2_param_specs(const Gpt2Config& config) {
 
 uint64_t gpt2_module_copy_bytes(const Gpt2Config& config, DType dtype) {
   if (dtype == DType::kFloat32) return 0;
+  // The embedding's and the head's own copies (the head's of the tied wte too), and one set the
+  // blocks share (Gpt2BlockShared::params): the parameters of every module but the blocks
+  // after the first.
   uint64_t params = 0;
+  uint64_t wte = 0;
   for (const ParamSpec& spec : gpt2_param_specs(config)) {
     uint64_t n = 1;
     for (int64_t d : spec.shape) n *= static_cast<uint64_t>(d);
+    if (spec.name == "wte.weight") wte = n;
+    if (spec.name.rfind("h.", 0) == 0 && spec.name.rfind("h.0.", 0) != 0) continue;
     params += n;
   }
-  return params * 2 * sizeof(float);
+  return (params + wte) * 2 * sizeof(float);
 }
 
 const Tensor& gpt2_logits(const Gpt2& model) {

@@ -117,7 +117,8 @@ Gpt2ActivationBytes gpt2_held_activations(const Gpt2& model);
 std::vector<ParamSpec> gpt2_param_specs(const Gpt2Config& config);
 
 // Host bytes the modules keep beside the engine's storage for a working dtype: none for fp32
-// (the kernels add into fp32 storage); else an fp32 copy of every parameter and of its gradient.
+// (the kernels add into fp32 storage); else fp32 copies of parameters and their gradients: the
+// embedding's and the head's (each of wte), and one block's, which the blocks share.
 uint64_t gpt2_module_copy_bytes(const Gpt2Config& config, DType dtype);
 
 // The logits of the last forward [B * T, vocab], in the device's memory (valid until backward

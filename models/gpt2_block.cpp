@@ -277,7 +277,7 @@ void Gpt2Block::run_forward(const std::vector<ParamRef>& params, Tensor* out) {
   // The row-parallel biases go in once, on the rank that adds them, before the all-reduce.
   const bool bias = backend_->adds_row_parallel_bias();
   const float eps = config_.layer_norm_eps;
-  auto w = [&](int i) { return slots_.value(params, i); };
+  auto w = [&](int i) { return shared_->params.value(params, i); };
   auto p = [&](int a) { return data_of(a); };
   // In backward, an operation runs again when this block did not keep what it makes.
   auto makes = [&](int a) { return out != nullptr || !keeps(recompute_, a); };
@@ -348,8 +348,8 @@ void Gpt2Block::backward(const Tensor& grad_out, Tensor& grad_in,
       start = std::chrono::steady_clock::now();
     }
   }
-  auto w = [&](int i) { return slots_.value(params, i); };
-  auto g = [&](int i) { return slots_.grad(grads, i); };
+  auto w = [&](int i) { return shared_->params.value(params, i); };
+  auto g = [&](int i) { return shared_->params.grad(grads, i); };
   auto p = [&](int a) { return data_of(a); };
   Gpt2Ops& ops = backend_->ops_for(grad_out);
   const std::shared_ptr<DeviceContext>& dev = grad_out.device();
@@ -383,7 +383,7 @@ void Gpt2Block::backward(const Tensor& grad_out, Tensor& grad_in,
   grad_in = std::move(d_x2);
   ops.layernorm_backward(grad_in.data(), g(kLn1W), g(kLn1B), s.d_norm.data(), p(kInput), w(kLn1W),
                          p(kLn1Mean), p(kLn1Rstd), N, C);
-  slots_.flush(grads);
+  shared_->params.flush(grads);
   if (moves_checkpoint()) {
     kept_[kInput] = Tensor();  // freed in stream order, after the work that read it
     fetched_ = false;

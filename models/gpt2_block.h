@@ -53,6 +53,23 @@ struct Gpt2BlockTimes {
   double backward_ms = 0.0;  // without the recomputation
 };
 
+// A block's parameter indices, in Hugging Face's order.
+enum BlockParam {
+  kLn1W,
+  kLn1B,
+  kQkvW,
+  kQkvB,
+  kProjW,
+  kProjB,
+  kLn2W,
+  kLn2B,
+  kFcW,
+  kFcB,
+  kFcProjW,
+  kFcProjB,
+  kBlockParams
+};
+
 // Buffers every block uses in turn: backward runs one block at a time.
 struct Gpt2BlockShared {
   // With contiguous_memory: every checkpointed block's input, [slots, N, C]; with partition,
@@ -67,6 +84,10 @@ struct Gpt2BlockShared {
   Tensor d_norm;     // [N, C] gradient of a LayerNorm's output
   Tensor d_att;      // [N, C]
   Tensor d_qkv;      // [N, 3C]
+  // With 16-bit parameters, the fp32 copies of a block's parameters and gradients: a block
+  // converts its parameters when it computes and flushes its gradients at the end of its
+  // backward, so the blocks take turns with one set (gpt2_module_copy_bytes counts one).
+  gpt2_detail::ParamSlots params{kBlockParams};
   // nvme_path: the file the checkpoints are spilled to, and the buffer they pass through (the
   // allocator's kCheckpoint; gpt2_spill.h).
   std::unique_ptr<Gpt2CheckpointSpill> spill;
@@ -83,23 +104,6 @@ struct Gpt2BlockShared {
 // are bitwise those without checkpointing.
 class Gpt2Block : public Module {
  public:
-  // Parameter indices, in Hugging Face's order.
-  enum {
-    kLn1W,
-    kLn1B,
-    kQkvW,
-    kQkvB,
-    kProjW,
-    kProjB,
-    kLn2W,
-    kLn2B,
-    kFcW,
-    kFcB,
-    kFcProjW,
-    kFcProjB,
-    kParams
-  };
-
   Gpt2Block(const Gpt2Config& config, const Gpt2BlockCheckpointing& checkpointing,
             std::shared_ptr<gpt2_detail::Gpt2Backend> backend,
             std::shared_ptr<Gpt2BlockShared> shared);
@@ -157,7 +161,6 @@ class Gpt2Block : public Module {
   Gpt2BlockTimes times_;
   std::shared_ptr<gpt2_detail::Gpt2Backend> backend_;
   std::shared_ptr<Gpt2BlockShared> shared_;
-  gpt2_detail::ParamSlots slots_{kParams};
   int B_ = 0, T_ = 0;
   Tensor kept_[kBlockActivations];  // those this block keeps (the others stay empty)
   // cpu_checkpointing: the checkpoint in pinned host memory, its last copy to or from there,
