@@ -14,11 +14,13 @@
 # refuses, with the numbers, when the NVMe files do not fit the free space of --nvme-path (with
 # 4 GiB to spare) or the ranks' planned memory does not fit MemAvailable. --dry-run stops there.
 #
-# Why fp32 by default: the GPT-2 modules keep an fp32 copy of every parameter and gradient
-# beside a 16-bit engine (8 bytes per parameter on every rank, gpt2_module_copy_bytes), more
-# than the offloads save. In fp32 what stays in memory is each rank's fp32 gradient shard
-# (4 bytes per parameter over all ranks) and the engine's fixed-size buffers; everything else
-# (parameters 4 and Adam's moments 8 bytes per parameter) is on NVMe.
+# What stays in memory: each rank's gradient shard (in bf16, accumulated in bf16, DeepSpeed's
+# data_types.grad_accum_dtype: 2 bytes per parameter over all ranks; in fp32, 4), the engine's
+# fixed-size buffers and, in bf16, the GPT-2 modules' fp32 working copies (the embedding's and
+# the head's, and one block's, which the blocks share: gpt2_module_copy_bytes); everything else
+# (the 16-bit parameters, fp32 master and Adam's moments) is on NVMe. The plan is zero-estimate's,
+# with what zero-train's budget holds beside the engine (tensors between modules, the copies)
+# and the activations of one sequence per rank.
 set -euo pipefail
 
 build=build
@@ -28,7 +30,7 @@ embd=3072
 heads=24
 vocab=50257
 seq_len=16
-dtype=fp32
+dtype=bf16
 steps=3
 lr=5e-6
 dry_run=0
@@ -64,17 +66,20 @@ trap 'rm -rf "$work"' EXIT
 
 model=(--model gpt2 --n-layer "$layers" --n-head "$heads" --n-embd "$embd" --vocab-size "$vocab"
   --block-size 1024)
-# The engine's plan per rank: model state and buffers in memory, the NVMe files.
-row="$("$build/bin/zero-estimate" "${model[@]}" --dtype "$dtype" --ranks "$ranks" --stage 3 \
+# The engine's plan per rank: model state and buffers in memory, the NVMe files, and beside them
+# what zero-train's budget holds and the activations (no recomputation, one sequence).
+accum="$dtype"  # the gradient shard in the working dtype
+plan="$("$build/bin/zero-estimate" "${model[@]}" --dtype "$dtype" --ranks "$ranks" --stage 3 \
   --offload-optimizer nvme --offload-param nvme --sub-group-size "$sub_group" \
   --buffer-count "$opt_buffers" --param-buffer-count "$param_buffers" \
-  --param-buffer-size "$param_buffer_size")"
-echo "$row"
-params="$(awk 'NR == 1 { print $2 }' <<<"$row")"
-read -r _ state buffers _ nvme < <(awk '$1 == 3 && NF == 5' <<<"$row")
-module_copies=0
-[[ "$dtype" == bf16 ]] && module_copies=$((params * 8))
-memory_all=$(((state + buffers + module_copies) * ranks))
+  --param-buffer-size "$param_buffer_size" --grad-accum-dtype "$accum" \
+  --micro-batch 1 --seq-len "$seq_len" --memory-limit 1024G)"
+echo "$plan"
+params="$(awk 'NR == 1 { print $2 }' <<<"$plan")"
+read -r _ state buffers _ nvme < <(awk '$1 == 3 && NF == 5' <<<"$plan")
+beside="$(sed -nE 's/^beside them: ([0-9]+) bytes.*/\1/p' <<<"$plan")"
+activations="$(awk '$1 == "none" { print $2 }' <<<"$plan")"
+memory_all=$(((state + buffers + beside + activations) * ranks))
 nvme_all=$((nvme * ranks))
 model_state=$((params * 16))  # 16-bit params and grads, fp32 master and moments (or fp32's 16)
 free_disk=$(($(df -B1 --output=avail "$nvme_path" | tail -1)))
@@ -116,6 +121,7 @@ cat >"$work/config.json" <<EOF
   "train_batch_size": $ranks,
   "gradient_accumulation_steps": 1,
   "bf16": {"enabled": $([[ $dtype == bf16 ]] && echo true || echo false)},
+  "data_types": {"grad_accum_dtype": "$accum"},
   "wall_clock_breakdown": true,
   "steps_per_print": 1,
   "zero_optimization": {

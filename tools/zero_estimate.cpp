@@ -55,6 +55,8 @@ constexpr const char* kUsage =
     "  with --model: --offload-param none|nvme (stage 3's parameter shards on NVMe, only\n"
     "              stage 3 is planned), --param-buffer-count N (default 5) and\n"
     "              --param-buffer-size N (elements, default 1e8), as the config's offload_param\n"
+    "  with --model: --grad-accum-dtype D: the dtype gradients accumulate in (the config's\n"
+    "              data_types.grad_accum_dtype; default fp32 for bf16, else the dtype)\n"
     "  with --model: --mics-shard-size K: hybrid sharding (the config's mics_shard_size):\n"
     "              stage 3 sharded over groups of K of the N ranks, replicated across them\n"
     "  with --model gpt2: --tp T: tensor parallelism over T ranks (the config's\n"
@@ -96,6 +98,8 @@ struct Options {
   // The checkpoints spilled to this directory (zero-train --checkpoint-nvme-path): planned, not
   // touched.
   std::string checkpoint_nvme_path;
+  // The config's data_types.grad_accum_dtype; unset: the engine's default for the dtype.
+  std::optional<zero::DType> grad_accum_dtype;
 };
 
 using zero::driver::usage_error;
@@ -207,7 +211,7 @@ Options parse_options(const std::vector<std::string>& args) {
         flag == "--micro-batch" || flag == "--seq-len" || flag == "--number-checkpoints" ||
         flag == "--memory-limit" || flag == "--tp" || flag == "--offload-param" ||
         flag == "--param-buffer-count" || flag == "--param-buffer-size" ||
-        flag == "--checkpoint-nvme-path";
+        flag == "--checkpoint-nvme-path" || flag == "--grad-accum-dtype";
     if (flag != "--params" && flag != "--ranks" && flag != "--dtype" && flag != "--stage" &&
         !model_flag) {
       usage_error(flag.compare(0, 1, "-") == 0 ? "unknown option '" + flag + "'"
@@ -258,6 +262,12 @@ Options parse_options(const std::vector<std::string>& args) {
       options.buffer_count = static_cast<int>(parse_whole(flag, value, 1, 1024));
     } else if (flag == "--memory-limit") {
       options.memory_limit = zero::driver::parse_bytes(flag, value);
+    } else if (flag == "--grad-accum-dtype") {
+      zero::DType accum = zero::DType::kFloat32;
+      if (!zero::parse_dtype(value, &accum)) {
+        usage_error("--grad-accum-dtype must be fp32, bf16 or fp16, got '" + value + "'");
+      }
+      options.grad_accum_dtype = accum;
     } else if (flag == "--checkpoint-nvme-path") {
       if (value.empty()) usage_error("--checkpoint-nvme-path needs a directory, got ''");
       options.checkpoint_nvme_path = value;
@@ -468,6 +478,7 @@ int plan_model(const Options& options) {
                                                  : zero::models::mlp_param_specs(options.mlp);
   zero::EngineConfig config;
   config.dtype = options.dtype;
+  config.grad_accum_dtype = options.grad_accum_dtype;
   config.merge_bytes = options.merge_bytes;
   config.optimizer_sub_group_elements = options.sub_group_size;
   config.offload_optimizer.buffer_count = options.buffer_count;
