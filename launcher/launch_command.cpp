@@ -182,7 +182,11 @@ LaunchRequest parse_arguments(const std::vector<std::string>& args) {
     }
   }
   if (request.program.empty()) throw UsageError("no program to run");
-  const int ranks = request.ranks > 0 ? request.ranks : request.num_gpus;
+  // With a hostfile --num_gpus caps each host's slots (rounded to whole groups later); without
+  // one it may be the rank count.
+  const int ranks = request.ranks > 0          ? request.ranks
+                    : request.hostfile.empty() ? request.num_gpus
+                                               : 0;
   if (ranks > 0 && ranks % request.tensor_parallel != 0) {
     throw UsageError(std::to_string(ranks) + " ranks do not divide into tensor-parallel groups " +
                      "of --tp " + std::to_string(request.tensor_parallel));

@@ -56,12 +56,10 @@ class Gpt2Embedding : public Module {
 
   std::vector<ParamDecl> parameters() const override {
     const ParamInit init{InitKind::kUniform, uniform_bound(0.02f)};
-    // This rank's rows of the vocabulary (gpt2_tensor_parallel.h).
-    const std::vector<int64_t> whole = {config_.vocab_size, config_.n_embd};
-    ParamDecl wte = param(config_, "wte.weight", whole, init);
-    wte.spec.split = gpt2_split_of("wte.weight", whole);
-    wte.spec.shape = slice_shape(wte.spec.split, whole, config_.tensor_parallel_size);
-    return {wte, param(config_, "wpe.weight", {config_.block_size, config_.n_embd}, init)};
+    // This rank's rows of the vocabulary.
+    return {
+        gpt2_detail::split_param(config_, "wte.weight", {config_.vocab_size, config_.n_embd}, init),
+        param(config_, "wpe.weight", {config_.block_size, config_.n_embd}, init)};
   }
 
   void forward(const Tensor& in, Tensor& out, const std::vector<ParamRef>& params) override {

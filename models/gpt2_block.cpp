@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <utility>
 
-#include "models/gpt2_tensor_parallel.h"
 #include "zero/core/check.h"
 
 namespace zero::models {
@@ -91,12 +90,9 @@ std::vector<ParamDecl> Gpt2Block::parameters() const {
     return gpt2_detail::param(config_, name, std::move(shape), init);
   };
   // The split matrices and biases are this rank's slices of the whole tensors' shapes given
-  // here (gpt2_tensor_parallel.h).
-  auto slice = [&](const char* name, std::vector<int64_t> whole, ParamInit init) {
-    ParamDecl d = decl(name, whole, init);
-    d.spec.split = gpt2_split_of(name, whole);
-    d.spec.shape = slice_shape(d.spec.split, whole, config_.tensor_parallel_size);
-    return d;
+  // here.
+  auto slice = [this](const char* name, const std::vector<int64_t>& whole, ParamInit init) {
+    return gpt2_detail::split_param(config_, name, whole, init);
   };
   return {decl("ln_1.weight", {C}, ones),
           decl("ln_1.bias", {C}, zeros),

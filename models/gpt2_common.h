@@ -11,6 +11,7 @@
 
 #include "models/gpt2.h"
 #include "models/gpt2_ops.h"
+#include "models/gpt2_tensor_parallel.h"
 #include "zero/runtime/device.h"
 
 namespace zero::models::gpt2_detail {
@@ -27,6 +28,16 @@ inline ParamDecl param(const Gpt2Config& config, const char* name, std::vector<i
                        ParamInit init) {
   ParamDecl decl{ParamSpec{name, std::move(shape), 0}, init};
   if (config.decay_matrices_only && decl.spec.shape.size() < 2) decl.weight_decay = 0.0f;
+  return decl;
+}
+
+// A parameter the tensor-parallel group splits (gpt2_tensor_parallel.h): this rank's slice of
+// the whole tensor of shape `whole`, with the split that cuts it.
+inline ParamDecl split_param(const Gpt2Config& config, const char* name,
+                             const std::vector<int64_t>& whole, ParamInit init) {
+  ParamDecl decl = param(config, name, whole, init);
+  decl.spec.split = gpt2_split_of(name, whole);
+  decl.spec.shape = slice_shape(decl.spec.split, whole, config.tensor_parallel_size);
   return decl;
 }
 

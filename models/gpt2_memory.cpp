@@ -47,7 +47,8 @@ void check_gpt2_checkpointing(const Gpt2Checkpointing& checkpointing, int n_laye
                                    << " layers (each checkpoint is one block)");
   ZERO_CHECK(!(checkpointing.cpu_checkpointing && checkpointing.contiguous_memory),
              "cpu_checkpointing with contiguous_memory_optimization is not built yet: choose one");
-  // Tensor parallelism runs on the CPU path only, where cpu_checkpointing saves nothing.
+  // The pinned copies of a checkpoint's pieces are not built (and on the CPU path, where the
+  // split GPT-2 is tested, cpu_checkpointing saves nothing).
   ZERO_CHECK(!(checkpointing.cpu_checkpointing && checkpointing.partition_activations),
              "cpu_checkpointing with partition_activations is not built yet: choose one");
   if (checkpointing.nvme_path.empty()) return;

@@ -338,7 +338,10 @@ std::vector<size_t> match_params(const Layout& layout, const std::vector<Checkpo
                              << (same_size ? ""
                                            : " (whole tensors: " + shape_text(whole) + " and " +
                                                  shape_text(saved_whole) + ")"));
-    ZERO_CHECK(same_size || !s.split.is_split() || !p.split.is_split() || s.split == p.split,
+    // A saved slice must be cut as the model cuts it (a checkpoint written before splits were
+    // recorded has none: at the same size its slices are taken as this model's).
+    ZERO_CHECK(!s.split.is_split() ||
+                   (same_size ? s.split == p.split : !p.split.is_split() || s.split == p.split),
                "parameter '" << p.name << "' is split along dimension " << p.split.dim << " in "
                              << p.split.parts << " part(s) by the model, along dimension "
                              << s.split.dim << " in " << s.split.parts << " by checkpoint "
@@ -470,8 +473,9 @@ bool writes_a_shard(Engine& engine) {
 }
 
 // This rank's part of save_checkpoint: its data-parallel group's checkpoint in `dir`.
+// `consolidated`: the whole model (whole_params) when the options ask for it, else empty.
 void save_own(Engine& engine, const std::string& dir, const TrainerState& trainer,
-              const SaveOptions& options) {
+              const SaveOptions& options, const std::vector<std::vector<float>>& consolidated) {
   Communicator& comm = engine.host_communicator();
   const int rank = comm.rank();
   const std::string what =
@@ -501,11 +505,8 @@ void save_own(Engine& engine, const std::string& dir, const TrainerState& traine
     throw_failure(what, reports);
   }
 
-  // The working parameters, gathered on every rank (a collective of the engine's); exact in the
-  // working dtype, since they are that dtype widened to fp32. With tensor parallelism the whole
-  // model is written once, beside tensor-parallel rank 0's checkpoint.
-  std::vector<std::vector<float>> consolidated;
-  if (options.consolidated_weights) consolidated = whole_params(engine);
+  // With tensor parallelism the whole model is written once, beside tensor-parallel rank 0's
+  // checkpoint.
   const Communicator* tp = engine.config().tensor_parallel;
   const bool writes_model = options.consolidated_weights && (tp == nullptr || tp->rank() == 0);
   agree(comm, what, attempt([&] {
@@ -520,9 +521,14 @@ void save_own(Engine& engine, const std::string& dir, const TrainerState& traine
 
 void save_checkpoint(Engine& engine, const std::string& dir, const TrainerState& trainer,
                      const SaveOptions& options) {
+  // The working parameters, gathered on every rank before anything can fail (collectives of
+  // the engine's and of the tensor-parallel group, which a rank that failed its part of the save
+  // would not join); exact in the working dtype, since they are that dtype widened to fp32.
+  std::vector<std::vector<float>> consolidated;
+  if (options.consolidated_weights) consolidated = whole_params(engine);
   std::exception_ptr failure;
   try {
-    save_own(engine, checkpoint_grid::own_dir(engine, dir), trainer, options);
+    save_own(engine, checkpoint_grid::own_dir(engine, dir), trainer, options, consolidated);
   } catch (...) {
     failure = std::current_exception();
   }

@@ -72,6 +72,7 @@ class ShardReader {
 // whole tensor with the slices of a split one merged.
 class GridReader {
  public:
+  // Keeps a reference to `grid`, which must outlive the reader.
   explicit GridReader(const std::vector<CheckpointInfo>& grid);
 
   // As ShardReader::read, from tensor-parallel rank `rank`'s checkpoint.

@@ -57,40 +57,23 @@ void agree(const Engine& engine, const std::string& what, const std::exception_p
 
 namespace zero {
 
-std::vector<CheckpointInfo> read_checkpoint_grid(const std::string& path) {
+namespace {
+
+// The checkpoints of every tensor-parallel rank of the newest save in path/tp_rank_RR: rank 0's
+// says how many ranks saved it, so directories of an earlier save at a larger size are left out.
+std::vector<CheckpointInfo> read_rank_dirs(const std::string& path) {
   using checkpoint_grid::rank_dir;
-  if (!checkpoint_grid::is_dir(rank_dir(path, 0))) {
-    CheckpointInfo info = read_checkpoint_info(path);
-    ZERO_CHECK(info.tensor_parallel_size == 1,
-               "checkpoint " << info.step_dir << " holds the slices of tensor-parallel rank "
-                             << info.tensor_parallel_rank << " of " << info.tensor_parallel_size
-                             << " only: load the save directory that holds every rank's "
-                             << "tp_rank_RR directory");
-    return {info};
-  }
-  std::vector<CheckpointInfo> grid;
-  for (int r = 0; checkpoint_grid::is_dir(rank_dir(path, r)); ++r) {
+  std::vector<CheckpointInfo> grid = {read_checkpoint_info(rank_dir(path, 0))};
+  const CheckpointInfo& first = grid.front();
+  for (int r = 1; r < first.tensor_parallel_size; ++r) {
+    ZERO_CHECK(checkpoint_grid::is_dir(rank_dir(path, r)),
+               "checkpoint " << path << ": tensor-parallel rank 0's checkpoint " << first.step_dir
+                             << " was saved by " << first.tensor_parallel_size << " ranks, and "
+                             << rank_dir(path, r) << " is missing");
     grid.push_back(read_checkpoint_info(rank_dir(path, r)));
   }
-  const CheckpointInfo& first = grid.front();
-  ZERO_CHECK(static_cast<int>(grid.size()) == first.tensor_parallel_size,
-             "checkpoint " << path << " holds " << grid.size()
-                           << " tp_rank_RR directories, and its manifests were written by "
-                           << first.tensor_parallel_size << " tensor-parallel ranks");
   for (size_t r = 0; r < grid.size(); ++r) {
     const CheckpointInfo& info = grid[r];
-    const auto same_params = [&] {
-      if (info.params.size() != first.params.size()) return false;
-      for (size_t p = 0; p < info.params.size(); ++p) {
-        const ParamPlacement& a = info.params[p];
-        const ParamPlacement& b = first.params[p];
-        if (a.name != b.name || a.split != b.split ||
-            full_shape(a.split, a.shape) != full_shape(b.split, b.shape)) {
-          return false;
-        }
-      }
-      return true;
-    };
     ZERO_CHECK(info.tensor_parallel_size == first.tensor_parallel_size &&
                    info.tensor_parallel_rank == static_cast<int>(r),
                "checkpoint " << info.step_dir << " holds tensor-parallel rank "
@@ -102,14 +85,57 @@ std::vector<CheckpointInfo> read_checkpoint_grid(const std::string& path) {
                       << "different steps (rank 0: " << first.trainer.step << ", rank " << r << ": "
                       << info.trainer.step << "); a save was interrupted on some "
                       << "ranks");
-    ZERO_CHECK(
-        info.world_size == first.world_size && info.stage == first.stage &&
-            info.dtype == first.dtype && info.state_count == first.state_count && same_params(),
-        "checkpoint " << path << ": tensor-parallel rank " << r << "'s checkpoint " << info.step_dir
-                      << " is not of the same run as rank 0's " << first.step_dir
-                      << " (world size, stage, dtype, optimizer or parameters differ)");
+    ZERO_CHECK(info.world_size == first.world_size && info.stage == first.stage &&
+                   info.dtype == first.dtype && info.state_count == first.state_count,
+               "checkpoint " << path << ": tensor-parallel rank " << r << "'s checkpoint "
+                             << info.step_dir << " is not of the same run as rank 0's "
+                             << first.step_dir << " (world size, stage, dtype or optimizer state "
+                             << "differ)");
+    ZERO_CHECK(info.params.size() == first.params.size(),
+               "checkpoint " << info.step_dir << " has " << info.params.size()
+                             << " parameters, tensor-parallel rank 0's " << first.params.size());
+    for (size_t p = 0; p < info.params.size(); ++p) {
+      const ParamPlacement& a = info.params[p];
+      const ParamPlacement& b = first.params[p];
+      ZERO_CHECK(a.name == b.name && a.split == b.split &&
+                     full_shape(a.split, a.shape) == full_shape(b.split, b.shape),
+                 "checkpoint " << info.step_dir << ": parameter " << p << " '" << a.name
+                               << "' is not tensor-parallel rank 0's '" << b.name
+                               << "' cut the same way");
+    }
   }
   return grid;
 }
 
+}  // namespace
+
+std::vector<CheckpointInfo> read_checkpoint_grid(const std::string& path) {
+  const bool has_rank_dirs = checkpoint_grid::is_dir(checkpoint_grid::rank_dir(path, 0));
+  // A save directory may hold both layouts, when a run resumed at another tensor-parallel size
+  // saved into it: the newer save is the one to load.
+  std::vector<CheckpointInfo> whole;
+  try {
+    whole.push_back(read_checkpoint_info(path));
+  } catch (const Error&) {
+    if (!has_rank_dirs) throw;
+  }
+  if (!whole.empty()) {
+    const CheckpointInfo& info = whole.front();
+    ZERO_CHECK(info.tensor_parallel_size == 1,
+               "checkpoint " << info.step_dir << " holds the slices of tensor-parallel rank "
+                             << info.tensor_parallel_rank << " of " << info.tensor_parallel_size
+                             << " only: load the save directory that holds every rank's "
+                             << "tp_rank_RR directory");
+  }
+  if (!has_rank_dirs) return whole;
+  std::vector<CheckpointInfo> sliced = read_rank_dirs(path);
+  if (whole.empty()) return sliced;
+  const long whole_step = whole.front().trainer.step;
+  const long sliced_step = sliced.front().trainer.step;
+  ZERO_CHECK(whole_step != sliced_step,
+             "checkpoint " << path << " holds step " << whole_step << " twice: whole in "
+                           << whole.front().step_dir << " and as tensor-parallel slices in "
+                           << sliced.front().step_dir << "; move one of them away");
+  return whole_step > sliced_step ? whole : sliced;
+}
 }  // namespace zero

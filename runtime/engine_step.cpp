@@ -102,8 +102,12 @@ Engine::Impl::GradientCheck Engine::Impl::check_gradients() {
   }));
   if (config.tensor_parallel != nullptr) {
     // The data-parallel sums of every tensor-parallel rank, added: every rank of the grid then
-    // holds the same figures, so all of them clip and skip alike.
-    config.tensor_parallel->all_reduce_sync(unit_sums, unit_sums, units.size(), DType::kFloat32);
+    // holds the same figures, so all of them clip and skip alike. On a GPU the group's stream
+    // starts after the compute stream, which waited for the data-parallel sums, and the copy
+    // below waits for the group.
+    Communicator& group = *config.tensor_parallel;
+    group.stream().wait(device->record());
+    device->wait(group.all_reduce(unit_sums, unit_sums, units.size(), DType::kFloat32));
   }
   // The one value the host must see each step: whether to skip, and how much to clip.
   device->copy_to_host(norm_sums_on_host.data(), unit_sums, units.size() * sizeof(float));

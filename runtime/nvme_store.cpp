@@ -64,7 +64,11 @@ void check_free_space(const std::string& dir, uint64_t bytes, const std::string&
 
 void check_nvme_directory(const std::string& dir, uint64_t bytes, const std::string& what) {
   // O_DIRECT at open is where a file system without direct I/O refuses, as NvmeFile's would.
-  const std::string probe = dir + "/.zero_nvme_probe_" + std::to_string(::getpid());
+  // Named by host and process: ranks of several hosts may share the directory's file system.
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  const std::string probe =
+      dir + "/.zero_nvme_probe_" + std::string(host) + "_" + std::to_string(::getpid());
   const int fd = ::open(probe.c_str(), O_RDWR | O_CREAT | O_EXCL | O_DIRECT | O_CLOEXEC, 0600);
   ZERO_CHECK(fd >= 0, "nvme_path " << dir << " cannot take " << what << ": creating " << probe
                                    << " (O_DIRECT) failed: " << errno_text(errno));

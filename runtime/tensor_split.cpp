@@ -36,12 +36,22 @@ void for_each_run(const TensorSplit& split, const std::vector<int64_t>& full_sha
   }
 }
 
-void check_usable(const TensorSplit& split, const std::vector<int64_t>& full_shape) {
+// Throws zero::Error unless `split` cuts a whole tensor of `full_shape` over `size` ranks and
+// `rank` is one of them.
+void check_usable(const TensorSplit& split, const std::vector<int64_t>& full_shape, int size,
+                  int rank) {
+  ZERO_CHECK(size >= 1 && rank >= 0 && rank < size,
+             "tensor-parallel rank " << rank << " of " << size << " ranks");
   ZERO_CHECK(split.is_split() && static_cast<size_t>(split.dim) < full_shape.size() &&
                  full_shape[static_cast<size_t>(split.dim)] == split.full_extent,
              "tensor split along dimension " << split.dim << " of extent " << split.full_extent
                                              << " does not fit a tensor of " << full_shape.size()
                                              << " dimensions");
+  // The slice's shape follows from these, so split_problem's other checks hold by construction.
+  ZERO_CHECK(split.parts >= 1 && split.full_extent % split.parts == 0 &&
+                 split.full_extent <= (int64_t{1} << 62),
+             "tensor split of extent " << split.full_extent << " in " << split.parts
+                                       << " part(s): the parts do not divide it");
 }
 
 }  // namespace
@@ -79,7 +89,7 @@ const char* split_problem(const TensorSplit& split, const std::vector<int64_t>& 
 
 std::vector<float> cut_slice(const TensorSplit& split, const std::vector<int64_t>& full_shape,
                              const float* full, int size, int rank) {
-  check_usable(split, full_shape);
+  check_usable(split, full_shape, size, rank);
   const std::vector<int64_t> shape = slice_shape(split, full_shape, size);
   std::vector<float> slice(product(shape, 0, shape.size()), 0.0f);
   for_each_run(split, full_shape, size, rank, [&](size_t from, size_t to, size_t count) {
@@ -90,9 +100,9 @@ std::vector<float> cut_slice(const TensorSplit& split, const std::vector<int64_t
 
 std::vector<float> merge_slices(const TensorSplit& split, const std::vector<int64_t>& full_shape,
                                 const std::vector<const float*>& slices) {
-  check_usable(split, full_shape);
-  std::vector<float> full(product(full_shape, 0, full_shape.size()), 0.0f);
   const int size = static_cast<int>(slices.size());
+  check_usable(split, full_shape, size, 0);
+  std::vector<float> full(product(full_shape, 0, full_shape.size()), 0.0f);
   for (int r = 0; r < size; ++r) {
     for_each_run(split, full_shape, size, r, [&](size_t to, size_t from, size_t count) {
       std::memcpy(full.data() + to, slices[static_cast<size_t>(r)] + from, count * sizeof(float));

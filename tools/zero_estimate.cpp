@@ -108,7 +108,9 @@ using zero::driver::usage_error;
 zero::models::Gpt2Checkpointing checkpointing_of(const Options& options,
                                                  zero::models::Recompute recompute) {
   zero::models::Gpt2Checkpointing checkpointing{recompute, options.number_checkpoints};
-  checkpointing.partition_activations = options.partition_activations;
+  // As zero-train: over a group of one the partition is the whole checkpoint, and off.
+  checkpointing.partition_activations =
+      options.partition_activations && options.gpt2.tensor_parallel_size > 1;
   if (recompute != zero::models::Recompute::kNone) {
     checkpointing.nvme_path = options.checkpoint_nvme_path;
   }

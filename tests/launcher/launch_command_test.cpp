@@ -104,6 +104,10 @@ TEST(ParseArguments, RejectsBadFlags) {
   expect_usage_error({"--tp", "0", "-np", "2", "/bin/true"}, "--tp must be at least 1, got 0");
   expect_usage_error({"--tp", "2", "-np", "3", "/bin/true"},
                      "3 ranks do not divide into tensor-parallel groups of --tp 2");
+  expect_usage_error({"--tp", "2", "--num_gpus", "3", "/bin/true"},
+                     "3 ranks do not divide into tensor-parallel groups of --tp 2");
+  // With a hostfile --num_gpus caps each host, whose slots --tp then rounds to whole groups.
+  EXPECT_EQ(parse_arguments({"--hostfile", "h", "--num_gpus", "3", "--tp", "2", "t"}).num_gpus, 3);
 }
 
 TEST(ParseHostfile, ReadsHostsSlotsCommentsAndBlankLines) {

@@ -72,8 +72,22 @@ if [ "$np" -gt 2 ]; then
 fi
 
 # Resharding across tensor-parallel sizes, both ways.
-train at_tp1 $((np / 2)) 1 --resume "$save"; ok at_tp1
+# Resumed at t = 1 and saved into a copy of the same directory, which then holds both layouts:
+# the newer save (step 4, whole) is what the next load reads.
+cp -r "$save" "$work/mixed"
+train at_tp1 $((np / 2)) 1 --resume "$work/mixed" --save-dir "$work/mixed" --save-every 2
+ok at_tp1
 same_steps whole at_tp1 1e-5
+"$bin/zero-checkpoint" info "$work/mixed" > "$work/mixed.info"
+if ! grep -q "^trainer      step 4," "$work/mixed.info" || grep -q "^tensor par." "$work/mixed.info"; then
+  cat "$work/mixed.info"; echo "FAIL: the newer whole save was not the one read"; exit 1
+fi
+# A missing rank's directory is named.
+cp -r "$save" "$work/torn"
+rm -rf "$work/torn/tp_rank_01"
+rc=0
+"$bin/zero-checkpoint" info "$work/torn" > "$work/torn.log" 2>&1 || rc=$?
+refused torn "was saved by 2 ranks, and $work/torn/tp_rank_01 is missing"
 train plain $((np / 2)) 1 --steps 2 --save-dir "$work/plain" --init-from "$init"; ok plain
 train from_tp1 "$np" 2 --resume "$work/plain"; ok from_tp1
 same_steps whole from_tp1 1e-5

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "zero/core/check.h"
+
 namespace zero {
 namespace {
 
@@ -64,6 +66,12 @@ TEST(TensorSplit, ASplitThatCannotDescribeTheSliceIsNamed) {
   EXPECT_STREQ(split_problem({0, 1, 8}, {8, 2}, 2),
                "a slice whose extent is not its share of the full extent");
   EXPECT_STREQ(split_problem({-2, 1, 8}, {8}, 2), "a split dimension below -1");
+  // Cutting and merging check theirs: no division by zero parts or ranks, no rank outside.
+  const std::vector<float> full = counting(8);
+  EXPECT_THROW(cut_slice({0, 0, 8}, {8}, full.data(), 2, 0), Error);
+  EXPECT_THROW(cut_slice({0, 1, 8}, {8}, full.data(), 2, 2), Error);
+  EXPECT_THROW(cut_slice({1, 1, 8}, {8}, full.data(), 2, 0), Error);
+  EXPECT_THROW(merge_slices({0, 1, 8}, {8}, {}), Error);
 }
 
 }  // namespace

@@ -222,6 +222,11 @@ TEST(ZeroEstimate, Gpt2PartitionedCheckpoints) {
       << unsplit;
   EXPECT_NE(unsplit.find("\nfull                 304768             16384  "), std::string::npos)
       << unsplit;
+  // Nor does it stand in the way of the spill there, as zero-train takes both.
+  const std::string spilled =
+      table({"--partition-activations", "--checkpoint-nvme-path", "/tmp"}).second;
+  EXPECT_NE(spilled.find("without effect at --tp 1, spilled to NVMe):\n"), std::string::npos)
+      << spilled;
 }
 
 // With a budget: the lightest recomputation that fits, counting what zero-train's budget holds
@@ -268,9 +273,9 @@ TEST(ZeroEstimate, Gpt2ActivationFlagsNeedTheirContext) {
   expect_usage_error({"--model", "gpt2", "--ranks", "2", "--seq-len", "16"},
                      "--seq-len, --number-checkpoints, --partition-activations, "
                      "--checkpoint-nvme-path and --memory-limit need --micro-batch B");
-  expect_usage_error({"--model", "gpt2", "--ranks", "2", "--micro-batch", "2",
-                      "--checkpoint-nvme-path", ""},
-                     "--checkpoint-nvme-path needs a directory, got ''");
+  expect_usage_error(
+      {"--model", "gpt2", "--ranks", "2", "--micro-batch", "2", "--checkpoint-nvme-path", ""},
+      "--checkpoint-nvme-path needs a directory, got ''");
   expect_usage_error({"--model", "gpt2", "--ranks", "2", "--micro-batch", "2", "--seq-len", "65"},
                      "--seq-len 65 is longer than the block size 64");
 }

@@ -28,7 +28,7 @@ GridPlace grid_place(int world_rank, int world_size, int tp_size);
 
 // A rank's communicators: one over its tensor-parallel group, one over its data-parallel group.
 // With tp_size 1 there is no tensor-parallel communicator (null) and the data-parallel one is
-// the whole world, made as make_mpi_communicator() makes it.
+// the whole world, made as the backend's world communicator is made.
 struct ProcessGrid {
   GridPlace place;
   std::unique_ptr<Communicator> tensor_parallel;
