@@ -10,7 +10,9 @@ import os
 import time
 
 # Issue 15's targets: peak activation bytes cut at least this much, at no more step time.
-CHECKPOINT_TARGETS = {"selective": (2.5, 1.15), "full": (6.0, 1.4)}
+CHECKPOINT_TARGETS = {"selective": (2.5, 1.15), "full": (6.0, 1.4),
+                      # full recomputation with the checkpoints spilled to NVMe (ours)
+                      "full+nvme": (6.0, 1.4)}
 # Issue 16's: the optimizer pass at least this share of the raw disk's GB/s, and its time at
 # most this many times the raw I/O time of the same bytes.
 OFFLOAD_SHARE_TARGET = 0.8
@@ -35,8 +37,13 @@ def run_memory_tiers(build_dir, quick, out, logs, run, mpirun_cmd):
     start = time.monotonic()
     result = {}
     path = os.path.join(out, "checkpointing.json")
+    # The fourth setting, full recomputation with the checkpoints spilled to a directory of the
+    # output (O_DIRECT: the disk the report writes to).
+    spill = os.path.join(out, "checkpoint_spill")
+    os.makedirs(spill, exist_ok=True)
     run(mpirun_cmd(build_dir, "zero-bench-checkpointing",
-                   [*config["checkpointing"], "--json", path], ranks=1),
+                   [*config["checkpointing"], "--checkpoint-nvme-path", spill, "--json", path],
+                   ranks=1),
         os.path.join(logs, "checkpointing.txt"))
     with open(path) as f:
         result["checkpointing"] = json.load(f)
@@ -83,7 +90,8 @@ def markdown(memory, table):
     md.append(f"The GPT-2 with {first['n_layer']} layers x {first['n_embd']}, {first['n_head']} "
               f"heads, T {first['seq_len']}, vocabulary {first['vocab_size']}, "
               f"{first['micro_batch']} sequence per rank on {first['world']} rank(s), stage "
-              f"{first['stage']}, fp32; the three settings alternate, and each ratio is the "
+              f"{first['stage']}, fp32; the settings alternate (full+nvme: full recomputation with "
+              "the checkpoints spilled to NVMe, at most two in memory), and each ratio is the "
               "median of the per-round ratios. Peak activation bytes are the engine "
               "allocator's (activations and checkpoints), beside the formula "
               "(models/gpt2_memory.h).\n\n")
