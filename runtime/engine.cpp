@@ -52,7 +52,6 @@ Engine::Impl::Impl(Communicator& c, const std::vector<ParamDecl>& decls, const E
     ZERO_CHECK(*problem == '\0', "parameter " << layout.describe_param(p) << " declares " << problem
                                               << " over " << tensor_parallel_size
                                               << " tensor-parallel rank(s)");
-    tensor_parallel_slices.push_back(decls[p].spec.split.is_split());
   }
   if (config.desync_check) comm.set_desync_check(true);
   check_same_model_on_all_ranks();

@@ -20,9 +20,9 @@
 #include <vector>
 
 #include "comm_point.h"
-#include "zero/runtime/nvme_file.h"
 #include "param_swap.h"
 #include "zero/runtime/engine.h"
+#include "zero/runtime/nvme_file.h"
 #include "zero/runtime/trace.h"
 
 namespace zero {
@@ -565,7 +565,6 @@ struct Engine::Impl {
   std::map<float*, Buffer> host_state;     // state_view() copies of device arrays (CUDA only)
   std::map<int, FrozenView> frozen_views;  // state_view() of frozen units, by unit
   std::vector<std::vector<DecayRun>> decay_runs;  // per unit
-  std::vector<bool> tensor_parallel_slices;       // per parameter: ParamSpec::split.is_split()
   std::vector<UnitState> units;
   std::vector<std::vector<Piece>> sub_groups;   // update()'s passes
   std::unique_ptr<OffloadedOptimizer> offload;  // optimizer state on NVMe, if offloaded

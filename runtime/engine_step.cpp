@@ -138,8 +138,8 @@ float Engine::Impl::tensor_parallel_sum_squares(size_t u, float* slot) {
   const bool counts_replicated = config.tensor_parallel->rank() == 0;
   double sum = 0.0;
   for (int p : unit.params) {
-    if (!tensor_parallel_slices[static_cast<size_t>(p)] && !counts_replicated) continue;
     const ParamPlacement& param = layout.params()[static_cast<size_t>(p)];
+    if (!param.split.is_split() && !counts_replicated) continue;
     const size_t first = std::max(begin, param.offset);
     const size_t last = std::min(end, param.offset + param.numel);
     if (first >= last) continue;

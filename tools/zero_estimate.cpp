@@ -373,14 +373,20 @@ constexpr zero::models::Recompute kRecomputes[] = {zero::models::Recompute::kNon
                                                    zero::models::Recompute::kSelective,
                                                    zero::models::Recompute::kFull};
 
+// What zero-train's budget per rank holds for B sequences beside the engine and the counted
+// activations: the tensors between modules, the batch data and the modules' fp32 copies.
+uint64_t uncounted_bytes(const Options& options, int B) {
+  return zero::models::gpt2_uncounted_activation_bytes(options.gpt2, B, options.seq_len) +
+         zero::models::gpt2_module_copy_bytes(options.gpt2, options.dtype);
+}
+
 // What zero-train's budget per rank holds for B sequences besides the engine: the activations
-// of `recompute`, and what it does not count in the engine's allocator.
+// of `recompute`, and uncounted_bytes.
 uint64_t activation_budget(const Options& options, zero::models::Recompute recompute, int B) {
   return zero::models::gpt2_activation_formula(options.gpt2, checkpointing_of(options, recompute),
                                                B, options.seq_len)
              .total() +
-         zero::models::gpt2_uncounted_activation_bytes(options.gpt2, B, options.seq_len) +
-         zero::models::gpt2_module_copy_bytes(options.gpt2, options.dtype);
+         uncounted_bytes(options, B);
 }
 
 // The most sequences per rank whose activations fit beside `engine` bytes in the limit (0: not
@@ -445,9 +451,7 @@ void print_activations(const Options& options,
   }
   if (options.memory_limit == 0) return;
   // zero-train's budget per rank also holds what it does not count in the engine's allocator.
-  const uint64_t uncounted = zero::models::gpt2_uncounted_activation_bytes(
-                                 options.gpt2, options.micro_batch, options.seq_len) +
-                             zero::models::gpt2_module_copy_bytes(options.gpt2, options.dtype);
+  const uint64_t uncounted = uncounted_bytes(options, options.micro_batch);
   std::printf(
       "beside them: %llu bytes of tensors between modules, batch data and the modules' "
       "fp32 working copies\n",
