@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "checkpoint_format.h"
@@ -64,14 +65,17 @@ namespace {
 std::vector<CheckpointInfo> read_rank_dirs(const std::string& path) {
   using checkpoint_grid::rank_dir;
   std::vector<CheckpointInfo> grid = {read_checkpoint_info(rank_dir(path, 0))};
-  const CheckpointInfo& first = grid.front();
-  for (int r = 1; r < first.tensor_parallel_size; ++r) {
+  // Copies, not a reference into grid: push_back may reallocate it.
+  const int saved_size = grid.front().tensor_parallel_size;
+  const std::string first_dir = grid.front().step_dir;
+  for (int r = 1; r < saved_size; ++r) {
     ZERO_CHECK(checkpoint_grid::is_dir(rank_dir(path, r)),
-               "checkpoint " << path << ": tensor-parallel rank 0's checkpoint " << first.step_dir
-                             << " was saved by " << first.tensor_parallel_size << " ranks, and "
+               "checkpoint " << path << ": tensor-parallel rank 0's checkpoint " << first_dir
+                             << " was saved by " << saved_size << " ranks, and "
                              << rank_dir(path, r) << " is missing");
     grid.push_back(read_checkpoint_info(rank_dir(path, r)));
   }
+  const CheckpointInfo& first = grid.front();
   for (size_t r = 0; r < grid.size(); ++r) {
     const CheckpointInfo& info = grid[r];
     ZERO_CHECK(info.tensor_parallel_size == first.tensor_parallel_size &&
