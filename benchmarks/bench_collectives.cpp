@@ -18,6 +18,11 @@
 //   #wrong   elements that differ from the exact result, summed over ranks. Inputs are small
 //            integers, so sums are exact in every dtype and every reduction order.
 //
+// The buffers are in node-shared memory (Communicator::allocate_shared on the default path's
+// communicator), as the engine's gradient buckets and gathered parameters are, so "zero" runs
+// straight on them; --private-buffers puts them in private memory, where its shared-memory path
+// copies through the window's slots instead. MPI takes either alike.
+//
 // The "zero" and "zero-mpi" backends enqueue ops on their communicator's stream and wait for
 // the last; the "mpi" backend makes the same calls directly on the calling thread, on its own
 // duplicate of MPI_COMM_WORLD. The three alternate in blocks of iterations (see Bench::measure).
@@ -64,12 +69,14 @@ struct Options {
   int iters = 20;
   int warmup = 5;
   bool check = true;
+  bool private_buffers = false;
   std::string json_path;
 };
 
 const char* kUsage =
     "usage: zero-bench-collectives [-b MINBYTES] [-e MAXBYTES] [-f FACTOR] [-o OP] [-d DTYPE]\n"
-    "                              [-n ITERS] [-w WARMUP] [-c 0|1] [--json FILE]\n"
+    "                              [-n ITERS] [-w WARMUP] [-c 0|1] [--private-buffers]\n"
+    "                              [--json FILE]\n"
     "  -b, -e   smallest and largest size in bytes; K, M, G suffixes are powers of 1024\n"
     "           (default 1M to 64M)\n"
     "  -f       multiply the size by this integer >= 2 each step (default 2)\n"
@@ -77,6 +84,7 @@ const char* kUsage =
     "  -d       float, half, bfloat16 (also fp32, fp16, bf16; default float)\n"
     "  -n, -w   timed and warm-up iterations per size (default 20 and 5)\n"
     "  -c       check results (default 1)\n"
+    "  --private-buffers  buffers in private memory, not node-shared (zero then stages)\n"
     "  --json   also write every measurement to FILE as one JSON array\n";
 
 // Parses a non-negative integer with an optional K/M/G suffix (powers of 1024).
@@ -120,6 +128,10 @@ std::string parse_options(int argc, char** argv, Options* opt) {
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "-h" || flag == "--help") return "help";
+    if (flag == "--private-buffers") {
+      opt->private_buffers = true;
+      continue;
+    }
     if (i + 1 >= argc) return "missing value after " + flag;
     const std::string value = argv[++i];
     bool ok = true;
@@ -198,8 +210,14 @@ class Bench {
     rank_ = comms[0]->rank();
     n_ = comms[0]->world_size();
     ZERO_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &raw_comm_));
+    // The largest op's two buffers: an all-reduce of max_bytes, out of place; a page each for
+    // alignment.
+    shared_ = !opt.private_buffers && comms[0]->reserve_shared(2 * opt.max_bytes + 2 * 4096);
   }
-  ~Bench() { MPI_Comm_free(&raw_comm_); }
+  ~Bench() {
+    release();
+    MPI_Comm_free(&raw_comm_);
+  }
 
   // Count argument of the op for a size in bytes (per rank for all_gather/reduce_scatter).
   size_t count_for(CollectiveOp op, size_t bytes) const {
@@ -210,10 +228,15 @@ class Bench {
     return count * zero::dtype_size(opt_.dtype) * (sharded(op) ? n_ : 1);
   }
 
+  // Whether the buffers are in node-shared memory (false: there is none on this path, or
+  // --private-buffers).
+  bool shared_buffers() const { return shared_; }
+
   void allocate(CollectiveOp op, size_t max_count) {
     const size_t elem = zero::dtype_size(opt_.dtype);
-    send_.assign(send_elems(op, max_count) * elem, 0);
-    recv_.assign(recv_elems(op, max_count) * elem, 0);
+    release();
+    send_ = place(send_elems(op, max_count) * elem, &private_send_);
+    recv_ = place(recv_elems(op, max_count) * elem, &private_recv_);
     if (opt_.dtype != DType::kFloat32) staged_.assign(send_elems(op, max_count), 0.0f);
   }
 
@@ -264,15 +287,38 @@ class Bench {
     if (op == CollectiveOp::kBroadcast) return 0;  // in place in the send buffer
     return op == CollectiveOp::kAllGather ? count * n_ : count;
   }
-  void* output() { return recv_.empty() ? send_.data() : recv_.data(); }
+  void* output() { return recv_ == nullptr ? send_ : recv_; }
+
+  // Both buffers given back, so that the next op's fit in what was reserved.
+  void release() {
+    for (unsigned char* data : {send_, recv_}) {
+      if (shared_ && data != nullptr) comms_[0]->free_shared(data);
+    }
+    send_ = recv_ = nullptr;
+    private_send_.clear();
+    private_recv_.clear();
+  }
+
+  // `bytes` zeroed bytes in node-shared memory when the buffers are shared, else in `fallback`;
+  // null for none.
+  unsigned char* place(size_t bytes, std::vector<unsigned char>* fallback) {
+    if (bytes == 0) return nullptr;
+    if (shared_) {
+      auto* data = static_cast<unsigned char*>(comms_[0]->allocate_shared(bytes));
+      ZERO_CHECK(data != nullptr, "no node-shared memory left for " << bytes << " bytes");
+      return data;
+    }
+    fallback->assign(bytes, 0);
+    return fallback->data();
+  }
 
   // Inputs are this rank's values; the output starts as a value no result can have.
   void fill_inputs(CollectiveOp op, size_t count) {
     for (size_t i = 0; i < send_elems(op, count); ++i) {
-      zero::store_from_float(send_.data(), opt_.dtype, i, value(rank_, i));
+      zero::store_from_float(send_, opt_.dtype, i, value(rank_, i));
     }
     for (size_t i = 0; i < recv_elems(op, count); ++i) {
-      zero::store_from_float(recv_.data(), opt_.dtype, i, 100.0f);
+      zero::store_from_float(recv_, opt_.dtype, i, 100.0f);
     }
   }
 
@@ -302,13 +348,13 @@ class Bench {
   zero::Event issue(zero::Communicator& comm, CollectiveOp op, size_t count) {
     switch (op) {
       case CollectiveOp::kAllGather:
-        return comm.all_gather(send_.data(), recv_.data(), count, opt_.dtype);
+        return comm.all_gather(send_, recv_, count, opt_.dtype);
       case CollectiveOp::kReduceScatter:
-        return comm.reduce_scatter(send_.data(), recv_.data(), count, opt_.dtype);
+        return comm.reduce_scatter(send_, recv_, count, opt_.dtype);
       case CollectiveOp::kAllReduce:
-        return comm.all_reduce(send_.data(), recv_.data(), count, opt_.dtype);
+        return comm.all_reduce(send_, recv_, count, opt_.dtype);
       case CollectiveOp::kBroadcast:
-        return comm.broadcast(send_.data(), count, opt_.dtype, 0);
+        return comm.broadcast(send_, count, opt_.dtype, 0);
       case CollectiveOp::kBarrier:
         break;
     }
@@ -323,32 +369,29 @@ class Bench {
     const MPI_Datatype moved = fp32 ? MPI_FLOAT : MPI_UINT16_T;
     switch (op) {
       case CollectiveOp::kAllGather:
-        ZERO_MPI_CHECK(MPI_Allgather(send_.data(), c, moved, recv_.data(), c, moved, raw_comm_));
+        ZERO_MPI_CHECK(MPI_Allgather(send_, c, moved, recv_, c, moved, raw_comm_));
         return;
       case CollectiveOp::kBroadcast:
-        ZERO_MPI_CHECK(MPI_Bcast(send_.data(), c, moved, 0, raw_comm_));
+        ZERO_MPI_CHECK(MPI_Bcast(send_, c, moved, 0, raw_comm_));
         return;
       case CollectiveOp::kReduceScatter:
         if (fp32) {
-          ZERO_MPI_CHECK(MPI_Reduce_scatter_block(send_.data(), recv_.data(), c, MPI_FLOAT, MPI_SUM,
-                                                  raw_comm_));
+          ZERO_MPI_CHECK(MPI_Reduce_scatter_block(send_, recv_, c, MPI_FLOAT, MPI_SUM, raw_comm_));
         } else {
-          zero::kernels::cast(send_.data(), opt_.dtype, staged_.data(), DType::kFloat32,
-                              count * n_);
+          zero::kernels::cast(send_, opt_.dtype, staged_.data(), DType::kFloat32, count * n_);
           ZERO_MPI_CHECK(MPI_Reduce_scatter_block(MPI_IN_PLACE, staged_.data(), c, MPI_FLOAT,
                                                   MPI_SUM, raw_comm_));
-          zero::kernels::cast(staged_.data(), DType::kFloat32, recv_.data(), opt_.dtype, count);
+          zero::kernels::cast(staged_.data(), DType::kFloat32, recv_, opt_.dtype, count);
         }
         return;
       case CollectiveOp::kAllReduce:
         if (fp32) {
-          ZERO_MPI_CHECK(
-              MPI_Allreduce(send_.data(), recv_.data(), c, MPI_FLOAT, MPI_SUM, raw_comm_));
+          ZERO_MPI_CHECK(MPI_Allreduce(send_, recv_, c, MPI_FLOAT, MPI_SUM, raw_comm_));
         } else {
-          zero::kernels::cast(send_.data(), opt_.dtype, staged_.data(), DType::kFloat32, count);
+          zero::kernels::cast(send_, opt_.dtype, staged_.data(), DType::kFloat32, count);
           ZERO_MPI_CHECK(
               MPI_Allreduce(MPI_IN_PLACE, staged_.data(), c, MPI_FLOAT, MPI_SUM, raw_comm_));
-          zero::kernels::cast(staged_.data(), DType::kFloat32, recv_.data(), opt_.dtype, count);
+          zero::kernels::cast(staged_.data(), DType::kFloat32, recv_, opt_.dtype, count);
         }
         return;
       case CollectiveOp::kBarrier:
@@ -395,15 +438,21 @@ class Bench {
   MPI_Comm raw_comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int n_ = 1;
-  std::vector<unsigned char> send_, recv_;
+  bool shared_ = false;
+  unsigned char* send_ = nullptr;
+  unsigned char* recv_ = nullptr;
+  std::vector<unsigned char> private_send_, private_recv_;  // without node-shared memory
   std::vector<float> staged_;  // fp32 copy for the raw 16-bit reductions
 };
 
 // --- report ----------------------------------------------------------------------------------
 
-void print_header(const Options& opt, int n) {
+void print_header(const Options& opt, int n, bool shared_buffers) {
   std::printf("# zero-bench-collectives: %d ranks, dtype %s, iters %d, warmup %d, check %s\n", n,
               zero::dtype_name(opt.dtype), opt.iters, opt.warmup, opt.check ? "on" : "off");
+  std::printf("# buffers: %s\n", shared_buffers
+                                     ? "node-shared memory (zero runs straight on them)"
+                                     : "private memory (zero's shared-memory path stages)");
   std::printf("# time: mean per op, max over ranks. algbw = size/time. busbw = algbw * factor.\n");
   if (opt.dtype != DType::kFloat32) {
     std::printf(
@@ -468,7 +517,7 @@ int run_bench(const Options& opt, int rank, int n) {
   Bench bench(opt, {comm.get(), over_mpi.get()});
   std::vector<Record> records;
   uint64_t total_wrong = 0;
-  if (rank == 0) print_header(opt, n);
+  if (rank == 0) print_header(opt, n, bench.shared_buffers());
   for (CollectiveOp op : opt.ops) {
     if (bench.count_for(op, opt.max_bytes) > static_cast<size_t>(INT_MAX)) {
       if (rank == 0) {

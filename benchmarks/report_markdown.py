@@ -43,6 +43,34 @@ def mib(b):
     return f"{b / (1 << 20):.2f}"
 
 
+def collective_target_rows(coll, triad_all):
+    """Issue 19's targets at the largest size measured (64 MiB in the full report): ours against
+    raw MPI per op, and the reduce-scatter against the memory-bandwidth limit, the time
+    (N+1) x S bytes take through memory at the all-core STREAM triad's rate (S the bytes per
+    rank's input: every rank reads each rank's block and writes its own)."""
+    rows = []
+    for op, at_least in (("reduce_scatter", 4.0), ("all_reduce", 3.0), ("all_gather", 1.5)):
+        ours = {r["bytes"]: r for r in coll if r["op"] == op and r["backend"] == "zero"}
+        theirs = {r["bytes"]: r for r in coll if r["op"] == op and r["backend"] == "mpi"}
+        if not ours or max(ours) not in theirs:
+            continue
+        size = max(ours)
+        a, b = ours[size], theirs[size]
+        ratio = b["time_us"] / a["time_us"]
+        rows.append([f"{op} against raw MPI ({size_label(size)} fp32, {RANKS} ranks)",
+                     f">= {at_least:g}x",
+                     f"{a['time_us'] / 1e3:.2f} vs {b['time_us'] / 1e3:.2f} ms: {ratio:.2f}x",
+                     "met" if ratio >= at_least else "**missed**"])
+        if op == "reduce_scatter" and triad_all:
+            limit_us = (RANKS + 1) * size / (triad_all * 1e9) * 1e6
+            share = limit_us / a["time_us"]
+            rows.append([f"reduce_scatter against the memory-bandwidth limit ({size_label(size)}, "
+                         f"{RANKS + 1} x S at {triad_all:.1f} GB/s)", ">= 60%",
+                         f"{limit_us / 1e3:.2f} ms limit, {a['time_us'] / 1e3:.2f} ms: "
+                         f"{share:.0%}", "met" if share >= 0.6 else "**missed**"])
+    return rows
+
+
 def write_markdown(path, ctx):
     opt_rows, coll, step, memory = ctx["optimizer"], ctx["collectives"], ctx["step"], ctx["memory"]
     triad = {(r["params"], r["threads"]): r["gbps"] for r in opt_rows
@@ -98,6 +126,7 @@ def write_markdown(path, ctx):
             target_rows.append([f"compute dominates the step (stage 0, {r['dtype']})",
                                 "compute > collectives",
                                 f"{r['compute_ms']:.1f} ms vs {r['comm_ms']:.1f} ms", dominates])
+    target_rows += collective_target_rows(coll, triad_all)
     target_rows += report_gpt2.target_rows(ctx["gpt2"])
     target_rows += report_memory.target_rows(ctx["memory_tiers"])
     target_rows += report_torch.target_rows(ctx["torch_adapter"])

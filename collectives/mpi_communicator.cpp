@@ -276,6 +276,33 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
     staging_ = {};
   }
 
+  bool reserve_shared(size_t bytes) override {
+    if (!shm_) return false;
+    // The worker is idle once the queue drains: the window's collective calls cannot meet a
+    // collective of its on the same communicator.
+    stream_->synchronize();
+    return shm_->reserve_heap(bytes);
+  }
+
+  void* allocate_shared(size_t bytes) override {
+    return shm_ && bytes > 0 ? shm_->allocate(bytes) : nullptr;
+  }
+
+  bool free_shared(void* data) noexcept override {
+    if (!shm_ || data == nullptr) return false;
+    try {
+      return shm_->free(data);
+    } catch (...) {
+      return false;  // a lock that failed: the memory stays mapped until the window's end
+    }
+  }
+
+  uint64_t direct_collectives() const override { return shm_ ? shm_->direct_calls() : 0; }
+
+  uint64_t peer_memory_mapped_bytes() const override {
+    return shm_ ? shm_->peer_bytes_mapped() : 0;
+  }
+
  private:
   // What the watchdog watches: the collective the worker is inside, if any.
   struct Running {

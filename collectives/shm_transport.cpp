@@ -1,13 +1,16 @@
 // The shared-memory transport of the CPU communicator (shm_transport.h).
 #include "shm_transport.h"
 
+#include <fcntl.h>
 #include <linux/futex.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 
@@ -24,6 +27,14 @@ constexpr size_t kHeaderBytes = 4096;
 // Chunk pieces are whole multiples of this many elements: 64 fp32 or 16-bit elements keep every
 // peer's piece on cache-line boundaries and the kernels' vector loops without tails.
 constexpr size_t kPieceAlignment = 64;
+// Each rank's mailboxes (two of them, for alternate calls) sit in its own first page, past the
+// barrier's words that rank 0's first page holds.
+constexpr size_t kMailboxOffset = 256;
+constexpr size_t kMailboxStride = 64;
+// What a mailbox says of a buffer outside the heap; a code is otherwise heap << 48 | offset.
+constexpr uint64_t kNotShared = ~uint64_t{0};
+constexpr int kOffsetBits = 48;
+constexpr size_t kHeapAlignment = 64;
 
 static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) &&
                   std::atomic<uint32_t>::is_always_lock_free,
@@ -57,7 +68,7 @@ unsigned char* at(void* p, size_t offset) {
 
 }  // namespace
 
-SharedMemoryTransport::SharedMemoryTransport(MPI_Comm comm) {
+SharedMemoryTransport::SharedMemoryTransport(MPI_Comm comm) : comm_(comm) {
   ZERO_MPI_CHECK(MPI_Comm_rank(comm, &rank_));
   ZERO_MPI_CHECK(MPI_Comm_size(comm, &size_));
   void* base = nullptr;
@@ -65,6 +76,9 @@ SharedMemoryTransport::SharedMemoryTransport(MPI_Comm comm) {
                                          MPI_INFO_NULL, comm, &base, &window_));
   ZERO_MPI_CHECK(MPI_Win_set_errhandler(window_, MPI_ERRORS_RETURN));
   slots_.resize(static_cast<size_t>(size_));
+  headers_.resize(static_cast<size_t>(size_));
+  peer_send_.resize(static_cast<size_t>(size_));
+  peer_recv_.resize(static_cast<size_t>(size_));
   unsigned char* header = nullptr;
   for (int r = 0; r < size_; ++r) {
     MPI_Aint bytes = 0;
@@ -72,6 +86,7 @@ SharedMemoryTransport::SharedMemoryTransport(MPI_Comm comm) {
     void* part = nullptr;
     ZERO_MPI_CHECK(MPI_Win_shared_query(window_, r, &bytes, &displacement_unit, &part));
     slots_[static_cast<size_t>(r)] = at(part, kHeaderBytes);
+    headers_[static_cast<size_t>(r)] = static_cast<unsigned char*>(part);
     if (r == 0) header = static_cast<unsigned char*>(part);
   }
   if (rank_ == 0) {
@@ -88,9 +103,181 @@ SharedMemoryTransport::SharedMemoryTransport(MPI_Comm comm) {
 SharedMemoryTransport::~SharedMemoryTransport() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized && MPI_Win_free(&window_) != MPI_SUCCESS) {
+  if (finalized) return;
+  for (Heap& heap : heaps_) {
+    if (MPI_Win_free(&heap.window) != MPI_SUCCESS) {
+      std::fprintf(stderr, "zero: rank %d: MPI_Win_free of node-shared memory failed\n", rank_);
+    }
+  }
+  if (MPI_Win_free(&window_) != MPI_SUCCESS) {
     std::fprintf(stderr, "zero: rank %d: MPI_Win_free of the shared-memory window failed\n", rank_);
   }
+}
+
+// OpenMPI backs a shared window with a file in osc_sm_backing_directory and refuses (fatally)
+// one that does not fit there; the ranks check first, together, and all fall back alike.
+bool SharedMemoryTransport::reserve_heap(size_t bytes) {
+  // One alignment's worth more: the part may begin off a 64-byte boundary.
+  const size_t rounded = round_up(std::max<size_t>(bytes, 1) + kHeapAlignment, 4096);
+  ZERO_CHECK(rounded < (size_t{1} << kOffsetBits),
+             "reserve_heap: " << bytes << " bytes is more than node-shared memory can address");
+  // A reservation whose buffers are all given back (an earlier engine on this communicator)
+  // serves again when it is large enough on every rank: windows live as long as the transport.
+  int reusable = 0;
+  {
+    std::lock_guard<std::mutex> lock(heap_mutex_);
+    for (const Heap& heap : heaps_) {
+      reusable |= heap.space->empty() && heap.bytes - heap.lead >= std::max<size_t>(bytes, 1);
+    }
+  }
+  ZERO_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &reusable, 1, MPI_INT, MPI_MIN, comm_));
+  if (reusable) return true;
+  const char* directory = std::getenv("OMPI_MCA_osc_sm_backing_directory");
+  if (directory == nullptr || *directory == '\0') directory = "/dev/shm";
+  struct statvfs fs {};
+  const unsigned long long room =
+      statvfs(directory, &fs) == 0 ? static_cast<unsigned long long>(fs.f_bavail) * fs.f_frsize : 0;
+  unsigned long long needed = rounded + kHeaderBytes;
+  ZERO_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &needed, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, comm_));
+  int fits = needed <= room ? 1 : 0;
+  ZERO_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &fits, 1, MPI_INT, MPI_MIN, comm_));
+  if (!fits) {
+    if (rank_ == 0) {
+      std::fprintf(stderr,
+                   "zero: node-shared memory for the collectives' buffers needs %llu bytes in %s, "
+                   "which has %llu free: collectives copy through the shared window instead\n",
+                   needed, directory, room);
+    }
+    return false;
+  }
+  // Each rank's part on its own pages, so its buffers' alignment does not depend on the others'.
+  MPI_Info info = MPI_INFO_NULL;
+  ZERO_MPI_CHECK(MPI_Info_create(&info));
+  ZERO_MPI_CHECK(MPI_Info_set(info, "alloc_shared_noncontig", "true"));
+  Heap heap;
+  void* base = nullptr;
+  const int allocated =
+      MPI_Win_allocate_shared(static_cast<MPI_Aint>(rounded), 1, info, comm_, &base, &heap.window);
+  MPI_Info_free(&info);
+  ZERO_MPI_CHECK(allocated);
+  ZERO_MPI_CHECK(MPI_Win_set_errhandler(heap.window, MPI_ERRORS_RETURN));
+  heap.parts.resize(static_cast<size_t>(size_));
+  heap.part_bytes.resize(static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r) {
+    MPI_Aint part_bytes = 0;
+    int displacement_unit = 0;
+    void* part = nullptr;
+    ZERO_MPI_CHECK(MPI_Win_shared_query(heap.window, r, &part_bytes, &displacement_unit, &part));
+    heap.parts[static_cast<size_t>(r)] = static_cast<unsigned char*>(part);
+    heap.part_bytes[static_cast<size_t>(r)] = static_cast<size_t>(part_bytes);
+  }
+  // MPI does not promise where a part begins (OpenMPI puts them a few bytes past a page):
+  // handing out from the first 64-byte boundary keeps every buffer aligned.
+  const uintptr_t own = reinterpret_cast<uintptr_t>(heap.parts[static_cast<size_t>(rank_)]);
+  heap.lead = (kHeapAlignment - own % kHeapAlignment) % kHeapAlignment;
+  heap.bytes = rounded;
+  heap.space = std::make_unique<HeapSpace>(rounded - heap.lead);
+  std::lock_guard<std::mutex> lock(heap_mutex_);
+  heaps_.push_back(std::move(heap));
+  return true;
+}
+
+void* SharedMemoryTransport::allocate(size_t bytes) {
+  std::lock_guard<std::mutex> lock(heap_mutex_);
+  for (Heap& heap : heaps_) {
+    unsigned char* base = heap.parts[static_cast<size_t>(rank_)] + heap.lead;
+    const std::optional<size_t> offset = heap.space->take(bytes, kHeapAlignment);
+    if (!offset) continue;
+    std::memset(base + *offset, 0, bytes);
+    return base + *offset;
+  }
+  return nullptr;
+}
+
+bool SharedMemoryTransport::free(void* data) {
+  std::lock_guard<std::mutex> lock(heap_mutex_);
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (Heap& heap : heaps_) {
+    const unsigned char* base = heap.parts[static_cast<size_t>(rank_)] + heap.lead;
+    if (p >= base && p < base + (heap.bytes - heap.lead)) {
+      return heap.space->give_back(static_cast<size_t>(p - base));
+    }
+  }
+  return false;
+}
+
+uint64_t SharedMemoryTransport::peer_bytes_mapped() const {
+  if (heaps_.empty()) return 0;
+  const int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  // One 64-bit entry per virtual page; bit 63 says the page is present in this process.
+  std::vector<uint64_t> entries(4096);
+  uint64_t present = 0;
+  for (const Heap& heap : heaps_) {
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      const uintptr_t first =
+          reinterpret_cast<uintptr_t>(heap.parts[static_cast<size_t>(r)]) / page;
+      const uintptr_t pages = (heap.part_bytes[static_cast<size_t>(r)] + page - 1) / page;
+      for (uintptr_t done = 0; done < pages;) {
+        const size_t n = std::min<size_t>(entries.size(), pages - done);
+        const ssize_t got = pread(fd, entries.data(), n * sizeof(uint64_t),
+                                  static_cast<off_t>((first + done) * sizeof(uint64_t)));
+        if (got <= 0) break;
+        const size_t read = static_cast<size_t>(got) / sizeof(uint64_t);
+        for (size_t i = 0; i < read; ++i) present += entries[i] >> 63;
+        done += read;
+      }
+    }
+  }
+  close(fd);
+  return present * page;
+}
+
+uint64_t SharedMemoryTransport::code_of(const void* data, size_t bytes) const {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t h = 0; h < heaps_.size(); ++h) {
+    const unsigned char* base = heaps_[h].parts[static_cast<size_t>(rank_)];
+    if (p >= base && bytes <= heaps_[h].bytes &&
+        p - base <= static_cast<std::ptrdiff_t>(heaps_[h].bytes - bytes)) {
+      return (static_cast<uint64_t>(h) << kOffsetBits) | static_cast<uint64_t>(p - base);
+    }
+  }
+  return kNotShared;
+}
+
+unsigned char* SharedMemoryTransport::pointer_of(int rank, uint64_t code) const {
+  if (code == kNotShared) return nullptr;
+  const size_t h = static_cast<size_t>(code >> kOffsetBits);
+  const size_t offset = static_cast<size_t>(code & ((uint64_t{1} << kOffsetBits) - 1));
+  return heaps_[h].parts[static_cast<size_t>(rank)] + offset;
+}
+
+uint64_t* SharedMemoryTransport::mailbox(int rank) const {
+  return reinterpret_cast<uint64_t*>(headers_[static_cast<size_t>(rank)] + kMailboxOffset +
+                                     (calls_ % 2) * kMailboxStride);
+}
+
+SharedMemoryTransport::Placement SharedMemoryTransport::exchange_placement(const void* send,
+                                                                           size_t send_bytes,
+                                                                           const void* recv,
+                                                                           size_t recv_bytes) {
+  if (heaps_.empty()) return {};
+  uint64_t* mine = mailbox(rank_);
+  mine[0] = code_of(send, send_bytes);
+  mine[1] = code_of(recv, recv_bytes);
+  barrier();
+  Placement all{true, true};
+  for (int p = 0; p < size_; ++p) {
+    const uint64_t* theirs = mailbox(p);
+    peer_send_[static_cast<size_t>(p)] = pointer_of(p, theirs[0]);
+    peer_recv_[static_cast<size_t>(p)] = pointer_of(p, theirs[1]);
+    all.sends = all.sends && theirs[0] != kNotShared;
+    all.recvs = all.recvs && theirs[1] != kNotShared;
+  }
+  ++calls_;
+  return all;
 }
 
 unsigned char* SharedMemoryTransport::slot(int rank) const {
@@ -128,10 +315,35 @@ void SharedMemoryTransport::all_gather(const void* send, void* recv, size_t byte
   all_gather_blocks(send, recv, bounds_.data());
 }
 
-// Per chunk, `piece` elements of every rank's block: rank r publishes its pieces of the other
-// ranks' blocks (its own never leaves it), then sums piece r of every rank, in rank order, into
-// recv. Every rank runs as many chunks as the longest block needs, so the barriers match. In
-// place, recv is this rank's block of send, which only this rank reads.
+// recv = sources[0] + sources[1] + ... in that order: sum_in_order, or when recv_dtype is fp32
+// for 16-bit sources, the same fp32 additions without the rounding, a piece at a time.
+void SharedMemoryTransport::sum_sources(void* recv, DType recv_dtype, const void* const* sources,
+                                        DType dtype, size_t n) {
+  const size_t ranks = static_cast<size_t>(size_);
+  if (recv_dtype == dtype) {
+    kernels::sum_in_order(recv, sources, ranks, dtype, n);
+    return;
+  }
+  const size_t elem = dtype_size(dtype);
+  const size_t piece = round_down(kSlotBytes / (ranks * elem), kPieceAlignment);
+  if (widened_.size() < piece) widened_.resize(piece);
+  for (size_t offset = 0; offset < n; offset += piece) {
+    const size_t m = std::min(piece, n - offset);
+    float* sum = reinterpret_cast<float*>(at(recv, offset * sizeof(float)));
+    kernels::cast(at(sources[0], offset * elem), dtype, sum, DType::kFloat32, m);
+    for (size_t p = 1; p < ranks; ++p) {
+      kernels::cast(at(sources[p], offset * elem), dtype, widened_.data(), DType::kFloat32, m);
+      kernels::accumulate(sum, widened_.data(), m);
+    }
+  }
+}
+
+// Straight from the heap: this rank sums its block of every rank's send, then waits until the
+// peers have read its own send too (the caller may reuse it once the call returns).
+// Staged: per chunk, `piece` elements of every rank's block: rank r publishes its pieces of the
+// other ranks' blocks (its own never leaves it), then sums piece r of every rank, in rank order,
+// into recv. Every rank runs as many chunks as the longest block needs, so the barriers match.
+// In place, recv is this rank's block of send, which only this rank reads.
 void SharedMemoryTransport::reduce_scatter_blocks(const void* send, DType dtype,
                                                   const size_t* bounds, void* recv,
                                                   DType recv_dtype) {
@@ -139,14 +351,26 @@ void SharedMemoryTransport::reduce_scatter_blocks(const void* send, DType dtype,
              "reduce_scatter_blocks: the result must be " << dtype_name(dtype) << " or fp32, got "
                                                           << dtype_name(recv_dtype));
   const size_t elem = dtype_size(dtype);
+  auto block_size = [&](int r) { return bounds[r + 1] - bounds[r]; };
+  std::vector<const void*> sources(static_cast<size_t>(size_));
+  const Placement placed = exchange_placement(send, bounds[size_] * elem, recv,
+                                              block_size(rank_) * dtype_size(recv_dtype));
+  if (placed.sends) {
+    const size_t n = block_size(rank_);
+    if (n > 0) {
+      for (int p = 0; p < size_; ++p) {
+        sources[static_cast<size_t>(p)] = peer_send_[static_cast<size_t>(p)] + bounds[rank_] * elem;
+      }
+      sum_sources(recv, recv_dtype, sources.data(), dtype, n);
+    }
+    barrier();
+    direct_calls_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
   const size_t piece =
       round_down(kSlotBytes / (static_cast<size_t>(size_) * elem), kPieceAlignment);
-  auto block_size = [&](int r) { return bounds[r + 1] - bounds[r]; };
   size_t longest = 0;
   for (int r = 0; r < size_; ++r) longest = std::max(longest, block_size(r));
-  const bool widen = recv_dtype != dtype;
-  if (widen && widened_.size() < piece) widened_.resize(piece);
-  std::vector<const void*> sources(static_cast<size_t>(size_));
   for (size_t offset = 0; offset < longest; offset += piece) {
     unsigned char* mine = slot(rank_);
     for (int p = 0; p < size_; ++p) {
@@ -161,27 +385,32 @@ void SharedMemoryTransport::reduce_scatter_blocks(const void* send, DType dtype,
         sources[static_cast<size_t>(p)] =
             p == rank_ ? at(send, (bounds[rank_] + offset) * elem) : slot(p) + rank_ * piece * elem;
       }
-      if (widen) {
-        // The same fp32 additions in the same order as sum_in_order, without the rounding.
-        float* sum = reinterpret_cast<float*>(at(recv, offset * sizeof(float)));
-        kernels::cast(sources[0], dtype, sum, DType::kFloat32, n);
-        for (size_t p = 1; p < sources.size(); ++p) {
-          kernels::cast(sources[p], dtype, widened_.data(), DType::kFloat32, n);
-          kernels::accumulate(sum, widened_.data(), n);
-        }
-      } else {
-        kernels::sum_in_order(at(recv, offset * elem), sources.data(), sources.size(), dtype, n);
-      }
+      sum_sources(at(recv, offset * dtype_size(recv_dtype)), recv_dtype, sources.data(), dtype, n);
     }
     next_chunk();
   }
 }
 
-// Per chunk, `kSlotBytes` of every rank's block: each rank publishes its piece, then copies
-// every peer's into place. In place (send is this rank's block of recv) its own piece is there.
+// Straight from the heap: this rank writes its block into every rank's recv, then waits until
+// every block is everywhere. Staged: per chunk, `kSlotBytes` of every rank's block: each rank
+// publishes its piece, then copies every peer's into place. In place (send is this rank's block
+// of recv) its own piece is there.
 void SharedMemoryTransport::all_gather_blocks(const void* send, void* recv, const size_t* bounds) {
   const bool in_place = send == at(recv, bounds[rank_]);
   auto block_size = [&](int r) { return bounds[r + 1] - bounds[r]; };
+  const Placement placed = exchange_placement(send, block_size(rank_), recv, bounds[size_]);
+  if (placed.recvs) {
+    const size_t n = block_size(rank_);
+    // Starting at the next rank spreads the writes over the peers' memory.
+    for (int i = 1; i <= size_ && n > 0; ++i) {
+      const int p = (rank_ + i) % size_;
+      if (p == rank_ && in_place) continue;
+      std::memcpy(peer_recv_[static_cast<size_t>(p)] + bounds[rank_], send, n);
+    }
+    barrier();
+    direct_calls_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
   size_t longest = 0;
   for (int r = 0; r < size_; ++r) longest = std::max(longest, block_size(r));
   for (size_t offset = 0; offset < longest; offset += kSlotBytes) {
@@ -201,16 +430,42 @@ void SharedMemoryTransport::all_gather_blocks(const void* send, void* recv, cons
   }
 }
 
-// Per chunk of `piece` elements, a reduce-scatter then an all-gather through the slots: each
-// rank publishes its chunk in the first half of its slot; rank r sums part r of the chunk over
-// all ranks, in rank order, into the second half of its own slot; after a second barrier every
-// rank copies all parts of the sum into recv. In place, this rank's send is read (its part of
-// the sum) before the second barrier and overwritten only after it.
+// Straight from the heap (every send and recv there): rank r sums part r of every rank's send,
+// in rank order, into part r of its own recv; after a barrier each copies the other parts from
+// their owners' recv, and a last barrier says every rank's recv has been read. In place, part r
+// of rank r's send is read only by rank r, elementwise as it is overwritten.
+// Staged: per chunk of `piece` elements, a reduce-scatter then an all-gather through the slots:
+// each rank publishes its chunk in the first half of its slot; rank r sums part r of the chunk
+// over all ranks, in rank order, into the second half of its own slot; after a second barrier
+// every rank copies all parts of the sum into recv. In place, this rank's send is read (its part
+// of the sum) before the second barrier and overwritten only after it.
 void SharedMemoryTransport::all_reduce(const void* send, void* recv, size_t count, DType dtype) {
   const size_t elem = dtype_size(dtype);
-  const size_t piece = round_down(kSlotBytes / (2 * elem), kPieceAlignment);
   const size_t ranks = static_cast<size_t>(size_);
   std::vector<const void*> sources(ranks);
+  const Placement placed = exchange_placement(send, count * elem, recv, count * elem);
+  if (placed.sends && placed.recvs) {
+    const size_t part = round_up((count + ranks - 1) / ranks, kPieceAlignment);
+    auto part_begin = [&](int r) { return std::min(static_cast<size_t>(r) * part, count); };
+    auto part_size = [&](int r) { return std::min(part, count - part_begin(r)); };
+    const size_t begin = part_begin(rank_);
+    if (part_size(rank_) > 0) {
+      for (int p = 0; p < size_; ++p) {
+        sources[static_cast<size_t>(p)] = peer_send_[static_cast<size_t>(p)] + begin * elem;
+      }
+      kernels::sum_in_order(at(recv, begin * elem), sources.data(), ranks, dtype, part_size(rank_));
+    }
+    barrier();
+    for (int i = 1; i < size_; ++i) {
+      const int p = (rank_ + i) % size_;
+      std::memcpy(at(recv, part_begin(p) * elem),
+                  peer_recv_[static_cast<size_t>(p)] + part_begin(p) * elem, part_size(p) * elem);
+    }
+    barrier();
+    direct_calls_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  const size_t piece = round_down(kSlotBytes / (2 * elem), kPieceAlignment);
   for (size_t offset = 0; offset < count; offset += piece) {
     const size_t n = std::min(piece, count - offset);
     const size_t part = round_up((n + ranks - 1) / ranks, kPieceAlignment);

@@ -10,6 +10,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <utility>
 #include <vector>
@@ -89,6 +90,80 @@ TEST_P(ShmTest, AllReduceAddsRanksInOrder) {
 
 TEST_P(ShmTest, AllGatherCopiesEveryRankExactly) {
   for (size_t count : kCounts) testing::expect_exact_all_gather(*comm, count, dtype);
+}
+
+// Memory from Communicator::allocate_shared, given back at the end of its scope.
+class SharedBuffer {
+ public:
+  SharedBuffer(Communicator& comm, size_t bytes)
+      : comm_(comm), data_(static_cast<unsigned char*>(comm.allocate_shared(bytes))) {}
+  ~SharedBuffer() { EXPECT_TRUE(data_ == nullptr || comm_.free_shared(data_)); }
+  SharedBuffer(const SharedBuffer&) = delete;
+  SharedBuffer& operator=(const SharedBuffer&) = delete;
+  unsigned char* data() const { return data_; }
+
+ private:
+  Communicator& comm_;
+  unsigned char* data_;
+};
+
+// With every rank's buffers in node-shared memory, each collective runs straight on them
+// (direct_collectives counts one per call) and gives the same bits as the staged path, out of
+// place and in place; a single rank's private buffer sends every rank back to staging, still
+// exact.
+TEST_P(ShmTest, BuffersInNodeSharedMemoryRunWithoutStaging) {
+  const size_t most = kCounts[std::size(kCounts) - 1];
+  ASSERT_TRUE(comm->reserve_shared(3 * most * n * elem() + 4096));
+  SharedBuffer send(*comm, most * n * elem()), recv(*comm, most * n * elem());
+  ASSERT_NE(send.data(), nullptr);
+  ASSERT_NE(recv.data(), nullptr);
+  EXPECT_EQ(comm->allocate_shared(4 * most * n * elem()), nullptr) << "past what was reserved";
+  Bytes private_memory(16);
+  EXPECT_FALSE(comm->free_shared(private_memory.data()));
+  auto fill = [&](unsigned char* to, size_t count) {
+    const Bytes mine = contribution(rank, 0, count, dtype);
+    std::memcpy(to, mine.data(), mine.size());
+  };
+  for (size_t count : kCounts) {
+    const uint64_t before = comm->direct_collectives();
+    const Bytes scattered = reference_sum(n, rank * count, count, dtype);
+    fill(send.data(), count * n);
+    comm->reduce_scatter_sync(send.data(), recv.data(), count, dtype);
+    EXPECT_EQ(0, std::memcmp(recv.data(), scattered.data(), scattered.size())) << count;
+    comm->reduce_scatter_sync(send.data(), send.data() + rank * count * elem(), count, dtype);
+    EXPECT_EQ(0,
+              std::memcmp(send.data() + rank * count * elem(), scattered.data(), scattered.size()))
+        << "in place, count " << count;
+
+    const Bytes summed = reference_sum(n, 0, count, dtype);
+    fill(send.data(), count);
+    comm->all_reduce_sync(send.data(), recv.data(), count, dtype);
+    EXPECT_EQ(0, std::memcmp(recv.data(), summed.data(), summed.size())) << count;
+    comm->all_reduce_sync(send.data(), send.data(), count, dtype);
+    EXPECT_EQ(0, std::memcmp(send.data(), summed.data(), summed.size())) << "in place, " << count;
+
+    Bytes gathered;
+    for (int r = 0; r < n; ++r) {
+      const Bytes part = contribution(r, 0, count, dtype);
+      gathered.insert(gathered.end(), part.begin(), part.end());
+    }
+    fill(send.data(), count);
+    comm->all_gather_sync(send.data(), recv.data(), count, dtype);
+    EXPECT_EQ(0, std::memcmp(recv.data(), gathered.data(), gathered.size())) << count;
+    std::memset(recv.data(), 0xab, gathered.size());
+    fill(recv.data() + rank * count * elem(), count);
+    comm->all_gather_sync(recv.data() + rank * count * elem(), recv.data(), count, dtype);
+    EXPECT_EQ(0, std::memcmp(recv.data(), gathered.data(), gathered.size())) << "in place";
+    EXPECT_EQ(comm->direct_collectives() - before, 6u) << "count " << count;
+
+    // Rank 0's input from private memory: nobody can read it straight, so all stage.
+    const Bytes own = contribution(rank, 0, count * n, dtype);
+    const void* input = rank == 0 ? static_cast<const void*>(own.data()) : send.data();
+    if (rank != 0) fill(send.data(), count * n);
+    comm->reduce_scatter_sync(input, recv.data(), count, dtype);
+    EXPECT_EQ(0, std::memcmp(recv.data(), scattered.data(), scattered.size())) << "mixed";
+    EXPECT_EQ(comm->direct_collectives() - before, 6u) << "mixed, " << count;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllDtypes, ShmTest,

@@ -48,6 +48,11 @@ class ForwardingCommunicator : public Communicator {
     inner_->set_staging_buffer(data, bytes);
   }
   void clear_staging_buffer() override { inner_->clear_staging_buffer(); }
+  bool reserve_shared(size_t bytes) override { return inner_->reserve_shared(bytes); }
+  void* allocate_shared(size_t bytes) override { return inner_->allocate_shared(bytes); }
+  bool free_shared(void* data) noexcept override { return inner_->free_shared(data); }
+  uint64_t direct_collectives() const override { return inner_->direct_collectives(); }
+  uint64_t peer_memory_mapped_bytes() const override { return inner_->peer_memory_mapped_bytes(); }
 
  protected:
   Communicator& inner() { return *inner_; }

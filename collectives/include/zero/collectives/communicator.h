@@ -112,6 +112,28 @@ class Communicator {
   // an owner calls before it frees the memory it provided.
   virtual void clear_staging_buffer() = 0;
 
+  // Node-shared memory. On the CPU backend's shared-memory path (one node), a collective whose
+  // buffers lie in this memory on every rank runs straight on them: it reads and writes the
+  // peers' buffers, with no staging copy through the shared window and two or three barriers in
+  // all. Other backends and paths have none, and these do nothing.
+  //
+  // Collective, between phases of work like set_staging_buffer (it waits for the enqueued
+  // collectives first): maps `bytes` (may differ by rank) of memory this rank's node peers can
+  // address, for allocate_shared to hand out. False on every rank where there is none, also when
+  // the node's shared-memory file system has no room for every rank's bytes (said once, on rank 0).
+  virtual bool reserve_shared(size_t /*bytes*/) { return false; }
+  // Not collective: `bytes` (> 0) of the reserved memory, zero-filled and 64-byte aligned; null
+  // when no reserved range is large enough (or none was reserved).
+  virtual void* allocate_shared(size_t /*bytes*/) { return nullptr; }
+  // Gives back memory from allocate_shared; false, with nothing done, for any other pointer.
+  virtual bool free_shared(void* /*data*/) noexcept { return false; }
+  // The collectives so far that ran straight on node-shared buffers.
+  virtual uint64_t direct_collectives() const { return 0; }
+  // Bytes of the node peers' shared memory mapped into this process (what its collectives
+  // touched there): the OS counts them in this process's resident memory as well as in their
+  // owners', so a per-rank resident figure subtracts them.
+  virtual uint64_t peer_memory_mapped_bytes() const { return 0; }
+
   // Blocking forms: enqueue, then wait.
   void all_gather_sync(const void* send, void* recv, size_t count, DType dtype) {
     all_gather(send, recv, count, dtype).wait();
