@@ -261,8 +261,14 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
     }
     const uint64_t step_state = max_over_ranks(host, engine.model_state_bytes());
     const uint64_t peak = max_over_ranks(host, engine.allocator().stats().peak_total);
-    const uint64_t peak_resident = max_over_ranks(host, zero::examples::peak_resident_bytes());
-    const uint64_t peak_resident_all = sum_over_ranks(host, zero::examples::peak_resident_bytes());
+    // The peers' node-shared buffers this rank's collectives touched are in its VmHWM too; they
+    // are theirs (and the sum over ranks would count them twice). They stay mapped once
+    // touched, in the first step, so subtracting what is mapped now leaves this rank's own peak.
+    const uint64_t peers_mapped = engine.communicator().peer_memory_mapped_bytes();
+    const uint64_t own_peak_resident = zero::examples::peak_resident_bytes() - peers_mapped;
+    const uint64_t peak_resident = max_over_ranks(host, own_peak_resident);
+    const uint64_t peak_resident_all = sum_over_ranks(host, own_peak_resident);
+    const uint64_t peers_mapped_max = max_over_ranks(host, peers_mapped);
     const uint64_t peak_activations = max_over_ranks(host, stats.peak_activation_bytes);
     const uint64_t peak_checkpoints = max_over_ranks(host, stats.peak_checkpoint_bytes);
     const JsonRecord activations = task.activation_record();
@@ -310,6 +316,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
                       {"peak_bytes", peak},
                       {"peak_resident_bytes", peak_resident},
                       {"peak_resident_bytes_all_ranks", peak_resident_all},
+                      {"peer_shared_mapped_bytes", peers_mapped_max},
                       {"forward_ms", json_number(to_ms(times.forward))},
                       {"backward_ms", json_number(to_ms(times.backward))},
                       {"optimizer_ms", json_number(optimizer_ms)},

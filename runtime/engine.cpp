@@ -71,6 +71,7 @@ Engine::Impl::Impl(Communicator& c, const std::vector<ParamDecl>& decls, const E
             << what_would_fit();
     throw OutOfMemoryError(message.str());
   }
+  place_collective_buffers();
   try {
     allocate();
   } catch (const OutOfMemoryError& e) {
@@ -231,6 +232,35 @@ void Engine::Impl::check_same_model_on_all_ranks() {
       "alignment or merge threshold); this rank uses world size "
       << world << ", alignment " << config.alignment_bytes << ", merge threshold "
       << config.merge_bytes);
+}
+
+// The heap is sized for exactly the buffers allocate() puts in the placed categories (each
+// rounded up to the heap's 64-byte alignment); a buffer past it, such as a pool's extra one for
+// a required gather, falls back to host memory and its collectives stage as before.
+void Engine::Impl::place_collective_buffers() {
+  if (config.device.is_cuda()) return;
+  const size_t units_count = layout.units().size();
+  auto rounded = [](size_t bytes) { return (bytes + 63) / 64 * 64; };
+  size_t bytes = 0;
+  for (size_t u = 0; u < units_count; ++u) {
+    const UnitBytes b = unit_bytes(layout.units()[u], config, optimizer.state_count());
+    bytes += rounded(b.params_full) + rounded(b.grads_full) + rounded(b.grads_shard);
+  }
+  const size_t unit_buffer = rounded(layout.max_unit_numel() * elem);
+  bytes += param_buffer_count(layout, config) * unit_buffer;
+  bytes += (uses_grad_buckets(config) ? 2 : 0) * unit_buffer;
+  bytes += rounded(fusion_bytes(layout, config));
+  bytes +=
+      rounded(max_staging_bytes(layout, config, [this](CollectiveOp op, size_t count, DType dtype) {
+        return comm.staging_bytes(op, count, dtype);
+      }));
+  if (needs_fp32_scratch(config)) bytes += rounded(layout.max_unit_numel() * sizeof(float));
+  if (!comm.reserve_shared(bytes)) return;
+  node_shared = std::make_unique<NodeSharedMemory>(comm, allocator.memory());
+  for (MemoryCategory category : {MemoryCategory::kParamsFull, MemoryCategory::kGrads,
+                                  MemoryCategory::kCommBuffer, MemoryCategory::kPrefetch}) {
+    allocator.place(category, *node_shared);
+  }
 }
 
 void Engine::Impl::allocate() {

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "comm_point.h"
+#include "node_shared_memory.h"
 #include "param_swap.h"
 #include "zero/runtime/engine.h"
 #include "zero/runtime/nvme_file.h"
@@ -287,6 +288,11 @@ struct Engine::Impl {
   // with a different model would otherwise hang or corrupt data in a mismatched collective.
   void check_same_model_on_all_ranks();
 
+  // On the CPU path: reserves node-shared memory for the buffers collectives read and write
+  // (whole parameters and gradients, buckets, gathered parameters, the fusion and staging
+  // buffers) and has the allocator place them there. Collective; before allocate().
+  void place_collective_buffers();
+
   void allocate();
 
   // Fills the elements this rank holds; the value of each is a function of the seed and the
@@ -537,6 +543,9 @@ struct Engine::Impl {
   std::shared_ptr<DeviceContext> device;  // before the allocator: its memory comes from here
   std::unique_ptr<Communicator> owned_host_comm;
   Communicator& host_comm;
+  // The CPU path's collectives' buffers (place_collective_buffers); null when they stay in the
+  // device's memory. Before the allocator, which hands out its memory.
+  std::unique_ptr<NodeSharedMemory> node_shared;
   Allocator allocator;
   Allocator host_allocator;  // pinned host memory for the device's copies (host memory on the CPU)
   Layout layout;

@@ -148,12 +148,13 @@ Buffer Allocator::allocate(size_t bytes, MemoryCategory category) {
             << summary();
     throw OutOfMemoryError(message.str());
   }
-  void* data = memory_->allocate(bytes);
+  MemoryResource& memory = memory_for(category);
+  void* data = memory.allocate(bytes);
   if (data == nullptr) {
     std::ostringstream message;
-    message << "out of " << memory_->memory_name() << ": allocating " << human_bytes(bytes)
-            << " for " << memory_category_name(category) << " failed ("
-            << human_bytes(stats_.current_total) << " in use)\n"
+    message << "out of " << memory.memory_name() << ": allocating " << human_bytes(bytes) << " for "
+            << memory_category_name(category) << " failed (" << human_bytes(stats_.current_total)
+            << " in use)\n"
             << summary();
     throw OutOfMemoryError(message.str());
   }
@@ -175,8 +176,20 @@ void Allocator::start_window() {
   stats_.window_peak_activations = stats_.activations();
 }
 
+void Allocator::place(MemoryCategory category, MemoryResource& memory) {
+  ZERO_CHECK(stats_.current[index_of(category)] == 0,
+             "Allocator::place: " << memory_category_name(category)
+                                  << " buffers are held; they would be freed to the wrong memory");
+  placed_[index_of(category)] = &memory;
+}
+
+MemoryResource& Allocator::memory_for(MemoryCategory category) const {
+  MemoryResource* placed = placed_[index_of(category)];
+  return placed != nullptr ? *placed : *memory_;
+}
+
 void Allocator::release(void* data, size_t bytes, MemoryCategory category) {
-  memory_->deallocate(data, bytes);
+  memory_for(category).deallocate(data, bytes);
   stats_.current[index_of(category)] -= bytes;
   stats_.current_total -= bytes;
 }

@@ -75,6 +75,23 @@ TEST(Engine, CommunicationVolumeMatchesTheStageTable) {
   EXPECT_NEAR(per_step[3] / per_step[0], 1.5, 0.015);
 }
 
+// On one node the engine's buffers live in node-shared memory, so its reductions and gathers
+// run straight on them: per step only two small all-reduces of private buffers stage, the
+// engine's of the per-unit gradient norms and train()'s of the loss.
+TEST(Engine, CollectivesRunStraightOnNodeSharedBuffers) {
+  if (world_size() < 2) GTEST_SKIP() << "one rank communicates nothing";
+  for (int stage = 0; stage <= 3; ++stage) {
+    RunOptions o;
+    o.stage = stage;
+    o.steps = 3;
+    const TrainResult run = train(o);
+    EXPECT_EQ(run.staged_collectives, 2u * o.steps) << "stage " << stage;
+    for (int step = 0; step < o.steps; ++step) {
+      EXPECT_GT(run.collectives[step], 2) << "stage " << stage << ", step " << step + 1;
+    }
+  }
+}
+
 // Every stage against plain training written from the formulas (train_unsharded: its own
 // forward, backward, clipping, accumulation and AdamW in double), with the run options each
 // case sets honoured on both sides.

@@ -30,8 +30,11 @@ struct TrainResult {
   MemoryPlan plan;
   std::vector<uint64_t> comm_bytes;  // per step, this rank
   std::vector<int> collectives;      // per step, as the engine counts them
-  std::vector<StepStats> stats;      // per step, what the engine returned
-  uint64_t peak_bytes = 0;           // the engine allocator's peak over the run
+  // Reductions and gathers of all steps (each step's loss all-reduce too) that did not run
+  // straight on node-shared buffers: all but the communicator's direct_collectives().
+  uint64_t staged_collectives = 0;
+  std::vector<StepStats> stats;  // per step, what the engine returned
+  uint64_t peak_bytes = 0;       // the engine allocator's peak over the run
   size_t units = 0;
   uint64_t model_state_bytes = 0;
   uint64_t nvme_bytes = 0;
@@ -58,6 +61,15 @@ struct RunOptions {
   std::function<void(EngineConfig&)> tweak;       // any other setting
   std::function<void(int rank)> before_backward;  // runs before every micro-batch's backward
 };
+
+// Reduce-scatters, all-gathers and all-reduces `comm` has run: what the shared-memory path
+// either stages or runs straight on node-shared buffers.
+inline uint64_t moved_collectives(const Communicator& comm) {
+  const CommCounters& c = comm.counters();
+  return c.calls[static_cast<size_t>(CollectiveOp::kReduceScatter)] +
+         c.calls[static_cast<size_t>(CollectiveOp::kAllGather)] +
+         c.calls[static_cast<size_t>(CollectiveOp::kAllReduce)];
+}
 
 // Trains the example MLP and records what the tests compare. The loss of a step is the mean
 // over the global batch (all ranks, all micro-batches), like zero-train's.
@@ -87,6 +99,7 @@ inline TrainResult train(const RunOptions& o) {
     run.nvme_bytes = model.engine().nvme_bytes();
     run.plan = plan_memory(model.engine().layout(), config);
     run.padded_params = model.engine().layout().padded_numel();
+    const uint64_t staged_before = moved_collectives(*comm) - comm->direct_collectives();
     for (int step = 1; step <= o.steps; ++step) {
       const uint64_t before = comm->counters().total_bytes() + model.engine().own_comm_bytes();
       float loss_sum = 0.0f;
@@ -114,6 +127,10 @@ inline TrainResult train(const RunOptions& o) {
       comm->all_reduce_sync(&loss_sum, &total, 1, DType::kFloat32);
       run.losses.push_back(total / static_cast<float>(world * o.micro_batches));
     }
+    // A collective counts as issued at once, as direct once it has run: the last step's
+    // gathers may still be in flight.
+    comm->stream().synchronize();
+    run.staged_collectives = moved_collectives(*comm) - comm->direct_collectives() - staged_before;
     run.final_params = model.engine().gather_full_params();
     run.trace = model.engine().trace().spans();
     run.peak_bytes = model.engine().allocator().stats().peak_total;

@@ -136,8 +136,13 @@ class Allocator {
   // Starts a new peak window (MemoryStats::window_peak): its peaks start from the bytes held now.
   void start_window();
 
-  // Where the bytes come from.
+  // Where the bytes come from (for a category not placed elsewhere).
   MemoryResource& memory() const { return *memory_; }
+
+  // Allocations of `category` come from `memory` from now on (it must outlive the allocator and
+  // every buffer it hands out): how the engine puts its collectives' buffers in memory the
+  // node's peers can read. Only while no buffer of the category is held.
+  void place(MemoryCategory category, MemoryResource& memory);
 
   const MemoryStats& stats() const { return stats_; }
   // A table of current and peak bytes per category, for logs.
@@ -146,7 +151,9 @@ class Allocator {
  private:
   friend class Buffer;
   void release(void* data, size_t bytes, MemoryCategory category);
+  MemoryResource& memory_for(MemoryCategory category) const;
   MemoryResource* memory_ = &host_memory();
+  std::array<MemoryResource*, kNumMemoryCategories> placed_{};  // null: memory_
   MemoryStats stats_;
   uint64_t limit_ = 0;
 };
