@@ -5,6 +5,7 @@ share with it.
 import report_gpt2
 import report_memory
 import report_multinode
+import report_paths
 import report_torch
 
 # The report's fixed settings the text names.
@@ -127,6 +128,7 @@ def write_markdown(path, ctx):
                                 "compute > collectives",
                                 f"{r['compute_ms']:.1f} ms vs {r['comm_ms']:.1f} ms", dominates])
     target_rows += collective_target_rows(coll, triad_all)
+    target_rows += report_paths.target_rows(ctx["paths"])
     target_rows += report_gpt2.target_rows(ctx["gpt2"])
     target_rows += report_memory.target_rows(ctx["memory_tiers"])
     target_rows += report_torch.target_rows(ctx["torch_adapter"])
@@ -185,6 +187,7 @@ def write_markdown(path, ctx):
                      "off: step ms", "off: comm ms", "off: exposed ms", "off: overlap"], rows))
 
     md += report_gpt2.markdown(ctx["gpt2"], table)
+    md += report_paths.markdown(ctx["paths"], table)
     md += report_memory.markdown(ctx["memory_tiers"], table)
     md += report_torch.markdown(ctx["torch_adapter"], table)
     md += report_multinode.markdown(ctx["multinode"], table)
