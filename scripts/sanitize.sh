@@ -57,7 +57,7 @@ echo "sanitize: ASan+UBSan tests took $(seconds_since "$start") s"
 start=$(date +%s)
 # Only the targets of the tests run below: the whole project a third time would cost CI
 # minutes for binaries nobody runs under TSan.
-configure_and_build "$tsan_build" thread --target collectives_stream_test \
+configure_and_build "$tsan_build" thread --target collectives_stream_test collectives_shm_heap_test \
   collectives_flight_recorder_test collectives_shm_test collectives_hierarchical_test \
   runtime_engine_test runtime_hybrid_test thread_pool_test
 echo "sanitize: TSan build took $(seconds_since "$start") s"
