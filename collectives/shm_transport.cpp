@@ -400,13 +400,13 @@ void SharedMemoryTransport::all_gather_blocks(const void* send, void* recv, cons
   auto block_size = [&](int r) { return bounds[r + 1] - bounds[r]; };
   const Placement placed = exchange_placement(send, block_size(rank_), recv, bounds[size_]);
   if (placed.recvs) {
-    const size_t n = block_size(rank_);
-    // Starting at the next rank spreads the writes over the peers' memory.
-    for (int i = 1; i <= size_ && n > 0; ++i) {
-      const int p = (rank_ + i) % size_;
-      if (p == rank_ && in_place) continue;
-      std::memcpy(peer_recv_[static_cast<size_t>(p)] + bounds[rank_], send, n);
+    // One fused pass: send is read once for every destination (copy_to_all).
+    std::vector<void*> destinations;
+    for (int p = 0; p < size_; ++p) {
+      if (p != rank_ || !in_place)
+        destinations.push_back(peer_recv_[static_cast<size_t>(p)] + bounds[rank_]);
     }
+    kernels::copy_to_all(destinations.data(), destinations.size(), send, block_size(rank_));
     barrier();
     direct_calls_.fetch_add(1, std::memory_order_relaxed);
     return;

@@ -260,6 +260,20 @@ void sum_in_order(void* dst, const void* const* srcs, size_t sources, DType dtyp
   });
 }
 
+void copy_to_all(void* const* dsts, size_t count, const void* src, size_t bytes,
+                 const KernelOptions& opt) {
+  ZERO_CHECK(bytes == 0 || src != nullptr, "copy_to_all: null source of " << bytes << " bytes");
+  for (size_t k = 0; k < count; ++k) {
+    ZERO_CHECK(bytes == 0 || dsts[k] != nullptr,
+               "copy_to_all: destination " << k << " is null for " << bytes << " bytes");
+  }
+  const KernelPath& path = active_path();
+  // Chunks of whole pieces, so each thread reads its part of src once.
+  run_chunks(bytes, opt, detail::kCopyPieceBytes, [&](size_t begin, size_t end) {
+    path.copy_to_all(dsts, count, src, begin, end - begin);
+  });
+}
+
 void flatten(const TensorSlot* tensors, size_t count, void* flat, DType dtype,
              const KernelOptions& opt) {
   copy_slots(tensors, count, nullptr, flat, dtype, opt);

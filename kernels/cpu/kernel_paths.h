@@ -26,7 +26,14 @@ struct KernelPath {
   void (*scale)(void* x, DType dtype, float alpha, size_t n);
   void (*sum_in_order)(void* dst, const void* const* srcs, size_t sources, size_t offset,
                        DType dtype, size_t n);
+  // `bytes` of src into each of `count` destinations, all at byte `offset`.
+  void (*copy_to_all)(void* const* dsts, size_t count, const void* src, size_t offset,
+                      size_t bytes);
 };
+
+// copy_to_all's piece: small enough to stay in the L2 cache between its copies, so src is read
+// from memory once whatever the count.
+constexpr size_t kCopyPieceBytes = size_t{64} << 10;
 
 // The AVX2 optimizer loops write working copies of at least this many elements (well past the
 // L2 cache together with the state) with non-temporal stores: the copy is written without being

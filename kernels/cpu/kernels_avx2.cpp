@@ -5,6 +5,7 @@
 // (compiled without those flags), which is the reference these loops match bit for bit.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -374,9 +375,39 @@ void sum_in_order_avx2(void* dst, const void* const* srcs, size_t sources, size_
   kScalarPath.sum_in_order(dst, srcs, sources, offset + done, dtype, n - done);
 }
 
+// One piece into one destination with non-temporal stores: its lines are written without being
+// read first (a cached store reads every line before writing it), and none of the caches is
+// filled with data the copying thread never reads again. Bytes before dst's first 32-byte
+// boundary and after its last go through memcpy.
+void stream_copy(char* dst, const char* src, size_t n) {
+  const size_t head = std::min(n, (32 - reinterpret_cast<uintptr_t>(dst) % 32) % 32);
+  std::memcpy(dst, src, head);
+  size_t i = head;
+  for (; i + 32 <= n; i += 32) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i), x);
+  }
+  std::memcpy(dst + i, src + i, n - i);
+}
+
+void copy_to_all_avx2(void* const* dsts, size_t count, const void* src, size_t offset,
+                      size_t bytes) {
+  for (size_t done = 0; done < bytes; done += kCopyPieceBytes) {
+    const size_t n = std::min(kCopyPieceBytes, bytes - done);
+    for (size_t k = 0; k < count; ++k) {
+      stream_copy(static_cast<char*>(dsts[k]) + offset + done,
+                  static_cast<const char*>(src) + offset + done, n);
+    }
+  }
+  // Non-temporal stores are weakly ordered: they must be visible before whatever tells another
+  // thread or process that the copy is done.
+  _mm_sfence();
+}
+
 }  // namespace
 
 const KernelPath kAvx2Path = {adamw_avx2,      sgd_avx2,        cast_avx2,  sum_squares_block_avx2,
-                              all_finite_avx2, accumulate_avx2, scale_avx2, sum_in_order_avx2};
+                              all_finite_avx2, accumulate_avx2, scale_avx2, sum_in_order_avx2,
+                              copy_to_all_avx2};
 
 }  // namespace zero::kernels::detail

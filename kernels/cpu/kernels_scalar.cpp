@@ -1,7 +1,9 @@
 // Scalar loops: the fallback on CPUs without AVX2/F16C/FMA and the path ZERO_KERNELS_SCALAR=1
 // selects. Every element goes through the shared definitions in dtype.h and optimizer_math.h,
 // so these loops are the reference the vectorized path must match.
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "kernel_paths.h"
 
@@ -68,10 +70,22 @@ void sum_in_order_scalar(void* dst, const void* const* srcs, size_t sources, siz
   }
 }
 
+void copy_to_all_scalar(void* const* dsts, size_t count, const void* src, size_t offset,
+                        size_t bytes) {
+  for (size_t done = 0; done < bytes; done += kCopyPieceBytes) {
+    const size_t n = std::min(kCopyPieceBytes, bytes - done);
+    for (size_t k = 0; k < count; ++k) {
+      std::memcpy(static_cast<char*>(dsts[k]) + offset + done,
+                  static_cast<const char*>(src) + offset + done, n);
+    }
+  }
+}
+
 }  // namespace
 
 const KernelPath kScalarPath = {
     adamw_scalar,      sgd_scalar,        cast_scalar,  sum_squares_block_scalar,
-    all_finite_scalar, accumulate_scalar, scale_scalar, sum_in_order_scalar};
+    all_finite_scalar, accumulate_scalar, scale_scalar, sum_in_order_scalar,
+    copy_to_all_scalar};
 
 }  // namespace zero::kernels::detail

@@ -1,7 +1,9 @@
 // The typed accumulate against the scalar definition: fp32 exactly as the fp32 kernel, 16-bit
-// sums computed in fp32 and rounded once.
+// sums computed in fp32 and rounded once; sum_in_order's order; copy_to_all's copies.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "zero/kernels/cpu_kernels.h"
@@ -78,6 +80,43 @@ TEST(SumInOrder, AddsSourcesLeftToRightInFp32AndRoundsOnce) {
           sum_in_order(dst, pointers.data(), sources, dtype, n, KernelOptions{2});
           EXPECT_EQ(src.back(), expected)
               << dtype_name(dtype) << " sources=" << sources << " n=" << n << " scalar=" << scalar;
+        }
+      }
+    }
+  }
+  force_scalar_for_testing(false);
+}
+
+// Every destination gets src's bytes exactly, whatever the alignment of each (the AVX2 path's
+// non-temporal stores start at a destination's 32-byte boundary) and across the kernel's
+// 64 KiB pieces; nothing before or after a destination's range is touched.
+TEST(CopyToAll, EveryDestinationGetsTheSourceExactly) {
+  for (bool scalar : {false, true}) {
+    force_scalar_for_testing(scalar);
+    for (size_t count : {size_t{1}, size_t{3}}) {
+      for (size_t bytes : {size_t{0}, size_t{1}, size_t{31}, size_t{33}, size_t{200003}}) {
+        for (size_t misalign : {size_t{0}, size_t{1}, size_t{7}, size_t{32}}) {
+          std::vector<unsigned char> src(bytes + 1);
+          for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 7 + 3);
+          const unsigned char* from = src.data() + 1;  // src misaligned too
+          std::vector<std::vector<unsigned char>> out(count,
+                                                      std::vector<unsigned char>(bytes + 80, 0xee));
+          std::vector<void*> dsts;
+          for (size_t k = 0; k < count; ++k) dsts.push_back(out[k].data() + misalign + k);
+          copy_to_all(dsts.data(), count, from, bytes, KernelOptions{2});
+          for (size_t k = 0; k < count; ++k) {
+            const size_t at = misalign + k;
+            const std::string what = "count " + std::to_string(count) + ", bytes " +
+                                     std::to_string(bytes) + ", destination " + std::to_string(k) +
+                                     " at +" + std::to_string(at) + ", scalar " +
+                                     std::to_string(scalar);
+            EXPECT_EQ(0, std::memcmp(out[k].data() + at, from, bytes)) << what;
+            for (size_t i = 0; i < out[k].size(); ++i) {
+              if (i < at || i >= at + bytes) {
+                ASSERT_EQ(out[k][i], 0xee) << what << ": byte " << i << " outside was written";
+              }
+            }
+          }
         }
       }
     }

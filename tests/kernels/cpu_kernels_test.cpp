@@ -467,6 +467,10 @@ TEST(KernelArguments, BadInputIsRefusedWithAnError) {
                               DType::kFloat32, 0, c));
   EXPECT_EQ(sum_squares(nullptr, DType::kBFloat16, 0), 0.0);
   EXPECT_TRUE(all_finite(nullptr, DType::kFloat16, 0));
+  void* nowhere[2] = {x, nullptr};
+  EXPECT_THROW(copy_to_all(nowhere, 1, nullptr, 4), zero::Error);
+  EXPECT_THROW(copy_to_all(nowhere, 2, x, 4), zero::Error);
+  EXPECT_NO_THROW(copy_to_all(nowhere, 2, nullptr, 0));
   try {
     cast(x, DType::kFloat32, nullptr, DType::kBFloat16, 4);
     ADD_FAILURE() << "cast into a null buffer was accepted";

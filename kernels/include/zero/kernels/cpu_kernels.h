@@ -67,6 +67,14 @@ void accumulate(void* dst, const void* src, DType dtype, size_t n, const KernelO
 void sum_in_order(void* dst, const void* const* srcs, size_t sources, DType dtype, size_t n,
                   const KernelOptions& opt = {});
 
+// Copies `bytes` of src into each of `count` destinations (none overlapping src or each other):
+// what an all-gather's push writes into every rank's output. src is read from memory once,
+// a cache-sized piece at a time for all destinations, and the AVX2 path writes around the
+// caches (non-temporal stores, fenced before it returns): a fused copy moves 1 + count bytes
+// through memory per byte of src where count separate memcpy calls move 2 x count.
+void copy_to_all(void* const* dsts, size_t count, const void* src, size_t bytes,
+                 const KernelOptions& opt = {});
+
 // x[i] *= alpha.
 void scale(void* x, DType dtype, float alpha, size_t n, const KernelOptions& opt = {});
 
