@@ -359,51 +359,86 @@ std::vector<size_t> match_params(const Layout& layout, const std::vector<Checkpo
   return index;
 }
 
-// Reads, for every unit, the elements [begin, end) this rank holds: master, then each state
-// array, (end - begin) floats each. Elements outside every parameter (padding) stay zero. At the
-// checkpoint's tensor-parallel size a rank reads its own rank's slices (and a replicated
-// parameter from any); at another, each split parameter is merged from every rank's slice and
-// this rank's slice cut from the whole (tensor_split.h), so a run saved at t resumes at t'.
-std::vector<std::vector<float>> stage_state(Engine& engine, const std::vector<CheckpointInfo>& grid,
-                                            const std::vector<size_t>& saved_index) {
-  checkpoint_files::GridReader reader(grid);
+// Reads unit u's elements [view.begin, view.end), which this rank holds, into `out`: master,
+// then each state array, (end - begin) floats each. Elements outside every parameter (padding)
+// are zero. At the checkpoint's tensor-parallel size a rank reads its own rank's slices (and a
+// replicated parameter from any); at another, each split parameter is merged from every rank's
+// slice and this rank's slice cut from the whole (tensor_split.h), so a run saved at t resumes
+// at t'. The first read of a shard file checks its size and CRC.
+void read_unit_state(const Engine& engine, checkpoint_files::GridReader& reader,
+                     const std::vector<CheckpointInfo>& grid,
+                     const std::vector<size_t>& saved_index, size_t u,
+                     const Engine::StateView& view, std::vector<float>* out) {
   const Layout& layout = engine.layout();
   const Communicator* tp = engine.config().tensor_parallel;
   const int tp_size = tp == nullptr ? 1 : tp->world_size();
   const int tp_rank = tp == nullptr ? 0 : tp->rank();
   const bool same_size = static_cast<int>(grid.size()) == tp_size;
   const int state_count = grid.front().state_count;
-  std::vector<std::vector<float>> staged(layout.units().size());
-  const StateViewsReleased released(engine);
-  for (size_t u = 0; u < layout.units().size(); ++u) {
-    engine.release_state_views();
-    const Engine::StateView view = engine.state_view(static_cast<int>(u));
-    const size_t n = view.end - view.begin;
-    staged[u].assign(n * (1 + static_cast<size_t>(state_count)), 0.0f);
-    for (int p : layout.units()[u].params) {
-      const ParamPlacement& placed = layout.params()[p];
-      const size_t lo = std::max(view.begin, placed.offset);
-      const size_t hi = std::min(view.end, placed.offset + placed.numel);
-      if (lo >= hi) continue;
-      const size_t saved = saved_index[p];
-      const bool resliced =
-          !same_size && (placed.split.is_split() || grid.front().params[saved].split.is_split());
-      for (int array = 0; array <= state_count; ++array) {
-        float* out = staged[u].data() + array * n + (lo - view.begin);
-        if (!resliced) {
-          reader.read(same_size ? tp_rank : 0, array, saved, lo - placed.offset, hi - lo, out);
-          continue;
-        }
-        const std::vector<float> whole = reader.read_whole(array, saved);
-        const std::vector<float> slice =
-            placed.split.is_split()
-                ? cut_slice(placed.split, reader.whole_shape(saved), whole.data(), tp_size, tp_rank)
-                : whole;
-        std::memcpy(out, slice.data() + (lo - placed.offset), (hi - lo) * sizeof(float));
+  const size_t n = view.end - view.begin;
+  out->assign(n * (1 + static_cast<size_t>(state_count)), 0.0f);
+  for (int p : layout.units()[u].params) {
+    const ParamPlacement& placed = layout.params()[p];
+    const size_t lo = std::max(view.begin, placed.offset);
+    const size_t hi = std::min(view.end, placed.offset + placed.numel);
+    if (lo >= hi) continue;
+    const size_t saved = saved_index[p];
+    const bool resliced =
+        !same_size && (placed.split.is_split() || grid.front().params[saved].split.is_split());
+    for (int array = 0; array <= state_count; ++array) {
+      float* to = out->data() + array * n + (lo - view.begin);
+      if (!resliced) {
+        reader.read(same_size ? tp_rank : 0, array, saved, lo - placed.offset, hi - lo, to);
+        continue;
       }
+      const std::vector<float> whole = reader.read_whole(array, saved);
+      const std::vector<float> slice =
+          placed.split.is_split()
+              ? cut_slice(placed.split, reader.whole_shape(saved), whole.data(), tp_size, tp_rank)
+              : whole;
+      std::memcpy(to, slice.data() + (lo - placed.offset), (hi - lo) * sizeof(float));
     }
   }
+}
+
+// Every unit's state this rank holds (read_unit_state), all in memory.
+std::vector<std::vector<float>> stage_state(Engine& engine, const std::vector<CheckpointInfo>& grid,
+                                            const std::vector<size_t>& saved_index) {
+  checkpoint_files::GridReader reader(grid);
+  std::vector<std::vector<float>> staged(engine.layout().units().size());
+  const StateViewsReleased released(engine);
+  for (size_t u = 0; u < staged.size(); ++u) {
+    engine.release_state_views();
+    const Engine::StateView view = engine.state_view(static_cast<int>(u));
+    read_unit_state(engine, reader, grid, saved_index, u, view, &staged[u]);
+  }
   return staged;
+}
+
+// The state of one unit at a time, for an engine whose state lives on NVMe: the whole shard
+// would not fit in memory. Without `apply` it only reads (every shard file checked, every read
+// made), so a bad checkpoint is refused before anything changes; with it each unit's state goes
+// into its view and out to the engine (write_state_views) before the next is read. (The copies
+// of parameter shards on NVMe, 2 or 4 bytes a parameter, stay until state_loaded() stores them.)
+void stream_state(Engine& engine, const std::vector<CheckpointInfo>& grid,
+                  const std::vector<size_t>& saved_index, bool apply) {
+  checkpoint_files::GridReader reader(grid);
+  std::vector<float> unit_state;
+  for (size_t u = 0; u < engine.layout().units().size(); ++u) {
+    const Engine::StateView view = engine.state_view(static_cast<int>(u));
+    read_unit_state(engine, reader, grid, saved_index, u, view, &unit_state);
+    if (!apply) {
+      engine.release_state_views();
+      continue;
+    }
+    // Not released: a parameter shard on NVMe keeps its loaded copy for state_loaded().
+    const size_t n = view.end - view.begin;
+    std::memcpy(view.master, unit_state.data(), n * sizeof(float));
+    for (int k = 0; k < view.state_count; ++k) {
+      std::memcpy(view.state[k], unit_state.data() + (k + 1) * n, n * sizeof(float));
+    }
+    engine.write_state_views();
+  }
 }
 
 // DeepSpeed's name, with the setting that tells Adam from AdamW there.
@@ -539,13 +574,18 @@ void load_checkpoint(Engine& engine, const std::string& path, TrainerState* trai
                      const LoadOptions& options) {
   Communicator& comm = engine.host_communicator();
   CheckpointInfo info;
+  std::vector<CheckpointInfo> grid;
+  std::vector<size_t> saved_index;
+  // State on NVMe may be far larger than memory: it is checked in a first pass and loaded one
+  // unit at a time in a second. Otherwise all of it is read into memory before any is applied.
+  const bool streaming = engine.nvme_bytes() > 0;
   std::vector<std::vector<float>> staged;
   // This rank's own text of a mismatch: the reports carry at most 488 characters of it.
   std::string mismatch;
   std::exception_ptr failure;
   try {
     agree(comm, "checkpoint load from " + path, attempt([&] {
-            const std::vector<CheckpointInfo> grid = read_checkpoint_grid(path);
+            grid = read_checkpoint_grid(path);
             info = grid.front();
             const std::vector<std::string> differences =
                 optimizer_differences(info.optimizer, engine.config().optimizer);
@@ -567,9 +607,12 @@ void load_checkpoint(Engine& engine, const std::string& path, TrainerState* trai
                                      << "the engine's optimizer keeps " << state_count
                                      << " (a different optimizer type or momentum setting)");
             const Communicator* tp = engine.config().tensor_parallel;
-            staged = stage_state(
-                engine, grid,
-                match_params(engine.layout(), grid, tp == nullptr ? 1 : tp->world_size()));
+            saved_index = match_params(engine.layout(), grid, tp == nullptr ? 1 : tp->world_size());
+            if (streaming) {
+              stream_state(engine, grid, saved_index, /*apply=*/false);
+            } else {
+              staged = stage_state(engine, grid, saved_index);
+            }
           }));
   } catch (const ConfigError&) {
     failure = mismatch.empty() ? std::current_exception()
@@ -580,6 +623,18 @@ void load_checkpoint(Engine& engine, const std::string& path, TrainerState* trai
   // The tensor-parallel ranks load together or not at all.
   checkpoint_grid::agree(engine, "checkpoint load from " + path, failure, info.trainer.step);
 
+  if (streaming) {
+    // Every shard file passed its check and every read was made once: only an I/O error now
+    // can stop the second pass, which then leaves the state partly loaded, on every rank alike.
+    const std::string what = "checkpoint load from " + path + " into the NVMe-resident state";
+    std::exception_ptr applied;
+    try {
+      agree(comm, what, attempt([&] { stream_state(engine, grid, saved_index, /*apply=*/true); }));
+    } catch (...) {
+      applied = std::current_exception();
+    }
+    checkpoint_grid::agree(engine, what, applied, info.trainer.step);
+  }
   // Every rank has its state in hand: nothing below can fail for a bad checkpoint.
   for (size_t u = 0; u < staged.size(); ++u) {
     const Engine::StateView view = engine.state_view(static_cast<int>(u));

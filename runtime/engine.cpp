@@ -431,6 +431,9 @@ Engine::StateView Engine::state_view(int unit) {
 void Engine::state_loaded() {
   impl_->state_loaded();
 }
+void Engine::write_state_views() {
+  impl_->write_state_views();
+}
 void Engine::release_state_views() {
   impl_->release_state_views();
 }

@@ -531,6 +531,8 @@ struct Engine::Impl {
 
   void state_loaded();
 
+  void write_state_views();
+
   void release_state_views();
 
   std::vector<std::vector<float>> gather_full_params();

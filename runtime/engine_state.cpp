@@ -81,10 +81,7 @@ void Engine::Impl::state_loaded() {
       if (param_swap->swapped(static_cast<int>(u))) param_copy(static_cast<int>(u));
     }
   }
-  for (const auto& [data, copy] : host_state)
-    device->copy_from_host(data, copy.data(), copy.bytes());
-  host_state.clear();
-  if (offload) write_back_offloaded_views();
+  write_state_views();
   for (size_t u = 0; u < units.size(); ++u) {
     if (config.dtype != DType::kFloat32 && layout.units()[u].trainable && !offload) {
       device->cast(units[u].master.data(), DType::kFloat32, owned_params(u), config.dtype,
@@ -104,6 +101,24 @@ void Engine::Impl::state_loaded() {
   for (UnitState& s : units) wait_for_comm(s.params_ready);
   for (const auto& [u, copy] : param_copies) param_swap->store(u, copy.data(), copy.bytes());
   param_copies.clear();
+}
+
+void Engine::Impl::write_state_views() {
+  // What the views write may still be read by a queued collective (a prefetch's all-gather).
+  device->wait(comm.stream().record());
+  for (const auto& [data, copy] : host_state) {
+    device->copy_from_host(data, copy.data(), copy.bytes());
+  }
+  host_state.clear();
+  if (!offload) return;
+  // A unit whose shard is on NVMe takes its rounded master in a copy of the shard, which
+  // state_loaded() stores back to the file.
+  if (param_swap) {
+    for (const auto& [u, copies] : offload->views) {
+      if (param_swap->swapped(u)) param_copy(u);
+    }
+  }
+  write_back_offloaded_views();
 }
 
 void Engine::Impl::release_state_views() {

@@ -2,19 +2,23 @@
 // bitwise the in-memory engine's at stages 1-3 in fp32 and bf16, with and without pipelining
 // and under every aio setting; the memory of each tier is what the plan says; a full disk, a
 // bad path and an I/O error each stop with the file, the offset and errno named; checkpoints
-// save and load the state through the files and a resume is bitwise. The same for stage 3's
+// save and load the state through the files, a resume is bitwise, and a load holds one unit's
+// state in memory at a time. The same for stage 3's
 // parameter shards on NVMe (offload_param) beside the optimizer's state.
 #include <gtest/gtest.h>
+#include <malloc.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
-#include "zero/runtime/nvme_file.h"
 #include "tests/runtime/train_util.h"
 #include "zero/runtime/checkpoint.h"
+#include "zero/runtime/nvme_file.h"
 
 namespace zero {
 namespace {
@@ -269,6 +273,60 @@ TEST(Offload, CheckpointResumeIsBitwise) {
   const std::vector<float> tail(whole.begin() + 3, whole.end());
   EXPECT_EQ(run(true, 4, 6, false, true), tail);
   EXPECT_EQ(run(false, 4, 6, false, true), tail);
+}
+
+// /proc/self/status's field (kB) in bytes.
+uint64_t status_bytes(const std::string& field) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind(field + ":", 0) == 0) return std::stoull(line.substr(field.size() + 1)) * 1024;
+  }
+  ADD_FAILURE() << "no " << field << " in /proc/self/status";
+  return 0;
+}
+
+// A load into NVMe-resident state holds one unit's state at a time, not the rank's shard: the
+// peak resident memory the load adds (VmHWM, reset through /proc/self/clear_refs before it)
+// stays under half of the shard's state bytes, where reading all of it first adds all of them.
+// Every allocation of 64 KiB or more is its own mapping here, so freed memory cannot be reused
+// unseen.
+TEST(Offload, CheckpointLoadHoldsOneUnitAtATime) {
+  std::unique_ptr<Communicator> comm = make_mpi_communicator();
+  const std::string dir = job_dir() + "/streamed_checkpoint";
+  if (comm->rank() == 0) std::filesystem::remove_all(dir);
+  comm->barrier_sync();
+  ASSERT_EQ(mallopt(M_MMAP_THRESHOLD, 64 << 10), 1);
+  const models::MlpConfig mlp{64, 768, 64, 8};
+  EngineConfig config;
+  config.stage = 3;
+  config.dtype = DType::kBFloat16;
+  nvme(size_t{1} << 20, true)(config);
+  uint64_t shard_state_bytes = 0;
+  {
+    ZeroModel model(*comm, models::make_mlp(mlp), config);
+    models::TeacherTask task(mlp, 7);
+    models::Batch batch = task.batch(1, comm->rank() * 4, 4);
+    Tensor grad;
+    models::mse_loss(model.forward(batch.inputs), batch.targets, grad);
+    model.backward(grad);
+    model.step();
+    save_checkpoint(model.engine(), dir, TrainerState{1, 7});
+    shard_state_bytes = model.engine().nvme_bytes();
+  }
+  ZeroModel model(*comm, models::make_mlp(mlp), config);
+  {
+    std::ofstream clear("/proc/self/clear_refs");
+    clear << "5";  // VmHWM := VmRSS
+  }
+  const uint64_t before = status_bytes("VmRSS");
+  load_checkpoint(model.engine(), dir + "/latest", nullptr);
+  const uint64_t added = status_bytes("VmHWM") - before;
+  EXPECT_GT(shard_state_bytes, uint64_t{16} << 20) << "a shard too small to tell the two apart";
+  EXPECT_LT(added, shard_state_bytes / 2)
+      << "the load added " << added << " bytes of resident memory; the shard's state is "
+      << shard_state_bytes << " bytes";
+  ASSERT_EQ(mallopt(M_MMAP_THRESHOLD, 128 << 10), 1);
 }
 
 // Stage 3 with the parameter shards on NVMe, alone and beside the optimizer's state there, is

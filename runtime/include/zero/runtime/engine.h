@@ -301,6 +301,10 @@ class Engine {
   // the master (rounded to the working dtype) and gathers the full parameters where the stage
   // keeps them. Collective: every rank calls it.
   void state_loaded();
+  // Writes what was written into the views handed out so far to where the state lives (the
+  // device, the NVMe offload files) and frees their copies, so that a load filling one unit at a
+  // time holds one unit's copies; state_loaded() still follows. Not collective.
+  void write_state_views();
   // Frees the host copies state_view() made on CUDA, once they are no longer needed without a
   // state_loaded() (after a save, or a load that failed). Nothing to do on the CPU.
   void release_state_views();
