@@ -289,11 +289,13 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
   }
 
   bool free_shared(void* data) noexcept override {
-    if (!shm_ || data == nullptr) return false;
+    if (!shm_ || data == nullptr || !shm_->owns(data)) return false;
     try {
       return shm_->free(data);
     } catch (...) {
-      return false;  // a lock that failed: the memory stays mapped until the window's end
+      // Ours all the same (a lock or the free list failed): it stays mapped, unused, until the
+      // window's end, and must not go to any other deallocator.
+      return true;
     }
   }
 

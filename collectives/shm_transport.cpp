@@ -132,6 +132,7 @@ bool SharedMemoryTransport::reserve_heap(size_t bytes) {
   }
   ZERO_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &reusable, 1, MPI_INT, MPI_MIN, comm_));
   if (reusable) return true;
+  release_empty_heaps();
   const char* directory = std::getenv("OMPI_MCA_osc_sm_backing_directory");
   if (directory == nullptr || *directory == '\0') directory = "/dev/shm";
   struct statvfs fs {};
@@ -182,6 +183,29 @@ bool SharedMemoryTransport::reserve_heap(size_t bytes) {
   return true;
 }
 
+// Every rank holds the same heaps (reserve_heap is collective), so all free the same windows, in
+// the same order, and those windows' pages leave the shared-memory file system.
+void SharedMemoryTransport::release_empty_heaps() {
+  std::vector<int> empty(heaps_.size());
+  {
+    std::lock_guard<std::mutex> lock(heap_mutex_);
+    for (size_t h = 0; h < heaps_.size(); ++h) empty[h] = heaps_[h].space->empty() ? 1 : 0;
+  }
+  if (empty.empty()) return;
+  ZERO_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, empty.data(), static_cast<int>(empty.size()), MPI_INT,
+                               MPI_MIN, comm_));
+  std::vector<Heap> kept;
+  for (size_t h = 0; h < heaps_.size(); ++h) {
+    if (!empty[h]) {
+      kept.push_back(std::move(heaps_[h]));
+      continue;
+    }
+    ZERO_MPI_CHECK(MPI_Win_free(&heaps_[h].window));
+  }
+  std::lock_guard<std::mutex> lock(heap_mutex_);
+  heaps_ = std::move(kept);
+}
+
 void* SharedMemoryTransport::allocate(size_t bytes) {
   std::lock_guard<std::mutex> lock(heap_mutex_);
   for (Heap& heap : heaps_) {
@@ -194,14 +218,25 @@ void* SharedMemoryTransport::allocate(size_t bytes) {
   return nullptr;
 }
 
+// The range check needs no lock: heaps_ changes only in reserve_heap, between calls. So a
+// pointer into a heap is known to be one before anything here can throw.
 bool SharedMemoryTransport::free(void* data) {
-  std::lock_guard<std::mutex> lock(heap_mutex_);
   const auto* p = static_cast<const unsigned char*>(data);
   for (Heap& heap : heaps_) {
     const unsigned char* base = heap.parts[static_cast<size_t>(rank_)] + heap.lead;
     if (p >= base && p < base + (heap.bytes - heap.lead)) {
+      std::lock_guard<std::mutex> lock(heap_mutex_);
       return heap.space->give_back(static_cast<size_t>(p - base));
     }
+  }
+  return false;
+}
+
+bool SharedMemoryTransport::owns(const void* data) const {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (const Heap& heap : heaps_) {
+    const unsigned char* base = heap.parts[static_cast<size_t>(rank_)];
+    if (p >= base && p < base + heap.bytes) return true;
   }
   return false;
 }
@@ -217,9 +252,11 @@ uint64_t SharedMemoryTransport::peer_bytes_mapped() const {
   for (const Heap& heap : heaps_) {
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
-      const uintptr_t first =
-          reinterpret_cast<uintptr_t>(heap.parts[static_cast<size_t>(r)]) / page;
-      const uintptr_t pages = (heap.part_bytes[static_cast<size_t>(r)] + page - 1) / page;
+      // Whole pages of the part only: the page it starts in also holds MPI's own data.
+      const uintptr_t begin = reinterpret_cast<uintptr_t>(heap.parts[static_cast<size_t>(r)]);
+      const uintptr_t first = (begin + page - 1) / page;
+      const uintptr_t end = (begin + heap.part_bytes[static_cast<size_t>(r)]) / page;
+      const uintptr_t pages = end > first ? end - first : 0;
       for (uintptr_t done = 0; done < pages;) {
         const size_t n = std::min<size_t>(entries.size(), pages - done);
         const ssize_t got = pread(fd, entries.data(), n * sizeof(uint64_t),

@@ -72,6 +72,8 @@ class SharedMemoryTransport {
   void* allocate(size_t bytes);
   // Gives back memory from allocate(); false (nothing done) for any other pointer.
   bool free(void* data);
+  // Whether `data` is in this rank's part of a heap (what free() would take).
+  bool owns(const void* data) const;
   // Bytes of the peers' heap parts mapped into this process (pages its reads and writes
   // touched, from /proc/self/pagemap): the OS counts them in this process's resident memory
   // as well as in their owners'. 0 without a heap or when pagemap cannot be read.
@@ -94,6 +96,8 @@ class SharedMemoryTransport {
   void barrier();
   // The next chunk uses the other slot.
   void next_chunk() { ++chunk_; }
+  // Collective: frees the heaps whose memory every rank has given back.
+  void release_empty_heaps();
 
   // Where every rank's buffers of this call lie: posts this rank's, meets the peers, reads
   // theirs into peer_send_ and peer_recv_ (null: not in the heap). Says whether all sends and

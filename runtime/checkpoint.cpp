@@ -424,20 +424,27 @@ void stream_state(Engine& engine, const std::vector<CheckpointInfo>& grid,
                   const std::vector<size_t>& saved_index, bool apply) {
   checkpoint_files::GridReader reader(grid);
   std::vector<float> unit_state;
-  for (size_t u = 0; u < engine.layout().units().size(); ++u) {
-    const Engine::StateView view = engine.state_view(static_cast<int>(u));
-    read_unit_state(engine, reader, grid, saved_index, u, view, &unit_state);
-    if (!apply) {
-      engine.release_state_views();
-      continue;
+  try {
+    for (size_t u = 0; u < engine.layout().units().size(); ++u) {
+      const Engine::StateView view = engine.state_view(static_cast<int>(u));
+      read_unit_state(engine, reader, grid, saved_index, u, view, &unit_state);
+      if (!apply) {
+        engine.release_state_views();
+        continue;
+      }
+      // Not released: a parameter shard on NVMe keeps its loaded copy for state_loaded().
+      const size_t n = view.end - view.begin;
+      std::memcpy(view.master, unit_state.data(), n * sizeof(float));
+      for (int k = 0; k < view.state_count; ++k) {
+        std::memcpy(view.state[k], unit_state.data() + (k + 1) * n, n * sizeof(float));
+      }
+      engine.write_state_views();
     }
-    // Not released: a parameter shard on NVMe keeps its loaded copy for state_loaded().
-    const size_t n = view.end - view.begin;
-    std::memcpy(view.master, unit_state.data(), n * sizeof(float));
-    for (int k = 0; k < view.state_count; ++k) {
-      std::memcpy(view.state[k], unit_state.data() + (k + 1) * n, n * sizeof(float));
-    }
-    engine.write_state_views();
+  } catch (...) {
+    // A view left behind would outlive the failed load: a shard's stale copy would stand in for
+    // its file in training, and the next state_loaded() would write stale views back.
+    engine.release_state_views();
+    throw;
   }
 }
 

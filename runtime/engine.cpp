@@ -58,6 +58,9 @@ Engine::Impl::Impl(Communicator& c, const std::vector<ParamDecl>& decls, const E
   allocator.set_limit(config.memory_limit_bytes);
   reduce_packs = PackedCollectives(layout, config.reduce_bucket_elements, /*backward=*/true);
   gather_packs = PackedCollectives(layout, gather_bucket_elements(config), /*backward=*/false);
+  // Collective, so before anything a single rank may refuse (the plan against its own limit,
+  // below): its peers then wait in a collective the watchdog guards, not in this one.
+  place_collective_buffers();
   // The plan against the limit before the first allocation: a model that cannot fit is refused
   // with the plan's numbers at once, not after allocating most of it.
   const MemoryPlan plan = plan_memory(layout, config);
@@ -71,7 +74,6 @@ Engine::Impl::Impl(Communicator& c, const std::vector<ParamDecl>& decls, const E
             << what_would_fit();
     throw OutOfMemoryError(message.str());
   }
-  place_collective_buffers();
   try {
     allocate();
   } catch (const OutOfMemoryError& e) {

@@ -88,15 +88,6 @@ void Engine::Impl::state_loaded() {
                    owned_numel(u));
     }
   }
-  // A frozen unit's 16-bit values come back from the fp32 copy its view handed out.
-  for (const auto& [u, frozen] : frozen_views) {
-    if (frozen.master.empty()) continue;
-    const size_t n = owned_numel(u);
-    std::vector<char> working(n * elem);
-    kernels::cast(frozen.master.data(), DType::kFloat32, working.data(), config.dtype, n);
-    device->copy_from_host(owned_params(u), working.data(), working.size());
-  }
-  frozen_views.clear();
   start_post_step_gathers(/*with_frozen=*/true);
   for (UnitState& s : units) wait_for_comm(s.params_ready);
   for (const auto& [u, copy] : param_copies) param_swap->store(u, copy.data(), copy.bytes());
@@ -110,6 +101,15 @@ void Engine::Impl::write_state_views() {
     device->copy_from_host(data, copy.data(), copy.bytes());
   }
   host_state.clear();
+  // A frozen unit's 16-bit values come back from the fp32 copy its view handed out.
+  for (const auto& [u, frozen] : frozen_views) {
+    if (frozen.master.empty()) continue;
+    const size_t n = owned_numel(u);
+    std::vector<char> working(n * elem);
+    kernels::cast(frozen.master.data(), DType::kFloat32, working.data(), config.dtype, n);
+    device->copy_from_host(owned_params(u), working.data(), working.size());
+  }
+  frozen_views.clear();
   if (!offload) return;
   // A unit whose shard is on NVMe takes its rounded master in a copy of the shard, which
   // state_loaded() stores back to the file.

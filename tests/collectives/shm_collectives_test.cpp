@@ -167,6 +167,26 @@ TEST_P(ShmTest, BuffersInNodeSharedMemoryRunWithoutStaging) {
   }
 }
 
+// A reservation larger than any empty one frees those first (every rank gave their memory
+// back): the peer pages an all-gather mapped leave this process with them.
+TEST_P(ShmTest, AReservationFreesTheEmptyOnes) {
+  const size_t count = 65536;
+  const size_t bytes = count * n * elem();
+  ASSERT_TRUE(comm->reserve_shared(bytes + 4096));
+  {
+    SharedBuffer recv(*comm, bytes);
+    ASSERT_NE(recv.data(), nullptr);
+    const Bytes mine = contribution(rank, 0, count, dtype);
+    comm->all_gather_sync(mine.data(), recv.data(), count, dtype);
+  }
+  const uint64_t mapped = comm->peer_memory_mapped_bytes();
+  if (n > 1) {
+    EXPECT_GE(mapped, (n - 1) * count * elem() / 2) << "the all-gather wrote the peers' memory";
+  }
+  ASSERT_TRUE(comm->reserve_shared(4 * bytes));
+  EXPECT_EQ(comm->peer_memory_mapped_bytes(), 0u) << "the first window is still mapped";
+}
+
 INSTANTIATE_TEST_SUITE_P(AllDtypes, ShmTest,
                          ::testing::Values(DType::kFloat32, DType::kBFloat16, DType::kFloat16),
                          [](const ::testing::TestParamInfo<DType>& param) {

@@ -494,5 +494,54 @@ TEST(ParamOffload, CheckpointResumeIsBitwise) {
   }
 }
 
+// A load refused for a corrupt shard file (found in the first pass, after a unit's view was
+// taken) changes nothing: training on afterwards, with the shards and the optimizer state on
+// NVMe, is bitwise the run that never tried, also for the unit whose shard copy the view made.
+TEST(ParamOffload, ARefusedLoadChangesNothing) {
+  std::unique_ptr<Communicator> comm = make_mpi_communicator();
+  const std::string dir = job_dir() + "/corrupt_checkpoint";
+  if (comm->rank() == 0) std::filesystem::remove_all(dir);
+  comm->barrier_sync();
+  const models::MlpConfig mlp{8, 24, 4, 3};
+  const auto run = [&](bool save, bool load) {
+    EngineConfig config;
+    config.stage = 3;
+    config.optimizer.lr = 1e-2f;
+    both(nvme(100, true), params_on_nvme(2))(config);
+    ZeroModel model(*comm, models::make_mlp(mlp), config);
+    if (load) {
+      const std::string message = error_of([&] { load_checkpoint(model.engine(), dir, nullptr); });
+      expect_naming(message, "checksum mismatch");
+    }
+    models::TeacherTask task(mlp, 7);
+    std::vector<float> losses;
+    for (int step = 1; step <= 4; ++step) {
+      models::Batch batch = task.batch(step, comm->rank() * 6, 6);
+      Tensor grad;
+      losses.push_back(models::mse_loss(model.forward(batch.inputs), batch.targets, grad));
+      model.backward(grad);
+      model.step();
+    }
+    if (save) save_checkpoint(model.engine(), dir, TrainerState{4, 7});
+    return losses;
+  };
+  const std::vector<float> untouched = run(true, false);
+  comm->barrier_sync();
+  if (comm->rank() == 0) {
+    // One byte of every shard file flipped: each rank's first read fails its check.
+    for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {
+      if (entry.path().filename().string().rfind("rank_", 0) != 0) continue;
+      std::fstream file(entry.path(), std::ios::in | std::ios::out | std::ios::binary);
+      char byte = 0;
+      file.seekg(0);
+      file.get(byte);
+      file.seekp(0);
+      file.put(static_cast<char>(byte ^ 0x5a));
+    }
+  }
+  comm->barrier_sync();
+  EXPECT_EQ(run(false, true), untouched);
+}
+
 }  // namespace
 }  // namespace zero
