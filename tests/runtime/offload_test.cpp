@@ -31,6 +31,15 @@ std::string job_dir() {
   return std::string(ZERO_OFFLOAD_TEST_DIR) + "/np" + std::to_string(world_size());
 }
 
+// job_dir()/name, emptied by rank 0 before any rank uses it: a checkpoint directory that holds
+// nothing of an earlier run.
+std::string empty_job_dir(Communicator& comm, const std::string& name) {
+  const std::string dir = job_dir() + "/" + name;
+  if (comm.rank() == 0) std::filesystem::remove_all(dir);
+  comm.barrier_sync();
+  return dir;
+}
+
 std::string nvme_dir() {
   const std::string dir = job_dir() + "/rank" + std::to_string(make_mpi_communicator()->rank());
   std::filesystem::create_directories(dir);
@@ -245,9 +254,7 @@ TEST(Offload, IoErrorNamesFileOffsetAndErrno) {
 // stopped; the checkpoint also loads into an in-memory engine with the same result.
 TEST(Offload, CheckpointResumeIsBitwise) {
   std::unique_ptr<Communicator> comm = make_mpi_communicator();
-  const std::string dir = job_dir() + "/checkpoint";
-  if (comm->rank() == 0) std::filesystem::remove_all(dir);
-  comm->barrier_sync();
+  const std::string dir = empty_job_dir(*comm, "checkpoint");
   const models::MlpConfig mlp{8, 24, 4, 3};
   const auto run = [&](bool offloaded, int from, int to, bool save, bool load) {
     EngineConfig config;
@@ -297,9 +304,7 @@ TEST(Offload, CheckpointLoadHoldsOneUnitAtATime) {
                   "quarantine, so resident memory does not show what the load holds";
 #endif
   std::unique_ptr<Communicator> comm = make_mpi_communicator();
-  const std::string dir = job_dir() + "/streamed_checkpoint";
-  if (comm->rank() == 0) std::filesystem::remove_all(dir);
-  comm->barrier_sync();
+  const std::string dir = empty_job_dir(*comm, "streamed_checkpoint");
   ASSERT_EQ(mallopt(M_MMAP_THRESHOLD, 64 << 10), 1);
   const models::MlpConfig mlp{64, 768, 64, 8};
   EngineConfig config;
@@ -461,9 +466,7 @@ TEST(ParamOffload, IoErrorNamesFileOffsetAndErrno) {
 TEST(ParamOffload, CheckpointResumeIsBitwise) {
   std::unique_ptr<Communicator> comm = make_mpi_communicator();
   for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
-    const std::string dir = job_dir() + "/param_checkpoint";
-    if (comm->rank() == 0) std::filesystem::remove_all(dir);
-    comm->barrier_sync();
+    const std::string dir = empty_job_dir(*comm, "param_checkpoint");
     const models::MlpConfig mlp{8, 24, 4, 3};
     const auto run = [&](bool offloaded, int from, int to, bool save, bool load) {
       EngineConfig config;
@@ -499,9 +502,7 @@ TEST(ParamOffload, CheckpointResumeIsBitwise) {
 // NVMe, is bitwise the run that never tried, also for the unit whose shard copy the view made.
 TEST(ParamOffload, ARefusedLoadChangesNothing) {
   std::unique_ptr<Communicator> comm = make_mpi_communicator();
-  const std::string dir = job_dir() + "/corrupt_checkpoint";
-  if (comm->rank() == 0) std::filesystem::remove_all(dir);
-  comm->barrier_sync();
+  const std::string dir = empty_job_dir(*comm, "corrupt_checkpoint");
   const models::MlpConfig mlp{8, 24, 4, 3};
   const auto run = [&](bool save, bool load) {
     EngineConfig config;
