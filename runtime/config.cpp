@@ -336,7 +336,14 @@ TrainingConfig interpret(const config::TrainingConfig& c, int world_size, const 
   read_activation_checkpointing(c.activation_checkpointing(), check, &out.activation_checkpointing);
   read_ignored_keys(c, &out.ignored_keys);
 
-  if (c.has_optimizer()) read_optimizer(c.optimizer(), check, &e.optimizer);
+  if (c.has_optimizer()) {
+    read_optimizer(c.optimizer(), check, &e.optimizer);
+  } else {
+    // DeepSpeed then trains with the client's optimizer: here the caller's lr and weight decay,
+    // so that a file without the section trains as the caller does without a file.
+    if (context.lr) e.optimizer.lr = *context.lr;
+    if (context.weight_decay) e.optimizer.weight_decay = *context.weight_decay;
+  }
   // Without a scheduler the optimizer's lr holds for the whole run.
   e.lr_schedule = LrScheduleConfig();
   e.lr_schedule.type = LrScheduleType::kConstant;

@@ -167,5 +167,34 @@ TEST(Config, CallersGlobalBatchStandsInForTheFile) {
             "ds.json; at least one is required");
 }
 
+// A file without an optimizer section trains with the caller's optimizer (DeepSpeed's client
+// optimizer): the context's lr and weight decay, where the context gives them, over
+// EngineConfig's; the file's own section still wins.
+TEST(Config, NoOptimizerSectionTakesTheCallersOptimizer) {
+  ConfigContext caller;
+  caller.lr = 3e-3f;
+  caller.weight_decay = 0.0f;
+  const std::string no_optimizer = R"({"train_batch_size": 8})";
+  const OptimizerConfig took =
+      parse_training_config(no_optimizer, 2, "ds.json", caller).engine.optimizer;
+  EXPECT_EQ(took.type, OptimizerType::kAdamW);
+  EXPECT_FLOAT_EQ(took.lr, 3e-3f);
+  EXPECT_EQ(took.weight_decay, 0.0f);
+  EXPECT_FLOAT_EQ(
+      parse_training_config(no_optimizer, 2, "ds.json", caller).engine.lr_schedule.max_lr, 3e-3f);
+  const OptimizerConfig engine_default;
+  const OptimizerConfig without_caller =
+      parse_training_config(no_optimizer, 2, "ds.json").engine.optimizer;
+  EXPECT_EQ(without_caller.lr, engine_default.lr);
+  EXPECT_EQ(without_caller.weight_decay, engine_default.weight_decay);
+  const OptimizerConfig written =
+      parse_training_config(R"({"train_batch_size": 8, "optimizer": {"type": "AdamW",
+                               "params": {"lr": 5e-4, "weight_decay": 0.1}}})",
+                            2, "ds.json", caller)
+          .engine.optimizer;
+  EXPECT_FLOAT_EQ(written.lr, 5e-4f);
+  EXPECT_FLOAT_EQ(written.weight_decay, 0.1f);
+}
+
 }  // namespace
 }  // namespace zero

@@ -43,7 +43,9 @@
 //                      defaults to adam_w_mode = true); "Adam" with adam_w_mode false is Adam
 //                      with L2 weight decay; "SGD". Type names in any case. Params absent take
 //                      DeepSpeed's / PyTorch's defaults (lr 1e-3, betas 0.9 0.999, eps 1e-8,
-//                      weight_decay 0, momentum 0). No optimizer section: EngineConfig's.
+//                      weight_decay 0, momentum 0). No optimizer section: the caller's, as
+//                      DeepSpeed takes the client's optimizer: EngineConfig's, with the
+//                      ConfigContext's lr and weight_decay where it gives them.
 //   scheduler          WarmupLR, WarmupDecayLR, WarmupCosineLR (any case) as LrScheduleConfig
 //                      describes; warmup_type "log" (absent: log, DeepSpeed's default) or
 //                      "linear". No scheduler: the optimizer's lr, constant.
@@ -141,8 +143,10 @@ struct ConfigContext {
   std::optional<long> train_batch_size;             // train_batch_size (all ranks together)
   std::optional<long> gradient_accumulation_steps;  // with the above, the micro-batch per rank
   std::optional<float> gradient_clipping;
-  std::optional<DType> dtype;               // fp16.enabled, bf16.enabled
-  std::optional<float> lr;                  // optimizer.params.lr, scheduler warmup_max_lr
+  std::optional<DType> dtype;  // fp16.enabled, bf16.enabled
+  // optimizer.params.lr and scheduler warmup_max_lr; with weight_decay, also the optimizer
+  // of a file without an optimizer section.
+  std::optional<float> lr;
   std::optional<float> weight_decay;        // optimizer.params.weight_decay
   std::optional<long> warmup_num_steps;     // scheduler.params.warmup_num_steps
   std::optional<long> total_num_steps;      // scheduler.params.total_num_steps
