@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The reference GPT-2 (tests/data/gpt2) trained by zero-train at each ZeRO stage on NP ranks,
-# each run checked against PyTorch by gpt2_golden_check, and stages 1-3 against stage 0: bit for
-# bit on 1 or 2 ranks, within 1e-6 on more (a reduction over 3 ranks sums in another order in
+# each run checked by gpt2_golden_check against PyTorch's float64 run of the same weights, and
+# stages 1-3 against stage 0: bit for bit on 1 or 2 ranks, within 1e-6 on more (a reduction over 3 ranks sums in another order in
 # an all-reduce than in a reduce-scatter). Each run validates on the training batch after every
 # step: a forward without backward, whose loss is the reference's next one.
 #   gpt2_golden.sh BIN_DIR NP [--device cuda] [--dtype D --reference-tolerance R]
@@ -89,12 +89,12 @@ for stage in 0 1 2 3; do
   same=()
   if [ "$stage" -gt 0 ]; then same=(--same-as "$work/stage0.safetensors" --tolerance "$parity"); fi
   echo "stage $stage, $np rank(s), $device, $dtype, activation checkpointing $checkpointing:"
-  "$bin/gpt2_golden_check" --expected "$data/expected.json" --metrics "$run.jsonl" \
+  "$bin/gpt2_golden_check" --expected "$data/expected_fp64.json" --metrics "$run.jsonl" \
     --final "$run.safetensors" --reference-tolerance "$reference_tolerance" --expect-val 1 \
     "${same[@]}"
   if [ "$checkpointing" != none ]; then
     echo "stage $stage with activation checkpointing $checkpointing against without, bitwise:"
-    "$bin/gpt2_golden_check" --expected "$data/expected.json" --metrics "$run.jsonl" \
+    "$bin/gpt2_golden_check" --expected "$data/expected_fp64.json" --metrics "$run.jsonl" \
       --final "$run.safetensors" --reference-tolerance "$reference_tolerance" \
       --same-as "$work/plain$stage.safetensors" --tolerance 0 \
       --same-metrics-as "$work/plain$stage.jsonl"
@@ -105,7 +105,7 @@ for stage in 0 1 2 3; do
     train "$stage" "$spill" --activation-checkpointing "$mode" "${checkpoints[@]}" \
       --checkpoint-nvme-path "$work/$spill.nvme"
     echo "stage $stage with $mode checkpoints spilled to NVMe against without checkpointing, bitwise:"
-    "$bin/gpt2_golden_check" --expected "$data/expected.json" --metrics "$work/$spill.jsonl" \
+    "$bin/gpt2_golden_check" --expected "$data/expected_fp64.json" --metrics "$work/$spill.jsonl" \
       --final "$work/$spill.safetensors" --reference-tolerance "$reference_tolerance" \
       --same-as "$work/plain$stage.safetensors" --tolerance 0 \
       --same-metrics-as "$work/plain$stage.jsonl"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The reference GPT-2 (tests/data/gpt2) trained by zero-train with Megatron-style tensor
 # parallelism over TP ranks at each ZeRO stage, on NP ranks (NP / TP data-parallel), against
-# PyTorch's expected.json and against the same run at --tp 1 on NP / TP ranks: every step's
+# PyTorch's expected_fp64.json and against the same run at --tp 1 on NP / TP ranks: every step's
 # loss, gradient norm and validation loss within TOLERANCE relative (the split matrices sum their
 # products in another order, so the runs are not bit for bit). At stages 1 and 2 also with full
 # and selective recomputation and partition_activations (each checkpoint split over the TP ranks,
@@ -84,7 +84,7 @@ for stage in 0 1 2 3; do
     cat "$work/split$stage.log"; echo "the run did not report its grid"; exit 1; }
   check_formulas "split$stage"
   echo "stage $stage, tensor-parallel $tp x data-parallel $((np / tp)) against --tp 1:"
-  "$bin/gpt2_golden_check" --expected "$data/expected.json" --metrics "$work/split$stage.jsonl" \
+  "$bin/gpt2_golden_check" --expected "$data/expected_fp64.json" --metrics "$work/split$stage.jsonl" \
     --reference-tolerance "$tolerance" --expect-val 1 \
     --same-metrics-as "$work/plain$stage.jsonl" --metrics-tolerance "$tolerance"
   # partition_activations: recomputing from all-gathered pieces gives the split run's bits.
@@ -97,7 +97,7 @@ for stage in 0 1 2 3; do
     --partition-activations
   check_formulas "partitioned$stage" "$recompute"
   echo "stage $stage, $recompute recomputation from partitioned checkpoints against none:"
-  "$bin/gpt2_golden_check" --expected "$data/expected.json" \
+  "$bin/gpt2_golden_check" --expected "$data/expected_fp64.json" \
     --metrics "$work/partitioned$stage.jsonl" --reference-tolerance "$tolerance" --expect-val 1 \
     --same-metrics-as "$work/split$stage.jsonl"
 done
