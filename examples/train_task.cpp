@@ -218,8 +218,8 @@ class Gpt2Task : public TrainTask {
         << " blocks checkpointed): " << human_bytes(bytes.total()) << " = blocks "
         << human_bytes(bytes.kept()) << " (per block " << human_bytes(bytes.blocks.front())
         << " .. " << human_bytes(bytes.blocks.back()) << ") + recompute "
-        << human_bytes(bytes.recompute) << " + backward " << human_bytes(bytes.backward)
-        << " + embedding and head " << human_bytes(bytes.embedding + bytes.head) << "\n";
+        << human_bytes(bytes.recompute) << " + embedding and head "
+        << human_bytes(bytes.embedding + bytes.head) << "\n";
     return out.str();
   }
   driver::JsonRecord profile_record() override {

@@ -201,25 +201,25 @@ class Gpt2Head : public Module {
                                          ops.targets(targets_->ids), rows.first, dloss, N,
                                          rows.count, V);
     }
-    backend_->activation(d_norm_, {N, C}, dev);
-    ops.matmul_backward(d_norm_.data(), slots_.grad(grads, 2), nullptr, logits_.data(),
-                        norm_.data(), slots_.value(params, 2), N, C, V, WeightLayout::kOutIn);
+    // ln_f's output gradient over ln_f's output, its last reader (as the blocks do).
+    float* const d_norm = norm_.data();
+    ops.matmul_backward(d_norm, slots_.grad(grads, 2), nullptr, logits_.data(), norm_.data(),
+                        slots_.value(params, 2), N, C, V, WeightLayout::kOutIn);
     // Each rank's columns give a share of ln_f's output gradient: the sum is whole.
-    backend_->all_reduce_tensor_parallel(d_norm_.data(), d_norm_.numel(), dev);
+    backend_->all_reduce_tensor_parallel(d_norm, norm_.numel(), dev);
     grad_in = Tensor(input_.shape(), dev);
-    ops.layernorm_backward(grad_in.data(), slots_.grad(grads, 0), slots_.grad(grads, 1),
-                           d_norm_.data(), input_.data(), slots_.value(params, 0), mean_.data(),
-                           rstd_.data(), N, C);
+    ops.layernorm_backward(grad_in.data(), slots_.grad(grads, 0), slots_.grad(grads, 1), d_norm,
+                           input_.data(), slots_.value(params, 0), mean_.data(), rstd_.data(), N,
+                           C);
     slots_.flush(grads);
   }
 
   const Tensor& logits() const { return logits_; }
-  // What forward keeps for backward, and backward's own ln_f gradient.
+  // What forward keeps for backward.
   uint64_t kept_bytes() const {
     return bytes_of(input_) + bytes_of(norm_) + bytes_of(mean_) + bytes_of(rstd_) +
            bytes_of(logits_) + bytes_of(losses_) + bytes_of(lse_);
   }
-  uint64_t backward_bytes() const { return bytes_of(d_norm_); }
 
  private:
   Gpt2Config config_;
@@ -257,7 +257,7 @@ class Gpt2Head : public Module {
 
   std::shared_ptr<Gpt2Targets> targets_;
   ParamSlots slots_{3};
-  Tensor input_, norm_, mean_, rstd_, logits_, losses_, lse_, d_norm_;
+  Tensor input_, norm_, mean_, rstd_, logits_, losses_, lse_;
 };
 
 bool gpt2_preset(const std::string& name, Gpt2Config* config) {
@@ -411,7 +411,6 @@ Gpt2ActivationBytes gpt2_held_activations(const Gpt2& model) {
   }
   bytes.recompute = model.shared->recompute_bytes();
   bytes.head = model.head->kept_bytes();
-  bytes.backward = model.shared->backward_bytes() + model.head->backward_bytes();
   return bytes;
 }
 

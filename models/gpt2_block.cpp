@@ -63,11 +63,6 @@ uint64_t Gpt2BlockShared::recompute_bytes() const {
   return sum;
 }
 
-uint64_t Gpt2BlockShared::backward_bytes() const {
-  return bytes_of(d_hidden4) + bytes_of(d_fc) + bytes_of(d_norm) + bytes_of(d_att) +
-         bytes_of(d_qkv);
-}
-
 Gpt2Block::Gpt2Block(const Gpt2Config& config, const Gpt2BlockCheckpointing& checkpointing,
                      std::shared_ptr<gpt2_detail::Gpt2Backend> backend,
                      std::shared_ptr<Gpt2BlockShared> shared)
@@ -349,35 +344,38 @@ void Gpt2Block::backward(const Tensor& grad_out, Tensor& grad_in,
   auto p = [&](int a) { return data_of(a); };
   Gpt2Ops& ops = backend_->ops_for(grad_out);
   const std::shared_ptr<DeviceContext>& dev = grad_out.device();
-  Gpt2BlockShared& s = *shared_;
-  backend_->activation(s.d_hidden4, {N, 4 * Cl}, dev);
-  backend_->activation(s.d_fc, {N, 4 * Cl}, dev);
-  backend_->activation(s.d_norm, {N, C}, dev);
-  backend_->activation(s.d_att, {N, Cl}, dev);
-  backend_->activation(s.d_qkv, {N, 3 * Cl}, dev);
 
+  // Each gradient is written into the memory of an activation nothing reads any more, so
+  // backward allocates nothing: the GELU output's gradient over the GELU output (matmul_backward
+  // takes dinp = inp), then the GELU input's over it in place; each LayerNorm output's over that
+  // output; the attention output's over x2 (its LayerNorm's backward is done) and qkv's over
+  // the GELU input (read last by the GELU's backward). Same kernels, same order: same bits.
+  float* const d_hidden = p(kGelu);
+  float* const d_ln2 = p(kLn2);
+  float* const d_att = p(kX2);
+  float* const d_qkv = p(kFc);
+  float* const d_ln1 = p(kLn1);
   // The skip connection carries grad_out to x2 unchanged; the MLP's gradient is added to it.
   Tensor d_x2 = grad_out;
   // Row-parallel: the output gradient is whole on every rank, so is the bias's gradient.
-  ops.matmul_backward(s.d_hidden4.data(), g(kFcProjW), g(kFcProjB), grad_out.data(), p(kGelu),
-                      w(kFcProjW), N, 4 * Cl, C, WeightLayout::kInOut);
-  ops.gelu_backward(s.d_fc.data(), p(kFc), s.d_hidden4.data(), static_cast<size_t>(N) * 4 * Cl);
+  ops.matmul_backward(d_hidden, g(kFcProjW), g(kFcProjB), grad_out.data(), p(kGelu), w(kFcProjW), N,
+                      4 * Cl, C, WeightLayout::kInOut);
+  ops.gelu_backward(d_hidden, p(kFc), d_hidden, static_cast<size_t>(N) * 4 * Cl);
   // Column-parallel: each rank has its columns' share of the input gradient; the sum is whole.
-  ops.matmul_backward(s.d_norm.data(), g(kFcW), g(kFcB), s.d_fc.data(), p(kLn2), w(kFcW), N, C,
-                      4 * Cl, WeightLayout::kInOut);
-  backend_->all_reduce_tensor_parallel(s.d_norm.data(), static_cast<size_t>(N) * C, dev);
-  ops.layernorm_backward(d_x2.data(), g(kLn2W), g(kLn2B), s.d_norm.data(), p(kX2), w(kLn2W),
-                         p(kLn2Mean), p(kLn2Rstd), N, C);
+  ops.matmul_backward(d_ln2, g(kFcW), g(kFcB), d_hidden, p(kLn2), w(kFcW), N, C, 4 * Cl,
+                      WeightLayout::kInOut);
+  backend_->all_reduce_tensor_parallel(d_ln2, static_cast<size_t>(N) * C, dev);
+  ops.layernorm_backward(d_x2.data(), g(kLn2W), g(kLn2B), d_ln2, p(kX2), w(kLn2W), p(kLn2Mean),
+                         p(kLn2Rstd), N, C);
   // The same for the attention half: x's gradient is x2's plus the attention path's.
-  ops.matmul_backward(s.d_att.data(), g(kProjW), g(kProjB), d_x2.data(), p(kAtt), w(kProjW), N, Cl,
-                      C, WeightLayout::kInOut);
-  ops.attention_backward(s.d_qkv.data(), s.d_att.data(), p(kQkv), p(kAtt), p(kLse), B_, T_, Cl,
-                         NHl);
-  ops.matmul_backward(s.d_norm.data(), g(kQkvW), g(kQkvB), s.d_qkv.data(), p(kLn1), w(kQkvW), N, C,
-                      3 * Cl, WeightLayout::kInOut);
-  backend_->all_reduce_tensor_parallel(s.d_norm.data(), static_cast<size_t>(N) * C, dev);
+  ops.matmul_backward(d_att, g(kProjW), g(kProjB), d_x2.data(), p(kAtt), w(kProjW), N, Cl, C,
+                      WeightLayout::kInOut);
+  ops.attention_backward(d_qkv, d_att, p(kQkv), p(kAtt), p(kLse), B_, T_, Cl, NHl);
+  ops.matmul_backward(d_ln1, g(kQkvW), g(kQkvB), d_qkv, p(kLn1), w(kQkvW), N, C, 3 * Cl,
+                      WeightLayout::kInOut);
+  backend_->all_reduce_tensor_parallel(d_ln1, static_cast<size_t>(N) * C, dev);
   grad_in = std::move(d_x2);
-  ops.layernorm_backward(grad_in.data(), g(kLn1W), g(kLn1B), s.d_norm.data(), p(kInput), w(kLn1W),
+  ops.layernorm_backward(grad_in.data(), g(kLn1W), g(kLn1B), d_ln1, p(kInput), w(kLn1W),
                          p(kLn1Mean), p(kLn1Rstd), N, C);
   shared_->params.flush(grads);
   if (moves_checkpoint()) {

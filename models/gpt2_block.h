@@ -78,12 +78,6 @@ struct Gpt2BlockShared {
   // The recomputed tensors of the checkpointed block being processed (only those its setting
   // recomputes are allocated); with partition, [kInput] is its whole input (t pieces).
   Tensor recomputed[kBlockActivations];
-  // Input gradients of a block's inner operations.
-  Tensor d_hidden4;  // [N, 4C] gradient of the GELU output, then of the MLP's first matrix
-  Tensor d_fc;       // [N, 4C]
-  Tensor d_norm;     // [N, C] gradient of a LayerNorm's output
-  Tensor d_att;      // [N, C]
-  Tensor d_qkv;      // [N, 3C]
   // With 16-bit parameters, the fp32 copies of a block's parameters and gradients: a block
   // converts its parameters when it computes and flushes its gradients at the end of its
   // backward, so the blocks take turns with one set (gpt2_module_copy_bytes counts one).
@@ -94,7 +88,6 @@ struct Gpt2BlockShared {
   Tensor spill_buffer;
 
   uint64_t recompute_bytes() const;
-  uint64_t backward_bytes() const;
 };
 
 // One pre-LN block: x2 = x + proj(attention(ln_1(x))); out = x2 + mlp(ln_2(x2)). With

@@ -84,7 +84,7 @@ uint64_t Gpt2ActivationBytes::kept() const {
 }
 
 uint64_t Gpt2ActivationBytes::total() const {
-  return embedding + kept() + moving_checkpoints + spill_buffer + recompute + head + backward;
+  return embedding + kept() + moving_checkpoints + spill_buffer + recompute + head;
 }
 
 Gpt2ActivationBytes gpt2_activation_formula(const Gpt2Config& config,
@@ -156,7 +156,6 @@ Gpt2ActivationBytes gpt2_activation_formula(const Gpt2Config& config,
   // A rank's logits: its columns, padded as its rows of wte (gpt2_tensor_parallel.h).
   const uint64_t Vl = (V + t - 1) / t;
   bytes.head = N * (2 * C + Vl + 4) * f;
-  bytes.backward = N * (2 * C + 12 * Cl) * f;
   return bytes;
 }
 

@@ -33,15 +33,16 @@
 // runs one block at a time), sized for one block: full N (15 C + 4 + H), selective N (6 C + 4).
 // Outside the blocks: the embedding keeps the token ids (N), the head its input, ln_f's output,
 // mean and rstd, the logits (their gradient is written in place) and per-position losses and
-// log-sum-exps: N (2 C + V + 4). Backward's own working set, shared by the blocks: the
-// gradients of a block's inner tensors (4C twice, C twice, 3C) and the head's ln_f gradient:
-// 14 N C. The residual-stream tensors in flight between modules are the caller's, not counted.
+// log-sum-exps: N (2 C + V + 4). Backward allocates nothing of its own: each gradient inside a
+// block is written over an activation of that block nothing reads any more (gpt2_block.cpp),
+// and the head's ln_f gradient over ln_f's output. The residual-stream tensors in flight between
+// modules are the caller's, not counted.
 //
 // Split over t tensor-parallel ranks (Gpt2Config::tensor_parallel_size), a rank holds Cl = C / t
 // of qkv, the attention's output and the two MLP tensors, and Hl = H / t log-sum-exps; the rest
 // is whole: none N (4 C + 12 Cl + 4 + Hl), selective N (2 C + 8 Cl + Hl) kept and
-// N (2 C + 4 Cl + 4) rebuilt, full rebuilds N (3 C + 12 Cl + 4 + Hl); backward N (2 C + 12 Cl);
-// the head holds its ceil(V / t) columns of the logits: N (2 C + ceil(V / t) + 4).
+// N (2 C + 4 Cl + 4) rebuilt, full rebuilds N (3 C + 12 Cl + 4 + Hl); the head holds its
+// ceil(V / t) columns of the logits: N (2 C + ceil(V / t) + 4).
 //
 // DeepSpeed's partition_activations (Gpt2Checkpointing::partition_activations, t > 1): the
 // block input a checkpointed block keeps (its checkpoint, identical on every rank of the group)
@@ -159,7 +160,6 @@ struct Gpt2ActivationBytes {
   uint64_t nvme_checkpoints = 0;
   uint64_t recompute = 0;  // the shared buffers of recomputed tensors
   uint64_t head = 0;
-  uint64_t backward = 0;  // gradients of inner tensors, shared by the blocks
 
   uint64_t kept() const;   // the sum of blocks
   uint64_t total() const;  // everything above

@@ -239,11 +239,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
   check_buffer(weight, product(C, OC), "matmul_backward", "weight");
   check_buffer(dweight, product(C, OC), "matmul_backward", "dweight");
   const bool in_out = layout == WeightLayout::kInOut;
-  if (dinp) {
-    // dinp [N, C] = dout [N, OC] @ W^T, where W^T is [OC, C].
-    blocked_sgemm(CblasNoTrans, in_out ? CblasTrans : CblasNoTrans, N, C, OC, dout, OC, weight,
-                  in_out ? OC : C, 0.0f, dinp, C, opt);
-  }
+  // The weight's gradient first: it is the last reader of inp, which dinp may overwrite.
   if (in_out) {
     // dW [C, OC] += inp^T @ dout.
     blocked_sgemm(CblasTrans, CblasNoTrans, C, OC, N, inp, C, dout, OC, 1.0f, dweight, OC, opt);
@@ -255,6 +251,11 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
     const size_t cols = OC;
     add_column_sums(dbias, N, cols, opt,
                     [&](size_t row, size_t c) { return dout[row * cols + c]; });
+  }
+  if (dinp) {
+    // dinp [N, C] = dout [N, OC] @ W^T, where W^T is [OC, C].
+    blocked_sgemm(CblasNoTrans, in_out ? CblasTrans : CblasNoTrans, N, C, OC, dout, OC, weight,
+                  in_out ? OC : C, 0.0f, dinp, C, opt);
   }
 }
 

@@ -287,12 +287,8 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
   ZERO_CHECK(OC > 0, "matmul_backward: an inner dimension of 0 leaves cuBLAS nothing to write");
   if (static_cast<size_t>(N) * C == 0) return;
   const bool out_in = layout == WeightLayout::kOutIn;
-  // dinp [N, C] = dout [N, OC] @ W^T, where W^T is the stored [OC, C] itself for kOutIn.
-  if (dinp != nullptr) {
-    row_major_sgemm(handle, stream, false, !out_in, N, C, OC, dout, OC, weight, out_in ? C : OC,
-                    dinp, false);
-  }
-  // dweight += inp^T @ dout [C, OC] for kInOut, or its transpose dout^T @ inp [OC, C].
+  // dweight += inp^T @ dout [C, OC] for kInOut, or its transpose dout^T @ inp [OC, C]. First, on
+  // the one stream: it is the last reader of inp, which dinp may overwrite.
   if (out_in) {
     row_major_sgemm(handle, stream, true, false, OC, C, N, dout, OC, inp, C, dweight, true);
   } else {
@@ -302,6 +298,11 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
     column_sum_kernel<<<grid_blocks(OC, kColumnLanes, "matmul_backward"), kColumnThreads, 0,
                         stream>>>(dbias, dout, N, OC);
     ZERO_CUDA_CHECK_LAUNCH();
+  }
+  // dinp [N, C] = dout [N, OC] @ W^T, where W^T is the stored [OC, C] itself for kOutIn.
+  if (dinp != nullptr) {
+    row_major_sgemm(handle, stream, false, !out_in, N, C, OC, dout, OC, weight, out_in ? C : OC,
+                    dinp, false);
   }
 }
 

@@ -192,6 +192,16 @@ TEST_F(TransformerKernelsGpu, MatmulForwardAndBackwardInBothLayouts) {
         if (with_bias) {
           expect_close(download(dinp, NC), want_dinp, kTolerance, what + "dinp");
           expect_close(download(dbias, d.OC), want_dbias, kTolerance, what + "dbias");
+          // dinp over inp itself, as the GPT-2's backward runs it: the same bits as apart.
+          float* inp_then_dinp = device(inp);
+          float *dweight_in_place = device(dweight0), *dbias_in_place = device(dbias0);
+          matmul_backward(inp_then_dinp, dweight_in_place, dbias_in_place, device(dout),
+                          inp_then_dinp, d_weight, d.N, d.C, d.OC, layout, handle_, stream_);
+          EXPECT_EQ(download(inp_then_dinp, NC), download(dinp, NC)) << what << "dinp in place";
+          EXPECT_EQ(download(dweight_in_place, weight.size()), download(dweight, weight.size()))
+              << what << "dweight with dinp in place";
+          EXPECT_EQ(download(dbias_in_place, d.OC), download(dbias, d.OC))
+              << what << "dbias with dinp in place";
         } else {
           const auto untouched = download(dinp, NC);
           EXPECT_TRUE(std::isnan(untouched[0]) && std::isnan(untouched[NC - 1]))
@@ -213,6 +223,10 @@ TEST_F(TransformerKernelsGpu, GeluForwardAndBackward) {
   gelu_backward(dinp, d_inp, device(dout), n, stream_);
   expect_close(download(out, n), ref::gelu_forward(inp), kTolerance, "gelu out");
   expect_close(download(dinp, n), ref::gelu_backward(inp, dout), kTolerance, "gelu dinp");
+  // In place over dout, as the GPT-2's backward runs it: the same bits.
+  float* dout_then_dinp = device(dout);
+  gelu_backward(dout_then_dinp, d_inp, dout_then_dinp, n, stream_);
+  EXPECT_EQ(download(dout_then_dinp, n), download(dinp, n)) << "gelu dinp in place";
 }
 
 TEST_F(TransformerKernelsGpu, AttentionForwardAndBackward) {

@@ -184,6 +184,17 @@ TEST_P(TransformerKernelTest, Matmul) {
         EXPECT_TRUE(close(dx, dx_ref));
         EXPECT_TRUE(close(dw, plus(to_doubles(dw_prior), dw_ref, 2.0)));
         EXPECT_TRUE(close(db, plus(to_doubles(db_prior), db_ref)));
+        // dinp over inp itself (the GPT-2's backward writes gradients over dead activations):
+        // the same bits as into a buffer of its own.
+        Floats x_then_dx = x, dw_in_place = dw_prior, db_in_place = db_prior;
+        Floats dw_apart = dw_prior, db_apart = db_prior;
+        matmul_backward(dx.data(), dw_apart.data(), db_apart.data(), dout.data(), x.data(),
+                        w.data(), s.N, s.C, s.OC, layout, threads(t));
+        matmul_backward(x_then_dx.data(), dw_in_place.data(), db_in_place.data(), dout.data(),
+                        x_then_dx.data(), w.data(), s.N, s.C, s.OC, layout, threads(t));
+        EXPECT_TRUE(same_bits(x_then_dx, dx));
+        EXPECT_TRUE(same_bits(dw_in_place, dw_apart));
+        EXPECT_TRUE(same_bits(db_in_place, db_apart));
         std::vector<Floats> results = {out, out_nobias, dx, dw, db};
         if (t == 1) first = results;
         for (size_t i = 0; i < results.size(); ++i) EXPECT_TRUE(same_bits(results[i], first[i]));
@@ -210,6 +221,10 @@ TEST_P(TransformerKernelTest, Gelu) {
       gelu_backward(dx.data(), x.data(), dout.data(), n, threads(t));
       EXPECT_TRUE(close(out, out_ref));
       EXPECT_TRUE(close(dx, dx_ref));
+      // In place over dout, as the GPT-2's backward runs it: the same bits.
+      Floats dout_then_dx = dout;
+      gelu_backward(dout_then_dx.data(), x.data(), dout_then_dx.data(), n, threads(t));
+      EXPECT_TRUE(same_bits(dout_then_dx, dx));
       std::vector<Floats> results = {out, dx};
       if (t == 1) first = results;
       for (size_t i = 0; i < results.size(); ++i) EXPECT_TRUE(same_bits(results[i], first[i]));

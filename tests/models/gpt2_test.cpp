@@ -398,7 +398,6 @@ TEST(Gpt2Checkpointing, HeldActivationsEqualTheFormula) {
       EXPECT_EQ(held.blocks, formula.blocks) << what;
       EXPECT_EQ(held.recompute, formula.recompute) << what;
       EXPECT_EQ(held.head, formula.head) << what;
-      EXPECT_EQ(held.backward, formula.backward) << what;
       // With cpu_checkpointing the checkpoints are on the device only while they move: none
       // after backward; every one in the host's memory.
       const uint64_t moving = formula.moving_checkpoints;

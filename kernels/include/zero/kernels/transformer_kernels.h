@@ -47,12 +47,14 @@ enum class WeightLayout { kInOut, kOutIn };
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
                     int C, int OC, WeightLayout layout, const KernelOptions& opt = {});
 // dinp = dout @ W^T (skipped when dinp is null); dweight += inp^T @ dout in the weight's layout;
-// dbias += the column sums of dout (skipped when dbias is null).
+// dbias += the column sums of dout (skipped when dbias is null). dinp may be inp itself: the
+// gradients of the weight and bias are complete before dinp is written.
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int N, int C, int OC, WeightLayout layout,
                      const KernelOptions& opt = {});
 
-// GELU with GPT-2's tanh approximation, element-wise over n values; dinp = gelu'(inp) * dout.
+// GELU with GPT-2's tanh approximation, element-wise over n values; dinp = gelu'(inp) * dout,
+// which may be computed in place (dinp the same buffer as dout or inp).
 void gelu_forward(float* out, const float* inp, size_t n, const KernelOptions& opt = {});
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n,
                    const KernelOptions& opt = {});
