@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The reference GPT-2 (tests/data/gpt2) trained by zero-train at each ZeRO stage on NP ranks,
 # each run checked by gpt2_golden_check against PyTorch's float64 run of the same weights, and
-# stages 1-3 against stage 0: bit for bit on 1 or 2 ranks, within 1e-6 on more (a reduction over 3 ranks sums in another order in
-# an all-reduce than in a reduce-scatter). Each run validates on the training batch after every
+# stages 1-3 against stage 0: bit for bit on 1 or 2 ranks, within 1e-6 on more (a reduction
+# over 3 ranks sums in another order in an all-reduce than in a reduce-scatter). Each run validates on the training batch after every
 # step: a forward without backward, whose loss is the reference's next one.
 #   gpt2_golden.sh BIN_DIR NP [--device cuda] [--dtype D --reference-tolerance R]
 #                  [--activation-checkpointing M [--number-checkpoints K]]

@@ -84,8 +84,8 @@ for stage in 0 1 2 3; do
     cat "$work/split$stage.log"; echo "the run did not report its grid"; exit 1; }
   check_formulas "split$stage"
   echo "stage $stage, tensor-parallel $tp x data-parallel $((np / tp)) against --tp 1:"
-  "$bin/gpt2_golden_check" --expected "$data/expected_fp64.json" --metrics "$work/split$stage.jsonl" \
-    --reference-tolerance "$tolerance" --expect-val 1 \
+  "$bin/gpt2_golden_check" --expected "$data/expected_fp64.json" \
+    --metrics "$work/split$stage.jsonl" --reference-tolerance "$tolerance" --expect-val 1 \
     --same-metrics-as "$work/plain$stage.jsonl" --metrics-tolerance "$tolerance"
   # partition_activations: recomputing from all-gathered pieces gives the split run's bits.
   case "$stage" in

@@ -1,7 +1,7 @@
 // The LibTorch GPT-2 of examples/torch_gpt2 trained through TorchModel, against PyTorch's
-// float64 reference run (tests/data/gpt2/expected_fp64.json, which gpt2_golden_check says why:
-// every step's loss and gradient norm, a few logits, every parameter's sum and L2 norm after the
-// last step) within 1e-5, and against the
+// float64 run of the same weights (tests/data/gpt2/expected_fp64.json; gpt2_golden_check says
+// why not its float32 one): every step's loss and gradient norm, a few logits, every
+// parameter's sum and L2 norm after the last step, within 1e-5, and against the
 // native GPT-2 (models/gpt2.h) trained at the same stage on the same ranks within 1e-5, at
 // stages 0-3. The LM head's tie to the token embedding is TorchUnit::tied; its errors are here.
 #include <gtest/gtest.h>
@@ -214,7 +214,7 @@ TEST(TorchGpt2, MatchesTheReferenceAndTheNativeGpt2AtEveryStage) {
   }
 }
 
-// bf16: the module computes on bf16 views of the fp32 master weights; held to PyTorch's fp32
+// bf16: the module computes on bf16 views of the fp32 master weights; held to PyTorch's float64
 // run within 4e-3, as the native GPT-2's bf16 run is (gpt2_golden_bf16_np2). Except the
 // attention's bias: its key third has a zero gradient in exact arithmetic, and LibTorch's bf16
 // kernels leave rounding noise there far above Adam's eps, which turns it into updates of the
