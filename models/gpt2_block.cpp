@@ -21,7 +21,7 @@ bool keeps(Recompute recompute, int a) {
     case Recompute::kNone:
       return true;
     case Recompute::kSelective:
-      return a == kInput || a == kQkv || a == kAtt || a == kLse || a == kX2 || a == kFc;
+      return a == kInput || a == kQkv || a == kAtt || a == kLse;
     case Recompute::kFull:
       return a == kInput;
   }

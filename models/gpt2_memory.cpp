@@ -104,8 +104,8 @@ Gpt2ActivationBytes gpt2_activation_formula(const Gpt2Config& config,
   uint64_t kept = whole;
   uint64_t recomputed = 0;  // what a checkpointed one rebuilds
   if (checkpointing.recompute == Recompute::kSelective) {
-    kept = N * (2 * C + 8 * Cl + Hl);
-    recomputed = N * (2 * C + 4 * Cl + 4);
+    kept = N * (C + 4 * Cl + Hl);
+    recomputed = N * (3 * C + 8 * Cl + 4);
   } else if (checkpointing.recompute == Recompute::kFull) {
     kept = N * C;
     recomputed = N * (3 * C + 12 * Cl + 4 + Hl);

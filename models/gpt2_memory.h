@@ -11,12 +11,12 @@
 //   ln_1 output, mean, rstd     N C+2N   kept  recomp.    recomp.
 //   qkv (ln_1 @ c_attn)         3 N C    kept  kept       recomp.
 //   attention output, lse       N C+N H  kept  kept       recomp.
-//   x2 (ln_2's input)           N C      kept  kept       recomp.
+//   x2 (ln_2's input)           N C      kept  recomp.    recomp.
 //   ln_2 output, mean, rstd     N C+2N   kept  recomp.    recomp.
-//   fc (GELU's input)           4 N C    kept  kept       recomp.
+//   fc (GELU's input)           4 N C    kept  recomp.    recomp.
 //   GELU output                 4 N C    kept  recomp.    recomp.
 //
-//   none:      N (16 C + 4 + H)        selective: N (10 C + H)        full: N C
+//   none:      N (16 C + 4 + H)        selective: N (5 C + H)        full: N C
 //
 // Korthikanti et al. (2022) count sbh (34 + 5 a s / h) bytes per layer for 16-bit activations:
 // 16 tensors of s b h elements (the 16 C above: 2 bytes each, 32 bytes) plus two 1-byte dropout
@@ -24,13 +24,17 @@
 // dropout mask. Their selective recomputation drops that last term only. Our attention kernels
 // never store scores or probabilities: they keep the log-sum-exp of each row (the N H floats),
 // and backward recomputes the probabilities from it, so "none" here is already their selective
-// layout. Our selective therefore recomputes the next cheapest tensors instead: those that take
-// linear time to rebuild from kept ones (both LayerNorms, from the block input and x2, and the
-// GELU, from fc), never a GEMM or the attention. Full keeps only the block input and reruns the
-// whole block forward before its backward.
+// layout. Our selective therefore keeps what the attention reads and makes (qkv, its output
+// and log-sum-exp) and recomputes the rest of the block from those and the block input: both
+// LayerNorms and the GELU (linear time), x2 (the attention's projection, all-reduced under
+// tensor parallelism, and the residual) and fc (the MLP's first matrix). Each GEMM output costs
+// about 2 C FLOPs per float rebuilt, the attention's output about T (causal, T > 2 C at the
+// lengths checkpointing is for), so the attention and the GEMM whose output it reads are the
+// ones kept. Full keeps only the block input and reruns the whole block forward before its
+// backward.
 //
 // The recomputed tensors of a checkpointed block live in buffers every block shares (backward
-// runs one block at a time), sized for one block: full N (15 C + 4 + H), selective N (6 C + 4).
+// runs one block at a time), sized for one block: full N (15 C + 4 + H), selective N (11 C + 4).
 // Outside the blocks: the embedding keeps the token ids (N), the head its input, ln_f's output,
 // mean and rstd, the logits (their gradient is written in place) and per-position losses and
 // log-sum-exps: N (2 C + V + 4). Backward allocates nothing of its own: each gradient inside a
@@ -40,8 +44,8 @@
 //
 // Split over t tensor-parallel ranks (Gpt2Config::tensor_parallel_size), a rank holds Cl = C / t
 // of qkv, the attention's output and the two MLP tensors, and Hl = H / t log-sum-exps; the rest
-// is whole: none N (4 C + 12 Cl + 4 + Hl), selective N (2 C + 8 Cl + Hl) kept and
-// N (2 C + 4 Cl + 4) rebuilt, full rebuilds N (3 C + 12 Cl + 4 + Hl); the head holds its
+// is whole: none N (4 C + 12 Cl + 4 + Hl), selective N (C + 4 Cl + Hl) kept and
+// N (3 C + 8 Cl + 4) rebuilt, full rebuilds N (3 C + 12 Cl + 4 + Hl); the head holds its
 // ceil(V / t) columns of the logits: N (2 C + ceil(V / t) + 4).
 //
 // DeepSpeed's partition_activations (Gpt2Checkpointing::partition_activations, t > 1): the
@@ -56,8 +60,8 @@
 //   block input (checkpoint)   P        -     kept       kept     1/t of it per rank
 //   whole input (shared)       t P      -     rebuilt    rebuilt  all-gathered in backward
 //
-// so a checkpointed block keeps N C - P floats fewer (selective N (C + 8 Cl + Hl) + P, full P)
-// and the shared buffers hold t P more (selective N (2 C + 4 Cl + 4) + t P, full
+// so a checkpointed block keeps N C - P floats fewer (selective N (4 Cl + Hl) + P, full P)
+// and the shared buffers hold t P more (selective N (3 C + 8 Cl + 4) + t P, full
 // N (3 C + 12 Cl + 4 + Hl) + t P). Without tensor parallelism it changes nothing (a partition
 // over a group of one).
 //

@@ -43,8 +43,9 @@ train() {
 # forward; and the engine's all-reduce of its 4 units' squared-gradient sums. An all-reduce
 # counts 2 (t - 1) / t of its bytes, an all-gather (t - 1) / t of the gathered buffer. With
 # RECOMPUTE (full or selective, every block, partition_activations): backward all-gathers each
-# block's B x T x C input from its pieces, full recomputation reruns each layer's first forward
-# all-reduce (the attention's: the block's output, after the second, is not rebuilt), and the
+# block's B x T x C input from its pieces, recomputation reruns each layer's first forward
+# all-reduce (the attention's, which x2 needs; the block's output, after the second, is not
+# rebuilt), and the
 # measured peak of the checkpoints is 1/t of the layers' inputs.
 check_formulas() {
   python3 - "$work/$1.jsonl" "$tp" "$((4 / (np / tp)))" "${2:-none}" <<'PY'
@@ -55,7 +56,7 @@ planned = next(r for r in records if r["event"] == "init")["activation_bytes_cou
 layers, T, C = 2, 32, 64
 share = lambda size: size * 2 * (t - 1) // t
 N = batch * T
-reruns = layers if recompute == "full" else 0
+reruns = layers if recompute != "none" else 0
 activations = share(N * C * 4) * ((4 + 2) * layers + reruns + 2 + 1)
 cross_entropy = 2 * (share(N * 4) + (t - 1) * N * 4)
 gathers = layers * ((t - 1) * N * C * 4 // t) if recompute != "none" else 0

@@ -125,8 +125,8 @@ TEST(Gpt2TensorParallel, TheActivationFormulaHoldsEachRanksSlices) {
   EXPECT_EQ(full.recompute, N * (3 * C + 12 * Cl + 4 + Hl) * f);
   const Gpt2ActivationBytes selective =
       gpt2_activation_formula(config, {Recompute::kSelective, 0}, 4, 32);
-  EXPECT_EQ(selective.blocks.front(), N * (2 * C + 8 * Cl + Hl) * f);
-  EXPECT_EQ(selective.recompute, N * (2 * C + 4 * Cl + 4) * f);
+  EXPECT_EQ(selective.blocks.front(), N * (C + 4 * Cl + Hl) * f);
+  EXPECT_EQ(selective.recompute, N * (3 * C + 8 * Cl + 4) * f);
 }
 
 TEST(Gpt2TensorParallel, ASplitTheModelCannotMakeIsAnError) {

@@ -147,7 +147,7 @@ TEST(ZeroEstimate, BadShardSizesAreUsageErrors) {
 // The GPT-2's activations beside its model state: the reference model (2 layers, 4 heads, 64
 // wide, vocabulary 256) with 2 sequences of 16 tokens per rank. The activation bytes are
 // gpt2_memory.h's formula worked by hand (N = 32 positions): none keeps 2 x 132096 in its blocks,
-// selective 2 x 82432 plus 49664 recomputed, full 2 x 8192 plus 123904; each adds the embedding's
+// selective 2 x 41472 plus 90624 recomputed, full 2 x 8192 plus 123904; each adds the embedding's
 // 128 and the head's 49664 (backward writes its gradients over activations it is done with).
 // The stage-3 total adds the table's row.
 const Words kGpt2 = {"--model",       "gpt2", "--n-layer",    "2",   "--n-head",     "4",
@@ -181,9 +181,9 @@ TEST(ZeroEstimate, Gpt2ActivationsForEachCheckpointing) {
                 "block):\n"
                 "recompute  activation bytes  checkpoint bytes  stage 3 total bytes\n"
                 "none                 313984                 0  %19llu\n"
-                "selective            264320             16384  %19llu\n"
+                "selective            223360             16384  %19llu\n"
                 "full                 190080             16384  %19llu\n",
-                engine + 313984, engine + 264320, engine + 190080);
+                engine + 313984, engine + 223360, engine + 190080);
   const std::string& out = outcome.out;
   ASSERT_NE(out.find("activations of"), std::string::npos) << out;
   EXPECT_EQ(out.substr(out.find("activations of")), rows);
@@ -192,7 +192,7 @@ TEST(ZeroEstimate, Gpt2ActivationsForEachCheckpointing) {
 // --partition-activations with --tp T: each checkpointed block keeps 1/T of its input
 // (N C / T floats) and the shared recompute buffers one whole input more (gpt2_memory.h), worked
 // by hand. At T = 2 with 2 layers the two cancel in the total: the blocks keep 2 x 4096 fewer
-// bytes and the buffers hold 8192 more (none 198784, selective 165504, full 124288 as without);
+// bytes and the buffers hold 8192 more (none 198784, selective 140928, full 124288 as without);
 // at T = 4 (Cl = 16, one head per rank) the blocks keep 2 x 6144 fewer and the buffers 8192
 // more: full 91392 - 4096. Without --tp it has no effect, and says so.
 TEST(ZeroEstimate, Gpt2PartitionedCheckpoints) {
@@ -211,9 +211,9 @@ TEST(ZeroEstimate, Gpt2PartitionedCheckpoints) {
                 "block, partitioned over 2 tensor-parallel ranks):\n"
                 "recompute  activation bytes  checkpoint bytes  stage 3 total bytes\n"
                 "none                 198784                 0  %19llu\n"
-                "selective            165504              8192  %19llu\n"
+                "selective            140928              8192  %19llu\n"
                 "full                 124288              8192  %19llu\n",
-                two + 198784, two + 165504, two + 124288);
+                two + 198784, two + 140928, two + 124288);
   EXPECT_EQ(at_two, rows);
   const std::string at_four = table({"--tp", "4", "--partition-activations"}).second;
   EXPECT_NE(at_four.find("\nfull                  87296              4096  "), std::string::npos)
