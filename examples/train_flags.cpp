@@ -410,6 +410,11 @@ zero::TrainingConfig resolve_config(const Flags& f, int world_size) {
         "activation_checkpointing.contiguous_memory_optimization has no effect: no block is "
         "checkpointed");
   }
+  if (ac.synchronize_checkpoint_boundary && ac.mode == "none") {
+    tc.ignored_keys.push_back(
+        "activation_checkpointing.synchronize_checkpoint_boundary has no effect: no block is "
+        "checkpointed");
+  }
   // DeepSpeed partitions over the tensor-parallel group whatever its size: over a group of one
   // each rank keeps the whole checkpoint, as without.
   if (ac.partition_activations && ac.mode == "none") {

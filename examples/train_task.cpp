@@ -236,6 +236,9 @@ class Gpt2Task : public TrainTask {
                                                 : driver::JsonRecord());
     }
     if (any) record["block_recompute_ms"] = recompute;
+    if (checkpointing_.synchronize_boundary) {
+      record["block_synchronizations"] = profile.synchronizations;
+    }
     return record;
   }
   driver::JsonRecord activation_record() override {
@@ -333,6 +336,8 @@ std::unique_ptr<TrainTask> make_train_task(const Flags& flags, const TrainingCon
       static_cast<int>(config.activation_checkpointing.number_checkpoints);
   checkpointing.contiguous_memory = config.activation_checkpointing.contiguous_memory_optimization;
   checkpointing.profile = config.activation_checkpointing.profile;
+  checkpointing.synchronize_boundary =
+      config.activation_checkpointing.synchronize_checkpoint_boundary;
   // On the CPU path checkpoints are in host memory already (resolve_config says so).
   checkpointing.cpu_checkpointing = config.activation_checkpointing.cpu_checkpointing && flags.cuda;
   // Without tensor parallelism it changes nothing (resolve_config says so).

@@ -353,6 +353,7 @@ Gpt2 build_gpt2(const Gpt2Config& config, int kernel_threads,
     block_checkpointing.contiguous_memory = checkpointing.contiguous_memory;
     block_checkpointing.slots = slots;
     block_checkpointing.profile = checkpointing.profile;
+    block_checkpointing.synchronize = checkpointing.synchronize_boundary;
     block_checkpointing.cpu_checkpointing = checkpointing.cpu_checkpointing;
     block_checkpointing.partition = gpt2_partitions_checkpoints(config, checkpointing);
     block_checkpointing.spill = !checkpointing.nvme_path.empty();
@@ -387,6 +388,7 @@ Gpt2Profile take_gpt2_profile(Gpt2& model) {
     profile.forward_ms.push_back(times.forward_ms);
     profile.recompute_ms.push_back(times.recompute_ms);
     profile.backward_ms.push_back(times.backward_ms);
+    profile.synchronizations.push_back(times.synchronizations);
     profile.recomputes.push_back(block->recomputes());
   }
   return profile;

@@ -189,6 +189,12 @@ Gpt2BlockTimes Gpt2Block::take_times() {
   return std::exchange(times_, Gpt2BlockTimes{});
 }
 
+void Gpt2Block::synchronize_at_boundary(const Tensor& on) {
+  if (recompute_ == Recompute::kNone || !checkpointing_.synchronize) return;
+  if (on.device()) on.device()->synchronize();
+  ++times_.synchronizations;
+}
+
 double Gpt2Block::elapsed_ms(std::chrono::steady_clock::time_point start, const Tensor& on) const {
   if (on.device()) on.device()->synchronize();  // device work runs after its launch returns
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
@@ -199,6 +205,7 @@ void Gpt2Block::forward(const Tensor& in, Tensor& out, const std::vector<ParamRe
   const int C = config_.n_embd;
   ZERO_CHECK(in.shape().size() == 3 && in.shape()[2] == C,
              "a GPT-2 block takes activations [batch, seq, " << C << "]");
+  synchronize_at_boundary(in);
   const auto start = std::chrono::steady_clock::now();
   B_ = static_cast<int>(in.shape()[0]);
   T_ = static_cast<int>(in.shape()[1]);
@@ -308,6 +315,7 @@ void Gpt2Block::backward(const Tensor& grad_out, Tensor& grad_in,
   const int Cl = C / config_.tensor_parallel_size;
   const int NHl = config_.n_head / config_.tensor_parallel_size;
   const int N = B_ * T_;
+  synchronize_at_boundary(grad_out);
   if (moves_checkpoint()) {
     // This block's checkpoint back (fetched one block ahead, except for the first), then the
     // next one's on its way while this block computes.

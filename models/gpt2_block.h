@@ -38,6 +38,7 @@ struct Gpt2BlockCheckpointing {
   int slot = 0;
   int slots = 0;
   bool profile = false;
+  bool synchronize = false;  // synchronize_checkpoint_boundary
   bool cpu_checkpointing = false;
   // partition_activations over more than one tensor-parallel rank: this block keeps its rank's
   // piece of its checkpoint and computes on the whole input in Gpt2BlockShared::recomputed.
@@ -51,6 +52,7 @@ struct Gpt2BlockTimes {
   double forward_ms = 0.0;
   double recompute_ms = 0.0;
   double backward_ms = 0.0;  // without the recomputation
+  int synchronizations = 0;  // synchronize_checkpoint_boundary's waits (also without profile)
 };
 
 // A block's parameter indices, in Hugging Face's order.
@@ -142,6 +144,8 @@ class Gpt2Block : public Module {
   // nvme_path: whether this block spills its checkpoint, and the start of its read back.
   bool spills() const;
   void fetch_spilled();
+  // synchronize_checkpoint_boundary: a checkpointed block waits for the device's work so far.
+  void synchronize_at_boundary(const Tensor& on);
   // Milliseconds since `start`, after the device ran the work issued (when profiling).
   double elapsed_ms(std::chrono::steady_clock::time_point start, const Tensor& on) const;
   // The forward's operations: all of them (and the output) when out is given; otherwise, in

@@ -123,6 +123,11 @@ struct Gpt2Checkpointing {
   std::string nvme_path{};
   AioConfig spill_aio{};
   int spill_rank = 0;
+  // DeepSpeed's synchronize_checkpoint_boundary: each checkpointed block's forward and backward
+  // start with the host waiting until the device has run all the work issued before
+  // (DeviceContext::synchronize; on the CPU it has, each kernel returning when done). Counted in
+  // take_gpt2_profile's synchronizations.
+  bool synchronize_boundary = false;
 };
 
 // Whether block `layer` of `n_layer` recomputes (false everywhere with Recompute::kNone).

@@ -260,11 +260,10 @@ void read_data_types(const config::DataTypes& types, const Checker& check, Engin
   }
 }
 
-// activation_checkpointing: the mode, number_checkpoints and the options that are built; the one
-// that is not (synchronize_checkpoint_boundary) is accepted only false.
+// activation_checkpointing: the mode, number_checkpoints and DeepSpeed's options, and our
+// nvme_path.
 void read_activation_checkpointing(const config::ActivationCheckpointing& a, const Checker& check,
                                    ActivationCheckpointingConfig* out) {
-  const std::string& origin = check.origin();
   if (a.has_mode()) {
     if (a.mode() != "none" && a.mode() != "selective" && a.mode() != "full") {
       check.fail("activation_checkpointing.mode", "\"none\", \"selective\" or \"full\"",
@@ -287,11 +286,7 @@ void read_activation_checkpointing(const config::ActivationCheckpointing& a, con
     }
     out->nvme_path = a.nvme_path();
   }
-  if (a.synchronize_checkpoint_boundary()) {
-    config_error("\"activation_checkpointing\" in " + origin +
-                 ": synchronize_checkpoint_boundary (a device synchronization at each "
-                 "checkpoint) is not built yet; set it to false or leave it out");
-  }
+  out->synchronize_checkpoint_boundary = a.synchronize_checkpoint_boundary();
 }
 
 // Keys whose effect here would be none: accepted, and each named once with why.

@@ -742,5 +742,27 @@ TEST(Gpt2Checkpointing, ProfileTimesEachBlock) {
   EXPECT_EQ(none.backward_ms, (std::vector<double>{0.0, 0.0}));
 }
 
+// synchronize_checkpoint_boundary: a checkpointed block waits for the device as its forward
+// starts and as its backward does (here, with every block checkpointed, and one of two); a
+// block that keeps everything never does, nor does any block without the option. The results
+// are those without it, bit for bit.
+TEST(Gpt2Checkpointing, SynchronizeCheckpointBoundaryWaitsAtEachCheckpointedBlock) {
+  for (int checkpoints : {0, 1}) {
+    Gpt2Checkpointing c{Recompute::kFull, checkpoints};
+    c.synchronize_boundary = true;
+    Harness h(c);
+    Harness plain({Recompute::kFull, checkpoints});
+    const Tensor tokens = reference_batch(h, 4, 32);
+    h.forward(tokens);
+    h.backward();
+    plain.forward(reference_batch(plain, 4, 32));
+    plain.backward();
+    const std::vector<int> waits = {2, checkpoints == 0 ? 2 : 0};
+    EXPECT_EQ(take_gpt2_profile(h.model).synchronizations, waits) << label(c);
+    EXPECT_EQ(take_gpt2_profile(plain.model).synchronizations, (std::vector<int>{0, 0}));
+    EXPECT_EQ(h.grads, plain.grads) << label(c);  // float vectors compared exactly
+  }
+}
+
 }  // namespace
 }  // namespace zero::models

@@ -49,11 +49,10 @@ const std::vector<BadConfig>& bad_configs() {
        R"(support yet)"},
       {R"({"train_batch_size": 8, "autotuning": {}})",
        R"("autotuning" in ds.json is a DeepSpeed option this runtime does not support yet)"},
-      // activation_checkpointing: the option that is not built says so when true.
       {R"({"train_batch_size": 8,
-          "activation_checkpointing": {"synchronize_checkpoint_boundary": true}})",
-       R"("activation_checkpointing" in ds.json: synchronize_checkpoint_boundary (a device )"
-       R"(synchronization at each checkpoint) is not built yet; set it to false or leave it out)"},
+          "activation_checkpointing": {"synchronize_checkpoint_boundary": "yes"}})",
+       R"("activation_checkpointing.synchronize_checkpoint_boundary" in ds.json must be true or )"
+       R"(false, got string "yes")"},
       {R"({"train_batch_size": 8, "activation_checkpointing": {"profile": 1}})",
        R"("activation_checkpointing.profile" in ds.json must be true or false, got 1)"},
       {R"({"train_batch_size": 8, "activation_checkpointing": {"mode": "partial"}})",

@@ -347,6 +347,7 @@ TEST(Config, ActivationCheckpointing) {
   EXPECT_FALSE(c.activation_checkpointing.contiguous_memory_optimization);
   EXPECT_FALSE(c.activation_checkpointing.profile);
   EXPECT_FALSE(c.activation_checkpointing.partition_activations);
+  EXPECT_FALSE(c.activation_checkpointing.synchronize_checkpoint_boundary);
   EXPECT_TRUE(c.ignored_keys.empty());
   const TrainingConfig absent = parse_training_config(R"({"train_batch_size": 8})", 2, "ds.json");
   EXPECT_EQ(absent.activation_checkpointing.mode, "none");
@@ -358,8 +359,10 @@ TEST(Config, ActivationCheckpointing) {
   const TrainingConfig all = parse_training_config(
       R"({"train_batch_size": 8, "activation_checkpointing": {"mode": "full",
           "cpu_checkpointing": true, "contiguous_memory_optimization": true, "profile": true,
-          "partition_activations": true, "nvme_path": "/local_nvme"}})",
+          "partition_activations": true, "synchronize_checkpoint_boundary": true,
+          "nvme_path": "/local_nvme"}})",
       2, "ds.json");
+  EXPECT_TRUE(all.activation_checkpointing.synchronize_checkpoint_boundary);
   EXPECT_EQ(all.activation_checkpointing.nvme_path, "/local_nvme");
   EXPECT_TRUE(all.activation_checkpointing.partition_activations);
   EXPECT_TRUE(all.activation_checkpointing.cpu_checkpointing);

@@ -12,6 +12,9 @@
 //                                    each of LAYERS blocks' forward and backward (> 0), and the
 //                                    recomputation of RECOMPUTING of them (the others null; no
 //                                    block_recompute_ms at all when RECOMPUTING is 0)
+//   metrics_check --steps N block-synchronizations W0,W1,... A.jsonl   every step record's
+//                                    block_synchronizations (synchronize_checkpoint_boundary's
+//                                    waits per block) is exactly that list
 //   metrics_check trace RANKS T.json                  a Chrome trace with compute and collective
 //                                                      spans from each of RANKS ranks
 // Every metrics file must hold each step of its run once, in order, up to the last one, N: a
@@ -26,6 +29,7 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -221,6 +225,25 @@ int block_times(size_t layers, size_t recomputing, const std::string& path) {
   return failures == 0 ? 0 : 1;
 }
 
+int block_synchronizations(const std::string& list, const std::string& path) {
+  nlohmann::json expected = nlohmann::json::array();
+  std::stringstream items(list);
+  for (std::string item; std::getline(items, item, ',');) expected.push_back(std::stol(item));
+  const Metrics m = read_metrics(path, 1);
+  int failures = 0;
+  for (const nlohmann::json& record : m.step_records) {
+    const nlohmann::json got = record.value("block_synchronizations", nlohmann::json());
+    if (got != expected) {
+      std::printf("step %ld: block_synchronizations %s, expected %s\n",
+                  record.at("step").get<long>(), got.dump().c_str(), expected.dump().c_str());
+      ++failures;
+    }
+  }
+  std::printf("%s: %zu steps, block_synchronizations %s: %s\n", path.c_str(), m.step_records.size(),
+              expected.dump().c_str(), failures == 0 ? "as expected" : "wrong");
+  return failures == 0 ? 0 : 1;
+}
+
 int skipped_at(long step, const std::string& path) {
   const Metrics m = read_metrics(path, 1);
   int failures = 0;
@@ -275,6 +298,7 @@ int usage() {
                "       metrics_check --steps N resident-within FRAC A.jsonl\n"
                "       metrics_check --steps N peak-activations A.jsonl\n"
                "       metrics_check --steps N block-times LAYERS RECOMPUTING A.jsonl\n"
+               "       metrics_check --steps N block-synchronizations W0,W1,... A.jsonl\n"
                "       metrics_check trace RANKS T.json\n";
   return 2;
 }
@@ -312,6 +336,9 @@ int main(int argc, char** argv) {
     const long recomputing = std::atol(args[2].c_str());
     if (layers < 1 || recomputing < 0 || recomputing > layers) return usage();
     return block_times(static_cast<size_t>(layers), static_cast<size_t>(recomputing), args[3]);
+  }
+  if (args.size() == 3 && args[0] == "block-synchronizations") {
+    return block_synchronizations(args[1], args[2]);
   }
   if (args.size() == 3 && args[0] == "skipped-at") {
     const long step = std::atol(args[1].c_str());

@@ -60,10 +60,9 @@
 //                      batch keys' "world size" is then the data-parallel size, world / tp.
 //   activation_checkpointing  -> ActivationCheckpointingConfig: number_checkpoints (at least 1),
 //                      our mode ("none", "selective", "full"; absent: none), cpu_checkpointing,
-//                      contiguous_memory_optimization, profile and partition_activations, and
-//                      our nvme_path (the checkpoints spilled to files there; not empty).
-//                      synchronize_checkpoint_boundary is accepted false; true is an error
-//                      saying the feature is not built.
+//                      contiguous_memory_optimization, profile, partition_activations and
+//                      synchronize_checkpoint_boundary, and our nvme_path (the checkpoints
+//                      spilled to files there; not empty).
 //
 // Accepted and ignored, because ignoring them cannot change the result; each one a file gives
 // is listed in TrainingConfig::ignored_keys with the reason: memory_breakdown,
@@ -108,6 +107,9 @@ struct ActivationCheckpointingConfig {
   bool contiguous_memory_optimization = false;
   bool profile = false;
   bool partition_activations = false;
+  // synchronize_checkpoint_boundary: the device finishes the work issued before each
+  // checkpointed block's forward and backward begin.
+  bool synchronize_checkpoint_boundary = false;
   // Ours: the directory checkpoints are spilled to (models/gpt2_spill.h); empty: none.
   std::string nvme_path;
 };
