@@ -6,7 +6,8 @@
 # step: a forward without backward, whose loss is the reference's next one.
 #   gpt2_golden.sh BIN_DIR NP [--device cuda] [--dtype D --reference-tolerance R]
 #                  [--activation-checkpointing M [--number-checkpoints K]]
-#                  [--cpu-checkpointing true] [--nvme-spill STAGE:MODE ...]
+#                  [--cpu-checkpointing true] [--synchronize-checkpoint-boundary true]
+#                  [--nvme-spill STAGE:MODE ...]
 #                  -- [MPIEXEC [MPIEXEC_FLAGS...]]
 # --nvme-spill adds a run of STAGE with checkpointing MODE (and --number-checkpoints, if given)
 # whose checkpoints are spilled to a directory (--checkpoint-nvme-path), checked against PyTorch
@@ -17,12 +18,13 @@
 set -euo pipefail
 bin="$1"; np="$2"; shift 2
 device=cpu; dtype=fp32; reference_tolerance=1e-5
-checkpointing=none; checkpoints=(); cpu_checkpointing=false; spills=()
+checkpointing=none; checkpoints=(); cpu_checkpointing=false; synchronize=false; spills=()
 while [ "$1" != "--" ]; do
   case "$1" in
     --activation-checkpointing) checkpointing="$2" ;;
     --number-checkpoints) checkpoints=(--number-checkpoints "$2") ;;
     --cpu-checkpointing) cpu_checkpointing="$2" ;;
+    --synchronize-checkpoint-boundary) synchronize="$2" ;;
     --nvme-spill) spills+=("$2") ;;
     --device) device="$2" ;;
     --dtype) dtype="$2" ;;
@@ -40,14 +42,18 @@ data="$(cd "$(dirname "${BASH_SOURCE[0]}")/../data/gpt2" && pwd)"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 # The reference's optimizer config, with DeepSpeed's activation_checkpointing.cpu_checkpointing
-# when asked (on CUDA: checkpoints in pinned host memory, fetched back ahead of backward).
+# (on CUDA: checkpoints in pinned host memory, fetched back ahead of backward) and
+# synchronize_checkpoint_boundary (a device synchronization as each checkpointed block's forward
+# and backward start) when asked.
 config="$data/adamw.json"
-if [ "$cpu_checkpointing" = true ]; then
-  config="$work/adamw_cpu_checkpointing.json"
+if [ "$cpu_checkpointing" = true ] || [ "$synchronize" = true ]; then
+  config="$work/adamw_checkpointing.json"
   python3 -c 'import json, sys
 c = json.load(open(sys.argv[1]))
-c.setdefault("activation_checkpointing", {})["cpu_checkpointing"] = True
-json.dump(c, open(sys.argv[2], "w"))' "$data/adamw.json" "$config"
+section = c.setdefault("activation_checkpointing", {})
+section["cpu_checkpointing"] = sys.argv[3] == "true"
+section["synchronize_checkpoint_boundary"] = sys.argv[4] == "true"
+json.dump(c, open(sys.argv[2], "w"))' "$data/adamw.json" "$config" "$cpu_checkpointing" "$synchronize"
 fi
 parity=0
 if [ "$np" -gt 2 ]; then parity=1e-6; fi
