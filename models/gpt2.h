@@ -100,8 +100,9 @@ void count_gpt2_activations(Gpt2& model, Allocator& allocator);
 struct Gpt2Profile {
   std::vector<double> forward_ms, recompute_ms, backward_ms;
   std::vector<bool> recomputes;
-  // synchronize_checkpoint_boundary: each block's waits for the device, one as a checkpointed
-  // block's forward starts and one as its backward does (counted also without profile).
+  // synchronize_checkpoint_boundary: each block's waits for the device, as a checkpointed
+  // block's forward and its backward begin and end: four per forward and backward (counted also
+  // without profile).
   std::vector<int> synchronizations;
 };
 Gpt2Profile take_gpt2_profile(Gpt2& model);

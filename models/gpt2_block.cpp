@@ -191,7 +191,7 @@ Gpt2BlockTimes Gpt2Block::take_times() {
 
 void Gpt2Block::synchronize_at_boundary(const Tensor& on) {
   if (recompute_ == Recompute::kNone || !checkpointing_.synchronize) return;
-  if (on.device()) on.device()->synchronize();
+  if (on.device()) on.device()->synchronize_device();
   ++times_.synchronizations;
 }
 
@@ -265,6 +265,7 @@ void Gpt2Block::forward(const Tensor& in, Tensor& out, const std::vector<ParamRe
   // The buffer's half is the next checkpointed block's but one once the write is done.
   if (spills()) shared_->spill->wait(spill_transfer_);
   if (checkpointing_.profile) times_.forward_ms += elapsed_ms(start, in);
+  synchronize_at_boundary(in);
 }
 
 void Gpt2Block::run_forward(const std::vector<ParamRef>& params, Tensor* out) {
@@ -392,6 +393,7 @@ void Gpt2Block::backward(const Tensor& grad_out, Tensor& grad_in,
   }
   if (spills()) fetched_ = false;
   if (checkpointing_.profile) times_.backward_ms += elapsed_ms(start, grad_out);
+  synchronize_at_boundary(grad_out);
 }
 
 }  // namespace zero::models

@@ -144,7 +144,8 @@ class Gpt2Block : public Module {
   // nvme_path: whether this block spills its checkpoint, and the start of its read back.
   bool spills() const;
   void fetch_spilled();
-  // synchronize_checkpoint_boundary: a checkpointed block waits for the device's work so far.
+  // synchronize_checkpoint_boundary: a checkpointed block waits for all of the device's work so
+  // far, as its forward and its backward begin and end.
   void synchronize_at_boundary(const Tensor& on);
   // Milliseconds since `start`, after the device ran the work issued (when profiling).
   double elapsed_ms(std::chrono::steady_clock::time_point start, const Tensor& on) const;

@@ -28,10 +28,11 @@
 // and log-sum-exp) and recomputes the rest of the block from those and the block input: both
 // LayerNorms and the GELU (linear time), x2 (the attention's projection, all-reduced under
 // tensor parallelism, and the residual) and fc (the MLP's first matrix). Each GEMM output costs
-// about 2 C FLOPs per float rebuilt, the attention's output about T (causal, T > 2 C at the
-// lengths checkpointing is for), so the attention and the GEMM whose output it reads are the
-// ones kept. Full keeps only the block input and reruns the whole block forward before its
-// backward.
+// about 2 C FLOPs per float rebuilt, the causal attention's output about 2 T, so at T >= C the
+// attention is the last thing worth rebuilding. qkv costs what fc does per float; rebuilding x2
+// and fc measured 1.05-1.09x the step at issue 15's T 1024 x C 384, and qkv would add about
+// three fifths of that again, so selective keeps it. Full keeps only the block input and reruns
+// the whole block forward before its backward.
 //
 // The recomputed tensors of a checkpointed block live in buffers every block shares (backward
 // runs one block at a time), sized for one block: full N (15 C + 4 + H), selective N (11 C + 4).
@@ -124,9 +125,9 @@ struct Gpt2Checkpointing {
   AioConfig spill_aio{};
   int spill_rank = 0;
   // DeepSpeed's synchronize_checkpoint_boundary: each checkpointed block's forward and backward
-  // start with the host waiting until the device has run all the work issued before
-  // (DeviceContext::synchronize; on the CPU it has, each kernel returning when done). Counted in
-  // take_gpt2_profile's synchronizations.
+  // begin and end with the host waiting until the device has run all the work issued so far, on
+  // every stream (DeviceContext::synchronize_device, torch.cuda.synchronize()'s meaning; on the
+  // CPU each kernel has returned when done). Counted in take_gpt2_profile's synchronizations.
   bool synchronize_boundary = false;
 };
 

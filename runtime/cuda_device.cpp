@@ -94,6 +94,10 @@ class CudaDeviceContext : public DeviceContext {
   Event record() override { return compute_->record(); }
   void wait(const Event& event) override { compute_->wait(event); }
   void synchronize() override { compute_->synchronize(); }
+  void synchronize_device() override {
+    ZERO_CUDA_CHECK(cudaSetDevice(index_));
+    ZERO_CUDA_CHECK(cudaDeviceSynchronize());
+  }
   CUstream_st* cuda_stream() const override { return stream_; }
 
   void copy_to_host(void* host, const void* source, size_t bytes) override {

@@ -32,6 +32,7 @@ class CpuDeviceContext : public DeviceContext {
   Event record() override { return Event(); }
   void wait(const Event& event) override { event.wait(); }
   void synchronize() override {}
+  void synchronize_device() override {}
   CUstream_st* cuda_stream() const override { return nullptr; }
 
   void copy_to_host(void* host, const void* source, size_t bytes) override {

@@ -742,8 +742,8 @@ TEST(Gpt2Checkpointing, ProfileTimesEachBlock) {
   EXPECT_EQ(none.backward_ms, (std::vector<double>{0.0, 0.0}));
 }
 
-// synchronize_checkpoint_boundary: a checkpointed block waits for the device as its forward
-// starts and as its backward does (here, with every block checkpointed, and one of two); a
+// synchronize_checkpoint_boundary: a checkpointed block waits for the device as its forward and
+// its backward begin and end (here, with every block checkpointed, and one of two); a
 // block that keeps everything never does, nor does any block without the option. The results
 // are those without it, bit for bit.
 TEST(Gpt2Checkpointing, SynchronizeCheckpointBoundaryWaitsAtEachCheckpointedBlock) {
@@ -757,7 +757,7 @@ TEST(Gpt2Checkpointing, SynchronizeCheckpointBoundaryWaitsAtEachCheckpointedBloc
     h.backward();
     plain.forward(reference_batch(plain, 4, 32));
     plain.backward();
-    const std::vector<int> waits = {2, checkpoints == 0 ? 2 : 0};
+    const std::vector<int> waits = {4, checkpoints == 0 ? 4 : 0};
     EXPECT_EQ(take_gpt2_profile(h.model).synchronizations, waits) << label(c);
     EXPECT_EQ(take_gpt2_profile(plain.model).synchronizations, (std::vector<int>{0, 0}));
     EXPECT_EQ(h.grads, plain.grads) << label(c);  // float vectors compared exactly

@@ -228,7 +228,16 @@ int block_times(size_t layers, size_t recomputing, const std::string& path) {
 int block_synchronizations(const std::string& list, const std::string& path) {
   nlohmann::json expected = nlohmann::json::array();
   std::stringstream items(list);
-  for (std::string item; std::getline(items, item, ',');) expected.push_back(std::stol(item));
+  for (std::string item; std::getline(items, item, ',');) {
+    char* end = nullptr;
+    const long waits = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || waits < 0) {
+      std::printf("block-synchronizations: '%s' in '%s' is not a count\n", item.c_str(),
+                  list.c_str());
+      return 2;
+    }
+    expected.push_back(waits);
+  }
   const Metrics m = read_metrics(path, 1);
   int failures = 0;
   for (const nlohmann::json& record : m.step_records) {

@@ -55,9 +55,12 @@ class DeviceContext : public MemoryResource {
   // The compute stream. record(): an event that completes when the work issued so far has run.
   // wait(event): later compute work runs after the event (on CUDA without blocking the host; on
   // the CPU by blocking). synchronize(): the host waits until the issued work has run.
+  // synchronize_device(): the same for every stream of the device, copy streams included (as
+  // torch.cuda.synchronize() does); on the CPU there is nothing to wait for.
   virtual Event record() = 0;
   virtual void wait(const Event& event) = 0;
   virtual void synchronize() = 0;
+  virtual void synchronize_device() = 0;
   // The compute stream's cudaStream_t, for a module's own kernels and cuBLAS; null on the CPU.
   virtual CUstream_st* cuda_stream() const = 0;
 
