@@ -1,6 +1,8 @@
 #include "examples/train_flags.h"
 
 #include <sstream>
+#include <string>
+#include <utility>
 
 #include "driver/cli.h"
 #include "zero/core/check.h"
@@ -405,23 +407,20 @@ zero::TrainingConfig resolve_config(const Flags& f, int world_size) {
     throw zero::ConfigError("activation_checkpointing.profile in " + tc.origin +
                             ": only --model gpt2 has blocks to time");
   }
-  if (ac.contiguous_memory_optimization && ac.mode == "none") {
-    tc.ignored_keys.push_back(
-        "activation_checkpointing.contiguous_memory_optimization has no effect: no block is "
-        "checkpointed");
-  }
-  if (ac.synchronize_checkpoint_boundary && ac.mode == "none") {
-    tc.ignored_keys.push_back(
-        "activation_checkpointing.synchronize_checkpoint_boundary has no effect: no block is "
-        "checkpointed");
+  // The options that act on checkpointed blocks only.
+  const std::pair<bool, const char*> block_options[] = {
+      {ac.contiguous_memory_optimization, "contiguous_memory_optimization"},
+      {ac.synchronize_checkpoint_boundary, "synchronize_checkpoint_boundary"},
+      {ac.partition_activations, "partition_activations"}};
+  for (const auto& [given, key] : block_options) {
+    if (given && ac.mode == "none") {
+      tc.ignored_keys.push_back(std::string("activation_checkpointing.") + key +
+                                " has no effect: no block is checkpointed");
+    }
   }
   // DeepSpeed partitions over the tensor-parallel group whatever its size: over a group of one
   // each rank keeps the whole checkpoint, as without.
-  if (ac.partition_activations && ac.mode == "none") {
-    tc.ignored_keys.push_back(
-        "activation_checkpointing.partition_activations has no effect: no block is "
-        "checkpointed");
-  } else if (ac.partition_activations && tc.tensor_parallel_size == 1) {
+  if (ac.partition_activations && ac.mode != "none" && tc.tensor_parallel_size == 1) {
     tc.ignored_keys.push_back(
         "activation_checkpointing.partition_activations has no effect without tensor "
         "parallelism (--tp, tensor_parallel.tp_size): it splits checkpoints over the "
