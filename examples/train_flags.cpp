@@ -84,6 +84,7 @@ zero::ConfigContext auto_values(const Flags& f, int world_size) {
   c.warmup_num_steps = f.warmup.value_or(0);
   c.total_num_steps = f.steps;
   c.hidden_size = f.model == "gpt2" ? f.gpt2.n_embd : f.mlp.hidden_dim;
+  c.cuda = f.cuda;
   c.source = "zero-train's flags or their defaults";
   return c;
 }

@@ -155,6 +155,8 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
   const uint64_t state_bytes = max_over_ranks(host, engine.model_state_bytes());
   const uint64_t buffer_bytes = max_over_ranks(host, engine.buffer_bytes());
   const uint64_t nvme_bytes = max_over_ranks(host, engine.nvme_bytes());
+  const uint64_t pinned_host_bytes = max_over_ranks(host, engine.pinned_host_bytes());
+  const uint64_t pageable_host_bytes = max_over_ranks(host, engine.pageable_host_bytes());
   // The resident memory a rank should peak at: its start, the engine's plan, and the task's
   // activations and batch data. The step records put the measured peak beside it.
   const uint64_t baseline_resident_max = max_over_ranks(host, baseline_resident);
@@ -189,6 +191,11 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
           (optimizer_on_nvme ? config.offload_optimizer.nvme_path : config.offload_param.nvme_path)
               .c_str());
     }
+    if (pinned_host_bytes + pageable_host_bytes > 0) {
+      std::printf("host per rank (offload_optimizer cpu): %s pinned, %s pageable\n",
+                  zero::human_bytes(pinned_host_bytes).c_str(),
+                  zero::human_bytes(pageable_host_bytes).c_str());
+    }
     std::fflush(stdout);
     JsonRecord init{{"event", "init"},
                     {"world_size", world * grid.place.tp_size},
@@ -203,6 +210,8 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
                     {"model_state_bytes", state_bytes},
                     {"buffer_bytes", buffer_bytes},
                     {"nvme_bytes", nvme_bytes},
+                    {"pinned_host_bytes", pinned_host_bytes},
+                    {"pageable_host_bytes", pageable_host_bytes},
                     {"baseline_resident_bytes", baseline_resident_max},
                     {"planned_resident_bytes", planned_resident}};
     init.update(task.model_record());

@@ -325,7 +325,7 @@ TrainingConfig interpret(const config::TrainingConfig& c, int world_size, const 
   read_communication(c, check, &e);
   read_zero_optimization(c.zero_optimization(), check, &out);
   read_data_types(c.data_types(), check, &e);
-  read_offload(c, check, &out);
+  read_offload(c, context.cuda, check, &out);
   out.wall_clock_breakdown = c.wall_clock_breakdown();
   out.override_optimizer = c.checkpoint().override_optimizer();
   read_activation_checkpointing(c.activation_checkpointing(), check, &out.activation_checkpointing);

@@ -31,8 +31,8 @@ void read_shared_keys(const Section& o, const std::string& key, const Checker& c
   }
 }
 
-void read_optimizer_offload(const config::OffloadOptimizer& o, int stage, const Checker& check,
-                            TrainingConfig* out) {
+void read_optimizer_offload(const config::OffloadOptimizer& o, int stage, bool cuda,
+                            const Checker& check, TrainingConfig* out) {
   OptimizerOffload& e = out->engine.offload_optimizer;
   const std::string key = "zero_optimization.offload_optimizer";
   read_shared_keys(o, key, check, &e);
@@ -47,7 +47,9 @@ void read_optimizer_offload(const config::OffloadOptimizer& o, int stage, const 
                  in_quotes(offload_device_name(e.device)) +
                  ", which needs zero_optimization.stage 1, 2 or 3 (it is 0)");
   }
-  if (e.device == OffloadDevice::kCpu) {
+  if (e.device == OffloadDevice::kCpu && !cuda) {
+    // The engine would run ZeRO-Offload's copies inside host memory for nothing.
+    e.device = OffloadDevice::kNone;
     out->ignored_keys.push_back(
         key +
         ".device \"cpu\" has no effect here: on the CPU path the fp32 master and "
@@ -65,7 +67,7 @@ void read_optimizer_offload(const config::OffloadOptimizer& o, int stage, const 
   }
 }
 
-void read_param_offload(const config::OffloadParam& o, int stage, const Checker& check,
+void read_param_offload(const config::OffloadParam& o, int stage, bool cuda, const Checker& check,
                         TrainingConfig* out) {
   ParamOffload& e = out->engine.offload_param;
   const std::string key = "zero_optimization.offload_param";
@@ -94,9 +96,12 @@ void read_param_offload(const config::OffloadParam& o, int stage, const Checker&
     }
     return;
   }
-  out->ignored_keys.push_back(key +
-                              ".device \"cpu\" has no effect here: on the CPU path the parameter "
-                              "shards already live in host memory");
+  e.device = OffloadDevice::kNone;
+  out->ignored_keys.push_back(
+      key + (cuda ? ".device \"cpu\" is not built for CUDA yet: the parameter shards stay in the "
+                    "GPU's memory (offload_optimizer \"cpu\" moves the optimizer state)"
+                  : ".device \"cpu\" has no effect here: on the CPU path the parameter shards "
+                    "already live in host memory"));
 }
 
 void read_aio(const config::Aio& a, const Checker& check, AioConfig* e) {
@@ -130,10 +135,11 @@ void read_aio(const config::Aio& a, const Checker& check, AioConfig* e) {
 
 }  // namespace
 
-void read_offload(const config::TrainingConfig& c, const Checker& check, TrainingConfig* out) {
+void read_offload(const config::TrainingConfig& c, bool cuda, const Checker& check,
+                  TrainingConfig* out) {
   const int stage = out->engine.stage;
-  read_optimizer_offload(c.zero_optimization().offload_optimizer(), stage, check, out);
-  read_param_offload(c.zero_optimization().offload_param(), stage, check, out);
+  read_optimizer_offload(c.zero_optimization().offload_optimizer(), stage, cuda, check, out);
+  read_param_offload(c.zero_optimization().offload_param(), stage, cuda, check, out);
   read_aio(c.aio(), check, &out->engine.aio);
 }
 

@@ -99,7 +99,9 @@ class Checker {
 void read_optimizer(const config::Optimizer& section, const Checker& check, OptimizerConfig* out);
 void read_scheduler(const config::Scheduler& section, float optimizer_lr, const Checker& check,
                     LrScheduleConfig* out);
-// offload_optimizer, offload_param and aio (config_offload.cpp); after the stage is read.
-void read_offload(const config::TrainingConfig& c, const Checker& check, TrainingConfig* out);
+// offload_optimizer, offload_param and aio (config_offload.cpp); after the stage is read. `cuda`:
+// the run is on a GPU (ConfigContext::cuda).
+void read_offload(const config::TrainingConfig& c, bool cuda, const Checker& check,
+                  TrainingConfig* out);
 
 }  // namespace zero::config_internal

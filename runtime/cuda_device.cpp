@@ -122,7 +122,8 @@ class CudaDeviceContext : public DeviceContext {
   }
   void copy(void* dest, const void* source, size_t bytes, Stream* on) override {
     if (bytes == 0 || dest == source) return;
-    ZERO_CUDA_CHECK(cudaMemcpyAsync(dest, source, bytes, cudaMemcpyDeviceToDevice, stream_of(on)));
+    // Either side may be pinned host memory (device.h): unified addressing tells which.
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(dest, source, bytes, cudaMemcpyDefault, stream_of(on)));
   }
   void cast(const void* source, DType source_dtype, void* dest, DType dest_dtype, size_t n,
             Stream* on) override {

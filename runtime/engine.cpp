@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <sstream>
 
 #include "zero/collectives/mpi_communicator.h"
@@ -26,6 +27,7 @@ Engine::Impl::Impl(Communicator& c, const std::vector<ParamDecl>& decls, const E
                                        : c),
       allocator(*device),
       host_allocator(device->pinned_memory()),
+      pageable_allocator(host_memory()),
       layout(Layout::build(specs_of(decls), layout_options(cfg, c.world_size()))),
       optimizer(cfg.optimizer),
       schedule(cfg.lr_schedule),
@@ -143,6 +145,13 @@ EngineConfig Engine::Impl::validated(const EngineConfig& c, Communicator& comm) 
                "optimizer offload to nvme needs at least "
                    << needed << " staging buffers with these pipeline settings, got buffer_count "
                    << c.offload_optimizer.buffer_count);
+  }
+  if (offloads_optimizer_to_host(c)) {
+    ZERO_CHECK(c.stage >= 1, "optimizer offload to cpu needs ZeRO stage 1, 2 or 3, not stage "
+                                 << c.stage << " (there is no partitioned optimizer to move)");
+    ZERO_CHECK(!params_on_nvme,
+               "optimizer offload to cpu with parameter offload to nvme is not supported yet; "
+               "offload both to nvme, or the optimizer alone to cpu");
   }
   if (params_on_nvme || offloads_optimizer_to_nvme(c)) {
     ZERO_CHECK(c.aio.block_size >= kNvmeAlignment && c.aio.block_size % kNvmeAlignment == 0 &&
@@ -275,12 +284,20 @@ void Engine::Impl::allocate() {
     s.persistent = is_persistent(unit, config);
     s.params_full = allocator.allocate(b.params_full, MemoryCategory::kParamsFull);
     s.params_shard = allocator.allocate(b.params_shard, MemoryCategory::kParamsShard);
-    s.master = allocator.allocate(b.master, MemoryCategory::kMaster);
     s.grads_full = allocator.allocate(b.grads_full, MemoryCategory::kGrads);
     s.grads_shard = allocator.allocate(b.grads_shard, MemoryCategory::kGrads);
+    // offload_optimizer cpu: the optimizer's arrays in host memory, where the host kernels step
+    // them; page-locked with pin_memory. What crosses the bus is always page-locked: a copy
+    // from pageable memory would hold up the stream it runs on.
+    Allocator& optimizer_memory = !b.optimizer_on_host                  ? allocator
+                                  : config.offload_optimizer.pin_memory ? host_allocator
+                                                                        : pageable_allocator;
+    s.master = optimizer_memory.allocate(b.master, MemoryCategory::kMaster);
     for (int k = 0; k < b.state_arrays; ++k) {
-      s.state[k] = allocator.allocate(b.state, MemoryCategory::kOptimizerState);
+      s.state[k] = optimizer_memory.allocate(b.state, MemoryCategory::kOptimizerState);
     }
+    s.host_grads = host_allocator.allocate(b.host_grads, MemoryCategory::kGrads);
+    s.host_params = host_allocator.allocate(b.host_params, MemoryCategory::kParamsShard);
     s.gathered = config.stage <= 2 || s.persistent;
   }
   param_pool.reserve(param_buffer_count(layout, config));
@@ -337,10 +354,15 @@ void Engine::Impl::initialize(const std::vector<ParamDecl>& decls) {
       param_swap->store(static_cast<int>(u), host.data(), host.size());
     }
     upload(s.params_shard, config.dtype, shard_begin, shard_end);
-    if (config.stage == 0) {
-      upload(s.master, DType::kFloat32, 0, unit.numel);
+    if (s.master.empty()) continue;
+    const size_t master_begin = config.stage == 0 ? 0 : shard_begin;
+    const size_t master_end = config.stage == 0 ? unit.numel : shard_end;
+    if (offloads_optimizer_to_host(config)) {
+      // Already in host memory: filled in place.
+      fill(s.master.bytes(), DType::kFloat32, master_begin, master_end);
+      std::memcpy(s.master.data(), host.data(), host.size());
     } else {
-      upload(s.master, DType::kFloat32, shard_begin, shard_end);
+      upload(s.master, DType::kFloat32, master_begin, master_end);
     }
   }
 }
@@ -456,6 +478,12 @@ uint64_t Engine::model_state_bytes() const {
 }
 uint64_t Engine::buffer_bytes() const {
   return impl_->allocator.stats().buffers();
+}
+uint64_t Engine::pinned_host_bytes() const {
+  return impl_->host_allocator.stats().model_state();
+}
+uint64_t Engine::pageable_host_bytes() const {
+  return impl_->pageable_allocator.stats().model_state();
 }
 uint64_t Engine::nvme_bytes() const {
   const uint64_t optimizer_file =

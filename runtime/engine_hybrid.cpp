@@ -24,9 +24,10 @@ int sharding_group_size(const EngineConfig& config, int world_size) {
                                                           << " (hybrid sharding) runs on the CPU "
                                                              "path only for now, not on "
                                                           << device_name(config.device));
-  ZERO_CHECK(!offloads_optimizer_to_nvme(config),
-             "mics_shard_size " << k << " (hybrid sharding) with optimizer offload to nvme is "
-                                << "not supported yet");
+  ZERO_CHECK(config.offload_optimizer.device == OffloadDevice::kNone,
+             "mics_shard_size " << k << " (hybrid sharding) with optimizer offload to "
+                                << offload_device_name(config.offload_optimizer.device)
+                                << " is not supported yet");
   ZERO_CHECK(config.offload_param.device != OffloadDevice::kNvme,
              "mics_shard_size " << k << " (hybrid sharding) with parameter offload to nvme is "
                                 << "not supported yet");

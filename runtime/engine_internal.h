@@ -7,6 +7,9 @@
 //   engine_state.cpp     checkpoint access: state views, state_loaded, full parameters
 //   engine_offload.cpp   optimizer state on NVMe: the file's records, the streamed update, and
 //                        the records read and written for checkpoint access
+//   engine_host_optimizer.cpp  optimizer state in host memory (offload_optimizer cpu):
+//                        the gradient shards' copies to the host, the update there, the
+//                        parameters' copies back
 //   param_swap.cpp       stage 3's parameter shards on NVMe (offload_param device nvme)
 #pragma once
 
@@ -123,6 +126,12 @@ struct UnitBytes {
   size_t grads_shard = 0;   // accumulation dtype, slice (stages 2-3)
   size_t state = 0;         // each optimizer state array (fp32)
   int state_arrays = 0;
+  // offload_optimizer cpu: master and state are in host memory (the master of fp32 working
+  // parameters too), beside pinned host copies of the gradient shard (accumulation dtype) and,
+  // for a 16-bit working dtype, of the updated parameters.
+  bool optimizer_on_host = false;
+  size_t host_grads = 0;
+  size_t host_params = 0;
 };
 
 // An issued reduction: when its input may be written again, and when its result is in place.
@@ -141,7 +150,9 @@ struct UnitState {
                       // stage 3's persistent unit: its gradient until the step
   Buffer bucket;      // a pooled working-dtype gradient during backward (uses_grad_buckets)
   Buffer grads_shard;
-  Buffer state[2];
+  Buffer state[2];          // master and state: in host memory with optimizer_on_host
+  Buffer host_grads;        // offload_optimizer cpu: the reduced gradient shard's copy on the host
+  Buffer host_params;       // and the updated 16-bit parameters on their way back to the device
   CommPoint params_ready;   // the all-gather that fills params_full has finished
   CommPoint grads_reduced;  // the reduction (and accumulation) of the latest grads_ready is done
   bool gathered = false;
@@ -192,6 +203,7 @@ struct NvmeRecords {
   uint64_t staging_bytes = 0;  // buffer_count slots and the slack to align them
 };
 bool offloads_optimizer_to_nvme(const EngineConfig& config);
+bool offloads_optimizer_to_host(const EngineConfig& config);
 // The records for `layout` (every rank's are the same: shards are equal).
 NvmeRecords nvme_records(const Layout& layout, const EngineConfig& config, int state_arrays);
 
@@ -478,6 +490,16 @@ struct Engine::Impl {
   // file system) do not fit the free space, before any file is made.
   void check_offload_space();
   void update_offloaded(float grad_scale);
+
+  // Optimizer state in host memory (engine_host_optimizer.cpp). After unit u's last
+  // reduction of the step: its reduced gradient shard to the host, on the communication stream
+  // right behind that reduction (so during backward); grads_reduced then includes the copy.
+  void copy_grads_to_host(int u, double issue_us);
+  // update() on the host: the CPU kernels over each sub-group, whose updated working parameters
+  // go back to the device while the next sub-group is stepped.
+  void update_on_host(float grad_scale);
+  // The working parameters on the device from the host master (after a load).
+  void upload_params_from_host_master();
   Engine::StateView offloaded_state_view(int u);
   void write_back_offloaded_views();
   // Reads record k into slot 0 (kept there for the next unit of the same record).
@@ -550,6 +572,7 @@ struct Engine::Impl {
   std::unique_ptr<NodeSharedMemory> node_shared;
   Allocator allocator;
   Allocator host_allocator;  // pinned host memory for the device's copies (host memory on the CPU)
+  Allocator pageable_allocator;  // offload_optimizer cpu's state without pin_memory
   Layout layout;
   Optimizer optimizer;
   LrSchedule schedule;
@@ -581,6 +604,9 @@ struct Engine::Impl {
   std::unique_ptr<OffloadedOptimizer> offload;  // optimizer state on NVMe, if offloaded
   std::unique_ptr<ParamSwap> param_swap;        // stage 3's parameter shards on NVMe, if so
   std::map<int, Buffer> param_copies;           // param_copy()'s shards, by unit
+  // offload_optimizer cpu: the last update's copies of parameters to the device, which the
+  // host waits for before it writes their host side again.
+  std::vector<Event> host_uploads;
   size_t live = 0;  // elements of non-persistent stage-3 units gathered now
   // Communication figures of the step in progress (StepStats). Busy time is added by markers
   // on the communication stream, hence shared with its closures and atomic.

@@ -262,8 +262,10 @@ CommPoint Engine::Impl::reduce_unit(int u, void* source, DType dtype, bool accum
     s.grads_reduced = reduce_whole(unit, source, dtype);
     return s.grads_reduced;
   }
+  const double issue_us = Trace::now_us();
   const Reduction r = reduce_to_shard(unit, source, dtype, owned_grads(u), accumulate, last);
   s.grads_reduced = r.done;
+  if (last && offloads_optimizer_to_host(config)) copy_grads_to_host(u, issue_us);
   return r.input_read;
 }
 
@@ -355,7 +357,10 @@ CommPoint Engine::Impl::reduce_packed(int u, void* source, DType dtype, bool acc
   }
   const CommPoint reduced = issued(comm_point(*on), issue_us);
   if (on != &comm.stream() && !sum_at_boundary) scratch_read_by_replicas = reduced.event;
-  for (int v : packs.packs[p]) units[v].grads_reduced = reduced;
+  for (int v : packs.packs[p]) {
+    units[v].grads_reduced = reduced;
+    if (last && offloads_optimizer_to_host(config)) copy_grads_to_host(v, issue_us);
+  }
   return copied;
 }
 

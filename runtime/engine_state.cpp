@@ -18,10 +18,16 @@ Engine::StateView Engine::Impl::state_view(int u) {
   view.begin = owned_begin(u);
   view.end = view.begin + owned_numel(u);
   const size_t n = view.end - view.begin;
+  view.state_count = optimizer.state_count();
+  if (offloads_optimizer_to_host(config)) {
+    // Already in host memory: the views are the state itself.
+    view.master = s.master.as<float>();
+    for (int k = 0; k < view.state_count; ++k) view.state[k] = s.state[k].as<float>();
+    return view;
+  }
   const bool separate_master = config.dtype != DType::kFloat32;
   view.master =
       host_view(separate_master ? s.master.as<float>() : static_cast<float*>(owned_params(u)), n);
-  view.state_count = optimizer.state_count();
   for (int k = 0; k < view.state_count; ++k) view.state[k] = host_view(s.state[k].as<float>(), n);
   return view;
 }
@@ -82,10 +88,14 @@ void Engine::Impl::state_loaded() {
     }
   }
   write_state_views();
-  for (size_t u = 0; u < units.size(); ++u) {
-    if (config.dtype != DType::kFloat32 && layout.units()[u].trainable && !offload) {
-      device->cast(units[u].master.data(), DType::kFloat32, owned_params(u), config.dtype,
-                   owned_numel(u));
+  if (offloads_optimizer_to_host(config)) {
+    upload_params_from_host_master();
+  } else {
+    for (size_t u = 0; u < units.size(); ++u) {
+      if (config.dtype != DType::kFloat32 && layout.units()[u].trainable && !offload) {
+        device->cast(units[u].master.data(), DType::kFloat32, owned_params(u), config.dtype,
+                     owned_numel(u));
+      }
     }
   }
   start_post_step_gathers(/*with_frozen=*/true);
@@ -160,6 +170,13 @@ std::vector<std::vector<float>> Engine::Impl::gather_full_master() {
     // Offloaded: the master comes out of the records, into a host copy the gather reads.
     float* master =
         offload ? offloaded_state_view(static_cast<int>(u)).master : units[u].master.as<float>();
+    // A master in host memory goes to the device's for the collective to read.
+    Buffer on_device;
+    if (offloads_optimizer_to_host(config)) {
+      on_device = allocator.allocate(unit.shard * sizeof(float), MemoryCategory::kOther);
+      device->copy_from_host(on_device.data(), master, on_device.bytes());
+      master = on_device.as<float>();
+    }
     if (config.stage == 0) {
       device->copy_to_host(full.data(), master, unit.numel * sizeof(float));
     } else {

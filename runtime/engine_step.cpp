@@ -174,12 +174,15 @@ bool Engine::Impl::skip_step(const GradientCheck& check) {
 // Fused AdamW (or SGD) over what each rank owns, in passes of at most sub_group_size
 // elements (DeepSpeed's bound on what one optimizer pass touches); each unit's slice may be
 // cut into several pieces, which the element-wise update does not notice. NVMe-offloaded state
-// goes through the same passes and pieces, streamed (engine_offload.cpp).
+// goes through the same passes and pieces, streamed (engine_offload.cpp), and so does state in
+// host memory, stepped there (engine_host_optimizer.cpp).
 void Engine::Impl::update(float lr, float grad_scale) {
   optimizer.begin_step(lr);
   ScopedSpan optimizer_span(trace, "optimizer");
   if (offload) {
     update_offloaded(grad_scale);
+  } else if (offloads_optimizer_to_host(config)) {
+    update_on_host(grad_scale);
   } else {
     const bool separate_master = config.dtype != DType::kFloat32;
     for (const std::vector<Piece>& pieces : sub_groups) {

@@ -150,12 +150,20 @@ UnitBytes unit_bytes(const Unit& unit, const EngineConfig& config, int state_arr
   if (!unit.trainable) return b;  // frozen: its working parameters are all it holds
   // Offloaded to NVMe, the master and optimizer state are in the rank's file, not in memory.
   const bool on_nvme = offloads_optimizer_to_nvme(config);
-  if (config.dtype != DType::kFloat32 && !on_nvme) b.master = owned * sizeof(float);
+  b.optimizer_on_host = offloads_optimizer_to_host(config);
+  // On the host, fp32 parameters need a master too: the working copy is on the device.
+  const bool has_master = config.dtype != DType::kFloat32 || b.optimizer_on_host;
+  if (has_master && !on_nvme) b.master = owned * sizeof(float);
   if (config.stage <= 1) b.grads_full = full * g;
   if (is_persistent(unit, config)) b.grads_full = full * w;  // backward adds into it directly
   if (config.stage >= 2) b.grads_shard = shard * g;
   b.state = on_nvme ? 0 : owned * sizeof(float);
   b.state_arrays = state_arrays;
+  if (b.optimizer_on_host) {
+    b.host_grads = owned * g;
+    // fp32 parameters go back to the device straight from the master.
+    if (config.dtype != DType::kFloat32) b.host_params = owned * w;
+  }
   return b;
 }
 
@@ -178,8 +186,14 @@ MemoryPlan plan_memory(const Layout& layout, const EngineConfig& config) {
   MemoryPlan plan;
   for (const Unit& unit : layout.units()) {
     UnitBytes b = unit_bytes(unit, config, state_arrays);
-    plan.model_state += b.params_full + b.params_shard + b.master + b.grads_full + b.grads_shard +
-                        b.state * static_cast<size_t>(b.state_arrays);
+    const uint64_t optimizer = b.master + b.state * static_cast<size_t>(b.state_arrays);
+    plan.model_state += b.params_full + b.params_shard + b.grads_full + b.grads_shard;
+    if (b.optimizer_on_host) {
+      (config.offload_optimizer.pin_memory ? plan.host_pinned : plan.host_pageable) += optimizer;
+      plan.host_pinned += b.host_grads + b.host_params;
+    } else {
+      plan.model_state += optimizer;
+    }
   }
   const size_t max_unit = layout.max_unit_numel();
   const size_t w = dtype_size(config.dtype);

@@ -49,7 +49,10 @@ constexpr const char* kUsage =
     "              flags --input-dim --hidden --output-dim --layers --merge-bytes)\n"
     "  --model gpt2 the same for the GPT-2: --preset tiny|gpt2-124M|gpt2-350M|gpt2-774M|\n"
     "              gpt2-1.5B, then --n-layer --n-head --n-embd --vocab-size --block-size\n"
-    "  with --model: --offload-optimizer none|nvme (the optimizer state on NVMe),\n"
+    "  with --model: --offload-optimizer none|cpu|nvme: cpu plans a GPU run with the\n"
+    "              master and optimizer state in host memory (ZeRO-Offload; the host\n"
+    "              columns; page-locked with --pin-memory, as the config's pin_memory),\n"
+    "              nvme the optimizer state on NVMe, with\n"
     "              --sub-group-size N (default 1e9) and --buffer-count N (default 4), as the\n"
     "              config's offload_optimizer and sub_group_size; the nvme column is the files\n"
     "  with --model: --offload-param none|nvme (stage 3's parameter shards on NVMe, only\n"
@@ -81,6 +84,8 @@ struct Options {
   zero::models::Gpt2Config gpt2;
   size_t merge_bytes = 32 * 1024;  // zero-train's default
   bool offload_nvme = false;
+  bool offload_cpu = false;  // a GPU run's optimizer in host memory
+  bool pin_memory = false;   // offload_optimizer.pin_memory
   bool offload_param_nvme = false;
   int param_buffer_count = 5;  // DeepSpeed's offload_param defaults
   size_t param_buffer_size = 100000000;
@@ -200,6 +205,10 @@ Options parse_options(const std::vector<std::string>& args) {
       std::fputs(kUsage, stdout);
       std::exit(0);
     }
+    if (flag == "--pin-memory") {
+      options.pin_memory = true;
+      continue;
+    }
     if (flag == "--partition-activations") {
       options.partition_activations = true;
       continue;
@@ -243,10 +252,11 @@ Options parse_options(const std::vector<std::string>& args) {
         usage_error("unknown --preset '" + value + "' (" + zero::models::gpt2_preset_names() + ")");
       }
     } else if (flag == "--offload-optimizer") {
-      if (value != "none" && value != "nvme") {
-        usage_error("--offload-optimizer must be none or nvme, got '" + value + "'");
+      if (value != "none" && value != "cpu" && value != "nvme") {
+        usage_error("--offload-optimizer must be none, cpu or nvme, got '" + value + "'");
       }
       options.offload_nvme = value == "nvme";
+      options.offload_cpu = value == "cpu";
     } else if (flag == "--offload-param") {
       if (value != "none" && value != "nvme") {
         usage_error("--offload-param must be none or nvme, got '" + value + "'");
@@ -333,6 +343,18 @@ Options parse_options(const std::vector<std::string>& args) {
   }
   if (!have_params) usage_error("missing --params P (the number of parameters)");
   if (!have_ranks) usage_error("missing --ranks N (the number of data-parallel ranks)");
+  if (options.offload_cpu) {
+    if (options.model.empty()) usage_error("--offload-optimizer cpu plans a --model's layout");
+    if (options.offload_param_nvme) {
+      usage_error(
+          "--offload-optimizer cpu with --offload-param nvme is not supported by the engine");
+    }
+  } else if (options.pin_memory) {
+    usage_error("--pin-memory places --offload-optimizer cpu's state; there is none to place");
+    if (options.mics_shard_size != -1) {
+      usage_error("--offload-optimizer cpu with --mics-shard-size is not supported by the engine");
+    }
+  }
   if (options.offload_param_nvme) {
     if (options.model.empty()) usage_error("--offload-param plans a --model's layout");
     if (options.mics_shard_size != -1) {
@@ -489,6 +511,12 @@ int plan_model(const Options& options) {
   config.optimizer_sub_group_elements = options.sub_group_size;
   config.offload_optimizer.buffer_count = options.buffer_count;
   if (options.offload_nvme) config.offload_optimizer.device = zero::OffloadDevice::kNvme;
+  if (options.offload_cpu) {
+    // ZeRO-Offload moves the optimizer off a GPU: planned as that run.
+    config.device = zero::Device::cuda(0);
+    config.offload_optimizer.device = zero::OffloadDevice::kCpu;
+    config.offload_optimizer.pin_memory = options.pin_memory;
+  }
   if (options.offload_param_nvme) config.offload_param.device = zero::OffloadDevice::kNvme;
   config.offload_param.buffer_count = options.param_buffer_count;
   config.offload_param.buffer_size = options.param_buffer_size;
@@ -509,12 +537,13 @@ int plan_model(const Options& options) {
     std::printf("hybrid sharding: shard groups of %d ranks, %d replicas\n", layout.world_size(),
                 options.ranks / layout.world_size());
   }
-  std::printf("stage  model state bytes  buffer bytes  total bytes per rank  nvme bytes\n");
+  std::printf("stage  model state bytes  buffer bytes  total bytes per rank  nvme bytes%s\n",
+              options.offload_cpu ? "  pinned host bytes  pageable host bytes" : "");
   std::vector<std::pair<int, uint64_t>> engine_bytes;  // per stage planned
   for (int stage = 0; stage <= 3; ++stage) {
     if (options.stage && *options.stage != stage) continue;
     // Stage 0 has no partitioned optimizer to offload (the engine refuses it).
-    if (options.offload_nvme && stage == 0) continue;
+    if ((options.offload_nvme || options.offload_cpu) && stage == 0) continue;
     config.stage = stage;
     zero::MemoryPlan plan;
     try {
@@ -523,16 +552,27 @@ int plan_model(const Options& options) {
       std::fprintf(stderr, "zero-estimate: %s\n", e.what());
       return 1;
     }
-    std::printf("%5d  %17llu  %12llu  %20llu  %10llu\n", stage,
+    std::printf("%5d  %17llu  %12llu  %20llu  %10llu", stage,
                 static_cast<unsigned long long>(plan.model_state),
                 static_cast<unsigned long long>(plan.buffers),
                 static_cast<unsigned long long>(plan.model_state + plan.buffers),
                 static_cast<unsigned long long>(plan.nvme));
+    if (options.offload_cpu) {
+      std::printf("  %17llu  %19llu", static_cast<unsigned long long>(plan.host_pinned),
+                  static_cast<unsigned long long>(plan.host_pageable));
+    }
+    std::printf("\n");
     engine_bytes.emplace_back(stage, plan.model_state + plan.buffers);
   }
   // The tiers: this CPU path holds every byte of the table in host memory (pageable; pinned
   // memory and a device are what the CUDA path would add), the nvme column on the disk.
-  if (options.offload_nvme || options.offload_param_nvme) {
+  if (options.offload_cpu) {
+    std::printf(
+        "tiers per rank (a GPU run): device = total bytes per rank; host: the fp32 master and "
+        "optimizer state (%s), the copies of the gradient shard and the updated parameters "
+        "(pinned); nvme 0\n",
+        options.pin_memory ? "pinned" : "pageable; --pin-memory pins them");
+  } else if (options.offload_nvme || options.offload_param_nvme) {
     std::printf("tiers per rank: device 0, host = total bytes per rank, nvme = nvme bytes");
     std::printf(" (optimizer state%s on NVMe)\n",
                 options.offload_param_nvme ? " and parameters" : "");

@@ -58,6 +58,8 @@ struct TrainedRun {
   std::vector<float> params;  // every parameter, flattened in registration order
   uint64_t model_state_bytes = 0;
   uint64_t planned_model_state_bytes = 0;
+  uint64_t host_bytes = 0;  // pinned and pageable
+  uint64_t planned_host_bytes = 0;
 };
 
 TrainedRun train(const EngineConfig& config, int steps = kSteps) {
@@ -78,7 +80,10 @@ TrainedRun train(const EngineConfig& config, int steps = kSteps) {
     run.params.insert(run.params.end(), p.begin(), p.end());
   }
   run.model_state_bytes = model.engine().model_state_bytes();
-  run.planned_model_state_bytes = plan_memory(model.engine().layout(), config).model_state;
+  const MemoryPlan plan = plan_memory(model.engine().layout(), config);
+  run.planned_model_state_bytes = plan.model_state;
+  run.host_bytes = model.engine().pinned_host_bytes() + model.engine().pageable_host_bytes();
+  run.planned_host_bytes = plan.host_pinned + plan.host_pageable;
   return run;
 }
 
@@ -161,6 +166,37 @@ TEST_P(EngineOnGpu, EveryStageGivesTheSameLossesAsStageZero) {
   EXPECT_EQ(run.params, reference.params);
 }
 
+// ZeRO-Offload (offload_optimizer cpu): the master and optimizer state in pinned host memory,
+// each gradient shard copied there behind its reduction, the CPU kernels stepping it, the
+// parameters copied back. The CUDA AdamW kernel is bitwise the CPU one, so the run equals the
+// in-memory GPU run bit for bit, and tracks the CPU run as that does; the device holds the
+// plan's bytes without the optimizer's, the pinned host the plan's.
+TEST_P(EngineOnGpu, OffloadToHostIsBitwiseTheInMemoryRun) {
+  const int stage = GetParam();
+  if (stage == 0) GTEST_SKIP() << "stage 0 has no partitioned optimizer to offload";
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    EngineConfig offloaded_config = config_for(stage, dtype, true);
+    offloaded_config.offload_optimizer.device = OffloadDevice::kCpu;
+    offloaded_config.optimizer_sub_group_elements = 1000;  // several sub-groups, cut in units
+    offloaded_config.offload_optimizer.pin_memory = dtype == DType::kBFloat16;  // both kinds
+    const TrainedRun offloaded = train(offloaded_config);
+    EngineConfig in_memory_config = offloaded_config;
+    in_memory_config.offload_optimizer.device = OffloadDevice::kNone;
+    const TrainedRun in_memory = train(in_memory_config);
+    EXPECT_EQ(offloaded.losses, in_memory.losses);
+    EXPECT_EQ(offloaded.grad_norms, in_memory.grad_norms);
+    EXPECT_EQ(offloaded.params, in_memory.params);
+    EngineConfig cpu_config = offloaded_config;
+    cpu_config.device = Device::cpu();
+    expect_close(offloaded, train(cpu_config), dtype == DType::kFloat32 ? 1e-3 : 2e-2);
+    EXPECT_EQ(offloaded.model_state_bytes, offloaded.planned_model_state_bytes);
+    EXPECT_EQ(offloaded.host_bytes, offloaded.planned_host_bytes);
+    EXPECT_LT(offloaded.model_state_bytes, in_memory.model_state_bytes);
+    EXPECT_GT(offloaded.host_bytes, 0u);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Stages, EngineOnGpu, ::testing::Values(0, 1, 2, 3));
 
 class GpuModel : public ::testing::Test {
@@ -224,6 +260,54 @@ TEST_F(GpuModel, CheckpointSavedOnTheGpuResumesOnTheCpu) {
   EXPECT_EQ(trainer.step, 3);
   EXPECT_EQ(model.engine().gather_full_master(), saved_master);
   EXPECT_EQ(model.engine().optimizer_step(), 3);
+  std::filesystem::remove_all(dir);
+}
+
+// The same from an offloaded GPU run: its state views are the pinned host arrays themselves,
+// and a load into it puts the working parameters back on the device from the host master.
+TEST_F(GpuModel, OffloadedCheckpointRoundTripsThroughTheCpu) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("zero_gpu_offload_" + std::to_string(getpid())))
+          .string();
+  std::filesystem::remove_all(dir);
+  EngineConfig gpu_config = config_for(2, DType::kBFloat16, true);
+  gpu_config.offload_optimizer.device = OffloadDevice::kCpu;
+  const models::TeacherTask task(small_mlp(), 3);
+  const auto train_steps = [&](ZeroModel& model, int from, int to) {
+    const std::shared_ptr<DeviceContext>& device = model.engine().device_context();
+    std::vector<float> losses;
+    for (int step = from; step <= to; ++step) {
+      const models::Batch batch = task.batch(step, 0, 32);
+      Tensor grad;
+      losses.push_back(
+          models::mse_loss(model.forward(batch.inputs.to(device)), batch.targets.to(device), grad));
+      model.backward(grad);
+      model.step();
+      if (step == 3) save_checkpoint(model.engine(), dir, TrainerState{3, 3});
+    }
+    return losses;
+  };
+  std::unique_ptr<Communicator> gpu_comm = communicator(true);
+  std::vector<float> whole;
+  std::vector<std::vector<float>> saved_master;
+  {
+    ZeroModel model(*gpu_comm, models::make_mlp(small_mlp()), gpu_config);
+    whole = train_steps(model, 1, 3);
+    saved_master = model.engine().gather_full_master();
+    const std::vector<float> tail = train_steps(model, 4, 5);
+    whole.insert(whole.end(), tail.begin(), tail.end());
+  }
+  {
+    std::unique_ptr<Communicator> comm = communicator(false);
+    ZeroModel model(*comm, models::make_mlp(small_mlp()), config_for(1, DType::kBFloat16, false));
+    load_checkpoint(model.engine(), dir, nullptr);
+    EXPECT_EQ(model.engine().gather_full_master(), saved_master);
+  }
+  ZeroModel resumed(*gpu_comm, models::make_mlp(small_mlp()), gpu_config);
+  load_checkpoint(resumed.engine(), dir, nullptr);
+  EXPECT_EQ(resumed.engine().gather_full_master(), saved_master);
+  const std::vector<float> tail = train_steps(resumed, 4, 5);
+  EXPECT_EQ(tail, std::vector<float>(whole.begin() + 3, whole.end()));
   std::filesystem::remove_all(dir);
 }
 

@@ -74,7 +74,7 @@ TEST(ConfigOffload, NvmeExampleFile) {
 }
 
 // Hugging Face's ZeRO-3 file with both offloads on cpu: accepted, and each said once to be
-// where the CPU path keeps the state anyway.
+// where the CPU path keeps the state anyway, and dropped (the engine would only copy).
 TEST(ConfigOffload, HuggingFaceZero3CpuOffloadFile) {
   ConfigContext context;
   context.train_batch_size = 24;
@@ -88,8 +88,8 @@ TEST(ConfigOffload, HuggingFaceZero3CpuOffloadFile) {
   context.hidden_size = 64;
   const TrainingConfig c =
       load_training_config(example_config("hf_zero3_offload_cpu.json"), 2, context);
-  EXPECT_EQ(c.engine.offload_optimizer.device, OffloadDevice::kCpu);
-  EXPECT_EQ(c.engine.offload_param.device, OffloadDevice::kCpu);
+  EXPECT_EQ(c.engine.offload_optimizer.device, OffloadDevice::kNone);
+  EXPECT_EQ(c.engine.offload_param.device, OffloadDevice::kNone);
   ASSERT_EQ(c.ignored_keys.size(), 2u);
   EXPECT_EQ(c.ignored_keys[0],
             "zero_optimization.offload_optimizer.device \"cpu\" has no effect here: on the CPU "
@@ -97,6 +97,31 @@ TEST(ConfigOffload, HuggingFaceZero3CpuOffloadFile) {
   EXPECT_EQ(c.ignored_keys[1],
             "zero_optimization.offload_param.device \"cpu\" has no effect here: on the CPU path "
             "the parameter shards already live in host memory");
+}
+
+// The same file for a GPU run: the optimizer goes to the host (ZeRO-Offload); the parameter
+// shards stay on the GPU, and the note says so.
+TEST(ConfigOffload, HuggingFaceZero3CpuOffloadFileOnCuda) {
+  ConfigContext context;
+  context.train_batch_size = 24;
+  context.gradient_accumulation_steps = 1;
+  context.gradient_clipping = 1.0f;
+  context.dtype = DType::kBFloat16;
+  context.lr = 1e-3f;
+  context.weight_decay = 0.0f;
+  context.warmup_num_steps = 2;
+  context.total_num_steps = 20;
+  context.hidden_size = 64;
+  context.cuda = true;
+  const TrainingConfig c =
+      load_training_config(example_config("hf_zero3_offload_cpu.json"), 2, context);
+  EXPECT_EQ(c.engine.offload_optimizer.device, OffloadDevice::kCpu);
+  EXPECT_EQ(c.engine.offload_param.device, OffloadDevice::kNone);
+  ASSERT_EQ(c.ignored_keys.size(), 1u);
+  EXPECT_EQ(c.ignored_keys[0],
+            "zero_optimization.offload_param.device \"cpu\" is not built for CUDA yet: the "
+            "parameter shards stay in the GPU's memory (offload_optimizer \"cpu\" moves the "
+            "optimizer state)");
 }
 
 TEST(ConfigOffload, AioKeysMapWithThreadCountAsAnAlias) {

@@ -37,6 +37,8 @@ struct TrainResult {
   uint64_t peak_bytes = 0;       // the engine allocator's peak over the run
   size_t units = 0;
   uint64_t model_state_bytes = 0;
+  uint64_t pinned_host_bytes = 0;
+  uint64_t pageable_host_bytes = 0;
   uint64_t nvme_bytes = 0;
   size_t padded_params = 0;
   std::vector<std::vector<float>> final_params;
@@ -96,6 +98,8 @@ inline TrainResult train(const RunOptions& o) {
     models::TeacherTask task(o.mlp, o.seed);
     run.model_state_bytes = model.engine().model_state_bytes();
     run.buffer_bytes = model.engine().buffer_bytes();
+    run.pinned_host_bytes = model.engine().pinned_host_bytes();
+    run.pageable_host_bytes = model.engine().pageable_host_bytes();
     run.nvme_bytes = model.engine().nvme_bytes();
     run.plan = plan_memory(model.engine().layout(), config);
     run.padded_params = model.engine().layout().padded_numel();

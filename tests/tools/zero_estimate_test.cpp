@@ -128,6 +128,47 @@ TEST(ZeroEstimate, BadArgumentsExit2WithTheProblem) {
   expect_usage_error({"--params", "1B", "--ranks", "2", "extra"}, "unexpected argument 'extra'");
 }
 
+// ZeRO-Offload planned for a GPU: the device keeps the bf16 parameters and the fp32 gradients
+// (Ψ = 39360 padded, N = 2: stage 1 2Ψ + 4Ψ, stage 2 2Ψ + 4Ψ/N, stage 3 2Ψ/N + 4Ψ/N); the host
+// per owned element the master and two moments (12 bytes; pageable unless --pin-memory, as
+// DeepSpeed's pin_memory defaults to false) and, always pinned, the gradient shard's fp32 copy
+// and the bf16 working copy (6 bytes); NCCL stages nothing, so the buffers are a GPU run's.
+TEST(ZeroEstimate, OffloadOptimizerCpuPlansEachTier) {
+  const std::string header =
+      "mlp: 39312 parameters (39360 padded) in 4 units, 2 ranks, bf16\n"
+      "stage  model state bytes  buffer bytes  total bytes per rank  nvme bytes  pinned host "
+      "bytes  pageable host bytes\n";
+  expect_table({"--model", "mlp", "--ranks", "2", "--offload-optimizer", "cpu"},
+               header +
+                   "    1             236160         66048                302208           0  "
+                   "           118080               236160\n"
+                   "    2             157440         66048                223488           0  "
+                   "           118080               236160\n"
+                   "    3             118080        132096                250176           0  "
+                   "           118080               236160\n"
+                   "tiers per rank (a GPU run): device = total bytes per rank; host: the fp32 "
+                   "master and optimizer state (pageable; --pin-memory pins them), the copies of "
+                   "the gradient shard and the updated parameters (pinned); nvme 0\n");
+  expect_table(
+      {"--model", "mlp", "--ranks", "2", "--offload-optimizer", "cpu", "--pin-memory", "--stage",
+       "3"},
+      header +
+          "    3             118080        132096                250176           0  "
+          "           354240                    0\n"
+          "tiers per rank (a GPU run): device = total bytes per rank; host: the fp32 master and "
+          "optimizer state (pinned), the copies of the gradient shard and the updated "
+          "parameters (pinned); nvme 0\n");
+  expect_usage_error({"--params", "1B", "--ranks", "2", "--offload-optimizer", "cpu"},
+                     "--offload-optimizer cpu plans a --model's layout");
+  expect_usage_error(
+      {"--model", "mlp", "--ranks", "2", "--offload-optimizer", "cpu", "--offload-param", "nvme"},
+      "--offload-optimizer cpu with --offload-param nvme is not supported by the engine");
+  expect_usage_error({"--model", "mlp", "--ranks", "2", "--offload-optimizer", "gpu"},
+                     "--offload-optimizer must be none, cpu or nvme, got 'gpu'");
+  expect_usage_error({"--model", "mlp", "--ranks", "2", "--pin-memory"},
+                     "--pin-memory places --offload-optimizer cpu's state; there is none to place");
+}
+
 TEST(ZeroEstimate, BadShardSizesAreUsageErrors) {
   // The engine's own check names a shard size the world cannot use (its message ends with
   // where it was raised, so only its text is compared).

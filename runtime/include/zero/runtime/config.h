@@ -149,10 +149,13 @@ struct ConfigContext {
   // optimizer.params.lr and scheduler warmup_max_lr; with weight_decay, also the optimizer
   // of a file without an optimizer section.
   std::optional<float> lr;
-  std::optional<float> weight_decay;        // optimizer.params.weight_decay
-  std::optional<long> warmup_num_steps;     // scheduler.params.warmup_num_steps
-  std::optional<long> total_num_steps;      // scheduler.params.total_num_steps
-  std::optional<long> hidden_size;          // the model's: the three bucket-size keys
+  std::optional<float> weight_decay;     // optimizer.params.weight_decay
+  std::optional<long> warmup_num_steps;  // scheduler.params.warmup_num_steps
+  std::optional<long> total_num_steps;   // scheduler.params.total_num_steps
+  std::optional<long> hidden_size;       // the model's: the three bucket-size keys
+  // The run trains on a GPU: offload_optimizer's "cpu" then moves the optimizer off it. On the
+  // CPU path that is where the state already lives, and the key is dropped with a note.
+  bool cuda = false;
   std::string source = "the command line";  // where the values came from, for messages
   // The caller's own flag gives the global batch (zero-train's --global-batch) and overrides the
   // file's: a file with neither train_batch_size nor train_micro_batch_size_per_gpu then takes

@@ -86,6 +86,9 @@ class DeviceContext : public MemoryResource {
   // On the CPU they run on the calling thread: the engine calls them from work it enqueues on
   // the stream, so they run in the stream's order all the same.
   virtual void zero(void* data, size_t bytes, Stream* on = nullptr) = 0;
+  // Either side may also be pinned_memory(): a copy to or from the host in the stream's order
+  // (the gradient shards that the optimizer offloaded to the host reads, behind their
+  // reductions on the communication stream).
   virtual void copy(void* dest, const void* source, size_t bytes, Stream* on = nullptr) = 0;
   // n elements, rounded to nearest even when narrowing.
   virtual void cast(const void* source, DType source_dtype, void* dest, DType dest_dtype, size_t n,

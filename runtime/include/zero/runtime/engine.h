@@ -45,22 +45,32 @@ namespace zero {
 enum class OffloadDevice { kNone, kCpu, kNvme };
 const char* offload_device_name(OffloadDevice device);
 
-// offload_optimizer, with DeepSpeed's defaults. With kNvme each rank's fp32 master (when the
-// working dtype is not fp32; fp32's master is the working parameters) and optimizer state live
-// in one file under nvme_path, and the step streams them through buffer_count staging buffers
-// of one sub-group (sub_group_size elements) each.
+// offload_optimizer, with DeepSpeed's defaults (stages 1-3). With kCpu (ZeRO-Offload) each
+// rank's fp32 master (of fp32 working parameters too) and optimizer state live in host memory
+// (page-locked with pin_memory): each unit's reduced gradient shard is copied there (into a
+// page-locked copy) as soon as it is ready,
+// behind the rest of backward; the step runs the CPU kernels on the host, sub-group by
+// sub-group, and copies each sub-group's updated working parameters back to the device while
+// the next is stepped. On the CPU path the same schedule runs with the copies inside host memory
+// (which is how it is tested there); the config drops "cpu" there, where it would only copy.
+// With kNvme each rank's fp32 master (when the working dtype is not fp32; fp32's master is the
+// working parameters) and optimizer state live in one file under nvme_path, and the step streams
+// them through buffer_count staging buffers of one sub-group (sub_group_size elements) each.
 struct OptimizerOffload {
   OffloadDevice device = OffloadDevice::kNone;
   std::string nvme_path = "/local_nvme";
-  bool pin_memory = false;  // host memory is what the CPU path has; no effect there
+  // kCpu: the master and optimizer state in page-locked memory, which the device's copies
+  // reach at full speed (the gradient and parameter copies always are). No effect for kNvme.
+  bool pin_memory = false;
   int buffer_count = 4;
   bool pipeline_read = false;   // read sub-group k+1 while k is stepped
   bool pipeline_write = false;  // write sub-group k-1 back while k is stepped
   bool fast_init = false;       // DeepSpeed's faster start for NVMe; no effect here
 };
 
-// offload_param, with DeepSpeed's defaults (stage 3 only; cpu is accepted on the CPU path,
-// where parameter shards already live in host memory). nvme (the CPU path): each rank's shard
+// offload_param, with DeepSpeed's defaults (stage 3 only; the config takes "cpu" and drops it
+// with a note: on the CPU path parameter shards already live in host memory, and on CUDA it is
+// not built yet). nvme (the CPU path): each rank's shard
 // of every unit but the persistent one lives in a file under nvme_path and passes through
 // buffer_count buffers, each sized to the largest shard, which must fit buffer_size elements.
 // max_in_cpu has no effect: no shard is kept in memory beyond those buffers.
@@ -273,6 +283,11 @@ class Engine {
   // communication/prefetch buffers, as the allocator counts them.
   uint64_t model_state_bytes() const;
   uint64_t buffer_bytes() const;
+  // Model-state bytes this rank holds in host memory with offload_optimizer kCpu (0 without):
+  // pinned, the host copies of the gradient shard and of the updated working parameters, and
+  // the master and optimizer state with pin_memory; pageable, those two without it.
+  uint64_t pinned_host_bytes() const;
+  uint64_t pageable_host_bytes() const;
   // Bytes this rank sent (CommCounters) on the communicators the engine made itself: hybrid
   // sharding's shard and replica groups (0 without; then every collective of the engine counts
   // on the communicator it was given). Read it from the thread that drives the engine.
@@ -329,10 +344,14 @@ class Engine {
 // amount): zero-estimate reports it before a run, model_state_bytes()/buffer_bytes() measure it
 // during one, and the tests hold the two equal.
 struct MemoryPlan {
-  uint64_t model_state = 0;  // params, grads, master, optimizer state
+  uint64_t model_state = 0;  // params, grads, master, optimizer state, in the engine's memory
   uint64_t buffers = 0;      // pooled gradient buckets, gathered-parameter buffers, fp32 scratch,
                              // NVMe staging buffers
   uint64_t nvme = 0;         // the rank's files of NVMe-offloaded optimizer state and params
+  // offload_optimizer kCpu's model state in host memory, as Engine::pinned_host_bytes() and
+  // pageable_host_bytes() measure it.
+  uint64_t host_pinned = 0;
+  uint64_t host_pageable = 0;
 };
 MemoryPlan plan_memory(const Layout& layout, const EngineConfig& config);
 
