@@ -104,7 +104,9 @@ def markdown(memory, table):
     md.append("One rank's optimizer step with its state on NVMe (bf16 parameters: fp32 master, "
               "m and v, 12 bytes per parameter), alternating with a raw io_uring O_DIRECT pass "
               "over a file of the same bytes on the same path (a sequential write, then a "
-              "sequential read, same block size and requests in flight). GB/s count the state "
+              "sequential read, same block size and requests in flight). The pass is "
+              "pipelined (`pipeline_read` and `pipeline_write`: sub-group k+1 read and k-1 "
+              "written while k is stepped), the overlap the targets measure. GB/s count the state "
               "read plus written; the engine's figures are its StepStats (`optimizer_ms`, "
               "`nvme_wait_ms`: the time the pass was blocked on the disk).\n\n")
     md.append(table(["state MiB", "ours ms", "blocked on I/O ms", "raw ms", "ours GB/s",
