@@ -162,6 +162,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
   const uint64_t baseline_resident_max = max_over_ranks(host, baseline_resident);
   const uint64_t planned_resident = max_over_ranks(
       host, baseline_resident + engine.model_state_bytes() + engine.buffer_bytes() +
+                engine.pinned_host_bytes() + engine.pageable_host_bytes() +
                 task.activation_bytes(per_micro_batch) + task.module_bytes(config.dtype));
   if (leader) {
     // Slices differ by one sample when the batch does not divide (see batch_slice).

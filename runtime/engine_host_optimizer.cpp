@@ -22,7 +22,7 @@ bool offloads_optimizer_to_host(const EngineConfig& config) {
   return config.offload_optimizer.device == OffloadDevice::kCpu;
 }
 
-void Engine::Impl::copy_grads_to_host(int u, double issue_us) {
+void Engine::Impl::copy_grads_to_host(int u) {
   UnitState& s = units[u];
   if (s.host_grads.empty()) return;
   DeviceContext* dev = device.get();
@@ -31,20 +31,29 @@ void Engine::Impl::copy_grads_to_host(int u, double issue_us) {
   const void* shard = owned_grads(static_cast<size_t>(u));
   const size_t bytes = s.host_grads.bytes();
   // A compute-side span (not a collective): it shows when the copy ran against the reductions
-  // beside it, and counts in neither the step's collectives nor its communication time.
-  Trace* t = trace.enabled() ? &trace : nullptr;
+  // beside it, and counts in neither the step's collectives nor its communication time. Only
+  // where the stream runs the work itself (the CPU): a device stream would stamp issue times.
+  Trace* t = trace.enabled() && measures_comm() ? &trace : nullptr;
   on->enqueue([=] {
     const double begin_us = Trace::now_us();
     dev->copy(host, shard, bytes, on);
     if (t) t->add(TraceSpan{"grads_to_host", false, begin_us, Trace::now_us(), bytes});
   });
-  s.grads_reduced = issued(comm_point(), issue_us);
+  // Without overlap_comm the reduction was waited for already (from its issue); the copy is
+  // exposed from now on.
+  const CommPoint copied = comm_point();
+  if (!config.overlap_comm) wait_for_comm(copied);
+  s.grads_reduced = copied;
+}
+
+void Engine::Impl::wait_for_host_uploads() {
+  for (const Event& upload : host_uploads) upload.wait();
+  host_uploads.clear();
 }
 
 void Engine::Impl::update_on_host(float grad_scale) {
   // The host writes the host side of the last step's copies to the device again.
-  for (const Event& upload : host_uploads) upload.wait();
-  host_uploads.clear();
+  wait_for_host_uploads();
   // step() ordered the device after the gradients' copies; the host reads them itself.
   for (const UnitState& s : units) s.grads_reduced.event.wait();
   const kernels::KernelOptions options{config.kernel_threads};
@@ -66,18 +75,21 @@ void Engine::Impl::update_on_host(float grad_scale) {
     }
     for (const Piece& piece : pieces) {
       UnitState& s = units[piece.unit];
-      const void* updated = fp32 ? static_cast<void*>(s.master.as<float>() + piece.begin)
-                                 : byte_offset(s.host_params.data(), piece.begin * elem);
+      void* staged = byte_offset(s.host_params.data(), piece.begin * elem);
+      const float* master = s.master.as<float>() + piece.begin;
+      // A pageable fp32 master goes through its pinned copy (memory_plan.cpp).
+      if (fp32 && !s.host_params.empty()) std::memcpy(staged, master, piece.count * elem);
+      const void* updated = s.host_params.empty() ? static_cast<const void*>(master) : staged;
       host_uploads.push_back(device->copy_from_host_async(
           byte_offset(owned_params(piece.unit), piece.begin * elem), updated, piece.count * elem));
     }
   }
-  for (const Event& upload : host_uploads) device->wait(upload);
+  // The copies run in order on the device's one copy stream: after the last, all have run.
+  if (!host_uploads.empty()) device->wait(host_uploads.back());
 }
 
 void Engine::Impl::upload_params_from_host_master() {
-  for (const Event& upload : host_uploads) upload.wait();
-  host_uploads.clear();
+  wait_for_host_uploads();
   for (size_t u = 0; u < units.size(); ++u) {
     if (!layout.units()[u].trainable) continue;
     UnitState& s = units[u];

@@ -152,7 +152,7 @@ struct UnitState {
   Buffer grads_shard;
   Buffer state[2];          // master and state: in host memory with optimizer_on_host
   Buffer host_grads;        // offload_optimizer cpu: the reduced gradient shard's copy on the host
-  Buffer host_params;       // and the updated 16-bit parameters on their way back to the device
+  Buffer host_params;       // and the updated parameters on their way back to the device
   CommPoint params_ready;   // the all-gather that fills params_full has finished
   CommPoint grads_reduced;  // the reduction (and accumulation) of the latest grads_ready is done
   bool gathered = false;
@@ -494,12 +494,14 @@ struct Engine::Impl {
   // Optimizer state in host memory (engine_host_optimizer.cpp). After unit u's last
   // reduction of the step: its reduced gradient shard to the host, on the communication stream
   // right behind that reduction (so during backward); grads_reduced then includes the copy.
-  void copy_grads_to_host(int u, double issue_us);
+  void copy_grads_to_host(int u);
   // update() on the host: the CPU kernels over each sub-group, whose updated working parameters
   // go back to the device while the next sub-group is stepped.
   void update_on_host(float grad_scale);
   // The working parameters on the device from the host master (after a load).
   void upload_params_from_host_master();
+  // Until the last update's copies to the device have read their host side.
+  void wait_for_host_uploads();
   Engine::StateView offloaded_state_view(int u);
   void write_back_offloaded_views();
   // Reads record k into slot 0 (kept there for the next unit of the same record).

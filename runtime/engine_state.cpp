@@ -20,7 +20,9 @@ Engine::StateView Engine::Impl::state_view(int u) {
   const size_t n = view.end - view.begin;
   view.state_count = optimizer.state_count();
   if (offloads_optimizer_to_host(config)) {
-    // Already in host memory: the views are the state itself.
+    // Already in host memory: the views are the state itself, which a load may write as soon as
+    // the last update's copies to the device have read it.
+    wait_for_host_uploads();
     view.master = s.master.as<float>();
     for (int k = 0; k < view.state_count; ++k) view.state[k] = s.state[k].as<float>();
     return view;

@@ -161,8 +161,11 @@ UnitBytes unit_bytes(const Unit& unit, const EngineConfig& config, int state_arr
   b.state_arrays = state_arrays;
   if (b.optimizer_on_host) {
     b.host_grads = owned * g;
-    // fp32 parameters go back to the device straight from the master.
-    if (config.dtype != DType::kFloat32) b.host_params = owned * w;
+    // fp32 parameters go back to the device straight from the master when it is page-locked; a
+    // copy from pageable memory would hold up the host while it is staged.
+    if (config.dtype != DType::kFloat32 || !config.offload_optimizer.pin_memory) {
+      b.host_params = owned * w;
+    }
   }
   return b;
 }

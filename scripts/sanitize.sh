@@ -7,9 +7,10 @@
 #   fails. Any undefined behaviour stops the program (-fno-sanitize-recover=undefined).
 #
 #   ThreadSanitizer (build-tsan/): the communication-stream, flight-recorder, shared-memory and
-#   hierarchical collective, engine and kernel thread-pool tests (ctest -R "stream|
-#   flight_recorder|collectives_shm|collectives_hierarchical|engine|thread_pool"): the code
-#   where our threads meet. OpenMPI is not built with TSan, so what it does inside its own
+#   hierarchical collective, engine, host-offload and kernel thread-pool tests (ctest -R "stream|
+#   flight_recorder|collectives_shm|collectives_hierarchical|engine|host_offload|thread_pool"):
+#   the code where our threads meet (the host offload's gradient copies run on the
+#   communication stream's thread and are read by the step's). OpenMPI is not built with TSan, so what it does inside its own
 #   locks is invisible to TSan; tests/sanitizers/tsan.supp silences reports inside OpenMPI's
 #   libraries only.
 #
@@ -59,10 +60,10 @@ start=$(date +%s)
 # minutes for binaries nobody runs under TSan.
 configure_and_build "$tsan_build" thread --target collectives_stream_test collectives_shm_heap_test \
   collectives_flight_recorder_test collectives_shm_test collectives_hierarchical_test \
-  runtime_engine_test runtime_hybrid_test thread_pool_test
+  runtime_engine_test runtime_hybrid_test runtime_host_offload_test thread_pool_test
 echo "sanitize: TSan build took $(seconds_since "$start") s"
 start=$(date +%s)
 TSAN_OPTIONS="suppressions=$root/tests/sanitizers/tsan.supp:halt_on_error=1:second_deadlock_stack=1" \
   ctest --test-dir "$tsan_build" --output-on-failure -j 2 --timeout 900 \
-  -R "stream|flight_recorder|collectives_shm|collectives_hierarchical|engine|runtime_hybrid|thread_pool" "$@"
+  -R "stream|flight_recorder|collectives_shm|collectives_hierarchical|engine|runtime_hybrid|host_offload|thread_pool" "$@"
 echo "sanitize: TSan tests took $(seconds_since "$start") s"

@@ -349,11 +349,11 @@ Options parse_options(const std::vector<std::string>& args) {
       usage_error(
           "--offload-optimizer cpu with --offload-param nvme is not supported by the engine");
     }
-  } else if (options.pin_memory) {
-    usage_error("--pin-memory places --offload-optimizer cpu's state; there is none to place");
     if (options.mics_shard_size != -1) {
       usage_error("--offload-optimizer cpu with --mics-shard-size is not supported by the engine");
     }
+  } else if (options.pin_memory) {
+    usage_error("--pin-memory places --offload-optimizer cpu's state; there is none to place");
   }
   if (options.offload_param_nvme) {
     if (options.model.empty()) usage_error("--offload-param plans a --model's layout");
@@ -570,7 +570,7 @@ int plan_model(const Options& options) {
     std::printf(
         "tiers per rank (a GPU run): device = total bytes per rank; host: the fp32 master and "
         "optimizer state (%s), the copies of the gradient shard and the updated parameters "
-        "(pinned); nvme 0\n",
+        "(pinned; fp32 parameters with --pin-memory go from the master itself); nvme 0\n",
         options.pin_memory ? "pinned" : "pageable; --pin-memory pins them");
   } else if (options.offload_nvme || options.offload_param_nvme) {
     std::printf("tiers per rank: device 0, host = total bytes per rank, nvme = nvme bytes");

@@ -1,14 +1,18 @@
 // The optimizer offloaded to host memory (offload_optimizer device cpu), on the CPU path, where
 // the same schedule runs as on a GPU with the copies inside host memory: training is bitwise
 // the in-memory engine's at stages 1-3 in fp32 and bf16, with sub-groups, packed reductions and
-// gradient accumulation; the engine's memory loses the master and optimizer state and the host
+// gradient accumulation, and under every setting around the update (fp16's skipped steps,
+// clipping, fp32 and all-reduce reductions, the pre-divide, the persistent unit); the engine's
+// memory loses the master and optimizer state and the host
 // tier holds them, as the plan says; each gradient shard goes to the host during backward, not
 // at the step; checkpoints resume bitwise, into an offloaded engine or an in-memory one; and
 // what is not supported is refused by name.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -37,6 +41,9 @@ void expect_bitwise(const TrainResult& run, const TrainResult& reference, const 
 
 TEST(HostOffload, TrainingIsBitwiseInMemoryTraining) {
   for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    // fp32 with a pageable master uploads through its pinned copy, bf16 with a pinned master
+    // through its working copy: both kinds of memory and both upload paths.
+    const bool pin_memory = dtype == DType::kBFloat16;
     for (int stage = 1; stage <= 3; ++stage) {
       for (int micro_batches : {1, 2}) {
         RunOptions o;
@@ -57,6 +64,7 @@ TEST(HostOffload, TrainingIsBitwiseInMemoryTraining) {
         o.tweak = [&](EngineConfig& c) {
           settings(c);
           to_host(c);
+          c.offload_optimizer.pin_memory = pin_memory;
         };
         const std::string what = std::string(dtype_name(dtype)) + " stage " +
                                  std::to_string(stage) + " micro-batches " +
@@ -67,21 +75,95 @@ TEST(HostOffload, TrainingIsBitwiseInMemoryTraining) {
   }
 }
 
-// The persistent unit (stage 3's small parameters) is reduced at the step, and its gradient
-// goes to the host from there.
-TEST(HostOffload, PersistentUnitIsSteppedOnTheHost) {
+// What changes the numbers around the update, each against the in-memory engine with the same
+// setting: fp16's loss scaler skipping overflowed steps (the update does not run, the state
+// stays), clipping, reductions in fp32 and by all-reduce, the pre-divide, a non-finite step
+// skipped, and the persistent unit (stage 3's small parameters, reduced at the step, whose
+// gradient goes to the host from there).
+TEST(HostOffload, EverySettingAroundTheUpdateGivesTheInMemoryTraining) {
+  struct Case {
+    const char* name;
+    int stage;
+    DType dtype;
+    int micro_batches;
+    std::function<void(EngineConfig&)> setting;
+    std::function<void(RunOptions&)> options;
+  };
+  const auto none = [](RunOptions&) {};
+  const std::vector<Case> cases = {
+      {"fp16 stage 1, loss scaler", 1, DType::kFloat16, 2,
+       [](EngineConfig& c) { c.loss_scaler.initial_scale_power = 24; }, none},
+      {"fp16 stage 3, loss scaler", 3, DType::kFloat16, 1,
+       [](EngineConfig& c) {
+         c.loss_scaler.initial_scale_power = 24;
+         c.persistence_threshold = 100;
+       },
+       none},
+      {"bf16 stage 2, clipping", 2, DType::kBFloat16, 1, [](EngineConfig&) {},
+       [](RunOptions& o) { o.clip = 0.05f; }},
+      {"bf16 stage 3, fp32 reductions packed", 3, DType::kBFloat16, 2,
+       [](EngineConfig& c) {
+         c.reduce_in_fp32 = true;
+         c.reduce_bucket_elements = 2000;
+       },
+       none},
+      {"fp32 stage 2, all-reduce", 2, DType::kFloat32, 1,
+       [](EngineConfig& c) { c.reduce_scatter = false; }, none},
+      {"bf16 stage 2, pre-divide", 2, DType::kBFloat16, 1,
+       [](EngineConfig& c) { c.gradient_predivide_factor = 2.0f; }, none},
+      {"fp32 stage 1, a non-finite step skipped", 1, DType::kFloat32, 1,
+       [](EngineConfig& c) { c.skip_nonfinite_steps = true; },
+       [](RunOptions& o) { o.inf_grad_step = 2; }},
+      {"bf16 stage 3, persistent unit", 3, DType::kBFloat16, 1,
+       [](EngineConfig& c) { c.persistence_threshold = 100; }, none},
+  };
+  for (const Case& k : cases) {
+    RunOptions o;
+    o.stage = k.stage;
+    o.dtype = k.dtype;
+    o.micro_batches = k.micro_batches;
+    o.steps = 5;
+    k.options(o);
+    o.tweak = k.setting;
+    const TrainResult reference = train(o);
+    o.tweak = [&](EngineConfig& c) {
+      k.setting(c);
+      to_host(c);
+    };
+    const TrainResult run = train(o);
+    expect_bitwise(run, reference, k.name);
+    EXPECT_EQ(run.skipped, reference.skipped) << k.name;
+    // Bit for bit: a skipped step's norm is NaN on both.
+    ASSERT_EQ(run.grad_norms.size(), reference.grad_norms.size()) << k.name;
+    EXPECT_EQ(std::memcmp(run.grad_norms.data(), reference.grad_norms.data(),
+                          run.grad_norms.size() * sizeof(float)),
+              0)
+        << k.name;
+  }
+}
+
+// The cases above hold what they name: fp16 skipped a step, and stage 3 made a persistent unit.
+TEST(HostOffload, TheCasesExerciseWhatTheyName) {
   RunOptions o;
-  o.stage = 3;
-  o.dtype = DType::kBFloat16;
-  o.steps = 4;
-  const auto persistent = [](EngineConfig& c) { c.persistence_threshold = 100; };
-  o.tweak = persistent;
-  const TrainResult reference = train(o);
-  o.tweak = [&](EngineConfig& c) {
-    persistent(c);
+  o.stage = 1;
+  o.dtype = DType::kFloat16;
+  o.micro_batches = 2;
+  o.steps = 5;
+  o.tweak = [](EngineConfig& c) {
+    c.loss_scaler.initial_scale_power = 24;
     to_host(c);
   };
-  expect_bitwise(train(o), reference, "bf16 stage 3 with a persistent unit");
+  const TrainResult fp16 = train(o);
+  EXPECT_NE(std::find(fp16.skipped.begin(), fp16.skipped.end(), true), fp16.skipped.end());
+  std::unique_ptr<Communicator> comm = make_mpi_communicator();
+  EngineConfig config;
+  config.stage = 3;
+  config.persistence_threshold = 100;
+  to_host(config);
+  ZeroModel model(*comm, models::make_mlp(models::MlpConfig{8, 24, 4, 3}), config);
+  const std::vector<Unit>& units = model.engine().layout().units();
+  EXPECT_NE(std::find_if(units.begin(), units.end(), [](const Unit& u) { return u.persistent; }),
+            units.end());
 }
 
 TEST(HostOffload, MemoryOfEachTierIsThePlan) {
@@ -113,10 +195,11 @@ TEST(HostOffload, MemoryOfEachTierIsThePlan) {
         EXPECT_EQ(in_memory.model_state_bytes - run.model_state_bytes, (fp32 ? 8u : 12u) * owned)
             << what;
         // What the host holds: an fp32 master (of fp32 parameters too) and the two moments,
-        // pinned as asked; and always pinned, the gradient shard's copy (fp32: bf16 accumulates
-        // in fp32) and bf16's working copy.
+        // pinned as asked; and always pinned, the copies that cross the bus: the gradient
+        // shard's (fp32: bf16 accumulates in fp32) and the updated parameters'.
+        // The parameters' copy is bf16's working copy, or a pageable fp32 master's pinned copy.
         const uint64_t optimizer = 12u * owned;
-        const uint64_t copies = (fp32 ? 4u : 6u) * owned;
+        const uint64_t copies = (fp32 ? (pin_memory ? 4u : 8u) : 6u) * owned;
         EXPECT_EQ(run.pageable_host_bytes, pin_memory ? 0u : optimizer) << what;
         EXPECT_EQ(run.pinned_host_bytes, copies + (pin_memory ? optimizer : 0u)) << what;
       }
@@ -163,10 +246,11 @@ TEST(HostOffload, CheckpointResumeIsBitwise) {
   if (comm->rank() == 0) std::filesystem::remove_all(dir);
   comm->barrier_sync();
   const models::MlpConfig mlp{8, 24, 4, 3};
-  const auto run = [&](bool offloaded, int stage, int from, int to, bool save, bool load) {
+  const auto run = [&](bool offloaded, int stage, int from, int to, bool save, bool load,
+                       DType dtype = DType::kBFloat16) {
     EngineConfig config;
     config.stage = stage;
-    config.dtype = DType::kBFloat16;
+    config.dtype = dtype;
     config.optimizer.lr = 1e-2f;
     if (offloaded) to_host(config);
     ZeroModel model(*comm, models::make_mlp(mlp), config);
@@ -194,6 +278,14 @@ TEST(HostOffload, CheckpointResumeIsBitwise) {
   EXPECT_EQ(in_memory, tail);
   EXPECT_EQ(in_memory_master, whole_master);
   EXPECT_EQ(run(true, 1, 4, 6, false, true), run(false, 1, 4, 6, false, true));
+  // fp32, whose master on the host is a copy of the parameters on the device.
+  comm->barrier_sync();
+  if (comm->rank() == 0) std::filesystem::remove_all(dir);
+  comm->barrier_sync();
+  const auto fp32_whole = run(true, 2, 1, 6, true, false, DType::kFloat32);
+  const std::vector<float> fp32_tail(fp32_whole.first.begin() + 3, fp32_whole.first.end());
+  EXPECT_EQ(run(true, 2, 4, 6, false, true, DType::kFloat32).first, fp32_tail);
+  EXPECT_EQ(run(false, 2, 4, 6, false, true, DType::kFloat32).first, fp32_tail);
 }
 
 template <typename Fn>

@@ -148,7 +148,8 @@ TEST(ZeroEstimate, OffloadOptimizerCpuPlansEachTier) {
                    "           118080               236160\n"
                    "tiers per rank (a GPU run): device = total bytes per rank; host: the fp32 "
                    "master and optimizer state (pageable; --pin-memory pins them), the copies of "
-                   "the gradient shard and the updated parameters (pinned); nvme 0\n");
+                   "the gradient shard and the updated parameters (pinned; fp32 parameters with "
+                   "--pin-memory go from the master itself); nvme 0\n");
   expect_table(
       {"--model", "mlp", "--ranks", "2", "--offload-optimizer", "cpu", "--pin-memory", "--stage",
        "3"},
@@ -157,12 +158,17 @@ TEST(ZeroEstimate, OffloadOptimizerCpuPlansEachTier) {
           "           354240                    0\n"
           "tiers per rank (a GPU run): device = total bytes per rank; host: the fp32 master and "
           "optimizer state (pinned), the copies of the gradient shard and the updated "
-          "parameters (pinned); nvme 0\n");
+          "parameters (pinned; fp32 parameters with --pin-memory go from the master itself); "
+          "nvme 0\n");
   expect_usage_error({"--params", "1B", "--ranks", "2", "--offload-optimizer", "cpu"},
                      "--offload-optimizer cpu plans a --model's layout");
   expect_usage_error(
       {"--model", "mlp", "--ranks", "2", "--offload-optimizer", "cpu", "--offload-param", "nvme"},
       "--offload-optimizer cpu with --offload-param nvme is not supported by the engine");
+  expect_usage_error(
+      {"--model", "mlp", "--ranks", "4", "--offload-optimizer", "cpu", "--mics-shard-size", "2",
+       "--stage", "3"},
+      "--offload-optimizer cpu with --mics-shard-size is not supported by the engine");
   expect_usage_error({"--model", "mlp", "--ranks", "2", "--offload-optimizer", "gpu"},
                      "--offload-optimizer must be none, cpu or nvme, got 'gpu'");
   expect_usage_error({"--model", "mlp", "--ranks", "2", "--pin-memory"},

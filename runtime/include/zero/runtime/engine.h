@@ -301,7 +301,9 @@ class Engine {
   // otherwise) of the master weights (the working parameters themselves when they are fp32)
   // and of each optimizer state array. A checkpoint saves the rank's shard of these and a load
   // overwrites them, then calls state_loaded(). The pointers are host memory: on CUDA, copies
-  // made by state_view() that state_loaded() writes back (valid until then). A frozen unit's
+  // made by state_view() that state_loaded() writes back (valid until then); with the optimizer
+  // offloaded to the host (offload_optimizer kCpu), the state itself, which a write changes at
+  // once (a load writes only after it has checked the whole checkpoint). A frozen unit's
   // master is its values (an fp32 copy for a 16-bit working dtype) and its optimizer state
   // zeros, so checkpoints keep one format and save and restore frozen values.
   struct StateView {
