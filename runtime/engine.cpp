@@ -135,8 +135,6 @@ EngineConfig Engine::Impl::validated(const EngineConfig& c, Communicator& comm) 
         "offload_param.buffer_count must be at least 1, got " << c.offload_param.buffer_count);
   }
   if (offloads_optimizer_to_nvme(c)) {
-    ZERO_CHECK(!c.device.is_cuda(), "optimizer offload to nvme is not supported yet on "
-                                        << device_name(c.device) << "; it runs on the CPU path");
     ZERO_CHECK(c.stage >= 1, "optimizer offload to nvme needs ZeRO stage 1, 2 or 3, not stage "
                                  << c.stage << " (there is no partitioned optimizer to move)");
     const int needed = 1 + (c.offload_optimizer.pipeline_read ? 1 : 0) +
@@ -480,7 +478,8 @@ uint64_t Engine::buffer_bytes() const {
   return impl_->allocator.stats().buffers();
 }
 uint64_t Engine::pinned_host_bytes() const {
-  return impl_->host_allocator.stats().model_state();
+  const MemoryStats& stats = impl_->host_allocator.stats();
+  return stats.model_state() + stats.buffers();
 }
 uint64_t Engine::pageable_host_bytes() const {
   return impl_->pageable_allocator.stats().model_state();

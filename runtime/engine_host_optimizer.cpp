@@ -10,8 +10,12 @@
 //   3. each sub-group's updated working parameters go back to the device on its copy stream
 //      while the host steps the next sub-group; the device waits for them before anything reads
 //      the parameters (the post-step all-gathers, the next forward).
-// On the CPU path the same three run with the copies inside host memory.
+// On the CPU path the same three run with the copies inside host memory. On a GPU the
+// optimizer offloaded to NVMe steps on the host too (steps_on_host): its records stream through
+// page-locked staging slots, and each pass goes through the same copies (engine_offload.cpp).
 #include <cstring>
+#include <functional>
+#include <vector>
 
 #include "engine_internal.h"
 #include "zero/kernels/cpu_kernels.h"
@@ -20,6 +24,11 @@ namespace zero {
 
 bool offloads_optimizer_to_host(const EngineConfig& config) {
   return config.offload_optimizer.device == OffloadDevice::kCpu;
+}
+
+bool steps_on_host(const EngineConfig& config) {
+  return offloads_optimizer_to_host(config) ||
+         (offloads_optimizer_to_nvme(config) && config.device.is_cuda());
 }
 
 void Engine::Impl::copy_grads_to_host(int u) {
@@ -51,55 +60,84 @@ void Engine::Impl::wait_for_host_uploads() {
   host_uploads.clear();
 }
 
-void Engine::Impl::update_on_host(float grad_scale) {
+void Engine::Impl::begin_host_update() {
   // The host writes the host side of the last step's copies to the device again.
   wait_for_host_uploads();
   // step() ordered the device after the gradients' copies; the host reads them itself.
   for (const UnitState& s : units) s.grads_reduced.event.wait();
+}
+
+void Engine::Impl::apply_pass_on_host(const std::vector<Piece>& pieces,
+                                      const std::function<ShardUpdate(size_t)>& make,
+                                      float grad_scale) {
   const kernels::KernelOptions options{config.kernel_threads};
   const bool fp32 = config.dtype == DType::kFloat32;
-  for (const std::vector<Piece>& pieces : sub_groups) {
-    for (const Piece& piece : pieces) {
-      UnitState& s = units[piece.unit];
-      ShardUpdate update;
-      update.shard.n = piece.count;
-      update.shard.master = s.master.as<float>() + piece.begin;
-      for (int k = 0; k < optimizer.state_count(); ++k) {
-        update.shard.state[k] = s.state[k].as<float>() + piece.begin;
-      }
-      update.grad = byte_offset(s.host_grads.data(), piece.begin * accum);
-      // fp32 parameters are the master itself; a 16-bit working copy is written beside it.
-      update.param_out = fp32 ? nullptr : byte_offset(s.host_params.data(), piece.begin * elem);
-      update.weight_decay = piece.weight_decay;
-      optimizer.apply(update, accum_dtype, grad_scale, config.dtype, options);
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const Piece& piece = pieces[i];
+    UnitState& s = units[piece.unit];
+    // The master and state where make() put them; the gradient and the working copy on this
+    // side of the bus. fp32 parameters are the master itself; a 16-bit working copy is written
+    // beside it.
+    ShardUpdate update = make(i);
+    update.grad = byte_offset(s.host_grads.data(), piece.begin * accum);
+    update.param_out = fp32 ? nullptr : byte_offset(s.host_params.data(), piece.begin * elem);
+    optimizer.apply(update, accum_dtype, grad_scale, config.dtype, options);
+    void* staged = byte_offset(s.host_params.data(), piece.begin * elem);
+    // An fp32 master that is not page-locked, or not kept (a staging slot of NVMe-resident
+    // state), goes through its pinned copy (memory_plan.cpp).
+    if (fp32 && !s.host_params.empty()) {
+      std::memcpy(staged, update.shard.master, piece.count * elem);
     }
-    for (const Piece& piece : pieces) {
-      UnitState& s = units[piece.unit];
-      void* staged = byte_offset(s.host_params.data(), piece.begin * elem);
-      const float* master = s.master.as<float>() + piece.begin;
-      // A pageable fp32 master goes through its pinned copy (memory_plan.cpp).
-      if (fp32 && !s.host_params.empty()) std::memcpy(staged, master, piece.count * elem);
-      const void* updated = s.host_params.empty() ? static_cast<const void*>(master) : staged;
-      host_uploads.push_back(device->copy_from_host_async(
-          byte_offset(owned_params(piece.unit), piece.begin * elem), updated, piece.count * elem));
-    }
+    const void* updated =
+        s.host_params.empty() ? static_cast<const void*>(update.shard.master) : staged;
+    host_uploads.push_back(device->copy_from_host_async(
+        byte_offset(owned_params(piece.unit), piece.begin * elem), updated, piece.count * elem));
   }
+}
+
+void Engine::Impl::end_host_update() {
   // The copies run in order on the device's one copy stream: after the last, all have run.
   if (!host_uploads.empty()) device->wait(host_uploads.back());
 }
 
-void Engine::Impl::upload_params_from_host_master() {
+void Engine::Impl::update_on_host(float grad_scale) {
+  begin_host_update();
+  for (const std::vector<Piece>& pieces : sub_groups) {
+    apply_pass_on_host(
+        pieces,
+        [&](size_t i) {
+          const Piece& piece = pieces[i];
+          UnitState& s = units[piece.unit];
+          float* state[2] = {s.state[0].as<float>(), s.state[1].as<float>()};
+          for (float*& array : state) {
+            if (array != nullptr) array += piece.begin;
+          }
+          return piece_update(piece, s.master.as<float>() + piece.begin, state);
+        },
+        grad_scale);
+  }
+  end_host_update();
+}
+
+void Engine::Impl::set_working_params(size_t u, const float* master) {
+  const size_t n = owned_numel(u);
+  if (!steps_on_host(config)) {
+    device->cast(master, DType::kFloat32, owned_params(u), config.dtype, n);
+    return;
+  }
   wait_for_host_uploads();
+  if (config.dtype == DType::kFloat32) {
+    device->copy_from_host(owned_params(u), master, n * sizeof(float));
+    return;
+  }
+  void* staged = units[u].host_params.data();
+  kernels::cast(master, DType::kFloat32, staged, config.dtype, n);
+  device->copy_from_host(owned_params(u), staged, n * elem);
+}
+
+void Engine::Impl::upload_params_from_host_master() {
   for (size_t u = 0; u < units.size(); ++u) {
-    if (!layout.units()[u].trainable) continue;
-    UnitState& s = units[u];
-    const size_t n = owned_numel(u);
-    if (config.dtype == DType::kFloat32) {
-      device->copy_from_host(owned_params(u), s.master.data(), n * sizeof(float));
-      continue;
-    }
-    kernels::cast(s.master.data(), DType::kFloat32, s.host_params.data(), config.dtype, n);
-    device->copy_from_host(owned_params(u), s.host_params.data(), n * elem);
+    if (layout.units()[u].trainable) set_working_params(u, units[u].master.as<float>());
   }
 }
 

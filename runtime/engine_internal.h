@@ -204,6 +204,10 @@ struct NvmeRecords {
 };
 bool offloads_optimizer_to_nvme(const EngineConfig& config);
 bool offloads_optimizer_to_host(const EngineConfig& config);
+// The update runs on the host, apart from the device's buffers, with host copies of each
+// gradient shard and of the updated parameters: the optimizer offloaded to the host, and on a
+// GPU to NVMe (whose records stream through host memory).
+bool steps_on_host(const EngineConfig& config);
 // The records for `layout` (every rank's are the same: shards are equal).
 NvmeRecords nvme_records(const Layout& layout, const EngineConfig& config, int state_arrays);
 
@@ -491,13 +495,24 @@ struct Engine::Impl {
   void check_offload_space();
   void update_offloaded(float grad_scale);
 
-  // Optimizer state in host memory (engine_host_optimizer.cpp). After unit u's last
+  // The update on the host (engine_host_optimizer.cpp; see steps_on_host). After unit u's last
   // reduction of the step: its reduced gradient shard to the host, on the communication stream
   // right behind that reduction (so during backward); grads_reduced then includes the copy.
   void copy_grads_to_host(int u);
   // update() on the host: the CPU kernels over each sub-group, whose updated working parameters
   // go back to the device while the next sub-group is stepped.
   void update_on_host(float grad_scale);
+  // Its parts, which the NVMe update on a GPU shares: before the first pass, the gradients'
+  // copies and the last step's uploads waited for; one pass of pieces whose master and state
+  // make() points at (host memory), stepped with the gradients' host copies and its parameters
+  // sent to the device; after the last pass, the device ordered after the uploads.
+  void begin_host_update();
+  void apply_pass_on_host(const std::vector<Piece>& pieces,
+                          const std::function<ShardUpdate(size_t)>& make, float grad_scale);
+  void end_host_update();
+  // Unit u's working parameters from its owned fp32 master (host memory where steps_on_host,
+  // else the device's), rounded to the working dtype.
+  void set_working_params(size_t u, const float* master);
   // The working parameters on the device from the host master (after a load).
   void upload_params_from_host_master();
   // Until the last update's copies to the device have read their host side.

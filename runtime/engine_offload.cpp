@@ -35,7 +35,8 @@ bool offloads_optimizer_to_nvme(const EngineConfig& config) {
 NvmeRecords nvme_records(const Layout& layout, const EngineConfig& config, int state_arrays) {
   NvmeRecords r;
   if (!offloads_optimizer_to_nvme(config)) return r;
-  r.master = config.dtype != DType::kFloat32;
+  // On a GPU the working parameters are on the device: fp32's master is in the records too.
+  r.master = config.dtype != DType::kFloat32 || config.device.is_cuda();
   r.arrays = (r.master ? 1 : 0) + state_arrays;
   size_t total = 0;
   for (const Unit& unit : layout.units()) {
@@ -88,7 +89,9 @@ void Engine::Impl::open_offload(const std::vector<ParamDecl>& decls) {
     if (layout.units()[u].trainable) first += owned_numel(u);
   }
   if (o.layout.records.empty()) return;  // nothing to offload (no state, nothing trainable)
-  o.staging_memory = allocator.allocate(o.layout.staging_bytes, MemoryCategory::kNvmeStaging);
+  // On a GPU the records are stepped on the host: staged in its page-locked memory.
+  Allocator& slots_memory = steps_on_host(config) ? host_allocator : allocator;
+  o.staging_memory = slots_memory.allocate(o.layout.staging_bytes, MemoryCategory::kNvmeStaging);
   const auto base = reinterpret_cast<uintptr_t>(o.staging_memory.data());
   o.slots = static_cast<char*>(o.staging_memory.data()) + (nvme_align_up(base) - base);
   // One file per rank and run: the pid keeps jobs sharing nvme_path apart.
@@ -185,6 +188,9 @@ void Engine::Impl::update_offloaded(float grad_scale) {
       writing.pop_front();
     }
   };
+  // On a GPU each pass is stepped on the host (engine_host_optimizer.cpp).
+  const bool on_host = steps_on_host(config);
+  if (on_host) begin_host_update();
   try {
     const size_t count = records.records.size();
     std::vector<size_t> at_of;
@@ -201,15 +207,17 @@ void Engine::Impl::update_offloaded(float grad_scale) {
       const std::vector<Piece>& pieces = sub_groups[k];
       at_of.assign(1, 0);  // each piece's first element in the record
       for (const Piece& piece : pieces) at_of.push_back(at_of.back() + piece.count);
-      apply_pass(
-          pieces,
-          [&](size_t i) {
-            const size_t at = at_of[i];
-            float* state[2] = {first_state + at, first_state + stride + at};
-            return piece_update(pieces[i], master_array != nullptr ? master_array + at : nullptr,
-                                state);
-          },
-          grad_scale);
+      const auto make = [&](size_t i) {
+        const size_t at = at_of[i];
+        float* state[2] = {first_state + at, first_state + stride + at};
+        return piece_update(pieces[i], master_array != nullptr ? master_array + at : nullptr,
+                            state);
+      };
+      if (on_host) {
+        apply_pass_on_host(pieces, make, grad_scale);
+      } else {
+        apply_pass(pieces, make, grad_scale);
+      }
       slot_ticket[slot] =
           o.file->write(slot_memory(slot), records.records[k].offset, record_bytes(k));
       o.write_bytes += record_bytes(k);
@@ -217,6 +225,7 @@ void Engine::Impl::update_offloaded(float grad_scale) {
       if (!config.offload_optimizer.pipeline_write) drain();
     }
     drain();
+    if (on_host) end_host_update();
   } catch (...) {
     for (NvmeFile::Ticket& ticket : read_of) {
       try {
@@ -312,10 +321,7 @@ void Engine::Impl::write_back_offloaded_views() {
     record_first += record.numel;
   }
   if (o.layout.master) {
-    for (const auto& [u, copies] : o.views) {
-      device->cast(copies[0].data(), DType::kFloat32, owned_params(u), config.dtype,
-                   owned_numel(u));
-    }
+    for (const auto& [u, copies] : o.views) set_working_params(u, copies[0].as<float>());
   }
   o.views.clear();
 }

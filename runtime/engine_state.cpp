@@ -174,7 +174,7 @@ std::vector<std::vector<float>> Engine::Impl::gather_full_master() {
         offload ? offloaded_state_view(static_cast<int>(u)).master : units[u].master.as<float>();
     // A master in host memory goes to the device's for the collective to read.
     Buffer on_device;
-    if (offloads_optimizer_to_host(config)) {
+    if (steps_on_host(config)) {
       on_device = allocator.allocate(unit.shard * sizeof(float), MemoryCategory::kOther);
       device->copy_from_host(on_device.data(), master, on_device.bytes());
       master = on_device.as<float>();

@@ -159,11 +159,13 @@ UnitBytes unit_bytes(const Unit& unit, const EngineConfig& config, int state_arr
   if (config.stage >= 2) b.grads_shard = shard * g;
   b.state = on_nvme ? 0 : owned * sizeof(float);
   b.state_arrays = state_arrays;
-  if (b.optimizer_on_host) {
+  if (steps_on_host(config)) {
     b.host_grads = owned * g;
-    // fp32 parameters go back to the device straight from the master when it is page-locked; a
-    // copy from pageable memory would hold up the host while it is staged.
-    if (config.dtype != DType::kFloat32 || !config.offload_optimizer.pin_memory) {
+    // fp32 parameters go back to the device straight from a kept, page-locked master; a copy
+    // from pageable memory would hold up the host while it is staged, and an NVMe staging slot
+    // is read into again while the copy may still run.
+    if (config.dtype != DType::kFloat32 || !b.optimizer_on_host ||
+        !config.offload_optimizer.pin_memory) {
       b.host_params = owned * w;
     }
   }
@@ -191,9 +193,9 @@ MemoryPlan plan_memory(const Layout& layout, const EngineConfig& config) {
     UnitBytes b = unit_bytes(unit, config, state_arrays);
     const uint64_t optimizer = b.master + b.state * static_cast<size_t>(b.state_arrays);
     plan.model_state += b.params_full + b.params_shard + b.grads_full + b.grads_shard;
+    plan.host_pinned += b.host_grads + b.host_params;
     if (b.optimizer_on_host) {
       (config.offload_optimizer.pin_memory ? plan.host_pinned : plan.host_pageable) += optimizer;
-      plan.host_pinned += b.host_grads + b.host_params;
     } else {
       plan.model_state += optimizer;
     }
@@ -207,7 +209,9 @@ MemoryPlan plan_memory(const Layout& layout, const EngineConfig& config) {
   plan.buffers += planned_staging_bytes(layout, config);
   const NvmeRecords records = nvme_records(layout, config, state_arrays);
   const ParamRecords params = param_records(layout, config);
-  plan.buffers += records.staging_bytes + params.staging_bytes;
+  // On a GPU the optimizer's records stream through page-locked host memory.
+  (steps_on_host(config) ? plan.host_pinned : plan.buffers) += records.staging_bytes;
+  plan.buffers += params.staging_bytes;
   plan.nvme = records.file_bytes + params.file_bytes;
   return plan;
 }

@@ -166,35 +166,47 @@ TEST_P(EngineOnGpu, EveryStageGivesTheSameLossesAsStageZero) {
   EXPECT_EQ(run.params, reference.params);
 }
 
-// ZeRO-Offload (offload_optimizer cpu): the master and optimizer state in pinned host memory,
-// each gradient shard copied there behind its reduction, the CPU kernels stepping it, the
-// parameters copied back. The CUDA AdamW kernel is bitwise the CPU one, so the run equals the
-// in-memory GPU run bit for bit, and tracks the CPU run as that does; the device holds the
-// plan's bytes without the optimizer's, the pinned host the plan's.
+// ZeRO-Offload (offload_optimizer cpu): the master and optimizer state in host memory, each
+// gradient shard copied there behind its reduction, the CPU kernels stepping it, the parameters
+// copied back; and ZeRO-Infinity's offload to nvme, whose records stream through page-locked
+// host memory and are stepped there the same way. The CUDA AdamW kernel is bitwise the CPU one,
+// so each run equals the in-memory GPU run bit for bit, and tracks the CPU run as that does;
+// the device holds the plan's bytes without the optimizer's, the host the plan's.
 TEST_P(EngineOnGpu, OffloadToHostIsBitwiseTheInMemoryRun) {
   const int stage = GetParam();
   if (stage == 0) GTEST_SKIP() << "stage 0 has no partitioned optimizer to offload";
-  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
-    SCOPED_TRACE(dtype_name(dtype));
-    EngineConfig offloaded_config = config_for(stage, dtype, true);
-    offloaded_config.offload_optimizer.device = OffloadDevice::kCpu;
-    offloaded_config.optimizer_sub_group_elements = 1000;  // several sub-groups, cut in units
-    offloaded_config.offload_optimizer.pin_memory = dtype == DType::kBFloat16;  // both kinds
-    const TrainedRun offloaded = train(offloaded_config);
-    EngineConfig in_memory_config = offloaded_config;
-    in_memory_config.offload_optimizer.device = OffloadDevice::kNone;
-    const TrainedRun in_memory = train(in_memory_config);
-    EXPECT_EQ(offloaded.losses, in_memory.losses);
-    EXPECT_EQ(offloaded.grad_norms, in_memory.grad_norms);
-    EXPECT_EQ(offloaded.params, in_memory.params);
-    EngineConfig cpu_config = offloaded_config;
-    cpu_config.device = Device::cpu();
-    expect_close(offloaded, train(cpu_config), dtype == DType::kFloat32 ? 1e-3 : 2e-2);
-    EXPECT_EQ(offloaded.model_state_bytes, offloaded.planned_model_state_bytes);
-    EXPECT_EQ(offloaded.host_bytes, offloaded.planned_host_bytes);
-    EXPECT_LT(offloaded.model_state_bytes, in_memory.model_state_bytes);
-    EXPECT_GT(offloaded.host_bytes, 0u);
+  const std::string nvme_dir =
+      (std::filesystem::temp_directory_path() / ("zero_gpu_nvme_" + std::to_string(getpid())))
+          .string();
+  std::filesystem::create_directories(nvme_dir);
+  for (OffloadDevice to : {OffloadDevice::kCpu, OffloadDevice::kNvme}) {
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+      SCOPED_TRACE(std::string(offload_device_name(to)) + " " + dtype_name(dtype));
+      EngineConfig offloaded_config = config_for(stage, dtype, true);
+      offloaded_config.optimizer_sub_group_elements = 1000;  // several sub-groups, cut in units
+      offloaded_config.offload_optimizer.device = to;
+      // Both kinds of host memory for the master and state.
+      offloaded_config.offload_optimizer.pin_memory = dtype == DType::kBFloat16;
+      offloaded_config.offload_optimizer.nvme_path = nvme_dir;
+      offloaded_config.offload_optimizer.pipeline_read = true;
+      offloaded_config.offload_optimizer.pipeline_write = true;
+      const TrainedRun offloaded = train(offloaded_config);
+      EngineConfig in_memory_config = offloaded_config;
+      in_memory_config.offload_optimizer.device = OffloadDevice::kNone;
+      const TrainedRun in_memory = train(in_memory_config);
+      EXPECT_EQ(offloaded.losses, in_memory.losses);
+      EXPECT_EQ(offloaded.grad_norms, in_memory.grad_norms);
+      EXPECT_EQ(offloaded.params, in_memory.params);
+      EngineConfig cpu_config = in_memory_config;
+      cpu_config.device = Device::cpu();
+      expect_close(offloaded, train(cpu_config), dtype == DType::kFloat32 ? 1e-3 : 2e-2);
+      EXPECT_EQ(offloaded.model_state_bytes, offloaded.planned_model_state_bytes);
+      EXPECT_EQ(offloaded.host_bytes, offloaded.planned_host_bytes);
+      EXPECT_LT(offloaded.model_state_bytes, in_memory.model_state_bytes);
+      EXPECT_GT(offloaded.host_bytes, 0u);
+    }
   }
+  std::filesystem::remove_all(nvme_dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, EngineOnGpu, ::testing::Values(0, 1, 2, 3));

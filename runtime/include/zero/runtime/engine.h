@@ -54,8 +54,11 @@ const char* offload_device_name(OffloadDevice device);
 // the next is stepped. On the CPU path the same schedule runs with the copies inside host memory
 // (which is how it is tested there); the config drops "cpu" there, where it would only copy.
 // With kNvme each rank's fp32 master (when the working dtype is not fp32; fp32's master is the
-// working parameters) and optimizer state live in one file under nvme_path, and the step streams
-// them through buffer_count staging buffers of one sub-group (sub_group_size elements) each.
+// working parameters, but on a GPU it is kept too) and optimizer state live in one file under
+// nvme_path, and the step streams them through buffer_count staging buffers of one sub-group
+// (sub_group_size elements) each. On a GPU those are page-locked host memory and each sub-group
+// is stepped there as with kCpu: the gradient shards copied to the host during backward, the
+// updated parameters copied back.
 struct OptimizerOffload {
   OffloadDevice device = OffloadDevice::kNone;
   std::string nvme_path = "/local_nvme";
@@ -283,9 +286,10 @@ class Engine {
   // communication/prefetch buffers, as the allocator counts them.
   uint64_t model_state_bytes() const;
   uint64_t buffer_bytes() const;
-  // Model-state bytes this rank holds in host memory with offload_optimizer kCpu (0 without):
-  // pinned, the host copies of the gradient shard and of the updated working parameters, and
-  // the master and optimizer state with pin_memory; pageable, those two without it.
+  // Bytes this rank holds in host memory for an update that runs there (offload_optimizer kCpu,
+  // and kNvme on a GPU; 0 otherwise): pinned, the host copies of the gradient shard and of the
+  // updated working parameters, the NVMe staging slots on a GPU, and kCpu's master and
+  // optimizer state with pin_memory; pageable, those two without it.
   uint64_t pinned_host_bytes() const;
   uint64_t pageable_host_bytes() const;
   // Bytes this rank sent (CommCounters) on the communicators the engine made itself: hybrid
@@ -350,8 +354,8 @@ struct MemoryPlan {
   uint64_t buffers = 0;      // pooled gradient buckets, gathered-parameter buffers, fp32 scratch,
                              // NVMe staging buffers
   uint64_t nvme = 0;         // the rank's files of NVMe-offloaded optimizer state and params
-  // offload_optimizer kCpu's model state in host memory, as Engine::pinned_host_bytes() and
-  // pageable_host_bytes() measure it.
+  // What an update on the host keeps in host memory (offload_optimizer kCpu, and kNvme on a
+  // GPU), as Engine::pinned_host_bytes() and pageable_host_bytes() measure it.
   uint64_t host_pinned = 0;
   uint64_t host_pageable = 0;
 };
