@@ -193,7 +193,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
               .c_str());
     }
     if (pinned_host_bytes + pageable_host_bytes > 0) {
-      std::printf("host per rank (offload_optimizer cpu): %s pinned, %s pageable\n",
+      std::printf("host per rank (the optimizer's update on the host): %s pinned, %s pageable\n",
                   zero::human_bytes(pinned_host_bytes).c_str(),
                   zero::human_bytes(pageable_host_bytes).c_str());
     }

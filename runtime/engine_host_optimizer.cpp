@@ -78,6 +78,9 @@ void Engine::Impl::apply_pass_on_host(const std::vector<Piece>& pieces,
     // The master and state where make() put them; the gradient and the working copy on this
     // side of the bus. fp32 parameters are the master itself; a 16-bit working copy is written
     // beside it.
+    // An NVMe staging slot is read into again while the upload may run: it goes from a copy.
+    ZERO_CHECK(!offload || !s.host_params.empty(),
+               "unit " << piece.unit << " has no host copy of its parameters to upload from");
     ShardUpdate update = make(i);
     update.grad = byte_offset(s.host_grads.data(), piece.begin * accum);
     update.param_out = fp32 ? nullptr : byte_offset(s.host_params.data(), piece.begin * elem);

@@ -127,8 +127,9 @@ struct UnitBytes {
   size_t state = 0;         // each optimizer state array (fp32)
   int state_arrays = 0;
   // offload_optimizer cpu: master and state are in host memory (the master of fp32 working
-  // parameters too), beside pinned host copies of the gradient shard (accumulation dtype) and,
-  // for a 16-bit working dtype, of the updated parameters.
+  // parameters too). Where the update runs on the host (steps_on_host: also nvme on a GPU),
+  // pinned host copies of the gradient shard (accumulation dtype) and of the updated parameters
+  // (but fp32's when its master is kept and pinned) beside them.
   bool optimizer_on_host = false;
   size_t host_grads = 0;
   size_t host_params = 0;
@@ -151,7 +152,7 @@ struct UnitState {
   Buffer bucket;      // a pooled working-dtype gradient during backward (uses_grad_buckets)
   Buffer grads_shard;
   Buffer state[2];          // master and state: in host memory with optimizer_on_host
-  Buffer host_grads;        // offload_optimizer cpu: the reduced gradient shard's copy on the host
+  Buffer host_grads;        // steps_on_host: the reduced gradient shard's copy on the host
   Buffer host_params;       // and the updated parameters on their way back to the device
   CommPoint params_ready;   // the all-gather that fills params_full has finished
   CommPoint grads_reduced;  // the reduction (and accumulation) of the latest grads_ready is done
@@ -187,7 +188,8 @@ struct Piece {
 // With optimizer state on NVMe, the rank's file is one record per sub-group: the sub-group's
 // elements (the trainable units' owned slices, concatenated in unit order, cut every
 // sub_group_size elements, exactly as the update's passes are cut) of each offloaded array (the
-// fp32 master when the working dtype is not fp32, then each optimizer state array), each array
+// fp32 master when the working dtype is not fp32 or the device is a GPU, then each optimizer
+// state array), each array
 // padded to kNvmeAlignment so a record is read and written whole with O_DIRECT.
 struct NvmeRecords {
   struct Record {

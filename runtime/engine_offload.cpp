@@ -1,8 +1,9 @@
-// Optimizer state on NVMe (ZeRO-Infinity's offload_optimizer device nvme), on the CPU path:
-// each rank's fp32 master (16-bit working dtypes) and optimizer state live in one file of
+// Optimizer state on NVMe (ZeRO-Infinity's offload_optimizer device nvme): each rank's fp32
+// master (16-bit working dtypes; on a GPU fp32's too) and optimizer state live in one file of
 // records, one per sub-group (NvmeRecords). The step streams the records through a few aligned
 // staging buffers and runs the same kernels on the same pieces, in the same order, as
-// memory-resident state: the result is bitwise the same.
+// memory-resident state: the result is bitwise the same. On a GPU the buffers are page-locked
+// host memory and each record is stepped on the host (engine_host_optimizer.cpp).
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -89,6 +90,10 @@ void Engine::Impl::open_offload(const std::vector<ParamDecl>& decls) {
     if (layout.units()[u].trainable) first += owned_numel(u);
   }
   if (o.layout.records.empty()) return;  // nothing to offload (no state, nothing trainable)
+  // Views and the update hand the records' master to host code: on a GPU it must be there.
+  ZERO_CHECK(o.layout.master || !config.device.is_cuda(),
+             "offload_optimizer nvme on " << device_name(config.device)
+                                          << " without the master in its records");
   // On a GPU the records are stepped on the host: staged in its page-locked memory.
   Allocator& slots_memory = steps_on_host(config) ? host_allocator : allocator;
   o.staging_memory = slots_memory.allocate(o.layout.staging_bytes, MemoryCategory::kNvmeStaging);
@@ -141,7 +146,8 @@ void Engine::Impl::update_offloaded(float grad_scale) {
   o.read_bytes = 0;
   o.write_bytes = 0;
   if (records.records.empty()) {
-    // Nothing is offloaded (no optimizer state in fp32): the passes run as in memory.
+    // Nothing is offloaded (on the CPU path: no optimizer state in fp32; on a GPU: nothing
+    // trainable): the passes run as in memory.
     float* none[2] = {nullptr, nullptr};
     for (const std::vector<Piece>& pieces : sub_groups) {
       apply_pass(
@@ -258,7 +264,7 @@ char* Engine::Impl::cached_record(int k) {
 }
 
 // A trainable unit's state view: host copies of its owned arrays, read out of the records its
-// slice spans (the master is the working parameters themselves in fp32).
+// slice spans (the master is the working parameters themselves in fp32 on the CPU path).
 Engine::StateView Engine::Impl::offloaded_state_view(int u) {
   OffloadedOptimizer& o = *offload;
   Engine::StateView view;
@@ -295,7 +301,8 @@ Engine::StateView Engine::Impl::offloaded_state_view(int u) {
 }
 
 // state_loaded() with offloaded state: every record some view overlaps is read, patched from
-// the views and written back; a 16-bit working copy is rounded from its view's master.
+// the views and written back; the working copy is set from its view's master where the records
+// hold one (set_working_params).
 void Engine::Impl::write_back_offloaded_views() {
   OffloadedOptimizer& o = *offload;
   if (o.views.empty()) return;

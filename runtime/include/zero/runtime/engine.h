@@ -352,7 +352,8 @@ class Engine {
 struct MemoryPlan {
   uint64_t model_state = 0;  // params, grads, master, optimizer state, in the engine's memory
   uint64_t buffers = 0;      // pooled gradient buckets, gathered-parameter buffers, fp32 scratch,
-                             // NVMe staging buffers
+                             // NVMe staging buffers (the optimizer's: on the CPU path; on a GPU
+                             // they are host_pinned)
   uint64_t nvme = 0;         // the rank's files of NVMe-offloaded optimizer state and params
   // What an update on the host keeps in host memory (offload_optimizer kCpu, and kNvme on a
   // GPU), as Engine::pinned_host_bytes() and pageable_host_bytes() measure it.
