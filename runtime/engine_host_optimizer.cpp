@@ -107,17 +107,7 @@ void Engine::Impl::update_on_host(float grad_scale) {
   begin_host_update();
   for (const std::vector<Piece>& pieces : sub_groups) {
     apply_pass_on_host(
-        pieces,
-        [&](size_t i) {
-          const Piece& piece = pieces[i];
-          UnitState& s = units[piece.unit];
-          float* state[2] = {s.state[0].as<float>(), s.state[1].as<float>()};
-          for (float*& array : state) {
-            if (array != nullptr) array += piece.begin;
-          }
-          return piece_update(piece, s.master.as<float>() + piece.begin, state);
-        },
-        grad_scale);
+        pieces, [&](size_t i) { return resident_piece_update(pieces[i]); }, grad_scale);
   }
   end_host_update();
 }

@@ -486,6 +486,8 @@ struct Engine::Impl {
   // The piece's update with its master and state arrays at `master` and `state` (null master:
   // the working parameters are the master).
   ShardUpdate piece_update(const Piece& piece, float* master, float* const* state);
+  // The same with the master (where the unit keeps one) and state in the unit's own buffers.
+  ShardUpdate resident_piece_update(const Piece& piece);
 
   // NVMe offload (engine_offload.cpp): creates the file and writes the initial master into it;
   // update() with the sub-groups streamed through the staging buffers (read k + 1 and write

@@ -184,21 +184,9 @@ void Engine::Impl::update(float lr, float grad_scale) {
   } else if (offloads_optimizer_to_host(config)) {
     update_on_host(grad_scale);
   } else {
-    const bool separate_master = config.dtype != DType::kFloat32;
     for (const std::vector<Piece>& pieces : sub_groups) {
       apply_pass(
-          pieces,
-          [&](size_t i) {
-            const Piece& piece = pieces[i];
-            UnitState& s = units[piece.unit];
-            float* state[2] = {s.state[0].as<float>(), s.state[1].as<float>()};
-            for (float*& array : state) {
-              if (array != nullptr) array += piece.begin;
-            }
-            float* master = separate_master ? s.master.as<float>() + piece.begin : nullptr;
-            return piece_update(piece, master, state);
-          },
-          grad_scale);
+          pieces, [&](size_t i) { return resident_piece_update(pieces[i]); }, grad_scale);
     }
   }
   // The next forward reads the shards written back here.
@@ -234,6 +222,16 @@ void Engine::Impl::apply_pass(const std::vector<Piece>& pieces,
     if (swapped && last.begin + last.count == owned_numel(last.unit)) param_swap->write_back(u);
     i = end;
   }
+}
+
+ShardUpdate Engine::Impl::resident_piece_update(const Piece& piece) {
+  UnitState& s = units[piece.unit];
+  float* state[2] = {s.state[0].as<float>(), s.state[1].as<float>()};
+  for (float*& array : state) {
+    if (array != nullptr) array += piece.begin;
+  }
+  float* master = s.master.empty() ? nullptr : s.master.as<float>() + piece.begin;
+  return piece_update(piece, master, state);
 }
 
 ShardUpdate Engine::Impl::piece_update(const Piece& piece, float* master, float* const* state) {

@@ -28,17 +28,6 @@ void to_host(EngineConfig& c) {
   c.offload_optimizer.device = OffloadDevice::kCpu;
 }
 
-void expect_bitwise(const TrainResult& run, const TrainResult& reference, const std::string& what) {
-  ASSERT_EQ(run.losses.size(), reference.losses.size()) << what;
-  for (size_t i = 0; i < run.losses.size(); ++i) {
-    EXPECT_EQ(run.losses[i], reference.losses[i]) << what << " step " << i + 1;
-  }
-  ASSERT_EQ(run.final_params.size(), reference.final_params.size()) << what;
-  for (size_t p = 0; p < run.final_params.size(); ++p) {
-    EXPECT_EQ(run.final_params[p], reference.final_params[p]) << what << " parameter " << p;
-  }
-}
-
 TEST(HostOffload, TrainingIsBitwiseInMemoryTraining) {
   for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
     // fp32 with a pageable master uploads through its pinned copy, bf16 with a pinned master

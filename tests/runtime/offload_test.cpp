@@ -93,17 +93,6 @@ std::function<void(EngineConfig&)> both(std::function<void(EngineConfig&)> first
   };
 }
 
-void expect_bitwise(const TrainResult& run, const TrainResult& reference, const std::string& what) {
-  ASSERT_EQ(run.losses.size(), reference.losses.size()) << what;
-  for (size_t i = 0; i < run.losses.size(); ++i) {
-    EXPECT_EQ(run.losses[i], reference.losses[i]) << what << " step " << i + 1;
-  }
-  ASSERT_EQ(run.final_params.size(), reference.final_params.size()) << what;
-  for (size_t p = 0; p < run.final_params.size(); ++p) {
-    EXPECT_EQ(run.final_params[p], reference.final_params[p]) << what << " parameter " << p;
-  }
-}
-
 TEST(Offload, NvmeTrainingIsBitwiseInMemoryTraining) {
   for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
     for (int stage = 1; stage <= 3; ++stage) {

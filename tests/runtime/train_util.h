@@ -143,6 +143,19 @@ inline TrainResult train(const RunOptions& o) {
   return run;
 }
 
+// The same losses and final parameters, bit for bit.
+inline void expect_bitwise(const TrainResult& run, const TrainResult& reference,
+                           const std::string& what) {
+  ASSERT_EQ(run.losses.size(), reference.losses.size()) << what;
+  for (size_t i = 0; i < run.losses.size(); ++i) {
+    EXPECT_EQ(run.losses[i], reference.losses[i]) << what << " step " << i + 1;
+  }
+  ASSERT_EQ(run.final_params.size(), reference.final_params.size()) << what;
+  for (size_t p = 0; p < run.final_params.size(); ++p) {
+    EXPECT_EQ(run.final_params[p], reference.final_params[p]) << what << " parameter " << p;
+  }
+}
+
 inline int world_size() {
   return make_mpi_communicator()->world_size();
 }
