@@ -33,7 +33,7 @@ bool steps_on_host(const EngineConfig& config) {
 
 void Engine::Impl::copy_grads_to_host(int u) {
   UnitState& s = units[u];
-  if (s.host_grads.empty()) return;
+  if (s.host_grads.empty()) return;  // the update is not on the host (steps_on_host)
   DeviceContext* dev = device.get();
   Stream* on = &comm.stream();
   void* host = s.host_grads.data();
@@ -126,12 +126,6 @@ void Engine::Impl::set_working_params(size_t u, const float* master) {
   void* staged = units[u].host_params.data();
   kernels::cast(master, DType::kFloat32, staged, config.dtype, n);
   device->copy_from_host(owned_params(u), staged, n * elem);
-}
-
-void Engine::Impl::upload_params_from_host_master() {
-  for (size_t u = 0; u < units.size(); ++u) {
-    if (layout.units()[u].trainable) set_working_params(u, units[u].master.as<float>());
-  }
 }
 
 }  // namespace zero

@@ -502,6 +502,7 @@ struct Engine::Impl {
   // The update on the host (engine_host_optimizer.cpp; see steps_on_host). After unit u's last
   // reduction of the step: its reduced gradient shard to the host, on the communication stream
   // right behind that reduction (so during backward); grads_reduced then includes the copy.
+  // Nothing where the update is not on the host (the unit has no host copy).
   void copy_grads_to_host(int u);
   // update() on the host: the CPU kernels over each sub-group, whose updated working parameters
   // go back to the device while the next sub-group is stepped.
@@ -517,8 +518,6 @@ struct Engine::Impl {
   // Unit u's working parameters from its owned fp32 master (host memory where steps_on_host,
   // else the device's), rounded to the working dtype.
   void set_working_params(size_t u, const float* master);
-  // The working parameters on the device from the host master (after a load).
-  void upload_params_from_host_master();
   // Until the last update's copies to the device have read their host side.
   void wait_for_host_uploads();
   Engine::StateView offloaded_state_view(int u);

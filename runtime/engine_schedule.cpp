@@ -264,7 +264,7 @@ CommPoint Engine::Impl::reduce_unit(int u, void* source, DType dtype, bool accum
   }
   const Reduction r = reduce_to_shard(unit, source, dtype, owned_grads(u), accumulate, last);
   s.grads_reduced = r.done;
-  if (last && steps_on_host(config)) copy_grads_to_host(u);
+  if (last) copy_grads_to_host(u);
   return r.input_read;
 }
 
@@ -358,7 +358,7 @@ CommPoint Engine::Impl::reduce_packed(int u, void* source, DType dtype, bool acc
   if (on != &comm.stream() && !sum_at_boundary) scratch_read_by_replicas = reduced.event;
   for (int v : packs.packs[p]) {
     units[v].grads_reduced = reduced;
-    if (last && steps_on_host(config)) copy_grads_to_host(v);
+    if (last) copy_grads_to_host(v);
   }
   return copied;
 }

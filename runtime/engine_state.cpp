@@ -90,15 +90,10 @@ void Engine::Impl::state_loaded() {
     }
   }
   write_state_views();
-  if (offloads_optimizer_to_host(config)) {
-    upload_params_from_host_master();
-  } else {
-    for (size_t u = 0; u < units.size(); ++u) {
-      if (config.dtype != DType::kFloat32 && layout.units()[u].trainable && !offload) {
-        device->cast(units[u].master.data(), DType::kFloat32, owned_params(u), config.dtype,
-                     owned_numel(u));
-      }
-    }
+  // A unit that keeps a master (a 16-bit working dtype, or the optimizer on the host) takes its
+  // working parameters from it; NVMe-resident masters did so as their views were written back.
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (!offload && !units[u].master.empty()) set_working_params(u, units[u].master.as<float>());
   }
   start_post_step_gathers(/*with_frozen=*/true);
   for (UnitState& s : units) wait_for_comm(s.params_ready);
