@@ -73,9 +73,9 @@ TEST(ConfigOffload, NvmeExampleFile) {
   expect_engine_accepts(e);
 }
 
-// Hugging Face's ZeRO-3 file with both offloads on cpu: accepted, and each said once to be
-// where the CPU path keeps the state anyway, and dropped (the engine would only copy).
-TEST(ConfigOffload, HuggingFaceZero3CpuOffloadFile) {
+// Hugging Face's ZeRO-3 file with both offloads on cpu, its "auto" values from a run of 2 ranks
+// on the CPU path or on a GPU.
+TrainingConfig load_hf_zero3_offload_cpu(bool cuda) {
   ConfigContext context;
   context.train_batch_size = 24;
   context.gradient_accumulation_steps = 1;
@@ -86,8 +86,14 @@ TEST(ConfigOffload, HuggingFaceZero3CpuOffloadFile) {
   context.warmup_num_steps = 2;
   context.total_num_steps = 20;
   context.hidden_size = 64;
-  const TrainingConfig c =
-      load_training_config(example_config("hf_zero3_offload_cpu.json"), 2, context);
+  context.cuda = cuda;
+  return load_training_config(example_config("hf_zero3_offload_cpu.json"), 2, context);
+}
+
+// Hugging Face's ZeRO-3 file with both offloads on cpu: accepted, and each said once to be
+// where the CPU path keeps the state anyway, and dropped (the engine would only copy).
+TEST(ConfigOffload, HuggingFaceZero3CpuOffloadFile) {
+  const TrainingConfig c = load_hf_zero3_offload_cpu(/*cuda=*/false);
   EXPECT_EQ(c.engine.offload_optimizer.device, OffloadDevice::kNone);
   EXPECT_EQ(c.engine.offload_param.device, OffloadDevice::kNone);
   ASSERT_EQ(c.ignored_keys.size(), 2u);
@@ -102,19 +108,7 @@ TEST(ConfigOffload, HuggingFaceZero3CpuOffloadFile) {
 // The same file for a GPU run: the optimizer goes to the host (ZeRO-Offload); the parameter
 // shards stay on the GPU, and the note says so.
 TEST(ConfigOffload, HuggingFaceZero3CpuOffloadFileOnCuda) {
-  ConfigContext context;
-  context.train_batch_size = 24;
-  context.gradient_accumulation_steps = 1;
-  context.gradient_clipping = 1.0f;
-  context.dtype = DType::kBFloat16;
-  context.lr = 1e-3f;
-  context.weight_decay = 0.0f;
-  context.warmup_num_steps = 2;
-  context.total_num_steps = 20;
-  context.hidden_size = 64;
-  context.cuda = true;
-  const TrainingConfig c =
-      load_training_config(example_config("hf_zero3_offload_cpu.json"), 2, context);
+  const TrainingConfig c = load_hf_zero3_offload_cpu(/*cuda=*/true);
   EXPECT_EQ(c.engine.offload_optimizer.device, OffloadDevice::kCpu);
   EXPECT_EQ(c.engine.offload_param.device, OffloadDevice::kNone);
   ASSERT_EQ(c.ignored_keys.size(), 1u);

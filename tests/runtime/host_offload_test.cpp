@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/expect_error.h"
 #include "tests/runtime/train_util.h"
 #include "zero/runtime/checkpoint.h"
 
@@ -234,7 +235,6 @@ TEST(HostOffload, CheckpointResumeIsBitwise) {
                           std::to_string(comm->world_size()) + "/checkpoint";
   if (comm->rank() == 0) std::filesystem::remove_all(dir);
   comm->barrier_sync();
-  const models::MlpConfig mlp{8, 24, 4, 3};
   const auto run = [&](bool offloaded, int stage, int from, int to, bool save, bool load,
                        DType dtype = DType::kBFloat16) {
     EngineConfig config;
@@ -242,19 +242,8 @@ TEST(HostOffload, CheckpointResumeIsBitwise) {
     config.dtype = dtype;
     config.optimizer.lr = 1e-2f;
     if (offloaded) to_host(config);
-    ZeroModel model(*comm, models::make_mlp(mlp), config);
-    if (load) load_checkpoint(model.engine(), dir + "/latest", nullptr);
-    models::TeacherTask task(mlp, 7);
-    std::vector<float> losses;
-    for (int step = from; step <= to; ++step) {
-      models::Batch batch = task.batch(step, comm->rank() * 6, 6);
-      Tensor grad;
-      losses.push_back(models::mse_loss(model.forward(batch.inputs), batch.targets, grad));
-      model.backward(grad);
-      model.step();
-      if (save && step == 3) save_checkpoint(model.engine(), dir, TrainerState{step, 7});
-    }
-    return std::make_pair(losses, model.engine().gather_full_master());
+    const CheckpointedRun r = train_around_checkpoint(*comm, config, dir, from, to, save, load);
+    return std::make_pair(r.losses, r.master);
   };
   const auto [whole, whole_master] = run(true, 3, 1, 6, true, false);
   const std::vector<float> tail(whole.begin() + 3, whole.end());
@@ -277,16 +266,6 @@ TEST(HostOffload, CheckpointResumeIsBitwise) {
   EXPECT_EQ(run(false, 2, 4, 6, false, true, DType::kFloat32).first, fp32_tail);
 }
 
-template <typename Fn>
-std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
-
 TEST(HostOffload, UnsupportedSettingsAreRefusedByName) {
   std::unique_ptr<Communicator> comm = make_mpi_communicator();
   const auto build = [&](const std::function<void(EngineConfig&)>& tweak) {
@@ -295,20 +274,17 @@ TEST(HostOffload, UnsupportedSettingsAreRefusedByName) {
     tweak(config);
     ZeroModel model(*comm, models::make_mlp(models::MlpConfig{8, 24, 4, 3}), config);
   };
-  EXPECT_NE(error_of([&] {
-              build([](EngineConfig& c) { c.stage = 0; });
-            }).find("optimizer offload to cpu needs ZeRO stage 1, 2 or 3, not stage 0"),
-            std::string::npos);
-  const std::string with_params = error_of([&] {
-    build([](EngineConfig& c) {
-      c.stage = 3;
-      c.offload_param.device = OffloadDevice::kNvme;
-      c.offload_param.nvme_path = "/tmp";
-    });
-  });
-  EXPECT_NE(with_params.find("optimizer offload to cpu with parameter offload to nvme"),
-            std::string::npos)
-      << with_params;
+  expect_error_naming([&] { build([](EngineConfig& c) { c.stage = 0; }); },
+                      "optimizer offload to cpu needs ZeRO stage 1, 2 or 3, not stage 0");
+  expect_error_naming(
+      [&] {
+        build([](EngineConfig& c) {
+          c.stage = 3;
+          c.offload_param.device = OffloadDevice::kNvme;
+          c.offload_param.nvme_path = "/tmp";
+        });
+      },
+      "optimizer offload to cpu with parameter offload to nvme");
 }
 
 }  // namespace

@@ -244,26 +244,13 @@ TEST(Offload, IoErrorNamesFileOffsetAndErrno) {
 TEST(Offload, CheckpointResumeIsBitwise) {
   std::unique_ptr<Communicator> comm = make_mpi_communicator();
   const std::string dir = empty_job_dir(*comm, "checkpoint");
-  const models::MlpConfig mlp{8, 24, 4, 3};
   const auto run = [&](bool offloaded, int from, int to, bool save, bool load) {
     EngineConfig config;
     config.stage = 3;
     config.dtype = DType::kBFloat16;
     config.optimizer.lr = 1e-2f;
     if (offloaded) nvme(100, true)(config);
-    ZeroModel model(*comm, models::make_mlp(mlp), config);
-    if (load) load_checkpoint(model.engine(), dir + "/latest", nullptr);
-    models::TeacherTask task(mlp, 7);
-    std::vector<float> losses;
-    for (int step = from; step <= to; ++step) {
-      models::Batch batch = task.batch(step, comm->rank() * 6, 6);
-      Tensor grad;
-      losses.push_back(models::mse_loss(model.forward(batch.inputs), batch.targets, grad));
-      model.backward(grad);
-      model.step();
-      if (save && step == 3) save_checkpoint(model.engine(), dir, TrainerState{step, 7});
-    }
-    return losses;
+    return train_around_checkpoint(*comm, config, dir, from, to, save, load).losses;
   };
   const std::vector<float> whole = run(true, 1, 6, true, false);
   const std::vector<float> tail(whole.begin() + 3, whole.end());

@@ -14,6 +14,7 @@
 #include "models/mlp.h"
 #include "tests/runtime/reference_training.h"
 #include "zero/collectives/mpi_communicator.h"
+#include "zero/runtime/checkpoint.h"
 #include "zero/runtime/model.h"
 
 namespace zero::testing {
@@ -140,6 +141,34 @@ inline TrainResult train(const RunOptions& o) {
     run.peak_bytes = model.engine().allocator().stats().peak_total;
     run.units = model.engine().layout().units().size();
   }
+  return run;
+}
+
+// A run of the checkpoint tests: the example MLP (8, 24, 4, 3) trained over steps [from, to]
+// with `config`, 6 samples per rank from seed 7's teacher, first loading `dir`/latest when
+// `load`, saving into `dir` after step 3 when `save`. Its losses, and its full master after the
+// last step.
+struct CheckpointedRun {
+  std::vector<float> losses;
+  std::vector<std::vector<float>> master;
+};
+inline CheckpointedRun train_around_checkpoint(Communicator& comm, const EngineConfig& config,
+                                               const std::string& dir, int from, int to, bool save,
+                                               bool load) {
+  const models::MlpConfig mlp{8, 24, 4, 3};
+  ZeroModel model(comm, models::make_mlp(mlp), config);
+  if (load) load_checkpoint(model.engine(), dir + "/latest", nullptr);
+  models::TeacherTask task(mlp, 7);
+  CheckpointedRun run;
+  for (int step = from; step <= to; ++step) {
+    models::Batch batch = task.batch(step, comm.rank() * 6, 6);
+    Tensor grad;
+    run.losses.push_back(models::mse_loss(model.forward(batch.inputs), batch.targets, grad));
+    model.backward(grad);
+    model.step();
+    if (save && step == 3) save_checkpoint(model.engine(), dir, TrainerState{step, 7});
+  }
+  run.master = model.engine().gather_full_master();
   return run;
 }
 
