@@ -78,9 +78,9 @@ def target_rows(memory):
         rows.append([f"NVMe optimizer pass against raw O_DIRECT ({r['bytes'] >> 20} MiB of state)",
                      f">= {OFFLOAD_SHARE_TARGET:.0%}", f"{r['ours_over_raw']:.0%}",
                      verdict(r["ours_over_raw"] >= OFFLOAD_SHARE_TARGET)])
-        rows.append(["NVMe optimizer time against the raw I/O time of the same bytes",
-                     f"<= {OFFLOAD_TIME_TARGET}x", f"{r['optimizer_over_io']:.2f}x",
-                     verdict(r["optimizer_over_io"] <= OFFLOAD_TIME_TARGET)])
+        rows.append(["NVMe optimizer time against the time its disk was busy with its transfers",
+                     f"<= {OFFLOAD_TIME_TARGET}x", f"{r['optimizer_over_busy']:.2f}x",
+                     verdict(r["optimizer_over_busy"] <= OFFLOAD_TIME_TARGET)])
     return rows
 
 
@@ -113,11 +113,17 @@ def markdown(memory, table):
               "pipelined (`pipeline_read` and `pipeline_write`: sub-group k+1 read and k-1 "
               "written while k is stepped), the overlap the targets measure. GB/s count the state "
               "read plus written; the engine's figures are its StepStats (`optimizer_ms`, "
-              "`nvme_wait_ms`: the time the pass was blocked on the disk).\n\n")
-    md.append(table(["state MiB", "ours ms", "blocked on I/O ms", "raw ms", "ours GB/s",
+              "`nvme_wait_ms`: the time the pass was blocked on the disk, `nvme_busy_ms`: the "
+              "time some transfer of its file was outstanding). Whether compute hides under the "
+              "I/O is the pass's time over its disk's busy time, per step (1.00: the disk "
+              "worked the whole pass; with pipelining off it is the compute's share more); "
+              "against the raw pass's time it would only restate ours / raw.\n\n")
+    md.append(table(["state MiB", "ours ms", "blocked on I/O ms", "disk busy ms", "ours / busy",
+                     "raw ms", "ours GB/s",
                      "raw GB/s (read, write)", "ours / raw", "ring raw ms", "ring raw GB/s",
                      "ours / ring"],
                     [[r["bytes"] >> 20, f"{r['ours_ms']:.0f}", f"{r['nvme_wait_ms']:.0f}",
+                      f"{r['nvme_busy_ms']:.0f}", f"{r['optimizer_over_busy']:.2f}",
                       f"{r['raw_ms']:.0f}", f"{r['ours_GBps']:.2f}",
                       f"{r['raw_GBps']:.2f} ({r['raw_read_GBps']:.2f}, "
                       f"{r['raw_write_GBps']:.2f})", f"{r['ours_over_raw']:.2f}",

@@ -331,6 +331,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
                       {"backward_ms", json_number(to_ms(times.backward))},
                       {"optimizer_ms", json_number(optimizer_ms)},
                       {"nvme_wait_ms", json_number(stats.nvme_wait_ms)},
+                      {"nvme_busy_ms", json_number(stats.nvme_busy_ms)},
                       {"nvme_param_read_wait_ms", json_number(stats.nvme_param_read_wait_ms)},
                       {"nvme_read_bytes", stats.nvme_read_bytes},
                       {"nvme_write_bytes", stats.nvme_write_bytes},

@@ -223,8 +223,10 @@ struct OffloadedOptimizer {
   int cached = -1;                 // the record slot 0 holds for checkpoint access (-1: none)
   // state_view() copies of units' arrays, which state_loaded() writes back into the records.
   std::map<int, std::vector<Buffer>> views;
-  // The last update's I/O: time blocked on transfers, and bytes moved.
+  // The last update's I/O: time blocked on transfers, time the file had transfers outstanding,
+  // and bytes moved.
   double wait_ms = 0.0;
+  double busy_ms = 0.0;
   uint64_t read_bytes = 0;
   uint64_t write_bytes = 0;
 };

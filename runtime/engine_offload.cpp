@@ -143,6 +143,7 @@ void Engine::Impl::update_offloaded(float grad_scale) {
   const NvmeRecords& records = o.layout;
   o.cached = -1;  // the step rewrites every record
   o.wait_ms = 0.0;
+  o.busy_ms = 0.0;
   o.read_bytes = 0;
   o.write_bytes = 0;
   if (records.records.empty()) {
@@ -196,6 +197,7 @@ void Engine::Impl::update_offloaded(float grad_scale) {
   };
   // On a GPU each pass is stepped on the host (engine_host_optimizer.cpp).
   const bool on_host = steps_on_host(config);
+  const double busy_before = o.file->busy_ms();
   if (on_host) begin_host_update();
   try {
     const size_t count = records.records.size();
@@ -231,6 +233,7 @@ void Engine::Impl::update_offloaded(float grad_scale) {
       if (!config.offload_optimizer.pipeline_write) drain();
     }
     drain();
+    o.busy_ms = o.file->busy_ms() - busy_before;
     if (on_host) end_host_update();
   } catch (...) {
     for (NvmeFile::Ticket& ticket : read_of) {

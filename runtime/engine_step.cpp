@@ -38,6 +38,7 @@ StepStats Engine::Impl::step() {
             .count();
     if (offload) {
       stats.nvme_wait_ms = offload->wait_ms;
+      stats.nvme_busy_ms = offload->busy_ms;
       stats.nvme_read_bytes = offload->read_bytes;
       stats.nvme_write_bytes = offload->write_bytes;
     }

@@ -303,6 +303,12 @@ NvmeFile::Ticket NvmeFile::start(bool write, char* buffer, uint64_t offset, size
   const size_t block = aio_.block_size;
   const size_t requests = (bytes + block - 1) / block;
   ticket->remaining = static_cast<int>(requests);
+  {
+    // Counted before any request reaches a worker, so no completion can come first.
+    const std::lock_guard<std::mutex> lock(done_mutex_);
+    if (outstanding_ == 0) busy_since_ = std::chrono::steady_clock::now();
+    outstanding_ += requests;
+  }
   const size_t threads = workers_.size();
   for (size_t i = 0; i < requests; ++i) {
     Request r;
@@ -323,8 +329,21 @@ void NvmeFile::finish(Transfer& transfer, const std::string& error) {
     const std::lock_guard<std::mutex> lock(done_mutex_);
     if (!error.empty() && transfer.error.empty()) transfer.error = error;
     --transfer.remaining;
+    if (--outstanding_ == 0) {
+      busy_ms_ +=
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - busy_since_)
+              .count();
+    }
   }
   done_.notify_all();
+}
+
+double NvmeFile::busy_ms() {
+  const std::lock_guard<std::mutex> lock(done_mutex_);
+  if (outstanding_ == 0) return busy_ms_;
+  return busy_ms_ +
+         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - busy_since_)
+             .count();
 }
 
 void NvmeFile::wait(const Ticket& ticket) {

@@ -9,11 +9,13 @@
 #include <malloc.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/runtime/train_util.h"
@@ -156,6 +158,9 @@ TEST(Offload, StepStatsCountEveryRecordOnceEachWay) {
       EXPECT_GT(stats.optimizer_ms, 0.0);
       EXPECT_GE(stats.nvme_wait_ms, 0.0);
       EXPECT_LE(stats.nvme_wait_ms, stats.optimizer_ms);
+      // The disk worked for the update within its span.
+      EXPECT_GT(stats.nvme_busy_ms, 0.0);
+      EXPECT_LE(stats.nvme_busy_ms, stats.optimizer_ms);
     }
   }
   RunOptions o;
@@ -165,6 +170,7 @@ TEST(Offload, StepStatsCountEveryRecordOnceEachWay) {
   EXPECT_GT(in_memory.stats[0].optimizer_ms, 0.0);
   EXPECT_EQ(in_memory.stats[0].nvme_read_bytes + in_memory.stats[0].nvme_write_bytes, 0u);
   EXPECT_EQ(in_memory.stats[0].nvme_wait_ms, 0.0);
+  EXPECT_EQ(in_memory.stats[0].nvme_busy_ms, 0.0);
 }
 
 // Host memory drops by the master and the moments (12 bytes per owned element in bf16, 8 in
@@ -204,6 +210,35 @@ TEST(Offload, FreeSpaceIsCheckedWithBothNumbers) {
   // What fits is taken.
   NvmeFile fits(path, 1 << 20, AioConfig{}, 0);
   EXPECT_EQ(fits.bytes(), 1u << 20);
+}
+
+// The file's busy time is the union of the spans its transfers were outstanding: a pass's wall
+// time over it says how much compute the I/O hid, so idle time must not count, nor may two
+// transfers in flight together count twice.
+TEST(Offload, BusyTimeIsTheSpanTransfersWereOutstanding) {
+  using Clock = std::chrono::steady_clock;
+  const auto ms_since = [](Clock::time_point start) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  };
+  const size_t bytes = size_t{8} << 20;
+  std::vector<char> memory(2 * bytes + kNvmeBufferSlack);
+  char* buffer = nvme_aligned(memory.data());
+  NvmeFile file(nvme_dir() + "/busy.swp", 2 * bytes, AioConfig{}, 0);
+  EXPECT_EQ(file.busy_ms(), 0.0);
+  const Clock::time_point first = Clock::now();
+  file.wait(file.write(buffer, 0, bytes));
+  const double first_span = ms_since(first);
+  const double busy = file.busy_ms();
+  EXPECT_GT(busy, 0.0);
+  EXPECT_LE(busy, first_span);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(file.busy_ms(), busy) << "idle time counted as busy";
+  const Clock::time_point both = Clock::now();
+  const NvmeFile::Ticket write = file.write(buffer + bytes, bytes, bytes);
+  const NvmeFile::Ticket read = file.read(buffer, 0, bytes);
+  file.wait(write);
+  file.wait(read);
+  EXPECT_LE(file.busy_ms() - busy, ms_since(both)) << "transfers in flight together counted twice";
 }
 
 TEST(Offload, BadPathNamesTheFileAndErrno) {

@@ -216,13 +216,16 @@ struct StepStats {
   // The update of this rank's slices (0 for a skipped step): its wall time, I/O included (on
   // CUDA, where the kernels run asynchronously, the host's time to issue them); with
   // optimizer state on NVMe, how long it was blocked waiting for transfers and the bytes it read
-  // and wrote. optimizer_ms - nvme_wait_ms is the time the kernels were not hidden under I/O.
+  // and wrote, and nvme_busy_ms how long its state file had transfers outstanding during the
+  // update: optimizer_ms / nvme_busy_ms near 1 means the kernels ran while the disk worked,
+  // and optimizer_ms - nvme_busy_ms is the compute the I/O did not hide.
   // With parameters on NVMe (offload_param) the bytes also count every shard read for an
   // all-gather or an update and written back since the previous step() returned, the wait also
   // the step's blocking on them, and nvme_param_read_wait_ms is how long the communication
   // stream waited for shard reads before their all-gathers (the reads not hidden by prefetch).
   double optimizer_ms = 0.0;
   double nvme_wait_ms = 0.0;
+  double nvme_busy_ms = 0.0;
   uint64_t nvme_read_bytes = 0;
   uint64_t nvme_write_bytes = 0;
   double nvme_param_read_wait_ms = 0.0;

@@ -14,6 +14,7 @@
 // and its fault injection for every file the runtime streams to NVMe.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -74,6 +75,11 @@ class NvmeFile {
   // Blocks until the transfer is done; throws its error. A null ticket is done.
   void wait(const Ticket& ticket);
 
+  // The time some request of this file was outstanding (from read() or write() until its
+  // completion), in ms since the file was made: how long the disk was working for it, which a
+  // pass's wall time can be held to (the compute it did not hide is the difference).
+  double busy_ms();
+
   const std::string& path() const { return path_; }
   uint64_t bytes() const { return bytes_; }
 
@@ -90,6 +96,10 @@ class NvmeFile {
   // Transfers complete on the workers' threads; waiters sleep on this.
   std::mutex done_mutex_;
   std::condition_variable done_;
+  // Requests started and not yet completed, and since when some were; under done_mutex_.
+  size_t outstanding_ = 0;
+  std::chrono::steady_clock::time_point busy_since_;
+  double busy_ms_ = 0.0;
   // The injected fault (tests): which kind of transfer, and how many of them to let pass.
   int fault_kind_ = -1;  // 0 read, 1 write, -1 none
   long fault_countdown_ = 0;
