@@ -84,8 +84,9 @@ Engine::Impl::Impl(Communicator& c, const std::vector<ParamDecl>& decls, const E
   sub_groups = plan_sub_groups();
   check_offload_space();
   if (offloads_params_to_nvme(config)) {
-    param_swap = std::make_unique<ParamSwap>(layout, config, allocator, rank,
-                                             [this](const CommPoint& p) { wait_for_comm(p); });
+    param_swap =
+        std::make_unique<ParamSwap>(layout, config, allocator, host_allocator, *device, rank,
+                                    [this](const CommPoint& p) { wait_for_comm(p); });
   }
   initialize(decls);
   // The first step's NVMe figures are its own, not the initial values' writes.
@@ -123,8 +124,6 @@ EngineConfig Engine::Impl::validated(const EngineConfig& c, Communicator& comm) 
   ZERO_CHECK(c.kernel_threads >= 1, "kernel threads must be at least 1, got " << c.kernel_threads);
   const bool params_on_nvme = c.offload_param.device == OffloadDevice::kNvme;
   if (params_on_nvme) {
-    ZERO_CHECK(!c.device.is_cuda(), "parameter offload to nvme is not supported yet on "
-                                        << device_name(c.device) << "; it runs on the CPU path");
     // As DeepSpeed: only stage 3 partitions the parameters.
     ZERO_CHECK(c.stage == 3,
                "parameter offload to nvme (offload_param) needs ZeRO stage 3, not "
@@ -147,9 +146,6 @@ EngineConfig Engine::Impl::validated(const EngineConfig& c, Communicator& comm) 
   if (offloads_optimizer_to_host(c)) {
     ZERO_CHECK(c.stage >= 1, "optimizer offload to cpu needs ZeRO stage 1, 2 or 3, not stage "
                                  << c.stage << " (there is no partitioned optimizer to move)");
-    ZERO_CHECK(!params_on_nvme,
-               "optimizer offload to cpu with parameter offload to nvme is not supported yet; "
-               "offload both to nvme, or the optimizer alone to cpu");
   }
   if (params_on_nvme || offloads_optimizer_to_nvme(c)) {
     ZERO_CHECK(c.aio.block_size >= kNvmeAlignment && c.aio.block_size % kNvmeAlignment == 0 &&
@@ -349,7 +345,7 @@ void Engine::Impl::initialize(const std::vector<ParamDecl>& decls) {
     upload(s.params_full, config.dtype, 0, unit.numel);
     if (param_swap && param_swap->swapped(static_cast<int>(u))) {
       fill(unit.shard * elem, config.dtype, shard_begin, shard_end);
-      param_swap->store(static_cast<int>(u), host.data(), host.size());
+      param_swap->store(static_cast<int>(u), host.data(), host.size(), ParamSwap::Side::kHost);
     }
     upload(s.params_shard, config.dtype, shard_begin, shard_end);
     if (s.master.empty()) continue;

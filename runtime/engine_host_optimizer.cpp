@@ -75,21 +75,33 @@ void Engine::Impl::apply_pass_on_host(const std::vector<Piece>& pieces,
   for (size_t i = 0; i < pieces.size(); ++i) {
     const Piece& piece = pieces[i];
     UnitState& s = units[piece.unit];
+    // A shard on NVMe (offload_param) is updated in its host buffer and written back to its
+    // file from there with its unit's last piece: it goes to the device with its next gather.
+    const bool swapped = param_swap && param_swap->swapped(static_cast<int>(piece.unit));
+    char* shard =
+        swapped
+            ? static_cast<char*>(swap_in_for_update(static_cast<int>(piece.unit), /*on_host=*/true))
+            : nullptr;
     // The master and state where make() put them; the gradient and the working copy on this
     // side of the bus. fp32 parameters are the master itself; a 16-bit working copy is written
     // beside it.
     // An NVMe staging slot is read into again while the upload may run: it goes from a copy.
-    ZERO_CHECK(!offload || !s.host_params.empty(),
+    ZERO_CHECK(!offload || swapped || !s.host_params.empty(),
                "unit " << piece.unit << " has no host copy of its parameters to upload from");
+    void* staged = swapped ? shard + piece.begin * elem
+                           : byte_offset(s.host_params.data(), piece.begin * elem);
     ShardUpdate update = make(i);
     update.grad = byte_offset(s.host_grads.data(), piece.begin * accum);
-    update.param_out = fp32 ? nullptr : byte_offset(s.host_params.data(), piece.begin * elem);
+    update.param_out = fp32 ? nullptr : staged;
     optimizer.apply(update, accum_dtype, grad_scale, config.dtype, options);
-    void* staged = byte_offset(s.host_params.data(), piece.begin * elem);
     // An fp32 master that is not page-locked, or not kept (a staging slot of NVMe-resident
-    // state), goes through its pinned copy (memory_plan.cpp).
-    if (fp32 && !s.host_params.empty()) {
+    // state), goes through its pinned copy (memory_plan.cpp); a swapped shard is its own.
+    if (fp32 && (swapped || !s.host_params.empty())) {
       std::memcpy(staged, update.shard.master, piece.count * elem);
+    }
+    if (swapped) {
+      swap_out_after_update(piece);
+      continue;
     }
     const void* updated =
         s.host_params.empty() ? static_cast<const void*>(update.shard.master) : staged;
@@ -123,7 +135,14 @@ void Engine::Impl::set_working_params(size_t u, const float* master) {
     device->copy_from_host(owned_params(u), master, n * sizeof(float));
     return;
   }
+  // A shard on NVMe has no host copy of its own (its buffer is lent); the copy below is
+  // synchronous, so any host memory serves.
+  std::vector<char> lent;
   void* staged = units[u].host_params.data();
+  if (units[u].host_params.empty()) {
+    lent.resize(n * elem);
+    staged = lent.data();
+  }
   kernels::cast(master, DType::kFloat32, staged, config.dtype, n);
   device->copy_from_host(owned_params(u), staged, n * elem);
 }

@@ -176,7 +176,11 @@ bool Engine::Impl::start_gather(int u, bool required) {
   s.params_full = param_pool.acquire(/*zeroed=*/false);
   // The pooled buffer may have just been released by compute: order the gather after it.
   comm.stream().wait(device->record());
-  if (swapped) comm.stream().enqueue(param_swap->read_waiter(u));
+  if (swapped) {
+    // On a GPU the stream runs this at once, so the host waits for the read here.
+    comm.stream().enqueue(param_swap->read_waiter(u));
+    param_swap->upload(u, &comm.stream());
+  }
   s.params_ready = all_gather_unit(u, shard, issue_us);
   if (swapped) param_swap->drop(u, s.params_ready);
   s.gathered = true;

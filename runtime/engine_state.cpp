@@ -39,7 +39,7 @@ void* Engine::Impl::param_copy(int u) {
   if (copy.empty()) {
     const size_t bytes = layout.units()[u].shard * elem;
     copy = allocator.allocate(bytes, MemoryCategory::kOther);
-    param_swap->load(u, copy.data(), bytes);
+    param_swap->load(u, copy.data(), bytes, ParamSwap::Side::kDevice);
   }
   return copy.data();
 }
@@ -97,7 +97,9 @@ void Engine::Impl::state_loaded() {
   }
   start_post_step_gathers(/*with_frozen=*/true);
   for (UnitState& s : units) wait_for_comm(s.params_ready);
-  for (const auto& [u, copy] : param_copies) param_swap->store(u, copy.data(), copy.bytes());
+  for (const auto& [u, copy] : param_copies) {
+    param_swap->store(u, copy.data(), copy.bytes(), ParamSwap::Side::kDevice);
+  }
   param_copies.clear();
 }
 

@@ -207,21 +207,29 @@ void Engine::Impl::apply_pass(const std::vector<Piece>& pieces,
     size_t end = i;
     while (end < pieces.size() && pieces[end].unit == pieces[i].unit) ++end;
     const bool swapped = param_swap->swapped(u);
-    if (swapped) {
-      param_swap->resident(u);
-      // Read the next trainable unit's shard while this one is stepped, if a buffer is free.
-      for (int v = u + 1; v < static_cast<int>(units.size()); ++v) {
-        if (!layout.units()[v].trainable) continue;
-        if (param_swap->swapped(v)) param_swap->start_read(v, /*required=*/false);
-        break;
-      }
-    }
+    if (swapped) swap_in_for_update(u, /*on_host=*/false);
     group.clear();
     for (size_t k = i; k < end; ++k) group.push_back(make(k));
     device->apply_optimizer(optimizer, group, accum_dtype, grad_scale, config.dtype);
-    const Piece& last = pieces[end - 1];
-    if (swapped && last.begin + last.count == owned_numel(last.unit)) param_swap->write_back(u);
+    if (swapped) swap_out_after_update(pieces[end - 1]);
     i = end;
+  }
+}
+
+void* Engine::Impl::swap_in_for_update(int u, bool on_host) {
+  void* shard = on_host ? param_swap->resident_on_host(u) : param_swap->resident(u);
+  // Read the next trainable unit's shard while this one is stepped, if a buffer is free.
+  for (int v = u + 1; v < static_cast<int>(units.size()); ++v) {
+    if (!layout.units()[v].trainable) continue;
+    if (param_swap->swapped(v)) param_swap->start_read(v, /*required=*/false);
+    break;
+  }
+  return shard;
+}
+
+void Engine::Impl::swap_out_after_update(const Piece& last) {
+  if (last.begin + last.count == owned_numel(last.unit)) {
+    param_swap->write_back(static_cast<int>(last.unit));
   }
 }
 

@@ -163,9 +163,10 @@ UnitBytes unit_bytes(const Unit& unit, const EngineConfig& config, int state_arr
     b.host_grads = owned * g;
     // fp32 parameters go back to the device straight from a kept, page-locked master; a copy
     // from pageable memory would hold up the host while it is staged, and an NVMe staging slot
-    // is read into again while the copy may still run.
-    if (config.dtype != DType::kFloat32 || !b.optimizer_on_host ||
-        !config.offload_optimizer.pin_memory) {
+    // is read into again while the copy may still run. A shard on NVMe is updated in its own
+    // host buffer (param_swap.h).
+    if (!swaps_unit(unit, config) && (config.dtype != DType::kFloat32 || !b.optimizer_on_host ||
+                                      !config.offload_optimizer.pin_memory)) {
       b.host_params = owned * w;
     }
   }
@@ -211,7 +212,9 @@ MemoryPlan plan_memory(const Layout& layout, const EngineConfig& config) {
   const ParamRecords params = param_records(layout, config);
   // On a GPU the optimizer's records stream through page-locked host memory.
   (steps_on_host(config) ? plan.host_pinned : plan.buffers) += records.staging_bytes;
-  plan.buffers += params.staging_bytes;
+  // On a GPU the shards' buffers are page-locked host memory, with device buffers beside.
+  (staged_on_device(config) ? plan.host_pinned : plan.buffers) += params.staging_bytes;
+  plan.buffers += params.device_bytes;
   plan.nvme = records.file_bytes + params.file_bytes;
   return plan;
 }

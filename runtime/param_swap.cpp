@@ -23,6 +23,10 @@ bool offloads_params_to_nvme(const EngineConfig& config) {
   return config.stage == 3 && config.offload_param.device == OffloadDevice::kNvme;
 }
 
+bool staged_on_device(const EngineConfig& config) {
+  return offloads_params_to_nvme(config) && config.device.is_cuda();
+}
+
 bool swaps_unit(const Unit& unit, const EngineConfig& config) {
   return offloads_params_to_nvme(config) && !unit.persistent && unit.shard > 0;
 }
@@ -51,23 +55,33 @@ ParamRecords param_records(const Layout& layout, const EngineConfig& config) {
     r.slot_bytes = std::max(r.slot_bytes, r.bytes[u]);
   }
   if (r.file_bytes == 0) return r;
-  r.staging_bytes =
-      static_cast<uint64_t>(config.offload_param.buffer_count) * r.slot_bytes + kNvmeAlignment;
+  const uint64_t buffers = static_cast<uint64_t>(config.offload_param.buffer_count) * r.slot_bytes;
+  r.staging_bytes = buffers + kNvmeAlignment;
+  if (config.device.is_cuda()) r.device_bytes = buffers;
   return r;
 }
 
 ParamSwap::ParamSwap(const Layout& layout, const EngineConfig& config, Allocator& allocator,
-                     int rank, Waiter wait)
+                     Allocator& host, DeviceContext& device, int rank, Waiter wait)
     : records_(param_records(layout, config)),
+      device_(device),
       wait_for_comm_(std::move(wait)),
       slot_of_(layout.units().size(), -1),
       read_of_(layout.units().size()) {
   if (records_.file_bytes == 0) return;
-  memory_ = allocator.allocate(records_.staging_bytes, MemoryCategory::kNvmeStaging);
+  memory_ = (staged_on_device(config) ? host : allocator)
+                .allocate(records_.staging_bytes, MemoryCategory::kNvmeStaging);
+  if (records_.device_bytes > 0) {
+    device_memory_ = allocator.allocate(records_.device_bytes, MemoryCategory::kNvmeStaging);
+  }
   const auto base = reinterpret_cast<uintptr_t>(memory_.data());
   char* first = static_cast<char*>(memory_.data()) + (nvme_align_up(base) - base);
   for (int i = 0; i < config.offload_param.buffer_count; ++i) {
-    slots_.push_back(Slot{first + static_cast<size_t>(i) * records_.slot_bytes, {}, {}});
+    const size_t at = static_cast<size_t>(i) * records_.slot_bytes;
+    Slot slot;
+    slot.data = first + at;
+    slot.device = staged() ? static_cast<char*>(device_memory_.data()) + at : slot.data;
+    slots_.push_back(std::move(slot));
     free_.push_back(static_cast<size_t>(i));
   }
   // One file per rank and run: the pid keeps jobs sharing nvme_path apart.
@@ -94,7 +108,11 @@ size_t ParamSwap::acquire() {
   s.write.reset();
   wait(write);
   wait_for_comm_(s.free_after);
+  // The file reads into the host buffer next: on a GPU the copy out of it must have run, not
+  // only be ordered before the device's next work (on the CPU the event is complete already).
+  s.free_after.event.wait();
   s.free_after = CommPoint{};
+  s.uploaded = false;
   return slot;
 }
 
@@ -121,16 +139,36 @@ std::function<void()> ParamSwap::read_waiter(int u) {
   };
 }
 
-void* ParamSwap::resident(int u) {
+void ParamSwap::upload(int u, Stream* on) {
+  Slot& s = slots_[static_cast<size_t>(slot_of_[u])];
+  if (!staged() || s.uploaded) return;
+  device_.copy(s.device, s.data, records_.bytes[u], on);
+  s.uploaded = true;
+}
+
+ParamSwap::Slot& ParamSwap::read_in(int u) {
   start_read(u, /*required=*/true);
   NvmeFile::Ticket read = std::move(read_of_[u]);
   read_of_[u].reset();
   wait(read);
-  return slots_[static_cast<size_t>(slot_of_[u])].data;
+  return slots_[static_cast<size_t>(slot_of_[u])];
+}
+
+void* ParamSwap::resident(int u) {
+  Slot& s = read_in(u);
+  if (staged() && !s.uploaded) {
+    device_.copy_from_host(s.device, s.data, records_.bytes[u]);
+    s.uploaded = true;
+  }
+  return s.device;
+}
+
+void* ParamSwap::resident_on_host(int u) {
+  return read_in(u).data;
 }
 
 void* ParamSwap::buffer_of(int u) const {
-  return slot_of_[u] < 0 ? nullptr : slots_[static_cast<size_t>(slot_of_[u])].data;
+  return slot_of_[u] < 0 ? nullptr : slots_[static_cast<size_t>(slot_of_[u])].device;
 }
 
 void ParamSwap::drop(int u, CommPoint free_after) {
@@ -146,9 +184,11 @@ void ParamSwap::drop(int u, CommPoint free_after) {
 }
 
 void ParamSwap::write_back(int u) {
-  void* data = resident(u);
+  Slot& s = read_in(u);
+  // Uploaded, the shard was updated on the device (after the compute issued so far).
+  if (staged() && s.uploaded) device_.copy_to_host(s.data, s.device, records_.bytes[u]);
   const size_t slot = static_cast<size_t>(slot_of_[u]);
-  slots_[slot].write = file_->write(data, records_.offset[u], records_.bytes[u]);
+  s.write = file_->write(s.data, records_.offset[u], records_.bytes[u]);
   stats_.write_bytes += records_.bytes[u];
   free_.push_back(slot);
   slot_of_[u] = -1;
@@ -168,12 +208,16 @@ void ParamSwap::flush() {
   if (!first_error.empty()) throw Error(first_error);
 }
 
-void ParamSwap::store(int u, const void* data, size_t bytes) {
+void ParamSwap::store(int u, const void* data, size_t bytes, Side side) {
   ZERO_CHECK(swapped(u) && bytes <= records_.bytes[u],
              "offload_param: cannot store " << bytes << " bytes into unit " << u << "'s record");
   const size_t slot = acquire();
   Slot& s = slots_[slot];
-  std::memcpy(s.data, data, bytes);
+  if (side == Side::kDevice && staged()) {
+    device_.copy_to_host(s.data, data, bytes);
+  } else {
+    std::memcpy(s.data, data, bytes);
+  }
   std::memset(s.data + bytes, 0, records_.bytes[u] - bytes);
   s.write = file_->write(s.data, records_.offset[u], records_.bytes[u]);
   stats_.write_bytes += records_.bytes[u];
@@ -182,7 +226,7 @@ void ParamSwap::store(int u, const void* data, size_t bytes) {
   wait(write);
 }
 
-void ParamSwap::load(int u, void* data, size_t bytes) {
+void ParamSwap::load(int u, void* data, size_t bytes, Side side) {
   ZERO_CHECK(swapped(u) && bytes <= records_.bytes[u],
              "offload_param: cannot load " << bytes << " bytes from unit " << u << "'s record");
   const size_t slot = acquire();
@@ -192,7 +236,11 @@ void ParamSwap::load(int u, void* data, size_t bytes) {
   NvmeFile::Ticket read = file_->read(s.data, records_.offset[u], records_.bytes[u]);
   stats_.read_bytes += records_.bytes[u];
   wait(read);
-  std::memcpy(data, s.data, bytes);
+  if (side == Side::kDevice && staged()) {
+    device_.copy_from_host(data, s.data, bytes);
+  } else {
+    std::memcpy(data, s.data, bytes);
+  }
 }
 
 ParamSwap::Stats ParamSwap::take_stats() {

@@ -345,10 +345,6 @@ Options parse_options(const std::vector<std::string>& args) {
   if (!have_ranks) usage_error("missing --ranks N (the number of data-parallel ranks)");
   if (options.offload_cpu) {
     if (options.model.empty()) usage_error("--offload-optimizer cpu plans a --model's layout");
-    if (options.offload_param_nvme) {
-      usage_error(
-          "--offload-optimizer cpu with --offload-param nvme is not supported by the engine");
-    }
     if (options.mics_shard_size != -1) {
       usage_error("--offload-optimizer cpu with --mics-shard-size is not supported by the engine");
     }
@@ -570,8 +566,12 @@ int plan_model(const Options& options) {
     std::printf(
         "tiers per rank (a GPU run): device = total bytes per rank; host: the fp32 master and "
         "optimizer state (%s), the copies of the gradient shard and the updated parameters "
-        "(pinned; fp32 parameters with --pin-memory go from the master itself); nvme 0\n",
-        options.pin_memory ? "pinned" : "pageable; --pin-memory pins them");
+        "(pinned; fp32 parameters with --pin-memory go from the master itself)%s\n",
+        options.pin_memory ? "pinned" : "pageable; --pin-memory pins them",
+        options.offload_param_nvme
+            ? ", the parameter shards' buffers (pinned; device buffers beside them); nvme = nvme "
+              "bytes (the parameter shards)"
+            : "; nvme 0");
   } else if (options.offload_nvme || options.offload_param_nvme) {
     std::printf("tiers per rank: device 0, host = total bytes per rank, nvme = nvme bytes");
     std::printf(" (optimizer state%s on NVMe)\n",

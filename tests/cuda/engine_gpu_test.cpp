@@ -60,6 +60,9 @@ struct TrainedRun {
   uint64_t planned_model_state_bytes = 0;
   uint64_t host_bytes = 0;  // pinned and pageable
   uint64_t planned_host_bytes = 0;
+  uint64_t buffer_bytes = 0;
+  uint64_t planned_buffer_bytes = 0;
+  uint64_t nvme_bytes = 0;
 };
 
 TrainedRun train(const EngineConfig& config, int steps = kSteps) {
@@ -84,6 +87,9 @@ TrainedRun train(const EngineConfig& config, int steps = kSteps) {
   run.planned_model_state_bytes = plan.model_state;
   run.host_bytes = model.engine().pinned_host_bytes() + model.engine().pageable_host_bytes();
   run.planned_host_bytes = plan.host_pinned + plan.host_pageable;
+  run.buffer_bytes = model.engine().buffer_bytes();
+  run.planned_buffer_bytes = plan.buffers;
+  run.nvme_bytes = model.engine().nvme_bytes();
   return run;
 }
 
@@ -223,6 +229,43 @@ class GpuModel : public ::testing::Test {
   void SetUp() override { ZERO_SKIP_WITHOUT_CUDA_DEVICE(); }
 };
 
+// Stage 3's parameter shards on NVMe (offload_param nvme): each shard is read into a page-locked
+// buffer, copied to its device buffer ahead of its all-gather, and, updated on the device, copied
+// back before its write; with the optimizer on the host (cpu or nvme) the host updates it in its
+// buffer. With one buffer (every read waits for the last write) and three, each run equals the
+// in-memory GPU run bit for bit, and each tier holds the plan's bytes.
+TEST_F(GpuModel, ParamsOnNvmeAreBitwiseTheInMemoryRun) {
+  const std::string nvme_dir = scratch_dir("zero_gpu_param_nvme");
+  for (OffloadDevice optimizer :
+       {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme}) {
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+      for (int buffers : {1, 3}) {
+        SCOPED_TRACE(std::string("optimizer ") + offload_device_name(optimizer) + " " +
+                     dtype_name(dtype) + " " + std::to_string(buffers) + " buffer(s)");
+        EngineConfig in_memory_config = config_for(3, dtype, true);
+        in_memory_config.optimizer_sub_group_elements = 1000;
+        in_memory_config.offload_optimizer.device = optimizer;
+        in_memory_config.offload_optimizer.nvme_path = nvme_dir;
+        EngineConfig swapped_config = in_memory_config;
+        swapped_config.offload_param.device = OffloadDevice::kNvme;
+        swapped_config.offload_param.nvme_path = nvme_dir;
+        swapped_config.offload_param.buffer_count = buffers;
+        const TrainedRun swapped = train(swapped_config);
+        const TrainedRun in_memory = train(in_memory_config);
+        EXPECT_EQ(swapped.losses, in_memory.losses);
+        EXPECT_EQ(swapped.grad_norms, in_memory.grad_norms);
+        EXPECT_EQ(swapped.params, in_memory.params);
+        EXPECT_GT(swapped.nvme_bytes, in_memory.nvme_bytes);
+        EXPECT_LT(swapped.model_state_bytes, in_memory.model_state_bytes);
+        EXPECT_EQ(swapped.model_state_bytes, swapped.planned_model_state_bytes);
+        EXPECT_EQ(swapped.buffer_bytes, swapped.planned_buffer_bytes);
+        EXPECT_EQ(swapped.host_bytes, swapped.planned_host_bytes);
+      }
+    }
+  }
+  std::filesystem::remove_all(nvme_dir);
+}
+
 TEST_F(GpuModel, TensorsMoveBetweenHostAndDevice) {
   const std::shared_ptr<DeviceContext> device = DeviceContext::create(Device::cuda(0));
   const std::vector<float> values = {1.0f, -2.5f, 3.25f, 0.0f, 7.0f, 1e-3f};
@@ -333,6 +376,53 @@ TEST_F(GpuModel, OffloadedCheckpointRoundTripsThroughTheCpu) {
       EXPECT_EQ(resumed.engine().gather_full_master(), saved_master);
       const std::vector<float> tail = train_steps(resumed, 4, 5);
       EXPECT_EQ(tail, std::vector<float>(whole.begin() + 3, whole.end()));
+    }
+  }
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(nvme_dir);
+}
+
+// A checkpoint of a run with its parameter shards on NVMe goes through the device copies the
+// engine computes on (each shard read out of the file, saved, loaded into a copy and stored back):
+// a fresh engine resumes it bit for bit, with the optimizer on the device and on NVMe.
+TEST_F(GpuModel, ParamsOnNvmeCheckpointResumesBitwise) {
+  const std::string dir = scratch_dir("zero_gpu_param_checkpoint");
+  const std::string nvme_dir = scratch_dir("zero_gpu_param_checkpoint_nvme");
+  const models::TeacherTask task(small_mlp(), 3);
+  for (OffloadDevice optimizer : {OffloadDevice::kNone, OffloadDevice::kNvme}) {
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+      SCOPED_TRACE(std::string("optimizer ") + offload_device_name(optimizer) + " " +
+                   dtype_name(dtype));
+      std::filesystem::remove_all(dir);
+      EngineConfig config = config_for(3, dtype, true);
+      config.offload_optimizer.device = optimizer;
+      config.offload_optimizer.nvme_path = nvme_dir;
+      config.offload_param.device = OffloadDevice::kNvme;
+      config.offload_param.nvme_path = nvme_dir;
+      config.offload_param.buffer_count = 2;
+      const auto train_steps = [&](ZeroModel& model, int from, int to_step) {
+        const std::shared_ptr<DeviceContext>& device = model.engine().device_context();
+        std::vector<float> losses;
+        for (int step = from; step <= to_step; ++step) {
+          const models::Batch batch = task.batch(step, 0, 32);
+          Tensor grad;
+          losses.push_back(models::mse_loss(model.forward(batch.inputs.to(device)),
+                                            batch.targets.to(device), grad));
+          model.backward(grad);
+          model.step();
+          if (step == 3) save_checkpoint(model.engine(), dir, TrainerState{3, 3});
+        }
+        return losses;
+      };
+      std::unique_ptr<Communicator> comm = communicator(true);
+      std::vector<float> whole;
+      {
+        ZeroModel model(*comm, models::make_mlp(small_mlp()), config);
+        whole = train_steps(model, 1, 5);
+      }
+      ZeroModel resumed(*comm, models::make_mlp(small_mlp()), config);
+      load_checkpoint(resumed.engine(), dir, nullptr);
+      EXPECT_EQ(train_steps(resumed, 4, 5), std::vector<float>(whole.begin() + 3, whole.end()));
     }
   }
   std::filesystem::remove_all(dir);

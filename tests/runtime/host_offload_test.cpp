@@ -276,15 +276,6 @@ TEST(HostOffload, UnsupportedSettingsAreRefusedByName) {
   };
   expect_error_naming([&] { build([](EngineConfig& c) { c.stage = 0; }); },
                       "optimizer offload to cpu needs ZeRO stage 1, 2 or 3, not stage 0");
-  expect_error_naming(
-      [&] {
-        build([](EngineConfig& c) {
-          c.stage = 3;
-          c.offload_param.device = OffloadDevice::kNvme;
-          c.offload_param.nvme_path = "/tmp";
-        });
-      },
-      "optimizer offload to cpu with parameter offload to nvme");
 }
 
 }  // namespace

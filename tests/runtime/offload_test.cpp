@@ -87,6 +87,12 @@ std::function<void(EngineConfig&)> params_on_nvme(int buffers, size_t buffer_siz
   };
 }
 
+// The optimizer's master and state in host memory (offload_optimizer cpu), stepped by the host
+// as on a GPU, with the copies inside host memory.
+void optimizer_on_host(EngineConfig& c) {
+  c.offload_optimizer.device = OffloadDevice::kCpu;
+}
+
 std::function<void(EngineConfig&)> both(std::function<void(EngineConfig&)> first,
                                         std::function<void(EngineConfig&)> second) {
   return [=](EngineConfig& c) {
@@ -349,9 +355,10 @@ TEST(Offload, CheckpointLoadHoldsOneUnitAtATime) {
   ASSERT_EQ(mallopt(M_MMAP_THRESHOLD, 128 << 10), 1);
 }
 
-// Stage 3 with the parameter shards on NVMe, alone and beside the optimizer's state there, is
-// bitwise the in-memory run in fp32 and bf16, with one buffer (no read-ahead), two, and a
-// prefetch that gathers ahead; sub-groups cut inside units.
+// Stage 3 with the parameter shards on NVMe, alone, beside the optimizer's state there, and
+// beside the optimizer in host memory (stepped by the host, which updates each shard in its
+// buffer), is bitwise the in-memory run in fp32 and bf16, with one buffer (no read-ahead), two,
+// and a prefetch that gathers ahead; sub-groups cut inside units.
 TEST(ParamOffload, NvmeTrainingIsBitwiseInMemoryTraining) {
   for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
     RunOptions o;
@@ -370,6 +377,8 @@ TEST(ParamOffload, NvmeTrainingIsBitwiseInMemoryTraining) {
       expect_bitwise(train(o), reference, what + ", params on nvme");
       o.tweak = both(nvme(100, true), params_on_nvme(buffers));
       expect_bitwise(train(o), reference, what + ", params and optimizer on nvme");
+      o.tweak = both(both(sub_groups, optimizer_on_host), params_on_nvme(buffers));
+      expect_bitwise(train(o), reference, what + ", params on nvme, optimizer on the host");
     }
     o.tweak = both(sub_groups, [](EngineConfig& c) { c.prefetch_elements = 1000; });
     const TrainResult prefetched = train(o);
@@ -398,9 +407,18 @@ TEST(ParamOffload, MemoryOfEachTierIsThePlan) {
     const TrainResult in_memory = train(o);
     o.tweak = nvme(0, false);
     const TrainResult optimizer_only = train(o);
+    o.tweak = both(optimizer_on_host, params_on_nvme(2));
+    const TrainResult host_run = train(o);
+    const std::string what = dtype_name(dtype);
+    // Beside the optimizer in host memory: each tier is the plan, and no swapped unit keeps a
+    // host copy of its parameters (the shards' buffers are what the host updates).
+    EXPECT_EQ(host_run.model_state_bytes, host_run.plan.model_state) << what;
+    EXPECT_EQ(host_run.buffer_bytes, host_run.plan.buffers) << what;
+    EXPECT_EQ(host_run.pinned_host_bytes, host_run.plan.host_pinned) << what;
+    EXPECT_EQ(host_run.pageable_host_bytes, host_run.plan.host_pageable) << what;
+    EXPECT_EQ(host_run.nvme_bytes, host_run.plan.nvme) << what;
     o.tweak = both(nvme(0, false), params_on_nvme(2));
     const TrainResult run = train(o);
-    const std::string what = dtype_name(dtype);
     EXPECT_EQ(run.model_state_bytes, run.plan.model_state) << what;
     EXPECT_EQ(run.buffer_bytes, run.plan.buffers) << what;
     EXPECT_EQ(run.nvme_bytes, run.plan.nvme) << what;
@@ -471,40 +489,45 @@ TEST(ParamOffload, IoErrorNamesFileOffsetAndErrno) {
   expect_naming(message, "Input/output error (errno 5) [injected by ZERO_TEST_NVME_FAULT]");
 }
 
-// Saved at step 3 with the shards and the optimizer state on NVMe, resumed into a fresh
-// offloaded engine and into an in-memory one: steps 4-6 are those of the run that never
-// stopped, in fp32 and bf16.
+// Saved at step 3 with the shards and the optimizer state on NVMe (or the optimizer in host
+// memory), resumed into a fresh offloaded engine and into an in-memory one: steps 4-6 are
+// those of the run that never stopped, in fp32 and bf16.
 TEST(ParamOffload, CheckpointResumeIsBitwise) {
   std::unique_ptr<Communicator> comm = make_mpi_communicator();
-  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
-    const std::string dir = empty_job_dir(*comm, "param_checkpoint");
-    const models::MlpConfig mlp{8, 24, 4, 3};
-    const auto run = [&](bool offloaded, int from, int to, bool save, bool load) {
-      EngineConfig config;
-      config.stage = 3;
-      config.dtype = dtype;
-      config.optimizer.lr = 1e-2f;
-      if (offloaded) both(nvme(100, true), params_on_nvme(2))(config);
-      ZeroModel model(*comm, models::make_mlp(mlp), config);
-      if (load) load_checkpoint(model.engine(), dir + "/latest", nullptr);
-      models::TeacherTask task(mlp, 7);
-      std::vector<float> losses;
-      for (int step = from; step <= to; ++step) {
-        models::Batch batch = task.batch(step, comm->rank() * 6, 6);
-        Tensor grad;
-        losses.push_back(models::mse_loss(model.forward(batch.inputs), batch.targets, grad));
-        model.backward(grad);
-        model.step();
-        if (save && step == 3) save_checkpoint(model.engine(), dir, TrainerState{step, 7});
-      }
-      return losses;
-    };
-    const std::vector<float> whole = run(true, 1, 6, true, false);
-    const std::vector<float> tail(whole.begin() + 3, whole.end());
-    EXPECT_EQ(run(true, 4, 6, false, true), tail) << dtype_name(dtype);
-    EXPECT_EQ(run(false, 4, 6, false, true), tail) << dtype_name(dtype);
-    const std::vector<float> in_memory = run(false, 1, 6, false, false);
-    EXPECT_EQ(in_memory, whole) << dtype_name(dtype);
+  for (const bool host_optimizer : {false, true}) {
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+      const std::string dir = empty_job_dir(*comm, "param_checkpoint");
+      const models::MlpConfig mlp{8, 24, 4, 3};
+      const auto run = [&](bool offloaded, int from, int to, bool save, bool load) {
+        EngineConfig config;
+        config.stage = 3;
+        config.dtype = dtype;
+        config.optimizer.lr = 1e-2f;
+        if (offloaded && host_optimizer) both(optimizer_on_host, params_on_nvme(2))(config);
+        if (offloaded && !host_optimizer) both(nvme(100, true), params_on_nvme(2))(config);
+        ZeroModel model(*comm, models::make_mlp(mlp), config);
+        if (load) load_checkpoint(model.engine(), dir + "/latest", nullptr);
+        models::TeacherTask task(mlp, 7);
+        std::vector<float> losses;
+        for (int step = from; step <= to; ++step) {
+          models::Batch batch = task.batch(step, comm->rank() * 6, 6);
+          Tensor grad;
+          losses.push_back(models::mse_loss(model.forward(batch.inputs), batch.targets, grad));
+          model.backward(grad);
+          model.step();
+          if (save && step == 3) save_checkpoint(model.engine(), dir, TrainerState{step, 7});
+        }
+        return losses;
+      };
+      const std::vector<float> whole = run(true, 1, 6, true, false);
+      const std::vector<float> tail(whole.begin() + 3, whole.end());
+      const std::string what =
+          std::string(dtype_name(dtype)) + (host_optimizer ? ", optimizer on the host" : "");
+      EXPECT_EQ(run(true, 4, 6, false, true), tail) << what;
+      EXPECT_EQ(run(false, 4, 6, false, true), tail) << what;
+      const std::vector<float> in_memory = run(false, 1, 6, false, false);
+      EXPECT_EQ(in_memory, whole) << what;
+    }
   }
 }
 

@@ -162,9 +162,20 @@ TEST(ZeroEstimate, OffloadOptimizerCpuPlansEachTier) {
           "nvme 0\n");
   expect_usage_error({"--params", "1B", "--ranks", "2", "--offload-optimizer", "cpu"},
                      "--offload-optimizer cpu plans a --model's layout");
-  expect_usage_error(
+  // ZeRO-Infinity's usual split: the shards leave the device's model state (39360 bytes) for
+  // the file, through 5 pinned buffers of the largest shard (20480 bytes, and 4096 to align
+  // them) with as many device buffers beside them, and no unit keeps a host copy of its
+  // parameters (39360 bytes less of pinned memory).
+  expect_table(
       {"--model", "mlp", "--ranks", "2", "--offload-optimizer", "cpu", "--offload-param", "nvme"},
-      "--offload-optimizer cpu with --offload-param nvme is not supported by the engine");
+      header +
+          "    3              78720        234496                313216       53248  "
+          "           185216               236160\n"
+          "tiers per rank (a GPU run): device = total bytes per rank; host: the fp32 master and "
+          "optimizer state (pageable; --pin-memory pins them), the copies of the gradient shard "
+          "and the updated parameters (pinned; fp32 parameters with --pin-memory go from the "
+          "master itself), the parameter shards' buffers (pinned; device buffers beside them); "
+          "nvme = nvme bytes (the parameter shards)\n");
   expect_usage_error(
       {"--model", "mlp", "--ranks", "4", "--offload-optimizer", "cpu", "--mics-shard-size", "2",
        "--stage", "3"},
