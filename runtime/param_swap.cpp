@@ -164,7 +164,12 @@ void* ParamSwap::resident(int u) {
 }
 
 void* ParamSwap::resident_on_host(int u) {
-  return read_in(u).data;
+  Slot& s = read_in(u);
+  // write_back() writes the device's copy of an uploaded shard: the host's update would be lost.
+  ZERO_CHECK(!s.uploaded, "offload_param: unit " << u
+                                                 << "'s shard is on the device already; the host "
+                                                    "cannot update it in its buffer");
+  return s.data;
 }
 
 void* ParamSwap::buffer_of(int u) const {

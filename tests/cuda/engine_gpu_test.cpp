@@ -384,12 +384,14 @@ TEST_F(GpuModel, OffloadedCheckpointRoundTripsThroughTheCpu) {
 
 // A checkpoint of a run with its parameter shards on NVMe goes through the device copies the
 // engine computes on (each shard read out of the file, saved, loaded into a copy and stored back):
-// a fresh engine resumes it bit for bit, with the optimizer on the device and on NVMe.
+// a fresh engine resumes it bit for bit, with the optimizer on the device, in host memory and on
+// NVMe.
 TEST_F(GpuModel, ParamsOnNvmeCheckpointResumesBitwise) {
   const std::string dir = scratch_dir("zero_gpu_param_checkpoint");
   const std::string nvme_dir = scratch_dir("zero_gpu_param_checkpoint_nvme");
   const models::TeacherTask task(small_mlp(), 3);
-  for (OffloadDevice optimizer : {OffloadDevice::kNone, OffloadDevice::kNvme}) {
+  for (OffloadDevice optimizer :
+       {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme}) {
     for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
       SCOPED_TRACE(std::string("optimizer ") + offload_device_name(optimizer) + " " +
                    dtype_name(dtype));
