@@ -60,12 +60,22 @@ TEST(Zerorun, DryRunPrintsTheMpirunCommand) {
   if (zero::launcher::current_host().cores < 4) {
     expected += " --oversubscribe --bind-to none --mca mpi_yield_when_idle 1";
   }
-  const std::string blas_core = zero::launcher::current_host().blas_core;
-  if (!blas_core.empty() && std::getenv("OPENBLAS_CORETYPE") == nullptr) {
-    expected += " -x OPENBLAS_CORETYPE=" + blas_core;
+  std::string out = outcome.out;
+  if (std::getenv("OPENBLAS_CORETYPE") == nullptr) {
+    const std::string blas_core = zero::launcher::current_host().blas_core;
+    if (!blas_core.empty()) expected += " -x OPENBLAS_CORETYPE=" + blas_core;
+  } else {
+    // job_environment() leaves the variable out, so zerorun goes by OpenBLAS's own choice of
+    // core, which this process (its OpenBLAS started with the variable) cannot see: the flag
+    // may or may not be there, naming one of the cores zerorun picks.
+    for (const std::string core : {"Haswell", "SkylakeX"}) {
+      const std::string flag = " -x OPENBLAS_CORETYPE=" + core;
+      const size_t at = out.find(flag);
+      if (at != std::string::npos) out.erase(at, flag.size());
+    }
   }
   expected += " /bin/echo hi\n";
-  EXPECT_EQ(outcome.out, expected);
+  EXPECT_EQ(out, expected);
   EXPECT_EQ(outcome.err, "");
 }
 
