@@ -133,6 +133,24 @@ std::string scratch_dir(const std::string& name) {
   return dir;
 }
 
+// Steps `from` to `to` of the teacher task on the model's device, saving a checkpoint to `dir`
+// after step 3; the losses.
+std::vector<float> train_saving_step_3(ZeroModel& model, const models::TeacherTask& task,
+                                       const std::string& dir, int from, int to) {
+  const std::shared_ptr<DeviceContext>& device = model.engine().device_context();
+  std::vector<float> losses;
+  for (int step = from; step <= to; ++step) {
+    const models::Batch batch = task.batch(step, 0, 32);
+    Tensor grad;
+    losses.push_back(
+        models::mse_loss(model.forward(batch.inputs.to(device)), batch.targets.to(device), grad));
+    model.backward(grad);
+    model.step();
+    if (step == 3) save_checkpoint(model.engine(), dir, TrainerState{3, 3});
+  }
+  return losses;
+}
+
 class EngineOnGpu : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override { ZERO_SKIP_WITHOUT_CUDA_DEVICE(); }
@@ -341,28 +359,14 @@ TEST_F(GpuModel, OffloadedCheckpointRoundTripsThroughTheCpu) {
       gpu_config.offload_optimizer.device = to;
       gpu_config.offload_optimizer.nvme_path = nvme_dir;
       gpu_config.optimizer_sub_group_elements = 1000;
-      const auto train_steps = [&](ZeroModel& model, int from, int to_step) {
-        const std::shared_ptr<DeviceContext>& device = model.engine().device_context();
-        std::vector<float> losses;
-        for (int step = from; step <= to_step; ++step) {
-          const models::Batch batch = task.batch(step, 0, 32);
-          Tensor grad;
-          losses.push_back(models::mse_loss(model.forward(batch.inputs.to(device)),
-                                            batch.targets.to(device), grad));
-          model.backward(grad);
-          model.step();
-          if (step == 3) save_checkpoint(model.engine(), dir, TrainerState{3, 3});
-        }
-        return losses;
-      };
       std::unique_ptr<Communicator> gpu_comm = communicator(true);
       std::vector<float> whole;
       std::vector<std::vector<float>> saved_master;
       {
         ZeroModel model(*gpu_comm, models::make_mlp(small_mlp()), gpu_config);
-        whole = train_steps(model, 1, 3);
+        whole = train_saving_step_3(model, task, dir, 1, 3);
         saved_master = model.engine().gather_full_master();
-        const std::vector<float> tail = train_steps(model, 4, 5);
+        const std::vector<float> tail = train_saving_step_3(model, task, dir, 4, 5);
         whole.insert(whole.end(), tail.begin(), tail.end());
       }
       {
@@ -374,7 +378,7 @@ TEST_F(GpuModel, OffloadedCheckpointRoundTripsThroughTheCpu) {
       ZeroModel resumed(*gpu_comm, models::make_mlp(small_mlp()), gpu_config);
       load_checkpoint(resumed.engine(), dir, nullptr);
       EXPECT_EQ(resumed.engine().gather_full_master(), saved_master);
-      const std::vector<float> tail = train_steps(resumed, 4, 5);
+      const std::vector<float> tail = train_saving_step_3(resumed, task, dir, 4, 5);
       EXPECT_EQ(tail, std::vector<float>(whole.begin() + 3, whole.end()));
     }
   }
@@ -402,29 +406,16 @@ TEST_F(GpuModel, ParamsOnNvmeCheckpointResumesBitwise) {
       config.offload_param.device = OffloadDevice::kNvme;
       config.offload_param.nvme_path = nvme_dir;
       config.offload_param.buffer_count = 2;
-      const auto train_steps = [&](ZeroModel& model, int from, int to_step) {
-        const std::shared_ptr<DeviceContext>& device = model.engine().device_context();
-        std::vector<float> losses;
-        for (int step = from; step <= to_step; ++step) {
-          const models::Batch batch = task.batch(step, 0, 32);
-          Tensor grad;
-          losses.push_back(models::mse_loss(model.forward(batch.inputs.to(device)),
-                                            batch.targets.to(device), grad));
-          model.backward(grad);
-          model.step();
-          if (step == 3) save_checkpoint(model.engine(), dir, TrainerState{3, 3});
-        }
-        return losses;
-      };
       std::unique_ptr<Communicator> comm = communicator(true);
       std::vector<float> whole;
       {
         ZeroModel model(*comm, models::make_mlp(small_mlp()), config);
-        whole = train_steps(model, 1, 5);
+        whole = train_saving_step_3(model, task, dir, 1, 5);
       }
       ZeroModel resumed(*comm, models::make_mlp(small_mlp()), config);
       load_checkpoint(resumed.engine(), dir, nullptr);
-      EXPECT_EQ(train_steps(resumed, 4, 5), std::vector<float>(whole.begin() + 3, whole.end()));
+      EXPECT_EQ(train_saving_step_3(resumed, task, dir, 4, 5),
+                std::vector<float>(whole.begin() + 3, whole.end()));
     }
   }
   std::filesystem::remove_all(dir);
