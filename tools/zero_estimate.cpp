@@ -55,6 +55,9 @@ constexpr const char* kUsage =
     "              nvme the optimizer state on NVMe, with\n"
     "              --sub-group-size N (default 1e9) and --buffer-count N (default 4), as the\n"
     "              config's offload_optimizer and sub_group_size; the nvme column is the files\n"
+    "  with --model: --gpu plans a GPU run (implied by --offload-optimizer cpu): the device\n"
+    "              holds the table's bytes, the host columns what the copies across the bus\n"
+    "              go through (an NVMe offload's staging, the gradient and parameter copies)\n"
     "  with --model: --offload-param none|nvme (stage 3's parameter shards on NVMe, only\n"
     "              stage 3 is planned), --param-buffer-count N (default 5) and\n"
     "              --param-buffer-size N (elements, default 1e8), as the config's offload_param\n"
@@ -86,6 +89,7 @@ struct Options {
   bool offload_nvme = false;
   bool offload_cpu = false;  // a GPU run's optimizer in host memory
   bool pin_memory = false;   // offload_optimizer.pin_memory
+  bool gpu = false;          // plan a GPU run (--gpu, or implied by offload_cpu)
   bool offload_param_nvme = false;
   int param_buffer_count = 5;  // DeepSpeed's offload_param defaults
   size_t param_buffer_size = 100000000;
@@ -207,6 +211,10 @@ Options parse_options(const std::vector<std::string>& args) {
     }
     if (flag == "--pin-memory") {
       options.pin_memory = true;
+      continue;
+    }
+    if (flag == "--gpu") {
+      options.gpu = true;
       continue;
     }
     if (flag == "--partition-activations") {
@@ -343,7 +351,9 @@ Options parse_options(const std::vector<std::string>& args) {
   }
   if (!have_params) usage_error("missing --params P (the number of parameters)");
   if (!have_ranks) usage_error("missing --ranks N (the number of data-parallel ranks)");
+  if (options.gpu && options.model.empty()) usage_error("--gpu plans a --model's layout");
   if (options.offload_cpu) {
+    options.gpu = true;  // ZeRO-Offload moves the optimizer off a GPU
     if (options.model.empty()) usage_error("--offload-optimizer cpu plans a --model's layout");
     if (options.mics_shard_size != -1) {
       usage_error("--offload-optimizer cpu with --mics-shard-size is not supported by the engine");
@@ -507,9 +517,8 @@ int plan_model(const Options& options) {
   config.optimizer_sub_group_elements = options.sub_group_size;
   config.offload_optimizer.buffer_count = options.buffer_count;
   if (options.offload_nvme) config.offload_optimizer.device = zero::OffloadDevice::kNvme;
+  if (options.gpu) config.device = zero::Device::cuda(0);
   if (options.offload_cpu) {
-    // ZeRO-Offload moves the optimizer off a GPU: planned as that run.
-    config.device = zero::Device::cuda(0);
     config.offload_optimizer.device = zero::OffloadDevice::kCpu;
     config.offload_optimizer.pin_memory = options.pin_memory;
   }
@@ -534,7 +543,7 @@ int plan_model(const Options& options) {
                 options.ranks / layout.world_size());
   }
   std::printf("stage  model state bytes  buffer bytes  total bytes per rank  nvme bytes%s\n",
-              options.offload_cpu ? "  pinned host bytes  pageable host bytes" : "");
+              options.gpu ? "  pinned host bytes  pageable host bytes" : "");
   std::vector<std::pair<int, uint64_t>> engine_bytes;  // per stage planned
   for (int stage = 0; stage <= 3; ++stage) {
     if (options.stage && *options.stage != stage) continue;
@@ -553,7 +562,7 @@ int plan_model(const Options& options) {
                 static_cast<unsigned long long>(plan.buffers),
                 static_cast<unsigned long long>(plan.model_state + plan.buffers),
                 static_cast<unsigned long long>(plan.nvme));
-    if (options.offload_cpu) {
+    if (options.gpu) {
       std::printf("  %17llu  %19llu", static_cast<unsigned long long>(plan.host_pinned),
                   static_cast<unsigned long long>(plan.host_pageable));
     }
@@ -572,6 +581,19 @@ int plan_model(const Options& options) {
             ? ", the parameter shards' buffers (pinned; device buffers beside them); nvme = nvme "
               "bytes (the parameter shards)"
             : "; nvme 0");
+  } else if (options.gpu) {
+    std::printf(
+        "tiers per rank (a GPU run): device = total bytes per rank; host: %s; nvme = nvme "
+        "bytes\n",
+        options.offload_nvme
+            ? (options.offload_param_nvme
+                   ? "the optimizer records' and the parameter shards' staging, the copies of "
+                     "the gradient shard and the updated parameters (all pinned)"
+                   : "the optimizer records' staging, the copies of the gradient shard and the "
+                     "updated parameters (all pinned)")
+            : (options.offload_param_nvme ? "the parameter shards' buffers (pinned; device "
+                                            "buffers beside them)"
+                                          : "nothing"));
   } else if (options.offload_nvme || options.offload_param_nvme) {
     std::printf("tiers per rank: device 0, host = total bytes per rank, nvme = nvme bytes");
     std::printf(" (optimizer state%s on NVMe)\n",

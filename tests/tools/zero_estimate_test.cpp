@@ -162,6 +162,7 @@ TEST(ZeroEstimate, OffloadOptimizerCpuPlansEachTier) {
           "nvme 0\n");
   expect_usage_error({"--params", "1B", "--ranks", "2", "--offload-optimizer", "cpu"},
                      "--offload-optimizer cpu plans a --model's layout");
+  expect_usage_error({"--params", "1B", "--ranks", "2", "--gpu"}, "--gpu plans a --model's layout");
   // ZeRO-Infinity's usual split: the shards leave the device's model state (39360 bytes) for
   // the file, through 5 pinned buffers of the largest shard (20480 bytes, and 4096 to align
   // them) with as many device buffers beside them, and no unit keeps a host copy of its
@@ -184,6 +185,35 @@ TEST(ZeroEstimate, OffloadOptimizerCpuPlansEachTier) {
                      "--offload-optimizer must be none, cpu or nvme, got 'gpu'");
   expect_usage_error({"--model", "mlp", "--ranks", "2", "--pin-memory"},
                      "--pin-memory places --offload-optimizer cpu's state; there is none to place");
+}
+
+// NVMe offload planned for a GPU (--gpu): with the shards on NVMe the device loses the bf16
+// shard (39360 bytes of model state) and gains 5 device buffers of the largest shard (20480
+// bytes each), the host holds their 5 page-locked twins and 4096 bytes to align them; with the
+// optimizer on NVMe too, the device keeps no master or moments, and the host adds the records'
+// 4 pinned staging slots (each 3 arrays of 19680 floats, aligned: 245760 bytes; 4096 more to
+// align them), the gradient shard's fp32 copy (78720) and nothing for the parameters (their
+// shards' buffers are what the host updates).
+TEST(ZeroEstimate, GpuPlansNvmeOffloadTiers) {
+  const std::string header =
+      "mlp: 39312 parameters (39360 padded) in 4 units, 2 ranks, bf16\n"
+      "stage  model state bytes  buffer bytes  total bytes per rank  nvme bytes  pinned host "
+      "bytes  pageable host bytes\n";
+  expect_table({"--model", "mlp", "--ranks", "2", "--gpu", "--offload-param", "nvme"},
+               header +
+                   "    3             314880        234496                549376       53248  "
+                   "           106496                    0\n"
+                   "tiers per rank (a GPU run): device = total bytes per rank; host: the "
+                   "parameter shards' buffers (pinned; device buffers beside them); nvme = nvme "
+                   "bytes\n");
+  expect_table({"--model", "mlp", "--ranks", "2", "--gpu", "--offload-optimizer", "nvme",
+                "--offload-param", "nvme"},
+               header +
+                   "    3              78720        234496                313216      299008  "
+                   "          1172352                    0\n"
+                   "tiers per rank (a GPU run): device = total bytes per rank; host: the "
+                   "optimizer records' and the parameter shards' staging, the copies of the "
+                   "gradient shard and the updated parameters (all pinned); nvme = nvme bytes\n");
 }
 
 TEST(ZeroEstimate, BadShardSizesAreUsageErrors) {
