@@ -7,10 +7,11 @@
 #   fails. Any undefined behaviour stops the program (-fno-sanitize-recover=undefined).
 #
 #   ThreadSanitizer (build-tsan/): the communication-stream, flight-recorder, shared-memory and
-#   hierarchical collective, engine, host-offload and kernel thread-pool tests (ctest -R "stream|
-#   flight_recorder|collectives_shm|collectives_hierarchical|engine|host_offload|thread_pool"):
-#   the code where our threads meet (the host offload's gradient copies run on the
-#   communication stream's thread and are read by the step's). OpenMPI is not built with TSan, so what it does inside its own
+#   hierarchical collective, engine, host-offload, NVMe-offload and kernel thread-pool tests
+#   (ctest -R "stream|flight_recorder|collectives_shm|collectives_hierarchical|engine|
+#   host_offload|runtime_offload_test|thread_pool"): the code where our threads meet (the host
+#   offload's gradient copies run on the communication stream's thread and are read by the
+#   step's; the NVMe files' transfers complete on their I/O threads). OpenMPI is not built with TSan, so what it does inside its own
 #   locks is invisible to TSan; tests/sanitizers/tsan.supp silences reports inside OpenMPI's
 #   libraries only.
 #
@@ -60,10 +61,11 @@ start=$(date +%s)
 # minutes for binaries nobody runs under TSan.
 configure_and_build "$tsan_build" thread --target collectives_stream_test collectives_shm_heap_test \
   collectives_flight_recorder_test collectives_shm_test collectives_hierarchical_test \
-  runtime_engine_test runtime_hybrid_test runtime_host_offload_test thread_pool_test
+  runtime_engine_test runtime_hybrid_test runtime_host_offload_test runtime_offload_test \
+  thread_pool_test
 echo "sanitize: TSan build took $(seconds_since "$start") s"
 start=$(date +%s)
 TSAN_OPTIONS="suppressions=$root/tests/sanitizers/tsan.supp:halt_on_error=1:second_deadlock_stack=1" \
   ctest --test-dir "$tsan_build" --output-on-failure -j 2 --timeout 900 \
-  -R "stream|flight_recorder|collectives_shm|collectives_hierarchical|engine|runtime_hybrid|host_offload|thread_pool" "$@"
+  -R "stream|flight_recorder|collectives_shm|collectives_hierarchical|engine|runtime_hybrid|host_offload|runtime_offload_test|thread_pool" "$@"
 echo "sanitize: TSan tests took $(seconds_since "$start") s"
