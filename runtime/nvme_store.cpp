@@ -43,6 +43,11 @@ std::string errno_text(int error) {
   return out.str();
 }
 
+double ms_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
 std::string located(const std::string& message, const char* file, int line) {
   std::ostringstream out;
   out << message << " (" << file << ":" << line << ")";
@@ -329,21 +334,14 @@ void NvmeFile::finish(Transfer& transfer, const std::string& error) {
     const std::lock_guard<std::mutex> lock(done_mutex_);
     if (!error.empty() && transfer.error.empty()) transfer.error = error;
     --transfer.remaining;
-    if (--outstanding_ == 0) {
-      busy_ms_ +=
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - busy_since_)
-              .count();
-    }
+    if (--outstanding_ == 0) busy_ms_ += ms_since(busy_since_);
   }
   done_.notify_all();
 }
 
 double NvmeFile::busy_ms() {
   const std::lock_guard<std::mutex> lock(done_mutex_);
-  if (outstanding_ == 0) return busy_ms_;
-  return busy_ms_ +
-         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - busy_since_)
-             .count();
+  return outstanding_ == 0 ? busy_ms_ : busy_ms_ + ms_since(busy_since_);
 }
 
 void NvmeFile::wait(const Ticket& ticket) {

@@ -57,7 +57,7 @@ ParamRecords param_records(const Layout& layout, const EngineConfig& config) {
   if (r.file_bytes == 0) return r;
   const uint64_t buffers = static_cast<uint64_t>(config.offload_param.buffer_count) * r.slot_bytes;
   r.staging_bytes = buffers + kNvmeAlignment;
-  if (config.device.is_cuda()) r.device_bytes = buffers;
+  if (staged_on_device(config)) r.device_bytes = buffers;
   return r;
 }
 
