@@ -418,8 +418,7 @@ std::vector<std::vector<float>> stage_state(Engine& engine, const std::vector<Ch
 // The state of one unit at a time, for an engine whose state lives on NVMe: the whole shard
 // would not fit in memory. Without `apply` it only reads (every shard file checked, every read
 // made), so a bad checkpoint is refused before anything changes; with it each unit's state goes
-// into its view and out to the engine (write_state_views) before the next is read. (The copies
-// of parameter shards on NVMe, 2 or 4 bytes a parameter, stay until state_loaded() stores them.)
+// into its view and out to the engine (write_state_views) before the next is read.
 void stream_state(Engine& engine, const std::vector<CheckpointInfo>& grid,
                   const std::vector<size_t>& saved_index, bool apply) {
   checkpoint_files::GridReader reader(grid);
@@ -432,7 +431,6 @@ void stream_state(Engine& engine, const std::vector<CheckpointInfo>& grid,
         engine.release_state_views();
         continue;
       }
-      // Not released: a parameter shard on NVMe keeps its loaded copy for state_loaded().
       const size_t n = view.end - view.begin;
       std::memcpy(view.master, unit_state.data(), n * sizeof(float));
       for (int k = 0; k < view.state_count; ++k) {
@@ -642,7 +640,8 @@ void load_checkpoint(Engine& engine, const std::string& path, TrainerState* trai
     }
     checkpoint_grid::agree(engine, what, applied, info.trainer.step);
   }
-  // Every rank has its state in hand: nothing below can fail for a bad checkpoint.
+  // Every rank has its state in hand: nothing below can fail for a bad checkpoint. Each unit's
+  // views go to the engine before the next unit's are taken.
   for (size_t u = 0; u < staged.size(); ++u) {
     const Engine::StateView view = engine.state_view(static_cast<int>(u));
     const size_t n = view.end - view.begin;
@@ -650,6 +649,7 @@ void load_checkpoint(Engine& engine, const std::string& path, TrainerState* trai
     for (int k = 0; k < view.state_count; ++k) {
       std::memcpy(view.state[k], staged[u].data() + (k + 1) * n, n * sizeof(float));
     }
+    engine.write_state_views();
   }
   engine.set_optimizer_step(info.optimizer_step);
   if (info.dtype == DType::kFloat16 && engine.dtype() == DType::kFloat16) {

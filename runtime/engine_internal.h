@@ -487,8 +487,9 @@ struct Engine::Impl {
   void* swap_in_for_update(int u, bool on_host);
   void swap_out_after_update(const Piece& last);
 
-  // A swapped unit's shard in host memory for checkpoint access (read on first use), which
-  // state_loaded() writes back and release_state_views() drops.
+  // A copy of a swapped unit's shard where the engine computes (device memory on a GPU) for
+  // checkpoint access, read on first use; write_state_views() stores it back to its file and
+  // release_state_views() drops it.
   void* param_copy(int u);
 
   // The piece's update with its master and state arrays at `master` and `state` (null master:
@@ -582,6 +583,7 @@ struct Engine::Impl {
   void state_loaded();
 
   void write_state_views();
+  void store_param_copies();
 
   void release_state_views();
 

@@ -82,25 +82,19 @@ Engine::StateView Engine::Impl::frozen_state_view(int u) {
 
 void Engine::Impl::state_loaded() {
   device->wait(comm.stream().record());
-  // Shards on NVMe are loaded into copies, which take the loaded values and go back to the file
-  // after the all-gathers below have read them.
-  if (param_swap) {
-    for (size_t u = 0; u < units.size(); ++u) {
-      if (param_swap->swapped(static_cast<int>(u))) param_copy(static_cast<int>(u));
-    }
-  }
+  // Shards on NVMe went back to their files as their views were written.
   write_state_views();
   // A unit that keeps a master (a 16-bit working dtype, or the optimizer on the host) takes its
-  // working parameters from it; NVMe-resident masters did so as their views were written back.
+  // working parameters from it; NVMe-resident masters and shards did so as their views were
+  // written back.
   for (size_t u = 0; u < units.size(); ++u) {
-    if (!offload && !units[u].master.empty()) set_working_params(u, units[u].master.as<float>());
+    const bool swapped = param_swap && param_swap->swapped(static_cast<int>(u));
+    if (!offload && !swapped && !units[u].master.empty()) {
+      set_working_params(u, units[u].master.as<float>());
+    }
   }
   start_post_step_gathers(/*with_frozen=*/true);
   for (UnitState& s : units) wait_for_comm(s.params_ready);
-  for (const auto& [u, copy] : param_copies) {
-    param_swap->store(u, copy.data(), copy.bytes(), ParamSwap::Side::kDevice);
-  }
-  param_copies.clear();
 }
 
 void Engine::Impl::write_state_views() {
@@ -119,15 +113,27 @@ void Engine::Impl::write_state_views() {
     device->copy_from_host(owned_params(u), working.data(), working.size());
   }
   frozen_views.clear();
-  if (!offload) return;
-  // A unit whose shard is on NVMe takes its rounded master in a copy of the shard, which
-  // state_loaded() stores back to the file.
-  if (param_swap) {
-    for (const auto& [u, copies] : offload->views) {
-      if (param_swap->swapped(u)) param_copy(u);
+  if (offload) {
+    // A unit whose shard is on NVMe takes its rounded master in a copy of the shard.
+    if (param_swap) {
+      for (const auto& [u, copies] : offload->views) {
+        if (param_swap->swapped(u)) param_copy(u);
+      }
     }
+    write_back_offloaded_views();
   }
-  write_back_offloaded_views();
+  store_param_copies();
+}
+
+// Each copy of a shard on NVMe that a view handed out goes back to its file now (its working
+// values first rounded from the loaded master where the unit keeps one in memory), so a load
+// writing one unit at a time holds one shard's copy.
+void Engine::Impl::store_param_copies() {
+  for (const auto& [u, copy] : param_copies) {
+    if (!offload && !units[u].master.empty()) set_working_params(u, units[u].master.as<float>());
+    param_swap->store(u, copy.data(), copy.bytes(), ParamSwap::Side::kDevice);
+  }
+  param_copies.clear();
 }
 
 void Engine::Impl::release_state_views() {

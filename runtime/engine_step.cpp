@@ -308,8 +308,8 @@ void Engine::Impl::start_post_step_gathers(bool with_frozen) {
 void Engine::Impl::gather_one(int u) {
   UnitState& s = units[u];
   if (s.params_full.empty()) return;
-  // A gathered stage-3 unit whose shard is on NVMe (and not in a checkpoint's copy) is read in.
-  const bool read_in = param_swap && param_swap->swapped(u) && param_copies.count(u) == 0;
+  // A gathered stage-3 unit whose shard is on NVMe is read in.
+  const bool read_in = param_swap && param_swap->swapped(u);
   const void* shard = read_in ? param_swap->resident(u) : owned_params(u);
   const double issue_us = Trace::now_us();
   s.params_ready = all_gather_unit(u, shard, issue_us);

@@ -30,7 +30,8 @@ void import_weights(Engine& engine, const std::vector<LoadedTensor>& tensors,
     ZERO_CHECK(known, source << ": tensor '" << t.name << "' " << shape_text(t.shape)
                              << " is not a parameter of the model");
   }
-  // Each rank writes the part of every parameter that falls in the slice of each unit it holds.
+  // Each rank writes the part of every parameter that falls in the slice of each unit it holds,
+  // a unit at a time.
   for (size_t u = 0; u < layout.units().size(); ++u) {
     const Engine::StateView view = engine.state_view(static_cast<int>(u));
     for (int index : layout.units()[u].params) {
@@ -40,6 +41,7 @@ void import_weights(Engine& engine, const std::vector<LoadedTensor>& tensors,
       const size_t end = std::min(view.end, p.offset + p.numel);
       for (size_t i = begin; i < end; ++i) view.master[i - view.begin] = values[i - p.offset];
     }
+    engine.write_state_views();
   }
   engine.state_loaded();
 }

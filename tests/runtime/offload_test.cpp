@@ -9,13 +9,16 @@
 #include <malloc.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "tests/runtime/train_util.h"
@@ -529,6 +532,59 @@ TEST(ParamOffload, CheckpointResumeIsBitwise) {
       const std::vector<float> in_memory = run(false, 1, 6, false, false);
       EXPECT_EQ(in_memory, whole) << what;
     }
+  }
+}
+
+// A save and a load hold one unit's copy of its parameter shard at a time, not a copy of every
+// swapped shard: the engine allocator's kOther bytes (where the copies come from, and nothing
+// else in a save or load) peak at the largest shard, beside the optimizer's state on NVMe
+// (the streamed load), in memory and in host memory (the staged load).
+TEST(ParamOffload, CheckpointHoldsOneShardCopyAtATime) {
+  std::unique_ptr<Communicator> comm = make_mpi_communicator();
+  const models::MlpConfig mlp{8, 24, 4, 6};
+  const std::pair<const char*, std::function<void(EngineConfig&)>> settings[] = {
+      {"optimizer on nvme", both(nvme(100, true), params_on_nvme(2))},
+      {"optimizer in memory", params_on_nvme(2)},
+      {"optimizer on the host", both(optimizer_on_host, params_on_nvme(2))}};
+  for (const auto& [what, setting] : settings) {
+    const std::string dir = empty_job_dir(*comm, "shard_copies");
+    EngineConfig config;
+    config.stage = 3;
+    config.dtype = DType::kBFloat16;
+    setting(config);
+    const auto copies_held = [](Engine& engine, const std::function<void()>& checkpoint) {
+      Allocator& allocator = engine.allocator();
+      const size_t other = static_cast<size_t>(MemoryCategory::kOther);
+      const uint64_t before = allocator.stats().current[other];
+      allocator.start_window();
+      checkpoint();
+      return allocator.stats().window_peak[other] - before;
+    };
+    uint64_t largest_shard = 0;
+    {
+      ZeroModel model(*comm, models::make_mlp(mlp), config);
+      for (const Unit& unit : model.engine().layout().units()) {
+        largest_shard = std::max<uint64_t>(largest_shard, unit.shard * dtype_size(config.dtype));
+      }
+      models::TeacherTask task(mlp, 7);
+      models::Batch batch = task.batch(1, comm->rank() * 4, 4);
+      Tensor grad;
+      models::mse_loss(model.forward(batch.inputs), batch.targets, grad);
+      model.backward(grad);
+      model.step();
+      EXPECT_EQ(copies_held(model.engine(),
+                            [&] {
+                              save_checkpoint(model.engine(), dir, TrainerState{1, 7});
+                            }),
+                largest_shard)
+          << what << ": save";
+    }
+    ZeroModel model(*comm, models::make_mlp(mlp), config);
+    EXPECT_GE(model.engine().layout().units().size(), size_t{5}) << "too few units to tell";
+    EXPECT_EQ(copies_held(model.engine(),
+                          [&] { load_checkpoint(model.engine(), dir + "/latest", nullptr); }),
+              largest_shard)
+        << what << ": load";
   }
 }
 
