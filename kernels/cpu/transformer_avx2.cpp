@@ -176,35 +176,9 @@ void gelu_backward_avx2(float* dinp, const float* inp, const float* dout, size_t
   }
 }
 
-// --- Attention and softmax primitives ---------------------------------------------------------
+// --- Softmax primitives ---------------------------------------------------------------------
 
 struct Avx2Ops {
-  // Four independent accumulators: a head's 64 channels would otherwise wait on eight
-  // dependent FMAs.
-  static float dot(const float* a, const float* b, size_t n) {
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                     _mm256_setzero_ps()};
-    size_t i = 0;
-    for (; i + 4 * kWidth <= n; i += 4 * kWidth) {
-      for (size_t k = 0; k < 4; ++k) {
-        acc[k] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + k * kWidth),
-                                 _mm256_loadu_ps(b + i + k * kWidth), acc[k]);
-      }
-    }
-    for (; i < n; i += kWidth) acc[0] = _mm256_fmadd_ps(load(a, i, n), load(b, i, n), acc[0]);
-    return horizontal_sum(
-        _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
-  }
-  static void axpy(float* y, float a, const float* x, size_t n) {
-    const __m256 av = _mm256_set1_ps(a);
-    for (size_t i = 0; i < n; i += kWidth) {
-      store(y, i, n, _mm256_fmadd_ps(av, load(x, i, n), load(y, i, n)));
-    }
-  }
-  static void scale(float* y, float a, size_t n) {
-    const __m256 av = _mm256_set1_ps(a);
-    for (size_t i = 0; i < n; i += kWidth) store(y, i, n, _mm256_mul_ps(load(y, i, n), av));
-  }
   static float max(const float* x, size_t n) {
     const __m256 lowest = _mm256_set1_ps(-INFINITY);
     __m256 m = lowest;
@@ -228,17 +202,6 @@ struct Avx2Ops {
   static float log(float x) { return logf(x); }
 };
 
-void attention_forward_avx2(float* out, float* lse, const float* qkv, size_t T, size_t C,
-                            size_t head_size, float scale, float* scores) {
-  attention_forward_head<Avx2Ops>(out, lse, qkv, T, C, head_size, scale, scores);
-}
-
-void attention_backward_avx2(float* dqkv, const float* dout, const float* qkv, const float* out,
-                             const float* lse, size_t T, size_t C, size_t head_size, float scale,
-                             float* probs) {
-  attention_backward_head<Avx2Ops>(dqkv, dout, qkv, out, lse, T, C, head_size, scale, probs);
-}
-
 void scaled_exp_avx2(float* y, const float* x, float shift, float factor, size_t n) {
   Avx2Ops::exp_shift(y, x, shift, factor, n);
 }
@@ -247,7 +210,6 @@ void scaled_exp_avx2(float* y, const float* x, float shift, float factor, size_t
 
 const TransformerPath kTransformerAvx2Path = {layernorm_forward_avx2, layernorm_backward_input_avx2,
                                               gelu_forward_avx2,      gelu_backward_avx2,
-                                              attention_forward_avx2, attention_backward_avx2,
                                               logsumexp_row<Avx2Ops>, scaled_exp_avx2};
 
 }  // namespace zero::kernels::detail

@@ -287,9 +287,128 @@ void check_attention(const char* kernel, int B, int T, int C, int NH) {
              kernel << ": " << NH << " heads do not divide " << C << " channels");
 }
 
+// Attention runs over tiles of query rows: a tile's scores against every key it may see are one
+// GEMM, as are the products they feed, where one query row at a time would stream each key and
+// value row through a dot product and an axpy of head_size floats (3x slower at the GPT-2
+// benchmark's T 256 and head size 64, SkylakeX kernels). The tile's keys run to its last row,
+// so its first rows also score keys they cannot see (zeroed after the softmax): at 64 rows and T
+// 256, a quarter more scores than the causal triangle, the price of GEMMs that size.
+constexpr size_t kAttentionTile = 64;
+
+// One (sequence, head) pair: q at the sequence's q channels of the head, k at +C and v at +2C,
+// rows `stride` (3C) apart; dq, dk and dv likewise in dqkv.
+struct HeadPair {
+  const float* q;
+  const float* k;
+  const float* v;
+  size_t stride;
+  size_t T;
+  size_t head_size;
+  float scale;
+};
+
+// Query rows [first, first + rows) against keys [0, first + rows): p (rows x keys, compact)
+// becomes each row's softmax over the keys at and before its own position, zeros past it, from
+// the rows' log-sum-exp in `saved_lse`, or computed from the scores into `new_lse` if given.
+void tile_probabilities(float* p, const HeadPair& h, size_t first, size_t rows,
+                        const float* saved_lse, float* new_lse, const TransformerPath& path) {
+  const size_t keys = first + rows;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows),
+              static_cast<int>(keys), static_cast<int>(h.head_size), h.scale,
+              h.q + first * h.stride, static_cast<int>(h.stride), h.k, static_cast<int>(h.stride),
+              0.0f, p, static_cast<int>(keys));
+  for (size_t r = 0; r < rows; ++r) {
+    float* row = p + r * keys;
+    const size_t seen = first + r + 1;
+    const float lse =
+        new_lse ? (new_lse[first + r] = path.logsumexp(row, seen)) : saved_lse[first + r];
+    path.scaled_exp(row, row, lse, 1.0f, seen);
+    std::fill(row + seen, row + keys, 0.0f);
+  }
+}
+
+// out (rows C apart) = softmax(scale Q K^T, causal) V for the pair, and its rows' lse.
+void attention_forward_pair(float* out, size_t out_stride, float* lse, const HeadPair& h, float* p,
+                            const TransformerPath& path) {
+  for (size_t first = 0; first < h.T; first += kAttentionTile) {
+    const size_t rows = std::min(kAttentionTile, h.T - first);
+    const size_t keys = first + rows;
+    tile_probabilities(p, h, first, rows, nullptr, lse, path);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows),
+                static_cast<int>(h.head_size), static_cast<int>(keys), 1.0f, p,
+                static_cast<int>(keys), h.v, static_cast<int>(h.stride), 0.0f,
+                out + first * out_stride, static_cast<int>(out_stride));
+  }
+}
+
+// The flash-attention backward for the pair, a tile of query rows at a time: P recomputed from
+// the saved lse; dP = dO V^T; with D_i = dout_i . out_i (= sum_j P_ij dP_ij) the scores'
+// gradient dS = P (dP - D) scale; then dQ = dS K for the tile's rows, and dK += dS^T Q and
+// dV += P^T dO for the keys it saw. dqkv's head channels are overwritten for all T rows.
+void attention_backward_pair(float* dqkv, const float* dout, const float* out, size_t out_stride,
+                             const float* lse, const HeadPair& h, float* p, float* ds,
+                             const TransformerPath& path) {
+  float* dq = dqkv;
+  float* dk = dqkv + (h.k - h.q);
+  float* dv = dqkv + (h.v - h.q);
+  for (size_t t = 0; t < h.T; ++t) {
+    std::memset(dk + t * h.stride, 0, h.head_size * sizeof(float));
+    std::memset(dv + t * h.stride, 0, h.head_size * sizeof(float));
+  }
+  const int hs = static_cast<int>(h.head_size);
+  const int stride = static_cast<int>(h.stride);
+  const int ostride = static_cast<int>(out_stride);
+  for (size_t first = 0; first < h.T; first += kAttentionTile) {
+    const size_t rows = std::min(kAttentionTile, h.T - first);
+    const int m = static_cast<int>(rows);
+    const int keys = static_cast<int>(first + rows);
+    const float* d_out = dout + first * out_stride;
+    tile_probabilities(p, h, first, rows, lse, nullptr, path);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, keys, hs, 1.0f, d_out, ostride, h.v,
+                stride, 0.0f, ds, keys);
+    for (size_t r = 0; r < rows; ++r) {
+      const float* o = out + (first + r) * out_stride;
+      const float* g = d_out + r * out_stride;
+      float d = 0.0f;
+      for (size_t c = 0; c < h.head_size; ++c) d += g[c] * o[c];
+      const float* pr = p + r * keys;
+      float* dr = ds + r * keys;
+      const size_t seen = first + r + 1;
+      for (size_t j = 0; j < seen; ++j) dr[j] = pr[j] * (dr[j] - d) * h.scale;
+      std::fill(dr + seen, dr + keys, 0.0f);
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hs, keys, 1.0f, ds, keys, h.k, stride,
+                0.0f, dq + first * h.stride, stride);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, hs, m, 1.0f, ds, keys,
+                h.q + first * h.stride, stride, 1.0f, dk, stride);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, hs, m, 1.0f, p, keys, d_out, ostride,
+                1.0f, dv, stride);
+  }
+}
+
+HeadPair head_pair(const float* qkv, size_t pair, int T, int C, int NH) {
+  const size_t b = pair / NH, h = pair % NH;
+  const size_t head_size = C / NH;
+  const float* q = qkv + b * T * 3 * C + h * head_size;
+  return HeadPair{q,
+                  q + C,
+                  q + 2 * C,
+                  3 * static_cast<size_t>(C),
+                  static_cast<size_t>(T),
+                  head_size,
+                  1.0f / std::sqrt(static_cast<float>(head_size))};
+}
+
+// The offset of the pair's head channels of row 0 in a [B, T, C] array.
+size_t pair_offset(size_t pair, int T, int C, int NH) {
+  return pair / NH * T * C + pair % NH * (C / NH);
+}
+
 }  // namespace
 
-// One (sequence, head) pair per work item: each costs about T^2 / 2 * head_size multiply-adds.
+// One (sequence, head) pair per work item, each costing about T^2 / 2 * head_size
+// multiply-adds; OpenBLAS runs single-threaded inside, so each pair's bits are the same at
+// every thread count.
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
                        const KernelOptions& opt) {
   check_attention("attention_forward", B, T, C, NH);
@@ -297,15 +416,12 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
   check_buffer(lse, product(B, NH) * T, "attention_forward", "lse");
   check_buffer(qkv, product(B, T) * 3 * C, "attention_forward", "qkv");
   const TransformerPath& path = active_path();
-  const size_t head_size = C / NH;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_size));
-  parallel_for(product(B, NH), product(T, T) * head_size, 1, opt, [&](size_t begin, size_t end) {
-    std::vector<float> scores(T);
+  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+  parallel_for(product(B, NH), product(T, T) * (C / NH), 1, opt, [&](size_t begin, size_t end) {
+    std::vector<float> p(std::min(kAttentionTile, static_cast<size_t>(T)) * T);
     for (size_t pair = begin; pair < end; ++pair) {
-      size_t b = pair / NH, h = pair % NH;
-      path.attention_forward(out + b * T * C + h * head_size, lse + pair * T,
-                             qkv + b * T * 3 * C + h * head_size, T, C, head_size, scale,
-                             scores.data());
+      attention_forward_pair(out + pair_offset(pair, T, C, NH), C, lse + pair * T,
+                             head_pair(qkv, pair, T, C, NH), p.data(), path);
     }
   });
 }
@@ -319,16 +435,15 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   check_buffer(out, product(B, T) * C, "attention_backward", "out");
   check_buffer(lse, product(B, NH) * T, "attention_backward", "lse");
   const TransformerPath& path = active_path();
-  const size_t head_size = C / NH;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_size));
-  parallel_for(product(B, NH), product(T, T) * head_size, 1, opt, [&](size_t begin, size_t end) {
-    std::vector<float> probs(T);
+  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+  parallel_for(product(B, NH), product(T, T) * (C / NH), 1, opt, [&](size_t begin, size_t end) {
+    const size_t tile = std::min(kAttentionTile, static_cast<size_t>(T)) * T;
+    std::vector<float> p(tile), ds(tile);
     for (size_t pair = begin; pair < end; ++pair) {
-      size_t b = pair / NH, h = pair % NH;
-      size_t channel = h * head_size;
-      path.attention_backward(dqkv + b * T * 3 * C + channel, dout + b * T * C + channel,
-                              qkv + b * T * 3 * C + channel, out + b * T * C + channel,
-                              lse + pair * T, T, C, head_size, scale, probs.data());
+      const HeadPair h = head_pair(qkv, pair, T, C, NH);
+      const size_t offset = pair_offset(pair, T, C, NH);
+      attention_backward_pair(dqkv + (h.q - qkv), dout + offset, out + offset, C, lse + pair * T, h,
+                              p.data(), ds.data(), path);
     }
   });
 }

@@ -4,8 +4,8 @@
 // bit: the AVX2 path fuses multiply-adds and evaluates exp with its own polynomial. Each agrees
 // with the exact (double precision) definitions to float rounding.
 //
-// Every entry works on whole rows, or on one (sequence, head) pair of attention, so a value
-// never depends on how the dispatcher split the work over threads.
+// Every entry works on whole rows, so a value never depends on how the dispatcher split the work
+// over threads. Attention is GEMMs around the softmax rows' logsumexp and scaled_exp.
 #pragma once
 
 #include <cstddef>
@@ -31,15 +31,6 @@ struct TransformerPath {
                                    size_t rows, size_t C);
   void (*gelu_forward)(float* out, const float* inp, size_t n);
   void (*gelu_backward)(float* dinp, const float* inp, const float* dout, size_t n);
-  // One (sequence, head) pair. qkv points at the sequence's q channels of the head (k follows
-  // at +C, v at +2C, rows 3C apart); out and dout at the head's channels of row 0 (rows C
-  // apart); lse at the pair's T values. scores: T floats of scratch.
-  void (*attention_forward)(float* out, float* lse, const float* qkv, size_t T, size_t C,
-                            size_t head_size, float scale, float* scores);
-  // dqkv as qkv; the head's channels of dq, dk and dv are overwritten for all T rows.
-  void (*attention_backward)(float* dqkv, const float* dout, const float* qkv, const float* out,
-                             const float* lse, size_t T, size_t C, size_t head_size, float scale,
-                             float* probs);
   // log(sum of exp(x[i])) over n values, computed around their maximum.
   float (*logsumexp)(const float* x, size_t n);
   // y[i] = exp(x[i] - shift) * factor; y may be x.

@@ -73,17 +73,6 @@ void gelu_backward_scalar(float* dinp, const float* inp, const float* dout, size
 }
 
 struct ScalarOps {
-  static float dot(const float* a, const float* b, size_t n) {
-    float sum = 0.0f;
-    for (size_t i = 0; i < n; ++i) sum += a[i] * b[i];
-    return sum;
-  }
-  static void axpy(float* y, float a, const float* x, size_t n) {
-    for (size_t i = 0; i < n; ++i) y[i] += a * x[i];
-  }
-  static void scale(float* y, float a, size_t n) {
-    for (size_t i = 0; i < n; ++i) y[i] *= a;
-  }
   static float max(const float* x, size_t n) {
     float m = x[0];
     for (size_t i = 1; i < n; ++i) m = std::max(m, x[i]);
@@ -101,17 +90,6 @@ struct ScalarOps {
   static float log(float x) { return std::log(x); }
 };
 
-void attention_forward_scalar(float* out, float* lse, const float* qkv, size_t T, size_t C,
-                              size_t head_size, float scale, float* scores) {
-  attention_forward_head<ScalarOps>(out, lse, qkv, T, C, head_size, scale, scores);
-}
-
-void attention_backward_scalar(float* dqkv, const float* dout, const float* qkv, const float* out,
-                               const float* lse, size_t T, size_t C, size_t head_size, float scale,
-                               float* probs) {
-  attention_backward_head<ScalarOps>(dqkv, dout, qkv, out, lse, T, C, head_size, scale, probs);
-}
-
 void scaled_exp_scalar(float* y, const float* x, float shift, float factor, size_t n) {
   ScalarOps::exp_shift(y, x, shift, factor, n);
 }
@@ -119,9 +97,7 @@ void scaled_exp_scalar(float* y, const float* x, float shift, float factor, size
 }  // namespace
 
 const TransformerPath kTransformerScalarPath = {
-    layernorm_forward_scalar, layernorm_backward_input_scalar,
-    gelu_forward_scalar,      gelu_backward_scalar,
-    attention_forward_scalar, attention_backward_scalar,
-    logsumexp_row<ScalarOps>, scaled_exp_scalar};
+    layernorm_forward_scalar, layernorm_backward_input_scalar, gelu_forward_scalar,
+    gelu_backward_scalar,     logsumexp_row<ScalarOps>,        scaled_exp_scalar};
 
 }  // namespace zero::kernels::detail
