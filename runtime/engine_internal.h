@@ -221,7 +221,7 @@ struct OffloadedOptimizer {
   char* slots = nullptr;           // the first aligned slot
   std::unique_ptr<NvmeFile> file;  // after the buffers: destroyed first, ending its transfers
   int cached = -1;                 // the record slot 0 holds for checkpoint access (-1: none)
-  // state_view() copies of units' arrays, which state_loaded() writes back into the records.
+  // state_view() copies of units' arrays, which write_state_views() writes back into the records.
   std::map<int, std::vector<Buffer>> views;
   // The last update's I/O: time blocked on transfers, time the file had transfers outstanding,
   // and bytes moved.
@@ -573,11 +573,11 @@ struct Engine::Impl {
   Engine::StateView state_view(int u);
 
   // Host memory for the n floats at `data`: the array itself on the CPU; on a GPU a fresh copy,
-  // which state_loaded() writes back.
+  // which write_state_views() writes back.
   float* host_view(float* data, size_t n);
 
   // A frozen unit's values as a state view: the working parameters (fp32) or an fp32 copy of
-  // them, which state_loaded() writes back, and zero optimizer state.
+  // them, which write_state_views() writes back, and zero optimizer state.
   Engine::StateView frozen_state_view(int u);
 
   void state_loaded();

@@ -45,7 +45,7 @@ void* Engine::Impl::param_copy(int u) {
 }
 
 // Host memory for the n floats at `data`: the array itself on the CPU; on a GPU a fresh copy,
-// which state_loaded() writes back.
+// which write_state_views() writes back.
 float* Engine::Impl::host_view(float* data, size_t n) {
   if (!config.device.is_cuda()) return data;
   Buffer& copy = host_state[data];

@@ -216,6 +216,9 @@ void ParamSwap::flush() {
 void ParamSwap::store(int u, const void* data, size_t bytes, Side side) {
   ZERO_CHECK(swapped(u) && bytes <= records_.bytes[u],
              "offload_param: cannot store " << bytes << " bytes into unit " << u << "'s record");
+  // A buffer still holding u's old shard (a step that ended in an error) would be gathered
+  // instead of what is stored now.
+  if (slot_of_[u] >= 0) drop(u, CommPoint{});
   const size_t slot = acquire();
   Slot& s = slots_[slot];
   if (side == Side::kDevice && staged()) {

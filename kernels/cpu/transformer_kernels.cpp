@@ -285,6 +285,7 @@ void check_attention(const char* kernel, int B, int T, int C, int NH) {
   check_sizes(kernel, {B, T, C, NH});
   ZERO_CHECK(NH > 0 && C % NH == 0,
              kernel << ": " << NH << " heads do not divide " << C << " channels");
+  ZERO_CHECK(C > 0, kernel << ": heads of 0 channels");
 }
 
 // Attention runs over tiles of query rows: a tile's scores against every key it may see are one
@@ -292,7 +293,9 @@ void check_attention(const char* kernel, int B, int T, int C, int NH) {
 // value row through a dot product and an axpy of head_size floats (3x slower at the GPT-2
 // benchmark's T 256 and head size 64, SkylakeX kernels). The tile's keys run to its last row,
 // so its first rows also score keys they cannot see (zeroed after the softmax): at 64 rows and T
-// 256, a quarter more scores than the causal triangle, the price of GEMMs that size.
+// 256, a quarter more scores than the causal triangle, the price of GEMMs that size. (A zeroed
+// probability still multiplies its key's values: a non-finite value in a later row of the tile
+// reaches the earlier rows' results too, where the step's loss is non-finite anyway.)
 constexpr size_t kAttentionTile = 64;
 
 // One (sequence, head) pair: q at the sequence's q channels of the head, k at +C and v at +2C,

@@ -7,7 +7,7 @@
 //       y = exp(x - shift) * factor (y may be x, or null when only the sum is wanted);
 //       returns the sum of exp(x - shift)
 //   float log(float x)
-// These templates call nothing else, for the same reason.
+// The template calls nothing else, for the same reason.
 #pragma once
 
 #include <cstddef>

@@ -13,10 +13,12 @@
 #include <functional>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernel_test_util.h"
 #include "transformer_test_reference.h"
+#include "zero/core/check.h"
 #include "zero/kernels/transformer_kernels.h"
 
 namespace zero::kernels::testing {
@@ -260,9 +262,10 @@ struct AttentionSize {
 
 TEST_P(TransformerKernelTest, Attention) {
   std::mt19937 rng(14);
-  // Head sizes 3, 12 and 32: below one vector, a vector and a tail, the 4-accumulator dot.
-  for (AttentionSize s :
-       {AttentionSize{1, 1, 3, 1}, AttentionSize{2, 67, 36, 3}, AttentionSize{1, 21, 64, 2}}) {
+  // Head sizes 3, 12, 32 and 8: below one vector, a vector and a tail, four vectors, one. T 67
+  // and 128 span two of the 64-row tiles (the second short, or full), T 21 and 1 one.
+  for (AttentionSize s : {AttentionSize{1, 1, 3, 1}, AttentionSize{2, 67, 36, 3},
+                          AttentionSize{1, 21, 64, 2}, AttentionSize{1, 128, 16, 2}}) {
     SCOPED_TRACE(::testing::Message()
                  << "B=" << s.B << " T=" << s.T << " C=" << s.C << " NH=" << s.NH);
     const size_t rows = static_cast<size_t>(s.B) * s.T;
@@ -289,6 +292,29 @@ TEST_P(TransformerKernelTest, Attention) {
       for (size_t i = 0; i < results.size(); ++i) EXPECT_TRUE(same_bits(results[i], first[i]));
     }
   }
+}
+
+// Heads that do not divide the channels, or have none, are refused, naming the kernel.
+TEST(TransformerKernelArguments, AttentionRefusesBadHeads) {
+  Floats qkv(3 * 6), out(6), lse(4), dqkv(3 * 6);
+  const auto message = [](const std::function<void()>& call) {
+    try {
+      call();
+    } catch (const zero::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string indivisible = message(
+      [&] { attention_forward(out.data(), lse.data(), qkv.data(), 1, 1, 6, 4, threads(1)); });
+  EXPECT_NE(indivisible.find("attention_forward: 4 heads do not divide 6 channels"),
+            std::string::npos)
+      << indivisible;
+  const std::string empty = message([&] {
+    attention_backward(dqkv.data(), out.data(), qkv.data(), out.data(), lse.data(), 1, 1, 0, 2,
+                       threads(1));
+  });
+  EXPECT_NE(empty.find("attention_backward: heads of 0 channels"), std::string::npos) << empty;
 }
 
 struct VocabSize {

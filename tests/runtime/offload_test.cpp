@@ -493,12 +493,16 @@ TEST(ParamOffload, IoErrorNamesFileOffsetAndErrno) {
   expect_naming(message, "Input/output error (errno 5) [injected by ZERO_TEST_NVME_FAULT]");
 }
 
-// Saved at step 3 with the shards and the optimizer state on NVMe (or the optimizer in host
-// memory), resumed into a fresh offloaded engine and into an in-memory one: steps 4-6 are
+// Saved at step 3 with the shards on NVMe beside the optimizer state on NVMe, in memory or in
+// host memory, resumed into a fresh offloaded engine and into an in-memory one: steps 4-6 are
 // those of the run that never stopped, in fp32 and bf16.
 TEST(ParamOffload, CheckpointResumeIsBitwise) {
   std::unique_ptr<Communicator> comm = make_mpi_communicator();
-  for (const bool host_optimizer : {false, true}) {
+  const std::pair<const char*, std::function<void(EngineConfig&)>> settings[] = {
+      {"optimizer on nvme", both(nvme(100, true), params_on_nvme(2))},
+      {"optimizer in memory", params_on_nvme(2)},
+      {"optimizer on the host", both(optimizer_on_host, params_on_nvme(2))}};
+  for (const auto& [setting_name, setting] : settings) {
     for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
       const std::string dir = empty_job_dir(*comm, "param_checkpoint");
       const models::MlpConfig mlp{8, 24, 4, 3};
@@ -507,8 +511,7 @@ TEST(ParamOffload, CheckpointResumeIsBitwise) {
         config.stage = 3;
         config.dtype = dtype;
         config.optimizer.lr = 1e-2f;
-        if (offloaded && host_optimizer) both(optimizer_on_host, params_on_nvme(2))(config);
-        if (offloaded && !host_optimizer) both(nvme(100, true), params_on_nvme(2))(config);
+        if (offloaded) setting(config);
         ZeroModel model(*comm, models::make_mlp(mlp), config);
         if (load) load_checkpoint(model.engine(), dir + "/latest", nullptr);
         models::TeacherTask task(mlp, 7);
@@ -525,8 +528,7 @@ TEST(ParamOffload, CheckpointResumeIsBitwise) {
       };
       const std::vector<float> whole = run(true, 1, 6, true, false);
       const std::vector<float> tail(whole.begin() + 3, whole.end());
-      const std::string what =
-          std::string(dtype_name(dtype)) + (host_optimizer ? ", optimizer on the host" : "");
+      const std::string what = std::string(dtype_name(dtype)) + ", " + setting_name;
       EXPECT_EQ(run(true, 4, 6, false, true), tail) << what;
       EXPECT_EQ(run(false, 4, 6, false, true), tail) << what;
       const std::vector<float> in_memory = run(false, 1, 6, false, false);
@@ -537,8 +539,8 @@ TEST(ParamOffload, CheckpointResumeIsBitwise) {
 
 // A save and a load hold one unit's copy of its parameter shard at a time, not a copy of every
 // swapped shard: the engine allocator's kOther bytes (where the copies come from, and nothing
-// else in a save or load) peak at the largest shard, beside the optimizer's state on NVMe
-// (the streamed load), in memory and in host memory (the staged load).
+// else in a save or load) peak at the largest shard, beside the optimizer's state on NVMe, in
+// memory and in host memory (each load streamed, as any with state on NVMe).
 TEST(ParamOffload, CheckpointHoldsOneShardCopyAtATime) {
   std::unique_ptr<Communicator> comm = make_mpi_communicator();
   const models::MlpConfig mlp{8, 24, 4, 6};

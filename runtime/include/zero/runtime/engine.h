@@ -308,7 +308,8 @@ class Engine {
   // otherwise) of the master weights (the working parameters themselves when they are fp32)
   // and of each optimizer state array. A checkpoint saves the rank's shard of these and a load
   // overwrites them, then calls state_loaded(). The pointers are host memory: on CUDA, copies
-  // made by state_view() that state_loaded() writes back (valid until then); with the optimizer
+  // made by state_view() that write_state_views() (or state_loaded()) writes back (valid until
+  // then), as it does a copy of a shard on NVMe (offload_param) on both paths; with the optimizer
   // offloaded to the host (offload_optimizer kCpu), the state itself, which a write changes at
   // once (a load writes only after it has checked the whole checkpoint). A frozen unit's
   // master is its values (an fp32 copy for a 16-bit working dtype) and its optimizer state
@@ -329,8 +330,8 @@ class Engine {
   // device, the NVMe offload files) and frees their copies, so that a load filling one unit at a
   // time holds one unit's copies; state_loaded() still follows. Not collective.
   void write_state_views();
-  // Frees the host copies state_view() made on CUDA, once they are no longer needed without a
-  // state_loaded() (after a save, or a load that failed). Nothing to do on the CPU.
+  // Frees the copies state_view() made (host copies on CUDA, copies of shards on NVMe), once they
+  // are no longer needed without a state_loaded() (after a save, or a load that failed).
   void release_state_views();
   // Optimizer steps taken (the LR schedule's position), and the fp16 loss scaler's state.
   long optimizer_step() const;
