@@ -313,6 +313,16 @@ uint64_t status_bytes(const std::string& field) {
   return 0;
 }
 
+// One training step of the teacher task on 4 samples of this rank's: state worth a checkpoint.
+void train_one_step(ZeroModel& model, const models::MlpConfig& mlp, int rank) {
+  models::TeacherTask task(mlp, 7);
+  models::Batch batch = task.batch(1, rank * 4, 4);
+  Tensor grad;
+  models::mse_loss(model.forward(batch.inputs), batch.targets, grad);
+  model.backward(grad);
+  model.step();
+}
+
 // A load into NVMe-resident state holds one unit's state at a time, not the rank's shard: the
 // peak resident memory the load adds (VmHWM, reset through /proc/self/clear_refs before it)
 // stays under half of the shard's state bytes, where reading all of it first adds all of them.
@@ -335,12 +345,7 @@ TEST(Offload, CheckpointLoadHoldsOneUnitAtATime) {
   uint64_t shard_state_bytes = 0;
   {
     ZeroModel model(*comm, models::make_mlp(mlp), config);
-    models::TeacherTask task(mlp, 7);
-    models::Batch batch = task.batch(1, comm->rank() * 4, 4);
-    Tensor grad;
-    models::mse_loss(model.forward(batch.inputs), batch.targets, grad);
-    model.backward(grad);
-    model.step();
+    train_one_step(model, mlp, comm->rank());
     save_checkpoint(model.engine(), dir, TrainerState{1, 7});
     shard_state_bytes = model.engine().nvme_bytes();
   }
@@ -568,12 +573,7 @@ TEST(ParamOffload, CheckpointHoldsOneShardCopyAtATime) {
       for (const Unit& unit : model.engine().layout().units()) {
         largest_shard = std::max<uint64_t>(largest_shard, unit.shard * dtype_size(config.dtype));
       }
-      models::TeacherTask task(mlp, 7);
-      models::Batch batch = task.batch(1, comm->rank() * 4, 4);
-      Tensor grad;
-      models::mse_loss(model.forward(batch.inputs), batch.targets, grad);
-      model.backward(grad);
-      model.step();
+      train_one_step(model, mlp, comm->rank());
       EXPECT_EQ(copies_held(model.engine(),
                             [&] {
                               save_checkpoint(model.engine(), dir, TrainerState{1, 7});
