@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <mpi.h>
+#include <sched.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 namespace zero::examples {
 
@@ -168,6 +170,19 @@ uint64_t host_memory_per_rank(int ranks_on_node) {
     if (cgroup > 0 && (limit == 0 || cgroup < limit)) limit = cgroup;
   }
   return limit / static_cast<uint64_t>(std::max(ranks_on_node, 1));
+}
+
+int threads_per_rank(int cores, int ranks_on_node) {
+  return std::max(1, cores / std::max(ranks_on_node, 1));
+}
+
+int host_threads_per_rank(int ranks_on_node) {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  const int cores = sched_getaffinity(0, sizeof(allowed), &allowed) == 0
+                        ? CPU_COUNT(&allowed)
+                        : static_cast<int>(std::thread::hardware_concurrency());
+  return threads_per_rank(cores, ranks_on_node);
 }
 
 namespace {

@@ -54,6 +54,12 @@ class SaveDirLock {
 // read.
 uint64_t host_memory_per_rank(int ranks_on_node);
 
+// Host threads for a rank of a GPU run (its host AdamW with the optimizer offloaded, and the
+// host's casts): the cores this process may run on divided by the ranks on this node, at least
+// 1, as DeepSpeed's CPU Adam takes the cores it is given. threads_per_rank is the division.
+int threads_per_rank(int cores, int ranks_on_node);
+int host_threads_per_rank(int ranks_on_node);
+
 // This process's resident memory now (VmRSS) and its peak so far (VmHWM), from
 // /proc/self/status; 0 where it cannot be read.
 uint64_t resident_bytes();

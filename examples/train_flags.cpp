@@ -381,7 +381,7 @@ zero::TrainingConfig resolve_config(const Flags& f, int world_size) {
     tc.gradient_accumulation_steps = b.gradient_accumulation_steps;
   }
   e.micro_batches = tc.gradient_accumulation_steps;
-  e.kernel_threads = f.threads;
+  e.kernel_threads = f.threads.value_or(1);
   e.memory_limit_bytes = f.memory_limit;
   if (f.skip_nonfinite) e.skip_nonfinite_steps = *f.skip_nonfinite;
   if (f.override_optimizer) tc.override_optimizer = true;

@@ -64,7 +64,9 @@ struct Flags {
   bool partition_activations = false;
   // --checkpoint-nvme-path DIR: activation_checkpointing.nvme_path (ours).
   std::optional<std::string> checkpoint_nvme_path;
-  int threads = 1;
+  // --threads: EngineConfig::kernel_threads. Absent: 1 on the CPU path (a rank per core); on a GPU
+  // the node's cores over its ranks (host_threads_per_rank), which zero-train sets.
+  std::optional<int> threads;
   bool cuda = false;
   uint64_t memory_limit = 0;
   std::string save_dir;

@@ -418,6 +418,8 @@ std::vector<int> failed_ranks(bool failed, int world_size) {
 int main(int argc, char** argv) {
   zero::MpiSession mpi(&argc, &argv);
   const int rank = mpi.world_rank();
+  // Collective, so every rank asks before anything can fail on some of them only.
+  const int node_ranks = ranks_on_node();
   Flags flags;
   zero::TrainingConfig config;
   std::optional<zero::examples::SaveDirLock> save_dir_lock;
@@ -427,6 +429,11 @@ int main(int argc, char** argv) {
     flags = zero::examples::parse_flags(argc, argv);
     if (!flags.help) {
       config = zero::examples::resolve_config(flags, mpi.world_size());
+      // A GPU run's host work (the host AdamW of an offloaded optimizer) gets this rank's share
+      // of the node's cores, where the CPU path runs a rank per core.
+      if (flags.cuda && !flags.threads) {
+        config.engine.kernel_threads = zero::examples::host_threads_per_rank(node_ranks);
+      }
       check_outputs(flags, rank, &save_dir_lock);
       // The model and its data files (a token file that cannot be read stops the run here).
       task = zero::examples::make_train_task(flags, config);
@@ -473,7 +480,7 @@ int main(int argc, char** argv) {
     // halfway through allocating it, and --memory-limit bounds what the process holds.
     const uint64_t budget = flags.memory_limit > 0
                                 ? flags.memory_limit
-                                : zero::examples::host_memory_per_rank(ranks_on_node());
+                                : zero::examples::host_memory_per_rank(node_ranks);
     const std::string source =
         flags.memory_limit > 0 ? "--memory-limit" : "available memory over the ranks on this node";
     const uint64_t activations = task->activation_bytes(config.micro_batch_per_rank);
@@ -515,6 +522,11 @@ int main(int argc, char** argv) {
   if (rank == 0) {
     for (const std::string& line : config.resolved_auto) std::printf("config: %s\n", line.c_str());
     for (const std::string& line : config.ignored_keys) std::printf("config: %s\n", line.c_str());
+    if (flags.cuda) {
+      std::printf(
+          "host threads per rank: %d (%s)\n", config.engine.kernel_threads,
+          flags.threads ? "--threads" : "the cores this rank may use over the ranks on this node");
+    }
     std::fflush(stdout);
   }
   // Ranks already use every core; OpenBLAS threads on top would only contend with them.
