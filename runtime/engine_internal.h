@@ -480,10 +480,11 @@ struct Engine::Impl {
   // update does not notice how the pieces are grouped.
   void apply_pass(const std::vector<Piece>& pieces, const std::function<ShardUpdate(size_t)>& make,
                   float grad_scale);
-  // With parameters on NVMe, swapped unit u's shard in its buffer for its update (on a GPU, in
-  // the device's buffer, or left in the host's when `on_host`: the host steps it), the next
-  // trainable unit's read started behind it; and, after `last` (a piece of a swapped unit), the
-  // shard written back when `last` ends the unit's slice.
+  // With parameters on NVMe, swapped unit u's buffer for its update (on a GPU, the device's, or
+  // the host's when `on_host`: the host steps it): unread when the update writes the whole shard
+  // from a master, else read in, with the next trainable unit's read started behind it; and,
+  // after `last` (a piece of a swapped unit), the shard written back when `last` ends the unit's
+  // slice.
   void* swap_in_for_update(int u, bool on_host);
   void swap_out_after_update(const Piece& last);
 

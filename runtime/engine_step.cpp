@@ -217,7 +217,11 @@ void Engine::Impl::apply_pass(const std::vector<Piece>& pieces,
 }
 
 void* Engine::Impl::swap_in_for_update(int u, bool on_host) {
-  void* shard = on_host ? param_swap->resident_on_host(u) : param_swap->resident(u);
+  // An update that rounds a master kept elsewhere (on the host, in the optimizer's records, or
+  // beside the working parameters) writes the whole shard: its old values need no read.
+  const bool overwrites = on_host || (offload ? offload->layout.master : !units[u].master.empty());
+  if (overwrites) return param_swap->overwritten(u, on_host);
+  void* shard = param_swap->resident(u);
   // Read the next trainable unit's shard while this one is stepped, if a buffer is free.
   for (int v = u + 1; v < static_cast<int>(units.size()); ++v) {
     if (!layout.units()[v].trainable) continue;

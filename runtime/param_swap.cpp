@@ -163,13 +163,24 @@ void* ParamSwap::resident(int u) {
   return s.device;
 }
 
-void* ParamSwap::resident_on_host(int u) {
-  Slot& s = read_in(u);
-  // write_back() writes the device's copy of an uploaded shard: the host's update would be lost.
-  ZERO_CHECK(!s.uploaded, "offload_param: unit " << u
-                                                 << "'s shard is on the device already; the host "
-                                                    "cannot update it in its buffer");
-  return s.data;
+void* ParamSwap::overwritten(int u, bool on_host) {
+  ZERO_CHECK(swapped(u), "offload_param: unit " << u << " is not on NVMe");
+  if (slot_of_[u] < 0) {
+    slot_of_[u] = static_cast<int>(acquire());
+  } else {
+    NvmeFile::Ticket read = std::move(read_of_[u]);
+    read_of_[u].reset();
+    wait(read);
+  }
+  Slot& s = slots_[static_cast<size_t>(slot_of_[u])];
+  if (on_host) {
+    ZERO_CHECK(!s.uploaded, "offload_param: unit " << u
+                                                   << "'s shard is on the device already; the "
+                                                      "host cannot update it in its buffer");
+    return s.data;
+  }
+  if (staged()) s.uploaded = true;
+  return s.device;
 }
 
 void* ParamSwap::buffer_of(int u) const {

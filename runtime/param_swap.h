@@ -1,7 +1,8 @@
 // Stage 3's parameter shards on NVMe (offload_param device nvme; private to runtime/): the
 // rank's working-dtype shard of every non-persistent unit is one record of a file under
 // nvme_path. A shard is read into one of buffer_count aligned buffers ahead of the unit's
-// all-gather (and of its update in the step), and written back after the step updated it;
+// all-gather (and of its update in the step, unless the update writes all of it from a
+// master), and written back after the step updated it;
 // memory holds only those buffers, as DeepSpeed's partitioned-parameter swapper does. The
 // transfers go through NvmeFile (io_uring, O_DIRECT), the same code as the optimizer's state.
 //
@@ -72,9 +73,11 @@ class ParamSwap {
   // u's shard in its (device) buffer, its read waited for (started here when none is in flight)
   // and uploaded. A write_back() then writes what the device holds.
   void* resident(int u);
-  // u's shard in its host buffer, its read waited for, not uploaded: the host updates it there
-  // and write_back() writes it as it is.
-  void* resident_on_host(int u);
+  // u's buffer for an update that writes every element of its shard (from a master kept
+  // elsewhere), so its old values are not read (a read already started is waited for): the
+  // host buffer with `on_host`, else the device buffer, which write_back() then brings down.
+  // Only the record's alignment padding past the shard is left as the buffer had it.
+  void* overwritten(int u, bool on_host);
   // u's (device) buffer when it has one (its read may be in flight), else null.
   void* buffer_of(int u) const;
   // Gives u's buffer back unchanged; it is free again after `free_after`.
