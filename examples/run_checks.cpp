@@ -172,17 +172,20 @@ uint64_t host_memory_per_rank(int ranks_on_node) {
   return limit / static_cast<uint64_t>(std::max(ranks_on_node, 1));
 }
 
-int threads_per_rank(int cores, int ranks_on_node) {
-  return std::max(1, cores / std::max(ranks_on_node, 1));
+int threads_per_rank(int allowed_cores, int online_cores, int ranks_on_node) {
+  if (allowed_cores > 0 && allowed_cores < online_cores) return allowed_cores;
+  return std::max(1, online_cores / std::max(ranks_on_node, 1));
 }
 
 int host_threads_per_rank(int ranks_on_node) {
   cpu_set_t allowed;
   CPU_ZERO(&allowed);
-  const int cores = sched_getaffinity(0, sizeof(allowed), &allowed) == 0
-                        ? CPU_COUNT(&allowed)
-                        : static_cast<int>(std::thread::hardware_concurrency());
-  return threads_per_rank(cores, ranks_on_node);
+  const int allowed_cores =
+      sched_getaffinity(0, sizeof(allowed), &allowed) == 0 ? CPU_COUNT(&allowed) : 0;
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  const int online_cores =
+      online > 0 ? static_cast<int>(online) : static_cast<int>(std::thread::hardware_concurrency());
+  return threads_per_rank(allowed_cores, online_cores, ranks_on_node);
 }
 
 namespace {

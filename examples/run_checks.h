@@ -54,10 +54,12 @@ class SaveDirLock {
 // read.
 uint64_t host_memory_per_rank(int ranks_on_node);
 
-// Host threads for a rank of a GPU run (its host AdamW with the optimizer offloaded, and the
-// host's casts): the cores this process may run on divided by the ranks on this node, at least
-// 1, as DeepSpeed's CPU Adam takes the cores it is given. threads_per_rank is the division.
-int threads_per_rank(int cores, int ranks_on_node);
+// Host threads for a rank of a GPU run (its host AdamW with the optimizer offloaded), as
+// DeepSpeed's CPU Adam takes the cores it is given: the cores this process may run on when a
+// launcher bound it to fewer than the node's online cores (that is its share already), else the
+// online cores divided by the ranks on this node; at least 1. threads_per_rank decides from the
+// counts, host_threads_per_rank reads them.
+int threads_per_rank(int allowed_cores, int online_cores, int ranks_on_node);
 int host_threads_per_rank(int ranks_on_node);
 
 // This process's resident memory now (VmRSS) and its peak so far (VmHWM), from

@@ -522,7 +522,7 @@ int main(int argc, char** argv) {
   if (rank == 0) {
     for (const std::string& line : config.resolved_auto) std::printf("config: %s\n", line.c_str());
     for (const std::string& line : config.ignored_keys) std::printf("config: %s\n", line.c_str());
-    if (flags.cuda) {
+    if (flags.cuda && config.engine.offload_optimizer.device != zero::OffloadDevice::kNone) {
       std::printf(
           "host threads per rank: %d (%s)\n", config.engine.kernel_threads,
           flags.threads ? "--threads" : "the cores this rank may use over the ranks on this node");

@@ -486,6 +486,7 @@ struct Engine::Impl {
   // after `last` (a piece of a swapped unit), the shard written back when `last` ends the unit's
   // slice.
   void* swap_in_for_update(int u, bool on_host);
+  bool update_overwrites_shard(int u, bool on_host) const;
   void swap_out_after_update(const Piece& last);
 
   // A copy of a swapped unit's shard where the engine computes (device memory on a GPU) for

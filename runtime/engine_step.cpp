@@ -210,17 +210,25 @@ void Engine::Impl::apply_pass(const std::vector<Piece>& pieces,
     if (swapped) swap_in_for_update(u, /*on_host=*/false);
     group.clear();
     for (size_t k = i; k < end; ++k) group.push_back(make(k));
+    // A shard taken unread must come out of the update whole.
+    ZERO_CHECK(!swapped || !update_overwrites_shard(u, /*on_host=*/false) ||
+                   std::all_of(group.begin(), group.end(),
+                               [](const ShardUpdate& g) { return g.param_out != nullptr; }),
+               "offload_param: unit " << u << "'s update does not write its shard");
     device->apply_optimizer(optimizer, group, accum_dtype, grad_scale, config.dtype);
     if (swapped) swap_out_after_update(pieces[end - 1]);
     i = end;
   }
 }
 
+// An update that rounds a master kept elsewhere (on the host, in the optimizer's records, or
+// beside the working parameters) writes the whole shard: its old values need no read.
+bool Engine::Impl::update_overwrites_shard(int u, bool on_host) const {
+  return on_host || (offload ? offload->layout.master : !units[u].master.empty());
+}
+
 void* Engine::Impl::swap_in_for_update(int u, bool on_host) {
-  // An update that rounds a master kept elsewhere (on the host, in the optimizer's records, or
-  // beside the working parameters) writes the whole shard: its old values need no read.
-  const bool overwrites = on_host || (offload ? offload->layout.master : !units[u].master.empty());
-  if (overwrites) return param_swap->overwritten(u, on_host);
+  if (update_overwrites_shard(u, on_host)) return param_swap->overwritten(u, on_host);
   void* shard = param_swap->resident(u);
   // Read the next trainable unit's shard while this one is stepped, if a buffer is free.
   for (int v = u + 1; v < static_cast<int>(units.size()); ++v) {

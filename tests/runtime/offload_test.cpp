@@ -405,8 +405,8 @@ TEST(ParamOffload, NvmeTrainingIsBitwiseInMemoryTraining) {
 
 // The shards leave memory for the file: params-shard bytes fall by the working shard of every
 // unit but the persistent one, the file holds them (each padded to 4 KiB), the buffers are
-// buffers; measured equals planned in each tier. Every step reads each shard for the forward's
-// and the backward's all-gathers and for the update, and writes it once.
+// buffers; measured equals planned in each tier. Every step reads each shard for its
+// all-gathers (and, in fp32, for the update) and writes it once.
 TEST(ParamOffload, MemoryOfEachTierIsThePlan) {
   for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
     RunOptions o;
