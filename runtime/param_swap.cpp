@@ -146,11 +146,15 @@ void ParamSwap::upload(int u, Stream* on) {
   s.uploaded = true;
 }
 
-ParamSwap::Slot& ParamSwap::read_in(int u) {
-  start_read(u, /*required=*/true);
+void ParamSwap::wait_for_read(int u) {
   NvmeFile::Ticket read = std::move(read_of_[u]);
   read_of_[u].reset();
   wait(read);
+}
+
+ParamSwap::Slot& ParamSwap::read_in(int u) {
+  start_read(u, /*required=*/true);
+  wait_for_read(u);
   return slots_[static_cast<size_t>(slot_of_[u])];
 }
 
@@ -168,9 +172,7 @@ void* ParamSwap::overwritten(int u, bool on_host) {
   if (slot_of_[u] < 0) {
     slot_of_[u] = static_cast<int>(acquire());
   } else {
-    NvmeFile::Ticket read = std::move(read_of_[u]);
-    read_of_[u].reset();
-    wait(read);
+    wait_for_read(u);
   }
   Slot& s = slots_[static_cast<size_t>(slot_of_[u])];
   if (on_host) {
@@ -191,9 +193,7 @@ void ParamSwap::drop(int u, CommPoint free_after) {
   const int slot = slot_of_[u];
   ZERO_CHECK(slot >= 0, "offload_param: unit " << u << " holds no buffer");
   // A read still in flight must end before the buffer can be reused.
-  NvmeFile::Ticket read = std::move(read_of_[u]);
-  read_of_[u].reset();
-  wait(read);
+  wait_for_read(u);
   slots_[static_cast<size_t>(slot)].free_after = std::move(free_after);
   free_.push_back(static_cast<size_t>(slot));
   slot_of_[u] = -1;

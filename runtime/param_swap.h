@@ -115,6 +115,8 @@ class ParamSwap {
   // The free buffer that becomes free first (oldest given back), waited for.
   size_t acquire();
   void wait(const NvmeFile::Ticket& ticket);
+  // Waits for u's read in flight, if any (rethrowing its error).
+  void wait_for_read(int u);
 
   bool staged() const { return device_memory_.bytes() > 0; }
   // u's slot, its read waited for.

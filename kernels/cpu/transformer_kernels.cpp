@@ -75,6 +75,11 @@ size_t product(int a, int b) {
 constexpr int kGemmBlock = 256;
 constexpr int kGemmMaxBlocks = 64;
 
+// Our threads split the GEMMs; OpenBLAS runs single-threaded inside each call.
+void single_threaded_blas() {
+  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+}
+
 // C [M, N] = A [M, K] @ B [K, N] + beta C, row-major, each operand optionally transposed as in
 // cblas_sgemm.
 void blocked_sgemm(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N, int K,
@@ -88,7 +93,7 @@ void blocked_sgemm(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int 
     return;
   }
   ZERO_CHECK(opt.threads >= 1, "KernelOptions.threads must be at least 1, got " << opt.threads);
-  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+  single_threaded_blas();
   const bool by_rows = M >= N;
   const int extent = by_rows ? M : N;
   const int wanted_blocks = std::min((extent + kGemmBlock - 1) / kGemmBlock, kGemmMaxBlocks);
@@ -298,6 +303,11 @@ void check_attention(const char* kernel, int B, int T, int C, int NH) {
 // reaches the earlier rows' results too, where the step's loss is non-finite anyway.)
 constexpr size_t kAttentionTile = 64;
 
+// Scratch for one tile's rows x keys (compact), the most of any tile of a sequence of T.
+size_t tile_floats(int T) {
+  return std::min(kAttentionTile, static_cast<size_t>(T)) * static_cast<size_t>(T);
+}
+
 // One (sequence, head) pair: q at the sequence's q channels of the head, k at +C and v at +2C,
 // rows `stride` (3C) apart; dq, dk and dv likewise in dqkv.
 struct HeadPair {
@@ -419,9 +429,9 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
   check_buffer(lse, product(B, NH) * T, "attention_forward", "lse");
   check_buffer(qkv, product(B, T) * 3 * C, "attention_forward", "qkv");
   const TransformerPath& path = active_path();
-  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+  single_threaded_blas();
   parallel_for(product(B, NH), product(T, T) * (C / NH), 1, opt, [&](size_t begin, size_t end) {
-    std::vector<float> p(std::min(kAttentionTile, static_cast<size_t>(T)) * T);
+    std::vector<float> p(tile_floats(T));
     for (size_t pair = begin; pair < end; ++pair) {
       attention_forward_pair(out + pair_offset(pair, T, C, NH), C, lse + pair * T,
                              head_pair(qkv, pair, T, C, NH), p.data(), path);
@@ -438,10 +448,9 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   check_buffer(out, product(B, T) * C, "attention_backward", "out");
   check_buffer(lse, product(B, NH) * T, "attention_backward", "lse");
   const TransformerPath& path = active_path();
-  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+  single_threaded_blas();
   parallel_for(product(B, NH), product(T, T) * (C / NH), 1, opt, [&](size_t begin, size_t end) {
-    const size_t tile = std::min(kAttentionTile, static_cast<size_t>(T)) * T;
-    std::vector<float> p(tile), ds(tile);
+    std::vector<float> p(tile_floats(T)), ds(tile_floats(T));
     for (size_t pair = begin; pair < end; ++pair) {
       const HeadPair h = head_pair(qkv, pair, T, C, NH);
       const size_t offset = pair_offset(pair, T, C, NH);

@@ -508,16 +508,19 @@ TEST(ParamOffload, IoErrorNamesFileOffsetAndErrno) {
   expect_naming(message, "Input/output error (errno 5) [injected by ZERO_TEST_NVME_FAULT]");
 }
 
+// The shards on NVMe (2 buffers) beside each place the optimizer's state can be, named.
+std::vector<std::pair<std::string, std::function<void(EngineConfig&)>>> beside_params_on_nvme() {
+  return {{"optimizer on nvme", both(nvme(100, true), params_on_nvme(2))},
+          {"optimizer in memory", params_on_nvme(2)},
+          {"optimizer on the host", both(optimizer_on_host, params_on_nvme(2))}};
+}
+
 // Saved at step 3 with the shards on NVMe beside the optimizer state on NVMe, in memory or in
 // host memory, resumed into a fresh offloaded engine and into an in-memory one: steps 4-6 are
 // those of the run that never stopped, in fp32 and bf16.
 TEST(ParamOffload, CheckpointResumeIsBitwise) {
   std::unique_ptr<Communicator> comm = make_mpi_communicator();
-  const std::pair<const char*, std::function<void(EngineConfig&)>> settings[] = {
-      {"optimizer on nvme", both(nvme(100, true), params_on_nvme(2))},
-      {"optimizer in memory", params_on_nvme(2)},
-      {"optimizer on the host", both(optimizer_on_host, params_on_nvme(2))}};
-  for (const auto& [setting_name, setting] : settings) {
+  for (const auto& [setting_name, setting] : beside_params_on_nvme()) {
     for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
       const std::string dir = empty_job_dir(*comm, "param_checkpoint");
       const models::MlpConfig mlp{8, 24, 4, 3};
@@ -559,11 +562,7 @@ TEST(ParamOffload, CheckpointResumeIsBitwise) {
 TEST(ParamOffload, CheckpointHoldsOneShardCopyAtATime) {
   std::unique_ptr<Communicator> comm = make_mpi_communicator();
   const models::MlpConfig mlp{8, 24, 4, 6};
-  const std::pair<const char*, std::function<void(EngineConfig&)>> settings[] = {
-      {"optimizer on nvme", both(nvme(100, true), params_on_nvme(2))},
-      {"optimizer in memory", params_on_nvme(2)},
-      {"optimizer on the host", both(optimizer_on_host, params_on_nvme(2))}};
-  for (const auto& [what, setting] : settings) {
+  for (const auto& [what, setting] : beside_params_on_nvme()) {
     const std::string dir = empty_job_dir(*comm, "shard_copies");
     EngineConfig config;
     config.stage = 3;
