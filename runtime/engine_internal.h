@@ -148,7 +148,8 @@ struct UnitState {
   Buffer params_shard;
   Buffer master;
   Buffer grads_full;  // stages 0-1: the reduced (and accumulated) gradient, accumulation dtype;
-                      // stage 3's persistent unit: its gradient until the step
+                      // stage 3's persistent unit: the micro-batch's gradient (working dtype),
+                      // reduced into grads_shard at its grads_ready
   Buffer bucket;      // a pooled working-dtype gradient during backward (uses_grad_buckets)
   Buffer grads_shard;
   Buffer state[2];          // master and state: in host memory with optimizer_on_host
@@ -156,6 +157,10 @@ struct UnitState {
   Buffer host_params;       // and the updated parameters on their way back to the device
   CommPoint params_ready;   // the all-gather that fills params_full has finished
   CommPoint grads_reduced;  // the reduction (and accumulation) of the latest grads_ready is done
+  // The persistent unit: when its reduction has read grads_full, which the next micro-batch's
+  // first grad() zeroes after that (grads_full_reused).
+  CommPoint grads_full_read;
+  bool grads_full_reused = false;
   bool gathered = false;
   bool persistent = false;
   int micro_batches_done = 0;
@@ -247,9 +252,9 @@ bool uses_grad_buckets(const EngineConfig& config);
 // A bucket reduced in the working dtype needs fp32 scratch when the reduction runs in fp32.
 bool needs_fp32_scratch(const EngineConfig& config);
 
-// The dtype a gradient reduction puts on the wire: fp32 when asked (communication_data_type)
-// or when the kept gradients are fp32 at stages 0-1 (they are reduced from the accumulator),
-// the working dtype otherwise.
+// The dtype a gradient reduction puts on the wire, the same at every stage: fp32 when asked
+// (communication_data_type), the working dtype otherwise (DeepSpeed's default). Stages 0-1
+// accumulating in another dtype round the micro-batches' sum to it once, before the reduction.
 DType reduction_dtype(const EngineConfig& config);
 
 // Gathered-parameter buffers of stage 3: the unit computing, the next one in flight, and as
@@ -407,8 +412,9 @@ struct Engine::Impl {
   // the replica stream's reads of them (see scratch_read_by_replicas).
   void wait_until_replicas_read_scratch();
 
-  // Sums a whole unit's gradient (`dtype`) over the ranks in place (stage 0).
-  CommPoint reduce_whole(const Unit& unit, void* bucket, DType dtype);
+  // Sums a whole unit's gradient (`dtype`) over the ranks into `dest` (accum_dtype; the
+  // bucket itself when that is where the gradient is kept) (stage 0).
+  CommPoint reduce_whole(const Unit& unit, void* bucket, DType dtype, void* dest);
 
   // The pre-divide keeps 16-bit sums over many ranks in range: divide by f before the sum,
   // multiply the f back in the optimizer's gradient scale.
@@ -569,6 +575,8 @@ struct Engine::Impl {
   const ParamPlacement& placement(int p) const;
 
   void* param(int p);
+  // Waits for the all-gather that last filled the unit's params_full.
+  void wait_for_params(UnitState& s);
 
   void* grad(int p);
 

@@ -122,14 +122,16 @@ Reduction Engine::Impl::reduce_to_shard(const Unit& unit, void* bucket, DType dt
   return Reduction{comm_point(), done};
 }
 
-// Sums a whole unit's gradient (`dtype`) over the ranks in place (stage 0).
-CommPoint Engine::Impl::reduce_whole(const Unit& unit, void* bucket, DType dtype) {
+// Sums a whole unit's gradient (`dtype`) over the ranks into `dest` (accum_dtype; the bucket
+// itself when that is where the gradient is kept) (stage 0).
+CommPoint Engine::Impl::reduce_whole(const Unit& unit, void* bucket, DType dtype, void* dest) {
   const double issue_us = Trace::now_us();
   const size_t numel = unit.numel;
+  const DType dest_dtype = accum_dtype;
   prepare_for_reduction(bucket, dtype, numel);
   comm.stream().wait(device->record());
+  DeviceContext* dev = device.get();
   if (config.reduce_in_fp32 && dtype != DType::kFloat32) {
-    DeviceContext* dev = device.get();
     void* buf = fp32_scratch.data();
     wait_until_replicas_read_scratch();
     Stream* from = &comm.stream();
@@ -137,14 +139,16 @@ CommPoint Engine::Impl::reduce_whole(const Unit& unit, void* bucket, DType dtype
     traced("all_reduce", numel * sizeof(float),
            [&] { return comm.all_reduce(buf, buf, numel, DType::kFloat32); });
     Stream* on = &sum_across_replicas(buf, numel, DType::kFloat32);
-    on->enqueue([=] { dev->cast(buf, DType::kFloat32, bucket, dtype, numel, on); });
+    on->enqueue([=] { dev->cast(buf, DType::kFloat32, dest, dest_dtype, numel, on); });
     const CommPoint done = issued(comm_point(*on), issue_us);
     if (on != from) scratch_read_by_replicas = done.event;
     return done;
   }
   traced("all_reduce", numel * dtype_size(dtype),
          [&] { return comm.all_reduce(bucket, bucket, numel, dtype); });
-  return issued(comm_point(sum_across_replicas(bucket, numel, dtype)), issue_us);
+  Stream* on = &sum_across_replicas(bucket, numel, dtype);
+  if (dest != bucket) on->enqueue([=] { dev->cast(bucket, dtype, dest, dest_dtype, numel, on); });
+  return issued(comm_point(*on), issue_us);
 }
 
 // The pre-divide keeps 16-bit sums over many ranks in range: divide by f before the sum,
@@ -233,12 +237,16 @@ void Engine::Impl::grads_ready(int u) {
              "grads_ready(" << u << ") called " << s.micro_batches_done + 1
                             << " times before step(); configured micro-batches per step: "
                             << config.micro_batches);
-  ZERO_CHECK(!s.persistent, "grads_ready(" << u << "): unit " << u
-                                           << " holds the persistent parameters "
-                                              "(stage3_param_persistence_threshold); step() "
-                                              "reduces their gradients itself");
   s.micro_batches_done += 1;
   const bool last = s.micro_batches_done == config.micro_batches;
+  if (s.persistent) {
+    // Every module's backward added into the whole gradient (working dtype): reduced per
+    // micro-batch into the shard and accumulated there in accum_dtype, as every other unit.
+    s.grads_full_read = reduce_unit(u, s.grads_full.data(), config.dtype,
+                                    /*accumulate=*/s.micro_batches_done > 1, last);
+    s.grads_full_reused = !last;  // finish_step() zeroes it after the last
+    return;
+  }
   if (config.stage >= 2) {
     if (s.bucket.empty()) s.bucket = grad_pool.acquire(/*zeroed=*/true);
     const CommPoint bucket_read = reduce_unit(u, s.bucket.data(), config.dtype,
@@ -248,6 +256,19 @@ void Engine::Impl::grads_ready(int u) {
   }
   if (!s.bucket.empty()) {
     // This micro-batch's gradient into the accumulator of another dtype.
+    const bool wire_is_working_dtype = reduction_dtype(config) == config.dtype;
+    if (last && wire_is_working_dtype) {
+      // The wire carries the working dtype at every stage: the micro-batches' sum, rounded
+      // once (with one micro-batch, the gradient as backward left it), is what is reduced.
+      if (config.micro_batches > 1) {
+        device->add(s.grads_full.data(), accum_dtype, s.bucket.data(), config.dtype, unit.numel);
+        device->cast(s.grads_full.data(), accum_dtype, s.bucket.data(), config.dtype, unit.numel);
+      }
+      const CommPoint bucket_read =
+          reduce_unit(u, s.bucket.data(), config.dtype, /*accumulate=*/false, last);
+      grad_pool.give_back(std::move(s.bucket), bucket_read);
+      return;
+    }
     device->add(s.grads_full.data(), accum_dtype, s.bucket.data(), config.dtype, unit.numel);
     grad_pool.give_back(std::move(s.bucket), CommPoint{device->record(), nullptr});
   }
@@ -263,7 +284,7 @@ CommPoint Engine::Impl::reduce_unit(int u, void* source, DType dtype, bool accum
   const Unit& unit = layout.units()[u];
   if (reduce_packs.fused(u)) return reduce_packed(u, source, dtype, accumulate, last);
   if (config.stage == 0) {
-    s.grads_reduced = reduce_whole(unit, source, dtype);
+    s.grads_reduced = reduce_whole(unit, source, dtype, s.grads_full.data());
     return s.grads_reduced;
   }
   const Reduction r = reduce_to_shard(unit, source, dtype, owned_grads(u), accumulate, last);
@@ -380,16 +401,31 @@ void* Engine::Impl::param(int p) {
   ZERO_CHECK(s.gathered && !s.params_full.empty(),
              "parameter '" << pl.name << "' used while unit " << pl.unit
                            << " is not gathered; call gather(" << pl.unit << ") first");
+  // A unit can stay gathered while its buffer is refilled (the persistent unit's post-step
+  // all-gather, which no gather() waits for): its values are read only once that landed.
+  wait_for_params(s);
   return byte_offset(s.params_full.data(), pl.offset * elem);
+}
+
+void Engine::Impl::wait_for_params(UnitState& s) {
+  wait_for_comm(s.params_ready);
+  s.params_ready = CommPoint{};  // waited for: the next reader goes straight through
 }
 
 void* Engine::Impl::grad(int p) {
   const ParamPlacement& pl = placement(p);
   UnitState& s = units[pl.unit];
   if (!pl.trainable) return nullptr;
-  if (!uses_grad_buckets(config) || s.persistent) {
+  if (s.persistent) {
+    // The last micro-batch's reduction may still read the buffer: zero it once that is done.
+    if (s.grads_full_reused) {
+      wait_for_comm(s.grads_full_read);
+      device->zero(s.grads_full.data(), s.grads_full.bytes());
+      s.grads_full_reused = false;
+    }
     return byte_offset(s.grads_full.data(), pl.offset * elem);
   }
+  if (!uses_grad_buckets(config)) return byte_offset(s.grads_full.data(), pl.offset * elem);
   if (s.bucket.empty()) s.bucket = grad_pool.acquire(/*zeroed=*/true);
   return byte_offset(s.bucket.data(), pl.offset * elem);
 }

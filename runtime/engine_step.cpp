@@ -10,13 +10,6 @@ namespace zero {
 // the update of each rank's slice, the all-gathers that bring the slices back.
 StepStats Engine::Impl::step() {
   check_ready_for_step();
-  // The persistent unit's gradient was added to by every module's backward: reduce it now.
-  for (size_t u = 0; u < units.size(); ++u) {
-    if (units[u].persistent) {
-      reduce_unit(static_cast<int>(u), units[u].grads_full.data(), config.dtype,
-                  /*accumulate=*/false, /*last=*/true);
-    }
-  }
   for (UnitState& s : units) wait_for_comm(s.grads_reduced);
   const GradientCheck check = check_gradients();
 
@@ -68,11 +61,13 @@ StepStats Engine::Impl::step() {
 
 void Engine::Impl::check_ready_for_step() const {
   for (size_t u = 0; u < units.size(); ++u) {
-    if (units[u].persistent) continue;  // reduced by the step itself
     ZERO_CHECK(!layout.units()[u].trainable || units[u].micro_batches_done == config.micro_batches,
                "step() after " << units[u].micro_batches_done << " backward pass(es) of unit " << u
                                << "; expected " << config.micro_batches
-                               << " (one grads_ready per unit per micro-batch)");
+                               << " (one grads_ready per unit per micro-batch"
+                               << (units[u].persistent
+                                       ? ", the persistent unit's after the whole backward)"
+                                       : ")"));
     // A stage-3 unit gathered across the step would keep serving the old parameters.
     ZERO_CHECK(config.stage != 3 || !units[u].gathered || units[u].persistent,
                "step() while unit " << u << " is still gathered; release it first");
@@ -373,6 +368,7 @@ void Engine::Impl::gather_packed(const std::vector<int>& pack) {
 void Engine::Impl::finish_step() {
   for (UnitState& s : units) {
     if (!s.grads_full.empty()) device->zero(s.grads_full.data(), s.grads_full.bytes());
+    s.grads_full_reused = false;
     s.micro_batches_done = 0;
   }
 }

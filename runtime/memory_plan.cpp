@@ -88,8 +88,7 @@ size_t param_buffer_count(const Layout& layout, const EngineConfig& config) {
 }
 
 DType reduction_dtype(const EngineConfig& config) {
-  if (config.reduce_in_fp32) return DType::kFloat32;
-  return config.stage <= 1 ? accumulation_dtype(config) : config.dtype;
+  return config.reduce_in_fp32 ? DType::kFloat32 : config.dtype;
 }
 
 size_t fusion_bytes(const Layout& layout, const EngineConfig& config) {

@@ -464,6 +464,9 @@ Tensor ZeroModel::backward(const Tensor& grad_output) {
     release_tied(own_tied, u, -1);
     if (first_of_unit) release_tied(tied, u, -1);
   }
+  // The persistent unit's gradient is complete once every module's backward has added to it.
+  const int n = static_cast<int>(layout.units().size());
+  if (n > 0 && layout.units()[n - 1].persistent) engine_->grads_ready(n - 1);
   return current;
 }
 

@@ -48,12 +48,12 @@ TEST(MixedPrecision, ModelStateBytesFollowThePaper) {
   }
 }
 
-// The sums are the same at every stage when the reductions round the same way: gradients
-// accumulated in bf16 and reduced in bf16, or accumulated in fp32 and reduced in fp32
-// (communication_data_type fp32; else stages 2-3 round each reduced micro-batch to bf16 where
-// stages 0-1 reduce the fp32 accumulator).
+// The sums are the same at every stage with one micro-batch: the wire carries one dtype at
+// every stage (the working dtype by default, fp32 with communication_data_type fp32), whatever
+// the gradients accumulate in.
 TEST(MixedPrecision, StagesAgreeInBf16AsInFp32) {
   const std::pair<const char*, std::function<void(EngineConfig&)>> numerics[] = {
+      {"default settings", [](EngineConfig&) {}},
       {"bf16 accumulation", [](EngineConfig& c) { c.grad_accum_dtype = DType::kBFloat16; }},
       {"fp32 accumulation and reduction",
        [](EngineConfig& c) {
@@ -347,12 +347,17 @@ TEST(MixedPrecision, CommunicationDataTypeFp32SumsInFp32AndRoundsOnce) {
   }
 }
 
+// The variants run with a slow communication stream that nothing drains after the step (the
+// loss is summed over another communicator): whatever the next forward reads must wait for its
+// own all-gather, the persistent unit's post-step one included.
 TEST(Scheduling, OptionsThatMustNotChangeTheNumbers) {
   RunOptions o;
   o.stage = 3;
   o.steps = 6;
   o.mlp = MlpConfig{8, 24, 4, 5};
   const TrainResult reference = train(o);
+  o.drain_after_step = false;
+  o.comm_delay_us = 1000;
   const std::vector<std::pair<std::string, std::function<void(EngineConfig&)>>> variants = {
       {"no overlap", [](EngineConfig& c) { c.overlap_comm = false; }},
       {"all-reduce instead of reduce-scatter", [](EngineConfig& c) { c.reduce_scatter = false; }},
@@ -376,6 +381,31 @@ TEST(Scheduling, OptionsThatMustNotChangeTheNumbers) {
 // DeepSpeed's bucket keys group collectives: reduce_bucket_size packs the gradients of
 // consecutive units into one reduction, allgather_bucket_size the post-step all-gathers of
 // stages 1-2. Fewer collectives, the same sums (bitwise where MPI sums in the same order).
+// The persistent unit's gradient accumulates over micro-batches in grad_accum_dtype, as every
+// other unit's: stage 3 with everything persistent sums bf16 micro-batches in fp32 exactly as
+// stage 3 without persistence and stage 2 do.
+TEST(Scheduling, PersistentGradientsAccumulateInTheAccumulationDtype) {
+  RunOptions o;
+  o.stage = 2;
+  o.steps = 6;
+  o.micro_batches = 4;
+  o.global_batch = 48;
+  o.dtype = DType::kBFloat16;
+  o.mlp = MlpConfig{8, 24, 4, 5};
+  const TrainResult reference = train(o);
+  o.stage = 3;
+  for (size_t threshold : {size_t{0}, size_t{50}, size_t{1} << 30}) {
+    o.tweak = [threshold](EngineConfig& c) { c.persistence_threshold = threshold; };
+    const TrainResult run = train(o);
+    const std::string name = "stage 3, persistence threshold " + std::to_string(threshold);
+    if (world_size() <= 2) {
+      EXPECT_EQ(run.losses, reference.losses) << name;
+    } else {
+      expect_close(run.losses, reference.losses, 1e-6, name);
+    }
+  }
+}
+
 TEST(Scheduling, BucketsPackCollectivesWithoutChangingTheNumbers) {
   for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
     for (int stage = 0; stage <= 3; ++stage) {

@@ -63,6 +63,11 @@ struct RunOptions {
   bool record_params = false;  // keep the full parameters after every step
   std::function<void(EngineConfig&)> tweak;       // any other setting
   std::function<void(int rank)> before_backward;  // runs before every micro-batch's backward
+  // Sum each step's loss over the engine's own communicator, whose stream then runs the
+  // all-reduce behind the step's collectives and so waits for them. False: over another
+  // communicator, as zero-train with hybrid sharding does, so the next forward starts while the
+  // post-step all-gathers may still be in flight (what it reads must wait for them itself).
+  bool drain_after_step = true;
 };
 
 // Reduce-scatters, all-gathers and all-reduces `comm` has run: what the shared-memory path
@@ -93,6 +98,9 @@ inline TrainResult train(const RunOptions& o) {
   if (o.comm_delay_us > 0) {
     comm->stream().set_delay_for_testing(std::chrono::microseconds(o.comm_delay_us));
   }
+  // Made before the engine, on every rank alike (a communicator's creation is collective).
+  std::unique_ptr<Communicator> loss_comm = o.drain_after_step ? nullptr : make_mpi_communicator();
+  Communicator& sums_losses = loss_comm ? *loss_comm : *comm;
   TrainResult run;
   {
     ZeroModel model(*comm, models::make_mlp(o.mlp), config);
@@ -129,7 +137,7 @@ inline TrainResult train(const RunOptions& o) {
       run.comm_bytes.push_back(comm->counters().total_bytes() + model.engine().own_comm_bytes() -
                                before);
       float total = 0.0f;
-      comm->all_reduce_sync(&loss_sum, &total, 1, DType::kFloat32);
+      sums_losses.all_reduce_sync(&loss_sum, &total, 1, DType::kFloat32);
       run.losses.push_back(total / static_cast<float>(world * o.micro_batches));
     }
     // A collective counts as issued at once, as direct once it has run: the last step's

@@ -6,7 +6,8 @@
 //   release(u)               stage 3: give the gathered buffer back once compute is done
 //   grads_ready(u)           unit u's backward for this micro-batch is complete: reduce now
 //                            (stages 0-1 on the last micro-batch, stages 2-3 every one),
-//                            behind the rest of backward (nothing for a frozen unit)
+//                            behind the rest of backward (nothing for a frozen unit); stage
+//                            3's persistent unit after the whole backward of the micro-batch
 //   step()                   finish reductions, global-norm clip, update each rank's shard
 //
 // Stage by stage (fp32 working dtype, Ψ padded parameters, N ranks):
