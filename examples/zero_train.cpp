@@ -113,6 +113,11 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
   const uint64_t baseline_resident = zero::examples::resident_bytes();
   zero::ZeroModel model(comm, task.take_modules({grid.place.tp_rank, tensor_parallel}), config);
   zero::Engine& engine = model.engine();
+  // Hybrid sharding's collectives run on a shard group's communicator of the engine's own.
+  if (f.test_comm_delay_us > 0 && &engine.communicator() != &comm) {
+    engine.communicator().stream().set_delay_for_testing(
+        std::chrono::microseconds(f.test_comm_delay_us));
+  }
   // Metrics, memory figures and traces are host values: they travel over MPI even when the
   // engine's collectives run through NCCL.
   zero::Communicator& host = engine.host_communicator();

@@ -57,11 +57,6 @@ json.dump(c, open(sys.argv[2], "w"))' "$data/adamw.json" "$config" "$cpu_checkpo
 fi
 parity=0
 if [ "$np" -gt 2 ]; then parity=1e-6; fi
-# bf16 accumulates gradients in fp32 (grad_accum_dtype's default): stages 0-1 reduce that fp32
-# accumulator after the last micro-batch, stages 2-3 reduce each micro-batch's bf16 gradient as
-# backward makes it, so the stages round differently (measured on 2 ranks: 5e-7 apart on weights
-# of 1e-2). They then agree to the dtype's precision, as each does with PyTorch.
-if [ "$dtype" = bf16 ]; then parity="$reference_tolerance"; fi
 
 # train STAGE NAME [FLAGS...]: one zero-train run of the reference, its weights exported.
 train() {
