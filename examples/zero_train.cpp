@@ -553,7 +553,15 @@ int main(int argc, char** argv) {
       config.engine.host_tensor_parallel = grid.host_tensor_parallel.get();
     }
 #endif
-    if (!grid.data_parallel) grid = zero::make_mpi_process_grid(config.tensor_parallel_size);
+    if (!grid.data_parallel) {
+      grid = zero::make_mpi_process_grid(config.tensor_parallel_size);
+      // The loss sum and the metrics on communicators of their own: on the engine's, each
+      // step's loss all-reduce would wait behind the post-step all-gathers, which the next
+      // forward is meant to wait for unit by unit, behind compute.
+      zero::ProcessGrid host = zero::make_mpi_process_grid(config.tensor_parallel_size);
+      grid.host_data_parallel = std::move(host.data_parallel);
+      config.engine.host_communicator = grid.host_data_parallel.get();
+    }
     config.engine.device = device;
     config.engine.tensor_parallel = grid.tensor_parallel.get();
     train(flags, config, *task, grid);

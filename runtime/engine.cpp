@@ -22,9 +22,9 @@ Engine::Impl::Impl(Communicator& c, const std::vector<ParamDecl>& decls, const E
       owned_host_comm(cfg.device.is_cuda() && cfg.host_communicator == nullptr
                           ? make_mpi_communicator()
                           : nullptr),
-      host_comm(owned_host_comm        ? *owned_host_comm
-                : cfg.device.is_cuda() ? *cfg.host_communicator
-                                       : c),
+      host_comm(owned_host_comm                    ? *owned_host_comm
+                : cfg.host_communicator != nullptr ? *cfg.host_communicator
+                                                   : c),
       allocator(*device),
       host_allocator(device->pinned_memory()),
       pageable_allocator(host_memory()),
@@ -44,6 +44,10 @@ Engine::Impl::Impl(Communicator& c, const std::vector<ParamDecl>& decls, const E
       grad_pool(allocator, *device, MemoryCategory::kCommBuffer, layout.max_unit_numel() * elem,
                 [this](const CommPoint& p) { wait_for_comm(p); }),
       decay_runs(decay_runs_of(decls)) {
+  ZERO_CHECK(host_comm.world_size() == world * replicas,
+             "EngineConfig::host_communicator has " << host_comm.world_size()
+                                                    << " ranks; the engine's communicator has "
+                                                    << world * replicas);
   // A split the model declares must be one of this group's size: checkpoints cut and merge
   // slices by it.
   const int tensor_parallel_size =

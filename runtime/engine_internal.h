@@ -366,9 +366,8 @@ struct Engine::Impl {
   CommPoint comm_point(Stream& on);
 
   // The one place compute waits for communication. comm_wait_ms adds how long compute was
-  // exposed to it: from when compute needed the result (`needed_us`; now, by default) until
-  // the stream got there, as the stream stamped it. Whether this thread happened to be
-  // scheduled while the collective ran does not change the figure (ranks outnumber cores here).
+  // exposed to it, by the wall clock: from when compute needed the result (`needed_us`; now,
+  // by default) until this thread goes on, when the stream had not got there yet.
   void wait_for_comm(const CommPoint& point, double needed_us = -1.0);
 
   // An issued collective: with overlap_comm off, compute needs it from the moment it was

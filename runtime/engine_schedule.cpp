@@ -12,13 +12,19 @@ CommPoint Engine::Impl::comm_point(Stream& on) {
 }
 
 // The one place compute waits for communication. comm_wait_ms adds how long compute was
-// exposed to it: from when compute needed the result (`needed_us`; now, by default) until
-// the stream got there, as the stream stamped it. Whether this thread happened to be
-// scheduled while the collective ran does not change the figure (ranks outnumber cores here).
+// exposed to it, by the wall clock: from when compute needed the result (`needed_us`; now, by
+// default) until this thread goes on, when the stream had not got there yet. That includes the
+// time this thread takes to be woken (ranks outnumber cores here): the step pays it too.
 void Engine::Impl::wait_for_comm(const CommPoint& point, double needed_us) {
   if (needed_us < 0.0) needed_us = Trace::now_us();
+  if (!point.done_us) {
+    device->wait(point.event);  // a device stream: no host-side figure
+    return;
+  }
+  const bool had_arrived = point.event.done();
   device->wait(point.event);  // rethrows a failed collective's error
-  if (point.done_us) comm_wait_us += std::max(0.0, *point.done_us - needed_us);
+  const double until_us = had_arrived ? *point.done_us : Trace::now_us();
+  comm_wait_us += std::max(0.0, until_us - needed_us);
 }
 
 // An issued collective: with overlap_comm off, compute needs it from the moment it was

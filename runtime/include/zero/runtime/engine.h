@@ -170,7 +170,10 @@ struct EngineConfig {
   // tensor_parallel, for the host-side exchanges (checkpoints, metrics, traces): a process
   // grid's host_data_parallel and host_tensor_parallel. Null: the engine makes one over the
   // whole world, which is the engine's ranks without tensor parallelism (tensor parallelism on
-  // a GPU needs both). Unused on the CPU, where the communicators are host ones already.
+  // a GPU needs both). On the CPU, optional: the engine's own communicator when null; another
+  // over the same ranks keeps host exchanges (a step's loss sum, metrics) from queueing behind
+  // the engine's collectives on its stream, such as the post-step all-gathers that the next
+  // forward waits for unit by unit. host_tensor_parallel is unused on the CPU.
   Communicator* host_communicator = nullptr;
   Communicator* host_tensor_parallel = nullptr;
 
