@@ -67,21 +67,37 @@ void check_free_space(const std::string& dir, uint64_t bytes, const std::string&
                                                << human_bytes(bytes) << ")");
 }
 
+int create_scratch_file(const std::string& path, int flags, bool allow_unnamed) {
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
+  const int open_flags = O_RDWR | O_CLOEXEC | flags;
+  if (allow_unnamed) {
+    const int fd = ::open(dir.c_str(), O_TMPFILE | open_flags, 0600);
+    // EOPNOTSUPP: the file system has no O_TMPFILE; EISDIR: the kernel has none. Any other
+    // error (EINVAL: no O_DIRECT) would be the named file's too.
+    if (fd >= 0 || (errno != EOPNOTSUPP && errno != EISDIR)) return fd;
+  }
+  // O_EXCL refuses any name that exists, a symbolic link included; O_NOFOLLOW says so twice.
+  std::string name = path + ".XXXXXX";
+  const int fd = ::mkostemp(name.data(), open_flags | O_NOFOLLOW);
+  if (fd < 0) return fd;
+  if (::unlink(name.c_str()) != 0) {
+    const int unlink_errno = errno;
+    ::close(fd);
+    errno = unlink_errno;
+    return -1;
+  }
+  return fd;
+}
+
 void check_nvme_directory(const std::string& dir, uint64_t bytes, const std::string& what) {
-  // O_DIRECT at open is where a file system without direct I/O refuses, as NvmeFile's would.
-  // Named by host and process: ranks of several hosts may share the directory's file system.
-  char host[256] = {};
-  ::gethostname(host, sizeof(host) - 1);
-  const std::string probe =
-      dir + "/.zero_nvme_probe_" + std::string(host) + "_" + std::to_string(::getpid());
-  const int fd = ::open(probe.c_str(), O_RDWR | O_CREAT | O_EXCL | O_DIRECT | O_CLOEXEC, 0600);
-  ZERO_CHECK(fd >= 0, "nvme_path " << dir << " cannot take " << what << ": creating " << probe
-                                   << " (O_DIRECT) failed: " << errno_text(errno));
-  const int unlinked = ::unlink(probe.c_str());
-  const int unlink_errno = errno;
+  // O_DIRECT at open is where a file system without direct I/O refuses, as NvmeFile's would;
+  // made as NvmeFile makes its file, the probe has no name to meet another's.
+  const int fd = create_scratch_file(dir + "/.zero_nvme_probe", O_DIRECT);
+  ZERO_CHECK(fd >= 0, "nvme_path "
+                          << dir << " cannot take " << what
+                          << ": creating a file in it (O_DIRECT) failed: " << errno_text(errno));
   ::close(fd);
-  ZERO_CHECK(unlinked == 0,
-             "nvme: cannot remove the probe file " << probe << ": " << errno_text(unlink_errno));
   check_free_space(dir, bytes, what);
 }
 
@@ -244,12 +260,10 @@ NvmeFile::NvmeFile(const std::string& path, uint64_t bytes, const AioConfig& aio
              "nvme: " << path << ": sizes must be multiples of " << kNvmeAlignment);
   const size_t slash = path.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
+  fd_ = create_scratch_file(path, O_DIRECT);
   ZERO_CHECK(fd_ >= 0, "nvme: cannot create the offload file "
                            << path << " (O_DIRECT): " << errno_text(errno));
   try {
-    ZERO_CHECK(::unlink(path.c_str()) == 0,
-               "nvme: cannot unlink " << path << " after opening it: " << errno_text(errno));
     check_free_space(dir, bytes, "rank " + std::to_string(rank) + "'s offload file " + path);
     if (bytes > 0) {
       const int error = ::posix_fallocate(fd_, 0, static_cast<off_t>(bytes));

@@ -5,17 +5,22 @@
 // save and load the state through the files, a resume is bitwise, and a load holds one unit's
 // state in memory at a time. The same for stage 3's
 // parameter shards on NVMe (offload_param) beside the optimizer's state.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <malloc.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <utility>
@@ -248,6 +253,75 @@ TEST(Offload, BusyTimeIsTheSpanTransfersWereOutstanding) {
   file.wait(write);
   file.wait(read);
   EXPECT_LE(file.busy_ms() - busy, ms_since(both)) << "transfers in flight together counted twice";
+}
+
+// A directory holding only a symbolic link at `name` to a file of known text beside it (as an
+// attacker would plant one in a shared scratch directory), emptied first.
+struct PlantedLink {
+  explicit PlantedLink(const std::string& name) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    std::ofstream(target) << kText;
+    std::filesystem::create_symlink(target, dir + "/" + name);
+  }
+  // The target still holds its text, and the directory nothing but the link.
+  void expect_untouched() const {
+    std::ifstream in(target);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_TRUE(text == kText) << "the planted link's target was written through: it holds "
+                               << text.size() << " bytes";
+    EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir), {}), 1)
+        << dir << " should hold the planted link and nothing else";
+  }
+  static constexpr const char* kText = "not the run's to touch\n";
+  const std::string dir = nvme_dir() + "/planted";
+  const std::string target = nvme_dir() + "/planted_target";
+};
+
+// The mode bits of `fd` (fstat), and whether it has no name left.
+std::pair<mode_t, bool> mode_and_unnamed(int fd) {
+  struct stat info {};
+  EXPECT_EQ(fstat(fd, &info), 0);
+  return {info.st_mode & 07777, info.st_nlink == 0};
+}
+
+// Both ways of making a scratch file (unnamed, and the fallback's fresh name for a file system
+// without O_TMPFILE) leave a link planted under the file's name alone, and give a file of mode
+// 0600 that has no name.
+TEST(Offload, ScratchFilesFollowNoPlantedLink) {
+  for (const bool unnamed : {true, false}) {
+    const PlantedLink planted("zero_optimizer_rank0.1234.swp");
+    const int fd =
+        create_scratch_file(planted.dir + "/zero_optimizer_rank0.1234.swp", O_DIRECT, unnamed);
+    ASSERT_GE(fd, 0) << std::strerror(errno);
+    const auto [mode, nameless] = mode_and_unnamed(fd);
+    EXPECT_EQ(mode, 0600u) << "unnamed " << unnamed;
+    EXPECT_TRUE(nameless) << "unnamed " << unnamed;
+    ASSERT_EQ(close(fd), 0);
+    planted.expect_untouched();
+  }
+}
+
+// An NvmeFile at a name a link was planted under writes its own file (of mode 0600, found
+// through /proc/self/fd as nothing else names it), never the link's target.
+TEST(Offload, NvmeFilesFollowNoPlantedLink) {
+  const PlantedLink planted("activations_rank_0.bin");
+  std::vector<char> memory(2 * kNvmeAlignment);
+  char* block = nvme_aligned(memory.data());
+  std::fill(block, block + kNvmeAlignment, 'x');
+  {
+    NvmeFile file(planted.dir + "/activations_rank_0.bin", kNvmeAlignment, AioConfig{}, 0);
+    file.wait(file.write(block, 0, kNvmeAlignment));
+    std::vector<mode_t> modes;
+    for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+      std::error_code error;
+      const std::string points_to = std::filesystem::read_symlink(entry.path(), error).string();
+      if (error || points_to.rfind(planted.dir + "/", 0) != 0) continue;
+      modes.push_back(mode_and_unnamed(std::stoi(entry.path().filename().string())).first);
+    }
+    EXPECT_EQ(modes, std::vector<mode_t>({0600})) << "the file's descriptor and mode";
+  }
+  planted.expect_untouched();
 }
 
 TEST(Offload, BadPathNamesTheFileAndErrno) {
