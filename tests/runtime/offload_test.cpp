@@ -15,11 +15,13 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <iterator>
 #include <string>
 #include <thread>
@@ -354,6 +356,70 @@ TEST(Offload, IoErrorNamesFileOffsetAndErrno) {
   expect_naming(message, " at offset 16384 (8192 bytes) failed: ");
   expect_naming(message, "Input/output error (errno 5) [injected by ZERO_TEST_NVME_FAULT]");
   expect_naming(message, "nvme_store.cpp:");
+}
+
+// A transfer of 4 requests (4 KiB blocks) and its wait on rank 0's file under `fault`, with a
+// bound: a request left unsubmitted would hang the wait, which ends the test instead. Returns
+// the wait's error, or "" when it succeeded.
+std::string transfer_under_fault(NvmeFile& file, char* buffer, uint64_t offset) {
+  std::promise<std::string> outcome;
+  std::future<std::string> result = outcome.get_future();
+  std::thread([&file, &outcome, buffer, offset] {
+    try {
+      file.wait(file.write(buffer, offset, 4 * kNvmeAlignment));
+      outcome.set_value("");
+    } catch (const Error& e) {
+      outcome.set_value(e.what());
+    }
+  }).detach();
+  if (result.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+    std::fprintf(stderr, "the transfer at offset %llu did not finish within 30 s\n",
+                 static_cast<unsigned long long>(offset));
+    std::_Exit(1);  // its worker waits forever: the file cannot be closed
+  }
+  return result.get();
+}
+
+AioConfig four_kib_blocks() {
+  AioConfig aio;
+  aio.block_size = kNvmeAlignment;
+  return aio;
+}
+
+// A submission the kernel takes only part of (the first request of four): the rest go again,
+// and the transfer completes with what was written.
+TEST(Offload, ShortSubmitSendsTheRest) {
+  ASSERT_EQ(setenv("ZERO_TEST_NVME_FAULT", "short-submit@0", 1), 0);
+  NvmeFile file(nvme_dir() + "/short_submit.swp", 8 * kNvmeAlignment, four_kib_blocks(), 0);
+  ASSERT_EQ(unsetenv("ZERO_TEST_NVME_FAULT"), 0);
+  std::vector<char> memory(9 * kNvmeAlignment);
+  char* buffer = nvme_aligned(memory.data());
+  for (size_t i = 0; i < 4 * kNvmeAlignment; ++i) buffer[i] = static_cast<char>(i / 4096 + 1);
+  EXPECT_EQ(transfer_under_fault(file, buffer, 0), "");
+  char* back = buffer + 4 * kNvmeAlignment;
+  file.wait(file.read(back, 0, 4 * kNvmeAlignment));
+  EXPECT_TRUE(std::equal(buffer, back, back)) << "what the short submit left out was not written";
+}
+
+// A failed submission fails its requests with the file, the offset and errno; what the ring
+// still holds of them never reaches the kernel, and a later transfer of the file fails naming
+// that error instead of sending them along.
+TEST(Offload, SubmitErrorNamesFileOffsetAndErrno) {
+  ASSERT_EQ(setenv("ZERO_TEST_NVME_FAULT", "submit@0", 1), 0);
+  const std::string path = nvme_dir() + "/submit_error.swp";
+  NvmeFile file(path, 8 * kNvmeAlignment, four_kib_blocks(), 0);
+  ASSERT_EQ(unsetenv("ZERO_TEST_NVME_FAULT"), 0);
+  std::vector<char> memory(5 * kNvmeAlignment);
+  char* buffer = nvme_aligned(memory.data());
+  const std::string first = transfer_under_fault(file, buffer, 0);
+  expect_naming(first, "nvme: write of " + path + " at offset 0 (4096 bytes) failed: ");
+  expect_naming(first,
+                "io_uring_submit: Input/output error (errno 5) [injected by "
+                "ZERO_TEST_NVME_FAULT]");
+  expect_naming(first, "nvme_store.cpp:");
+  const std::string later = transfer_under_fault(file, buffer, 4 * kNvmeAlignment);
+  expect_naming(later, "nvme: write of " + path + " at offset 16384 (4096 bytes) failed: ");
+  expect_naming(later, "an earlier io_uring_submit of this file failed: Input/output error");
 }
 
 // Saved at step 3 from NVMe-resident state, loaded into a fresh NVMe-offloaded engine (bf16:
