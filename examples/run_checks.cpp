@@ -9,13 +9,18 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <numeric>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
+
+#include "zero/collectives/mpi_check.h"
 
 namespace zero::examples {
 
@@ -172,20 +177,69 @@ uint64_t host_memory_per_rank(int ranks_on_node) {
   return limit / static_cast<uint64_t>(std::max(ranks_on_node, 1));
 }
 
-int threads_per_rank(int allowed_cores, int online_cores, int ranks_on_node) {
-  if (allowed_cores > 0 && allowed_cores < online_cores) return allowed_cores;
-  return std::max(1, online_cores / std::max(ranks_on_node, 1));
+int threads_per_rank(const std::vector<CoreSet>& node_masks, size_t me, int online_cores) {
+  CoreSet every_core(static_cast<size_t>(std::max(online_cores, 1)));
+  std::iota(every_core.begin(), every_core.end(), 0);
+  const auto cores_of = [&](size_t rank) -> const CoreSet& {
+    return node_masks[rank].empty() ? every_core : node_masks[rank];
+  };
+  std::map<int, int> ranks_on_core;
+  for (size_t rank = 0; rank < node_masks.size(); ++rank) {
+    for (int core : cores_of(rank)) ++ranks_on_core[core];
+  }
+  double share = 0.0;
+  for (int core : cores_of(me)) share += 1.0 / ranks_on_core[core];
+  // The shares of a core sum to 1 in floating point only to within rounding: a rank's whole
+  // cores are not lost to it.
+  return std::max(1, static_cast<int>(std::floor(share + 1e-9)));
 }
 
-int host_threads_per_rank(int ranks_on_node) {
+CoreSet this_process_cores() {
   cpu_set_t allowed;
   CPU_ZERO(&allowed);
-  const int allowed_cores =
-      sched_getaffinity(0, sizeof(allowed), &allowed) == 0 ? CPU_COUNT(&allowed) : 0;
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return {};
+  CoreSet cores;
+  for (int core = 0; core < CPU_SETSIZE; ++core) {
+    if (CPU_ISSET(core, &allowed)) cores.push_back(core);
+  }
+  return cores;
+}
+
+NodeShare node_share(const CoreSet& mine) {
+  int world_rank = 0;
+  ZERO_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
+  MPI_Comm node = MPI_COMM_NULL;
+  ZERO_MPI_CHECK(
+      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL, &node));
+  int node_rank = 0, node_size = 1;
+  ZERO_MPI_CHECK(MPI_Comm_rank(node, &node_rank));
+  ZERO_MPI_CHECK(MPI_Comm_size(node, &node_size));
+  // Each mask as CPU_SETSIZE bits, so that every rank sends the same count.
+  constexpr int kWords = CPU_SETSIZE / 64;
+  std::vector<uint64_t> bits(kWords, 0);
+  for (int core : mine) {
+    ZERO_CHECK(core >= 0 && core < CPU_SETSIZE,
+               "core " << core << " is outside the " << CPU_SETSIZE << " a mask can hold");
+    bits[static_cast<size_t>(core / 64)] |= uint64_t{1} << (core % 64);
+  }
+  std::vector<uint64_t> all(static_cast<size_t>(kWords) * static_cast<size_t>(node_size));
+  const int gathered =
+      MPI_Allgather(bits.data(), kWords, MPI_UINT64_T, all.data(), kWords, MPI_UINT64_T, node);
+  const int freed = MPI_Comm_free(&node);
+  ZERO_MPI_CHECK(gathered);
+  ZERO_MPI_CHECK(freed);
+  std::vector<CoreSet> masks(static_cast<size_t>(node_size));
+  for (size_t rank = 0; rank < masks.size(); ++rank) {
+    for (int core = 0; core < CPU_SETSIZE; ++core) {
+      if ((all[rank * kWords + static_cast<size_t>(core / 64)] >> (core % 64)) & 1) {
+        masks[rank].push_back(core);
+      }
+    }
+  }
   const long online = sysconf(_SC_NPROCESSORS_ONLN);
   const int online_cores =
       online > 0 ? static_cast<int>(online) : static_cast<int>(std::thread::hardware_concurrency());
-  return threads_per_rank(allowed_cores, online_cores, ranks_on_node);
+  return {node_size, threads_per_rank(masks, static_cast<size_t>(node_rank), online_cores)};
 }
 
 namespace {

@@ -54,13 +54,30 @@ class SaveDirLock {
 // read.
 uint64_t host_memory_per_rank(int ranks_on_node);
 
+// The cores a process may run on (its affinity mask), by number.
+using CoreSet = std::vector<int>;
+
 // Host threads for a rank of a GPU run (its host AdamW with the optimizer offloaded), as
-// DeepSpeed's CPU Adam takes the cores it is given: the cores this process may run on when a
-// launcher bound it to fewer than the node's online cores (that is its share already), else the
-// online cores divided by the ranks on this node; at least 1. threads_per_rank decides from the
-// counts, host_threads_per_rank reads them.
-int threads_per_rank(int allowed_cores, int online_cores, int ranks_on_node);
-int host_threads_per_rank(int ranks_on_node);
+// DeepSpeed's CPU Adam takes the cores it is given, but without two ranks counting one core
+// twice: each core is shared among the node's ranks that may run on it, and a rank takes the sum
+// of its shares, rounded down, at least 1. Ranks bound apart (mpirun --bind-to core) take their
+// own cores; ranks that share a mask (mpirun binding to a socket, a Slurm or docker cpuset,
+// taskset mpirun) divide it; unbound ranks divide the node's online cores. `node_masks` holds
+// every rank's mask on this node (an empty one, unreadable, counts as every online core), `me`
+// is this rank's place among them.
+int threads_per_rank(const std::vector<CoreSet>& node_masks, size_t me, int online_cores);
+
+// The cores this process may run on (sched_getaffinity); empty when they cannot be read.
+CoreSet this_process_cores();
+
+// This node's ranks (MPI_COMM_TYPE_SHARED), among which the host's memory is divided, and this
+// rank's host threads (threads_per_rank over the masks of those ranks, `mine` being this
+// rank's). Collective over MPI_COMM_WORLD; an MPI failure is a zero::Error naming the call.
+struct NodeShare {
+  int ranks = 1;
+  int host_threads = 1;
+};
+NodeShare node_share(const CoreSet& mine);
 
 // This process's resident memory now (VmRSS) and its peak so far (VmHWM), from
 // /proc/self/status; 0 where it cannot be read.

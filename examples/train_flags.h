@@ -65,7 +65,7 @@ struct Flags {
   // --checkpoint-nvme-path DIR: activation_checkpointing.nvme_path (ours).
   std::optional<std::string> checkpoint_nvme_path;
   // --threads: EngineConfig::kernel_threads. Absent: 1 on the CPU path (a rank per core); on a GPU
-  // the node's cores over its ranks (host_threads_per_rank), which zero-train sets.
+  // this rank's share of the node's cores (run_checks.h's node_share), which zero-train sets.
   std::optional<int> threads;
   bool cuda = false;
   uint64_t memory_limit = 0;

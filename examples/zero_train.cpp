@@ -393,14 +393,16 @@ void check_outputs(const Flags& f, int rank, std::optional<zero::examples::SaveD
 // 3 out of memory (the plan does not fit, or the system refused an allocation).
 constexpr int kExitOutOfMemory = 3;
 
-// Ranks sharing this node (MPI_COMM_TYPE_SHARED), among which the host's memory is divided.
-int ranks_on_node() {
-  MPI_Comm node;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  int size = 1;
-  MPI_Comm_size(node, &size);
-  MPI_Comm_free(&node);
-  return size;
+// This node's ranks and this rank's share of their cores (run_checks.h). Collective; an MPI
+// failure here ends the job (exit 1): no rank can go on without the others.
+zero::examples::NodeShare node_share(int rank) {
+  try {
+    return zero::examples::node_share(zero::examples::this_process_cores());
+  } catch (const zero::Error& e) {
+    std::cerr << ("zero-train: rank " + std::to_string(rank) + ": error: " + e.what() + "\n");
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    return {};
+  }
 }
 
 // Every rank's outcome of reading its flags and config, agreed before any other collective: a
@@ -424,7 +426,7 @@ int main(int argc, char** argv) {
   zero::MpiSession mpi(&argc, &argv);
   const int rank = mpi.world_rank();
   // Collective, so every rank asks before anything can fail on some of them only.
-  const int node_ranks = ranks_on_node();
+  const zero::examples::NodeShare node = node_share(rank);
   Flags flags;
   zero::TrainingConfig config;
   std::optional<zero::examples::SaveDirLock> save_dir_lock;
@@ -437,7 +439,7 @@ int main(int argc, char** argv) {
       // A GPU run's host work (the host AdamW of an offloaded optimizer) gets this rank's share
       // of the node's cores, where the CPU path runs a rank per core.
       if (flags.cuda && !flags.threads) {
-        config.engine.kernel_threads = zero::examples::host_threads_per_rank(node_ranks);
+        config.engine.kernel_threads = node.host_threads;
       }
       check_outputs(flags, rank, &save_dir_lock);
       // The model and its data files (a token file that cannot be read stops the run here).
@@ -485,7 +487,7 @@ int main(int argc, char** argv) {
     // halfway through allocating it, and --memory-limit bounds what the process holds.
     const uint64_t budget = flags.memory_limit > 0
                                 ? flags.memory_limit
-                                : zero::examples::host_memory_per_rank(node_ranks);
+                                : zero::examples::host_memory_per_rank(node.ranks);
     const std::string source =
         flags.memory_limit > 0 ? "--memory-limit" : "available memory over the ranks on this node";
     const uint64_t activations = task->activation_bytes(config.micro_batch_per_rank);

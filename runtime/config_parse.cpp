@@ -54,11 +54,13 @@ std::string shorten_echo(const std::string& message, const std::string& marker) 
          std::to_string(message.size() - begin) + " bytes)";
 }
 
+}  // namespace
+
 // ---------------------------------------------------------------------------------------------
 // Keys the schema does not have: a DeepSpeed option we lack, or a typo.
 
-// Well-known DeepSpeed keys this runtime does not implement yet, by full path. They get their
-// own message so that a user does not hunt for a typo in a key DeepSpeed itself accepts.
+// They get their own message so that a user does not hunt for a typo in a key DeepSpeed itself
+// accepts.
 const std::set<std::string>& unsupported_deepspeed_keys() {
   static const std::set<std::string> keys = {
       "aio.use_gds",
@@ -97,7 +99,6 @@ const std::set<std::string>& unsupported_deepspeed_keys() {
       "zero_optimization.load_from_fp32_weights",
       "zero_optimization.memory_efficient_linear",
       "zero_optimization.mics_hierarchical_params_gather",
-      "zero_optimization.mics_shard_size",
       "zero_optimization.offload_optimizer.ratio",
       "zero_optimization.offload_optimizer.super_offload",
       "zero_optimization.stage3_gather_fp16_weights_on_model_save",
@@ -121,6 +122,8 @@ const std::set<std::string>& unsupported_deepspeed_keys() {
   };
   return keys;
 }
+
+namespace {
 
 // Optimal string alignment distance: inserting, deleting or replacing a character, or swapping
 // two neighbouring ones (the commonest typo: "stgae"), each costs 1.

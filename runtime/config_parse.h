@@ -56,6 +56,11 @@ inline std::string lower(std::string s) {
 config::TrainingConfig parse_config_text(const std::string& text, const std::string& origin,
                                          std::set<std::string>* auto_keys);
 
+// Well-known DeepSpeed keys this runtime does not implement yet, by full path ("aio.use_gds"):
+// an unknown key among them is told so instead of hinted at as a typo. None is in the schema
+// (config_errors_test holds that).
+const std::set<std::string>& unsupported_deepspeed_keys();
+
 // Hugging Face's resolution of "auto" (see config.h): each key in `auto_keys` gets its value
 // from `context` written into `c`, so the checks below treat it as if the file had it, and a
 // line saying so goes to `notes`.

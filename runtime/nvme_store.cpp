@@ -67,21 +67,37 @@ void check_free_space(const std::string& dir, uint64_t bytes, const std::string&
                                                << human_bytes(bytes) << ")");
 }
 
+int create_scratch_file(const std::string& path, int flags, bool allow_unnamed) {
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
+  const int open_flags = O_RDWR | O_CLOEXEC | flags;
+  if (allow_unnamed) {
+    const int fd = ::open(dir.c_str(), O_TMPFILE | open_flags, 0600);
+    // EOPNOTSUPP: the file system has no O_TMPFILE; EISDIR: the kernel has none. Any other
+    // error (EINVAL: no O_DIRECT) would be the named file's too.
+    if (fd >= 0 || (errno != EOPNOTSUPP && errno != EISDIR)) return fd;
+  }
+  // O_EXCL refuses any name that exists, a symbolic link included; O_NOFOLLOW says so twice.
+  std::string name = path + ".XXXXXX";
+  const int fd = ::mkostemp(name.data(), open_flags | O_NOFOLLOW);
+  if (fd < 0) return fd;
+  if (::unlink(name.c_str()) != 0) {
+    const int unlink_errno = errno;
+    ::close(fd);
+    errno = unlink_errno;
+    return -1;
+  }
+  return fd;
+}
+
 void check_nvme_directory(const std::string& dir, uint64_t bytes, const std::string& what) {
-  // O_DIRECT at open is where a file system without direct I/O refuses, as NvmeFile's would.
-  // Named by host and process: ranks of several hosts may share the directory's file system.
-  char host[256] = {};
-  ::gethostname(host, sizeof(host) - 1);
-  const std::string probe =
-      dir + "/.zero_nvme_probe_" + std::string(host) + "_" + std::to_string(::getpid());
-  const int fd = ::open(probe.c_str(), O_RDWR | O_CREAT | O_EXCL | O_DIRECT | O_CLOEXEC, 0600);
-  ZERO_CHECK(fd >= 0, "nvme_path " << dir << " cannot take " << what << ": creating " << probe
-                                   << " (O_DIRECT) failed: " << errno_text(errno));
-  const int unlinked = ::unlink(probe.c_str());
-  const int unlink_errno = errno;
+  // O_DIRECT at open is where a file system without direct I/O refuses, as NvmeFile's would;
+  // made as NvmeFile makes its file, the probe has no name to meet another's.
+  const int fd = create_scratch_file(dir + "/.zero_nvme_probe", O_DIRECT);
+  ZERO_CHECK(fd >= 0, "nvme_path "
+                          << dir << " cannot take " << what
+                          << ": creating a file in it (O_DIRECT) failed: " << errno_text(errno));
   ::close(fd);
-  ZERO_CHECK(unlinked == 0,
-             "nvme: cannot remove the probe file " << probe << ": " << errno_text(unlink_errno));
   check_free_space(dir, bytes, what);
 }
 
@@ -142,8 +158,12 @@ struct NvmeFile::Worker {
 
   void submit(std::vector<Request*>& batch) {
     for (Request* r : batch) {
-      io_uring_sqe* sqe = io_uring_get_sqe(&ring);
       in_flight.insert(r);
+      if (!ring_error.empty()) {
+        complete(r, located(describe(*r) + ring_error, __FILE__, __LINE__));
+        continue;
+      }
+      io_uring_sqe* sqe = io_uring_get_sqe(&ring);
       if (sqe == nullptr) {
         complete(r,
                  located(describe(*r) + "no free io_uring submission entry", __FILE__, __LINE__));
@@ -156,22 +176,56 @@ struct NvmeFile::Worker {
         io_uring_prep_read(sqe, file.fd_, r->buffer + r->done, length, r->offset + r->done);
       }
       io_uring_sqe_set_data(sqe, r);
-      if (file.aio_.single_submit) submit_now({r});
+      unsubmitted.push_back(r);
+      if (file.aio_.single_submit) submit_unsubmitted();
     }
-    if (!file.aio_.single_submit && !batch.empty()) submit_now(batch);
+    submit_unsubmitted();
   }
 
-  void submit_now(const std::vector<Request*>& requests) {
-    int submitted = 0;
-    do {
-      submitted = io_uring_submit(&ring);
-    } while (submitted == -EINTR);
-    if (submitted >= 0) return;
-    // Nothing of these reached the kernel: they fail here, each with the reason.
-    for (Request* r : requests) {
-      complete(r, located(describe(*r) + "io_uring_submit: " + errno_text(-submitted), __FILE__,
-                          __LINE__));
+  // Hands the kernel every prepared entry. It may take only some (the rest stay in the ring for
+  // the next submission), so this goes on until all are taken, reaping a completion first when
+  // the kernel took none while others are in flight (EAGAIN, EBUSY: it waits for room). An
+  // error fails what it did not take; their entries stay in the ring, which is not submitted
+  // again (each would carry a request already completed), and later requests fail naming it.
+  void submit_unsubmitted() {
+    while (!unsubmitted.empty() && ring_error.empty()) {
+      const int taken = submit_to_kernel(unsubmitted.size());
+      if (taken > 0) {
+        unsubmitted.erase(unsubmitted.begin(),
+                          unsubmitted.begin() + std::min<size_t>(taken, unsubmitted.size()));
+        continue;
+      }
+      if (taken == -EINTR) continue;
+      const bool others_in_kernel = in_flight.size() > unsubmitted.size();
+      if ((taken == 0 || taken == -EAGAIN || taken == -EBUSY) && others_in_kernel) {
+        reap();
+        continue;
+      }
+      const std::string reason =
+          taken == 0 ? "it took none of " + std::to_string(unsubmitted.size()) + " entries"
+                     : errno_text(-taken) +
+                           (injected_failure ? " [injected by ZERO_TEST_NVME_FAULT]" : "");
+      ring_error = "an earlier io_uring_submit of this file failed: " + reason;
+      const std::deque<Request*> failed = std::exchange(unsubmitted, {});
+      for (Request* r : failed) {
+        complete(r, located(describe(*r) + "io_uring_submit: " + reason, __FILE__, __LINE__));
+      }
     }
+  }
+
+  // io_uring_submit, or the injected fault of this submission (tests): EIO, or the kernel
+  // taking only the first of `pending` entries (the others hidden from this submission).
+  int submit_to_kernel(size_t pending) {
+    const int fault = file.injected_submit_fault();
+    injected_failure = fault == kSubmitFails;
+    if (injected_failure) return -EIO;
+    if (fault != kSubmitShort || pending < 2) return io_uring_submit(&ring);
+    const unsigned hidden =
+        std::min<unsigned>(static_cast<unsigned>(pending - 1), ring.sq.sqe_tail - ring.sq.sqe_head);
+    ring.sq.sqe_tail -= hidden;
+    const int taken = io_uring_submit(&ring);
+    ring.sq.sqe_tail += hidden;
+    return taken;
   }
 
   void reap() {
@@ -181,7 +235,10 @@ struct NvmeFile::Worker {
       error = io_uring_wait_cqe(&ring, &cqe);
     } while (error == -EINTR);
     if (error < 0) {
-      // The ring itself failed: no completion can be matched to a request, so all fail.
+      // The ring itself failed: no completion can be matched to a request, so all fail, and
+      // the ring is not used again.
+      ring_error = "an earlier io_uring_wait_cqe of this file failed: " + errno_text(-error);
+      unsubmitted.clear();
       const std::unordered_set<Request*> failed = in_flight;
       for (Request* r : failed) {
         complete(r, located(describe(*r) + "io_uring_wait_cqe: " + errno_text(-error), __FILE__,
@@ -236,6 +293,11 @@ struct NvmeFile::Worker {
   std::deque<Request> queue;
   bool stop = false;
   std::unordered_set<Request*> in_flight;  // this thread's only
+  // Of in_flight, those prepared in the ring and not yet taken by the kernel, in ring order.
+  std::deque<Request*> unsubmitted;
+  // Set when a submission failed: the ring still holds entries of completed requests.
+  std::string ring_error;
+  bool injected_failure = false;
 };
 
 NvmeFile::NvmeFile(const std::string& path, uint64_t bytes, const AioConfig& aio, int rank)
@@ -244,12 +306,10 @@ NvmeFile::NvmeFile(const std::string& path, uint64_t bytes, const AioConfig& aio
              "nvme: " << path << ": sizes must be multiples of " << kNvmeAlignment);
   const size_t slash = path.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
+  fd_ = create_scratch_file(path, O_DIRECT);
   ZERO_CHECK(fd_ >= 0, "nvme: cannot create the offload file "
                            << path << " (O_DIRECT): " << errno_text(errno));
   try {
-    ZERO_CHECK(::unlink(path.c_str()) == 0,
-               "nvme: cannot unlink " << path << " after opening it: " << errno_text(errno));
     check_free_space(dir, bytes, "rank " + std::to_string(rank) + "'s offload file " + path);
     if (bytes > 0) {
       const int error = ::posix_fallocate(fd_, 0, static_cast<off_t>(bytes));
@@ -261,12 +321,20 @@ NvmeFile::NvmeFile(const std::string& path, uint64_t bytes, const AioConfig& aio
       const size_t at = text.find('@');
       const size_t hash = text.find('#');
       const std::string kind = text.substr(0, at);
-      ZERO_CHECK(
-          at != std::string::npos && (kind == "read" || kind == "write"),
-          "ZERO_TEST_NVME_FAULT must be read@RANK[#N] or write@RANK[#N], got '" << text << "'");
+      ZERO_CHECK(at != std::string::npos && (kind == "read" || kind == "write" ||
+                                             kind == "submit" || kind == "short-submit"),
+                 "ZERO_TEST_NVME_FAULT must be read@RANK[#N], write@RANK[#N], submit@RANK[#N] or "
+                 "short-submit@RANK[#N], got '"
+                     << text << "'");
       if (std::atoi(text.c_str() + at + 1) == rank) {
-        fault_kind_ = kind == "write" ? 1 : 0;
-        fault_countdown_ = hash == std::string::npos ? 1 : std::atol(text.c_str() + hash + 1);
+        const long countdown = hash == std::string::npos ? 1 : std::atol(text.c_str() + hash + 1);
+        if (kind == "read" || kind == "write") {
+          fault_kind_ = kind == "write" ? 1 : 0;
+          fault_countdown_ = countdown;
+        } else {
+          submit_fault_ = kind == "submit" ? kSubmitFails : kSubmitShort;
+          submit_countdown_ = countdown;
+        }
       }
     }
     for (int i = 0; i < aio.intra_op_parallelism; ++i) {
@@ -327,6 +395,11 @@ NvmeFile::Ticket NvmeFile::start(bool write, char* buffer, uint64_t offset, size
     workers_[i * threads / requests]->push(std::move(r));
   }
   return ticket;
+}
+
+int NvmeFile::injected_submit_fault() {
+  if (submit_fault_ == 0) return 0;
+  return --submit_countdown_ == 0 ? submit_fault_ : 0;
 }
 
 void NvmeFile::finish(Transfer& transfer, const std::string& error) {

@@ -1,36 +1,69 @@
 // zero-train's host checks on their own: a GPU run's host threads per rank.
 #include <gtest/gtest.h>
 
+#include <numeric>
 #include <thread>
+#include <vector>
 
 #include "examples/run_checks.h"
 
 namespace zero::examples {
 namespace {
 
-// Unbound, the node's online cores are shared out among its ranks, the remainder left over,
-// and no rank gets fewer than one, however many share the node.
-TEST(HostThreads, AnUnboundRankTakesItsShareOfTheCores) {
-  EXPECT_EQ(threads_per_rank(16, 16, 1), 16);
-  EXPECT_EQ(threads_per_rank(16, 16, 8), 2);
-  EXPECT_EQ(threads_per_rank(16, 16, 3), 5);
-  EXPECT_EQ(threads_per_rank(2, 2, 4), 1);
-  EXPECT_EQ(threads_per_rank(1, 1, 0), 1);
-  EXPECT_EQ(threads_per_rank(0, 16, 4), 4) << "an unreadable mask counts as unbound";
+CoreSet cores(int first, int count) {
+  CoreSet set(static_cast<size_t>(count));
+  std::iota(set.begin(), set.end(), first);
+  return set;
 }
 
-// A rank a launcher bound to some cores (mpirun --bind-to core or socket) has its share in
-// its mask already: it takes all of them, not a share of them.
-TEST(HostThreads, ABoundRankTakesTheCoresItWasGiven) {
-  EXPECT_EQ(threads_per_rank(1, 16, 8), 1);
-  EXPECT_EQ(threads_per_rank(8, 16, 2), 8);
-  EXPECT_EQ(threads_per_rank(4, 16, 8), 4);
+// Every rank's threads, from the masks of all of them.
+std::vector<int> threads_of(const std::vector<CoreSet>& masks, int online_cores) {
+  std::vector<int> threads;
+  for (size_t rank = 0; rank < masks.size(); ++rank) {
+    threads.push_back(threads_per_rank(masks, rank, online_cores));
+  }
+  return threads;
+}
+
+// Unbound, the node's online cores are shared out among its ranks, the remainder left over,
+// and no rank gets fewer than one, however many share the node.
+TEST(HostThreads, UnboundRanksShareTheNode) {
+  EXPECT_EQ(threads_of({cores(0, 16)}, 16), std::vector<int>({16}));
+  EXPECT_EQ(threads_of(std::vector<CoreSet>(8, cores(0, 16)), 16), std::vector<int>(8, 2));
+  EXPECT_EQ(threads_of(std::vector<CoreSet>(3, cores(0, 16)), 16), std::vector<int>(3, 5));
+  EXPECT_EQ(threads_of(std::vector<CoreSet>(4, cores(0, 2)), 2), std::vector<int>(4, 1));
+  EXPECT_EQ(threads_of(std::vector<CoreSet>(4, CoreSet{}), 16), std::vector<int>(4, 4))
+      << "an unreadable mask counts as every online core";
+}
+
+// Ranks a launcher bound apart (mpirun --bind-to core, or to sockets one rank each) take the
+// cores they were given.
+TEST(HostThreads, RanksBoundApartTakeTheirOwnCores) {
+  EXPECT_EQ(threads_of({cores(0, 8), cores(8, 8)}, 16), std::vector<int>({8, 8}));
+  EXPECT_EQ(threads_of({{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}}, 16), std::vector<int>(8, 1));
+  EXPECT_EQ(threads_of({cores(0, 4), cores(4, 12)}, 16), std::vector<int>({4, 12}));
+}
+
+// Ranks that share one mask smaller than the node (mpirun binding to a socket, a Slurm or
+// docker cpuset, taskset mpirun) divide it: 8 ranks in one 32-core cpuset of a 64-core node
+// take 4 threads each, not 32.
+TEST(HostThreads, RanksSharingAMaskDivideIt) {
+  EXPECT_EQ(threads_of(std::vector<CoreSet>(8, cores(0, 32)), 64), std::vector<int>(8, 4));
+  EXPECT_EQ(threads_of(std::vector<CoreSet>(2, cores(0, 8)), 16), std::vector<int>(2, 4));
+  // Two sockets, two ranks on each.
+  EXPECT_EQ(threads_of({cores(0, 8), cores(0, 8), cores(8, 8), cores(8, 8)}, 16),
+            std::vector<int>(4, 4));
+  // Overlapping masks: the core both may use counts half for each.
+  EXPECT_EQ(threads_of({cores(0, 3), cores(2, 3)}, 16), std::vector<int>({2, 2}));
+  EXPECT_EQ(threads_of(std::vector<CoreSet>(3, {0}), 16), std::vector<int>(3, 1));
 }
 
 // Read from this process: at least one, never more than the machine's.
 TEST(HostThreads, CountsTheCoresThisProcessMayUse) {
-  const int alone = host_threads_per_rank(1);
-  EXPECT_GE(alone, 1);
+  const CoreSet mine = this_process_cores();
+  EXPECT_FALSE(mine.empty());
+  const int alone = threads_per_rank({mine}, 0, static_cast<int>(mine.size()));
+  EXPECT_EQ(alone, static_cast<int>(mine.size()));
   const unsigned machine = std::thread::hardware_concurrency();
   if (machine > 0) {
     EXPECT_LE(alone, static_cast<int>(machine));

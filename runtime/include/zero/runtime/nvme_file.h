@@ -7,13 +7,15 @@
 // Every failure (open, the free-space check, fallocate, io_uring setup, a failed or short
 // completion) is a zero::Error naming the file, the offset and errno, with the source line.
 // ZERO_TEST_NVME_FAULT=KIND@RANK[#N] (tests only) makes the N-th (default first) read or write
-// transfer of that rank fail with EIO, as a failing disk would.
+// transfer of that rank fail with EIO, as a failing disk would; KIND submit makes the N-th
+// io_uring submission fail with EIO, short-submit has the kernel take only its first entry.
 //
 // The engine's optimizer and parameter offloads use it (runtime/), and so does the GPT-2's
 // activation-checkpoint spill (models/gpt2_spill.h): one implementation of the I/O, its checks
 // and its fault injection for every file the runtime streams to NVMe.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -50,9 +52,17 @@ inline char* nvme_aligned(void* buffer) {
 // unprivileged writer, with both numbers; `what` says whose bytes they are.
 void check_free_space(const std::string& dir, uint64_t bytes, const std::string& what);
 
+// The scratch file of `path`, opened read-write with `flags` (O_DIRECT) added and mode 0600:
+// unnamed in path's directory (O_TMPFILE), or where the file system has no O_TMPFILE (or
+// `allow_unnamed` is false: tests) under a fresh name beside `path` (path.XXXXXX, created with
+// O_EXCL|O_NOFOLLOW) that is unlinked at once. Nothing planted in the directory is opened,
+// followed or truncated, jobs sharing the directory never meet on a name, and no file outlives
+// the process. Returns the descriptor, or -1 with errno set.
+int create_scratch_file(const std::string& path, int flags, bool allow_unnamed = true);
+
 // The start-up check of a directory a file of `bytes` will be made in (what: whose bytes): it
-// must exist and take an O_DIRECT file (a probe file is created and removed), and hold `bytes`
-// (check_free_space). A zero::Error names the path and errno, or both numbers.
+// must exist and take an O_DIRECT file (one is made as NvmeFile makes its file, and closed), and
+// hold `bytes` (check_free_space). A zero::Error names the path and errno, or both numbers.
 void check_nvme_directory(const std::string& dir, uint64_t bytes, const std::string& what);
 
 class NvmeFile {
@@ -60,9 +70,10 @@ class NvmeFile {
   struct Transfer;
   using Ticket = std::shared_ptr<Transfer>;
 
-  // Creates `path`, checks the free space of its directory against `bytes` and reserves them
-  // (fallocate), so the run cannot fill the disk later. The file is unlinked once open: the
-  // state is this run's scratch, and a crashed job leaves no space taken behind.
+  // Creates the file in `path`'s directory (create_scratch_file: unnamed, `path` names it in
+  // messages), checks the free space of the directory against `bytes` and reserves them
+  // (fallocate), so the run cannot fill the disk later. The state is this run's scratch, and a
+  // crashed job leaves no space taken behind.
   NvmeFile(const std::string& path, uint64_t bytes, const AioConfig& aio, int rank);
   ~NvmeFile();
   NvmeFile(const NvmeFile&) = delete;
@@ -103,6 +114,13 @@ class NvmeFile {
   // The injected fault (tests): which kind of transfer, and how many of them to let pass.
   int fault_kind_ = -1;  // 0 read, 1 write, -1 none
   long fault_countdown_ = 0;
+  // The injected submission fault (tests), counted over every worker's submissions: the one it
+  // hits fails with EIO (kSubmitFails) or has the kernel take only its first entry
+  // (kSubmitShort). injected_submit_fault() says which for the submission about to be made.
+  static constexpr int kSubmitFails = 1, kSubmitShort = 2;
+  int submit_fault_ = 0;
+  std::atomic<long> submit_countdown_{0};
+  int injected_submit_fault();
 };
 
 }  // namespace zero
