@@ -81,6 +81,21 @@ double mib(uint64_t bytes) {
   return static_cast<double>(bytes) / (1 << 20);
 }
 
+// An error of this rank alone (rank 0's metrics or trace file on a full disk): it ends the job
+// at once with exit code 1. Unwinding would not: the engine's communicators free their shared
+// windows collectively, and the other ranks are elsewhere.
+template <typename Write>
+void or_end_job(Write&& write) {
+  try {
+    write();
+  } catch (const std::exception& e) {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    std::cerr << ("zero-train: rank " + std::to_string(rank) + ": error: " + e.what() + "\n");
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+}
+
 // The engine shards over the data-parallel group (`comm`); rank and world are this rank's place
 // in it, which cuts the batch. Rank 0 of the world (`leader`) prints and writes the metrics.
 void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::TrainTask& task,
@@ -142,9 +157,13 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
   // A resumed run appends to the metrics file it continues, after a record marking the resume.
   zero::driver::MetricsWriter metrics;
   if (leader && !f.metrics.empty()) {
-    metrics.open(f.metrics, f.resume.empty() ? zero::driver::MetricsWriter::Mode::kTruncate
-                                             : zero::driver::MetricsWriter::Mode::kAppend);
-    if (!f.resume.empty()) metrics.write(JsonRecord{{"event", "resume"}, {"step", first_step - 1}});
+    or_end_job([&] {
+      metrics.open(f.metrics, f.resume.empty() ? zero::driver::MetricsWriter::Mode::kTruncate
+                                               : zero::driver::MetricsWriter::Mode::kAppend);
+      if (!f.resume.empty()) {
+        metrics.write(JsonRecord{{"event", "resume"}, {"step", first_step - 1}});
+      }
+    });
   }
   if (leader && !f.save_dir.empty() && f.save_every == 0) {
     std::printf(
@@ -218,7 +237,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
     init.update(task.model_record());
     init["activation_bytes_planned"] = task.activation_bytes(per_micro_batch);
     init["activation_bytes_counted_planned"] = task.counted_activation_bytes(per_micro_batch);
-    metrics.write(init);
+    or_end_job([&] { metrics.write(init); });
   }
 
   for (long step = first_step; step <= f.steps; ++step) {
@@ -342,14 +361,14 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
     if (val_loss) record["val_loss"] = json_number(*val_loss);
     record.update(activations);
     record.update(block_times);
-    metrics.write(record);
+    or_end_job([&] { metrics.write(record); });
   }
   if (!f.trace.empty()) {
     // With tensor parallelism the engine's group is one data-parallel group of several: the
     // trace gathers over the whole world instead, so one file holds every rank (pid = rank).
     std::unique_ptr<zero::Communicator> everyone;
     if (tensor_parallel != nullptr) everyone = zero::make_mpi_communicator();
-    engine.trace().write_chrome_trace(everyone ? *everyone : host, f.trace);
+    or_end_job([&] { engine.trace().write_chrome_trace(everyone ? *everyone : host, f.trace); });
     if (leader) std::printf("trace written to %s\n", f.trace.c_str());
   }
 }
