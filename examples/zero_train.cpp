@@ -144,6 +144,15 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
     data_seed = resumed.seed;
     if (leader) {
       std::printf("resumed from %s at step %ld\n", f.resume.c_str(), resumed.step);
+      const std::optional<long> saved =
+          f.save_dir.empty() ? std::nullopt : zero::examples::newest_saved_step(f.save_dir);
+      if (saved && *saved > resumed.step) {
+        std::fprintf(stderr,
+                     "zero-train: warning: --save-dir %s holds checkpoints up to step %ld and "
+                     "this run resumed step %ld: its saves replace those of the steps it "
+                     "reaches, and latest moves back to them\n",
+                     f.save_dir.c_str(), *saved, resumed.step);
+      }
     }
   }
   task.start(engine, data_seed);
@@ -393,6 +402,22 @@ void check_outputs(const Flags& f, int rank, std::optional<zero::examples::SaveD
       } catch (const std::runtime_error& e) {
         throw SetupError(std::string("--save-dir: ") + e.what());
       }
+    }
+    // Another run's checkpoints are not overwritten by surprise: its step directories would be
+    // replaced by this run's of the same steps, and `latest` would move back to them.
+    const std::optional<long> saved = zero::examples::newest_saved_step(f.save_dir);
+    const std::string holds = "--save-dir " + f.save_dir +
+                              " already holds checkpoints up to step " +
+                              (saved ? std::to_string(*saved) : "");
+    if (saved && f.resume.empty()) {
+      throw SetupError(holds +
+                       "; pass --resume latest to continue that run, or choose another "
+                       "--save-dir");
+    }
+    if (saved && f.resume != "latest" && !zero::examples::is_within(f.resume, f.save_dir)) {
+      throw SetupError(holds + ", and --resume " + f.resume +
+                       " is not one of them; resume with --resume latest, or choose another "
+                       "--save-dir");
     }
   }
   if (rank != 0) return;
