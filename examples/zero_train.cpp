@@ -19,6 +19,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -142,6 +143,22 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
                           zero::LoadOptions{tc.override_optimizer});
     first_step = resumed.step + 1;
     data_seed = resumed.seed;
+    // Every rank read the same checkpoint: all stop here at once.
+    if (first_step > f.steps) {
+      throw zero::ConfigError("--steps " + std::to_string(f.steps) +
+                              ": the resumed checkpoint is at step " +
+                              std::to_string(resumed.step) +
+                              ", so no step is left to train (--steps counts from the run's "
+                              "first step; give more than " +
+                              std::to_string(resumed.step) + ")");
+    }
+    if (leader && f.seed && *f.seed != resumed.seed) {
+      std::fprintf(stderr,
+                   "zero-train: warning: --seed %llu is ignored: a resumed run keeps its "
+                   "checkpoint's seed %llu\n",
+                   static_cast<unsigned long long>(*f.seed),
+                   static_cast<unsigned long long>(resumed.seed));
+    }
     if (leader) {
       std::printf("resumed from %s at step %ld\n", f.resume.c_str(), resumed.step);
       const std::optional<long> saved =
@@ -154,6 +171,15 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
                      f.save_dir.c_str(), *saved, resumed.step);
       }
     }
+  }
+  // Validation runs on the multiples of --val-every; a resumed run may have none among its steps.
+  const long first_validation =
+      (first_step + f.val_every - 1) / std::max(f.val_every, 1L) * f.val_every;
+  if (leader && f.val_every > 0 && first_validation > f.steps) {
+    std::fprintf(stderr,
+                 "zero-train: warning: no step of this run (%ld to %ld) is a multiple of "
+                 "--val-every %ld: it does not validate\n",
+                 first_step, f.steps, f.val_every);
   }
   task.start(engine, data_seed);
   // The budget reserved the model's activations outside the engine (main); those the model now
@@ -566,6 +592,7 @@ int main(int argc, char** argv) {
   if (rank == 0) {
     for (const std::string& line : config.resolved_auto) std::printf("config: %s\n", line.c_str());
     for (const std::string& line : config.ignored_keys) std::printf("config: %s\n", line.c_str());
+    for (const std::string& line : task->notes()) std::printf("%s\n", line.c_str());
     if (flags.cuda && config.engine.offload_optimizer.device != zero::OffloadDevice::kNone) {
       std::printf(
           "host threads per rank: %d (%s)\n", config.engine.kernel_threads,

@@ -53,6 +53,16 @@ expect "--seq-len 65 is longer than the block size 64 (the position embedding's 
 expect "GPT-2 n_embd (64) must be a multiple of n_head (5)" \
   --model gpt2 --data "$tokens" --n-embd 64 --n-head 5
 expect "--val-every needs --val-data" --model gpt2 --data "$tokens" --val-every 10
+# Validation that would never run, or repeat its data.
+expect "--val-data needs --val-every K (validate every K steps)" \
+  --model gpt2 --data "$tokens" --val-data "$tokens"
+expect "--val-every 50 is more than --steps 20: no step would validate" \
+  --model gpt2 --data "$tokens" --val-data "$tokens" --val-every 50 --steps 20
+small=(--n-layer 2 --n-head 4 --n-embd 64 --vocab-size 256 --block-size 64 --seq-len 32
+  --global-batch 4)
+expect "--val-batches 2 is more than the 1 batch of 4 x 32 tokens that --val-data $tokens \
+holds: validation would repeat them" \
+  --model gpt2 "${small[@]}" --data "$tokens" --val-data "$tokens" --val-every 1 --val-batches 2
 expect "--init-from and --resume both give the weights: the checkpoint has them" \
   --model gpt2 --data "$tokens" --init-from x.safetensors --resume ckpt
 # Input files that are not regular files, or too large for what they are: refused before they
@@ -66,7 +76,8 @@ expect "config file \"/dev/zero\" is not a regular file" --config /dev/zero
 expect "config file \"$work/huge.json\" is larger than 1 MiB (1048576 bytes), the most a config \
 may hold" --config "$work/huge.json"
 expect "$work/fifo is not a regular file" --model gpt2 --data "$work/fifo"
-expect "$work/fifo is not a regular file" --model gpt2 --data "$tokens" --val-data "$work/fifo"
+expect "$work/fifo is not a regular file" --model gpt2 --data "$tokens" --val-data "$work/fifo" \
+  --val-every 1
 if [[ $failures -ne 0 ]]; then
   echo "$failures usage error(s) not reported as expected"
   exit 1
