@@ -19,7 +19,6 @@
 
 #include <signal.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -173,9 +172,8 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
     }
   }
   // Validation runs on the multiples of --val-every; a resumed run may have none among its steps.
-  const long first_validation =
-      (first_step + f.val_every - 1) / std::max(f.val_every, 1L) * f.val_every;
-  if (leader && f.val_every > 0 && first_validation > f.steps) {
+  if (leader && f.val_every > 0 &&
+      (first_step + f.val_every - 1) / f.val_every * f.val_every > f.steps) {
     std::fprintf(stderr,
                  "zero-train: warning: no step of this run (%ld to %ld) is a multiple of "
                  "--val-every %ld: it does not validate\n",
