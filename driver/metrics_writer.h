@@ -4,7 +4,6 @@
 // non-finite value (the norm of an overflowing step) null.
 #pragma once
 
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -26,14 +25,20 @@ class MetricsWriter {
 
   // Not open: write() does nothing.
   MetricsWriter() = default;
-  // Throws zero::Error "cannot open metrics file 'PATH' for writing".
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+  // Throws zero::Error "cannot open metrics file 'PATH' for writing: REASON".
   void open(const std::string& path, Mode mode);
-  bool is_open() const { return out_.is_open(); }
-  // One record as one line, flushed at once (a killed run keeps every record it wrote).
+  bool is_open() const { return fd_ >= 0; }
+  // One record as one line, written through at once (a killed run keeps every record it wrote).
+  // A write that fails (a full disk) throws zero::Error "cannot write metrics file 'PATH':
+  // REASON", and the file is cut back to its last whole record.
   void write(const JsonRecord& record);
 
  private:
-  std::ofstream out_;
+  std::string path_;
+  int fd_ = -1;
 };
 
 // Writes `records` to `path` as one JSON array, a record a line; false when the file cannot be

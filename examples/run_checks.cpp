@@ -14,11 +14,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
+#include <vector>
 
 #include "zero/collectives/mpi_check.h"
 
@@ -133,6 +135,77 @@ std::string unusable_save_dir(const std::string& dir) {
   }
   if (access(dir.c_str(), W_OK) != 0) return "'" + dir + "' is not writable";
   return "";
+}
+
+namespace {
+
+// The step of a step directory's name ("step_00000010" -> 10), or nullopt for another name
+// (".tmp_step_N" of an unfinished save included).
+std::optional<long> step_of(const std::string& name) {
+  const std::string prefix = "step_";
+  if (name.compare(0, prefix.size(), prefix) != 0 || name.size() == prefix.size()) {
+    return std::nullopt;
+  }
+  long step = 0;
+  for (size_t i = prefix.size(); i < name.size(); ++i) {
+    const char c = name[i];
+    if (c < '0' || c > '9' || step > (std::numeric_limits<long>::max() - 9) / 10) {
+      return std::nullopt;
+    }
+    step = step * 10 + (c - '0');
+  }
+  return step;
+}
+
+// The entries of a directory by name, each with whether it is a directory; none when it cannot
+// be read.
+std::vector<std::pair<std::string, bool>> entries_of(const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::pair<std::string, bool>> entries;
+  std::error_code error;
+  for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
+    std::error_code type_error;
+    entries.emplace_back(it->path().filename().string(), it->is_directory(type_error));
+  }
+  return entries;
+}
+
+}  // namespace
+
+std::optional<long> newest_saved_step(const std::string& dir) {
+  std::vector<std::filesystem::path> places = {dir};
+  for (const auto& [name, is_directory] : entries_of(dir)) {
+    if (is_directory && name.compare(0, 8, "tp_rank_") == 0) places.push_back(dir + "/" + name);
+  }
+  std::optional<long> newest;
+  for (const std::filesystem::path& place : places) {
+    for (const auto& [name, is_directory] : entries_of(place)) {
+      const std::optional<long> step = step_of(name);
+      if (step && is_directory && (!newest || *step > *newest)) newest = step;
+    }
+  }
+  return newest;
+}
+
+bool is_within(const std::string& path, const std::string& dir) {
+  namespace fs = std::filesystem;
+  const auto resolved = [](const std::string& p, bool* ok) {
+    std::error_code absolute_error, canonical_error;
+    const fs::path result = fs::weakly_canonical(fs::absolute(p, absolute_error), canonical_error);
+    *ok = !absolute_error && !canonical_error;
+    return result;
+  };
+  bool path_ok = false, dir_ok = false;
+  const fs::path inner = resolved(path, &path_ok);
+  const fs::path outer = resolved(dir, &dir_ok);
+  if (!path_ok || !dir_ok) return false;
+  auto i = inner.begin();
+  for (auto o = outer.begin(); o != outer.end(); ++o, ++i) {
+    // A trailing separator is an empty last element: "DIR/" is DIR.
+    if (o->empty()) return true;
+    if (i == inner.end() || *i != *o) return false;
+  }
+  return true;
 }
 
 SaveDirLock::SaveDirLock(const std::string& dir) {

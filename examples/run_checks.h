@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,6 +31,14 @@ std::string unwritable_file(const std::string& path);
 // Why `dir` cannot hold checkpoints (a file, or not creatable or writable), or "". Creates the
 // directory (and its parents) when it is missing, as the first save would.
 std::string unusable_save_dir(const std::string& dir);
+
+// The newest step whose checkpoint `dir` holds (its step_N directories, and those in tp_rank_RR/
+// of a tensor-parallel save), or nullopt when it holds none or cannot be read.
+std::optional<long> newest_saved_step(const std::string& dir);
+
+// Whether `path` is `dir` or lies under it, once both are made absolute and their symbolic links
+// resolved (as far as they exist).
+bool is_within(const std::string& path, const std::string& dir);
 
 // An exclusive lock on a save directory for the life of the object (flock on a lock file in
 // it): a second job that points at the same directory is refused at start instead of deleting

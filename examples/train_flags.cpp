@@ -167,6 +167,14 @@ void check_model_flags(Flags* f) {
   if (f->data.empty())
     usage_error("--model gpt2 needs --data FILES (token files; see zero-tokenize)");
   if (f->val_every > 0 && f->val_data.empty()) usage_error("--val-every needs --val-data");
+  if (f->val_batches && f->val_data.empty()) usage_error("--val-batches needs --val-data");
+  if (!f->val_data.empty() && f->val_every == 0) {
+    usage_error("--val-data needs --val-every K (validate every K steps)");
+  }
+  if (f->val_every > f->steps) {
+    usage_error("--val-every " + std::to_string(f->val_every) + " is more than --steps " +
+                std::to_string(f->steps) + ": no step would validate");
+  }
   try {
     zero::models::check_gpt2_config(f->gpt2);
   } catch (const zero::Error& e) {
@@ -498,7 +506,7 @@ std::vector<zero::examples::Setting> run_description(const Flags& f,
     model << "gpt2 " << g.n_layer << "x" << g.n_embd << " heads " << g.n_head << " vocab "
           << g.vocab_size << " block " << g.block_size << " seq " << f.seq_len << " decay_all "
           << !g.decay_matrices_only << " data " << f.data << " val " << f.val_data << " every "
-          << f.val_every << " x" << f.val_batches << " init " << f.init_from;
+          << f.val_every << " x" << f.val_batches.value_or(0) << " init " << f.init_from;
     model << " recompute " << tc.activation_checkpointing.mode << " checkpoints "
           << tc.activation_checkpointing.number_checkpoints << " contiguous "
           << tc.activation_checkpointing.contiguous_memory_optimization << " profile "

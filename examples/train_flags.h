@@ -24,6 +24,9 @@ struct Fault {
   long step = 0;
 };
 
+// Validation batches when --val-batches does not say.
+constexpr long kDefaultValBatches = 4;
+
 // Flags as given: unset ones leave the config file's (or the built-in default's) value.
 struct Flags {
   std::string model = "mlp";
@@ -54,7 +57,7 @@ struct Flags {
   std::string data;
   std::string val_data;
   long val_every = 0;
-  long val_batches = 4;
+  std::optional<long> val_batches;  // absent: kDefaultValBatches, or fewer when the set is smaller
   std::string init_from;
   // --activation-checkpointing and --number-checkpoints (over the config's
   // activation_checkpointing.mode and number_checkpoints).

@@ -2,6 +2,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <optional>
 #include <sstream>
 #include <utility>
@@ -52,6 +53,7 @@ class MlpTask : public TrainTask {
     return models::mse_loss(output, targets_.to(output.device()), grad);
   }
   int64_t tokens_per_sample() const override { return 1; }
+  std::vector<std::string> notes() const override { return {}; }
   bool validates(long) const override { return false; }
   float validation_loss(ZeroModel&, Communicator&) override { return 0.0f; }
 
@@ -96,7 +98,6 @@ class Gpt2Task : public TrainTask {
         micro_batches_(micro_batches),
         init_from_(f.init_from),
         val_every_(f.val_every),
-        val_batches_(f.val_batches),
         kernel_threads_(kernel_threads),
         train_(f.data) {
     // The modules are made on the rank's tensor-parallel group (take_modules); the sizes and
@@ -111,7 +112,7 @@ class Gpt2Task : public TrainTask {
     }
     // A batch must fit in the data; the error says how many tokens it needs.
     train_.batches_per_pass(static_cast<int>(global_batch_), seq_len_);
-    if (val_) val_->batches_per_pass(static_cast<int>(global_batch_), seq_len_);
+    if (val_) choose_val_batches(f);
   }
 
   std::string description() const override {
@@ -161,6 +162,7 @@ class Gpt2Task : public TrainTask {
     return output.to_host()[0];
   }
   int64_t tokens_per_sample() const override { return seq_len_; }
+  std::vector<std::string> notes() const override { return notes_; }
 
   bool validates(long step) const override {
     return val_ && val_every_ > 0 && step % val_every_ == 0;
@@ -277,6 +279,26 @@ class Gpt2Task : public TrainTask {
                              std::to_string(bytes.nvme_checkpoints / blocks) + " bytes)");
   }
 
+  // Validation reads each batch of the set at most once: --val-batches may not ask for more than
+  // it holds, and the default takes what there is when the set is smaller.
+  void choose_val_batches(const Flags& f) {
+    const long held = val_->batches_per_pass(static_cast<int>(global_batch_), seq_len_);
+    const std::string batches = std::to_string(held) + (held == 1 ? " batch" : " batches") +
+                                " of " + std::to_string(global_batch_) + " x " +
+                                std::to_string(seq_len_) + " tokens";
+    ZERO_CHECK(!f.val_batches || *f.val_batches <= held,
+               "--val-batches " << *f.val_batches << " is more than the " << batches
+                                << " that --val-data " << f.val_data
+                                << " holds: validation would repeat them");
+    val_batches_ = f.val_batches.value_or(std::min(kDefaultValBatches, held));
+    if (!f.val_batches && held < kDefaultValBatches) {
+      notes_.push_back("validation: --val-data " + f.val_data + " holds " + batches +
+                       ", fewer than the default --val-batches " +
+                       std::to_string(kDefaultValBatches) + ": each validation takes " +
+                       (held == 1 ? "that 1" : "those " + std::to_string(held)));
+    }
+  }
+
   // Every token must index the embedding: checked once, before training, naming the first bad one.
   void check_vocabulary(const models::TokenData& data, const char* flag) const {
     const std::optional<models::TokenLocation> bad = data.first_token_at_least(config_.vocab_size);
@@ -320,7 +342,8 @@ class Gpt2Task : public TrainTask {
   int micro_batches_;
   std::string init_from_;
   long val_every_;
-  long val_batches_;
+  long val_batches_ = 0;
+  std::vector<std::string> notes_;
   int kernel_threads_;
   int tensor_parallel_rank_ = 0;
   models::TokenData train_;

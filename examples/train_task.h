@@ -37,6 +37,10 @@ class TrainTask : public models::MicroBatchSource {
   // Tokens in one sample (1 for the MLP): tokens_per_s in the metrics.
   virtual int64_t tokens_per_sample() const = 0;
 
+  // Lines for rank 0 to print at start: what the task chose that the command line did not say
+  // (fewer validation batches than the default, when the set holds fewer).
+  virtual std::vector<std::string> notes() const = 0;
+
   // Validation (--val-data): every K steps the mean loss over the validation batches, forward
   // only. False when the run has none.
   virtual bool validates(long step) const = 0;

@@ -81,6 +81,21 @@ double mib(uint64_t bytes) {
   return static_cast<double>(bytes) / (1 << 20);
 }
 
+// An error of this rank alone (rank 0's metrics or trace file on a full disk): it ends the job
+// at once with exit code 1. Unwinding would not: the engine's communicators free their shared
+// windows collectively, and the other ranks are elsewhere.
+template <typename Write>
+void or_end_job(Write&& write) {
+  try {
+    write();
+  } catch (const std::exception& e) {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    std::cerr << ("zero-train: rank " + std::to_string(rank) + ": error: " + e.what() + "\n");
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+}
+
 // The engine shards over the data-parallel group (`comm`); rank and world are this rank's place
 // in it, which cuts the batch. Rank 0 of the world (`leader`) prints and writes the metrics.
 void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::TrainTask& task,
@@ -132,9 +147,42 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
                           zero::LoadOptions{tc.override_optimizer});
     first_step = resumed.step + 1;
     data_seed = resumed.seed;
+    // Every rank read the same checkpoint: all stop here at once.
+    if (first_step > f.steps) {
+      throw zero::ConfigError("--steps " + std::to_string(f.steps) +
+                              ": the resumed checkpoint is at step " +
+                              std::to_string(resumed.step) +
+                              ", so no step is left to train (--steps counts from the run's "
+                              "first step; give more than " +
+                              std::to_string(resumed.step) + ")");
+    }
+    if (leader && f.seed && *f.seed != resumed.seed) {
+      std::fprintf(stderr,
+                   "zero-train: warning: --seed %llu is ignored: a resumed run keeps its "
+                   "checkpoint's seed %llu\n",
+                   static_cast<unsigned long long>(*f.seed),
+                   static_cast<unsigned long long>(resumed.seed));
+    }
     if (leader) {
       std::printf("resumed from %s at step %ld\n", f.resume.c_str(), resumed.step);
+      const std::optional<long> saved =
+          f.save_dir.empty() ? std::nullopt : zero::examples::newest_saved_step(f.save_dir);
+      if (saved && *saved > resumed.step) {
+        std::fprintf(stderr,
+                     "zero-train: warning: --save-dir %s holds checkpoints up to step %ld and "
+                     "this run resumed step %ld: its saves replace those of the steps it "
+                     "reaches, and latest moves back to them\n",
+                     f.save_dir.c_str(), *saved, resumed.step);
+      }
     }
+  }
+  // Validation runs on the multiples of --val-every; a resumed run may have none among its steps.
+  if (leader && f.val_every > 0 &&
+      (first_step + f.val_every - 1) / f.val_every * f.val_every > f.steps) {
+    std::fprintf(stderr,
+                 "zero-train: warning: no step of this run (%ld to %ld) is a multiple of "
+                 "--val-every %ld: it does not validate\n",
+                 first_step, f.steps, f.val_every);
   }
   task.start(engine, data_seed);
   // The budget reserved the model's activations outside the engine (main); those the model now
@@ -147,9 +195,13 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
   // A resumed run appends to the metrics file it continues, after a record marking the resume.
   zero::driver::MetricsWriter metrics;
   if (leader && !f.metrics.empty()) {
-    metrics.open(f.metrics, f.resume.empty() ? zero::driver::MetricsWriter::Mode::kTruncate
-                                             : zero::driver::MetricsWriter::Mode::kAppend);
-    if (!f.resume.empty()) metrics.write(JsonRecord{{"event", "resume"}, {"step", first_step - 1}});
+    or_end_job([&] {
+      metrics.open(f.metrics, f.resume.empty() ? zero::driver::MetricsWriter::Mode::kTruncate
+                                               : zero::driver::MetricsWriter::Mode::kAppend);
+      if (!f.resume.empty()) {
+        metrics.write(JsonRecord{{"event", "resume"}, {"step", first_step - 1}});
+      }
+    });
   }
   if (leader && !f.save_dir.empty() && f.save_every == 0) {
     std::printf(
@@ -223,7 +275,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
     init.update(task.model_record());
     init["activation_bytes_planned"] = task.activation_bytes(per_micro_batch);
     init["activation_bytes_counted_planned"] = task.counted_activation_bytes(per_micro_batch);
-    metrics.write(init);
+    or_end_job([&] { metrics.write(init); });
   }
 
   for (long step = first_step; step <= f.steps; ++step) {
@@ -347,14 +399,14 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
     if (val_loss) record["val_loss"] = json_number(*val_loss);
     record.update(activations);
     record.update(block_times);
-    metrics.write(record);
+    or_end_job([&] { metrics.write(record); });
   }
   if (!f.trace.empty()) {
     // With tensor parallelism the engine's group is one data-parallel group of several: the
     // trace gathers over the whole world instead, so one file holds every rank (pid = rank).
     std::unique_ptr<zero::Communicator> everyone;
     if (tensor_parallel != nullptr) everyone = zero::make_mpi_communicator();
-    engine.trace().write_chrome_trace(everyone ? *everyone : host, f.trace);
+    or_end_job([&] { engine.trace().write_chrome_trace(everyone ? *everyone : host, f.trace); });
     if (leader) std::printf("trace written to %s\n", f.trace.c_str());
   }
 }
@@ -379,6 +431,22 @@ void check_outputs(const Flags& f, int rank, std::optional<zero::examples::SaveD
       } catch (const std::runtime_error& e) {
         throw SetupError(std::string("--save-dir: ") + e.what());
       }
+    }
+    // Another run's checkpoints are not overwritten by surprise: its step directories would be
+    // replaced by this run's of the same steps, and `latest` would move back to them.
+    const std::optional<long> saved = zero::examples::newest_saved_step(f.save_dir);
+    const std::string holds = "--save-dir " + f.save_dir +
+                              " already holds checkpoints up to step " +
+                              (saved ? std::to_string(*saved) : "");
+    if (saved && f.resume.empty()) {
+      throw SetupError(holds +
+                       "; pass --resume latest to continue that run, or choose another "
+                       "--save-dir");
+    }
+    if (saved && f.resume != "latest" && !zero::examples::is_within(f.resume, f.save_dir)) {
+      throw SetupError(holds + ", and --resume " + f.resume +
+                       " is not one of them; resume with --resume latest, or choose another "
+                       "--save-dir");
     }
   }
   if (rank != 0) return;
@@ -529,6 +597,7 @@ int main(int argc, char** argv) {
   if (rank == 0) {
     for (const std::string& line : config.resolved_auto) std::printf("config: %s\n", line.c_str());
     for (const std::string& line : config.ignored_keys) std::printf("config: %s\n", line.c_str());
+    for (const std::string& line : task->notes()) std::printf("%s\n", line.c_str());
     if (flags.cuda && config.engine.offload_optimizer.device != zero::OffloadDevice::kNone) {
       std::printf(
           "host threads per rank: %d (%s)\n", config.engine.kernel_threads,

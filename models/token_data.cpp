@@ -136,7 +136,9 @@ void write_token_file(const std::string& path, const std::vector<uint16_t>& toke
 TokenData::TokenData(const std::string& spec) : spec_(spec) {
   try {
     for (const std::string& file : expand_token_files(spec)) {
-      Fd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
+      // Without blocking: a named pipe would block open() until a writer came; it is then
+      // refused as not a regular file.
+      Fd fd(::open(file.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
       ZERO_CHECK(fd.get() >= 0, "cannot open " << file << ": " << errno_text());
       struct stat st {};
       ZERO_CHECK(::fstat(fd.get(), &st) == 0, "cannot stat " << file << ": " << errno_text());

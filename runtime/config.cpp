@@ -7,9 +7,12 @@
 // Every problem is a ConfigError naming the key; the first one found stops the parse.
 #include "zero/runtime/config.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -441,20 +444,44 @@ TrainingConfig parse_training_config(const std::string& text, int world_size,
 
 TrainingConfig load_training_config(const std::string& path, int world_size,
                                     const ConfigContext& context) {
-  std::FILE* file = std::fopen(path.c_str(), "rb");
-  if (file == nullptr) {
+  // Opened without blocking and checked before a byte is read: a named pipe would block open()
+  // until a writer came, and a device such as /dev/zero never ends.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
     config_error("cannot open config file " + in_quotes(path) + ": " + std::strerror(errno));
   }
   std::string text;
-  char chunk[65536];
-  size_t n = 0;
-  while ((n = std::fread(chunk, 1, sizeof(chunk), file)) > 0) text.append(chunk, n);
-  const bool failed = std::ferror(file) != 0;
-  const int read_errno = errno;
-  std::fclose(file);
-  if (failed) {
-    config_error("cannot read config file " + in_quotes(path) + ": " + std::strerror(read_errno));
+  std::string problem;
+  struct stat info {};
+  if (::fstat(fd, &info) != 0) {
+    problem =
+        std::string("cannot stat config file ") + in_quotes(path) + ": " + std::strerror(errno);
+  } else if (!S_ISREG(info.st_mode)) {
+    problem = "config file " + in_quotes(path) + " is not a regular file";
+  } else {
+    // One byte past the cap tells a file at the cap from a longer one (a file that grows while
+    // read, or one of /proc whose size says 0, included).
+    text.resize(kMaxConfigBytes + 1);
+    size_t done = 0;
+    while (done < text.size()) {
+      const ssize_t n = ::read(fd, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        problem = "cannot read config file " + in_quotes(path) + ": " + std::strerror(errno);
+        break;
+      }
+      if (n == 0) break;
+      done += static_cast<size_t>(n);
+    }
+    text.resize(done);
+    if (problem.empty() && done > kMaxConfigBytes) {
+      problem = "config file " + in_quotes(path) + " is larger than " +
+                std::to_string(kMaxConfigBytes >> 20) + " MiB (" + std::to_string(kMaxConfigBytes) +
+                " bytes), the most a config may hold";
+    }
   }
+  ::close(fd);  // read-only: nothing to lose on a failing close
+  if (!problem.empty()) config_error(problem);
   return parse_training_config(text, world_size, path, context);
 }
 

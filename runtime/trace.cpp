@@ -1,11 +1,15 @@
 #include "zero/runtime/trace.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <iomanip>
+#include <sstream>
 #include <utility>
 
 #include "zero/collectives/communicator.h"
@@ -37,6 +41,39 @@ std::string json_escape(const std::string& s) {
   }
   return out;
 }
+
+// The trace file, every write and the close checked: a full disk is an error naming the file.
+class TraceFile {
+ public:
+  explicit TraceFile(const std::string& path) : path_(path) {
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    ZERO_CHECK(fd_ >= 0,
+               "cannot open trace file '" << path << "' for writing: " << std::strerror(errno));
+  }
+  ~TraceFile() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  TraceFile(const TraceFile&) = delete;
+  TraceFile& operator=(const TraceFile&) = delete;
+
+  void write(const std::string& text) {
+    size_t done = 0;
+    while (done < text.size()) {
+      const ssize_t n = ::write(fd_, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      ZERO_CHECK(n >= 0, "cannot write trace file '" << path_ << "': " << std::strerror(errno));
+      done += static_cast<size_t>(n);
+    }
+  }
+  void close() {
+    const int result = ::close(std::exchange(fd_, -1));
+    ZERO_CHECK(result == 0, "cannot write trace file '" << path_ << "': " << std::strerror(errno));
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
 
 }  // namespace
 
@@ -77,8 +114,8 @@ void Trace::write_chrome_trace(Communicator& comm, const std::string& path) cons
   comm.all_gather_bytes_sync(text.data(), all.data(), longest);
   if (comm.rank() != 0) return;
 
-  std::ofstream out(path);
-  ZERO_CHECK(out.good(), "cannot open trace file '" << path << "' for writing");
+  TraceFile file(path);
+  std::ostringstream out;
   // Microsecond timestamps of a long-running machine need all their digits: fixed notation.
   out << std::fixed << std::setprecision(3);
   out << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
@@ -111,9 +148,13 @@ void Trace::write_chrome_trace(Communicator& comm, const std::string& path) cons
       if (comm_flag) out << ",\"args\":{\"bytes\":" << bytes << "}";
       out << "}";
     }
+    // A rank's events at a time: the text in memory stays one rank's.
+    file.write(out.str());
+    out.str("");
   }
   out << "\n]}\n";
-  ZERO_CHECK(out.good(), "error writing trace file '" << path << "'");
+  file.write(out.str());
+  file.close();
 }
 
 ScopedSpan::ScopedSpan(Trace& trace, std::string name) : trace_(trace) {

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# zero-train's bad command lines: each exits 2 with its exact message, before MPI starts.
+# zero-train's bad command lines and input files: each exits 2 with its exact message, before
+# training starts, and within 30 seconds (a file that blocks or never ends must not hang it).
 #   zero_train_usage_errors.sh ZERO_TRAIN
 set -uo pipefail
 zero_train="$1"
@@ -8,7 +9,7 @@ expect() {
   local message="$1"
   shift
   local output
-  output="$("$zero_train" "$@" 2>&1)"
+  output="$(timeout 30 "$zero_train" "$@" 2>&1)"
   local rc=$?
   if [[ $rc -ne 2 ]] || ! grep -qF -- "zero-train: $message" <<<"$output"; then
     echo "FAIL: zero-train $* -> exit $rc, expected 2 and 'zero-train: $message'; got:"
@@ -52,10 +53,33 @@ expect "--seq-len 65 is longer than the block size 64 (the position embedding's 
 expect "GPT-2 n_embd (64) must be a multiple of n_head (5)" \
   --model gpt2 --data "$tokens" --n-embd 64 --n-head 5
 expect "--val-every needs --val-data" --model gpt2 --data "$tokens" --val-every 10
+# Validation that would never run, or repeat its data.
+expect "--val-data needs --val-every K (validate every K steps)" \
+  --model gpt2 --data "$tokens" --val-data "$tokens"
+expect "--val-every 50 is more than --steps 20: no step would validate" \
+  --model gpt2 --data "$tokens" --val-data "$tokens" --val-every 50 --steps 20
+small=(--n-layer 2 --n-head 4 --n-embd 64 --vocab-size 256 --block-size 64 --seq-len 32
+  --global-batch 4)
+expect "--val-batches 2 is more than the 1 batch of 4 x 32 tokens that --val-data $tokens \
+holds: validation would repeat them" \
+  --model gpt2 "${small[@]}" --data "$tokens" --val-data "$tokens" --val-every 1 --val-batches 2
 expect "--init-from and --resume both give the weights: the checkpoint has them" \
   --model gpt2 --data "$tokens" --init-from x.safetensors --resume ckpt
+# Input files that are not regular files, or too large for what they are: refused before they
+# are read (a named pipe would block in open(), /dev/zero fill the memory).
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+mkfifo "$work/fifo"
+head -c 2097152 /dev/zero | tr '\0' ' ' >"$work/huge.json"
+expect "config file \"$work/fifo\" is not a regular file" --config "$work/fifo"
+expect "config file \"/dev/zero\" is not a regular file" --config /dev/zero
+expect "config file \"$work/huge.json\" is larger than 1 MiB (1048576 bytes), the most a config \
+may hold" --config "$work/huge.json"
+expect "$work/fifo is not a regular file" --model gpt2 --data "$work/fifo"
+expect "$work/fifo is not a regular file" --model gpt2 --data "$tokens" --val-data "$work/fifo" \
+  --val-every 1
 if [[ $failures -ne 0 ]]; then
   echo "$failures usage error(s) not reported as expected"
   exit 1
 fi
-echo "16 usage errors: each exited 2 with its message"
+echo "every usage error exited 2 with its message"

@@ -173,7 +173,10 @@ struct ConfigContext {
 TrainingConfig parse_training_config(const std::string& text, int world_size,
                                      const std::string& origin, const ConfigContext& context = {});
 
-// Reads the file at `path` and parses it as above; an unreadable file is a ConfigError too.
+// Reads the file at `path` and parses it as above. A file that cannot be read, is not a regular
+// file (a named pipe, a device) or is larger than kMaxConfigBytes is a ConfigError too, raised
+// before anything is read from it.
+constexpr size_t kMaxConfigBytes = size_t{1} << 20;
 TrainingConfig load_training_config(const std::string& path, int world_size,
                                     const ConfigContext& context = {});
 
