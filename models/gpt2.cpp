@@ -428,6 +428,12 @@ std::vector<ParamSpec> gpt2_param_specs(const Gpt2Config& config) {
       specs.push_back(std::move(d.spec));
     }
   }
+  // As ZeroModel marks them: the parameters a later module ties to.
+  for (const NamedModule& named : model.modules) {
+    for (const std::string& name : named.module->tied_parameters()) {
+      for (ParamSpec& spec : specs) spec.tied = spec.tied || spec.name == name;
+    }
+  }
   return specs;
 }
 

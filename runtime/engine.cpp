@@ -257,7 +257,7 @@ void Engine::Impl::place_collective_buffers() {
   }
   const size_t unit_buffer = rounded(layout.max_unit_numel() * elem);
   bytes += param_buffer_count(layout, config) * unit_buffer;
-  bytes += (uses_grad_buckets(config) ? 2 : 0) * unit_buffer;
+  bytes += grad_bucket_count(layout, config) * unit_buffer;
   bytes += rounded(fusion_bytes(layout, config));
   bytes +=
       rounded(max_staging_bytes(layout, config, [this](CollectiveOp op, size_t count, DType dtype) {
@@ -299,7 +299,7 @@ void Engine::Impl::allocate() {
     s.gathered = config.stage <= 2 || s.persistent;
   }
   param_pool.reserve(param_buffer_count(layout, config));
-  grad_pool.reserve(uses_grad_buckets(config) ? 2 : 0);
+  grad_pool.reserve(grad_bucket_count(layout, config));
   fusion = allocator.allocate(fusion_bytes(layout, config), MemoryCategory::kCommBuffer);
   const size_t staging_bytes =
       max_staging_bytes(layout, config, [this](CollectiveOp op, size_t count, DType dtype) {

@@ -249,6 +249,12 @@ DType accumulation_dtype(const EngineConfig& config);
 // into the kept full gradient.
 bool uses_grad_buckets(const EngineConfig& config);
 
+// Gradient buckets: two, so that backward fills one while the other's reduction reads it,
+// and one more for each unit a later module ties to (ParamSpec::tied), whose bucket is taken at
+// the tying module's backward and held until the unit's own: without it, every unit between
+// them would wait for the one before's reduction.
+size_t grad_bucket_count(const Layout& layout, const EngineConfig& config);
+
 // A bucket reduced in the working dtype needs fp32 scratch when the reduction runs in fp32.
 bool needs_fp32_scratch(const EngineConfig& config);
 

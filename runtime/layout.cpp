@@ -72,6 +72,7 @@ Layout Layout::build(const std::vector<ParamSpec>& specs, const LayoutOptions& o
     p.module = spec.module;
     p.trainable = spec.trainable;
     p.split = spec.split;
+    p.tied = spec.tied;
     // A unit is reduced and updated as a whole: a module's parameters are frozen or trained
     // together (FSDP's rule for a flat parameter). Its parameters are consecutive, so a mix
     // shows where the flag changes from one parameter to the next.
@@ -143,6 +144,7 @@ Layout Layout::build(const std::vector<ParamSpec>& specs, const LayoutOptions& o
     cursor[p.unit] = p.offset + p.numel;
     u.params.push_back(static_cast<int>(i));
     u.used = cursor[p.unit];
+    u.tied = u.tied || p.tied;
   }
   const size_t shard_multiple = align * static_cast<size_t>(options.world_size);
   for (Unit& u : layout.units_) {

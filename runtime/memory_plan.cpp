@@ -72,6 +72,15 @@ bool uses_grad_buckets(const EngineConfig& config) {
   return config.stage >= 2 || accumulation_dtype(config) != config.dtype;
 }
 
+size_t grad_bucket_count(const Layout& layout, const EngineConfig& config) {
+  if (!uses_grad_buckets(config)) return 0;
+  const size_t tied = static_cast<size_t>(
+      std::count_if(layout.units().begin(), layout.units().end(), [&](const Unit& unit) {
+        return unit.tied && unit.trainable && !is_persistent(unit, config);
+      }));
+  return 2 + tied;
+}
+
 bool needs_fp32_scratch(const EngineConfig& config) {
   const bool reduces_working_dtype =
       config.stage >= 2 || accumulation_dtype(config) == config.dtype;
@@ -203,7 +212,7 @@ MemoryPlan plan_memory(const Layout& layout, const EngineConfig& config) {
   const size_t max_unit = layout.max_unit_numel();
   const size_t w = dtype_size(config.dtype);
   plan.buffers += param_buffer_count(layout, config) * max_unit * w;
-  if (uses_grad_buckets(config)) plan.buffers += 2 * max_unit * w;  // double-buffered buckets
+  plan.buffers += grad_bucket_count(layout, config) * max_unit * w;
   if (needs_fp32_scratch(config)) plan.buffers += max_unit * sizeof(float);
   plan.buffers += fusion_bytes(layout, config);
   plan.buffers += planned_staging_bytes(layout, config);

@@ -232,6 +232,7 @@ ZeroModel::ZeroModel(Communicator& comm, std::vector<NamedModule> modules,
       ZERO_CHECK(std::find(params.begin(), params.end(), found->second) == params.end(),
                  module_label(modules_[m], m) << " ties to '" << name << "' twice");
       params.push_back(found->second);
+      decls[found->second].spec.tied = true;
     }
   }
   engine_ = std::make_unique<Engine>(comm, decls, config);

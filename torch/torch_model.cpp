@@ -213,6 +213,9 @@ void TorchModel::register_parameters(Communicator& comm, const EngineConfig& con
     ZERO_CHECK(unit_of.count(named.value().unsafeGetTensorImpl()) == 1,
                "TorchModel: parameter '" << named.key() << "' belongs to no unit");
   }
+  for (const std::vector<int>& ties : tied_params) {
+    for (int p : ties) decls[static_cast<size_t>(p)].spec.tied = true;
+  }
   // Every rank starts from rank 0's values, as DDP and FSDP broadcast them at wrapping.
   std::vector<torch::Tensor> values;
   for (const torch::Tensor& param : params_) {

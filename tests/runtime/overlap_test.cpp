@@ -66,16 +66,22 @@ struct StepTimes {
   StepStats stats;       // of that step
 };
 
+// A tie from the last unit to the first (the GPT-2's head reading wte): the last unit's
+// backward writes the first unit's gradient too, whose bucket is then held through backward.
+enum class Tie { kNone, kUndeclared, kDeclared };
+
 // Steps of a model of kUnits units whose compute is a sleep, driven with the engine's
 // primitives the way ZeroModel drives them (gather, prefetch the next, release; reduce as soon
 // as a unit's backward is done).
-StepTimes time_steps(int stage, bool overlap, std::chrono::microseconds delay) {
+StepTimes time_steps(int stage, bool overlap, std::chrono::microseconds delay,
+                     Tie tie = Tie::kNone) {
   DelayedCommunicator comm(make_mpi_communicator(), delay);
   std::vector<ParamDecl> params;
   for (int u = 0; u < kUnits; ++u) {
     params.push_back(
         ParamDecl{ParamSpec{"layer" + std::to_string(u) + ".weight", {64, 64}, u}, ParamInit{}});
   }
+  params.front().spec.tied = tie == Tie::kDeclared;
   EngineConfig config;
   config.stage = stage;
   config.overlap_comm = overlap;
@@ -94,6 +100,9 @@ StepTimes time_steps(int stage, bool overlap, std::chrono::microseconds delay) {
     for (int u = kUnits - 1; u >= 0; --u) {
       engine.gather(u);
       if (u > 0) engine.prefetch(u - 1);
+      if (u == kUnits - 1 && tie != Tie::kNone) {
+        std::fill_n(static_cast<float*>(engine.grad(0)), 64 * 64, 1e-3f);
+      }
       std::fill_n(static_cast<float*>(engine.grad(u)), 64 * 64, 1e-3f);
       std::this_thread::sleep_for(kCompute);
       engine.grads_ready(u);
@@ -126,6 +135,23 @@ TEST(Overlap, CollectivesHideBehindCompute) {
     EXPECT_GT(delayed.stats.comm_busy_ms, delayed.stats.collectives * kDelayMs * 0.9)
         << "stage " << stage;
     EXPECT_GE(delayed.stats.collectives, kUnits) << "stage " << stage;
+  }
+}
+
+// A tied unit's bucket is taken at the tying unit's backward and held until its own: with
+// only the two planned buckets the units between would share one, each waiting for the one
+// before's reduction (about d each). Declared (ParamSpec::tied), the tie has a bucket of its own.
+TEST(Overlap, TiedUnitHoldsABucketOfItsOwn) {
+  for (int stage : {2, 3}) {
+    const StepTimes undeclared = time_steps(stage, true, kDelay, Tie::kUndeclared);
+    const StepTimes declared = time_steps(stage, true, kDelay, Tie::kDeclared);
+    // kUnits - 2 units wait for the bucket when it is shared; allow one of them for the machine.
+    EXPECT_GT(undeclared.stats.comm_wait_ms - declared.stats.comm_wait_ms,
+              (kUnits - 3) * kDelayMs)
+        << "stage " << stage << ": comm wait " << undeclared.stats.comm_wait_ms
+        << " ms with the tie undeclared, " << declared.stats.comm_wait_ms << " ms declared";
+    EXPECT_GT(undeclared.step_ms - declared.step_ms, (kUnits - 3) * kDelayMs)
+        << "stage " << stage;
   }
 }
 

@@ -27,6 +27,10 @@ struct ParamSpec {
   // (tensor_split.h); shape is the slice's. Not split: whole and the same on every rank of the
   // tensor-parallel group. Checkpoints record it, so they can be resharded across group sizes.
   TensorSplit split{};
+  // Read by a later module too (a tie: the GPT-2's wte by its head). Backward writes its
+  // gradient from that later module on, so its unit holds a gradient bucket through most of
+  // backward; the engine plans one more bucket per such unit.
+  bool tied = false;
 };
 
 struct LayoutOptions {
@@ -52,6 +56,7 @@ struct ParamPlacement {
   size_t offset = 0;  // element offset inside the unit's flat buffer
   bool trainable = true;
   TensorSplit split{};  // ParamSpec::split
+  bool tied = false;    // ParamSpec::tied
 };
 
 struct Unit {
@@ -60,6 +65,7 @@ struct Unit {
   int last_module = 0;
   bool persistent = false;  // the small parameters of every module (persistent_below)
   bool trainable = true;    // false: frozen modules only (no gradient, no optimizer state)
+  bool tied = false;        // holds a parameter a later module reads too (ParamSpec::tied)
   size_t used = 0;          // elements up to the end of the last parameter
   size_t numel = 0;         // padded: a multiple of world_size * alignment elements
   size_t shard = 0;         // numel / world_size
