@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -122,7 +123,11 @@ TEST(FlightRecorder, FormatsOneRowPerEntryMostRecentLast) {
   FlightRecorder recorder;
   recorder.enqueued(7, CollectiveOp::kBarrier, DType::kFloat32, 0);
   recorder.started(7);
+  // Long enough that a duration printed as 0 or from the wrong ends cannot pass.
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
   recorder.finished(7, true);
+  const FlightEntry finished = recorder.entries().front();
+  const double seconds = std::chrono::duration<double>(finished.ended - finished.started).count();
   recorder.enqueued(8, CollectiveOp::kAllReduce, DType::kFloat32, 1000);
   recorder.started(8);
   recorder.enqueued(9, CollectiveOp::kBroadcast, DType::kBFloat16, 12);
@@ -141,7 +146,9 @@ TEST(FlightRecorder, FormatsOneRowPerEntryMostRecentLast) {
             (std::vector<std::string>{"[rank", "1]", "7", "barrier", "-", "0", "done"}));
   EXPECT_TRUE(is_time_of_day(done[7]) && is_time_of_day(done[8]) && is_time_of_day(done[9]))
       << lines[2];
-  EXPECT_GE(std::stod(done[10]), 0.0);
+  // The duration, to the printed millisecond, is the span from start to end.
+  EXPECT_GE(seconds, 0.030);
+  EXPECT_NEAR(std::stod(done[10]), seconds, 0.001) << lines[2];
   EXPECT_EQ(done[11], "s");
 
   const std::vector<std::string> running = columns_of(lines[3]);

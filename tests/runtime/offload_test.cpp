@@ -157,8 +157,9 @@ TEST(Offload, EveryAioSettingGivesTheSameTraining) {
 }
 
 // Each step reads every record once and writes it back once, whatever the pipelining, and says
-// so in its StepStats; the time blocked on the disk is part of the optimizer's time. In memory
-// there is no NVMe traffic.
+// so in its StepStats; the time blocked on the disk is part of the optimizer's time, and without
+// pipelining the update waits for every transfer it starts, so most of the disk's busy time is
+// time blocked on it. In memory there is no NVMe traffic.
 TEST(Offload, StepStatsCountEveryRecordOnceEachWay) {
   for (bool pipeline : {false, true}) {
     RunOptions o;
@@ -168,15 +169,22 @@ TEST(Offload, StepStatsCountEveryRecordOnceEachWay) {
     o.tweak = nvme(200, pipeline);
     const TrainResult run = train(o);
     ASSERT_EQ(run.stats.size(), 3u);
+    double wait_ms = 0.0;
+    double busy_ms = 0.0;
     for (const StepStats& stats : run.stats) {
       EXPECT_EQ(stats.nvme_read_bytes, run.nvme_bytes) << "pipeline " << pipeline;
       EXPECT_EQ(stats.nvme_write_bytes, run.nvme_bytes) << "pipeline " << pipeline;
       EXPECT_GT(stats.optimizer_ms, 0.0);
-      EXPECT_GE(stats.nvme_wait_ms, 0.0);
       EXPECT_LE(stats.nvme_wait_ms, stats.optimizer_ms);
       // The disk worked for the update within its span.
       EXPECT_GT(stats.nvme_busy_ms, 0.0);
       EXPECT_LE(stats.nvme_busy_ms, stats.optimizer_ms);
+      wait_ms += stats.nvme_wait_ms;
+      busy_ms += stats.nvme_busy_ms;
+    }
+    // Summed over the steps: a preempted thread that finds one transfer done adds nothing.
+    if (!pipeline) {
+      EXPECT_GE(wait_ms, busy_ms / 2) << "the update's waits for unpipelined transfers";
     }
   }
   RunOptions o;
@@ -588,6 +596,7 @@ TEST(ParamOffload, MemoryOfEachTierIsThePlan) {
     // written once.
     const uint64_t update_reads = dtype == DType::kFloat32 ? param_file : 0;
     ASSERT_EQ(run.stats.size(), host_run.stats.size()) << what;
+    double read_wait_ms = 0.0;
     for (size_t step = 0; step < run.stats.size(); ++step) {
       const StepStats& stats = run.stats[step];
       EXPECT_EQ(stats.nvme_write_bytes, run.nvme_bytes) << what;
@@ -597,8 +606,11 @@ TEST(ParamOffload, MemoryOfEachTierIsThePlan) {
       EXPECT_EQ(stats.nvme_read_bytes,
                 optimizer_file + host_run.stats[step].nvme_read_bytes + update_reads)
           << what;
-      EXPECT_GE(stats.nvme_param_read_wait_ms, 0.0) << what;
+      read_wait_ms += stats.nvme_param_read_wait_ms;
     }
+    // A gather's read starts when the gather is issued, and the tiny MLP leaves the stream
+    // little else to do first: it waits for reads, and says how long.
+    EXPECT_GT(read_wait_ms, 0.0) << what << ": the stream's waits for shard reads";
   }
 }
 
