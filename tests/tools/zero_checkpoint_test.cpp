@@ -45,6 +45,28 @@ TEST(ZeroCheckpoint, MissingCheckpointExitsWith1NamingIt) {
   EXPECT_NE(o.err.find("no checkpoint at /nonexistent/checkpoints"), std::string::npos) << o.err;
 }
 
+// A file that is no checkpoint (here 300 KB of text given where a 'latest' file goes) is named
+// with the reason and a short quote of its start, not printed whole into the error.
+TEST(ZeroCheckpoint, ANonCheckpointFileIsNamedNotPrinted) {
+  char name[] = "/tmp/zero_checkpoint_not_XXXXXX";
+  ASSERT_NE(mkdtemp(name), nullptr);
+  const std::string file = std::string(name) + "/notes.txt";
+  {
+    std::ofstream out(file);
+    for (int i = 0; i < 10000; ++i) out << "line " << i << " of a text that is no checkpoint\n";
+  }
+  for (const std::string command : {"info", "verify"}) {
+    const ProgramOutcome o = run_tool({command, file});
+    EXPECT_EQ(o.exit_code, 1) << o.err.substr(0, 300);
+    EXPECT_NE(o.err.find(file + " does not name a step directory"), std::string::npos)
+        << o.err.substr(0, 300);
+    EXPECT_NE(o.err.find("bytes starting 'line 0 of a text"), std::string::npos)
+        << o.err.substr(0, 300);
+    EXPECT_LT(o.err.size(), 400u) << o.err.substr(0, 300);
+  }
+  std::filesystem::remove_all(name);
+}
+
 TEST(ZeroCheckpoint, InfoVerifyAndExportOfASavedCheckpoint) {
   const std::string dir = ZERO_CHECKPOINT_FIXTURE;
   const ProgramOutcome info = run_tool({"info", dir});
