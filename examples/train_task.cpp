@@ -2,9 +2,13 @@
 
 #include <mpi.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <optional>
 #include <sstream>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "models/gpt2.h"
 #include "models/mlp.h"
@@ -146,10 +150,33 @@ class Gpt2Task : public TrainTask {
   }
   void start(Engine& engine, uint64_t) override {
     models::count_gpt2_activations(model_, engine.allocator());
-    if (!init_from_.empty()) {
+    if (init_from_.empty()) return;
+    // A bad file (missing, misshaped, not finite) is found before any rank writes its state:
+    // agreed across the ranks, it stops every one as a setup error (exit 2), naming the problem.
+    std::string problem;
+    try {
       models::load_gpt2_weights(engine, init_from_, config_.tensor_parallel_size,
                                 tensor_parallel_rank_);
+    } catch (const Error& e) {
+      problem = e.what();
     }
+    const int failed = problem.empty() ? 0 : 1;
+    int size = 1;
+    int rank = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    std::vector<int> failures(static_cast<size_t>(size));
+    MPI_Allgather(&failed, 1, MPI_INT, failures.data(), 1, MPI_INT, MPI_COMM_WORLD);
+    if (std::find(failures.begin(), failures.end(), 1) == failures.end()) return;
+    // zero-train prints rank 0's message; the first other rank that failed prints its own
+    // when rank 0's does not say it.
+    const auto first = std::find(failures.begin(), failures.end(), 1) - failures.begin();
+    if (failures[0] == 0 && rank == first) {
+      std::fprintf(stderr, "zero-train: rank %d: %s\n", rank, problem.c_str());
+    }
+    throw ConfigError(failed != 0 ? problem
+                                  : "--init-from " + init_from_ + ": rank " +
+                                        std::to_string(first) + " could not load it");
   }
 
   Tensor input(long step, int64_t first, int64_t count) override {
