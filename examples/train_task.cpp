@@ -70,6 +70,10 @@ class MlpTask : public TrainTask {
   }
   uint64_t counted_activation_bytes(int64_t) const override { return 0; }
   std::string activation_remedy(int64_t, uint64_t) const override { return ""; }
+  uint64_t least_activation_bytes(int64_t samples) const override {
+    return activation_bytes(samples);
+  }
+  std::vector<ParamSpec> param_specs() const override { return models::mlp_param_specs(config_); }
   // Each Linear computes its weight and bias gradients into fp32 tensors of its own, then adds
   // them into the engine's; with 16-bit storage it also converts its parameters to fp32.
   uint64_t module_bytes(DType dtype) const override {
@@ -233,6 +237,12 @@ class Gpt2Task : public TrainTask {
     }
     return "";
   }
+  uint64_t least_activation_bytes(int64_t samples) const override {
+    models::Gpt2Checkpointing full = checkpointing_;
+    full.recompute = models::Recompute::kFull;
+    return std::min(activation_bytes(checkpointing_, samples), activation_bytes(full, samples));
+  }
+  std::vector<ParamSpec> param_specs() const override { return models::gpt2_param_specs(config_); }
   // What the modules hold (the formula) is counted in the engine's allocator; the tensors in
   // flight and the batch are not.
   uint64_t counted_activation_bytes(int64_t samples) const override {
@@ -355,7 +365,60 @@ class Gpt2Task : public TrainTask {
   models::Gpt2 model_;
 };
 
+uint64_t saturating_sum(uint64_t a, uint64_t b) {
+  return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
 }  // namespace
+
+std::string out_of_memory_advice(const TrainTask& task, const EngineConfig& engine,
+                                 int data_parallel_size, int64_t samples, uint64_t budget) {
+  const uint64_t activations = task.activation_bytes(samples);
+  const uint64_t module_copies = task.module_bytes(engine.dtype);
+  const uint64_t least_activations = task.least_activation_bytes(samples);
+  // The engine's own plan comes on top: advice that leaves no room for it is no plan at all.
+  const int ranks = sharding_group_size(engine, data_parallel_size);
+  std::optional<Layout> layout;
+  uint64_t engine_bytes = UINT64_MAX;
+  std::string uncountable;
+  try {
+    layout.emplace(Layout::build(task.param_specs(), layout_options(engine, data_parallel_size)));
+    const MemoryPlan plan = plan_memory(*layout, engine);
+    engine_bytes = saturating_sum(plan.model_state, plan.buffers);
+  } catch (const Error& e) {
+    uncountable = e.what();
+  }
+  const uint64_t beside_engine = saturating_sum(engine_bytes, module_copies);
+  const std::string plan_here = "the engine's plan for this model (stage " +
+                                std::to_string(engine.stage) + " on " + std::to_string(ranks) +
+                                " rank(s))";
+  if (!uncountable.empty()) return plan_here + " cannot be counted: " + uncountable;
+  const std::string lower =
+      std::string("lower ") + (activations >= module_copies ? "--global-batch" : "the model size");
+  if (saturating_sum(beside_engine, least_activations) < budget) {
+    // Mostly activations: a checkpointing setting that would fit is the first remedy.
+    const std::string remedy =
+        activations >= module_copies ? task.activation_remedy(samples, budget - beside_engine) : "";
+    return !remedy.empty() ? remedy + ", or lower --global-batch" : lower;
+  }
+  if (beside_engine < budget) {
+    return plan_here + " needs " + human_bytes(engine_bytes) + " per rank, which leaves " +
+           human_bytes(budget - beside_engine) +
+           " for activations, and the lightest of this micro-batch need " +
+           human_bytes(least_activations) + ": lower --global-batch";
+  }
+  if (saturating_sum(module_copies, least_activations) >= budget) {
+    return lower + " (beside them " + plan_here + " needs " + human_bytes(engine_bytes) +
+           " per rank)";
+  }
+  // Nothing fits on these ranks: the plans that would, with the lightest activations beside.
+  const uint64_t room = budget - module_copies - least_activations;
+  return std::string(least_activations < activations ? "no activation checkpointing fits: " : "") +
+         plan_here + " alone needs " + human_bytes(engine_bytes) + " per rank, more than the " +
+         human_bytes(room) +
+         " a rank has beside the modules' copies and the lightest activations; " +
+         what_would_fit(*layout, engine, ranks, room);
+}
 
 std::unique_ptr<TrainTask> make_train_task(const Flags& flags, const TrainingConfig& config) {
   if (flags.model == "mlp") return std::make_unique<MlpTask>(flags.mlp);

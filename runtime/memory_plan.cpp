@@ -253,8 +253,8 @@ MemoryPlan plan_elsewhere(const Layout& layout, const EngineConfig& config, int 
   return plan_memory(Layout::build(specs, wanted), config);
 }
 
-std::string Engine::Impl::what_would_fit() const {
-  const uint64_t budget = allocator.limit();
+std::string what_would_fit(const Layout& layout, const EngineConfig& config, int world,
+                           uint64_t budget) {
   std::ostringstream out;
   out << "what the estimator says for this model (" << layout.numel() << " parameters, "
       << dtype_name(config.dtype) << ")";
@@ -275,6 +275,10 @@ std::string Engine::Impl::what_would_fit() const {
   for (int stage = 0; stage <= 3; ++stage) row(stage, world, stage == config.stage);
   for (int ranks : {world * 2, world * 4, world * 8}) row(3, ranks, false);
   return out.str();
+}
+
+std::string Engine::Impl::what_would_fit() const {
+  return zero::what_would_fit(layout, config, world, allocator.limit());
 }
 
 }  // namespace zero

@@ -366,6 +366,13 @@ struct MemoryPlan {
 };
 MemoryPlan plan_memory(const Layout& layout, const EngineConfig& config);
 
+// The estimator's view of this model on other stages and more ranks, for an out-of-memory
+// message: the plan (buffers included) for each stage on `world_size` ranks (those the state
+// is sharded over) and for stage 3 on 2, 4 and 8 times as many, each marked when it fits in
+// `budget` bytes (0: no budget to compare with).
+std::string what_would_fit(const Layout& layout, const EngineConfig& config, int world_size,
+                           uint64_t budget);
+
 // The ranks the model state is sharded over: the shard group's size with hybrid sharding
 // (mics_shard_size), else all world_size ranks. Throws for a mics_shard_size the world or the
 // config cannot use, naming the values.
