@@ -74,6 +74,7 @@ class MlpTask : public TrainTask {
     return activation_bytes(samples);
   }
   std::vector<ParamSpec> param_specs() const override { return models::mlp_param_specs(config_); }
+  std::vector<NvmeFileNeed> nvme_files(int64_t) const override { return {}; }
   // Each Linear computes its weight and bias gradients into fp32 tensors of its own, then adds
   // them into the engine's; with 16-bit storage it also converts its parameters to fp32.
   uint64_t module_bytes(DType dtype) const override {
@@ -243,6 +244,11 @@ class Gpt2Task : public TrainTask {
     return std::min(activation_bytes(checkpointing_, samples), activation_bytes(full, samples));
   }
   std::vector<ParamSpec> param_specs() const override { return models::gpt2_param_specs(config_); }
+  std::vector<NvmeFileNeed> nvme_files(int64_t samples) const override {
+    if (checkpointing_.nvme_path.empty()) return {};
+    return {{checkpointing_.nvme_path, formula(samples).nvme_checkpoints,
+             "rank " + std::to_string(checkpointing_.spill_rank) + "'s activation checkpoints"}};
+  }
   // What the modules hold (the formula) is counted in the engine's allocator; the tensors in
   // flight and the batch are not.
   uint64_t counted_activation_bytes(int64_t samples) const override {
@@ -418,6 +424,41 @@ std::string out_of_memory_advice(const TrainTask& task, const EngineConfig& engi
          human_bytes(room) +
          " a rank has beside the modules' copies and the lightest activations; " +
          what_would_fit(*layout, engine, ranks, room);
+}
+
+std::string nvme_setup_problem(const TrainTask& task, const TrainingConfig& config, bool cuda,
+                               int data_parallel_size) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::vector<NvmeFileNeed> files = task.nvme_files(config.micro_batch_per_rank);
+  const bool optimizer = config.engine.offload_optimizer.device == OffloadDevice::kNvme;
+  const bool params = config.engine.offload_param.device == OffloadDevice::kNvme;
+  std::string problem;
+  if (optimizer || params) {
+    // The engine's files as its plan has them (on a GPU the optimizer's records hold the
+    // master in fp32 too).
+    EngineConfig engine = config.engine;
+    if (cuda) engine.device = Device::cuda(0);
+    try {
+      const MemoryPlan plan = plan_memory(
+          Layout::build(task.param_specs(), layout_options(engine, data_parallel_size)), engine);
+      const std::string whose = "rank " + std::to_string(rank) + "'s ";
+      if (optimizer) {
+        files.push_back({engine.offload_optimizer.nvme_path, plan.nvme - plan.nvme_params,
+                         whose + "offloaded optimizer state (offload_optimizer.nvme_path)"});
+      }
+      if (params) {
+        files.push_back({engine.offload_param.nvme_path, plan.nvme_params,
+                         whose + "offloaded parameters (offload_param.nvme_path)"});
+      }
+    } catch (const Error& e) {
+      problem = e.what();
+    }
+  }
+  // Collective whatever this rank found, so no rank is left waiting.
+  const std::string found =
+      nvme_space_problem(problem.empty() ? files : std::vector<NvmeFileNeed>{});
+  return !problem.empty() ? problem : found;
 }
 
 std::unique_ptr<TrainTask> make_train_task(const Flags& flags, const TrainingConfig& config) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "driver/metrics_writer.h"
+#include "examples/nvme_space.h"
 #include "examples/train_flags.h"
 #include "models/gpt2.h"
 #include "models/train_step.h"
@@ -58,6 +59,9 @@ class TrainTask : public models::MicroBatchSource {
   // The parameters the modules will declare (this rank's, in the engine's order): the engine's
   // memory plan before the modules are made.
   virtual std::vector<ParamSpec> param_specs() const = 0;
+  // The files the model makes under an NVMe path for `samples` per micro-batch (the GPT-2's
+  // activation spill); none for most.
+  virtual std::vector<NvmeFileNeed> nvme_files(int64_t samples_per_micro_batch) const = 0;
   // Host memory the modules keep beside the engine's for the run: their fp32 working copies of
   // parameters and gradients (what a module computes in before adding it into the engine's
   // storage), for the working dtype.
@@ -81,6 +85,13 @@ class TrainTask : public models::MicroBatchSource {
 // what that plan needs and the estimator's plans on other stages and more ranks.
 std::string out_of_memory_advice(const TrainTask& task, const EngineConfig& engine,
                                  int data_parallel_size, int64_t samples, uint64_t budget);
+
+// Collective over MPI_COMM_WORLD, before the engine: the NVMe files of this rank (the engine's
+// offloads, by its plan on `data_parallel_size` ranks, and the task's) checked one by one and
+// summed over each node's ranks by file system (nvme_space_problem). The same message on every
+// rank, or "" when all fit.
+std::string nvme_setup_problem(const TrainTask& task, const TrainingConfig& config, bool cuda,
+                               int data_parallel_size);
 
 // The task of --model; throws zero::Error when its data cannot be read.
 std::unique_ptr<TrainTask> make_train_task(const Flags& flags, const TrainingConfig& config);

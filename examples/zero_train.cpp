@@ -512,6 +512,14 @@ int main(int argc, char** argv) {
       }
     }
   }
+  // The NVMe paths before the engine: a bad one, or a file system the node's ranks overfill
+  // together, stops every rank as a setup error.
+  const std::string nvme_problem = zero::examples::nvme_setup_problem(
+      *task, config, flags.cuda, mpi.world_size() / config.tensor_parallel_size);
+  if (!nvme_problem.empty()) {
+    if (rank == 0) std::cerr << ("zero-train: " + nvme_problem + "\n");
+    return 2;
+  }
   if (rank == 0) {
     for (const std::string& line : config.resolved_auto) std::printf("config: %s\n", line.c_str());
     for (const std::string& line : config.ignored_keys) std::printf("config: %s\n", line.c_str());

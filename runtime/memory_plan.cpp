@@ -232,6 +232,7 @@ MemoryPlan plan_memory(const Layout& layout, const EngineConfig& config) {
   (staged_on_device(config) ? plan.host_pinned : plan.buffers) += params.staging_bytes;
   plan.buffers += params.device_bytes;
   plan.nvme = records.file_bytes + params.file_bytes;
+  plan.nvme_params = params.file_bytes;
   return plan;
 }
 

@@ -359,6 +359,8 @@ struct MemoryPlan {
                              // NVMe staging buffers (the optimizer's: on the CPU path; on a GPU
                              // they are host_pinned)
   uint64_t nvme = 0;         // the rank's files of NVMe-offloaded optimizer state and params
+  uint64_t nvme_params = 0;  // of nvme, the params' file (offload_param.nvme_path); the rest is
+                             // the optimizer's (offload_optimizer.nvme_path)
   // What an update on the host keeps in host memory (offload_optimizer kCpu, and kNvme on a
   // GPU), as Engine::pinned_host_bytes() and pageable_host_bytes() measure it.
   uint64_t host_pinned = 0;
