@@ -476,6 +476,9 @@ zero::TrainingConfig resolve_config(const Flags& f, int world_size) {
         "activation_checkpointing.cpu_checkpointing has no effect here: on the CPU path "
         "checkpoints already live in host memory");
   }
+  // Hybrid sharding's groups must divide the data-parallel ranks: checked with the other
+  // settings, so every rank stops at once as a config error (exit 2), not in the engine.
+  zero::sharding_group_size(tc.engine, data_parallel);
   return tc;
 }
 

@@ -3,9 +3,12 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <optional>
 #include <sstream>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "models/gpt2.h"
 #include "models/mlp.h"
@@ -68,6 +71,11 @@ class MlpTask : public TrainTask {
   }
   uint64_t counted_activation_bytes(int64_t) const override { return 0; }
   std::string activation_remedy(int64_t, uint64_t) const override { return ""; }
+  uint64_t least_activation_bytes(int64_t samples) const override {
+    return activation_bytes(samples);
+  }
+  std::vector<ParamSpec> param_specs() const override { return models::mlp_param_specs(config_); }
+  std::vector<NvmeFileNeed> nvme_files(int64_t) const override { return {}; }
   // Each Linear computes its weight and bias gradients into fp32 tensors of its own, then adds
   // them into the engine's; with 16-bit storage it also converts its parameters to fp32.
   uint64_t module_bytes(DType dtype) const override {
@@ -147,10 +155,33 @@ class Gpt2Task : public TrainTask {
   }
   void start(Engine& engine, uint64_t) override {
     models::count_gpt2_activations(model_, engine.allocator());
-    if (!init_from_.empty()) {
+    if (init_from_.empty()) return;
+    // A bad file (missing, misshaped, not finite) is found before any rank writes its state:
+    // agreed across the ranks, it stops every one as a setup error (exit 2), naming the problem.
+    std::string problem;
+    try {
       models::load_gpt2_weights(engine, init_from_, config_.tensor_parallel_size,
                                 tensor_parallel_rank_);
+    } catch (const Error& e) {
+      problem = e.what();
     }
+    const int failed = problem.empty() ? 0 : 1;
+    int size = 1;
+    int rank = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    std::vector<int> failures(static_cast<size_t>(size));
+    MPI_Allgather(&failed, 1, MPI_INT, failures.data(), 1, MPI_INT, MPI_COMM_WORLD);
+    if (std::find(failures.begin(), failures.end(), 1) == failures.end()) return;
+    // zero-train prints rank 0's message; the first other rank that failed prints its own
+    // when rank 0's does not say it.
+    const auto first = std::find(failures.begin(), failures.end(), 1) - failures.begin();
+    if (failures[0] == 0 && rank == first) {
+      std::fprintf(stderr, "zero-train: rank %d: %s\n", rank, problem.c_str());
+    }
+    throw ConfigError(failed != 0 ? problem
+                                  : "--init-from " + init_from_ + ": rank " +
+                                        std::to_string(first) + " could not load it");
   }
 
   Tensor input(long step, int64_t first, int64_t count) override {
@@ -207,6 +238,17 @@ class Gpt2Task : public TrainTask {
       }
     }
     return "";
+  }
+  uint64_t least_activation_bytes(int64_t samples) const override {
+    models::Gpt2Checkpointing full = checkpointing_;
+    full.recompute = models::Recompute::kFull;
+    return std::min(activation_bytes(checkpointing_, samples), activation_bytes(full, samples));
+  }
+  std::vector<ParamSpec> param_specs() const override { return models::gpt2_param_specs(config_); }
+  std::vector<NvmeFileNeed> nvme_files(int64_t samples) const override {
+    if (checkpointing_.nvme_path.empty()) return {};
+    return {{checkpointing_.nvme_path, formula(samples).nvme_checkpoints,
+             "rank " + std::to_string(checkpointing_.spill_rank) + "'s activation checkpoints"}};
   }
   // What the modules hold (the formula) is counted in the engine's allocator; the tensors in
   // flight and the batch are not.
@@ -351,7 +393,95 @@ class Gpt2Task : public TrainTask {
   models::Gpt2 model_;
 };
 
+uint64_t saturating_sum(uint64_t a, uint64_t b) {
+  return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
 }  // namespace
+
+std::string out_of_memory_advice(const TrainTask& task, const EngineConfig& engine,
+                                 int data_parallel_size, int64_t samples, uint64_t budget) {
+  const uint64_t activations = task.activation_bytes(samples);
+  const uint64_t module_copies = task.module_bytes(engine.dtype);
+  const uint64_t least_activations = task.least_activation_bytes(samples);
+  // The engine's own plan comes on top: advice that leaves no room for it is no plan at all.
+  const int ranks = sharding_group_size(engine, data_parallel_size);
+  std::optional<Layout> layout;
+  uint64_t engine_bytes = UINT64_MAX;
+  std::string uncountable;
+  try {
+    layout.emplace(Layout::build(task.param_specs(), layout_options(engine, data_parallel_size)));
+    const MemoryPlan plan = plan_memory(*layout, engine);
+    engine_bytes = saturating_sum(plan.model_state, plan.buffers);
+  } catch (const Error& e) {
+    uncountable = e.what();
+  }
+  const uint64_t beside_engine = saturating_sum(engine_bytes, module_copies);
+  const std::string plan_here = "the engine's plan for this model (stage " +
+                                std::to_string(engine.stage) + " on " + std::to_string(ranks) +
+                                " rank(s))";
+  if (!uncountable.empty()) return plan_here + " cannot be counted: " + uncountable;
+  const std::string lower =
+      std::string("lower ") + (activations >= module_copies ? "--global-batch" : "the model size");
+  if (saturating_sum(beside_engine, least_activations) < budget) {
+    // Mostly activations: a checkpointing setting that would fit is the first remedy.
+    const std::string remedy =
+        activations >= module_copies ? task.activation_remedy(samples, budget - beside_engine) : "";
+    return !remedy.empty() ? remedy + ", or lower --global-batch" : lower;
+  }
+  if (beside_engine < budget) {
+    return plan_here + " needs " + human_bytes(engine_bytes) + " per rank, which leaves " +
+           human_bytes(budget - beside_engine) +
+           " for activations, and the lightest of this micro-batch need " +
+           human_bytes(least_activations) + ": lower --global-batch";
+  }
+  if (saturating_sum(module_copies, least_activations) >= budget) {
+    return lower + " (beside them " + plan_here + " needs " + human_bytes(engine_bytes) +
+           " per rank)";
+  }
+  // Nothing fits on these ranks: the plans that would, with the lightest activations beside.
+  const uint64_t room = budget - module_copies - least_activations;
+  return std::string(least_activations < activations ? "no activation checkpointing fits: " : "") +
+         plan_here + " alone needs " + human_bytes(engine_bytes) + " per rank, more than the " +
+         human_bytes(room) +
+         " a rank has beside the modules' copies and the lightest activations; " +
+         what_would_fit(*layout, engine, ranks, room);
+}
+
+std::string nvme_setup_problem(const TrainTask& task, const TrainingConfig& config, bool cuda,
+                               int data_parallel_size) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::vector<NvmeFileNeed> files = task.nvme_files(config.micro_batch_per_rank);
+  const bool optimizer = config.engine.offload_optimizer.device == OffloadDevice::kNvme;
+  const bool params = config.engine.offload_param.device == OffloadDevice::kNvme;
+  std::string problem;
+  if (optimizer || params) {
+    // The engine's files as its plan has them (on a GPU the optimizer's records hold the
+    // master in fp32 too).
+    EngineConfig engine = config.engine;
+    if (cuda) engine.device = Device::cuda(0);
+    try {
+      const MemoryPlan plan = plan_memory(
+          Layout::build(task.param_specs(), layout_options(engine, data_parallel_size)), engine);
+      const std::string whose = "rank " + std::to_string(rank) + "'s ";
+      if (optimizer) {
+        files.push_back({engine.offload_optimizer.nvme_path, plan.nvme - plan.nvme_params,
+                         whose + "offloaded optimizer state (offload_optimizer.nvme_path)"});
+      }
+      if (params) {
+        files.push_back({engine.offload_param.nvme_path, plan.nvme_params,
+                         whose + "offloaded parameters (offload_param.nvme_path)"});
+      }
+    } catch (const Error& e) {
+      problem = e.what();
+    }
+  }
+  // Collective whatever this rank found, so no rank is left waiting.
+  const std::string found =
+      nvme_space_problem(problem.empty() ? files : std::vector<NvmeFileNeed>{});
+  return !problem.empty() ? problem : found;
+}
 
 std::unique_ptr<TrainTask> make_train_task(const Flags& flags, const TrainingConfig& config) {
   if (flags.model == "mlp") return std::make_unique<MlpTask>(flags.mlp);

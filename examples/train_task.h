@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "driver/metrics_writer.h"
+#include "examples/nvme_space.h"
 #include "examples/train_flags.h"
 #include "models/gpt2.h"
 #include "models/train_step.h"
@@ -56,6 +57,15 @@ class TrainTask : public models::MicroBatchSource {
   // activation checkpointing setting with which they would ("--activation-checkpointing full
   // would fit (1.2 MiB of activations)"), or empty when none would (or the model has none).
   virtual std::string activation_remedy(int64_t samples_per_micro_batch, uint64_t room) const = 0;
+  // The activations of `samples` per micro-batch with the heaviest recomputation this model
+  // offers (activation_bytes itself for a model without).
+  virtual uint64_t least_activation_bytes(int64_t samples_per_micro_batch) const = 0;
+  // The parameters the modules will declare (this rank's, in the engine's order): the engine's
+  // memory plan before the modules are made.
+  virtual std::vector<ParamSpec> param_specs() const = 0;
+  // The files the model makes under an NVMe path for `samples` per micro-batch (the GPT-2's
+  // activation spill); none for most.
+  virtual std::vector<NvmeFileNeed> nvme_files(int64_t samples_per_micro_batch) const = 0;
   // Host memory the modules keep beside the engine's for the run: their fp32 working copies of
   // parameters and gradients (what a module computes in before adding it into the engine's
   // storage), for the working dtype.
@@ -72,6 +82,20 @@ class TrainTask : public models::MicroBatchSource {
   // the last call, for the step records; empty without it.
   virtual driver::JsonRecord profile_record() = 0;
 };
+
+// The advice of the out-of-host-memory message when the activations of `samples` per
+// micro-batch and the modules' copies pass a rank's `budget`: an activation checkpointing with
+// which they fit beside the engine's plan (on `data_parallel_size` ranks), or, when none does,
+// what that plan needs and the estimator's plans on other stages and more ranks.
+std::string out_of_memory_advice(const TrainTask& task, const EngineConfig& engine,
+                                 int data_parallel_size, int64_t samples, uint64_t budget);
+
+// Collective over MPI_COMM_WORLD, before the engine: the NVMe files of this rank (the engine's
+// offloads, by its plan on `data_parallel_size` ranks, and the task's) checked one by one and
+// summed over each node's ranks by file system (nvme_space_problem). The same message on every
+// rank, or "" when all fit.
+std::string nvme_setup_problem(const TrainTask& task, const TrainingConfig& config, bool cuda,
+                               int data_parallel_size);
 
 // The task of --model; throws zero::Error when its data cannot be read.
 std::unique_ptr<TrainTask> make_train_task(const Flags& flags, const TrainingConfig& config);

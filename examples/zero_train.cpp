@@ -563,16 +563,9 @@ int main(int argc, char** argv) {
     const uint64_t outside_engine = activations + module_copies;
     if (budget > 0) {
       if (budget <= outside_engine) {
-        // Mostly activations: a checkpointing setting that would fit is the first remedy.
-        const std::string remedy =
-            activations >= module_copies && budget > module_copies
-                ? task->activation_remedy(config.micro_batch_per_rank, budget - module_copies)
-                : "";
-        const std::string advice =
-            !remedy.empty()
-                ? remedy + ", or lower --global-batch"
-                : std::string("lower ") +
-                      (activations >= module_copies ? "--global-batch" : "the model size");
+        const std::string advice = zero::examples::out_of_memory_advice(
+            *task, config.engine, mpi.world_size() / config.tensor_parallel_size,
+            config.micro_batch_per_rank, budget);
         if (rank == 0) {
           std::cerr << ("zero-train: out of host memory: the activations and batch data of " +
                         std::to_string(config.micro_batch_per_rank) + " samples per micro-batch (" +
@@ -593,6 +586,14 @@ int main(int argc, char** argv) {
             zero::human_bytes(outside_engine).c_str());
       }
     }
+  }
+  // The NVMe paths before the engine: a bad one, or a file system the node's ranks overfill
+  // together, stops every rank as a setup error.
+  const std::string nvme_problem = zero::examples::nvme_setup_problem(
+      *task, config, flags.cuda, mpi.world_size() / config.tensor_parallel_size);
+  if (!nvme_problem.empty()) {
+    if (rank == 0) std::cerr << ("zero-train: " + nvme_problem + "\n");
+    return 2;
   }
   if (rank == 0) {
     for (const std::string& line : config.resolved_auto) std::printf("config: %s\n", line.c_str());

@@ -214,6 +214,11 @@ std::vector<HostSlots> parse_hostfile(const std::string& text, const std::string
     if (host.find('=') != std::string::npos) {
       throw HostfileError(where + "missing host name before '" + host + "'");
     }
+    if (host[0] == '-') {
+      // mpirun passes the name to ssh, which would read it as an option (-oProxyCommand=...).
+      throw HostfileError(where + "host name '" + host +
+                          "' may not start with '-' (ssh would read it as an option)");
+    }
     if (host.find_first_of(",:") != std::string::npos) {
       // mpirun's --host list is host:slots,host:slots; such a name would be misread.
       throw HostfileError(where + "host name '" + host + "' may not contain ',' or ':'");

@@ -4,6 +4,7 @@
 
 #include "models/gpt2.h"
 #include "zero/core/check.h"
+#include "zero/core/checked_size.h"
 #include "zero/runtime/nvme_file.h"
 
 namespace zero::models {
@@ -72,7 +73,9 @@ bool gpt2_partitions_checkpoints(const Gpt2Config& config, const Gpt2Checkpointi
 }
 
 uint64_t gpt2_checkpoint_piece(const Gpt2Config& config, int64_t B, int64_t T) {
-  const uint64_t whole = static_cast<uint64_t>(B * T) * static_cast<uint64_t>(config.n_embd);
+  const uint64_t whole =
+      size_product(size_product(static_cast<uint64_t>(B), static_cast<uint64_t>(T), "the tokens"),
+                   static_cast<uint64_t>(config.n_embd), "a checkpoint's elements");
   const uint64_t t = static_cast<uint64_t>(config.tensor_parallel_size);
   return (whole + t - 1) / t;
 }
@@ -90,10 +93,19 @@ uint64_t Gpt2ActivationBytes::total() const {
 Gpt2ActivationBytes gpt2_activation_formula(const Gpt2Config& config,
                                             const Gpt2Checkpointing& checkpointing, int64_t B,
                                             int64_t T) {
-  const uint64_t N = static_cast<uint64_t>(B * T);
+  const uint64_t N = size_product(static_cast<uint64_t>(B), static_cast<uint64_t>(T),
+                                  "the tokens of a micro-batch");
   const uint64_t C = static_cast<uint64_t>(config.n_embd);
   const uint64_t V = static_cast<uint64_t>(config.vocab_size);
   const uint64_t f = sizeof(float);
+  // Each figure below sums at most n_layer + 4 terms of N tokens x at most 20 C + H + V + 8 + t
+  // elements (plus a page of alignment each) x 4 bytes: once that bound counts, none overflows.
+  const uint64_t widest = 20 * C + static_cast<uint64_t>(config.n_head) + V + 8 +
+                          static_cast<uint64_t>(config.tensor_parallel_size);
+  const char* what = "the activations of a micro-batch";
+  const uint64_t terms = static_cast<uint64_t>(config.n_layer) + 4;
+  size_sum(size_product(size_product(size_product(N, widest, what), f, what), terms, what),
+           size_product(terms, 2 * kNvmeAlignment, what), what);
   // With tensor parallelism over t ranks, a rank holds Cl = C / t of qkv (3 Cl), the attention's
   // output (Cl), its log-sum-exp (Hl = H / t heads) and the MLP's hidden tensors (4 Cl each);
   // the residual stream and the LayerNorms stay C wide. t = 1 gives the table's figures.
@@ -160,8 +172,10 @@ Gpt2ActivationBytes gpt2_activation_formula(const Gpt2Config& config,
 }
 
 uint64_t gpt2_uncounted_activation_bytes(const Gpt2Config& config, int64_t B, int64_t T) {
-  const uint64_t N = static_cast<uint64_t>(B * T);
-  return (3 * N * static_cast<uint64_t>(config.n_embd) + 3 * N) * sizeof(float);
+  const char* what = "the tensors between modules";
+  const uint64_t N = size_product(static_cast<uint64_t>(B), static_cast<uint64_t>(T), what);
+  return size_product(size_product(N, 3 * static_cast<uint64_t>(config.n_embd) + 3, what),
+                      sizeof(float), what);
 }
 
 }  // namespace zero::models

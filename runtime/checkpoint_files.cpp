@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cinttypes>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <utility>
@@ -303,8 +304,17 @@ std::string resolve_step_dir(const std::string& path) {
   }
   std::string name = checkpoint_files::read_small_file(pointer);
   while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-  ZERO_CHECK(!name.empty() && name.find('/') == std::string::npos && name != "." && name != "..",
-             pointer << " does not name a step directory (it holds '" << name << "')");
+  // A 'latest' holds one directory name: a longer file is something else, quoted by its start.
+  constexpr size_t kQuoted = 40;
+  const bool is_name = !name.empty() && name.size() <= NAME_MAX &&
+                       name.find_first_of("/\n") == std::string::npos && name != "." &&
+                       name != "..";
+  ZERO_CHECK(is_name,
+             pointer << " does not name a step directory (it holds "
+                     << (name.size() > kQuoted ? std::to_string(name.size()) + " bytes starting '" +
+                                                     name.substr(0, kQuoted) + "...'"
+                                               : "'" + name + "'")
+                     << ")");
   const size_t slash = pointer.find_last_of('/');
   const std::string parent = slash == std::string::npos ? "." : pointer.substr(0, slash);
   const std::string step_dir = join(parent, name);

@@ -302,9 +302,7 @@ struct HybridGroups {
 struct Engine::Impl {
   Impl(Communicator& c, const std::vector<ParamDecl>& decls, const EngineConfig& cfg);
 
-  // The estimator's view of this model on other stages and more ranks, for an out-of-memory
-  // message: the engine's exact plan, buffers included, for each stage here and for stage 3
-  // on 2, 4 and 8 times the ranks.
+  // zero::what_would_fit for this engine's layout, config, ranks and limit.
   std::string what_would_fit() const;
 
   static EngineConfig validated(const EngineConfig& c, Communicator& comm);

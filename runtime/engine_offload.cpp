@@ -14,6 +14,7 @@
 
 #include "engine_internal.h"
 #include "zero/core/check.h"
+#include "zero/core/checked_size.h"
 
 namespace zero {
 
@@ -51,13 +52,17 @@ NvmeRecords nvme_records(const Layout& layout, const EngineConfig& config, int s
     NvmeRecords::Record record;
     record.offset = r.file_bytes;
     record.numel = std::min(limit, total - first);
-    record.array_bytes = nvme_align_up(record.numel * sizeof(float));
-    r.file_bytes += record.array_bytes * static_cast<size_t>(r.arrays);
-    r.slot_bytes = std::max(r.slot_bytes, record.array_bytes * static_cast<size_t>(r.arrays));
+    const char* what = "the optimizer file per rank";
+    record.array_bytes = nvme_align_up(size_product(record.numel, sizeof(float), what));
+    const size_t record_bytes =
+        size_product(record.array_bytes, static_cast<size_t>(r.arrays), what);
+    r.file_bytes = size_sum(r.file_bytes, record_bytes, what);
+    r.slot_bytes = std::max(r.slot_bytes, record_bytes);
     r.records.push_back(record);
   }
   const auto slots = static_cast<uint64_t>(config.offload_optimizer.buffer_count);
-  r.staging_bytes = slots * r.slot_bytes + kNvmeAlignment;
+  r.staging_bytes = size_sum(size_product(slots, r.slot_bytes, "the optimizer's staging"),
+                             kNvmeAlignment, "the optimizer's staging");
   return r;
 }
 

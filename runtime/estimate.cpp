@@ -3,6 +3,7 @@
 #include "zero/runtime/estimate.h"
 
 #include "zero/core/check.h"
+#include "zero/core/checked_size.h"
 
 namespace zero {
 
@@ -17,9 +18,12 @@ ModelStateBytes estimate_model_state(uint64_t numel, int ranks, DType dtype, int
 
   ModelStateBytes bytes;
   // Stage 1 shards the optimizer state, stage 2 the gradients too, stage 3 the parameters too.
-  bytes.optimizer = optimizer_bytes * (stage >= 1 ? shard : numel);
-  bytes.grads = working_bytes * (stage >= 2 ? shard : numel);
-  bytes.params = working_bytes * (stage >= 3 ? shard : numel);
+  bytes.optimizer =
+      size_product(optimizer_bytes, stage >= 1 ? shard : numel, "the optimizer state");
+  bytes.grads = size_product(working_bytes, stage >= 2 ? shard : numel, "the gradients");
+  bytes.params = size_product(working_bytes, stage >= 3 ? shard : numel, "the parameters");
+  size_sum(size_sum(bytes.optimizer, bytes.grads, "the model state"), bytes.params,
+           "the model state");
   return bytes;
 }
 

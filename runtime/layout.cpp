@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "zero/core/check.h"
+#include "zero/core/checked_size.h"
 #include "zero/core/text.h"
 
 namespace zero {
@@ -12,7 +13,7 @@ namespace zero {
 namespace {
 
 size_t round_up(size_t x, size_t multiple) {
-  return (x + multiple - 1) / multiple * multiple;
+  return size_sum(x, multiple - 1, "the model's padded size") / multiple * multiple;
 }
 
 class Fnv1a {
@@ -63,7 +64,7 @@ Layout Layout::build(const std::vector<ParamSpec>& specs, const LayoutOptions& o
     size_t numel = 1;
     for (int64_t d : spec.shape) {
       ZERO_CHECK(d >= 0, "layout: parameter '" << spec.name << "' has negative dimension " << d);
-      numel *= static_cast<size_t>(d);
+      numel = size_product(numel, static_cast<size_t>(d), "a parameter's elements");
     }
     ParamPlacement p;
     p.name = spec.name;
@@ -98,7 +99,8 @@ Layout Layout::build(const std::vector<ParamSpec>& specs, const LayoutOptions& o
   for (const ParamPlacement& p : layout.params_) {
     module_trainable[p.module] = p.trainable;
     if (is_persistent(p)) continue;
-    module_elems[p.module] = round_up(module_elems[p.module], align) + p.numel;
+    module_elems[p.module] =
+        size_sum(round_up(module_elems[p.module], align), p.numel, "a module's elements");
   }
 
   // Group modules into units: a new unit starts at a module unless the current unit and this
@@ -110,8 +112,8 @@ Layout Layout::build(const std::vector<ParamSpec>& specs, const LayoutOptions& o
         std::none_of(layout.params_.begin(), layout.params_.end(),
                      [&](const ParamPlacement& p) { return p.module == m && !is_persistent(p); }))
       continue;  // a module with nothing outside the persistent unit has no unit
-    size_t merged = round_up(unit_elems, align) + module_elems[m];
-    bool fits = !layout.units_.empty() && merged * elem <= options.merge_bytes &&
+    size_t merged = size_sum(round_up(unit_elems, align), module_elems[m], "a unit's elements");
+    bool fits = !layout.units_.empty() && merged <= options.merge_bytes / elem &&
                 layout.units_.back().trainable == module_trainable[m];
     if (!fits) {
       layout.units_.emplace_back();
@@ -121,7 +123,7 @@ Layout Layout::build(const std::vector<ParamSpec>& specs, const LayoutOptions& o
     }
     layout.units_.back().last_module = m;
     layout.unit_of_module_[m] = static_cast<int>(layout.units_.size()) - 1;
-    unit_elems = round_up(unit_elems, align) + module_elems[m];
+    unit_elems = size_sum(round_up(unit_elems, align), module_elems[m], "a unit's elements");
   }
 
   // The persistent unit comes after every module's, so module units keep their order.
@@ -141,12 +143,13 @@ Layout Layout::build(const std::vector<ParamSpec>& specs, const LayoutOptions& o
     p.unit = is_persistent(p) ? persistent_unit : layout.unit_of_module_[p.module];
     Unit& u = layout.units_[p.unit];
     p.offset = round_up(cursor[p.unit], align);
-    cursor[p.unit] = p.offset + p.numel;
+    cursor[p.unit] = size_sum(p.offset, p.numel, "a unit's elements");
     u.params.push_back(static_cast<int>(i));
     u.used = cursor[p.unit];
     u.tied = u.tied || p.tied;
   }
-  const size_t shard_multiple = align * static_cast<size_t>(options.world_size);
+  const size_t shard_multiple =
+      size_product(align, static_cast<size_t>(options.world_size), "a shard's alignment");
   for (Unit& u : layout.units_) {
     // An empty unit (only zero-size parameters) still gets one aligned shard per rank so every
     // collective has a non-empty, uniform shape.
@@ -163,13 +166,13 @@ int Layout::unit_of_module(int module) const {
 
 size_t Layout::numel() const {
   size_t n = 0;
-  for (const ParamPlacement& p : params_) n += p.numel;
+  for (const ParamPlacement& p : params_) n = size_sum(n, p.numel, "the model's elements");
   return n;
 }
 
 size_t Layout::padded_numel() const {
   size_t n = 0;
-  for (const Unit& u : units_) n += u.numel;
+  for (const Unit& u : units_) n = size_sum(n, u.numel, "the model's padded elements");
   return n;
 }
 

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "zero/collectives/mpi_communicator.h"
+#include "zero/core/checked_size.h"
 
 namespace zero {
 
@@ -101,10 +102,10 @@ DType reduction_dtype(const EngineConfig& config) {
 }
 
 size_t fusion_bytes(const Layout& layout, const EngineConfig& config) {
-  const size_t reduce = max_fused_numel(layout, config.reduce_bucket_elements, true) *
-                        dtype_size(reduction_dtype(config));
-  const size_t gather =
-      max_fused_numel(layout, gather_bucket_elements(config), false) * dtype_size(config.dtype);
+  const size_t reduce = size_product(max_fused_numel(layout, config.reduce_bucket_elements, true),
+                                     dtype_size(reduction_dtype(config)), "the fusion buffer");
+  const size_t gather = size_product(max_fused_numel(layout, gather_bucket_elements(config), false),
+                                     dtype_size(config.dtype), "the fusion buffer");
   return std::max(reduce, gather);
 }
 
@@ -136,7 +137,9 @@ size_t max_staging_bytes(const Layout& layout, const EngineConfig& config,
   const PackedCollectives packs(layout, config.reduce_bucket_elements, /*backward=*/true);
   for (size_t p = 0; p < packs.packs.size(); ++p) {
     const size_t region = packs.region[p];
-    most = std::max(most, staging(op, all_reduce ? ranks * region : region, wire));
+    const size_t count =
+        all_reduce ? size_product(ranks, region, "a collective's elements") : region;
+    most = std::max(most, staging(op, count, wire));
   }
   return most;
 }
@@ -146,6 +149,8 @@ bool is_persistent(const Unit& unit, const EngineConfig& config) {
 }
 
 UnitBytes unit_bytes(const Unit& unit, const EngineConfig& config, int state_arrays) {
+  // Every figure below is one of these element counts times at most 4 bytes: checked once.
+  size_product(unit.numel, sizeof(float), "a unit's bytes");
   const size_t w = dtype_size(config.dtype);
   const size_t g = dtype_size(accumulation_dtype(config));
   const size_t full = unit.numel;
@@ -200,22 +205,33 @@ MemoryPlan plan_memory(const Layout& layout, const EngineConfig& config) {
   MemoryPlan plan;
   for (const Unit& unit : layout.units()) {
     UnitBytes b = unit_bytes(unit, config, state_arrays);
-    const uint64_t optimizer = b.master + b.state * static_cast<size_t>(b.state_arrays);
-    plan.model_state += b.params_full + b.params_shard + b.grads_full + b.grads_shard;
-    plan.host_pinned += b.host_grads + b.host_params;
-    if (b.optimizer_on_host) {
-      (config.offload_optimizer.pin_memory ? plan.host_pinned : plan.host_pageable) += optimizer;
-    } else {
-      plan.model_state += optimizer;
+    const char* what = "the model state per rank";
+    const uint64_t optimizer =
+        size_sum(b.master, size_product(b.state, static_cast<size_t>(b.state_arrays), what), what);
+    for (uint64_t bytes : {b.params_full, b.params_shard, b.grads_full, b.grads_shard}) {
+      plan.model_state = size_sum(plan.model_state, bytes, what);
     }
+    plan.host_pinned =
+        size_sum(plan.host_pinned, size_sum(b.host_grads, b.host_params, what), what);
+    uint64_t& optimizer_tier = !b.optimizer_on_host                  ? plan.model_state
+                               : config.offload_optimizer.pin_memory ? plan.host_pinned
+                                                                     : plan.host_pageable;
+    optimizer_tier = size_sum(optimizer_tier, optimizer, what);
   }
+  const char* buffers = "the buffers per rank";
+  // A unit's bytes in the working dtype, checked: the largest buffer of the plan below.
+  const size_t max_unit_bytes =
+      size_product(layout.max_unit_numel(), dtype_size(config.dtype), buffers);
   const size_t max_unit = layout.max_unit_numel();
-  const size_t w = dtype_size(config.dtype);
-  plan.buffers += param_buffer_count(layout, config) * max_unit * w;
-  plan.buffers += grad_bucket_count(layout, config) * max_unit * w;
-  if (needs_fp32_scratch(config)) plan.buffers += max_unit * sizeof(float);
-  plan.buffers += fusion_bytes(layout, config);
-  plan.buffers += planned_staging_bytes(layout, config);
+  plan.buffers = size_product(param_buffer_count(layout, config), max_unit_bytes, buffers);
+  plan.buffers =
+      size_sum(plan.buffers,
+               size_product(grad_bucket_count(layout, config), max_unit_bytes, buffers), buffers);
+  if (needs_fp32_scratch(config)) {
+    plan.buffers = size_sum(plan.buffers, size_product(max_unit, sizeof(float), buffers), buffers);
+  }
+  plan.buffers = size_sum(plan.buffers, fusion_bytes(layout, config), buffers);
+  plan.buffers = size_sum(plan.buffers, planned_staging_bytes(layout, config), buffers);
   const NvmeRecords records = nvme_records(layout, config, state_arrays);
   const ParamRecords params = param_records(layout, config);
   // On a GPU the optimizer's records stream through page-locked host memory.
@@ -224,6 +240,7 @@ MemoryPlan plan_memory(const Layout& layout, const EngineConfig& config) {
   (staged_on_device(config) ? plan.host_pinned : plan.buffers) += params.staging_bytes;
   plan.buffers += params.device_bytes;
   plan.nvme = records.file_bytes + params.file_bytes;
+  plan.nvme_params = params.file_bytes;
   return plan;
 }
 
@@ -245,8 +262,8 @@ MemoryPlan plan_elsewhere(const Layout& layout, const EngineConfig& config, int 
   return plan_memory(Layout::build(specs, wanted), config);
 }
 
-std::string Engine::Impl::what_would_fit() const {
-  const uint64_t budget = allocator.limit();
+std::string what_would_fit(const Layout& layout, const EngineConfig& config, int world,
+                           uint64_t budget) {
   std::ostringstream out;
   out << "what the estimator says for this model (" << layout.numel() << " parameters, "
       << dtype_name(config.dtype) << ")";
@@ -267,6 +284,10 @@ std::string Engine::Impl::what_would_fit() const {
   for (int stage = 0; stage <= 3; ++stage) row(stage, world, stage == config.stage);
   for (int ranks : {world * 2, world * 4, world * 8}) row(3, ranks, false);
   return out.str();
+}
+
+std::string Engine::Impl::what_would_fit() const {
+  return zero::what_would_fit(layout, config, world, allocator.limit());
 }
 
 }  // namespace zero

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "zero/core/check.h"
+#include "zero/core/checked_size.h"
 
 namespace zero {
 namespace {
@@ -50,12 +51,14 @@ ParamRecords param_records(const Layout& layout, const EngineConfig& config) {
                                                   "buffer_size to at least "
                                                << unit.shard << " or use more ranks");
     r.offset[u] = r.file_bytes;
-    r.bytes[u] = nvme_align_up(unit.shard * elem);
-    r.file_bytes += r.bytes[u];
+    const char* what = "the parameter file per rank";
+    r.bytes[u] = nvme_align_up(size_product(unit.shard, elem, what));
+    r.file_bytes = size_sum(r.file_bytes, r.bytes[u], what);
     r.slot_bytes = std::max(r.slot_bytes, r.bytes[u]);
   }
   if (r.file_bytes == 0) return r;
-  const uint64_t buffers = static_cast<uint64_t>(config.offload_param.buffer_count) * r.slot_bytes;
+  const uint64_t buffers = size_product(static_cast<uint64_t>(config.offload_param.buffer_count),
+                                        r.slot_bytes, "the parameter buffers");
   r.staging_bytes = buffers + kNvmeAlignment;
   if (staged_on_device(config)) r.device_bytes = buffers;
   return r;

@@ -1,6 +1,7 @@
 #include "zero/runtime/weights.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "zero/core/check.h"
@@ -23,6 +24,14 @@ void import_weights(Engine& engine, const std::vector<LoadedTensor>& tensors,
     ZERO_CHECK(it->second->shape == p.shape,
                source << ": tensor '" << p.name << "' has shape " << shape_text(it->second->shape)
                       << " but the model's parameter is " << shape_text(p.shape));
+  }
+  // A NaN or infinity would surface only as a gradient overflow at step 1: refused here.
+  for (const LoadedTensor& t : tensors) {
+    const auto bad =
+        std::find_if(t.values.begin(), t.values.end(), [](float v) { return !std::isfinite(v); });
+    ZERO_CHECK(bad == t.values.end(), source << ": tensor '" << t.name << "' holds " << *bad
+                                             << " at index " << (bad - t.values.begin())
+                                             << ": the weights must be finite");
   }
   for (const LoadedTensor& t : tensors) {
     const bool known = std::any_of(layout.params().begin(), layout.params().end(),

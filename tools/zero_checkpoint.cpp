@@ -8,13 +8,16 @@
 // `latest` file; for a tensor-parallel run, the save directory that holds tp_rank_RR/ for each
 // rank (info and verify then go through every rank's checkpoint). export writes the full fp32
 // master of every parameter, by name and shape, in the safetensors format that PyTorch and
-// Hugging Face load, a tensor-parallel run's slices merged into whole tensors. Resharding needs
+// Hugging Face load, a tensor-parallel run's slices merged into whole tensors, through a
+// temporary file and a rename; a --to inside the checkpoint it reads is refused. Resharding needs
 // no command: a load re-slices for the world size, stage and tensor-parallel size it runs at. Exit
 // codes: 0 ok, 1 a bad or unreadable checkpoint (the message names the file), 2 bad arguments.
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "zero/core/dtype.h"
@@ -101,8 +104,45 @@ int verify(const std::string& dir) {
   return status;
 }
 
+namespace fs = std::filesystem;
+
+// The directory entry a rename to `path` replaces, with its directory resolved (links, `.` and
+// `..`): the name itself is not followed, since a rename replaces a link, not its target.
+fs::path replaced_entry(const std::string& path) {
+  const fs::path given = fs::absolute(path);
+  std::error_code error;
+  const fs::path parent = fs::weakly_canonical(given.parent_path(), error);
+  return (error ? given.parent_path() : parent) / given.filename();
+}
+
+bool is_within(const fs::path& path, const fs::path& dir) {
+  auto p = path.begin();
+  for (auto d = dir.begin(); d != dir.end(); ++d, ++p) {
+    if (p == path.end() || *p != *d) return false;
+  }
+  return true;
+}
+
+// An export that replaced a file of the checkpoint it reads (a shard, the manifest, the
+// `latest` that names it) would leave a checkpoint that no longer verifies: refused, naming it.
+void refuse_output_inside(const std::string& to, const std::string& dir,
+                          const std::vector<zero::CheckpointInfo>& grid) {
+  const fs::path entry = replaced_entry(to);
+  const auto refuse = [&](const std::string& what) {
+    usage_error("--to " + to + " is inside the checkpoint it exports (" + what +
+                "); write the export elsewhere");
+  };
+  if (entry == replaced_entry(dir)) refuse(dir);
+  for (const zero::CheckpointInfo& c : grid) {
+    const fs::path step_dir = fs::canonical(c.step_dir);
+    if (is_within(entry, step_dir)) refuse(c.step_dir);
+    if (entry == step_dir.parent_path() / "latest") refuse("the 'latest' that names " + c.step_dir);
+  }
+}
+
 int export_model(const std::string& dir, const std::string& to, zero::DType dtype) {
   const std::vector<zero::CheckpointInfo> grid = zero::read_checkpoint_grid(dir);
+  refuse_output_inside(to, dir, grid);
   const zero::CheckpointInfo& c = grid.front();
   const std::vector<std::vector<float>> master = zero::read_full_master(grid);
   std::vector<zero::NamedTensor> tensors;

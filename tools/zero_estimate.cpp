@@ -19,7 +19,7 @@
 // rank follow (models/gpt2_memory.h's formula: what zero-train's allocator counts and its step
 // records' peak_activation_bytes measure), for each activation-checkpointing setting, with the
 // total per rank at each stage and, with --memory-limit, the setting that fits. Exit code 2 for
-// bad arguments.
+// bad arguments, a plan the engine refuses and sizes past 64 bits.
 #include <climits>
 #include <cstdint>
 #include <cstdio>
@@ -33,6 +33,7 @@
 #include "models/gpt2.h"
 #include "models/mlp.h"
 #include "zero/core/check.h"
+#include "zero/core/checked_size.h"
 #include "zero/core/dtype.h"
 #include "zero/runtime/engine.h"
 #include "zero/runtime/estimate.h"
@@ -411,19 +412,28 @@ uint64_t uncounted_bytes(const Options& options, int B) {
 // What zero-train's budget per rank holds for B sequences besides the engine: the activations
 // of `recompute`, and uncounted_bytes.
 uint64_t activation_budget(const Options& options, zero::models::Recompute recompute, int B) {
-  return zero::models::gpt2_activation_formula(options.gpt2, checkpointing_of(options, recompute),
-                                               B, options.seq_len)
-             .total() +
-         uncounted_bytes(options, B);
+  return zero::size_sum(zero::models::gpt2_activation_formula(
+                            options.gpt2, checkpointing_of(options, recompute), B, options.seq_len)
+                            .total(),
+                        uncounted_bytes(options, B), "the activation budget");
+}
+
+// engine + the activations of `recompute` and B sequences fit the limit (sizes past 64 bits
+// fit nothing).
+bool fits_limit(const Options& options, zero::models::Recompute recompute, int B, uint64_t engine) {
+  try {
+    return zero::size_sum(engine, activation_budget(options, recompute, B), "the total per rank") <=
+           options.memory_limit;
+  } catch (const zero::Error&) {
+    return false;
+  }
 }
 
 // The most sequences per rank whose activations fit beside `engine` bytes in the limit (0: not
 // even one); the bytes grow with B, so a doubling search then a bisection finds it.
 int largest_micro_batch(const Options& options, zero::models::Recompute recompute,
                         uint64_t engine) {
-  const auto fits = [&](int B) {
-    return engine + activation_budget(options, recompute, B) <= options.memory_limit;
-  };
+  const auto fits = [&](int B) { return fits_limit(options, recompute, B, engine); };
   if (!fits(1)) return 0;
   int low = 1, high = 2;  // fits(low), and high is above the answer once !fits(high)
   while (high < (1 << 20) && fits(high)) {
@@ -460,12 +470,10 @@ void print_activations(const Options& options,
   if (spilled) std::printf("  nvme bytes");
   for (const auto& stage : engine_bytes) std::printf("  stage %d total bytes", stage.first);
   std::printf("\n");
-  uint64_t activations[3] = {};
   for (int r = 0; r < 3; ++r) {
     const zero::models::Gpt2ActivationBytes bytes = zero::models::gpt2_activation_formula(
         options.gpt2, checkpointing_of(options, kRecomputes[r]), options.micro_batch,
         options.seq_len);
-    activations[r] = bytes.total();
     // With the spill, the checkpoints in memory are the buffer they pass through.
     const uint64_t held = spilled && r > 0 ? bytes.spill_buffer : bytes.checkpoints;
     std::printf("%-9s  %16llu  %16llu", zero::models::recompute_name(kRecomputes[r]),
@@ -473,7 +481,8 @@ void print_activations(const Options& options,
                 static_cast<unsigned long long>(held));
     if (spilled) std::printf("  %10llu", static_cast<unsigned long long>(bytes.nvme_checkpoints));
     for (const auto& stage : engine_bytes) {
-      std::printf("  %19llu", static_cast<unsigned long long>(stage.second + bytes.total()));
+      std::printf("  %19llu", static_cast<unsigned long long>(zero::size_sum(
+                                  stage.second, bytes.total(), "the total per rank")));
     }
     std::printf("\n");
   }
@@ -486,7 +495,7 @@ void print_activations(const Options& options,
       static_cast<unsigned long long>(uncounted));
   for (const auto& [stage, bytes] : engine_bytes) {
     int fits = 0;
-    while (fits < 3 && bytes + activations[fits] + uncounted > options.memory_limit) ++fits;
+    while (fits < 3 && !fits_limit(options, kRecomputes[fits], options.micro_batch, bytes)) ++fits;
     if (fits == 3) {
       std::printf("stage %d in %llu bytes: does not fit with any activation checkpointing", stage,
                   static_cast<unsigned long long>(options.memory_limit));
@@ -550,24 +559,20 @@ int plan_model(const Options& options) {
     // Stage 0 has no partitioned optimizer to offload (the engine refuses it).
     if ((options.offload_nvme || options.offload_cpu) && stage == 0) continue;
     config.stage = stage;
-    zero::MemoryPlan plan;
-    try {
-      plan = zero::plan_memory(layout, config);
-    } catch (const zero::Error& e) {
-      std::fprintf(stderr, "zero-estimate: %s\n", e.what());
-      return 1;
-    }
+    const zero::MemoryPlan plan = zero::plan_memory(layout, config);
     std::printf("%5d  %17llu  %12llu  %20llu  %10llu", stage,
                 static_cast<unsigned long long>(plan.model_state),
                 static_cast<unsigned long long>(plan.buffers),
-                static_cast<unsigned long long>(plan.model_state + plan.buffers),
+                static_cast<unsigned long long>(
+                    zero::size_sum(plan.model_state, plan.buffers, "the total per rank")),
                 static_cast<unsigned long long>(plan.nvme));
     if (options.gpu) {
       std::printf("  %17llu  %19llu", static_cast<unsigned long long>(plan.host_pinned),
                   static_cast<unsigned long long>(plan.host_pageable));
     }
     std::printf("\n");
-    engine_bytes.emplace_back(stage, plan.model_state + plan.buffers);
+    engine_bytes.emplace_back(stage,
+                              zero::size_sum(plan.model_state, plan.buffers, "the total per rank"));
   }
   // The tiers: this CPU path holds every byte of the table in host memory (pageable; pinned
   // memory and a device are what the CUDA path would add), the nvme column on the disk.
@@ -609,7 +614,16 @@ int main(int argc, char** argv) {
       [&] { return parse_options(std::vector<std::string>(argv + 1, argv + argc)); });
   if (!parsed) return 2;
   const Options& options = *parsed;
-  if (!options.model.empty()) return plan_model(options);
+  if (!options.model.empty()) {
+    // A plan the engine refuses, or sizes past 64 bits: the arguments ask for what cannot be.
+    try {
+      return plan_model(options);
+    } catch (const zero::Error& e) {
+      std::fflush(stdout);
+      std::fprintf(stderr, "zero-estimate: %s\n", e.what());
+      return 2;
+    }
+  }
   const bool mixed = options.dtype != zero::DType::kFloat32;
   std::printf("%llu parameters, %d ranks, %s parameters and gradients\n",
               static_cast<unsigned long long>(options.params), options.ranks,

@@ -6,8 +6,11 @@
 // 256 and decoding is the identity. The output is llm.c's token-file format, the one its data
 // scripts write for GPT-2 BPE tokens, so zero-train reads both the same way. With --val-out the
 // last F of the tokens (default 0.1) go to the validation file instead. Files are written to a
-// temporary name and renamed, so a reader never sees half of one. Exit codes: 0 ok, 1 a file
+// temporary name and renamed, so a reader never sees half of one; an output that names an input
+// or the other output is refused. Exit codes: 0 ok, 1 a file
 // could not be written, 2 bad arguments or inputs.
+#include <sys/stat.h>
+
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
@@ -15,8 +18,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "driver/cli.h"
@@ -81,6 +86,43 @@ Options parse_options(const std::vector<std::string>& args) {
   return options;
 }
 
+// Whether `a` and `b` are one file: one inode (through links and any spelling), or, where one
+// does not exist yet, one directory entry once the directories are resolved.
+bool same_file(const std::string& a, const std::string& b) {
+  struct stat sa {};
+  struct stat sb {};
+  if (::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0) {
+    return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+  }
+  const auto entry = [](const std::string& path) {
+    const std::filesystem::path given = std::filesystem::absolute(path);
+    std::error_code error;
+    const std::filesystem::path dir = std::filesystem::weakly_canonical(given.parent_path(), error);
+    return (error ? given.parent_path() : dir) / given.filename();
+  };
+  return entry(a) == entry(b);
+}
+
+// An output that is an input would replace the text with its tokens, and one output the other
+// would keep only the validation tokens: both refused before anything is read or written.
+void check_outputs_apart(const Options& options) {
+  const std::pair<const char*, const std::string*> outputs[] = {{"--out", &options.out},
+                                                                {"--val-out", &options.val_out}};
+  for (const auto& [flag, output] : outputs) {
+    if (output->empty()) continue;
+    for (const std::string& input : options.inputs) {
+      if (same_file(*output, input)) {
+        usage_error(std::string(flag) + " " + *output + " is also input " + input +
+                    "; write the tokens to another file");
+      }
+    }
+  }
+  if (!options.val_out.empty() && same_file(options.out, options.val_out)) {
+    usage_error("--out and --val-out name the same file " + options.out +
+                "; give each its own file");
+  }
+}
+
 // Appends the bytes of `file` to `tokens`; an unreadable file is a usage error naming it.
 void append_bytes(const std::string& file, std::vector<uint16_t>* tokens) {
   std::FILE* f = std::fopen(file.c_str(), "rb");
@@ -104,6 +146,7 @@ int main(int argc, char** argv) {
   std::vector<uint16_t> val;
   try {
     options = parse_options(std::vector<std::string>(argv + 1, argv + argc));
+    check_outputs_apart(options);
     for (const std::string& input : options.inputs) append_bytes(input, &tokens);
     if (tokens.empty()) usage_error("the input files are empty: no tokens to write");
     if (!options.val_out.empty()) {

@@ -159,6 +159,11 @@ TEST(ParseHostfile, BadLinesNameFileLineAndProblem) {
             "hosts:1: host name 'node-a,node-b' may not contain ',' or ':'");
   EXPECT_EQ(hostfile_error("node-a:2 slots=4\n"),
             "hosts:1: host name 'node-a:2' may not contain ',' or ':'");
+  // A leading '-' would reach mpirun and ssh as an option (ssh -oProxyCommand=... runs it).
+  EXPECT_EQ(hostfile_error("node-a slots=2\n-oProxyCommand=touch slots=1\n"),
+            "hosts:2: missing host name before '-oProxyCommand=touch'");
+  EXPECT_EQ(hostfile_error("node-a slots=2\n-evil slots=1\n"),
+            "hosts:2: host name '-evil' may not start with '-' (ssh would read it as an option)");
   EXPECT_EQ(hostfile_error("# nothing but comments\n\n"), "hosts: no hosts listed");
   EXPECT_EQ(hostfile_error(""), "hosts: no hosts listed");
 }

@@ -2,11 +2,11 @@
 # Runs a command (zero-train under mpirun) and checks how it ended, so a crash or an early stop
 # never passes:
 #   zero_train_expect.sh [--exit CODE] [--within SECONDS] [--steps N METRICS] [--once TEXT]...
-#                        [--has TEXT]... [--file PATH]... -- COMMAND...
+#                        [--has TEXT]... [--lacks TEXT]... [--file PATH]... -- COMMAND...
 #   --exit      the exit code (default 0)
 #   --within    the command ends within this many seconds
 #   --steps     METRICS holds exactly N step records (written afresh by this run)
-#   --once      TEXT occurs in the output exactly once; --has: at least once
+#   --once      TEXT occurs in the output exactly once; --has: at least once; --lacks: never
 #   --file      PATH exists afterwards
 set -uo pipefail
 exit_code=0
@@ -15,6 +15,7 @@ steps=""
 metrics=""
 once=()
 has=()
+lacks=()
 files=()
 while [[ $# -gt 0 && "$1" != "--" ]]; do
   case "$1" in
@@ -23,6 +24,7 @@ while [[ $# -gt 0 && "$1" != "--" ]]; do
     --steps) steps="$2"; metrics="$3"; shift 3 ;;
     --once) once+=("$2"); shift 2 ;;
     --has) has+=("$2"); shift 2 ;;
+    --lacks) lacks+=("$2"); shift 2 ;;
     --file) files+=("$2"); shift 2 ;;
     *) echo "zero_train_expect.sh: unknown option $1"; exit 2 ;;
   esac
@@ -53,6 +55,9 @@ for text in "${once[@]}"; do
 done
 for text in "${has[@]}"; do
   grep -qF -- "$text" <<<"$output" || fail "'$text' is not in the output"
+done
+for text in "${lacks[@]}"; do
+  grep -qF -- "$text" <<<"$output" && fail "'$text' is in the output"
 done
 for path in "${files[@]}"; do
   [[ -e "$path" ]] || fail "$path does not exist"

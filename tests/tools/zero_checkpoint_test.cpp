@@ -4,6 +4,8 @@
 // reader written from the specification, holds every parameter with the saved master's values.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -43,6 +45,28 @@ TEST(ZeroCheckpoint, MissingCheckpointExitsWith1NamingIt) {
   EXPECT_NE(o.err.find("no checkpoint at /nonexistent/checkpoints"), std::string::npos) << o.err;
 }
 
+// A file that is no checkpoint (here 300 KB of text given where a 'latest' file goes) is named
+// with the reason and a short quote of its start, not printed whole into the error.
+TEST(ZeroCheckpoint, ANonCheckpointFileIsNamedNotPrinted) {
+  char name[] = "/tmp/zero_checkpoint_not_XXXXXX";
+  ASSERT_NE(mkdtemp(name), nullptr);
+  const std::string file = std::string(name) + "/notes.txt";
+  {
+    std::ofstream out(file);
+    for (int i = 0; i < 10000; ++i) out << "line " << i << " of a text that is no checkpoint\n";
+  }
+  for (const std::string command : {"info", "verify"}) {
+    const ProgramOutcome o = run_tool({command, file});
+    EXPECT_EQ(o.exit_code, 1) << o.err.substr(0, 300);
+    EXPECT_NE(o.err.find(file + " does not name a step directory"), std::string::npos)
+        << o.err.substr(0, 300);
+    EXPECT_NE(o.err.find("bytes starting 'line 0 of a text"), std::string::npos)
+        << o.err.substr(0, 300);
+    EXPECT_LT(o.err.size(), 400u) << o.err.substr(0, 300);
+  }
+  std::filesystem::remove_all(name);
+}
+
 TEST(ZeroCheckpoint, InfoVerifyAndExportOfASavedCheckpoint) {
   const std::string dir = ZERO_CHECKPOINT_FIXTURE;
   const ProgramOutcome info = run_tool({"info", dir});
@@ -75,6 +99,45 @@ TEST(ZeroCheckpoint, InfoVerifyAndExportOfASavedCheckpoint) {
     }
   }
   std::filesystem::remove_all(name);
+}
+
+// An export aimed into the checkpoint it reads is refused before anything is written: the
+// save directory's `latest`, a shard file, the manifest or a new name in the step directory
+// (by any spelling of the path), and the checkpoint still verifies afterwards. A copy of the
+// fixture is used, so a failing run cannot damage what the other tests read.
+TEST(ZeroCheckpoint, ExportIntoTheCheckpointItReadsIsRefused) {
+  namespace fs = std::filesystem;
+  char name[] = "/tmp/zero_checkpoint_into_XXXXXX";
+  ASSERT_NE(mkdtemp(name), nullptr);
+  const std::string save_dir = name;
+  const fs::path fixture = ZERO_CHECKPOINT_FIXTURE;
+  const std::string step = fixture.filename().string();
+  fs::copy(fixture, save_dir + "/" + step, fs::copy_options::recursive);
+  { std::ofstream(save_dir + "/latest") << step << "\n"; }
+  const std::string step_dir = save_dir + "/" + step;
+  const std::vector<std::string> inside = {
+      save_dir + "/latest",
+      step_dir + "/rank_00000.bin",
+      step_dir + "/manifest.pbtxt",
+      step_dir + "/model.safetensors",
+      save_dir + "/../" + fs::path(save_dir).filename().string() + "/" + step + "/rank_00001.bin",
+  };
+  for (const std::string& source : {save_dir, step_dir, save_dir + "/latest"}) {
+    for (const std::string& to : inside) {
+      const ProgramOutcome o = run_tool({"export", source, "--to", to});
+      EXPECT_EQ(o.exit_code, 2) << source << " --to " << to << ": " << o.err;
+      EXPECT_NE(o.err.find("--to " + to + " is inside the checkpoint it exports"),
+                std::string::npos)
+          << o.err;
+    }
+  }
+  EXPECT_FALSE(fs::exists(step_dir + "/model.safetensors"));
+  const ProgramOutcome verify = run_tool({"verify", save_dir});
+  EXPECT_EQ(verify.exit_code, 0) << verify.err;
+  // Beside the checkpoint, in the save directory itself, is fine.
+  const ProgramOutcome beside = run_tool({"export", save_dir, "--to", save_dir + "/m.safetensors"});
+  EXPECT_EQ(beside.exit_code, 0) << beside.err;
+  fs::remove_all(save_dir);
 }
 
 }  // namespace

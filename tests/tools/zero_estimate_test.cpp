@@ -128,6 +128,24 @@ TEST(ZeroEstimate, BadArgumentsExit2WithTheProblem) {
   expect_usage_error({"--params", "1B", "--ranks", "2", "extra"}, "unexpected argument 'extra'");
 }
 
+// Sizes past 64 bits are refused naming what was counted, never printed modulo 2^64: a GPT-2
+// of 2^17 layers 2^20 wide (1.7e18 parameters, 18 bytes each at stage 0), an MLP of 2^20 layers
+// 2^20 wide, and the activations of 2^20 sequences of 2^20 tokens.
+TEST(ZeroEstimate, SizesPast64BitsAreRefused) {
+  const std::vector<Words> cases = {
+      {"--model", "gpt2", "--n-layer", "131072", "--n-embd", "1048576", "--ranks", "1"},
+      {"--model", "mlp", "--hidden", "1048576", "--layers", "1048576", "--ranks", "1"},
+      {"--model", "gpt2", "--n-layer", "1", "--n-head", "1", "--n-embd", "1048576", "--block-size",
+       "1048576", "--micro-batch", "1048576", "--ranks", "1", "--stage", "3"},
+  };
+  for (const Words& args : cases) {
+    const ProgramOutcome outcome = run_estimate(args);
+    EXPECT_EQ(outcome.exit_code, 2) << outcome.out;
+    EXPECT_NE(outcome.err.find("zero-estimate: too large to count in 64 bits: "), std::string::npos)
+        << outcome.err;
+  }
+}
+
 // ZeRO-Offload planned for a GPU: the device keeps the bf16 parameters and the fp32 gradients
 // (Ψ = 39360 padded, N = 2: stage 1 2Ψ + 4Ψ, stage 2 2Ψ + 4Ψ/N, stage 3 2Ψ/N + 4Ψ/N); the host
 // per owned element the master and two moments (12 bytes; pageable unless --pin-memory, as

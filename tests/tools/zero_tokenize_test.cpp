@@ -150,6 +150,35 @@ TEST_F(ZeroTokenizeTest, BadArgumentsAreUsageErrors) {
       "--val-fraction 0.01 of 22 tokens leaves the training or the validation file empty");
 }
 
+// An output that names an input or the other output, by any spelling or link, would destroy
+// data (the text replaced by its tokens; the training tokens by the validation ones): refused
+// before anything is written, and the input is left as it was.
+TEST_F(ZeroTokenizeTest, OutputsNamingAnInputOrEachOtherAreRefused) {
+  const std::string text = "some text that must survive\n";
+  const std::string input = write_text("in.txt", text);
+  const std::string other = write_text("other.txt", text);
+  fs::create_hard_link(input, path("hard.txt"));
+  fs::create_symlink(input, path("soft.txt"));
+  const std::string out = path("out.bin");
+  const std::string val = path("val.bin");
+  expect_usage_error({input, "--out", input}, "--out " + input + " is also input " + input);
+  expect_usage_error({other, input, "--out", dir_ + "/./in.txt"},
+                     "--out " + dir_ + "/./in.txt is also input " + input);
+  expect_usage_error({input, "--out", path("hard.txt")},
+                     "--out " + path("hard.txt") + " is also input " + input);
+  expect_usage_error({path("soft.txt"), "--out", input},
+                     "--out " + input + " is also input " + path("soft.txt"));
+  expect_usage_error({input, "--out", out, "--val-out", input},
+                     "--val-out " + input + " is also input " + input);
+  expect_usage_error({input, "--out", out, "--val-out", out},
+                     "--out and --val-out name the same file " + out);
+  expect_usage_error({input, "--out", out, "--val-out",
+                      dir_ + "/../" + fs::path(dir_).filename().string() + "/out.bin"},
+                     "--out and --val-out name the same file " + out);
+  EXPECT_EQ(read_file(input), text);
+  EXPECT_EQ(read_file(other), text);
+}
+
 TEST_F(ZeroTokenizeTest, UnwritableOutputExitsOne) {
   const std::string input = write_text("in.txt", "text\n");
   const std::string out = path("no/such/dir/out.bin");

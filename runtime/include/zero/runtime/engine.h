@@ -363,12 +363,21 @@ struct MemoryPlan {
                              // NVMe staging buffers (the optimizer's: on the CPU path; on a GPU
                              // they are host_pinned)
   uint64_t nvme = 0;         // the rank's files of NVMe-offloaded optimizer state and params
+  uint64_t nvme_params = 0;  // of nvme, the params' file (offload_param.nvme_path); the rest is
+                             // the optimizer's (offload_optimizer.nvme_path)
   // What an update on the host keeps in host memory (offload_optimizer kCpu, and kNvme on a
   // GPU), as Engine::pinned_host_bytes() and pageable_host_bytes() measure it.
   uint64_t host_pinned = 0;
   uint64_t host_pageable = 0;
 };
 MemoryPlan plan_memory(const Layout& layout, const EngineConfig& config);
+
+// The estimator's view of this model on other stages and more ranks, for an out-of-memory
+// message: the plan (buffers included) for each stage on `world_size` ranks (those the state
+// is sharded over) and for stage 3 on 2, 4 and 8 times as many, each marked when it fits in
+// `budget` bytes (0: no budget to compare with).
+std::string what_would_fit(const Layout& layout, const EngineConfig& config, int world_size,
+                           uint64_t budget);
 
 // The ranks the model state is sharded over: the shard group's size with hybrid sharding
 // (mics_shard_size), else all world_size ranks. Throws for a mics_shard_size the world or the
