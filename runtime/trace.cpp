@@ -12,6 +12,7 @@
 #include <sstream>
 #include <utility>
 
+#include "checkpoint_format.h"
 #include "zero/collectives/communicator.h"
 #include "zero/core/check.h"
 
@@ -57,13 +58,7 @@ class TraceFile {
   TraceFile& operator=(const TraceFile&) = delete;
 
   void write(const std::string& text) {
-    size_t done = 0;
-    while (done < text.size()) {
-      const ssize_t n = ::write(fd_, text.data() + done, text.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      ZERO_CHECK(n >= 0, "cannot write trace file '" << path_ << "': " << std::strerror(errno));
-      done += static_cast<size_t>(n);
-    }
+    checkpoint_files::write_fully(fd_, text.data(), text.size(), "trace file '" + path_ + "'");
   }
   void close() {
     const int result = ::close(std::exchange(fd_, -1));
