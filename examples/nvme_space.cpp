@@ -10,6 +10,8 @@
 #include <map>
 #include <sstream>
 
+#include "examples/run_checks.h"
+#include "zero/collectives/mpi_check.h"
 #include "zero/core/check.h"
 #include "zero/runtime/memory.h"
 #include "zero/runtime/nvme_file.h"
@@ -17,28 +19,6 @@
 namespace zero::examples {
 
 namespace {
-
-void check_mpi(int result, const char* call) {
-  ZERO_CHECK(result == MPI_SUCCESS, call << " failed (MPI error " << result << ")");
-}
-
-// Every rank's copy of one string over `comm` (lengths first, then the bytes).
-std::vector<std::string> all_gather_strings(const std::string& mine, MPI_Comm comm) {
-  int ranks = 0;
-  check_mpi(MPI_Comm_size(comm, &ranks), "MPI_Comm_size");
-  const int length = static_cast<int>(mine.size());
-  std::vector<int> lengths(static_cast<size_t>(ranks));
-  check_mpi(MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, comm), "MPI_Allgather");
-  std::vector<int> offsets(static_cast<size_t>(ranks), 0);
-  for (int r = 1; r < ranks; ++r) offsets[r] = offsets[r - 1] + lengths[r - 1];
-  std::string all(static_cast<size_t>(offsets.back() + lengths.back()), '\0');
-  check_mpi(MPI_Allgatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(),
-                           offsets.data(), MPI_CHAR, comm),
-            "MPI_Allgatherv");
-  std::vector<std::string> out;
-  for (int r = 0; r < ranks; ++r) out.push_back(all.substr(offsets[r], lengths[r]));
-  return out;
-}
 
 // A share as one line ("rank device free bytes dir"; the directory last, as it may hold spaces).
 std::string encoded(const FileSystemShare& share) {
@@ -132,15 +112,15 @@ std::string overcommitted_file_system(const std::vector<FileSystemShare>& shares
 std::string nvme_space_problem(const std::vector<NvmeFileNeed>& mine) {
   int rank = 0;
   int world = 1;
-  check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &rank), "MPI_Comm_rank");
-  check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &world), "MPI_Comm_size");
+  ZERO_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  ZERO_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
   std::string problem;
   const std::vector<FileSystemShare> shares = checked_shares(mine, rank, &problem);
   // The ranks of a node may share a file system: their shares are summed there (st_dev names a
   // file system on one node only).
   MPI_Comm node = MPI_COMM_NULL;
-  check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node),
-            "MPI_Comm_split_type");
+  ZERO_MPI_CHECK(
+      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
   std::string mine_encoded;
   for (const FileSystemShare& share : shares) mine_encoded += encoded(share);
   std::vector<FileSystemShare> node_shares;
@@ -152,8 +132,7 @@ std::string nvme_space_problem(const std::vector<NvmeFileNeed>& mine) {
   // Agreed across the world: every rank returns the first failing rank's message.
   const int failed = problem.empty() ? 0 : 1;
   std::vector<int> failures(static_cast<size_t>(world));
-  check_mpi(MPI_Allgather(&failed, 1, MPI_INT, failures.data(), 1, MPI_INT, MPI_COMM_WORLD),
-            "MPI_Allgather");
+  ZERO_MPI_CHECK(MPI_Allgather(&failed, 1, MPI_INT, failures.data(), 1, MPI_INT, MPI_COMM_WORLD));
   const auto first = std::find(failures.begin(), failures.end(), 1);
   if (first == failures.end()) return "";
   return all_gather_strings(problem, MPI_COMM_WORLD)[first - failures.begin()];

@@ -37,20 +37,25 @@ uint64_t fnv1a(const std::string& text) {
   return hash;
 }
 
-// Every rank's copy of one string (lengths first, then the bytes).
-std::vector<std::string> all_gather_strings(const std::string& mine, int world) {
+}  // namespace
+
+std::vector<std::string> all_gather_strings(const std::string& mine, MPI_Comm comm) {
+  int ranks = 0;
+  ZERO_MPI_CHECK(MPI_Comm_size(comm, &ranks));
   const int length = static_cast<int>(mine.size());
-  std::vector<int> lengths(static_cast<size_t>(world));
-  MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, MPI_COMM_WORLD);
-  std::vector<int> offsets(static_cast<size_t>(world), 0);
-  for (int r = 1; r < world; ++r) offsets[r] = offsets[r - 1] + lengths[r - 1];
+  std::vector<int> lengths(static_cast<size_t>(ranks));
+  ZERO_MPI_CHECK(MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, comm));
+  std::vector<int> offsets(static_cast<size_t>(ranks), 0);
+  for (int r = 1; r < ranks; ++r) offsets[r] = offsets[r - 1] + lengths[r - 1];
   std::string all(static_cast<size_t>(offsets.back() + lengths.back()), '\0');
-  MPI_Allgatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(),
-                 MPI_CHAR, MPI_COMM_WORLD);
+  ZERO_MPI_CHECK(MPI_Allgatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(),
+                                offsets.data(), MPI_CHAR, comm));
   std::vector<std::string> out;
-  for (int r = 0; r < world; ++r) out.push_back(all.substr(offsets[r], lengths[r]));
+  for (int r = 0; r < ranks; ++r) out.push_back(all.substr(offsets[r], lengths[r]));
   return out;
 }
+
+namespace {
 
 std::string directory_of(const std::string& path) {
   const size_t slash = path.find_last_of('/');
@@ -96,7 +101,7 @@ std::string first_disagreement(const std::vector<Setting>& settings) {
     bool same = true;
     for (int r = 1; r < world; ++r) same = same && all[r * mine.size() + i] == all[i];
     if (same) continue;
-    const std::vector<std::string> values = all_gather_strings(settings[i].value, world);
+    const std::vector<std::string> values = all_gather_strings(settings[i].value, MPI_COMM_WORLD);
     std::ostringstream message;
     message << "the ranks run different jobs: " << settings[i].name << " is";
     for (int r = 0; r < world; ++r) {

@@ -4,6 +4,8 @@
 // ranks call it) and fails on every rank at once.
 #pragma once
 
+#include <mpi.h>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -11,6 +13,9 @@
 #include <vector>
 
 namespace zero::examples {
+
+// Collective over `comm`: every rank's copy of `mine` (lengths first, then the bytes), by rank.
+std::vector<std::string> all_gather_strings(const std::string& mine, MPI_Comm comm);
 
 // One setting that must agree across ranks, by name (the flag or config key a user knows it
 // by) and value as text.
