@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "driver/paths.h"
 #include "zero/collectives/mpi_check.h"
 
 namespace zero::examples {
@@ -203,14 +204,7 @@ bool is_within(const std::string& path, const std::string& dir) {
   bool path_ok = false, dir_ok = false;
   const fs::path inner = resolved(path, &path_ok);
   const fs::path outer = resolved(dir, &dir_ok);
-  if (!path_ok || !dir_ok) return false;
-  auto i = inner.begin();
-  for (auto o = outer.begin(); o != outer.end(); ++o, ++i) {
-    // A trailing separator is an empty last element: "DIR/" is DIR.
-    if (o->empty()) return true;
-    if (i == inner.end() || *i != *o) return false;
-  }
-  return true;
+  return path_ok && dir_ok && driver::is_within(inner, outer);
 }
 
 SaveDirLock::SaveDirLock(const std::string& dir) {

@@ -17,9 +17,9 @@
 #include <exception>
 #include <filesystem>
 #include <string>
-#include <system_error>
 #include <vector>
 
+#include "driver/paths.h"
 #include "zero/core/dtype.h"
 #include "zero/core/text.h"
 #include "zero/optimizer/optimizer.h"
@@ -106,36 +106,19 @@ int verify(const std::string& dir) {
 
 namespace fs = std::filesystem;
 
-// The directory entry a rename to `path` replaces, with its directory resolved (links, `.` and
-// `..`): the name itself is not followed, since a rename replaces a link, not its target.
-fs::path replaced_entry(const std::string& path) {
-  const fs::path given = fs::absolute(path);
-  std::error_code error;
-  const fs::path parent = fs::weakly_canonical(given.parent_path(), error);
-  return (error ? given.parent_path() : parent) / given.filename();
-}
-
-bool is_within(const fs::path& path, const fs::path& dir) {
-  auto p = path.begin();
-  for (auto d = dir.begin(); d != dir.end(); ++d, ++p) {
-    if (p == path.end() || *p != *d) return false;
-  }
-  return true;
-}
-
 // An export that replaced a file of the checkpoint it reads (a shard, the manifest, the
 // `latest` that names it) would leave a checkpoint that no longer verifies: refused, naming it.
 void refuse_output_inside(const std::string& to, const std::string& dir,
                           const std::vector<zero::CheckpointInfo>& grid) {
-  const fs::path entry = replaced_entry(to);
+  const fs::path entry = zero::driver::replaced_entry(to);
   const auto refuse = [&](const std::string& what) {
     usage_error("--to " + to + " is inside the checkpoint it exports (" + what +
                 "); write the export elsewhere");
   };
-  if (entry == replaced_entry(dir)) refuse(dir);
+  if (entry == zero::driver::replaced_entry(dir)) refuse(dir);
   for (const zero::CheckpointInfo& c : grid) {
     const fs::path step_dir = fs::canonical(c.step_dir);
-    if (is_within(entry, step_dir)) refuse(c.step_dir);
+    if (zero::driver::is_within(entry, step_dir)) refuse(c.step_dir);
     if (entry == step_dir.parent_path() / "latest") refuse("the 'latest' that names " + c.step_dir);
   }
 }

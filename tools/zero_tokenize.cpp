@@ -18,13 +18,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
-#include <filesystem>
 #include <limits>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "driver/cli.h"
+#include "driver/paths.h"
 #include "models/token_data.h"
 
 namespace {
@@ -94,13 +94,7 @@ bool same_file(const std::string& a, const std::string& b) {
   if (::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0) {
     return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
   }
-  const auto entry = [](const std::string& path) {
-    const std::filesystem::path given = std::filesystem::absolute(path);
-    std::error_code error;
-    const std::filesystem::path dir = std::filesystem::weakly_canonical(given.parent_path(), error);
-    return (error ? given.parent_path() : dir) / given.filename();
-  };
-  return entry(a) == entry(b);
+  return zero::driver::replaced_entry(a) == zero::driver::replaced_entry(b);
 }
 
 // An output that is an input would replace the text with its tokens, and one output the other
