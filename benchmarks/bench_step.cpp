@@ -9,7 +9,7 @@
 //   zerorun --hostfile H -- zero-bench-step --collectives hierarchical,mpi --link-counters
 //   zero-node
 //                              the multi-node mode: both transports alternating, and the bytes
-//                              that crossed between nodes per step (README, "Several nodes")
+//                              that crossed between nodes per step (docs/multinode.md)
 //
 // How it measures (the choices, written where a reader of the numbers looks for them):
 //  - Every stage gets its own engine on the same communicator, all alive at once. After each

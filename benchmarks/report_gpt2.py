@@ -158,7 +158,7 @@ def markdown(gpt2, table):
         "large `cblas_sgemm` on its thread at the same moment, before and after the steps, and "
         "the ranks' best GFLOP/s add up. OpenBLAS ran its "
         f"`{first['blas_core']}` kernels (`zerorun` chooses them on a CPU OpenBLAS does not "
-        "recognise; see the README). vs stage 0 is tokens/s over stage 0's at the same ranks "
+        "recognise; see docs/cli.md). vs stage 0 is tokens/s over stage 0's at the same ranks "
         "and dtype.\n\n")
     rows = []
     for r in sorted(records, key=lambda x: (x["world_size"], x["dtype"] != "fp32", x["stage"])):

@@ -43,7 +43,7 @@ def cluster_env():
         if line.startswith("export "):
             name, _, value = line[len("export "):].partition("=")
             env[name] = shlex.split(value)[0] if value else ""
-    # zerorun does not set the BLAS core for ranks on other hosts (README, multi-node).
+    # zerorun does not set the BLAS core for ranks on other hosts (docs/cli.md, "OpenBLAS kernels").
     env["OPENBLAS_CORETYPE"] = env.get("OPENBLAS_CORETYPE", "SkylakeX")
     return env
 

@@ -1,4 +1,4 @@
-// zero-train's flags override its config file, each one, as the README promises: a config sets
+// zero-train's flags override its config file, each one, as docs/cli.md promises: a config sets
 // every value a flag can also set, and the flags then set other values. Without the flags the
 // file's values stand, so the test sees each flag make the difference.
 #include <gtest/gtest.h>

@@ -4,7 +4,7 @@
 # with the checkpoints spilled to NVMe, zero-train trains at that micro-batch and refuses one
 # sequence more at start (exit 3, out of memory). A GPT-2 of 6 layers, 64 wide, T = 16, stage 3,
 # 1 rank, fp32, in 8 MiB (the spill keeps 2 of the 6 checkpoints in memory); the data are this
-# repository's README as bytes.
+# repository's README as bytes (any text will do).
 #   gpt2_largest_micro_batch.sh BIN_DIR WORK_DIR MPIEXEC [FLAGS...]
 set -euo pipefail
 bin="$1"; work="$2"; shift 2
