@@ -56,8 +56,9 @@
 //   checkpoint         ours: override_optimizer (see TrainingConfig).
 //   tensor_parallel    tp_size or autotp_size (DeepSpeed's inference and training names; equal
 //                      when both are given) -> tensor_parallel_size, absent 1; it must divide
-//                      the world size, and cannot be combined with mics_shard_size yet. The
-//                      batch keys' "world size" is then the data-parallel size, world / tp.
+//                      the world size; mics_shard_size must then divide the data-parallel
+//                      size. The batch keys' "world size" is then the data-parallel size,
+//                      world / tp.
 //   activation_checkpointing  -> ActivationCheckpointingConfig: number_checkpoints (at least 1),
 //                      our mode ("none", "selective", "full"; absent: none), cpu_checkpointing,
 //                      contiguous_memory_optimization, profile, partition_activations and
