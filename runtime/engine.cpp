@@ -39,10 +39,10 @@ Engine::Impl::Impl(Communicator& c, const std::vector<ParamDecl>& decls, const E
       accum_dtype(accumulation_dtype(cfg)),
       accum(dtype_size(accum_dtype)),
       trace(cfg.trace),
+      timeline(*device, trace, config.overlap_comm),
       param_pool(allocator, *device, MemoryCategory::kPrefetch, layout.max_unit_numel() * elem,
-                 [this](const CommPoint& p) { wait_for_comm(p); }),
-      grad_pool(allocator, *device, MemoryCategory::kCommBuffer, layout.max_unit_numel() * elem,
-                [this](const CommPoint& p) { wait_for_comm(p); }),
+                 [this](const CommPoint& p) { timeline.wait(p); }),
+      reducer(layout, config, comm, hybrid.replica.get(), *device, allocator, timeline, fusion),
       decay_runs(decay_runs_of(decls)) {
   ZERO_CHECK(host_comm.world_size() == world * replicas,
              "EngineConfig::host_communicator has " << host_comm.world_size()
@@ -62,7 +62,8 @@ Engine::Impl::Impl(Communicator& c, const std::vector<ParamDecl>& decls, const E
   if (config.desync_check) comm.set_desync_check(true);
   check_same_model_on_all_ranks();
   allocator.set_limit(config.memory_limit_bytes);
-  reduce_packs = PackedCollectives(layout, config.reduce_bucket_elements, /*backward=*/true);
+  reducer.set_after_last_reduction(
+      [this](int u, const CommPoint& reduced) { return copy_grads_to_host(u, reduced); });
   gather_packs = PackedCollectives(layout, gather_bucket_elements(config), /*backward=*/false);
   // Collective, so before anything a single rank may refuse (the plan against its own limit,
   // below): its peers then wait in a collective the watchdog guards, not in this one.
@@ -90,7 +91,7 @@ Engine::Impl::Impl(Communicator& c, const std::vector<ParamDecl>& decls, const E
   if (offloads_params_to_nvme(config)) {
     param_swap =
         std::make_unique<ParamSwap>(layout, config, allocator, host_allocator, *device, rank,
-                                    [this](const CommPoint& p) { wait_for_comm(p); });
+                                    [this](const CommPoint& p) { timeline.wait(p); });
   }
   initialize(decls);
   // The first step's NVMe figures are its own, not the initial values' writes.
@@ -282,8 +283,7 @@ void Engine::Impl::allocate() {
     s.persistent = is_persistent(unit, config);
     s.params_full = allocator.allocate(b.params_full, MemoryCategory::kParamsFull);
     s.params_shard = allocator.allocate(b.params_shard, MemoryCategory::kParamsShard);
-    s.grads_full = allocator.allocate(b.grads_full, MemoryCategory::kGrads);
-    s.grads_shard = allocator.allocate(b.grads_shard, MemoryCategory::kGrads);
+    reducer.allocate_unit(u, b);
     // offload_optimizer cpu: the optimizer's arrays in host memory, where the host kernels step
     // them; page-locked with pin_memory. What crosses the bus is always page-locked: a copy
     // from pageable memory would hold up the stream it runs on.
@@ -296,10 +296,10 @@ void Engine::Impl::allocate() {
     }
     s.host_grads = host_allocator.allocate(b.host_grads, MemoryCategory::kGrads);
     s.host_params = host_allocator.allocate(b.host_params, MemoryCategory::kParamsShard);
-    s.gathered = config.stage <= 2 || s.persistent;
+    s.params = config.stage <= 2 || s.persistent ? ParamState::kGathered : ParamState::kSharded;
   }
   param_pool.reserve(param_buffer_count(layout, config));
-  grad_pool.reserve(grad_bucket_count(layout, config));
+  reducer.allocate_buckets();
   fusion = allocator.allocate(fusion_bytes(layout, config), MemoryCategory::kCommBuffer);
   const size_t staging_bytes =
       max_staging_bytes(layout, config, [this](CollectiveOp op, size_t count, DType dtype) {
@@ -309,10 +309,7 @@ void Engine::Impl::allocate() {
     staging = allocator.allocate(staging_bytes, MemoryCategory::kCommBuffer);
     comm.set_staging_buffer(staging.data(), staging.bytes());
   }
-  if (needs_fp32_scratch(config)) {
-    fp32_scratch =
-        allocator.allocate(layout.max_unit_numel() * sizeof(float), MemoryCategory::kCommBuffer);
-  }
+  reducer.allocate_scratch();
   norm_sums = allocator.allocate(units.size() * sizeof(float), MemoryCategory::kOther);
   norm_sums_on_host = host_allocator.allocate(units.size() * sizeof(float), MemoryCategory::kOther);
 }
@@ -344,8 +341,9 @@ void Engine::Impl::initialize(const std::vector<ParamDecl>& decls) {
       fill(buffer.bytes(), dtype, region_begin, region_end);
       device->copy_from_host(buffer.data(), host.data(), host.size());
     };
-    const size_t shard_begin = static_cast<size_t>(rank) * unit.shard;
-    const size_t shard_end = shard_begin + unit.shard;
+    const ElementRange mine = shard_range(unit.numel, rank, world);
+    const size_t shard_begin = mine.first;
+    const size_t shard_end = mine.end();
     upload(s.params_full, config.dtype, 0, unit.numel);
     if (param_swap && param_swap->swapped(static_cast<int>(u))) {
       fill(unit.shard * elem, config.dtype, shard_begin, shard_end);
@@ -423,7 +421,8 @@ void Engine::release(int unit) {
   impl_->release(unit);
 }
 void Engine::grads_ready(int unit) {
-  impl_->grads_ready(unit);
+  impl_->check_unit(unit);
+  impl_->reducer.ready(unit);
 }
 StepStats Engine::step() {
   return impl_->step();
@@ -445,7 +444,7 @@ size_t Engine::live_elements() const {
 }
 bool Engine::is_gathered(int unit) const {
   impl_->check_unit(unit);
-  return impl_->units[unit].gathered;
+  return impl_->units[unit].params != ParamState::kSharded;
 }
 Engine::StateView Engine::state_view(int unit) {
   return impl_->state_view(unit);

@@ -31,18 +31,18 @@ bool steps_on_host(const EngineConfig& config) {
          (offloads_optimizer_to_nvme(config) && config.device.is_cuda());
 }
 
-void Engine::Impl::copy_grads_to_host(int u) {
+CommPoint Engine::Impl::copy_grads_to_host(int u, const CommPoint& reduced) {
   UnitState& s = units[u];
-  if (s.host_grads.empty()) return;  // the update is not on the host (steps_on_host)
+  if (s.host_grads.empty()) return reduced;  // the update is not on the host (steps_on_host)
   DeviceContext* dev = device.get();
   Stream* on = &comm.stream();
   void* host = s.host_grads.data();
-  const void* shard = owned_grads(static_cast<size_t>(u));
+  const void* shard = reducer.owned(static_cast<size_t>(u));
   const size_t bytes = s.host_grads.bytes();
   // A compute-side span (not a collective): it shows when the copy ran against the reductions
   // beside it, and counts in neither the step's collectives nor its communication time. Only
   // where the stream runs the work itself (the CPU): a device stream would stamp issue times.
-  Trace* t = trace.enabled() && measures_comm() ? &trace : nullptr;
+  Trace* t = trace.enabled() && on->native_handle() == nullptr ? &trace : nullptr;
   on->enqueue([=] {
     const double begin_us = Trace::now_us();
     dev->copy(host, shard, bytes, on);
@@ -50,9 +50,9 @@ void Engine::Impl::copy_grads_to_host(int u) {
   });
   // Without overlap_comm the reduction was waited for already (from its issue); the copy is
   // exposed from now on.
-  const CommPoint copied = comm_point();
-  if (!config.overlap_comm) wait_for_comm(copied);
-  s.grads_reduced = copied;
+  const CommPoint copied = timeline.point(*on);
+  if (!config.overlap_comm) timeline.wait(copied);
+  return copied;
 }
 
 void Engine::Impl::wait_for_host_uploads() {
@@ -64,7 +64,7 @@ void Engine::Impl::begin_host_update() {
   // The host writes the host side of the last step's copies to the device again.
   wait_for_host_uploads();
   // step() ordered the device after the gradients' copies; the host reads them itself.
-  for (const UnitState& s : units) s.grads_reduced.event.wait();
+  for (size_t u = 0; u < units.size(); ++u) reducer.reduced(static_cast<int>(u)).event.wait();
 }
 
 void Engine::Impl::apply_pass_on_host(const std::vector<Piece>& pieces,
@@ -125,7 +125,7 @@ void Engine::Impl::update_on_host(float grad_scale) {
 }
 
 void Engine::Impl::set_working_params(size_t u, const float* master) {
-  const size_t n = owned_numel(u);
+  const size_t n = owned_range(u).count;
   if (!steps_on_host(config)) {
     device->cast(master, DType::kFloat32, owned_params(u), config.dtype, n);
     return;

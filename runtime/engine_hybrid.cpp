@@ -58,25 +58,6 @@ HybridGroups HybridGroups::split(Communicator& world, const EngineConfig& config
   return groups;
 }
 
-// The replica all-reduce runs on the replica communicator's stream after the shard group's
-// reduction it follows; the shard group's stream does not wait for it (see
-// sum_across_replicas in engine_internal.h). It is issued from the engine's thread, which is
-// where the replica communicator's counters are read. Every rank issues its reductions in the
-// same order, so the replica groups' collectives match.
-Stream& Engine::Impl::sum_across_replicas(void* data, size_t count, DType dtype) {
-  if (!hybrid.replica) return comm.stream();
-  Communicator& replica = *hybrid.replica;
-  Stream& on = replica.stream();
-  on.wait(comm.stream().record());
-  traced_on(on, "replica_all_reduce", count * dtype_size(dtype),
-            [&] { return replica.all_reduce(data, data, count, dtype); });
-  return on;
-}
-
-void Engine::Impl::wait_until_replicas_read_scratch() {
-  comm.stream().wait(scratch_read_by_replicas);
-}
-
 uint64_t Engine::own_comm_bytes() const {
   const HybridGroups& groups = impl_->hybrid;
   if (!groups.shard) return 0;

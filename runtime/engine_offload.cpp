@@ -92,7 +92,7 @@ void Engine::Impl::open_offload(const std::vector<ParamDecl>& decls) {
   o.unit_first.assign(units.size(), 0);
   for (size_t u = 0; u < units.size(); ++u) {
     o.unit_first[u] = first;
-    if (layout.units()[u].trainable) first += owned_numel(u);
+    if (layout.units()[u].trainable) first += owned_range(u).count;
   }
   if (o.layout.records.empty()) return;  // nothing to offload (no state, nothing trainable)
   // Views and the update hand the records' master to host code: on a GPU it must be there.
@@ -125,7 +125,7 @@ void Engine::Impl::open_offload(const std::vector<ParamDecl>& decls) {
     for (size_t at = 0; at < record.numel; at += all[next].count, ++next) {
       const Piece& piece = all[next];
       const Unit& unit = layout.units()[piece.unit];
-      const size_t region = owned_begin(piece.unit) + piece.begin;
+      const size_t region = owned_range(piece.unit).first + piece.begin;
       for (int i : unit.params) {
         const ParamPlacement& p = layout.params()[i];
         const size_t begin = std::clamp(region, p.offset, p.offset + p.numel);
@@ -276,8 +276,9 @@ char* Engine::Impl::cached_record(int k) {
 Engine::StateView Engine::Impl::offloaded_state_view(int u) {
   OffloadedOptimizer& o = *offload;
   Engine::StateView view;
-  view.begin = owned_begin(u);
-  view.end = view.begin + owned_numel(u);
+  const ElementRange owned = owned_range(u);
+  view.begin = owned.first;
+  view.end = owned.end();
   view.state_count = optimizer.state_count();
   const size_t n = view.end - view.begin;
   std::vector<Buffer>& copies = o.views[u];
@@ -321,7 +322,7 @@ void Engine::Impl::write_back_offloaded_views() {
     for (const auto& [u, copies] : o.views) {
       const size_t unit_first = o.unit_first[u];
       const size_t lo = std::max(record_first, unit_first);
-      const size_t hi = std::min(record_first + record.numel, unit_first + owned_numel(u));
+      const size_t hi = std::min(record_first + record.numel, unit_first + owned_range(u).count);
       if (lo >= hi) continue;
       if (data == nullptr) data = cached_record(static_cast<int>(k));
       for (size_t a = 0; a < copies.size(); ++a) {

@@ -15,8 +15,9 @@ Engine::StateView Engine::Impl::state_view(int u) {
   if (offload) return offloaded_state_view(u);
   UnitState& s = units[u];
   Engine::StateView view;
-  view.begin = owned_begin(u);
-  view.end = view.begin + owned_numel(u);
+  const ElementRange owned = owned_range(u);
+  view.begin = owned.first;
+  view.end = owned.end();
   const size_t n = view.end - view.begin;
   view.state_count = optimizer.state_count();
   if (offloads_optimizer_to_host(config)) {
@@ -57,10 +58,11 @@ float* Engine::Impl::host_view(float* data, size_t n) {
 }
 
 Engine::StateView Engine::Impl::frozen_state_view(int u) {
-  const size_t n = owned_numel(u);
+  const ElementRange owned = owned_range(u);
+  const size_t n = owned.count;
   Engine::StateView view;
-  view.begin = owned_begin(u);
-  view.end = view.begin + n;
+  view.begin = owned.first;
+  view.end = owned.end();
   FrozenView& frozen = frozen_views[u];
   if (config.dtype == DType::kFloat32) {
     view.master = host_view(static_cast<float*>(owned_params(u)), n);
@@ -94,7 +96,7 @@ void Engine::Impl::state_loaded() {
     }
   }
   start_post_step_gathers(/*with_frozen=*/true);
-  for (UnitState& s : units) wait_for_comm(s.params_ready);
+  for (size_t u = 0; u < units.size(); ++u) wait_for_params(static_cast<int>(u));
 }
 
 void Engine::Impl::write_state_views() {
@@ -107,7 +109,7 @@ void Engine::Impl::write_state_views() {
   // A frozen unit's 16-bit values come back from the fp32 copy its view handed out.
   for (const auto& [u, frozen] : frozen_views) {
     if (frozen.master.empty()) continue;
-    const size_t n = owned_numel(u);
+    const size_t n = owned_range(u).count;
     std::vector<char> working(n * elem);
     kernels::cast(frozen.master.data(), DType::kFloat32, working.data(), config.dtype, n);
     device->copy_from_host(owned_params(u), working.data(), working.size());
@@ -146,7 +148,7 @@ void Engine::Impl::release_state_views() {
 std::vector<std::vector<float>> Engine::Impl::gather_full_params() {
   std::vector<std::vector<float>> out(layout.params().size());
   for (size_t u = 0; u < units.size(); ++u) {
-    const bool was_gathered = units[u].gathered;
+    const bool was_gathered = units[u].params != ParamState::kSharded;
     gather(static_cast<int>(u));
     std::vector<char> host(layout.units()[u].numel * elem);
     device->copy_to_host(host.data(), units[u].params_full.data(), host.size());

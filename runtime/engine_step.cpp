@@ -10,7 +10,7 @@ namespace zero {
 // the update of each rank's slice, the all-gathers that bring the slices back.
 StepStats Engine::Impl::step() {
   check_ready_for_step();
-  for (UnitState& s : units) wait_for_comm(s.grads_reduced);
+  reducer.wait_for_reductions();
   const GradientCheck check = check_gradients();
 
   StepStats stats;
@@ -44,13 +44,12 @@ StepStats Engine::Impl::step() {
     stats.nvme_write_bytes += swapped.write_bytes;
     stats.nvme_param_read_wait_ms = swapped.stream_wait_ms;
   }
-  finish_step();
+  reducer.finish_step();
   stats.step = optimizer.step();
-  stats.collectives = collectives_issued;
-  stats.comm_busy_ms = static_cast<double>(comm_busy_us->exchange(0)) / 1000.0;
-  stats.comm_wait_ms = comm_wait_us / 1000.0;
-  collectives_issued = 0;
-  comm_wait_us = 0.0;
+  const CommTimeline::Figures comm_figures = timeline.take();
+  stats.collectives = comm_figures.collectives;
+  stats.comm_busy_ms = comm_figures.busy_ms;
+  stats.comm_wait_ms = comm_figures.wait_ms;
   const MemoryStats& memory = allocator.stats();
   stats.peak_activation_bytes = memory.window_peak_activations;
   stats.peak_checkpoint_bytes =
@@ -61,15 +60,16 @@ StepStats Engine::Impl::step() {
 
 void Engine::Impl::check_ready_for_step() const {
   for (size_t u = 0; u < units.size(); ++u) {
-    ZERO_CHECK(!layout.units()[u].trainable || units[u].micro_batches_done == config.micro_batches,
-               "step() after " << units[u].micro_batches_done << " backward pass(es) of unit " << u
-                               << "; expected " << config.micro_batches
+    const int done = reducer.micro_batches_done(static_cast<int>(u));
+    ZERO_CHECK(!layout.units()[u].trainable || done == config.micro_batches,
+               "step() after " << done << " backward pass(es) of unit " << u << "; expected "
+                               << config.micro_batches
                                << " (one grads_ready per unit per micro-batch"
                                << (units[u].persistent
                                        ? ", the persistent unit's after the whole backward)"
                                        : ")"));
     // A stage-3 unit gathered across the step would keep serving the old parameters.
-    ZERO_CHECK(config.stage != 3 || !units[u].gathered || units[u].persistent,
+    ZERO_CHECK(config.stage != 3 || units[u].params == ParamState::kSharded || units[u].persistent,
                "step() while unit " << u << " is still gathered; release it first");
   }
 }
@@ -88,12 +88,12 @@ Engine::Impl::GradientCheck Engine::Impl::check_gradients() {
         const float sum = tensor_parallel_sum_squares(u, unit_sums + u);
         device->copy_from_host(unit_sums + u, &sum, sizeof(float));
       } else {
-        device->sum_squares(grad_shard(u), accum_dtype, layout.units()[u].shard, unit_sums + u);
+        device->sum_squares(reducer.shard(u), accum_dtype, layout.units()[u].shard, unit_sums + u);
       }
     }
   }
   comm.stream().wait(device->record());
-  wait_for_comm(traced("all_reduce", units.size() * sizeof(float), [&] {
+  timeline.wait(timeline.traced(comm.stream(), "all_reduce", units.size() * sizeof(float), [&] {
     return comm.all_reduce(unit_sums, unit_sums, units.size(), DType::kFloat32);
   }));
   if (config.tensor_parallel != nullptr) {
@@ -129,8 +129,9 @@ Engine::Impl::GradientCheck Engine::Impl::check_gradients() {
 // per parameter, which a GPU pays once a step per split parameter.
 float Engine::Impl::tensor_parallel_sum_squares(size_t u, float* slot) {
   const Unit& unit = layout.units()[u];
-  const size_t begin = static_cast<size_t>(rank) * unit.shard;
-  const size_t end = begin + unit.shard;
+  const ElementRange mine = shard_range(unit.numel, rank, world);
+  const size_t begin = mine.first;
+  const size_t end = mine.end();
   const bool counts_replicated = config.tensor_parallel->rank() == 0;
   double sum = 0.0;
   for (int p : unit.params) {
@@ -139,7 +140,7 @@ float Engine::Impl::tensor_parallel_sum_squares(size_t u, float* slot) {
     const size_t first = std::max(begin, param.offset);
     const size_t last = std::min(end, param.offset + param.numel);
     if (first >= last) continue;
-    device->sum_squares(byte_offset(grad_shard(u), (first - begin) * accum), accum_dtype,
+    device->sum_squares(byte_offset(reducer.shard(u), (first - begin) * accum), accum_dtype,
                         last - first, slot);
     float part = 0.0f;
     device->copy_to_host(&part, slot, sizeof(float));
@@ -235,7 +236,7 @@ void* Engine::Impl::swap_in_for_update(int u, bool on_host) {
 }
 
 void Engine::Impl::swap_out_after_update(const Piece& last) {
-  if (last.begin + last.count == owned_numel(last.unit)) {
+  if (last.begin + last.count == owned_range(last.unit).count) {
     param_swap->write_back(static_cast<int>(last.unit));
   }
 }
@@ -256,7 +257,7 @@ ShardUpdate Engine::Impl::piece_update(const Piece& piece, float* master, float*
   update.shard.n = piece.count;
   update.shard.master = master != nullptr ? master : static_cast<float*>(working) + piece.begin;
   for (int k = 0; k < optimizer.state_count(); ++k) update.shard.state[k] = state[k];
-  update.grad = byte_offset(owned_grads(piece.unit), piece.begin * accum);
+  update.grad = byte_offset(reducer.owned(piece.unit), piece.begin * accum);
   update.param_out = master != nullptr ? byte_offset(working, piece.begin * elem) : nullptr;
   update.weight_decay = piece.weight_decay;
   return update;
@@ -270,8 +271,8 @@ std::vector<std::vector<Piece>> Engine::Impl::plan_sub_groups() const {
   size_t group_numel = 0;
   for (size_t u = 0; u < units.size(); ++u) {
     if (!layout.units()[u].trainable) continue;
-    const size_t n = owned_numel(u);
-    const size_t first = owned_begin(u);
+    const size_t n = owned_range(u).count;
+    const size_t first = owned_range(u).first;
     const std::vector<DecayRun>& runs = decay_runs[u];
     size_t run = 0;
     for (size_t begin = 0; begin < n;) {
@@ -324,7 +325,8 @@ void Engine::Impl::gather_one(int u) {
   // Stages 1-2 wait for this gather in gather(). A stage-3 unit gathered here was prefetched
   // before a state load: its buffer now holds the loaded values and stays gathered (and
   // counted live) until its release, which gives the buffer back.
-  if (!s.persistent && config.stage != 3) s.gathered = false;
+  transition(s.params, {ParamState::kGathered, ParamState::kGathering}, ParamState::kGathering, u,
+             "the post-step all-gather");
 }
 
 // An allgather_bucket_size pack (stages 1-2): each unit's updated slice into its place in
@@ -344,8 +346,9 @@ void Engine::Impl::gather_packed(const std::vector<int>& pack) {
     const size_t bytes = layout.units()[u].shard * w;
     on->enqueue([=] { dev->copy(slot, mine, bytes, on); });
   }
-  traced("all_gather", world * region * w,
-         [&] { return comm.all_gather(fused + rank * region * w, fused, region, config.dtype); });
+  timeline.traced(comm.stream(), "all_gather", world * region * w, [&] {
+    return comm.all_gather(fused + rank * region * w, fused, region, config.dtype);
+  });
   for (int u : pack) {
     char* full = static_cast<char*>(units[u].params_full.data());
     const char* part = fused + gather_packs.offset_of[u] * w;
@@ -357,19 +360,11 @@ void Engine::Impl::gather_packed(const std::vector<int>& pack) {
       }
     });
   }
-  const CommPoint ready = issued(comm_point(), issue_us);
+  const CommPoint ready = timeline.issued(timeline.point(comm.stream()), issue_us);
   for (int u : pack) {
     units[u].params_ready = ready;
-    units[u].gathered = false;
-  }
-}
-
-// Gradients start from zero for the next step.
-void Engine::Impl::finish_step() {
-  for (UnitState& s : units) {
-    if (!s.grads_full.empty()) device->zero(s.grads_full.data(), s.grads_full.bytes());
-    s.grads_full_reused = false;
-    s.micro_batches_done = 0;
+    transition(units[u].params, {ParamState::kGathered, ParamState::kGathering},
+               ParamState::kGathering, u, "the post-step all-gather");
   }
 }
 

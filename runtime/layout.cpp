@@ -159,6 +159,16 @@ Layout Layout::build(const std::vector<ParamSpec>& specs, const LayoutOptions& o
   return layout;
 }
 
+ElementRange shard_range(size_t numel, int rank, int ranks) {
+  ZERO_CHECK(ranks >= 1 && rank >= 0 && rank < ranks,
+             "rank " << rank << " is not one of " << ranks << " ranks");
+  const size_t n = static_cast<size_t>(ranks);
+  ZERO_CHECK(numel % n == 0,
+             "a unit of " << numel << " elements does not split evenly over " << ranks << " ranks");
+  const size_t shard = numel / n;
+  return ElementRange{static_cast<size_t>(rank) * shard, shard};
+}
+
 int Layout::unit_of_module(int module) const {
   if (module < 0 || module >= static_cast<int>(unit_of_module_.size())) return -1;
   return unit_of_module_[module];

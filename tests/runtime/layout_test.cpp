@@ -42,6 +42,18 @@ TEST(Layout, AlignsEveryParameterAndPadsUnitsIntoEqualShards) {
 // stage3_param_persistence_threshold is per parameter: every parameter under it goes to one
 // persistent unit after the module units, which keep their order; a module whose parameters
 // are all small has no unit of its own.
+TEST(Layout, ShardRangeIsEachRanksEqualSliceAndRefusesUnevenSplits) {
+  const ElementRange first = shard_range(48, 0, 3);
+  const ElementRange last = shard_range(48, 2, 3);
+  EXPECT_EQ(first.first, 0u);
+  EXPECT_EQ(first.count, 16u);
+  EXPECT_EQ(last.first, 32u);
+  EXPECT_EQ(last.end(), 48u);
+  EXPECT_THROW(shard_range(48, 3, 3), Error);
+  EXPECT_THROW(shard_range(48, -1, 3), Error);
+  EXPECT_THROW(shard_range(49, 0, 3), Error);
+}
+
 TEST(Layout, SmallParametersGoToOnePersistentUnit) {
   LayoutOptions options{2, DType::kFloat32, 64, 0};
   options.persistent_below = 10;

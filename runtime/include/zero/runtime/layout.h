@@ -71,6 +71,18 @@ struct Unit {
   size_t shard = 0;         // numel / world_size
 };
 
+// A run of a unit's elements: [first, first + count).
+struct ElementRange {
+  size_t first = 0;
+  size_t count = 0;
+  size_t end() const { return first + count; }
+};
+
+// Rank `rank`'s slice of a unit of `numel` elements split evenly over `ranks`: the one answer
+// to "which slice is mine" (a layout pads every unit so that its world size divides it).
+// Throws zero::Error when `ranks` does not divide `numel` or `rank` is not one of them.
+ElementRange shard_range(size_t numel, int rank, int ranks);
+
 class Layout {
  public:
   // Throws zero::Error for bad specs (decreasing module index, negative dimension, empty name,
