@@ -1,7 +1,7 @@
 // Checkpoint files: CRC32C, writing and fsyncing, the shard files' check and reader, and the
 // entry points that read a checkpoint without MPI (resolving a path to its step directory, the
-// manifest, verifying and reading the shards). checkpoint.cpp builds the collective save and
-// load on them; zero-checkpoint uses them directly.
+// manifest, verifying and reading the shards). checkpoint_save.cpp and checkpoint_load.cpp
+// build the collective save and load on them; zero-checkpoint uses them directly.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>

@@ -1,6 +1,6 @@
 // Inside the checkpoint code: names of the files, the manifest's text form, file helpers and
 // the reader that maps a saved parameter's elements to byte ranges of the shard files. Shared
-// by checkpoint.cpp (the collective save and load) and the parts that work without MPI:
+// by checkpoint_save.cpp and checkpoint_load.cpp (the collective save and load) and the parts that work without MPI:
 // checkpoint_manifest.cpp (the manifest), checkpoint_files.cpp (CRC32C, file I/O, the shard
 // reader) and checkpoint_safetensors.cpp. proto/checkpoint.proto documents the formats.
 #pragma once
