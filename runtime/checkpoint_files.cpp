@@ -103,24 +103,6 @@ std::vector<uint64_t> unit_byte_offsets(const std::vector<CheckpointInfo::SavedU
 }
 // ---- Files.
 
-void write_fully(int fd, const void* data, size_t size, const std::string& path,
-                 int injected_errno) {
-  const char* p = static_cast<const char*>(data);
-  while (size > 0) {
-    ssize_t n;
-    if (injected_errno != 0) {
-      errno = injected_errno;
-      n = -1;
-    } else {
-      n = ::write(fd, p, size);
-    }
-    if (n < 0 && errno == EINTR) continue;
-    ZERO_CHECK(n >= 0, "cannot write " << path << ": " << errno_text());
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
-}
-
 void fsync_path(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   ZERO_CHECK(fd >= 0, "cannot open " << path << " to fsync it: " << errno_text());

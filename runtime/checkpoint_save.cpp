@@ -23,6 +23,7 @@
 #include "checkpoint_reports.h"
 #include "state_views_released.h"
 #include "zero/core/check.h"
+#include "zero/core/write_fully.h"
 #include "zero/runtime/checkpoint.h"
 
 namespace zero {
@@ -72,7 +73,7 @@ void write_file(const std::string& path, const void* data, size_t size, int inje
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   ZERO_CHECK(fd >= 0, "cannot create " << path << ": " << std::strerror(errno));
   try {
-    checkpoint_files::write_fully(fd, data, size, path, injected_errno);
+    write_fully(fd, data, size, path, injected_errno);
     ZERO_CHECK(::fsync(fd) == 0, "fsync of " << path << " failed: " << std::strerror(errno));
   } catch (...) {
     ::close(fd);
@@ -118,7 +119,7 @@ RankReport write_shard(Engine& engine, const std::string& path, Fault fault) {
       for (int k = 0; k < view.state_count; ++k) arrays.push_back(view.state[k]);
       for (const float* array : arrays) {
         const float* data = array + (first - view.begin);
-        checkpoint_files::write_fully(fd, data, bytes, path, injected);
+        write_fully(fd, data, bytes, path, injected);
         injected = 0;
         crc = crc32c(data, bytes, crc);
         report.size += bytes;
