@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "tests/runtime/offload_test_util.h"
@@ -145,9 +144,7 @@ TEST(Offload, BadPathNamesTheFileAndErrno) {
 // file, the offset and errno.
 TEST(Offload, IoErrorNamesFileOffsetAndErrno) {
   const std::string fault = "write@" + std::to_string(make_mpi_communicator()->rank()) + "#3";
-  ASSERT_EQ(setenv("ZERO_TEST_NVME_FAULT", fault.c_str(), 1), 0);
-  const std::string message = training_error(3, 3, nvme(100, true));
-  ASSERT_EQ(unsetenv("ZERO_TEST_NVME_FAULT"), 0);
+  const std::string message = training_error(3, 3, nvme(100, true), fault);
   expect_naming(message, "nvme: write of " + nvme_dir() + "/zero_optimizer_rank");
   expect_naming(message, " at offset 16384 (8192 bytes) failed: ");
   expect_naming(message, "Input/output error (errno 5) [injected by ZERO_TEST_NVME_FAULT]");

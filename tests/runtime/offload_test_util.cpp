@@ -1,5 +1,6 @@
 #include "tests/runtime/offload_test_util.h"
 
+#include <cstdlib>
 #include <filesystem>
 #include <utility>
 
@@ -22,12 +23,20 @@ std::string nvme_dir() {
   return dir;
 }
 
-std::string training_error(int stage, int steps, std::function<void(EngineConfig&)> tweak) {
+std::string training_error(int stage, int steps, std::function<void(EngineConfig&)> tweak,
+                           const std::string& nvme_fault) {
   RunOptions o;
   o.stage = stage;
   o.steps = steps;
   o.tweak = std::move(tweak);
-  return error_of([&] { train(o); });
+  if (!nvme_fault.empty()) {
+    EXPECT_EQ(setenv("ZERO_TEST_NVME_FAULT", nvme_fault.c_str(), 1), 0);
+  }
+  const std::string message = error_of([&] { train(o); });
+  if (!nvme_fault.empty()) {
+    EXPECT_EQ(unsetenv("ZERO_TEST_NVME_FAULT"), 0);
+  }
+  return message;
 }
 
 void expect_naming(const std::string& message, const std::string& needle) {

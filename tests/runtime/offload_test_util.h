@@ -38,8 +38,10 @@ std::string error_of(Fn fn) {
 }
 
 // The message of the error that training `steps` steps at `stage` with `tweak` ends with, or
-// "no error".
-std::string training_error(int stage, int steps, std::function<void(EngineConfig&)> tweak);
+// "no error". A `nvme_fault` is ZERO_TEST_NVME_FAULT for the run (the NVMe files' fault switch:
+// KIND@RANK[#N]).
+std::string training_error(int stage, int steps, std::function<void(EngineConfig&)> tweak,
+                           const std::string& nvme_fault = "");
 
 void expect_naming(const std::string& message, const std::string& needle);
 

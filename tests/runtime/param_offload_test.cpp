@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "tests/runtime/offload_test_util.h"
@@ -143,9 +142,7 @@ TEST(ParamOffload, BadPathNamesTheFileAndErrno) {
 // the error names the parameter file, the offset and errno.
 TEST(ParamOffload, IoErrorNamesFileOffsetAndErrno) {
   const std::string fault = "read@" + std::to_string(make_mpi_communicator()->rank());
-  ASSERT_EQ(setenv("ZERO_TEST_NVME_FAULT", fault.c_str(), 1), 0);
-  const std::string message = training_error(3, 2, params_on_nvme(2));
-  ASSERT_EQ(unsetenv("ZERO_TEST_NVME_FAULT"), 0);
+  const std::string message = training_error(3, 2, params_on_nvme(2), fault);
   expect_naming(message, "nvme: read of " + nvme_dir() + "/zero_param_rank");
   expect_naming(message, " at offset 0 (4096 bytes) failed: ");
   expect_naming(message, "Input/output error (errno 5) [injected by ZERO_TEST_NVME_FAULT]");
