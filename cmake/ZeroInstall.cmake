@@ -53,18 +53,19 @@ set(ZERO_DEPENDENCY_ORDER Threads MPI protobuf nlohmann_json BLAS CUDA NCCL)
 
 set(ZERO_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/zero)
 
-set(zero_libraries)
-foreach(name IN LISTS ZERO_INSTALL_LIBRARIES)
-  if(TARGET ${name})
-    list(APPEND zero_libraries ${name})
-  endif()
-endforeach()
-set(zero_programs)
-foreach(name IN LISTS ZERO_INSTALL_PROGRAMS)
-  if(TARGET ${name})
-    list(APPEND zero_programs ${name})
-  endif()
-endforeach()
+# The targets among the names after `out` that this build has (the optional parts may be
+# off), in `out`.
+function(zero_existing_targets out)
+  set(found)
+  foreach(name IN LISTS ARGN)
+    if(TARGET ${name})
+      list(APPEND found ${name})
+    endif()
+  endforeach()
+  set(${out} ${found} PARENT_SCOPE)
+endfunction()
+zero_existing_targets(zero_libraries ${ZERO_INSTALL_LIBRARIES})
+zero_existing_targets(zero_programs ${ZERO_INSTALL_PROGRAMS})
 
 # Prepares one library for export:
 # - include directories: the build-tree paths become BUILD_INTERFACE, the installed include/

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "zero/core/check.h"
+#include "zero/core/write_fully.h"
 
 namespace zero::driver {
 
@@ -43,21 +44,16 @@ void MetricsWriter::write(const JsonRecord& record) {
   // Where the record starts, to cut a partly written one off (a device such as /dev/full has
   // no end to seek to, and nothing to cut).
   const off_t start = ::lseek(fd_, 0, SEEK_END);
-  size_t done = 0;
-  while (done < line.size()) {
-    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int error = errno;
-      if (done > 0 && start >= 0 && ::ftruncate(fd_, start) != 0) {
-        ZERO_FAIL("cannot write metrics file '"
-                  << path_ << "': " << std::strerror(error)
-                  << "; its last record is cut short (cutting it off failed too: "
-                  << std::strerror(errno) << ")");
-      }
-      ZERO_FAIL("cannot write metrics file '" << path_ << "': " << std::strerror(error));
+  try {
+    write_fully(fd_, line.data(), line.size(), "metrics file '" + path_ + "'");
+  } catch (const Error& e) {
+    // The offset stands past what was written of the record.
+    const off_t end = ::lseek(fd_, 0, SEEK_CUR);
+    if (start >= 0 && end > start && ::ftruncate(fd_, start) != 0) {
+      ZERO_FAIL(e.what() << "; its last record is cut short (cutting it off failed too: "
+                         << std::strerror(errno) << ")");
     }
-    done += static_cast<size_t>(n);
+    throw;
   }
 }
 

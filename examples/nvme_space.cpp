@@ -111,9 +111,7 @@ std::string overcommitted_file_system(const std::vector<FileSystemShare>& shares
 
 std::string nvme_space_problem(const std::vector<NvmeFileNeed>& mine) {
   int rank = 0;
-  int world = 1;
   ZERO_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
-  ZERO_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
   std::string problem;
   const std::vector<FileSystemShare> shares = checked_shares(mine, rank, &problem);
   // The ranks of a node may share a file system: their shares are summed there (st_dev names a
@@ -130,12 +128,9 @@ std::string nvme_space_problem(const std::vector<NvmeFileNeed>& mine) {
   MPI_Comm_free(&node);
   if (problem.empty()) problem = overcommitted_file_system(node_shares);
   // Agreed across the world: every rank returns the first failing rank's message.
-  const int failed = problem.empty() ? 0 : 1;
-  std::vector<int> failures(static_cast<size_t>(world));
-  ZERO_MPI_CHECK(MPI_Allgather(&failed, 1, MPI_INT, failures.data(), 1, MPI_INT, MPI_COMM_WORLD));
-  const auto first = std::find(failures.begin(), failures.end(), 1);
-  if (first == failures.end()) return "";
-  return all_gather_strings(problem, MPI_COMM_WORLD)[first - failures.begin()];
+  const std::vector<int> failed = failed_ranks(!problem.empty());
+  if (failed.empty()) return "";
+  return all_gather_strings(problem, MPI_COMM_WORLD)[static_cast<size_t>(failed.front())];
 }
 
 }  // namespace zero::examples

@@ -56,6 +56,19 @@ std::vector<std::string> all_gather_strings(const std::string& mine, MPI_Comm co
   return out;
 }
 
+std::vector<int> failed_ranks(bool failed) {
+  int world = 1;
+  ZERO_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
+  const int mine = failed ? 1 : 0;
+  std::vector<int> all(static_cast<size_t>(world));
+  ZERO_MPI_CHECK(MPI_Allgather(&mine, 1, MPI_INT, all.data(), 1, MPI_INT, MPI_COMM_WORLD));
+  std::vector<int> ranks;
+  for (int r = 0; r < world; ++r) {
+    if (all[static_cast<size_t>(r)] != 0) ranks.push_back(r);
+  }
+  return ranks;
+}
+
 namespace {
 
 std::string directory_of(const std::string& path) {

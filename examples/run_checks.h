@@ -17,6 +17,12 @@ namespace zero::examples {
 // Collective over `comm`: every rank's copy of `mine` (lengths first, then the bytes), by rank.
 std::vector<std::string> all_gather_strings(const std::string& mine, MPI_Comm comm);
 
+// Collective over MPI_COMM_WORLD: the ranks whose `failed` is true, in rank order (empty when
+// none is). Every rank gets the same ranks, so a step that fails on some ranks only can stop
+// every rank at once, with the first failing rank's message (all_gather_strings) or a pointer
+// to it.
+std::vector<int> failed_ranks(bool failed);
+
 // One setting that must agree across ranks, by name (the flag or config key a user knows it
 // by) and value as text.
 struct Setting {

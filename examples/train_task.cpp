@@ -10,9 +10,11 @@
 #include <utility>
 #include <vector>
 
+#include "examples/run_checks.h"
 #include "models/gpt2.h"
 #include "models/mlp.h"
 #include "models/token_data.h"
+#include "zero/collectives/mpi_check.h"
 #include "zero/core/check.h"
 #include "zero/runtime/nvme_file.h"
 
@@ -165,23 +167,19 @@ class Gpt2Task : public TrainTask {
     } catch (const Error& e) {
       problem = e.what();
     }
-    const int failed = problem.empty() ? 0 : 1;
-    int size = 1;
-    int rank = 0;
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    std::vector<int> failures(static_cast<size_t>(size));
-    MPI_Allgather(&failed, 1, MPI_INT, failures.data(), 1, MPI_INT, MPI_COMM_WORLD);
-    if (std::find(failures.begin(), failures.end(), 1) == failures.end()) return;
+    const std::vector<int> failed = failed_ranks(!problem.empty());
+    if (failed.empty()) return;
     // zero-train prints rank 0's message; the first other rank that failed prints its own
     // when rank 0's does not say it.
-    const auto first = std::find(failures.begin(), failures.end(), 1) - failures.begin();
-    if (failures[0] == 0 && rank == first) {
+    const int first = failed.front();
+    int rank = 0;
+    ZERO_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+    if (first != 0 && rank == first) {
       std::fprintf(stderr, "zero-train: rank %d: %s\n", rank, problem.c_str());
     }
-    throw ConfigError(failed != 0 ? problem
-                                  : "--init-from " + init_from_ + ": rank " +
-                                        std::to_string(first) + " could not load it");
+    throw ConfigError(!problem.empty() ? problem
+                                       : "--init-from " + init_from_ + ": rank " +
+                                             std::to_string(first) + " could not load it");
   }
 
   Tensor input(long step, int64_t first, int64_t count) override {

@@ -1,7 +1,7 @@
 // Checkpoint files: CRC32C, writing and fsyncing, the shard files' check and reader, and the
 // entry points that read a checkpoint without MPI (resolving a path to its step directory, the
-// manifest, verifying and reading the shards). checkpoint.cpp builds the collective save and
-// load on them; zero-checkpoint uses them directly.
+// manifest, verifying and reading the shards). checkpoint_save.cpp and checkpoint_load.cpp
+// build the collective save and load on them; zero-checkpoint uses them directly.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -102,24 +102,6 @@ std::vector<uint64_t> unit_byte_offsets(const std::vector<CheckpointInfo::SavedU
   return offsets;
 }
 // ---- Files.
-
-void write_fully(int fd, const void* data, size_t size, const std::string& path,
-                 int injected_errno) {
-  const char* p = static_cast<const char*>(data);
-  while (size > 0) {
-    ssize_t n;
-    if (injected_errno != 0) {
-      errno = injected_errno;
-      n = -1;
-    } else {
-      n = ::write(fd, p, size);
-    }
-    if (n < 0 && errno == EINTR) continue;
-    ZERO_CHECK(n >= 0, "cannot write " << path << ": " << errno_text());
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
-}
 
 void fsync_path(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);

@@ -1,8 +1,8 @@
 // Inside the checkpoint code: names of the files, the manifest's text form, file helpers and
 // the reader that maps a saved parameter's elements to byte ranges of the shard files. Shared
-// by checkpoint.cpp (the collective save and load) and the parts that work without MPI:
-// checkpoint_manifest.cpp (the manifest), checkpoint_files.cpp (CRC32C, file I/O, the shard
-// reader) and checkpoint_safetensors.cpp. proto/checkpoint.proto documents the formats.
+// by checkpoint_save.cpp and checkpoint_load.cpp (the collective save and load) and the parts that
+// work without MPI: checkpoint_manifest.cpp (the manifest), checkpoint_files.cpp (CRC32C, file I/O,
+// the shard reader) and checkpoint_safetensors.cpp. proto/checkpoint.proto documents the formats.
 #pragma once
 
 #include <cstddef>
@@ -35,10 +35,6 @@ std::string manifest_text(const CheckpointInfo& info);
 // Checks the trailer's checksum, parses and validates; `path` names the file in errors.
 CheckpointInfo parse_manifest(const std::string& text, const std::string& path);
 
-// Writes all of data, retrying short writes and EINTR. injected_errno != 0 makes the first
-// write fail with that errno instead (the tests' fault switch). Throws zero::Error naming path.
-void write_fully(int fd, const void* data, size_t size, const std::string& path,
-                 int injected_errno = 0);
 // fsync of a file or a directory by path; throws zero::Error naming path.
 void fsync_path(const std::string& path);
 std::string read_small_file(const std::string& path);

@@ -3,7 +3,7 @@
 // (the format of any other checkpoint; its manifest records the grid and how each slice is cut).
 // A load reads every rank's (read_checkpoint_grid, checkpoint_info.h) and, at another
 // tensor-parallel size, merges each split parameter's slices and cuts this rank's anew.
-// Private to runtime/ (checkpoint.cpp).
+// Private to runtime/ (checkpoint_save.cpp, checkpoint_load.cpp).
 #pragma once
 
 #include <exception>

@@ -16,6 +16,7 @@
 #include "checkpoint_format.h"
 #include "zero/core/check.h"
 #include "zero/core/dtype.h"
+#include "zero/core/write_fully.h"
 #include "zero/runtime/safetensors.h"
 
 namespace zero {
@@ -63,12 +64,12 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   ZERO_CHECK(fd >= 0, "cannot create " << tmp << ": " << std::strerror(errno));
   try {
-    checkpoint_files::write_fully(fd, &header_size, sizeof(header_size), tmp);
-    checkpoint_files::write_fully(fd, text.data(), text.size(), tmp);
+    write_fully(fd, &header_size, sizeof(header_size), tmp);
+    write_fully(fd, text.data(), text.size(), tmp);
     std::vector<uint16_t> half;
     for (const NamedTensor& t : tensors) {
       if (dtype == DType::kFloat32) {
-        checkpoint_files::write_fully(fd, t.values->data(), t.values->size() * sizeof(float), tmp);
+        write_fully(fd, t.values->data(), t.values->size() * sizeof(float), tmp);
         continue;
       }
       half.resize(t.values->size());
@@ -76,7 +77,7 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
         const float v = (*t.values)[i];
         half[i] = dtype == DType::kBFloat16 ? float_to_bf16(v) : float_to_fp16(v);
       }
-      checkpoint_files::write_fully(fd, half.data(), half.size() * sizeof(uint16_t), tmp);
+      write_fully(fd, half.data(), half.size() * sizeof(uint16_t), tmp);
     }
     ZERO_CHECK(::fsync(fd) == 0, "fsync of " << tmp << " failed: " << std::strerror(errno));
   } catch (...) {

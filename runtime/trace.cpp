@@ -12,9 +12,9 @@
 #include <sstream>
 #include <utility>
 
-#include "checkpoint_format.h"
 #include "zero/collectives/communicator.h"
 #include "zero/core/check.h"
+#include "zero/core/write_fully.h"
 
 namespace zero {
 
@@ -58,7 +58,7 @@ class TraceFile {
   TraceFile& operator=(const TraceFile&) = delete;
 
   void write(const std::string& text) {
-    checkpoint_files::write_fully(fd_, text.data(), text.size(), "trace file '" + path_ + "'");
+    write_fully(fd_, text.data(), text.size(), "trace file '" + path_ + "'");
   }
   void close() {
     const int result = ::close(std::exchange(fd_, -1));

@@ -385,13 +385,21 @@ TEST(Engine, OutOfMemorySaysWhatWouldFit) {
   }
 }
 
-TEST(Engine, PrimitivesRejectMisuse) {
-  std::unique_ptr<Communicator> comm = make_mpi_communicator();
-  std::vector<ParamDecl> params = {ParamDecl{ParamSpec{"w", {8}, 0}, ParamInit{}},
-                                   ParamDecl{ParamSpec{"v", {8}, 1}, ParamInit{}}};
+// Two units of one 8-element parameter each, "w" and "v".
+std::vector<ParamDecl> two_units() {
+  return {ParamDecl{ParamSpec{"w", {8}, 0}, ParamInit{}},
+          ParamDecl{ParamSpec{"v", {8}, 1}, ParamInit{}}};
+}
+
+EngineConfig stage3() {
   EngineConfig config;
   config.stage = 3;
-  Engine engine(*comm, params, config);
+  return config;
+}
+
+TEST(Engine, PrimitivesRejectMisuse) {
+  std::unique_ptr<Communicator> comm = make_mpi_communicator();
+  Engine engine(*comm, two_units(), stage3());
   EXPECT_THROW(engine.param(0), Error);   // not gathered
   EXPECT_THROW(engine.gather(2), Error);  // no such unit
   EXPECT_THROW(engine.step(), Error);     // no backward yet
@@ -413,11 +421,7 @@ TEST(Engine, PrimitivesRejectMisuse) {
 // stays gathered with the loaded values; its release gives the buffer back.
 TEST(Engine, StateLoadedRefreshesAPrefetchedStage3Unit) {
   std::unique_ptr<Communicator> comm = make_mpi_communicator();
-  std::vector<ParamDecl> params = {ParamDecl{ParamSpec{"w", {8}, 0}, ParamInit{}},
-                                   ParamDecl{ParamSpec{"v", {8}, 1}, ParamInit{}}};
-  EngineConfig config;
-  config.stage = 3;
-  Engine engine(*comm, params, config);
+  Engine engine(*comm, two_units(), stage3());
   engine.prefetch(0);
   const Engine::StateView view = engine.state_view(0);
   for (size_t i = view.begin; i < view.end; ++i) view.master[i - view.begin] = float(i);

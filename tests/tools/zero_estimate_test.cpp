@@ -353,23 +353,24 @@ TEST(ZeroEstimate, Gpt2MemoryLimitNamesTheCheckpointingThatFits) {
   };
   // And the most sequences per rank each setting fits in the limit (held to zero-train's
   // budget by tests/models/gpt2_largest_micro_batch.sh): one more is past the limit.
-  const std::string in = "stage 3 in ";
-  unsigned long long limit = engine + beside + 313984;
-  EXPECT_EQ(verdict(limit), in + std::to_string(limit) +
-                                " bytes: fits with activation checkpointing none; the most "
-                                "sequences per rank: none 2, selective 2, full 3\n");
-  limit = engine + beside + 313983;
-  EXPECT_EQ(verdict(limit), in + std::to_string(limit) +
-                                " bytes: fits with activation checkpointing selective; the most "
-                                "sequences per rank: none 1, selective 2, full 3\n");
-  limit = engine + beside + 190080;
-  EXPECT_EQ(verdict(limit), in + std::to_string(limit) +
-                                " bytes: fits with activation checkpointing full; the most "
-                                "sequences per rank: none 1, selective 1, full 2\n");
-  limit = engine + beside + 190079;
-  EXPECT_EQ(verdict(limit), in + std::to_string(limit) +
-                                " bytes: does not fit with any activation checkpointing; the most "
-                                "sequences per rank: none 1, selective 1, full 1\n");
+  const std::pair<unsigned long long, std::string> cases[] = {
+      {313984,
+       "fits with activation checkpointing none; the most sequences per rank: none 2, "
+       "selective 2, full 3\n"},
+      {313983,
+       "fits with activation checkpointing selective; the most sequences per rank: "
+       "none 1, selective 2, full 3\n"},
+      {190080,
+       "fits with activation checkpointing full; the most sequences per rank: none 1, "
+       "selective 1, full 2\n"},
+      {190079,
+       "does not fit with any activation checkpointing; the most sequences per rank: "
+       "none 1, selective 1, full 1\n"},
+  };
+  for (const auto& [activations, said] : cases) {
+    const unsigned long long limit = engine + beside + activations;
+    EXPECT_EQ(verdict(limit), "stage 3 in " + std::to_string(limit) + " bytes: " + said);
+  }
 }
 
 TEST(ZeroEstimate, Gpt2ActivationFlagsNeedTheirContext) {

@@ -1,0 +1,91 @@
+#include "tests/runtime/offload_test_util.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <utility>
+
+namespace zero::testing {
+
+std::string job_dir() {
+  return std::string(ZERO_OFFLOAD_TEST_DIR) + "/np" + std::to_string(world_size());
+}
+
+std::string empty_job_dir(Communicator& comm, const std::string& name) {
+  const std::string dir = job_dir() + "/" + name;
+  if (comm.rank() == 0) std::filesystem::remove_all(dir);
+  comm.barrier_sync();
+  return dir;
+}
+
+std::string nvme_dir() {
+  const std::string dir = job_dir() + "/rank" + std::to_string(make_mpi_communicator()->rank());
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+std::string training_error(int stage, int steps, std::function<void(EngineConfig&)> tweak,
+                           const std::string& nvme_fault) {
+  RunOptions o;
+  o.stage = stage;
+  o.steps = steps;
+  o.tweak = std::move(tweak);
+  if (!nvme_fault.empty()) {
+    EXPECT_EQ(setenv("ZERO_TEST_NVME_FAULT", nvme_fault.c_str(), 1), 0);
+  }
+  const std::string message = error_of([&] { train(o); });
+  if (!nvme_fault.empty()) {
+    EXPECT_EQ(unsetenv("ZERO_TEST_NVME_FAULT"), 0);
+  }
+  return message;
+}
+
+void expect_naming(const std::string& message, const std::string& needle) {
+  EXPECT_NE(message.find(needle), std::string::npos)
+      << "message '" << message << "' does not name '" << needle << "'";
+}
+
+std::function<void(EngineConfig&)> nvme(size_t sub_group, bool pipeline, AioConfig aio) {
+  const std::string dir = nvme_dir();
+  return [=](EngineConfig& c) {
+    c.optimizer_sub_group_elements = sub_group;
+    c.offload_optimizer.device = OffloadDevice::kNvme;
+    c.offload_optimizer.nvme_path = dir;
+    c.offload_optimizer.pipeline_read = pipeline;
+    c.offload_optimizer.pipeline_write = pipeline;
+    c.offload_optimizer.buffer_count = pipeline ? 3 : 1;
+    c.aio = aio;
+  };
+}
+
+std::function<void(EngineConfig&)> params_on_nvme(int buffers, size_t buffer_size) {
+  const std::string dir = nvme_dir();
+  return [=](EngineConfig& c) {
+    c.offload_param.device = OffloadDevice::kNvme;
+    c.offload_param.nvme_path = dir;
+    c.offload_param.buffer_count = buffers;
+    c.offload_param.buffer_size = buffer_size;
+  };
+}
+
+void optimizer_on_host(EngineConfig& c) {
+  c.offload_optimizer.device = OffloadDevice::kCpu;
+}
+
+std::function<void(EngineConfig&)> both(std::function<void(EngineConfig&)> first,
+                                        std::function<void(EngineConfig&)> second) {
+  return [=](EngineConfig& c) {
+    first(c);
+    second(c);
+  };
+}
+
+void train_one_step(ZeroModel& model, const models::MlpConfig& mlp, int rank) {
+  models::TeacherTask task(mlp, 7);
+  models::Batch batch = task.batch(1, rank * 4, 4);
+  Tensor grad;
+  models::mse_loss(model.forward(batch.inputs), batch.targets, grad);
+  model.backward(grad);
+  model.step();
+}
+
+}  // namespace zero::testing

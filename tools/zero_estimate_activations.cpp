@@ -1,0 +1,127 @@
+#include "tools/zero_estimate_activations.h"
+
+#include <cstdio>
+#include <string>
+
+#include "zero/core/check.h"
+#include "zero/core/checked_size.h"
+
+namespace zero_estimate {
+namespace {
+
+constexpr zero::models::Recompute kRecomputes[] = {zero::models::Recompute::kNone,
+                                                   zero::models::Recompute::kSelective,
+                                                   zero::models::Recompute::kFull};
+
+// What zero-train's budget per rank holds for B sequences beside the engine and the counted
+// activations: the tensors between modules, the batch data and the modules' fp32 copies.
+uint64_t uncounted_bytes(const Options& options, int B) {
+  return zero::models::gpt2_uncounted_activation_bytes(options.gpt2, B, options.seq_len) +
+         zero::models::gpt2_module_copy_bytes(options.gpt2, options.dtype);
+}
+
+// What zero-train's budget per rank holds for B sequences besides the engine: the activations
+// of `recompute`, and uncounted_bytes.
+uint64_t activation_budget(const Options& options, zero::models::Recompute recompute, int B) {
+  return zero::size_sum(zero::models::gpt2_activation_formula(
+                            options.gpt2, checkpointing_of(options, recompute), B, options.seq_len)
+                            .total(),
+                        uncounted_bytes(options, B), "the activation budget");
+}
+
+// engine + the activations of `recompute` and B sequences fit the limit (sizes past 64 bits
+// fit nothing).
+bool fits_limit(const Options& options, zero::models::Recompute recompute, int B, uint64_t engine) {
+  try {
+    return zero::size_sum(engine, activation_budget(options, recompute, B), "the total per rank") <=
+           options.memory_limit;
+  } catch (const zero::Error&) {
+    return false;
+  }
+}
+
+// The most sequences per rank whose activations fit beside `engine` bytes in the limit (0: not
+// even one); the bytes grow with B, so a doubling search then a bisection finds it.
+int largest_micro_batch(const Options& options, zero::models::Recompute recompute,
+                        uint64_t engine) {
+  const auto fits = [&](int B) { return fits_limit(options, recompute, B, engine); };
+  if (!fits(1)) return 0;
+  int low = 1, high = 2;  // fits(low), and high is above the answer once !fits(high)
+  while (high < (1 << 20) && fits(high)) {
+    low = high;
+    high *= 2;
+  }
+  if (fits(high)) return high;
+  while (high - low > 1) {
+    const int mid = low + (high - low) / 2;
+    (fits(mid) ? low : high) = mid;
+  }
+  return low;
+}
+
+}  // namespace
+
+// The GPT-2's activations per rank for each checkpointing setting, beside the engine's bytes of
+// each planned stage, and with a budget which setting fits at each stage and the largest
+// micro-batch each setting fits.
+void print_activations(const Options& options,
+                       const std::vector<std::pair<int, uint64_t>>& engine_bytes) {
+  std::string checkpoints = options.number_checkpoints == 0
+                                ? "every block"
+                                : std::to_string(options.number_checkpoints) + " blocks";
+  const int t = options.gpt2.tensor_parallel_size;
+  if (options.partition_activations) {
+    // As zero-train: over a group of one the partition is the whole checkpoint.
+    checkpoints += t > 1 ? ", partitioned over " + std::to_string(t) + " tensor-parallel ranks"
+                         : ", partition_activations without effect at --tp 1";
+  }
+  const bool spilled = !options.checkpoint_nvme_path.empty();
+  if (spilled) checkpoints += ", spilled to NVMe";
+  std::printf("activations of %d x %d tokens per rank (fp32; selective and full checkpoint %s):\n",
+              options.micro_batch, options.seq_len, checkpoints.c_str());
+  std::printf("recompute  activation bytes  checkpoint bytes");
+  if (spilled) std::printf("  nvme bytes");
+  for (const auto& stage : engine_bytes) std::printf("  stage %d total bytes", stage.first);
+  std::printf("\n");
+  for (int r = 0; r < 3; ++r) {
+    const zero::models::Gpt2ActivationBytes bytes = zero::models::gpt2_activation_formula(
+        options.gpt2, checkpointing_of(options, kRecomputes[r]), options.micro_batch,
+        options.seq_len);
+    // With the spill, the checkpoints in memory are the buffer they pass through.
+    const uint64_t held = spilled && r > 0 ? bytes.spill_buffer : bytes.checkpoints;
+    std::printf("%-9s  %16llu  %16llu", zero::models::recompute_name(kRecomputes[r]),
+                static_cast<unsigned long long>(bytes.total()),
+                static_cast<unsigned long long>(held));
+    if (spilled) std::printf("  %10llu", static_cast<unsigned long long>(bytes.nvme_checkpoints));
+    for (const auto& stage : engine_bytes) {
+      std::printf("  %19llu", static_cast<unsigned long long>(zero::size_sum(
+                                  stage.second, bytes.total(), "the total per rank")));
+    }
+    std::printf("\n");
+  }
+  if (options.memory_limit == 0) return;
+  // zero-train's budget per rank also holds what it does not count in the engine's allocator.
+  const uint64_t uncounted = uncounted_bytes(options, options.micro_batch);
+  std::printf(
+      "beside them: %llu bytes of tensors between modules, batch data and the modules' "
+      "fp32 working copies\n",
+      static_cast<unsigned long long>(uncounted));
+  for (const auto& [stage, bytes] : engine_bytes) {
+    int fits = 0;
+    while (fits < 3 && !fits_limit(options, kRecomputes[fits], options.micro_batch, bytes)) ++fits;
+    if (fits == 3) {
+      std::printf("stage %d in %llu bytes: does not fit with any activation checkpointing", stage,
+                  static_cast<unsigned long long>(options.memory_limit));
+    } else {
+      std::printf("stage %d in %llu bytes: fits with activation checkpointing %s", stage,
+                  static_cast<unsigned long long>(options.memory_limit),
+                  zero::models::recompute_name(kRecomputes[fits]));
+    }
+    std::printf("; the most sequences per rank: none %d, selective %d, full %d\n",
+                largest_micro_batch(options, kRecomputes[0], bytes),
+                largest_micro_batch(options, kRecomputes[1], bytes),
+                largest_micro_batch(options, kRecomputes[2], bytes));
+  }
+}
+
+}  // namespace zero_estimate

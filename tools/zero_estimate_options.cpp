@@ -1,0 +1,299 @@
+#include "tools/zero_estimate_options.h"
+
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+
+#include "driver/cli.h"
+#include "zero/core/check.h"
+#include "zero/runtime/engine.h"
+
+namespace zero_estimate {
+
+using zero::driver::usage_error;
+
+// The checkpointing zero-train runs with these flags and `recompute` (none spills nothing).
+zero::models::Gpt2Checkpointing checkpointing_of(const Options& options,
+                                                 zero::models::Recompute recompute) {
+  zero::models::Gpt2Checkpointing checkpointing{recompute, options.number_checkpoints};
+  // As zero-train: over a group of one the partition is the whole checkpoint, and off.
+  checkpointing.partition_activations =
+      options.partition_activations && options.gpt2.tensor_parallel_size > 1;
+  if (recompute != zero::models::Recompute::kNone) {
+    checkpointing.nvme_path = options.checkpoint_nvme_path;
+  }
+  return checkpointing;
+}
+
+namespace {
+
+bool is_digit(char c) {
+  return c >= '0' && c <= '9';
+}
+
+// A parameter count, parsed exactly in decimal (no floating point, so 1.3B is 1300000000):
+// digits with an optional fraction, an optional exponent (e9) and an optional suffix K, M, B
+// or T (thousand, million, billion, trillion; either case). The result must be a whole number
+// from 1 up to what 16 bytes per parameter can count in 64 bits.
+uint64_t parse_param_count(const std::string& text) {
+  const std::string bad =
+      "--params needs a number of parameters such as 7.5e9, 7.5B or 350M, got '" + text + "'";
+  size_t i = 0;
+  std::string digits;  // integer and fraction digits, without the point
+  int fraction_digits = 0;
+  for (; i < text.size() && is_digit(text[i]); ++i) digits += text[i];
+  if (i < text.size() && text[i] == '.') {
+    for (++i; i < text.size() && is_digit(text[i]); ++i, ++fraction_digits) digits += text[i];
+  }
+  if (digits.empty()) usage_error(bad);
+  long exponent = 0;
+  if (i < text.size() && (text[i] == 'e' || text[i] == 'E')) {
+    ++i;
+    const bool negative = i < text.size() && text[i] == '-';
+    if (i < text.size() && (text[i] == '-' || text[i] == '+')) ++i;
+    if (i == text.size() || !is_digit(text[i])) usage_error(bad);
+    for (; i < text.size() && is_digit(text[i]); ++i) {
+      if (exponent < 1000) exponent = exponent * 10 + (text[i] - '0');  // beyond: too large anyway
+    }
+    if (negative) exponent = -exponent;
+  }
+  if (i < text.size()) {
+    const std::string suffixes = "kKmMbBtT";
+    const size_t which = suffixes.find(text[i]);
+    if (which == std::string::npos || i + 1 != text.size()) usage_error(bad);
+    exponent += 3 * static_cast<long>(which / 2 + 1);
+    ++i;
+  }
+  exponent -= fraction_digits;
+
+  // digits x 10^exponent as a whole number: drop leading zeros, then trailing zeros the
+  // negative exponent cancels; any other digit it would cut off is a fraction of a parameter.
+  digits.erase(0, digits.find_first_not_of('0'));
+  if (digits.empty()) usage_error("--params must be at least 1, got '" + text + "'");
+  for (; exponent < 0; ++exponent) {
+    if (digits.back() != '0') usage_error("--params " + text + " is not a whole number");
+    digits.pop_back();
+  }
+  const uint64_t limit = UINT64_MAX / 16;  // the largest stage-0 byte count must fit
+  const std::string too_large = "--params " + text + " is too large";
+  if (exponent > 19) usage_error(too_large);
+  digits.append(static_cast<size_t>(exponent), '0');
+  uint64_t value = 0;
+  for (char c : digits) {
+    const uint64_t digit = static_cast<uint64_t>(c - '0');
+    if (value > (limit - digit) / 10) usage_error(too_large);
+    value = value * 10 + digit;
+  }
+  return value;
+}
+
+// A whole number within [min_value, max_value] for `flag`, else a usage error.
+long parse_whole(const std::string& flag, const std::string& text, long min_value, long max_value) {
+  if (!zero::driver::is_digits(text)) {
+    usage_error(flag + " needs a whole number, got '" + text + "'");
+  }
+  long value = 0;
+  if (!zero::driver::parse_integer(text, &value) || value < min_value || value > max_value) {
+    usage_error(flag + " must be from " + std::to_string(min_value) + " to " +
+                std::to_string(max_value) + ", got " + text);
+  }
+  return value;
+}
+
+}  // namespace
+
+Options parse_options(const std::vector<std::string>& args) {
+  Options options;
+  bool have_params = false;
+  bool have_ranks = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& flag = args[i];
+    if (flag == "-h" || flag == "--help") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    }
+    if (flag == "--pin-memory") {
+      options.pin_memory = true;
+      continue;
+    }
+    if (flag == "--gpu") {
+      options.gpu = true;
+      continue;
+    }
+    if (flag == "--partition-activations") {
+      options.partition_activations = true;
+      continue;
+    }
+    const bool model_flag =
+        flag == "--model" || flag == "--input-dim" || flag == "--hidden" ||
+        flag == "--output-dim" || flag == "--layers" || flag == "--merge-bytes" ||
+        flag == "--preset" || flag == "--n-layer" || flag == "--n-head" || flag == "--n-embd" ||
+        flag == "--vocab-size" || flag == "--block-size" || flag == "--offload-optimizer" ||
+        flag == "--sub-group-size" || flag == "--buffer-count" || flag == "--mics-shard-size" ||
+        flag == "--micro-batch" || flag == "--seq-len" || flag == "--number-checkpoints" ||
+        flag == "--memory-limit" || flag == "--tp" || flag == "--offload-param" ||
+        flag == "--param-buffer-count" || flag == "--param-buffer-size" ||
+        flag == "--checkpoint-nvme-path" || flag == "--grad-accum-dtype";
+    if (flag != "--params" && flag != "--ranks" && flag != "--dtype" && flag != "--stage" &&
+        !model_flag) {
+      usage_error(flag.compare(0, 1, "-") == 0 ? "unknown option '" + flag + "'"
+                                               : "unexpected argument '" + flag + "'");
+    }
+    if (i + 1 == args.size()) usage_error(flag + " needs a value");
+    const std::string& value = args[++i];
+    if (flag == "--params") {
+      options.params = parse_param_count(value);
+      have_params = true;
+    } else if (flag == "--ranks") {
+      options.ranks = static_cast<int>(parse_whole(flag, value, 1, INT_MAX));
+      have_ranks = true;
+    } else if (flag == "--dtype") {
+      if (!zero::parse_dtype(value, &options.dtype)) {
+        usage_error("--dtype must be bf16, fp16 or fp32, got '" + value + "'");
+      }
+    } else if (flag == "--stage") {
+      options.stage = static_cast<int>(parse_whole(flag, value, 0, 3));
+    } else if (flag == "--model") {
+      if (value != "mlp" && value != "gpt2") {
+        usage_error("--model must be mlp or gpt2, got '" + value + "'");
+      }
+      options.model = value;
+    } else if (flag == "--preset") {
+      if (!zero::models::gpt2_preset(value, &options.gpt2)) {
+        usage_error("unknown --preset '" + value + "' (" + zero::models::gpt2_preset_names() + ")");
+      }
+    } else if (flag == "--offload-optimizer") {
+      if (value != "none" && value != "cpu" && value != "nvme") {
+        usage_error("--offload-optimizer must be none, cpu or nvme, got '" + value + "'");
+      }
+      options.offload_nvme = value == "nvme";
+      options.offload_cpu = value == "cpu";
+    } else if (flag == "--offload-param") {
+      if (value != "none" && value != "nvme") {
+        usage_error("--offload-param must be none or nvme, got '" + value + "'");
+      }
+      options.offload_param_nvme = value == "nvme";
+    } else if (flag == "--param-buffer-count") {
+      options.param_buffer_count = static_cast<int>(parse_whole(flag, value, 1, 1024));
+    } else if (flag == "--param-buffer-size") {
+      options.param_buffer_size = static_cast<size_t>(parse_whole(flag, value, 1, LONG_MAX));
+    } else if (flag == "--sub-group-size") {
+      options.sub_group_size = static_cast<size_t>(parse_whole(flag, value, 1, LONG_MAX));
+    } else if (flag == "--mics-shard-size") {
+      options.mics_shard_size = static_cast<int>(parse_whole(flag, value, 1, INT_MAX));
+    } else if (flag == "--buffer-count") {
+      options.buffer_count = static_cast<int>(parse_whole(flag, value, 1, 1024));
+    } else if (flag == "--memory-limit") {
+      options.memory_limit = zero::driver::parse_bytes(flag, value);
+    } else if (flag == "--grad-accum-dtype") {
+      zero::DType accum = zero::DType::kFloat32;
+      if (!zero::parse_dtype(value, &accum)) {
+        usage_error("--grad-accum-dtype must be fp32, bf16 or fp16, got '" + value + "'");
+      }
+      options.grad_accum_dtype = accum;
+    } else if (flag == "--checkpoint-nvme-path") {
+      if (value.empty()) usage_error("--checkpoint-nvme-path needs a directory, got ''");
+      options.checkpoint_nvme_path = value;
+    } else if (flag == "--merge-bytes") {
+      options.merge_bytes = static_cast<size_t>(parse_whole(flag, value, 0, INT_MAX));
+    } else {
+      const int v = static_cast<int>(parse_whole(flag, value, 1, 1 << 20));
+      if (flag == "--input-dim") options.mlp.input_dim = v;
+      if (flag == "--hidden") options.mlp.hidden_dim = v;
+      if (flag == "--output-dim") options.mlp.output_dim = v;
+      if (flag == "--layers") options.mlp.layers = v;
+      if (flag == "--n-layer") options.gpt2.n_layer = v;
+      if (flag == "--n-head") options.gpt2.n_head = v;
+      if (flag == "--n-embd") options.gpt2.n_embd = v;
+      if (flag == "--vocab-size") options.gpt2.vocab_size = v;
+      if (flag == "--block-size") options.gpt2.block_size = v;
+      if (flag == "--tp") options.gpt2.tensor_parallel_size = v;
+      if (flag == "--micro-batch") options.micro_batch = v;
+      if (flag == "--seq-len") options.seq_len = v;
+      if (flag == "--number-checkpoints") options.number_checkpoints = v;
+    }
+  }
+  if (!options.model.empty() && have_params) usage_error("give --params or --model, not both");
+  if (!options.model.empty()) have_params = true;
+  if (options.model == "gpt2") {
+    try {
+      zero::models::check_gpt2_config(options.gpt2);
+    } catch (const zero::Error& e) {
+      usage_error(e.what());
+    }
+  }
+  if (options.gpt2.tensor_parallel_size > 1 && options.model != "gpt2") {
+    usage_error("--tp splits the layers of --model gpt2 only");
+  }
+  const bool activation_flags = options.micro_batch > 0 || options.seq_len > 0 ||
+                                options.number_checkpoints > 0 || options.memory_limit > 0 ||
+                                options.partition_activations ||
+                                !options.checkpoint_nvme_path.empty();
+  if (activation_flags && options.model != "gpt2") {
+    usage_error(
+        "--micro-batch, --seq-len, --number-checkpoints, --partition-activations, "
+        "--checkpoint-nvme-path and --memory-limit plan the activations of --model gpt2");
+  }
+  if (activation_flags && options.micro_batch == 0) {
+    usage_error(
+        "--seq-len, --number-checkpoints, --partition-activations, --checkpoint-nvme-path and "
+        "--memory-limit need --micro-batch B");
+  }
+  if (options.seq_len == 0) options.seq_len = options.gpt2.block_size;
+  if (options.seq_len > options.gpt2.block_size) {
+    usage_error("--seq-len " + std::to_string(options.seq_len) + " is longer than the block size " +
+                std::to_string(options.gpt2.block_size));
+  }
+  if (options.model == "gpt2") {
+    try {
+      zero::models::check_gpt2_checkpointing(
+          checkpointing_of(options, zero::models::Recompute::kFull), options.gpt2.n_layer);
+    } catch (const zero::Error& e) {
+      usage_error(e.what());
+    }
+  }
+  if (!have_params) usage_error("missing --params P (the number of parameters)");
+  if (!have_ranks) usage_error("missing --ranks N (the number of data-parallel ranks)");
+  if (options.gpu && options.model.empty()) usage_error("--gpu plans a --model's layout");
+  if (options.offload_cpu) {
+    options.gpu = true;  // ZeRO-Offload moves the optimizer off a GPU
+    if (options.model.empty()) usage_error("--offload-optimizer cpu plans a --model's layout");
+    if (options.mics_shard_size != -1) {
+      usage_error("--offload-optimizer cpu with --mics-shard-size is not supported by the engine");
+    }
+  } else if (options.pin_memory) {
+    usage_error("--pin-memory places --offload-optimizer cpu's state; there is none to place");
+  }
+  if (options.offload_param_nvme) {
+    if (options.model.empty()) usage_error("--offload-param plans a --model's layout");
+    if (options.mics_shard_size != -1) {
+      usage_error("--offload-param nvme with --mics-shard-size is not supported by the engine");
+    }
+    if (options.stage && *options.stage != 3) {
+      usage_error(
+          "--offload-param nvme needs stage 3 (only stage 3 partitions the parameters), "
+          "not stage " +
+          std::to_string(*options.stage));
+    }
+    options.stage = 3;
+  }
+  if (options.mics_shard_size != -1) {
+    if (options.model.empty()) usage_error("--mics-shard-size plans a --model's layout");
+    if (options.stage && *options.stage != 3) {
+      usage_error("--mics-shard-size is hybrid sharding of stage 3, not stage " +
+                  std::to_string(*options.stage));
+    }
+    options.stage = 3;
+    zero::EngineConfig config;
+    config.mics_shard_size = options.mics_shard_size;
+    if (options.offload_nvme) config.offload_optimizer.device = zero::OffloadDevice::kNvme;
+    try {
+      zero::sharding_group_size(config, options.ranks);
+    } catch (const zero::Error& e) {
+      usage_error(e.what());
+    }
+  }
+  return options;
+}
+
+}  // namespace zero_estimate
