@@ -101,6 +101,7 @@ void prepare_directory(const std::string& dir, const std::string& tmp_dir) {
 RankReport write_shard(Engine& engine, const std::string& path, Fault fault) {
   RankReport report;
   const int rank = engine.communicator().rank();
+  const int ranks = engine.communicator().world_size();
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   ZERO_CHECK(fd >= 0, "cannot create " << path << ": " << std::strerror(errno));
   uint32_t crc = 0;
@@ -111,10 +112,11 @@ RankReport write_shard(Engine& engine, const std::string& path, Fault fault) {
     for (size_t u = 0; u < units.size(); ++u) {
       engine.release_state_views();
       const Engine::StateView view = engine.state_view(static_cast<int>(u));
-      const size_t first = static_cast<size_t>(rank) * units[u].shard;
-      ZERO_CHECK(view.begin <= first && first + units[u].shard <= view.end,
+      const ElementRange mine = shard_range(units[u].numel, rank, ranks);
+      ZERO_CHECK(view.begin <= mine.first && mine.end() <= view.end,
                  "unit " << u << ": this rank's state does not cover its shard");
-      const size_t bytes = units[u].shard * sizeof(float);
+      const size_t first = mine.first;
+      const size_t bytes = mine.count * sizeof(float);
       std::vector<const float*> arrays = {view.master};
       for (int k = 0; k < view.state_count; ++k) arrays.push_back(view.state[k]);
       for (const float* array : arrays) {
