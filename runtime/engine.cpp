@@ -97,6 +97,13 @@ Engine::Impl::Impl(Communicator& c, const std::vector<ParamDecl>& decls, const E
   // The first step's NVMe figures are its own, not the initial values' writes.
   if (param_swap) param_swap->take_stats();
   if (offloads_optimizer_to_nvme(config)) open_offload(decls);
+  // With nothing offloaded to NVMe after all (no optimizer state in fp32 on the CPU path,
+  // nothing trainable), the update runs on the units' own, empty, buffers as in memory.
+  if (offload && !offload->layout.records.empty()) {
+    shards = std::make_unique<NvmeShards>(*offload, sub_groups, config.offload_optimizer);
+  } else {
+    shards = std::make_unique<ResidentShards>(units, sub_groups);
+  }
 }
 
 EngineConfig Engine::Impl::validated(const EngineConfig& c, Communicator& comm) {

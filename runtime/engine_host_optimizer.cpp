@@ -115,15 +115,6 @@ void Engine::Impl::end_host_update() {
   if (!host_uploads.empty()) device->wait(host_uploads.back());
 }
 
-void Engine::Impl::update_on_host(float grad_scale) {
-  begin_host_update();
-  for (const std::vector<Piece>& pieces : sub_groups) {
-    apply_pass_on_host(
-        pieces, [&](size_t i) { return resident_piece_update(pieces[i]); }, grad_scale);
-  }
-  end_host_update();
-}
-
 void Engine::Impl::set_working_params(size_t u, const float* master) {
   const size_t n = owned_range(u).count;
   if (!steps_on_host(config)) {

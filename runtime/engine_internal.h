@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -30,6 +31,7 @@
 #include "memory_plan.h"
 #include "node_shared_memory.h"
 #include "param_swap.h"
+#include "shard_store.h"
 #include "unit_state.h"
 #include "zero/runtime/engine.h"
 #include "zero/runtime/nvme_file.h"
@@ -118,6 +120,56 @@ struct OffloadedOptimizer {
   double busy_ms = 0.0;
   uint64_t read_bytes = 0;
   uint64_t write_bytes = 0;
+};
+
+// The master and state in each unit's own buffers (device memory, or host memory with
+// offload_optimizer cpu): nothing moves between passes.
+class ResidentShards final : public ShardStore {
+ public:
+  ResidentShards(std::vector<UnitState>& units, const std::vector<std::vector<Piece>>& passes)
+      : units_(units), passes_(passes) {}
+  PieceArrays arrays(size_t pass, size_t piece) override;
+
+ private:
+  std::vector<UnitState>& units_;
+  const std::vector<std::vector<Piece>>& passes_;
+};
+
+// The master and state in the rank's NVMe file, one record per pass (engine_offload.cpp): each
+// record through a staging slot, read (ahead by one with pipeline_read), stepped, written (left
+// in flight with pipeline_write, waited for when its slot is needed again). Slots are taken
+// oldest first, so a slot's write is the earliest one issued.
+class NvmeShards final : public ShardStore {
+ public:
+  NvmeShards(OffloadedOptimizer& offload, const std::vector<std::vector<Piece>>& passes,
+             const OptimizerOffload& config);
+  void begin_update() override;
+  void begin_pass(size_t pass) override;
+  PieceArrays arrays(size_t pass, size_t piece) override;
+  void end_pass(size_t pass) override;
+  void end_update() override;
+  void abandon() noexcept override;
+
+ private:
+  char* slot_memory(size_t slot) const;
+  size_t record_bytes(size_t k) const;
+  // Waits for a transfer, counting the time the update is blocked on the disk: what pipelining
+  // exists to hide.
+  void wait(const NvmeFile::Ticket& ticket);
+  void start_read(size_t k);
+  // Every write in flight waited for and its slot free again.
+  void drain();
+
+  OffloadedOptimizer& o_;
+  const std::vector<std::vector<Piece>>& passes_;
+  const OptimizerOffload& config_;
+  std::vector<NvmeFile::Ticket> slot_ticket_;
+  std::deque<size_t> free_slots_;
+  std::deque<size_t> writing_;  // slots with a write in flight, oldest first
+  std::vector<size_t> slot_of_;
+  std::vector<NvmeFile::Ticket> read_of_;
+  std::vector<size_t> at_of_;  // each piece of the current pass: its first element in the record
+  double busy_before_ = 0.0;
 };
 
 // Hybrid sharding's communicators (engine_hybrid.cpp): the shard group the engine's
@@ -212,7 +264,9 @@ struct Engine::Impl {
   // Fused AdamW (or SGD) over what each rank owns, in passes of at most sub_group_size
   // elements (DeepSpeed's bound on what one optimizer pass touches); each unit's slice may be
   // cut into several pieces, which the element-wise update does not notice, and is cut where
-  // the weight decay changes. Frozen units are left out.
+  // the weight decay changes. Frozen units are left out. Each pass's master and state come from
+  // `shards`; the pass is stepped on the device (apply_pass) or on the host
+  // (apply_pass_on_host, where steps_on_host).
   void update(float lr, float grad_scale);
 
   // The passes of update(): each a list of pieces of at most sub_group_size elements in all.
@@ -238,21 +292,16 @@ struct Engine::Impl {
   // release_state_views() drops it.
   void* param_copy(int u);
 
-  // The piece's update with its master and state arrays at `master` and `state` (null master:
-  // the working parameters are the master).
-  ShardUpdate piece_update(const Piece& piece, float* master, float* const* state);
-  // The same with the master (where the unit keeps one) and state in the unit's own buffers.
-  ShardUpdate resident_piece_update(const Piece& piece);
+  // The piece's update with its master and state arrays where the store put them.
+  ShardUpdate piece_update(const Piece& piece, const PieceArrays& arrays);
 
-  // NVMe offload (engine_offload.cpp): creates the file and writes the initial master into it;
-  // update() with the sub-groups streamed through the staging buffers (read k + 1 and write
-  // k - 1 while k is stepped, as pipeline_read and pipeline_write ask); and the unit's arrays
-  // read out of and written back into the records for checkpoints.
+  // NVMe offload (engine_offload.cpp): creates the file and writes the initial master into it
+  // (the update streams it through NvmeShards); and the unit's arrays read out of and written
+  // back into the records for checkpoints.
   void open_offload(const std::vector<ParamDecl>& decls);
   // Refuses a run whose NVMe files (optimizer and parameters together where they share a
   // file system) do not fit the free space, before any file is made.
   void check_offload_space();
-  void update_offloaded(float grad_scale);
 
   // The update on the host (engine_host_optimizer.cpp; see steps_on_host). After unit u's last
   // reduction of the step: its reduced gradient shard to the host, on the communication stream
@@ -260,12 +309,10 @@ struct Engine::Impl {
   // waits for: the copy's, or `reduced` where the update is not on the host (no host copy).
   CommPoint copy_grads_to_host(int u, const CommPoint& reduced);
   // update() on the host: the CPU kernels over each sub-group, whose updated working parameters
-  // go back to the device while the next sub-group is stepped.
-  void update_on_host(float grad_scale);
-  // Its parts, which the NVMe update on a GPU shares: before the first pass, the gradients'
-  // copies and the last step's uploads waited for; one pass of pieces whose master and state
-  // make() points at (host memory), stepped with the gradients' host copies and its parameters
-  // sent to the device; after the last pass, the device ordered after the uploads.
+  // go back to the device while the next sub-group is stepped. Before the first pass, the
+  // gradients' copies and the last step's uploads waited for; one pass of pieces whose master
+  // and state make() points at (host memory), stepped with the gradients' host copies and its
+  // parameters sent to the device; after the last pass, the device ordered after the uploads.
   void begin_host_update();
   void apply_pass_on_host(const std::vector<Piece>& pieces,
                           const std::function<ShardUpdate(size_t)>& make, float grad_scale);
@@ -373,6 +420,7 @@ struct Engine::Impl {
   std::vector<UnitState> units;
   std::vector<std::vector<Piece>> sub_groups;   // update()'s passes
   std::unique_ptr<OffloadedOptimizer> offload;  // optimizer state on NVMe, if offloaded
+  std::unique_ptr<ShardStore> shards;           // where update() finds master and state
   std::unique_ptr<ParamSwap> param_swap;        // stage 3's parameter shards on NVMe, if so
   std::map<int, Buffer> param_copies;           // param_copy()'s shards, by unit
   // offload_optimizer cpu: the last update's copies of parameters to the device, which the

@@ -140,123 +140,120 @@ void Engine::Impl::open_offload(const std::vector<ParamDecl>& decls) {
   }
 }
 
-// Each record through a staging slot: read (ahead by one with pipeline_read), step its pieces,
-// write (left in flight with pipeline_write, waited for when its slot is needed again). Slots
-// are taken oldest first, so a slot's write is the earliest one issued.
-void Engine::Impl::update_offloaded(float grad_scale) {
-  OffloadedOptimizer& o = *offload;
-  const NvmeRecords& records = o.layout;
-  o.cached = -1;  // the step rewrites every record
-  o.wait_ms = 0.0;
-  o.busy_ms = 0.0;
-  o.read_bytes = 0;
-  o.write_bytes = 0;
-  if (records.records.empty()) {
-    // Nothing is offloaded (on the CPU path: no optimizer state in fp32; on a GPU: nothing
-    // trainable): the passes run as in memory.
-    float* none[2] = {nullptr, nullptr};
-    for (const std::vector<Piece>& pieces : sub_groups) {
-      apply_pass(
-          pieces, [&](size_t i) { return piece_update(pieces[i], nullptr, none); }, grad_scale);
-    }
-    return;
+NvmeShards::NvmeShards(OffloadedOptimizer& offload, const std::vector<std::vector<Piece>>& passes,
+                       const OptimizerOffload& config)
+    : o_(offload),
+      passes_(passes),
+      config_(config),
+      slot_ticket_(static_cast<size_t>(config.buffer_count)),
+      slot_of_(offload.layout.records.size(), 0),
+      read_of_(offload.layout.records.size()) {
+  ZERO_CHECK(offload.layout.records.size() == passes.size(),
+             "internal error: " << offload.layout.records.size() << " NVMe records for "
+                                << passes.size() << " optimizer passes");
+}
+
+char* NvmeShards::slot_memory(size_t slot) const {
+  return o_.slots + slot * o_.layout.slot_bytes;
+}
+
+size_t NvmeShards::record_bytes(size_t k) const {
+  return o_.layout.records[k].array_bytes * static_cast<size_t>(o_.layout.arrays);
+}
+
+void NvmeShards::wait(const NvmeFile::Ticket& ticket) {
+  const auto start = std::chrono::steady_clock::now();
+  o_.file->wait(ticket);
+  o_.wait_ms +=
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
+void NvmeShards::start_read(size_t k) {
+  if (free_slots_.empty()) {
+    const size_t oldest = writing_.front();
+    writing_.pop_front();
+    wait(slot_ticket_[oldest]);
+    free_slots_.push_back(oldest);
   }
-  const size_t slot_count = static_cast<size_t>(config.offload_optimizer.buffer_count);
-  std::vector<NvmeFile::Ticket> slot_ticket(slot_count);
-  std::deque<size_t> free_slots;
-  for (size_t i = 0; i < slot_count; ++i) free_slots.push_back(i);
-  std::deque<size_t> writing;  // slots with a write in flight, oldest first
-  std::vector<size_t> slot_of(records.records.size(), 0);
-  std::vector<NvmeFile::Ticket> read_of(records.records.size());
-  const auto slot_memory = [&](size_t slot) { return o.slots + slot * records.slot_bytes; };
-  const auto record_bytes = [&](size_t k) {
-    return records.records[k].array_bytes * static_cast<size_t>(records.arrays);
-  };
-  // The time the pass is blocked on the disk: what pipelining exists to hide.
-  const auto wait = [&](const NvmeFile::Ticket& ticket) {
-    const auto start = std::chrono::steady_clock::now();
-    o.file->wait(ticket);
-    o.wait_ms +=
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  };
-  const auto start_read = [&](size_t k) {
-    if (free_slots.empty()) {
-      const size_t oldest = writing.front();
-      writing.pop_front();
-      wait(slot_ticket[oldest]);
-      free_slots.push_back(oldest);
-    }
-    const size_t slot = free_slots.front();
-    free_slots.pop_front();
-    slot_of[k] = slot;
-    read_of[k] = o.file->read(slot_memory(slot), records.records[k].offset, record_bytes(k));
-    o.read_bytes += record_bytes(k);
-  };
-  // Every transfer in flight ends before the slots can be given up, also when one failed.
-  const auto drain = [&] {
-    while (!writing.empty()) {
-      wait(slot_ticket[writing.front()]);
-      free_slots.push_back(writing.front());
-      writing.pop_front();
-    }
-  };
-  // On a GPU each pass is stepped on the host (engine_host_optimizer.cpp).
-  const bool on_host = steps_on_host(config);
-  const double busy_before = o.file->busy_ms();
-  if (on_host) begin_host_update();
-  try {
-    const size_t count = records.records.size();
-    std::vector<size_t> at_of;
-    for (size_t k = 0; k < count; ++k) {
-      if (!read_of[k]) start_read(k);
-      if (config.offload_optimizer.pipeline_read && k + 1 < count) start_read(k + 1);
-      wait(read_of[k]);
-      read_of[k].reset();
-      const size_t slot = slot_of[k];
-      const size_t stride = records.records[k].array_bytes / sizeof(float);
-      auto* arrays = reinterpret_cast<float*>(slot_memory(slot));
-      float* const master_array = records.master ? arrays : nullptr;
-      float* const first_state = arrays + (records.master ? stride : 0);
-      const std::vector<Piece>& pieces = sub_groups[k];
-      at_of.assign(1, 0);  // each piece's first element in the record
-      for (const Piece& piece : pieces) at_of.push_back(at_of.back() + piece.count);
-      const auto make = [&](size_t i) {
-        const size_t at = at_of[i];
-        float* state[2] = {first_state + at, first_state + stride + at};
-        return piece_update(pieces[i], master_array != nullptr ? master_array + at : nullptr,
-                            state);
-      };
-      if (on_host) {
-        apply_pass_on_host(pieces, make, grad_scale);
-      } else {
-        apply_pass(pieces, make, grad_scale);
-      }
-      slot_ticket[slot] =
-          o.file->write(slot_memory(slot), records.records[k].offset, record_bytes(k));
-      o.write_bytes += record_bytes(k);
-      writing.push_back(slot);
-      if (!config.offload_optimizer.pipeline_write) drain();
-    }
-    drain();
-    o.busy_ms = o.file->busy_ms() - busy_before;
-    if (on_host) end_host_update();
-  } catch (...) {
-    for (NvmeFile::Ticket& ticket : read_of) {
-      try {
-        o.file->wait(ticket);
-      } catch (const Error&) {
-        // The first error is the one being reported.
-      }
-    }
-    for (size_t slot : writing) {
-      try {
-        o.file->wait(slot_ticket[slot]);
-      } catch (const Error&) {
-        // As above.
-      }
-    }
-    throw;
+  const size_t slot = free_slots_.front();
+  free_slots_.pop_front();
+  slot_of_[k] = slot;
+  read_of_[k] = o_.file->read(slot_memory(slot), o_.layout.records[k].offset, record_bytes(k));
+  o_.read_bytes += record_bytes(k);
+}
+
+void NvmeShards::drain() {
+  while (!writing_.empty()) {
+    wait(slot_ticket_[writing_.front()]);
+    free_slots_.push_back(writing_.front());
+    writing_.pop_front();
   }
+}
+
+void NvmeShards::begin_update() {
+  o_.cached = -1;  // the step rewrites every record
+  o_.wait_ms = 0.0;
+  o_.busy_ms = 0.0;
+  o_.read_bytes = 0;
+  o_.write_bytes = 0;
+  free_slots_.clear();
+  for (size_t i = 0; i < slot_ticket_.size(); ++i) free_slots_.push_back(i);
+  writing_.clear();
+  busy_before_ = o_.file->busy_ms();
+}
+
+void NvmeShards::begin_pass(size_t k) {
+  if (!read_of_[k]) start_read(k);
+  if (config_.pipeline_read && k + 1 < passes_.size()) start_read(k + 1);
+  wait(read_of_[k]);
+  read_of_[k].reset();
+  at_of_.assign(1, 0);
+  for (const Piece& piece : passes_[k]) at_of_.push_back(at_of_.back() + piece.count);
+}
+
+PieceArrays NvmeShards::arrays(size_t k, size_t piece) {
+  const size_t stride = o_.layout.records[k].array_bytes / sizeof(float);
+  auto* record = reinterpret_cast<float*>(slot_memory(slot_of_[k]));
+  float* const first_state = record + (o_.layout.master ? stride : 0);
+  const size_t at = at_of_[piece];
+  PieceArrays arrays;
+  if (o_.layout.master) arrays.master = record + at;
+  arrays.state[0] = first_state + at;
+  arrays.state[1] = first_state + stride + at;
+  return arrays;
+}
+
+void NvmeShards::end_pass(size_t k) {
+  const size_t slot = slot_of_[k];
+  slot_ticket_[slot] =
+      o_.file->write(slot_memory(slot), o_.layout.records[k].offset, record_bytes(k));
+  o_.write_bytes += record_bytes(k);
+  writing_.push_back(slot);
+  if (!config_.pipeline_write) drain();
+}
+
+void NvmeShards::end_update() {
+  drain();
+  o_.busy_ms = o_.file->busy_ms() - busy_before_;
+}
+
+void NvmeShards::abandon() noexcept {
+  for (NvmeFile::Ticket& ticket : read_of_) {
+    try {
+      o_.file->wait(ticket);
+    } catch (const std::exception&) {
+      // The first error is the one being reported.
+    }
+    ticket.reset();
+  }
+  for (size_t slot : writing_) {
+    try {
+      o_.file->wait(slot_ticket_[slot]);
+    } catch (const std::exception&) {
+      // As above.
+    }
+  }
+  writing_.clear();
 }
 
 char* Engine::Impl::cached_record(int k) {

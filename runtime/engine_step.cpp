@@ -171,21 +171,32 @@ bool Engine::Impl::skip_step(const GradientCheck& check) {
 // Fused AdamW (or SGD) over what each rank owns, in passes of at most sub_group_size
 // elements (DeepSpeed's bound on what one optimizer pass touches); each unit's slice may be
 // cut into several pieces, which the element-wise update does not notice. NVMe-offloaded state
-// goes through the same passes and pieces, streamed (engine_offload.cpp), and so does state in
-// host memory, stepped there (engine_host_optimizer.cpp).
+// goes through the same passes and pieces, streamed (NvmeShards, engine_offload.cpp), and state
+// in host memory is stepped there (engine_host_optimizer.cpp).
 void Engine::Impl::update(float lr, float grad_scale) {
   optimizer.begin_step(lr);
   ScopedSpan optimizer_span(trace, "optimizer");
-  if (offload) {
-    update_offloaded(grad_scale);
-  } else if (offloads_optimizer_to_host(config)) {
-    update_on_host(grad_scale);
-  } else {
-    for (const std::vector<Piece>& pieces : sub_groups) {
-      apply_pass(
-          pieces, [&](size_t i) { return resident_piece_update(pieces[i]); }, grad_scale);
+  const bool on_host = steps_on_host(config);
+  if (on_host) begin_host_update();
+  shards->begin_update();
+  try {
+    for (size_t k = 0; k < sub_groups.size(); ++k) {
+      const std::vector<Piece>& pieces = sub_groups[k];
+      shards->begin_pass(k);
+      const auto make = [&](size_t i) { return piece_update(pieces[i], shards->arrays(k, i)); };
+      if (on_host) {
+        apply_pass_on_host(pieces, make, grad_scale);
+      } else {
+        apply_pass(pieces, make, grad_scale);
+      }
+      shards->end_pass(k);
     }
+    shards->end_update();
+  } catch (...) {
+    shards->abandon();
+    throw;
   }
+  if (on_host) end_host_update();
   // The next forward reads the shards written back here.
   if (param_swap) param_swap->flush();
 }
@@ -241,22 +252,24 @@ void Engine::Impl::swap_out_after_update(const Piece& last) {
   }
 }
 
-ShardUpdate Engine::Impl::resident_piece_update(const Piece& piece) {
-  UnitState& s = units[piece.unit];
-  float* state[2] = {s.state[0].as<float>(), s.state[1].as<float>()};
-  for (float*& array : state) {
-    if (array != nullptr) array += piece.begin;
+PieceArrays ResidentShards::arrays(size_t pass, size_t piece) {
+  const Piece& p = passes_[pass][piece];
+  UnitState& s = units_[p.unit];
+  PieceArrays arrays;
+  for (int k = 0; k < 2; ++k) {
+    if (!s.state[k].empty()) arrays.state[k] = s.state[k].as<float>() + p.begin;
   }
-  float* master = s.master.empty() ? nullptr : s.master.as<float>() + piece.begin;
-  return piece_update(piece, master, state);
+  if (!s.master.empty()) arrays.master = s.master.as<float>() + p.begin;
+  return arrays;
 }
 
-ShardUpdate Engine::Impl::piece_update(const Piece& piece, float* master, float* const* state) {
+ShardUpdate Engine::Impl::piece_update(const Piece& piece, const PieceArrays& arrays) {
   void* working = owned_params(piece.unit);
+  float* master = arrays.master;
   ShardUpdate update;
   update.shard.n = piece.count;
   update.shard.master = master != nullptr ? master : static_cast<float*>(working) + piece.begin;
-  for (int k = 0; k < optimizer.state_count(); ++k) update.shard.state[k] = state[k];
+  for (int k = 0; k < optimizer.state_count(); ++k) update.shard.state[k] = arrays.state[k];
   update.grad = byte_offset(reducer.owned(piece.unit), piece.begin * accum);
   update.param_out = master != nullptr ? byte_offset(working, piece.begin * elem) : nullptr;
   update.weight_decay = piece.weight_decay;
