@@ -10,12 +10,17 @@
 //   loss.backward();
 //   model.step();
 //
-// Stage 3 gathers a unit's parameters before its forward and releases them after, and an
-// autograd function at the unit's output gathers them again before the unit's backward (as
-// DeepSpeed's pre-backward hook does); they are released once the unit's gradients are handed
-// to the engine (a frozen unit, which has none, at the next forward() or step()). Between uses
-// a stage-3 parameter is an empty tensor: the module holds no full copy. The next unit is
-// prefetched in both directions.
+// Stage 3 runs ZeroModel's schedule (UnitSchedule): a unit's parameters are gathered before its
+// forward and released after, and an autograd function at the unit's output gathers them again
+// before the unit's backward (as DeepSpeed's pre-backward hook does); they are released once
+// the unit's gradients are handed to the engine (a frozen unit, which has none, at the next
+// forward() or step()). Between uses a stage-3 parameter is an empty tensor: the module holds no
+// full copy. The next units are prefetched in both directions (stage3_prefetch_bucket_size),
+// each after the units it ties to; stage3_max_reuse_distance keeps the last units gathered
+// from forward into backward. A unit whose backward reads none of its parameters' values is
+// not gathered again for backward: forward finds this in the graph autograd recorded, where
+// each of the unit's parameters reaches only embeddings and additions (whose backward saves
+// no tensor input) and none is frozen.
 //
 // bf16/fp16: the module computes in the working dtype (its parameters are 16-bit views, its
 // input is cast to it), the fp32 master weights stay in the engine's shards, and forward()
@@ -30,6 +35,7 @@
 #include <torch/nn/modules/container/sequential.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -38,6 +44,7 @@
 #include "zero/collectives/communicator.h"
 #include "zero/core/check.h"
 #include "zero/runtime/engine.h"
+#include "zero/runtime/unit_schedule.h"
 
 namespace torch::autograd {
 struct Node;
@@ -133,13 +140,12 @@ class TorchModel {
   void check_no_parameter_added() const;
   void bind_unit(int unit, bool wrapping);
   void unbind_unit(int unit);
-  void prefetch_after(int unit, int direction);
   void release_left_over();
-  void before_unit_backward(int unit);
-  std::vector<int> gather_tied(int module);
-  void release_units(const std::vector<int>& units);
-  void hold_tied(int module);
-  void let_go_tied(int module);
+  void before_module_backward(int module);
+  void after_module_backward(int module);
+  bool backward_reads_own_params(int module, const torch::Tensor& input,
+                                 const torch::Tensor& output) const;
+  void shape_without_values(int param);
   void before_accumulate(int param);
   void accumulated(int param);
 
@@ -155,12 +161,15 @@ class TorchModel {
   std::vector<int> pending_;   // per unit: those whose gradient this backward has not yet added
   std::vector<int> ready_;     // per unit: grads_ready calls since the last step
   std::vector<bool> arrived_;  // per parameter: its gradient was added in this backward
-  std::vector<bool> gathered_for_backward_;   // per unit (stage 3): awaiting its release
-  std::vector<std::vector<int>> tied_units_;  // per listed unit: other units it ties to
-  std::vector<int> tied_holds_;  // per unit (stage 3): backwards of tied users holding it
+  // Per unit (stage 3): its parameters have their shapes for a backward that reads none of
+  // their values, over no buffer (an embedding's backward reads the weight's size).
+  std::vector<bool> shaped_without_values_;
   // The gradient accumulators carrying our hooks: a parameter holds its accumulator weakly,
   // and a new one (without hooks) would replace it once the last graph using it is gone.
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::map<const torch::autograd::Node*, int> accumulator_params_;  // accumulator -> parameter
+  // Declared after the engine, which it drives: destroyed first.
+  std::unique_ptr<UnitSchedule> schedule_;
 };
 
 }  // namespace zero
