@@ -62,18 +62,30 @@ c10::DataPtr host_pointer(void* data) {
   return c10::DataPtr(data, c10::Device(c10::DeviceType::CPU));
 }
 
-std::vector<TorchUnit> children_of(torch::nn::Sequential sequential) {
+}  // namespace
+
+std::vector<TorchUnit> units_of(const torch::nn::Sequential& sequential, const TorchTies& ties,
+                                const std::string& prefix) {
   std::vector<TorchUnit> units;
   const auto children = sequential->named_children();
+  for (const auto& tie : ties) {
+    const bool known = std::any_of(children.begin(), children.end(),
+                                   [&](const auto& child) { return child.key() == tie.first; });
+    ZERO_CHECK(known, "units_of: the ties name child '" << tie.first
+                                                        << "', which the Sequential does not have ("
+                                                        << children.size() << " children)");
+  }
   for (size_t i = 0; i < children.size(); ++i) {
-    units.push_back({children[i].key(), [sequential, i](const torch::Tensor& x) mutable {
-                       return (sequential->begin() + static_cast<std::ptrdiff_t>(i))->forward(x);
-                     }});
+    const std::string& child = children[i].key();
+    const auto tied = ties.find(child);
+    units.push_back({prefix.empty() ? child : prefix + "." + child,
+                     [held = torch::nn::Sequential(sequential), i](const torch::Tensor& x) mutable {
+                       return (held->begin() + static_cast<std::ptrdiff_t>(i))->forward(x);
+                     },
+                     tied == ties.end() ? std::vector<std::string>() : tied->second});
   }
   return units;
 }
-
-}  // namespace
 
 namespace detail {
 
@@ -131,7 +143,11 @@ struct TorchModelAutograd {
 
 TorchModel::TorchModel(Communicator& comm, torch::nn::Sequential module, const EngineConfig& config,
                        const TorchWeightDecay& weight_decay)
-    : TorchModel(comm, module.ptr(), children_of(module), config, weight_decay) {}
+    : TorchModel(comm, module, TorchTies(), config, weight_decay) {}
+
+TorchModel::TorchModel(Communicator& comm, torch::nn::Sequential module, const TorchTies& ties,
+                       const EngineConfig& config, const TorchWeightDecay& weight_decay)
+    : TorchModel(comm, module.ptr(), units_of(module, ties), config, weight_decay) {}
 
 TorchModel::TorchModel(Communicator& comm, std::shared_ptr<torch::nn::Module> root,
                        std::vector<TorchUnit> units, const EngineConfig& config,
@@ -188,11 +204,13 @@ void TorchModel::register_parameters(Communicator& comm, const EngineConfig& con
         const std::vector<int>& ties = tied_params[m];
         if (std::find(ties.begin(), ties.end(), index_of.at(impl)) != ties.end()) continue;
       }
-      ZERO_CHECK(inserted, "TorchModel: parameter '"
-                               << name << "' belongs to unit '" << units_[first->second].name
-                               << "' and to unit '" << units_[m].name
-                               << "'; a parameter (or a child) is used by one unit only, unless "
-                                  "the later unit declares the tie (TorchUnit::tied)");
+      ZERO_CHECK(inserted,
+                 "TorchModel: parameter '"
+                     << name << "' belongs to unit '" << units_[first->second].name
+                     << "' and to unit '" << units_[m].name
+                     << "'; a parameter (or a child) is used by one unit only, unless "
+                        "the later unit declares the tie (TorchUnit::tied, or the ties of "
+                        "the Sequential constructor)");
       index_of.emplace(impl, static_cast<int>(params_.size()));
       index_by_name.emplace(name, static_cast<int>(params_.size()));
       ZERO_CHECK(param.scalar_type() == torch::kFloat32 && param.device().is_cpu(),
@@ -225,20 +243,9 @@ void TorchModel::register_parameters(Communicator& comm, const EngineConfig& con
   }
   engine_ = std::make_unique<Engine>(comm, decls, config);
   const Layout& layout = engine_->layout();
-  // The values go in as the engine's training state (the fp32 master weights of this rank's
-  // part of each unit); state_loaded() then writes and gathers the working parameters.
-  for (size_t u = 0; u < layout.units().size(); ++u) {
-    const Engine::StateView view = engine_->state_view(static_cast<int>(u));
-    for (int p : layout.units()[u].params) {
-      const ParamPlacement& pl = layout.params()[p];
-      const size_t begin = std::max(pl.offset, view.begin);
-      const size_t end = std::min(pl.offset + pl.numel, view.end);
-      if (begin >= end) continue;
-      const float* from = values[p].data_ptr<float>() + (begin - pl.offset);
-      std::copy(from, from + (end - begin), view.master + (begin - view.begin));
-    }
-  }
-  engine_->state_loaded();
+  std::vector<int> every_param(params_.size());
+  for (size_t p = 0; p < params_.size(); ++p) every_param[p] = static_cast<int>(p);
+  write_master(every_param, values);
 
   const size_t num_units = layout.units().size();
   due_.assign(num_units, 0);
@@ -279,6 +286,29 @@ void TorchModel::register_parameters(Communicator& comm, const EngineConfig& con
                              [this](int unit) { unbind_unit(unit); }});
   // As after a step: the first unit's all-gather starts behind whatever comes before forward.
   if (config.stage == 3) schedule_->after_step();
+}
+
+// The values of `params` (registration indices; values[p] the full fp32 tensor of parameter p)
+// go in as the engine's training state, the fp32 master weights of this rank's part of each
+// unit; state_loaded() then writes and gathers the working parameters. Collective.
+void TorchModel::write_master(const std::vector<int>& params,
+                              const std::vector<torch::Tensor>& values) {
+  const Layout& layout = engine_->layout();
+  std::vector<bool> written(params_.size(), false);
+  for (int p : params) written[p] = true;
+  for (size_t u = 0; u < layout.units().size(); ++u) {
+    const Engine::StateView view = engine_->state_view(static_cast<int>(u));
+    for (int p : layout.units()[u].params) {
+      if (!written[p]) continue;
+      const ParamPlacement& pl = layout.params()[p];
+      const size_t begin = std::max(pl.offset, view.begin);
+      const size_t end = std::min(pl.offset + pl.numel, view.end);
+      if (begin >= end) continue;
+      const float* from = values[p].data_ptr<float>() + (begin - pl.offset);
+      std::copy(from, from + (end - begin), view.master + (begin - view.begin));
+    }
+  }
+  engine_->state_loaded();
 }
 
 // The module keeps the values in storage of its own once the engine's buffers are gone. The
@@ -457,6 +487,16 @@ torch::Tensor TorchModel::forward(const torch::Tensor& input) {
   const bool stage3 = engine_->config().stage == 3;
   const torch::ScalarType dtype = torch_dtype(engine_->dtype());
   const int64_t self = reinterpret_cast<int64_t>(this);
+  // Only what the config converts is converted: fp32 to a 16-bit working dtype. Another
+  // floating dtype would train silently on other values than the user's.
+  ZERO_CHECK(
+      !input.is_floating_point() || input.scalar_type() == torch::kFloat32 ||
+          input.scalar_type() == dtype,
+      "TorchModel: forward() got a "
+          << input.scalar_type() << " input, but the module's parameters are Float"
+          << (dtype == torch::kFloat32 ? std::string()
+                                       : std::string(" (computed in ") + c10::toString(dtype) + ")")
+          << "; convert the input to Float");
   torch::Tensor x = input.is_floating_point() ? input.to(dtype) : input;
   for (int m = 0; m < static_cast<int>(units_.size()); ++m) {
     const int u = layout.unit_of_module(m);
@@ -473,10 +513,11 @@ torch::Tensor TorchModel::forward(const torch::Tensor& input) {
     } catch (const c10::Error& e) {
       if (!stage3) throw;
       // The likely cause at stage 3 only: a parameter of another unit used without the tie.
-      ZERO_FAIL("TorchModel: unit '" << units_[m].name
-                                     << "' failed at stage 3: " << e.what_without_backtrace()
-                                     << " (while a unit runs, the parameters of other units are "
-                                        "empty tensors: declare those it uses in TorchUnit::tied)");
+      ZERO_FAIL("TorchModel: unit '"
+                << units_[m].name << "' failed at stage 3: " << e.what_without_backtrace()
+                << " (while a unit runs, the parameters of other units are "
+                   "empty tensors: declare those it uses in TorchUnit::tied, or in "
+                   "the ties of the Sequential constructor)");
     }
     if (stage3 && u >= 0 && x.requires_grad()) {
       schedule_->set_backward_reads(m, backward_reads_own_params(m, module_input, x));
@@ -513,6 +554,77 @@ StepStats TorchModel::step() {
   // parameters hold the new values when step() returns, as after an optimizer's step.
   for (size_t u = 0; u < layout.units().size(); ++u) engine_->gather(static_cast<int>(u));
   return stats;
+}
+
+torch::Tensor TorchModel::global_mean(const torch::Tensor& value) {
+  torch::Tensor local = value.detach().to(torch::kFloat32).contiguous().clone();
+  torch::Tensor sum = torch::empty_like(local);
+  Communicator& comm = engine_->host_communicator();
+  comm.all_reduce_sync(local.data_ptr(), sum.data_ptr(), static_cast<size_t>(local.numel()),
+                       DType::kFloat32);
+  return sum / static_cast<double>(comm.world_size());
+}
+
+void TorchModel::with_full_parameters(
+    const TorchFullParameters& which,
+    const std::function<void(torch::OrderedDict<std::string, torch::Tensor>&)>& use) {
+  const Layout& layout = engine_->layout();
+  for (size_t u = 0; u < layout.units().size(); ++u) {
+    ZERO_CHECK(ready_[u] == 0 && pending_[u] == due_[u],
+               "TorchModel: full parameters are gathered between step() and the next forward(); "
+               "a backward's gradients await their step()");
+  }
+  std::vector<int> selected;
+  if (which.names.empty()) {
+    for (size_t p = 0; p < params_.size(); ++p) selected.push_back(static_cast<int>(p));
+  }
+  for (const std::string& name : which.names) {
+    const auto found = std::find_if(layout.params().begin(), layout.params().end(),
+                                    [&](const ParamPlacement& pl) { return pl.name == name; });
+    ZERO_CHECK(found != layout.params().end(),
+               "TorchModel: the module has no parameter '" << name << "'");
+    selected.push_back(static_cast<int>(found - layout.params().begin()));
+  }
+  release_left_over();
+  const std::vector<std::vector<float>> master = engine_->gather_full_master();
+  std::vector<torch::Tensor> values(params_.size());
+  for (int p : selected) values[p] = torch::tensor(master[p]).reshape(layout.params()[p].shape);
+  Communicator& comm = engine_->host_communicator();
+  const bool shown = !which.rank0_only || comm.rank() == 0;
+  torch::OrderedDict<std::string, torch::Tensor> by_name;
+  if (shown) {
+    for (int p : selected) by_name.insert(layout.params()[p].name, values[p]);
+  }
+  use(by_name);
+  if (!which.writable) return;
+  for (int p : selected) {
+    ZERO_CHECK(values[p].sizes() == torch::IntArrayRef(layout.params()[p].shape) &&
+                   values[p].scalar_type() == torch::kFloat32 && values[p].is_contiguous(),
+               "TorchModel: full parameter '"
+                   << layout.params()[p].name
+                   << "' was resized or replaced; write into it in place");
+    if (which.rank0_only) {
+      comm.broadcast(values[p].data_ptr(), static_cast<size_t>(values[p].numel()), DType::kFloat32,
+                     0)
+          .wait();
+    }
+  }
+  write_master(selected, values);
+  // Stages 0-2 keep every unit gathered: the module's views point at the rewritten buffers.
+  if (engine_->config().stage == 3) return;
+  for (size_t u = 0; u < layout.units().size(); ++u) {
+    engine_->gather(static_cast<int>(u));
+    bind_unit(static_cast<int>(u), /*wrapping=*/false);
+  }
+}
+
+torch::OrderedDict<std::string, torch::Tensor> TorchModel::state_dict(bool rank0_only) {
+  torch::OrderedDict<std::string, torch::Tensor> copies;
+  TorchFullParameters every;
+  every.rank0_only = rank0_only;
+  with_full_parameters(
+      every, [&](torch::OrderedDict<std::string, torch::Tensor>& full) { copies = full; });
+  return copies;
 }
 
 }  // namespace zero
