@@ -527,6 +527,7 @@ torch::Tensor TorchModel::forward(const torch::Tensor& input) {
     }
     schedule_->after_forward(m);
   }
+  graph_since_step_ = graph_since_step_ || x.requires_grad();
   if (dtype == torch::kFloat32) return x;
   return detail::TorchModelAutograd::ScaledOutput::apply(x, self);
 }
@@ -546,6 +547,7 @@ StepStats TorchModel::step() {
                               << "each backward");
   }
   std::fill(ready_.begin(), ready_.end(), 0);
+  graph_since_step_ = false;
   release_left_over();
   const StepStats stats = engine_->step();
   schedule_->after_step();
@@ -583,7 +585,10 @@ void TorchModel::with_full_parameters(
                                     [&](const ParamPlacement& pl) { return pl.name == name; });
     ZERO_CHECK(found != layout.params().end(),
                "TorchModel: the module has no parameter '" << name << "'");
-    selected.push_back(static_cast<int>(found - layout.params().begin()));
+    const int param = static_cast<int>(found - layout.params().begin());
+    ZERO_CHECK(std::find(selected.begin(), selected.end(), param) == selected.end(),
+               "TorchModel: parameter '" << name << "' is named twice");
+    selected.push_back(param);
   }
   release_left_over();
   const std::vector<std::vector<float>> master = engine_->gather_full_master();
@@ -595,6 +600,11 @@ void TorchModel::with_full_parameters(
   if (shown) {
     for (int p : selected) by_name.insert(layout.params()[p].name, values[p]);
   }
+  // A graph built since the step saved views of the parameters (at stages 0-2, their buffers):
+  // its backward would read values autograd does not know were changed.
+  ZERO_CHECK(!which.writable || !graph_since_step_,
+             "TorchModel: full parameters are written back between step() and the next "
+             "forward(); a forward() since the last step() built a graph that would read them");
   use(by_name);
   if (!which.writable) return;
   for (int p : selected) {

@@ -123,6 +123,23 @@ TEST(TorchUserCalls, WrittenFullParametersTrainOnAsInPlainLibTorch) {
   unknown.names = {"2.wieght"};
   expect_error_naming([&] { model.with_full_parameters(unknown, [](Dict&) {}); },
                       "the module has no parameter '2.wieght'");
+  TorchFullParameters twice;
+  twice.names = {"2.weight", "2.weight"};
+  expect_error_naming([&] { model.with_full_parameters(twice, [](Dict&) {}); },
+                      "parameter '2.weight' is named twice");
+  // Reading is fine after a forward, under no_grad or not; writing under a live graph is not.
+  TorchFullParameters writable;
+  writable.writable = true;
+  const torch::Tensor out = model.forward(batch(0).first);
+  model.with_full_parameters({}, [](Dict&) {});
+  expect_error_naming([&] { model.with_full_parameters(writable, [](Dict&) {}); },
+                      "a forward() since the last step() built a graph that would read them");
+  // The backward's gradients await their step: no full parameters until then.
+  out.sum().backward();
+  expect_error_naming([&] { model.with_full_parameters({}, [](Dict&) {}); },
+                      "a backward's gradients await their step()");
+  model.step();
+  model.with_full_parameters(writable, [](Dict&) {});
 }
 
 // A head that reads the embedding's weight, registered under its own name as well.

@@ -165,9 +165,10 @@ class TorchModel {
   // weights), as DeepSpeed's GatheredParameters and FSDP's summon_full_params give them; with
   // `which.writable`, values written into them in place go back into the shards' fp32 master
   // weights and the working parameters when `use` returns. Collective, between step() and the
-  // next forward() (a zero::Error while a backward's gradients await their step). Throws
-  // zero::Error for a name the module does not have; if `use` throws, nothing is written back
-  // (and on a writable call the other ranks wait in the write-back, as in any collective).
+  // next forward(): a zero::Error while a backward's gradients await their step, and for a
+  // writable call after a forward() that recorded a graph. Throws zero::Error for a name the
+  // module does not have, or named twice; if `use` throws, nothing is written back (and on a
+  // writable call the other ranks wait in the write-back, as in any collective).
   void with_full_parameters(
       const TorchFullParameters& which,
       const std::function<void(torch::OrderedDict<std::string, torch::Tensor>&)>& use);
@@ -205,10 +206,11 @@ class TorchModel {
   std::vector<c10::Storage> storages_;
   torch::Tensor released_;  // what a released stage-3 parameter's data is: empty, shared
   std::unique_ptr<Engine> engine_;
-  std::vector<int> due_;       // per unit: its trainable parameters
-  std::vector<int> pending_;   // per unit: those whose gradient this backward has not yet added
-  std::vector<int> ready_;     // per unit: grads_ready calls since the last step
-  std::vector<bool> arrived_;  // per parameter: its gradient was added in this backward
+  std::vector<int> due_;           // per unit: its trainable parameters
+  std::vector<int> pending_;       // per unit: those whose gradient this backward has not yet added
+  std::vector<int> ready_;         // per unit: grads_ready calls since the last step
+  std::vector<bool> arrived_;      // per parameter: its gradient was added in this backward
+  bool graph_since_step_ = false;  // a forward() since the last step() recorded a graph
   // Per unit (stage 3): its parameters have their shapes for a backward that reads none of
   // their values, over no buffer (an embedding's backward reads the weight's size).
   std::vector<bool> shaped_without_values_;
