@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -75,6 +76,21 @@ TEST(TorchUserCalls, FullParametersAreTheTrainedWeights) {
       expect_near(all[name], plain[1][p], name);
     }
     EXPECT_TRUE(torch::equal(listed["0.weight"], all["0.weight"]));
+    // As the docs show: a plain module takes them, and torch::save writes them.
+    torch::nn::Sequential copy = make_mlp(5);
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& param : copy->named_parameters()) param.value().copy_(all[param.key()]);
+    }
+    const std::string path = ::testing::TempDir() + "user_calls_" + std::to_string(comm->rank()) +
+                             "_" + std::to_string(stage) + ".pt";
+    torch::save(copy, path);
+    torch::nn::Sequential loaded = make_mlp(6);
+    torch::load(loaded, path);
+    std::remove(path.c_str());
+    for (const auto& param : loaded->named_parameters()) {
+      EXPECT_TRUE(torch::equal(param.value(), all[param.key()])) << param.key();
+    }
   }
 }
 

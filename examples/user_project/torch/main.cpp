@@ -77,7 +77,7 @@ int train(zero::Communicator& comm) {
     return 1;
   }
   // The trained model's global loss on the last batch, and the trained weights in full, by
-  // name, in a plain LibTorch network (torch::save could write them as well): the same loss.
+  // name, in a plain LibTorch network (torch::save(plain, path) would write them): the same loss.
   torch::NoGradGuard no_grad;
   const torch::Tensor inputs = last_inputs.narrow(0, comm.rank() * rows, rows);
   const torch::Tensor targets = last_targets.narrow(0, comm.rank() * rows, rows);

@@ -173,7 +173,7 @@ class TorchModel {
       const TorchFullParameters& which,
       const std::function<void(torch::OrderedDict<std::string, torch::Tensor>&)>& use);
   // Every parameter as a full fp32 tensor by its named_parameters() name (copies; empty on
-  // ranks other than 0 with rank0_only), for torch::save or a plain module's copy_.
+  // ranks other than 0 with rank0_only), for a plain module's copy_ (then torch::save).
   // Collective, as with_full_parameters.
   torch::OrderedDict<std::string, torch::Tensor> state_dict(bool rank0_only = false);
 
