@@ -236,6 +236,14 @@ ZeroModel::ZeroModel(Communicator& comm, std::vector<NamedModule> modules,
     }
   }
   engine_ = std::make_unique<Engine>(comm, decls, config);
+  std::vector<std::vector<int>> tied_params(modules_.size());
+  std::vector<bool> backward_reads(modules_.size());
+  for (size_t m = 0; m < modules_.size(); ++m) {
+    tied_params[m].assign(module_params_[m].begin() + static_cast<std::ptrdiff_t>(own_params_[m]),
+                          module_params_[m].end());
+    backward_reads[m] = modules_[m].module->backward_reads_params();
+  }
+  schedule_ = std::make_unique<UnitSchedule>(*engine_, tied_params, std::move(backward_reads));
 }
 
 std::vector<ParamRef> ZeroModel::params_of(int module, bool own_values) {
@@ -251,17 +259,6 @@ std::vector<ParamRef> ZeroModel::params_of(int module, bool own_values) {
   return refs;
 }
 
-bool ZeroModel::backward_reads_params_of_unit(int unit) const {
-  const Layout& layout = engine_->layout();
-  const Unit& u = layout.units()[unit];
-  for (int m = u.first_module; m <= u.last_module; ++m) {
-    if (layout.unit_of_module(m) == unit && modules_[m].module->backward_reads_params()) {
-      return true;
-    }
-  }
-  return false;
-}
-
 std::vector<ParamRef> ZeroModel::grads_of(int module) {
   std::vector<ParamRef> refs;
   for (int p : module_params_[module]) {
@@ -270,106 +267,6 @@ std::vector<ParamRef> ZeroModel::grads_of(int module) {
                             engine_->device_context()});
   }
   return refs;
-}
-
-std::vector<int> ZeroModel::tied_owners(int module) const {
-  const Layout& layout = engine_->layout();
-  const int u = layout.unit_of_module(module);
-  const int first = u >= 0 ? layout.units()[u].first_module : module;
-  const int last = u >= 0 ? layout.units()[u].last_module : module;
-  std::vector<int> owners;
-  for (int m = first; m <= last; ++m) {
-    if (layout.unit_of_module(m) != u) continue;
-    for (size_t i = own_params_[m]; i < module_params_[m].size(); ++i) {
-      const int owner = layout.params()[module_params_[m][i]].unit;
-      if (owner != u && std::find(owners.begin(), owners.end(), owner) == owners.end()) {
-        owners.push_back(owner);
-      }
-    }
-  }
-  return owners;
-}
-
-std::vector<int> ZeroModel::unit_ties(int unit) const {
-  const Unit& u = engine_->layout().units()[unit];
-  if (u.persistent) return {};  // belongs to no one module; always gathered
-  return tied_owners(u.first_module);
-}
-
-// The tied units of `module`'s unit are gathered for the whole unit: before the unit's
-// prefetches take the planned buffers. Returns those this call gathered or prefetch_with_tied
-// started for it, which release_tied gives back; one gathered already for its own use
-// (prefetched, or the persistent unit) stays so.
-std::vector<int> ZeroModel::gather_tied(int module) {
-  std::vector<int> gathered;
-  for (int owner : tied_owners(module)) {
-    const bool prefetched_for_the_tie = prefetched_for_ties_.erase(owner) > 0;
-    if (prefetched_for_the_tie || !engine_->is_gathered(owner)) gathered.push_back(owner);
-    engine_->gather(owner);
-  }
-  return gathered;
-}
-
-// A unit's gather, and first those of the units its modules tie to (a tied unit's own forward
-// is long past when the tying unit needs it, and it is the large one: the GPT-2's wte for its
-// head, whose unit is only ln_f). Prefetches stay within the planned buffers, so when only one
-// fits, it is the tied unit's. A tied unit this starts is the tying unit's to give back
-// (gather_tied).
-void ZeroModel::prefetch_with_tied(int unit) {
-  for (int owner : unit_ties(unit)) {
-    if (engine_->is_gathered(owner)) continue;
-    engine_->prefetch(owner);
-    if (engine_->is_gathered(owner)) prefetched_for_ties_.insert(owner);
-  }
-  engine_->prefetch(unit);
-}
-
-// Releases the units gather_tied gathered, then refills the prefetch they held back.
-void ZeroModel::release_tied(const std::vector<int>& units, int unit, int direction) {
-  for (int owner : units) engine_->release(owner);
-  if (!units.empty() && unit >= 0) prefetch_after(unit, direction);
-}
-
-namespace {
-
-// The unit of the last module that has one: the last unit, unless the persistent unit (which
-// is always gathered) follows it.
-int last_module_unit(const Layout& layout) {
-  const int n = static_cast<int>(layout.units().size());
-  return n > 0 && layout.units()[n - 1].persistent ? n - 2 : n - 1;
-}
-
-}  // namespace
-
-// Starts the all-gathers of the units after `u`: at least the next one, and more while they fit
-// in stage3_prefetch_bucket_size elements (the engine also holds them to the live budget).
-void ZeroModel::prefetch_after(int u, int direction) {
-  const Layout& layout = engine_->layout();
-  const int num_units = static_cast<int>(layout.units().size());
-  size_t ahead = 0;
-  for (int v = u + direction; v >= 0 && v < num_units; v += direction) {
-    if (direction < 0 && !backward_reads_params_of_unit(v)) continue;  // not gathered there
-    ahead += layout.units()[v].numel;
-    for (int owner : unit_ties(v)) ahead += layout.units()[owner].numel;
-    if (v != u + direction && ahead > engine_->config().prefetch_elements) break;
-    prefetch_with_tied(v);
-  }
-}
-
-// stage3_max_reuse_distance: at the end of forward, backward needs the last units again first;
-// a unit whose reuse comes within that many gathered elements stays gathered (within the live
-// budget) instead of being released and gathered again.
-bool ZeroModel::keep_for_backward(int u) const {
-  const EngineConfig& config = engine_->config();
-  const Layout& layout = engine_->layout();
-  if (config.stage != 3 || config.max_reuse_distance == 0) return false;
-  size_t distance = 0;
-  for (size_t v = static_cast<size_t>(u) + 1; v < layout.units().size(); ++v) {
-    distance += layout.units()[v].numel;
-  }
-  const bool in_budget =
-      config.max_live_elements == 0 || engine_->live_elements() <= config.max_live_elements;
-  return distance < config.max_reuse_distance && in_budget;
 }
 
 // Modules compute on the engine's device: a tensor elsewhere would be read as the wrong memory.
@@ -391,38 +288,25 @@ void ZeroModel::check_on_engine_device(const Tensor& tensor, const char* what) c
 
 Tensor ZeroModel::forward(const Tensor& input) {
   check_on_engine_device(input, "the input of forward()");
-  const Layout& layout = engine_->layout();
+  schedule_->release_left_over();
   Tensor current = input;
-  std::vector<int> tied;  // units gathered for the current unit's tied parameters
   for (int m = 0; m < static_cast<int>(modules_.size()); ++m) {
-    const int u = layout.unit_of_module(m);
-    const bool first_of_unit = u >= 0 && layout.units()[u].first_module == m;
-    const bool last_of_unit = u >= 0 && layout.units()[u].last_module == m;
-    if (first_of_unit) engine_->gather(u);
-    if (first_of_unit) tied = gather_tied(m);
-    // A module without a unit of its own (all its parameters tied or persistent) may sit
-    // inside a merged unit: its tied units are its own business.
-    const std::vector<int> own_tied = u < 0 ? gather_tied(m) : std::vector<int>();
-    if (first_of_unit) prefetch_after(u, +1);
+    schedule_->before_forward(m);
     Tensor out;
     {
       ScopedSpan span(engine_->trace(), "forward " + modules_[m].name);
       modules_[m].module->forward(current, out, params_of(m));
     }
     current = std::move(out);
-    release_tied(own_tied, u, +1);
-    if (last_of_unit) release_tied(tied, u, +1);
-    if (last_of_unit && !keep_for_backward(u)) engine_->release(u);
-    // Backward starts with the last module's unit: start its gather now, behind the rest of
-    // forward (the persistent unit, if any, comes after it and is always gathered).
-    if (last_of_unit && u == last_module_unit(layout)) prefetch_with_tied(u);
+    schedule_->after_forward(m);
   }
   return current;
 }
 
 StepStats ZeroModel::step() {
+  schedule_->release_left_over();
   StepStats stats = engine_->step();
-  if (!engine_->layout().units().empty()) engine_->prefetch(0);
+  schedule_->after_step();
   return stats;
 }
 
@@ -435,35 +319,21 @@ Tensor ZeroModel::backward(const Tensor& grad_output) {
   if (scale != 1.0f) {
     engine_->device_context()->scale(current.data(), DType::kFloat32, scale, current.numel());
   }
-  std::vector<int> tied;  // units gathered for the current unit's tied parameters
   for (int m = static_cast<int>(modules_.size()) - 1; m >= 0; --m) {
     const int u = layout.unit_of_module(m);
-    const bool first_of_unit = u >= 0 && layout.units()[u].first_module == m;
-    const bool last_of_unit = u >= 0 && layout.units()[u].last_module == m;
-    // Stage 3 gathers a unit again for backward only if a module of it reads its values
-    // there; one still gathered (kept from forward, persistent) is read as it is.
-    const bool reads_values =
-        u >= 0 && (engine_->is_gathered(u) || backward_reads_params_of_unit(u));
-    if (last_of_unit && reads_values) engine_->gather(u);
-    if (last_of_unit) tied = gather_tied(m);
-    // A module without a unit of its own (all its parameters tied or persistent) may sit
-    // inside a merged unit: its tied units are its own business.
-    const std::vector<int> own_tied = u < 0 ? gather_tied(m) : std::vector<int>();
-    if (last_of_unit) prefetch_after(u, -1);
+    const bool own_values = schedule_->before_backward(m);
     Tensor grad_in;
     {
       ScopedSpan span(engine_->trace(), "backward " + modules_[m].name);
-      modules_[m].module->backward(current, grad_in, params_of(m, u < 0 || reads_values),
-                                   grads_of(m));
+      modules_[m].module->backward(current, grad_in, params_of(m, own_values), grads_of(m));
     }
     current = std::move(grad_in);
     // A tied parameter's gradient stays in its owner's buffer until the owner's grads_ready.
-    if (first_of_unit) {
+    if (u >= 0 && layout.units()[u].first_module == m) {
       engine_->grads_ready(u);
-      engine_->release(u);
+      schedule_->unit_backward_done(u);
     }
-    release_tied(own_tied, u, -1);
-    if (first_of_unit) release_tied(tied, u, -1);
+    schedule_->after_backward(m);
   }
   // The persistent unit's gradient is complete once every module's backward has added to it.
   const int n = static_cast<int>(layout.units().size());

@@ -9,6 +9,7 @@
 #include <exception>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -61,18 +62,30 @@ c10::DataPtr host_pointer(void* data) {
   return c10::DataPtr(data, c10::Device(c10::DeviceType::CPU));
 }
 
-std::vector<TorchUnit> children_of(torch::nn::Sequential sequential) {
+}  // namespace
+
+std::vector<TorchUnit> units_of(const torch::nn::Sequential& sequential, const TorchTies& ties,
+                                const std::string& prefix) {
   std::vector<TorchUnit> units;
   const auto children = sequential->named_children();
+  for (const auto& tie : ties) {
+    const bool known = std::any_of(children.begin(), children.end(),
+                                   [&](const auto& child) { return child.key() == tie.first; });
+    ZERO_CHECK(known, "units_of: the ties name child '" << tie.first
+                                                        << "', which the Sequential does not have ("
+                                                        << children.size() << " children)");
+  }
   for (size_t i = 0; i < children.size(); ++i) {
-    units.push_back({children[i].key(), [sequential, i](const torch::Tensor& x) mutable {
-                       return (sequential->begin() + static_cast<std::ptrdiff_t>(i))->forward(x);
-                     }});
+    const std::string& child = children[i].key();
+    const auto tied = ties.find(child);
+    units.push_back({prefix.empty() ? child : prefix + "." + child,
+                     [held = torch::nn::Sequential(sequential), i](const torch::Tensor& x) mutable {
+                       return (held->begin() + static_cast<std::ptrdiff_t>(i))->forward(x);
+                     },
+                     tied == ties.end() ? std::vector<std::string>() : tied->second});
   }
   return units;
 }
-
-}  // namespace
 
 namespace detail {
 
@@ -96,15 +109,13 @@ struct TorchModelAutograd {
     }
   };
 
-  // At a stage-3 unit's output: its backward runs before any of the unit's own backward and
-  // gathers the unit's parameters again (DeepSpeed's pre-backward hook).
-  using GatherBeforeBackward = OnBackward<&TorchModel::before_unit_backward>;
-  // At the output of a stage-3 unit that ties to parameters of other units: gathers those
-  // units before the unit's own backward, held until ReleaseTiedAfterBackward.
-  using GatherTiedBeforeBackward = OnBackward<&TorchModel::hold_tied>;
-  // At the input of such a unit: the gradient reaching it means the unit's backward, which read
-  // the tied parameters, is done; the units held for them are released.
-  using ReleaseTiedAfterBackward = OnBackward<&TorchModel::let_go_tied>;
+  // At the output of a stage-3 unit's last module (or of a module without a unit that ties):
+  // its backward runs before any of the module's own and gathers what the schedule says, the
+  // unit again (DeepSpeed's pre-backward hook) and the units it ties to.
+  using BeforeBackward = OnBackward<&TorchModel::before_module_backward>;
+  // At the input of a stage-3 unit's first module that ties (or of such a module without a
+  // unit): the gradient reaching it means the backward that read the tied parameters is done.
+  using AfterBackward = OnBackward<&TorchModel::after_module_backward>;
 
   // At a 16-bit model's output: the output in fp32; backward multiplies the incoming gradient
   // by the loss scale in fp32 and then rounds it to the working dtype, so small gradients
@@ -132,7 +143,11 @@ struct TorchModelAutograd {
 
 TorchModel::TorchModel(Communicator& comm, torch::nn::Sequential module, const EngineConfig& config,
                        const TorchWeightDecay& weight_decay)
-    : TorchModel(comm, module.ptr(), children_of(module), config, weight_decay) {}
+    : TorchModel(comm, module, TorchTies(), config, weight_decay) {}
+
+TorchModel::TorchModel(Communicator& comm, torch::nn::Sequential module, const TorchTies& ties,
+                       const EngineConfig& config, const TorchWeightDecay& weight_decay)
+    : TorchModel(comm, module.ptr(), units_of(module, ties), config, weight_decay) {}
 
 TorchModel::TorchModel(Communicator& comm, std::shared_ptr<torch::nn::Module> root,
                        std::vector<TorchUnit> units, const EngineConfig& config,
@@ -189,11 +204,13 @@ void TorchModel::register_parameters(Communicator& comm, const EngineConfig& con
         const std::vector<int>& ties = tied_params[m];
         if (std::find(ties.begin(), ties.end(), index_of.at(impl)) != ties.end()) continue;
       }
-      ZERO_CHECK(inserted, "TorchModel: parameter '"
-                               << name << "' belongs to unit '" << units_[first->second].name
-                               << "' and to unit '" << units_[m].name
-                               << "'; a parameter (or a child) is used by one unit only, unless "
-                                  "the later unit declares the tie (TorchUnit::tied)");
+      ZERO_CHECK(inserted,
+                 "TorchModel: parameter '"
+                     << name << "' belongs to unit '" << units_[first->second].name
+                     << "' and to unit '" << units_[m].name
+                     << "'; a parameter (or a child) is used by one unit only, unless "
+                        "the later unit declares the tie (TorchUnit::tied, or the ties of "
+                        "the Sequential constructor)");
       index_of.emplace(impl, static_cast<int>(params_.size()));
       index_by_name.emplace(name, static_cast<int>(params_.size()));
       ZERO_CHECK(param.scalar_type() == torch::kFloat32 && param.device().is_cpu(),
@@ -226,38 +243,14 @@ void TorchModel::register_parameters(Communicator& comm, const EngineConfig& con
   }
   engine_ = std::make_unique<Engine>(comm, decls, config);
   const Layout& layout = engine_->layout();
-  // The values go in as the engine's training state (the fp32 master weights of this rank's
-  // part of each unit); state_loaded() then writes and gathers the working parameters.
-  for (size_t u = 0; u < layout.units().size(); ++u) {
-    const Engine::StateView view = engine_->state_view(static_cast<int>(u));
-    for (int p : layout.units()[u].params) {
-      const ParamPlacement& pl = layout.params()[p];
-      const size_t begin = std::max(pl.offset, view.begin);
-      const size_t end = std::min(pl.offset + pl.numel, view.end);
-      if (begin >= end) continue;
-      const float* from = values[p].data_ptr<float>() + (begin - pl.offset);
-      std::copy(from, from + (end - begin), view.master + (begin - view.begin));
-    }
-  }
-  engine_->state_loaded();
+  std::vector<int> every_param(params_.size());
+  for (size_t p = 0; p < params_.size(); ++p) every_param[p] = static_cast<int>(p);
+  write_master(every_param, values);
 
   const size_t num_units = layout.units().size();
   due_.assign(num_units, 0);
   ready_.assign(num_units, 0);
-  gathered_for_backward_.assign(num_units, false);
-  tied_holds_.assign(num_units, 0);
-  tied_units_.resize(units_.size());
-  for (size_t m = 0; m < units_.size(); ++m) {
-    for (int p : tied_params[m]) {
-      const int owner = layout.params()[p].unit;
-      std::vector<int>& owners = tied_units_[m];
-      if (owner == layout.unit_of_module(static_cast<int>(m)) ||
-          std::find(owners.begin(), owners.end(), owner) != owners.end()) {
-        continue;
-      }
-      owners.push_back(owner);
-    }
-  }
+  shaped_without_values_.assign(num_units, false);
   arrived_.assign(params_.size(), false);
   released_ = torch::empty({0}, torch::TensorOptions().dtype(torch_dtype(config.dtype)));
   for (const ParamPlacement& pl : layout.params()) {
@@ -277,6 +270,7 @@ void TorchModel::register_parameters(Communicator& comm, const EngineConfig& con
       accumulator->add_pre_hook(
           std::make_unique<BeforeAccumulate>([this, p] { before_accumulate(p); }));
       accumulator->add_post_hook(std::make_unique<AfterAccumulate>([this, p] { accumulated(p); }));
+      accumulator_params_.emplace(accumulator.get(), p);
       accumulators_.push_back(std::move(accumulator));
     }
     if (config.stage == 3) {
@@ -285,7 +279,36 @@ void TorchModel::register_parameters(Communicator& comm, const EngineConfig& con
     }
   }
   pending_ = due_;
-  if (config.stage == 3 && num_units > 0) engine_->prefetch(0);
+  // Until forward has seen a module's graph, its backward is taken to read its parameters.
+  schedule_ = std::make_unique<UnitSchedule>(
+      *engine_, tied_params, std::vector<bool>(units_.size(), true),
+      UnitSchedule::Listener{[this](int unit) { bind_unit(unit, /*wrapping=*/false); },
+                             [this](int unit) { unbind_unit(unit); }});
+  // As after a step: the first unit's all-gather starts behind whatever comes before forward.
+  if (config.stage == 3) schedule_->after_step();
+}
+
+// The values of `params` (registration indices; values[p] the full fp32 tensor of parameter p)
+// go in as the engine's training state, the fp32 master weights of this rank's part of each
+// unit; state_loaded() then writes and gathers the working parameters. Collective.
+void TorchModel::write_master(const std::vector<int>& params,
+                              const std::vector<torch::Tensor>& values) {
+  const Layout& layout = engine_->layout();
+  std::vector<bool> written(params_.size(), false);
+  for (int p : params) written[p] = true;
+  for (size_t u = 0; u < layout.units().size(); ++u) {
+    const Engine::StateView view = engine_->state_view(static_cast<int>(u));
+    for (int p : layout.units()[u].params) {
+      if (!written[p]) continue;
+      const ParamPlacement& pl = layout.params()[p];
+      const size_t begin = std::max(pl.offset, view.begin);
+      const size_t end = std::min(pl.offset + pl.numel, view.end);
+      if (begin >= end) continue;
+      const float* from = values[p].data_ptr<float>() + (begin - pl.offset);
+      std::copy(from, from + (end - begin), view.master + (begin - view.begin));
+    }
+  }
+  engine_->state_loaded();
 }
 
 // The module keeps the values in storage of its own once the engine's buffers are gone. The
@@ -340,82 +363,67 @@ void TorchModel::unbind_unit(int unit) {
   }
 }
 
-// Starts the all-gathers of the units after `unit` in `direction`: at least the next one, and
-// more while they fit in stage3_prefetch_bucket_size elements (as ZeroModel does).
-void TorchModel::prefetch_after(int unit, int direction) {
+// Stage 3, where the gradient reaches the module's output. A unit the schedule did not gather
+// (its backward reads no values) still needs its parameters' shapes: autograd's saved
+// variables are the parameters themselves, and an embedding's backward reads the weight's size.
+void TorchModel::before_module_backward(int module) {
+  if (schedule_->before_backward(module)) return;
+  const int unit = engine_->layout().unit_of_module(module);
+  for (int p : engine_->layout().units()[unit].params) shape_without_values(p);
+  shaped_without_values_[unit] = true;
+}
+
+void TorchModel::after_module_backward(int module) {
+  schedule_->after_backward(module);
+}
+
+// A released parameter takes its full shape over its storage, which holds no buffer.
+void TorchModel::shape_without_values(int param) {
+  if (!params_[param].storage().is_alias_of(released_.storage())) return;
+  torch::NoGradGuard no_grad;
+  torch::Tensor view = torch::empty({0}, released_.options());
+  view.set_(storages_[param], 0, engine_->layout().params()[param].shape, {});
+  params_[param].set_data(view);
+}
+
+// Whether the backward of what module's forward recorded (from `output` back to `input`) reads
+// its own parameters' values. Each must reach the graph only through functions whose backward
+// saves no tensor input of theirs or reads only its size (an addition's, an embedding's); a
+// frozen parameter is not in the graph, so a module with one is taken to read it.
+bool TorchModel::backward_reads_own_params(int module, const torch::Tensor& input,
+                                           const torch::Tensor& output) const {
   const Layout& layout = engine_->layout();
-  const int num_units = static_cast<int>(layout.units().size());
-  size_t ahead = 0;
-  for (int v = unit + direction; v >= 0 && v < num_units; v += direction) {
-    ahead += layout.units()[v].numel;
-    if (v != unit + direction && ahead > engine_->config().prefetch_elements) break;
-    engine_->prefetch(v);
+  for (const ParamPlacement& pl : layout.params()) {
+    if (pl.module == module && !pl.trainable) return true;
   }
-}
-
-// Units gathered for a backward and not released by their gradients (frozen units, a backward
-// that did not reach them, a tied user whose input needs no gradient) are released before the
-// next forward or step.
-void TorchModel::release_left_over() {
-  for (size_t u = 0; u < gathered_for_backward_.size(); ++u) {
-    if (!gathered_for_backward_[u] && tied_holds_[u] == 0) continue;
-    gathered_for_backward_[u] = false;
-    tied_holds_[u] = 0;
-    unbind_unit(static_cast<int>(u));
-    engine_->release(static_cast<int>(u));
-  }
-}
-
-// Stage 3, forward: gathers and binds the units `module` ties to; returns those it gathered
-// (one gathered already, by a prefetch, stays so).
-std::vector<int> TorchModel::gather_tied(int module) {
-  std::vector<int> gathered;
-  for (int owner : tied_units_[module]) {
-    if (!engine_->is_gathered(owner)) gathered.push_back(owner);
-    engine_->gather(owner);
-    bind_unit(owner, /*wrapping=*/false);
-  }
-  return gathered;
-}
-
-void TorchModel::release_units(const std::vector<int>& units) {
-  for (int u : units) {
-    unbind_unit(u);
-    engine_->release(u);
-  }
-}
-
-// Stage 3, backward: the units `module` ties to stay gathered until its backward is done. A unit
-// gathered for its own backward meanwhile is released by whichever lets go of it last.
-void TorchModel::hold_tied(int module) {
-  for (int owner : tied_units_[module]) {
-    if (tied_holds_[owner]++ > 0 || gathered_for_backward_[owner]) continue;
-    engine_->gather(owner);
-    bind_unit(owner, /*wrapping=*/false);
-  }
-}
-
-void TorchModel::let_go_tied(int module) {
-  for (int owner : tied_units_[module]) {
-    if (tied_holds_[owner] == 0 || --tied_holds_[owner] > 0 || gathered_for_backward_[owner]) {
-      continue;
+  const auto reads_nothing = [](const std::string& name) {
+    return name == "EmbeddingBackward0" || name == "AddBackward0" || name == "SubBackward0";
+  };
+  const torch::autograd::Node* boundary = input.grad_fn().get();
+  std::vector<torch::autograd::Node*> stack = {output.grad_fn().get()};
+  std::set<const torch::autograd::Node*> seen;
+  while (!stack.empty()) {
+    torch::autograd::Node* node = stack.back();
+    stack.pop_back();
+    if (node == nullptr || node == boundary || !seen.insert(node).second) continue;
+    for (const torch::autograd::Edge& edge : node->next_edges()) {
+      const auto param = accumulator_params_.find(edge.function.get());
+      if (param == accumulator_params_.end()) {
+        stack.push_back(edge.function.get());
+      } else if (layout.params()[param->second].module == module && !reads_nothing(node->name())) {
+        return true;
+      }
     }
-    unbind_unit(owner);
-    engine_->release(owner);
   }
-}
-
-void TorchModel::before_unit_backward(int unit) {
-  engine_->gather(unit);
-  bind_unit(unit, /*wrapping=*/false);
-  gathered_for_backward_[unit] = true;
-  prefetch_after(unit, -1);
+  return false;
 }
 
 // Autograd adds into .grad in place when it is defined (backward runs without grad mode), so
 // pointing it at the engine's buffer makes the accumulation the engine's, with no copy. At
 // stages 2-3 the buffer is a pooled bucket acquired on first use, hence here and not earlier.
 void TorchModel::before_accumulate(int param) {
+  // Autograd compares the gradient's layout with the parameter's: a released one needs its shape.
+  shape_without_values(param);
   void* grad = engine_->grad(param);
   torch::Tensor& current = params_[param].mutable_grad();
   if (current.defined() && current.data_ptr() == grad) return;
@@ -437,11 +445,22 @@ void TorchModel::accumulated(int param) {
     arrived_[p] = false;
     params_[p].mutable_grad() = torch::Tensor();
   }
-  if (gathered_for_backward_[unit]) {
-    gathered_for_backward_[unit] = false;
-    if (tied_holds_[unit] > 0) return;  // a tied user's backward still reads it
+  schedule_->unit_backward_done(unit);
+  if (engine_->config().stage == 3 && !engine_->is_gathered(unit)) {
     unbind_unit(unit);
-    engine_->release(unit);
+    shaped_without_values_[unit] = false;
+  }
+}
+
+// Releases what a backward left gathered (frozen units, a backward that did not reach a unit,
+// a tied user whose input needs no gradient), and empties the parameters shaped for a backward
+// without values that did not complete: before the next forward or step.
+void TorchModel::release_left_over() {
+  schedule_->release_left_over();
+  for (size_t u = 0; u < shaped_without_values_.size(); ++u) {
+    if (!shaped_without_values_[u]) continue;
+    shaped_without_values_[u] = false;
+    if (!engine_->is_gathered(static_cast<int>(u))) unbind_unit(static_cast<int>(u));
   }
 }
 
@@ -468,47 +487,47 @@ torch::Tensor TorchModel::forward(const torch::Tensor& input) {
   const bool stage3 = engine_->config().stage == 3;
   const torch::ScalarType dtype = torch_dtype(engine_->dtype());
   const int64_t self = reinterpret_cast<int64_t>(this);
+  // Only what the config converts is converted: fp32 to a 16-bit working dtype. Another
+  // floating dtype would train silently on other values than the user's.
+  ZERO_CHECK(
+      !input.is_floating_point() || input.scalar_type() == torch::kFloat32 ||
+          input.scalar_type() == dtype,
+      "TorchModel: forward() got a "
+          << input.scalar_type() << " input, but the module's parameters are Float"
+          << (dtype == torch::kFloat32 ? std::string()
+                                       : std::string(" (computed in ") + c10::toString(dtype) + ")")
+          << "; convert the input to Float");
   torch::Tensor x = input.is_floating_point() ? input.to(dtype) : input;
   for (int m = 0; m < static_cast<int>(units_.size()); ++m) {
     const int u = layout.unit_of_module(m);
     const bool first_of_unit = u >= 0 && layout.units()[u].first_module == m;
     const bool last_of_unit = u >= 0 && layout.units()[u].last_module == m;
-    if (first_of_unit) {
-      engine_->gather(u);
-      bind_unit(u, /*wrapping=*/false);
-      if (stage3) prefetch_after(u, +1);
+    const bool ties = !schedule_->tied_units(m).empty();
+    schedule_->before_forward(m);
+    if (stage3 && ties && (u < 0 || first_of_unit) && x.requires_grad()) {
+      x = detail::TorchModelAutograd::AfterBackward::apply(x, self, int64_t{m});
     }
-    const bool ties = stage3 && !tied_units_[m].empty();
-    std::vector<int> tied;
-    if (ties) {
-      if (x.requires_grad()) {
-        x = detail::TorchModelAutograd::ReleaseTiedAfterBackward::apply(x, self, int64_t{m});
-      }
-      tied = gather_tied(m);
-    }
+    const torch::Tensor module_input = x;
     try {
       x = units_[m].forward(x);
     } catch (const c10::Error& e) {
       if (!stage3) throw;
       // The likely cause at stage 3 only: a parameter of another unit used without the tie.
-      ZERO_FAIL("TorchModel: unit '" << units_[m].name
-                                     << "' failed at stage 3: " << e.what_without_backtrace()
-                                     << " (while a unit runs, the parameters of other units are "
-                                        "empty tensors: declare those it uses in TorchUnit::tied)");
+      ZERO_FAIL("TorchModel: unit '"
+                << units_[m].name << "' failed at stage 3: " << e.what_without_backtrace()
+                << " (while a unit runs, the parameters of other units are "
+                   "empty tensors: declare those it uses in TorchUnit::tied, or in "
+                   "the ties of the Sequential constructor)");
     }
-    if (ties) {
-      x = detail::TorchModelAutograd::GatherTiedBeforeBackward::apply(x, self, int64_t{m});
-      release_units(tied);
-      // The tied units may have taken the buffers the next units' prefetch wanted.
-      if (!tied.empty() && u >= 0) prefetch_after(u, +1);
+    if (stage3 && u >= 0 && x.requires_grad()) {
+      schedule_->set_backward_reads(m, backward_reads_own_params(m, module_input, x));
     }
-    if (!last_of_unit || !stage3) continue;
-    x = detail::TorchModelAutograd::GatherBeforeBackward::apply(x, self, int64_t{u});
-    unbind_unit(u);
-    engine_->release(u);
-    // Backward starts with the last unit: start its gather now, behind the rest of forward.
-    if (u == static_cast<int>(layout.units().size()) - 1) engine_->prefetch(u);
+    if (stage3 && (last_of_unit || (u < 0 && ties))) {
+      x = detail::TorchModelAutograd::BeforeBackward::apply(x, self, int64_t{m});
+    }
+    schedule_->after_forward(m);
   }
+  graph_since_step_ = graph_since_step_ || x.requires_grad();
   if (dtype == torch::kFloat32) return x;
   return detail::TorchModelAutograd::ScaledOutput::apply(x, self);
 }
@@ -528,16 +547,94 @@ StepStats TorchModel::step() {
                               << "each backward");
   }
   std::fill(ready_.begin(), ready_.end(), 0);
+  graph_since_step_ = false;
   release_left_over();
   const StepStats stats = engine_->step();
-  if (engine_->config().stage == 3) {
-    if (!layout.units().empty()) engine_->prefetch(0);
-    return stats;
-  }
+  schedule_->after_step();
+  if (engine_->config().stage == 3) return stats;
   // Stages 1-2 all-gather the updated shards after the step: wait for them, so the module's
   // parameters hold the new values when step() returns, as after an optimizer's step.
   for (size_t u = 0; u < layout.units().size(); ++u) engine_->gather(static_cast<int>(u));
   return stats;
+}
+
+torch::Tensor TorchModel::global_mean(const torch::Tensor& value) {
+  torch::Tensor local = value.detach().to(torch::kFloat32).contiguous().clone();
+  torch::Tensor sum = torch::empty_like(local);
+  Communicator& comm = engine_->host_communicator();
+  comm.all_reduce_sync(local.data_ptr(), sum.data_ptr(), static_cast<size_t>(local.numel()),
+                       DType::kFloat32);
+  return sum / static_cast<double>(comm.world_size());
+}
+
+void TorchModel::with_full_parameters(
+    const TorchFullParameters& which,
+    const std::function<void(torch::OrderedDict<std::string, torch::Tensor>&)>& use) {
+  const Layout& layout = engine_->layout();
+  for (size_t u = 0; u < layout.units().size(); ++u) {
+    ZERO_CHECK(ready_[u] == 0 && pending_[u] == due_[u],
+               "TorchModel: full parameters are gathered between step() and the next forward(); "
+               "a backward's gradients await their step()");
+  }
+  std::vector<int> selected;
+  if (which.names.empty()) {
+    for (size_t p = 0; p < params_.size(); ++p) selected.push_back(static_cast<int>(p));
+  }
+  for (const std::string& name : which.names) {
+    const auto found = std::find_if(layout.params().begin(), layout.params().end(),
+                                    [&](const ParamPlacement& pl) { return pl.name == name; });
+    ZERO_CHECK(found != layout.params().end(),
+               "TorchModel: the module has no parameter '" << name << "'");
+    const int param = static_cast<int>(found - layout.params().begin());
+    ZERO_CHECK(std::find(selected.begin(), selected.end(), param) == selected.end(),
+               "TorchModel: parameter '" << name << "' is named twice");
+    selected.push_back(param);
+  }
+  release_left_over();
+  const std::vector<std::vector<float>> master = engine_->gather_full_master();
+  std::vector<torch::Tensor> values(params_.size());
+  for (int p : selected) values[p] = torch::tensor(master[p]).reshape(layout.params()[p].shape);
+  Communicator& comm = engine_->host_communicator();
+  const bool shown = !which.rank0_only || comm.rank() == 0;
+  torch::OrderedDict<std::string, torch::Tensor> by_name;
+  if (shown) {
+    for (int p : selected) by_name.insert(layout.params()[p].name, values[p]);
+  }
+  // A graph built since the step saved views of the parameters (at stages 0-2, their buffers):
+  // its backward would read values autograd does not know were changed.
+  ZERO_CHECK(!which.writable || !graph_since_step_,
+             "TorchModel: full parameters are written back between step() and the next "
+             "forward(); a forward() since the last step() built a graph that would read them");
+  use(by_name);
+  if (!which.writable) return;
+  for (int p : selected) {
+    ZERO_CHECK(values[p].sizes() == torch::IntArrayRef(layout.params()[p].shape) &&
+                   values[p].scalar_type() == torch::kFloat32 && values[p].is_contiguous(),
+               "TorchModel: full parameter '"
+                   << layout.params()[p].name
+                   << "' was resized or replaced; write into it in place");
+    if (which.rank0_only) {
+      comm.broadcast(values[p].data_ptr(), static_cast<size_t>(values[p].numel()), DType::kFloat32,
+                     0)
+          .wait();
+    }
+  }
+  write_master(selected, values);
+  // Stages 0-2 keep every unit gathered: the module's views point at the rewritten buffers.
+  if (engine_->config().stage == 3) return;
+  for (size_t u = 0; u < layout.units().size(); ++u) {
+    engine_->gather(static_cast<int>(u));
+    bind_unit(static_cast<int>(u), /*wrapping=*/false);
+  }
+}
+
+torch::OrderedDict<std::string, torch::Tensor> TorchModel::state_dict(bool rank0_only) {
+  torch::OrderedDict<std::string, torch::Tensor> copies;
+  TorchFullParameters every;
+  every.rank0_only = rank0_only;
+  with_full_parameters(
+      every, [&](torch::OrderedDict<std::string, torch::Tensor>& full) { copies = full; });
+  return copies;
 }
 
 }  // namespace zero

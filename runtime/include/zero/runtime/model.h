@@ -5,11 +5,11 @@
 
 #include <cstdint>
 #include <memory>
-#include <set>
 #include <string>
 #include <vector>
 
 #include "zero/runtime/engine.h"
+#include "zero/runtime/unit_schedule.h"
 
 namespace zero {
 
@@ -120,10 +120,10 @@ class ZeroModel {
   // or not of an earlier module.
   ZeroModel(Communicator& comm, std::vector<NamedModule> modules, const EngineConfig& config);
 
-  // Runs every module in order; at stage 3 each unit is gathered before its first module and
-  // released after its last, while the next unit's all-gather runs on the communication stream.
-  // The units holding parameters a unit's modules tie to are gathered with it (and released
-  // with it, unless they were gathered already).
+  // Runs every module in order, scheduled by a UnitSchedule: at stage 3 each unit is gathered
+  // before its first module and released after its last, while the next unit's all-gather runs
+  // on the communication stream. The units holding parameters a unit's modules tie to are
+  // gathered with it (and released with it, unless they were gathered already).
   // The input must be on the engine's device (Tensor::to(engine().device_context())).
   Tensor forward(const Tensor& input);
   // Runs the modules in reverse; each unit's gradients are handed to the engine as soon as the
@@ -137,16 +137,6 @@ class ZeroModel {
 
  private:
   void check_on_engine_device(const Tensor& tensor, const char* what) const;
-  void prefetch_after(int unit, int direction);
-  bool keep_for_backward(int unit) const;
-  // The units holding what the modules of `module`'s unit (or `module` alone, when it has no
-  // unit) tie to, other than that unit.
-  std::vector<int> tied_owners(int module) const;
-  std::vector<int> unit_ties(int unit) const;  // tied_owners of a module unit's modules
-  std::vector<int> gather_tied(int module);
-  void prefetch_with_tied(int unit);
-  void release_tied(const std::vector<int>& units, int unit, int direction);
-  bool backward_reads_params_of_unit(int unit) const;
   // The module's parameters: its own (null data when `own_values` is false), then its tied ones.
   std::vector<ParamRef> params_of(int module, bool own_values = true);
   std::vector<ParamRef> grads_of(int module);
@@ -154,11 +144,11 @@ class ZeroModel {
   // Declared before the modules, so destroyed after them: their tensors may be counted in the
   // engine's allocator.
   std::unique_ptr<Engine> engine_;
+  std::unique_ptr<UnitSchedule> schedule_;
   std::vector<NamedModule> modules_;
   std::vector<std::vector<int>> module_params_;  // registration indices per module: its own,
                                                  // then those it ties to
   std::vector<size_t> own_params_;               // per module: how many are its own
-  std::set<int> prefetched_for_ties_;            // tied units prefetch_with_tied gathered
 };
 
 }  // namespace zero
