@@ -36,6 +36,7 @@
 #include "driver/metrics_writer.h"
 #include "examples/run_checks.h"
 #include "examples/train_flags.h"
+#include "examples/train_outputs.h"
 #include "examples/train_task.h"
 #include "zero/collectives/mpi_communicator.h"
 #include "zero/collectives/process_grid.h"
@@ -99,7 +100,7 @@ void or_end_job(Write&& write) {
 // The engine shards over the data-parallel group (`comm`); rank and world are this rank's place
 // in it, which cuts the batch. Rank 0 of the world (`leader`) prints and writes the metrics.
 void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::TrainTask& task,
-           zero::ProcessGrid& grid) {
+           zero::ProcessGrid& grid, zero::Monitors& monitors) {
   zero::Communicator& comm = *grid.data_parallel;
   zero::Communicator* tensor_parallel = grid.tensor_parallel.get();
   const int rank = comm.rank();
@@ -399,7 +400,12 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
     if (val_loss) record["val_loss"] = json_number(*val_loss);
     record.update(activations);
     record.update(block_times);
-    or_end_job([&] { metrics.write(record); });
+    or_end_job([&] {
+      metrics.write(record);
+      monitors.write_events(zero::examples::monitor_events(record, tc.train_batch_size,
+                                                           config.dtype == zero::DType::kFloat16,
+                                                           tc.wall_clock_breakdown));
+    });
   }
   if (!f.trace.empty()) {
     // With tensor parallelism the engine's group is one data-parallel group of several: the
@@ -408,52 +414,6 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
     if (tensor_parallel != nullptr) everyone = zero::make_mpi_communicator();
     or_end_job([&] { engine.trace().write_chrome_trace(everyone ? *everyone : host, f.trace); });
     if (leader) std::printf("trace written to %s\n", f.trace.c_str());
-  }
-}
-
-// A start-up problem of this process (an output path it cannot write): exit code 2, like a
-// usage or config error, and agreed with the other ranks the same way.
-class SetupError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-// Output paths are checked at start, not at the first save or after the last step. The save
-// directory is every rank's (each writes its shard) and rank 0 locks it for the job; the
-// metrics file and the trace are rank 0's.
-void check_outputs(const Flags& f, int rank, std::optional<zero::examples::SaveDirLock>* lock) {
-  if (!f.save_dir.empty()) {
-    const std::string why = zero::examples::unusable_save_dir(f.save_dir);
-    if (!why.empty()) throw SetupError("--save-dir: " + why);
-    if (rank == 0) {
-      try {
-        lock->emplace(f.save_dir);
-      } catch (const std::runtime_error& e) {
-        throw SetupError(std::string("--save-dir: ") + e.what());
-      }
-    }
-    // Another run's checkpoints are not overwritten by surprise: its step directories would be
-    // replaced by this run's of the same steps, and `latest` would move back to them.
-    const std::optional<long> saved = zero::examples::newest_saved_step(f.save_dir);
-    const std::string holds = "--save-dir " + f.save_dir +
-                              " already holds checkpoints up to step " +
-                              (saved ? std::to_string(*saved) : "");
-    if (saved && f.resume.empty()) {
-      throw SetupError(holds +
-                       "; pass --resume latest to continue that run, or choose another "
-                       "--save-dir");
-    }
-    if (saved && f.resume != "latest" && !zero::examples::is_within(f.resume, f.save_dir)) {
-      throw SetupError(holds + ", and --resume " + f.resume +
-                       " is not one of them; resume with --resume latest, or choose another "
-                       "--save-dir");
-    }
-  }
-  if (rank != 0) return;
-  for (const auto& [flag, path] : {std::pair{"--metrics", &f.metrics}, {"--trace", &f.trace}}) {
-    if (path->empty()) continue;
-    const std::string why = zero::examples::unwritable_file(*path);
-    if (!why.empty()) throw SetupError(std::string(flag) + ": " + why);
   }
 }
 
@@ -498,6 +458,7 @@ int main(int argc, char** argv) {
   Flags flags;
   zero::TrainingConfig config;
   std::optional<zero::examples::SaveDirLock> save_dir_lock;
+  zero::Monitors monitors;  // rank 0's
   std::unique_ptr<zero::examples::TrainTask> task;
   std::string error;
   try {
@@ -509,7 +470,7 @@ int main(int argc, char** argv) {
       if (flags.cuda && !flags.threads) {
         config.engine.kernel_threads = node.host_threads;
       }
-      check_outputs(flags, rank, &save_dir_lock);
+      zero::examples::check_outputs(flags, config, rank, &save_dir_lock, &monitors);
       // The model and its data files (a token file that cannot be read stops the run here).
       task = zero::examples::make_train_task(flags, config);
     }
@@ -517,7 +478,7 @@ int main(int argc, char** argv) {
     error = std::string(e.what()) + "\n" + zero::examples::kTrainUsage;
   } catch (const zero::ConfigError& e) {
     error = e.what();
-  } catch (const SetupError& e) {
+  } catch (const zero::examples::SetupError& e) {
     error = e.what();
   } catch (const zero::Error& e) {
     error = e.what();
@@ -636,7 +597,7 @@ int main(int argc, char** argv) {
     }
     config.engine.device = device;
     config.engine.tensor_parallel = grid.tensor_parallel.get();
-    train(flags, config, *task, grid);
+    train(flags, config, *task, grid, monitors);
   } catch (const zero::ConfigError& e) {
     // Raised on every rank at once (a resume whose checkpoint disagrees with the run): one
     // message, exit 2, and no rank is left in a collective.

@@ -292,6 +292,22 @@ void read_activation_checkpointing(const config::ActivationCheckpointing& a, con
   out->synchronize_checkpoint_boundary = a.synchronize_checkpoint_boundary();
 }
 
+// tensorboard / csv_monitor: where rank 0 writes the events. Whether the directory can be made
+// is checked by the program that writes there, before step 1.
+void read_monitor(const config::Monitor& m, const std::string& section, const Checker& check,
+                  MonitorConfig* out) {
+  out->enabled = m.enabled();
+  if (m.has_output_path()) out->output_path = m.output_path();
+  if (m.has_job_name()) {
+    if (m.job_name().empty() || m.job_name().find('/') != std::string::npos ||
+        m.job_name() == "." || m.job_name() == "..") {
+      check.fail(section + ".job_name", "one directory name (not empty, no '/')",
+                 in_quotes(m.job_name()));
+    }
+    out->job_name = m.job_name();
+  }
+}
+
 // Keys whose effect here would be none: accepted, and each named once with why.
 void read_ignored_keys(const config::TrainingConfig& c, std::vector<std::string>* ignored) {
   if (c.has_memory_breakdown()) {
@@ -330,6 +346,8 @@ TrainingConfig interpret(const config::TrainingConfig& c, int world_size, const 
   read_data_types(c.data_types(), check, &e);
   read_offload(c, context.cuda, check, &out);
   out.wall_clock_breakdown = c.wall_clock_breakdown();
+  read_monitor(c.tensorboard(), "tensorboard", check, &out.tensorboard);
+  read_monitor(c.csv_monitor(), "csv_monitor", check, &out.csv_monitor);
   out.override_optimizer = c.checkpoint().override_optimizer();
   read_activation_checkpointing(c.activation_checkpointing(), check, &out.activation_checkpointing);
   read_ignored_keys(c, &out.ignored_keys);
@@ -431,6 +449,11 @@ BatchSizes derive_batch_sizes(std::optional<long> train_batch_size,
         origin + "; at least one is required");
   }
   return b;
+}
+
+std::string MonitorConfig::log_dir() const {
+  if (output_path.empty()) return job_name;
+  return output_path.back() == '/' ? output_path + job_name : output_path + "/" + job_name;
 }
 
 TrainingConfig parse_training_config(const std::string& text, int world_size,

@@ -68,7 +68,6 @@ const std::set<std::string>& unsupported_deepspeed_keys() {
       "autotuning",
       "comms_logger",
       "compression_training",
-      "csv_monitor",
       "curriculum_learning",
       "data_efficiency",
       "dataloader_drop_last",
@@ -86,7 +85,6 @@ const std::set<std::string>& unsupported_deepspeed_keys() {
       "quantize_training",
       "sparse_attention",
       "sparse_gradients",
-      "tensorboard",
       "wandb",
       "weight_quantization",
       "zero_force_ds_cpu_optimizer",
@@ -160,6 +158,12 @@ void find_field_paths(const Descriptor* message, const std::string& prefix, cons
 // is the origin, with a line and column when known.
 std::string unknown_key_message(const std::string& path, const std::string& key,
                                 const Descriptor* parent, const std::string& where) {
+  if (path == "wandb") {
+    return in_quotes(path) + " in " + where +
+           " is a DeepSpeed option this runtime does not support: Weights & Biases logs to a "
+           "network service; use \"tensorboard\" or \"csv_monitor\", whose files any machine "
+           "can read";
+  }
   if (unsupported_deepspeed_keys().count(path) != 0) {
     return in_quotes(path) + " in " + where +
            " is a DeepSpeed option this runtime does not support yet";

@@ -78,6 +78,23 @@ may hold" --config "$work/huge.json"
 expect "$work/fifo is not a regular file" --model gpt2 --data "$work/fifo"
 expect "$work/fifo is not a regular file" --model gpt2 --data "$tokens" --val-data "$work/fifo" \
   --val-every 1
+# DeepSpeed's monitors: a directory that cannot be made, a job name that is not one directory,
+# a key the section lacks, and wandb (a network service) are refused before training.
+touch "$work/plain_file"
+echo '{"train_batch_size": 8, "csv_monitor": {"enabled": true, "output_path": "'"$work"'/plain_file"}}' \
+  >"$work/csv_blocked.json"
+expect "csv_monitor.output_path and job_name in $work/csv_blocked.json: " \
+  --config "$work/csv_blocked.json"
+echo '{"train_batch_size": 8, "tensorboard": {"enabled": true, "job_name": "a/b"}}' \
+  >"$work/tb_job.json"
+expect "\"tensorboard.job_name\" in $work/tb_job.json must be one directory name (not empty, no \
+'/'), got \"a/b\"" --config "$work/tb_job.json"
+echo '{"train_batch_size": 8, "tensorboard": {"enabled": true, "outpt_path": "runs"}}' \
+  >"$work/tb_key.json"
+expect "unknown key \"tensorboard.outpt_path\" in $work/tb_key.json" --config "$work/tb_key.json"
+echo '{"train_batch_size": 8, "wandb": {"enabled": true}}' >"$work/wandb.json"
+expect "\"wandb\" in $work/wandb.json is a DeepSpeed option this runtime does not support: \
+Weights & Biases logs to a network service" --config "$work/wandb.json"
 if [[ $failures -ne 0 ]]; then
   echo "$failures usage error(s) not reported as expected"
   exit 1

@@ -53,6 +53,9 @@
 //                      dtype's name is the default; another 2-byte type is an error.
 //   seed               ours; absent: EngineConfig's.
 //   wall_clock_breakdown -> TrainingConfig's wall_clock_breakdown (per-step timing lines).
+//   tensorboard, csv_monitor  {enabled, output_path, job_name} -> MonitorConfig; job_name must
+//                      not be empty or hold a '/' (it names one directory). wandb is refused:
+//                      it needs a network service.
 //   checkpoint         ours: override_optimizer (see TrainingConfig).
 //   tensor_parallel    tp_size or autotp_size (DeepSpeed's inference and training names; equal
 //                      when both are given) -> tensor_parallel_size, absent 1; it must divide
@@ -115,6 +118,17 @@ struct ActivationCheckpointingConfig {
   std::string nvme_path;
 };
 
+// tensorboard and csv_monitor, DeepSpeed's keys and defaults: when enabled, rank 0 writes the
+// run's events into output_path/job_name (zero/runtime/monitor.h).
+struct MonitorConfig {
+  bool enabled = false;
+  std::string output_path;
+  std::string job_name = "DeepSpeedJobName";
+  // output_path/job_name, as DeepSpeed joins them (os.path.join: an empty output_path leaves
+  // job_name, relative to the working directory).
+  std::string log_dir() const;
+};
+
 struct TrainingConfig {
   EngineConfig engine;
   // tensor_parallel.tp_size (or autotp_size): ranks per tensor-parallel group (1: none). The
@@ -126,6 +140,8 @@ struct TrainingConfig {
   int gradient_accumulation_steps = 1;  // equals engine.micro_batches
   long steps_per_print = 10;            // rank 0 prints a progress line this often
   bool wall_clock_breakdown = false;    // print per-step forward/backward/reduce/step/gather times
+  MonitorConfig tensorboard;            // TensorBoard event files of the run's events
+  MonitorConfig csv_monitor;            // the same events as CSV files, one per event
   // zero_optimization.stage3_gather_16bit_weights_on_model_save: every checkpoint save also
   // writes the consolidated model in the working dtype (SaveOptions::consolidated_weights).
   bool gather_16bit_weights_on_model_save = false;

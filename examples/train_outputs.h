@@ -1,0 +1,39 @@
+// zero-train's outputs beside the metrics file: the start-up check of every output path, and
+// DeepSpeed's monitors (tensorboard, csv_monitor) fed from the step records.
+#pragma once
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "driver/metrics_writer.h"
+#include "examples/run_checks.h"
+#include "examples/train_flags.h"
+#include "zero/runtime/config.h"
+#include "zero/runtime/monitor.h"
+
+namespace zero::examples {
+
+// A start-up problem of this process (an output path it cannot write): exit code 2, like a
+// usage or config error, and agreed with the other ranks the same way.
+class SetupError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Output paths are checked at start, not at the first save or after the last step. The save
+// directory is every rank's (each writes its shard) and rank 0 locks it for the job; the
+// metrics file, the trace and the monitors' directories are rank 0's, which opens the monitors
+// here. Throws SetupError naming the flag or config key.
+void check_outputs(const Flags& f, const TrainingConfig& tc, int rank,
+                   std::optional<SaveDirLock>* lock, Monitors* monitors);
+
+// DeepSpeed's events of one step, from its step record (the values the metrics file holds), at
+// the samples seen as DeepSpeed counts them: train_loss is written in backward, before the step
+// counts its samples, so at (step - 1) * batch; the others after it, at step * batch.
+// loss_scale with fp16 only; the elapsed_time_ms series with wall_clock_breakdown only.
+std::vector<MonitorEvent> monitor_events(const driver::JsonRecord& step_record, long batch,
+                                         bool fp16, bool wall_clock_breakdown);
+
+}  // namespace zero::examples
