@@ -22,6 +22,7 @@ const char* const kTrainUsage =
     "                  [--micro-batches K] [--lr X] [--weight-decay X] [--clip X]\n"
     "                  [--schedule constant|warmup|linear|cosine] [--warmup N]\n"
     "                  [--steps-per-print N] [--metrics FILE] [--trace FILE]\n"
+    "                  [--memory-summary-every K]\n"
     "                  mlp:  [--input-dim N] [--hidden N] [--output-dim N] [--layers N]\n"
     "                  gpt2: --data FILES [--val-data FILES] [--val-every K] [--val-batches M]\n"
     "                        [--preset tiny|gpt2-124M|gpt2-350M|gpt2-774M|gpt2-1.5B]\n"
@@ -259,6 +260,8 @@ Flags parse_flags(int argc, char** argv) {
       f.metrics = v;
     } else if (flag == "--trace") {
       f.trace = v;
+    } else if (flag == "--memory-summary-every") {
+      f.memory_summary_every = parse_at_least(flag, v, 1);
     } else if (parse_mlp_flag(flag, v, &f)) {
       f.mlp_flags.push_back(flag);
     } else if (parse_gpt2_flag(flag, v, &f)) {

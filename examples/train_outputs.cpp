@@ -1,6 +1,11 @@
 #include "examples/train_outputs.h"
 
+#include <signal.h>
+
+#include <atomic>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <utility>
 
@@ -96,6 +101,41 @@ std::vector<MonitorEvent> monitor_events(const driver::JsonRecord& r, long batch
     events.push_back({std::string("Train/Samples/") + key, number(r, key), after});
   }
   return events;
+}
+
+std::string memory_summary(Engine& engine, int rank, long step) {
+  Allocator& allocator = engine.allocator();
+  std::string text = "memory on rank " + std::to_string(rank) + " at step " + std::to_string(step) +
+                     " (" + allocator.memory().memory_name() + "):\n" + allocator.summary();
+  if (engine.pinned_host_bytes() + engine.pageable_host_bytes() > 0) {
+    text +=
+        "host (the optimizer's update on the host): " + human_bytes(engine.pinned_host_bytes()) +
+        " pinned, " + human_bytes(engine.pageable_host_bytes()) + " pageable\n";
+  }
+  return text;
+}
+
+namespace {
+// Lock-free, so the handler may set it.
+std::atomic<bool> summary_asked{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
+
+void ask_for_summary(int) {
+  summary_asked.store(true);
+}
+}  // namespace
+
+void watch_memory_summary_signal() {
+  struct sigaction action {};
+  action.sa_handler = ask_for_summary;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  ZERO_CHECK(::sigaction(SIGUSR1, &action, nullptr) == 0,
+             "cannot install the SIGUSR1 handler: " << std::strerror(errno));
+}
+
+bool memory_summary_requested() {
+  return summary_asked.exchange(false);
 }
 
 }  // namespace zero::examples

@@ -11,6 +11,7 @@
 #include "examples/run_checks.h"
 #include "examples/train_flags.h"
 #include "zero/runtime/config.h"
+#include "zero/runtime/engine.h"
 #include "zero/runtime/monitor.h"
 
 namespace zero::examples {
@@ -35,5 +36,15 @@ void check_outputs(const Flags& f, const TrainingConfig& tc, int rank,
 // loss_scale with fp16 only; the elapsed_time_ms series with wall_clock_breakdown only.
 std::vector<MonitorEvent> monitor_events(const driver::JsonRecord& step_record, long batch,
                                          bool fp16, bool wall_clock_breakdown);
+
+// memory_summary at any step: the engine allocator's table (current, peak and allocations per
+// category, in its memory: the GPU's or the host's) and the host tiers of an offloaded
+// optimizer, headed "memory on rank R at step N".
+std::string memory_summary(Engine& engine, int rank, long step);
+
+// SIGUSR1 asks for a memory summary: the handler only sets a flag, which the training loop
+// reads (and clears) between steps. Without the handler SIGUSR1 would end the process.
+void watch_memory_summary_signal();
+bool memory_summary_requested();
 
 }  // namespace zero::examples

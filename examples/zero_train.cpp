@@ -340,6 +340,12 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
     const uint64_t peak_activations = max_over_ranks(host, stats.peak_activation_bytes);
     const uint64_t peak_checkpoints = max_over_ranks(host, stats.peak_checkpoint_bytes);
     const JsonRecord activations = task.activation_record();
+    // Each rank its own table: SIGUSR1 may reach one rank or, through mpirun, all.
+    if (zero::examples::memory_summary_requested() ||
+        (leader && f.memory_summary_every > 0 && step % f.memory_summary_every == 0)) {
+      std::printf("%s", zero::examples::memory_summary(engine, rank, step).c_str());
+      std::fflush(stdout);
+    }
     if (!leader) continue;
     if (stats.skipped) {
       std::printf("step %ld: gradient overflow, step skipped; loss scale now %g\n", step,
@@ -567,6 +573,7 @@ int main(int argc, char** argv) {
     }
     std::fflush(stdout);
   }
+  zero::examples::watch_memory_summary_signal();
   // Ranks already use every core; OpenBLAS threads on top would only contend with them.
   openblas_set_num_threads(1);
   const std::string blas_warning = zero::kernels::blas_core_warning();

@@ -197,17 +197,19 @@ void Allocator::release(void* data, size_t bytes, MemoryCategory category) {
 std::string Allocator::summary() const {
   std::ostringstream out;
   out << std::left << std::setw(18) << "category" << std::right << std::setw(14) << "current"
-      << std::setw(14) << "peak"
+      << std::setw(14) << "peak" << std::setw(10) << "allocs"
       << "\n";
+  uint64_t allocations = 0;
   for (int i = 0; i < kNumMemoryCategories; ++i) {
+    allocations += stats_.allocations[i];
     if (stats_.peak[i] == 0) continue;
     out << std::left << std::setw(18) << memory_category_name(static_cast<MemoryCategory>(i))
         << std::right << std::setw(14) << human_bytes(stats_.current[i]) << std::setw(14)
-        << human_bytes(stats_.peak[i]) << "\n";
+        << human_bytes(stats_.peak[i]) << std::setw(10) << stats_.allocations[i] << "\n";
   }
   out << std::left << std::setw(18) << "total" << std::right << std::setw(14)
       << human_bytes(stats_.current_total) << std::setw(14) << human_bytes(stats_.peak_total)
-      << "\n";
+      << std::setw(10) << allocations << "\n";
   return out.str();
 }
 

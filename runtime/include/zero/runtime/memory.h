@@ -145,7 +145,8 @@ class Allocator {
   void place(MemoryCategory category, MemoryResource& memory);
 
   const MemoryStats& stats() const { return stats_; }
-  // A table of current and peak bytes per category, for logs.
+  // A table of current and peak bytes and the allocations made per category, for logs (as
+  // torch.cuda.memory_summary()).
   std::string summary() const;
 
  private:
