@@ -5,9 +5,13 @@
 #include <atomic>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <utility>
+
+#include "examples/memory_timeline.h"
+#include "zero/runtime/checkpoint.h"
 
 namespace zero::examples {
 
@@ -41,10 +45,16 @@ void check_outputs(const Flags& f, const TrainingConfig& tc, int rank,
     }
   }
   if (rank != 0) return;
-  for (const auto& [flag, path] : {std::pair{"--metrics", &f.metrics}, {"--trace", &f.trace}}) {
+  for (const auto& [flag, path] : {std::pair{"--metrics", &f.metrics},
+                                   {"--trace", &f.trace},
+                                   {"--memory-timeline", &f.memory_timeline}}) {
     if (path->empty()) continue;
     const std::string why = unwritable_file(*path);
     if (!why.empty()) throw SetupError(std::string(flag) + ": " + why);
+  }
+  if (!f.memory_timeline.empty()) {
+    const std::string why = gnuplot_problem();
+    if (!why.empty()) throw SetupError("--memory-timeline: " + why);
   }
   for (const auto& [key, monitor] :
        {std::pair{"tensorboard", &tc.tensorboard}, {"csv_monitor", &tc.csv_monitor}}) {
@@ -101,6 +111,57 @@ std::vector<MonitorEvent> monitor_events(const driver::JsonRecord& r, long batch
     events.push_back({std::string("Train/Samples/") + key, number(r, key), after});
   }
   return events;
+}
+
+StartPosition resume_position(const Flags& f, const TrainingConfig& tc, Engine& engine,
+                              bool leader) {
+  // The checkpoint brings the engine's state; the data position and the seed come back
+  // with the trainer state, so steps after it see the data the uninterrupted run saw.
+  long first_step = 1;
+  uint64_t data_seed = tc.engine.seed;
+  if (!f.resume.empty()) {
+    TrainerState resumed;
+    load_checkpoint(engine, f.resume == "latest" ? f.save_dir : f.resume, &resumed,
+                    LoadOptions{tc.override_optimizer});
+    first_step = resumed.step + 1;
+    data_seed = resumed.seed;
+    // Every rank read the same checkpoint: all stop here at once.
+    if (first_step > f.steps) {
+      throw ConfigError("--steps " + std::to_string(f.steps) +
+                        ": the resumed checkpoint is at step " + std::to_string(resumed.step) +
+                        ", so no step is left to train (--steps counts from the run's "
+                        "first step; give more than " +
+                        std::to_string(resumed.step) + ")");
+    }
+    if (leader && f.seed && *f.seed != resumed.seed) {
+      std::fprintf(stderr,
+                   "zero-train: warning: --seed %llu is ignored: a resumed run keeps its "
+                   "checkpoint's seed %llu\n",
+                   static_cast<unsigned long long>(*f.seed),
+                   static_cast<unsigned long long>(resumed.seed));
+    }
+    if (leader) {
+      std::printf("resumed from %s at step %ld\n", f.resume.c_str(), resumed.step);
+      const std::optional<long> saved =
+          f.save_dir.empty() ? std::nullopt : newest_saved_step(f.save_dir);
+      if (saved && *saved > resumed.step) {
+        std::fprintf(stderr,
+                     "zero-train: warning: --save-dir %s holds checkpoints up to step %ld and "
+                     "this run resumed step %ld: its saves replace those of the steps it "
+                     "reaches, and latest moves back to them\n",
+                     f.save_dir.c_str(), *saved, resumed.step);
+      }
+    }
+  }
+  // Validation runs on the multiples of --val-every; a resumed run may have none among its steps.
+  if (leader && f.val_every > 0 &&
+      (first_step + f.val_every - 1) / f.val_every * f.val_every > f.steps) {
+    std::fprintf(stderr,
+                 "zero-train: warning: no step of this run (%ld to %ld) is a multiple of "
+                 "--val-every %ld: it does not validate\n",
+                 first_step, f.steps, f.val_every);
+  }
+  return {first_step, data_seed};
 }
 
 std::string memory_summary(Engine& engine, int rank, long step) {

@@ -37,6 +37,16 @@ void check_outputs(const Flags& f, const TrainingConfig& tc, int rank,
 std::vector<MonitorEvent> monitor_events(const driver::JsonRecord& step_record, long batch,
                                          bool fp16, bool wall_clock_breakdown);
 
+// Where the run starts: step 1 and the config's seed, or after the checkpoint --resume names
+// (loaded into `engine`), with its seed. Throws ConfigError (on every rank at once) when no step
+// is left; rank 0 (`leader`) says what it resumed and warns where flags are overridden.
+struct StartPosition {
+  long first_step = 1;
+  uint64_t data_seed = 0;
+};
+StartPosition resume_position(const Flags& f, const TrainingConfig& tc, Engine& engine,
+                              bool leader);
+
 // memory_summary at any step: the engine allocator's table (current, peak and allocations per
 // category, in its memory: the GPU's or the host's) and the host tiers of an offloaded
 // optimizer, headed "memory on rank R at step N".

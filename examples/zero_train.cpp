@@ -34,6 +34,7 @@
 
 #include "driver/cli.h"
 #include "driver/metrics_writer.h"
+#include "examples/memory_timeline.h"
 #include "examples/run_checks.h"
 #include "examples/train_flags.h"
 #include "examples/train_outputs.h"
@@ -138,52 +139,14 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
   // engine's collectives run through NCCL.
   zero::Communicator& host = engine.host_communicator();
 
-  // Resume: the checkpoint brings the engine's state; the data position and the seed come back
-  // with the trainer state, so steps after it see the data the uninterrupted run saw.
-  long first_step = 1;
-  uint64_t data_seed = config.seed;
-  if (!f.resume.empty()) {
-    zero::TrainerState resumed;
-    zero::load_checkpoint(engine, f.resume == "latest" ? f.save_dir : f.resume, &resumed,
-                          zero::LoadOptions{tc.override_optimizer});
-    first_step = resumed.step + 1;
-    data_seed = resumed.seed;
-    // Every rank read the same checkpoint: all stop here at once.
-    if (first_step > f.steps) {
-      throw zero::ConfigError("--steps " + std::to_string(f.steps) +
-                              ": the resumed checkpoint is at step " +
-                              std::to_string(resumed.step) +
-                              ", so no step is left to train (--steps counts from the run's "
-                              "first step; give more than " +
-                              std::to_string(resumed.step) + ")");
-    }
-    if (leader && f.seed && *f.seed != resumed.seed) {
-      std::fprintf(stderr,
-                   "zero-train: warning: --seed %llu is ignored: a resumed run keeps its "
-                   "checkpoint's seed %llu\n",
-                   static_cast<unsigned long long>(*f.seed),
-                   static_cast<unsigned long long>(resumed.seed));
-    }
-    if (leader) {
-      std::printf("resumed from %s at step %ld\n", f.resume.c_str(), resumed.step);
-      const std::optional<long> saved =
-          f.save_dir.empty() ? std::nullopt : zero::examples::newest_saved_step(f.save_dir);
-      if (saved && *saved > resumed.step) {
-        std::fprintf(stderr,
-                     "zero-train: warning: --save-dir %s holds checkpoints up to step %ld and "
-                     "this run resumed step %ld: its saves replace those of the steps it "
-                     "reaches, and latest moves back to them\n",
-                     f.save_dir.c_str(), *saved, resumed.step);
-      }
-    }
-  }
-  // Validation runs on the multiples of --val-every; a resumed run may have none among its steps.
-  if (leader && f.val_every > 0 &&
-      (first_step + f.val_every - 1) / f.val_every * f.val_every > f.steps) {
-    std::fprintf(stderr,
-                 "zero-train: warning: no step of this run (%ld to %ld) is a multiple of "
-                 "--val-every %ld: it does not validate\n",
-                 first_step, f.steps, f.val_every);
+  const zero::examples::StartPosition position =
+      zero::examples::resume_position(f, tc, engine, leader);
+  const long first_step = position.first_step;
+  const uint64_t data_seed = position.data_seed;
+  // Every rank records (the trace's counter tracks); rank 0 writes the files.
+  std::optional<zero::examples::MemoryTimeline> timeline;
+  if (!f.memory_timeline.empty()) {
+    timeline.emplace(engine.allocator(), engine.allocator().memory().memory_name());
   }
   task.start(engine, data_seed);
   // The budget reserved the model's activations outside the engine (main); those the model now
@@ -280,6 +243,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
   }
 
   for (long step = first_step; step <= f.steps; ++step) {
+    if (timeline) timeline->set_step(step);
     const uint64_t tensor_parallel_before = tensor_parallel_bytes();
     const uint64_t bytes_before =
         comm.counters().total_bytes() + engine.own_comm_bytes() + tensor_parallel_before;
@@ -412,6 +376,13 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
                                                            config.dtype == zero::DType::kFloat16,
                                                            tc.wall_clock_breakdown));
     });
+  }
+  if (timeline && !f.trace.empty()) timeline->add_counters(engine.trace());
+  if (timeline && leader) {
+    // The run's first step: where the model's buffers are made, so the plot shows them grow.
+    or_end_job([&] { timeline->write(f.memory_timeline, engine.trace().spans(), first_step); });
+    std::printf("memory timeline written to %s, its plot of step %ld to %s.png\n",
+                f.memory_timeline.c_str(), first_step, f.memory_timeline.c_str());
   }
   if (!f.trace.empty()) {
     // With tensor parallelism the engine's group is one data-parallel group of several: the

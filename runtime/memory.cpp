@@ -168,7 +168,12 @@ Buffer Allocator::allocate(size_t bytes, MemoryCategory category) {
   if (is_activation(category)) {
     stats_.window_peak_activations = std::max(stats_.window_peak_activations, stats_.activations());
   }
-  return Buffer(this, data, bytes, category);
+  Buffer buffer(this, data, bytes, category);
+  if (observer_) {
+    observer_(AllocationEvent{category, static_cast<int64_t>(bytes), stats_.current[i],
+                              stats_.current_total});
+  }
+  return buffer;
 }
 
 void Allocator::start_window() {
@@ -192,6 +197,10 @@ void Allocator::release(void* data, size_t bytes, MemoryCategory category) {
   memory_for(category).deallocate(data, bytes);
   stats_.current[index_of(category)] -= bytes;
   stats_.current_total -= bytes;
+  if (observer_) {
+    observer_(AllocationEvent{category, -static_cast<int64_t>(bytes),
+                              stats_.current[index_of(category)], stats_.current_total});
+  }
 }
 
 std::string Allocator::summary() const {

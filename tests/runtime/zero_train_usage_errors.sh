@@ -78,6 +78,7 @@ may hold" --config "$work/huge.json"
 expect "$work/fifo is not a regular file" --model gpt2 --data "$work/fifo"
 expect "$work/fifo is not a regular file" --model gpt2 --data "$tokens" --val-data "$work/fifo" \
   --val-every 1
+expect "--memory-timeline: " --memory-timeline "$work/missing_dir/timeline.tsv"
 # DeepSpeed's monitors: a directory that cannot be made, a job name that is not one directory,
 # a key the section lacks, and wandb (a network service) are refused before training.
 touch "$work/plain_file"
