@@ -1,5 +1,6 @@
 #include "examples/train_outputs.h"
 
+#include <mpi.h>
 #include <signal.h>
 
 #include <atomic>
@@ -7,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <iostream>
 #include <limits>
 #include <utility>
 
@@ -162,6 +164,27 @@ StartPosition resume_position(const Flags& f, const TrainingConfig& tc, Engine& 
                  first_step, f.steps, f.val_every);
   }
   return {first_step, data_seed};
+}
+
+NodeShare node_share_or_end(int rank) {
+  try {
+    return node_share(this_process_cores());
+  } catch (const Error& e) {
+    std::cerr << ("zero-train: rank " + std::to_string(rank) + ": error: " + e.what() + "\n");
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    return {};
+  }
+}
+
+std::vector<int> failed_ranks(bool failed, int world_size) {
+  int mine = failed ? 1 : 0;
+  std::vector<int> all(static_cast<size_t>(world_size));
+  MPI_Allgather(&mine, 1, MPI_INT, all.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  std::vector<int> ranks;
+  for (int r = 0; r < world_size; ++r) {
+    if (all[static_cast<size_t>(r)] != 0) ranks.push_back(r);
+  }
+  return ranks;
 }
 
 std::string memory_summary(Engine& engine, int rank, long step) {

@@ -1,5 +1,6 @@
-// zero-train's outputs beside the metrics file: the start-up check of every output path, and
-// DeepSpeed's monitors (tensorboard, csv_monitor) fed from the step records.
+// zero-train's start and outputs beside the metrics file: the ranks' agreement at start, the
+// check of every output path, the resumed position, DeepSpeed's monitors (tensorboard,
+// csv_monitor) fed from the step records, and the memory summary.
 #pragma once
 
 #include <optional>
@@ -36,6 +37,16 @@ void check_outputs(const Flags& f, const TrainingConfig& tc, int rank,
 // loss_scale with fp16 only; the elapsed_time_ms series with wall_clock_breakdown only.
 std::vector<MonitorEvent> monitor_events(const driver::JsonRecord& step_record, long batch,
                                          bool fp16, bool wall_clock_breakdown);
+
+// This node's ranks and this rank's share of their cores (run_checks.h). Collective; an MPI
+// failure here ends the job (exit 1): no rank can go on without the others.
+NodeShare node_share_or_end(int rank);
+
+// Every rank's outcome of reading its flags and config, agreed before any other collective: a
+// problem seen by only some ranks (a file one rank cannot read) ends every rank at once with
+// exit code 2, instead of leaving the others in the engine's first collective until the
+// watchdog. Returns the ranks that failed.
+std::vector<int> failed_ranks(bool failed, int world_size);
 
 // Where the run starts: step 1 and the config's seed, or after the checkpoint --resume names
 // (loaded into `engine`), with its seed. Throws ConfigError (on every rank at once) when no step

@@ -34,6 +34,7 @@
 
 #include "driver/cli.h"
 #include "driver/metrics_writer.h"
+#include "examples/comms_log.h"
 #include "examples/memory_timeline.h"
 #include "examples/run_checks.h"
 #include "examples/train_flags.h"
@@ -143,6 +144,8 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
       zero::examples::resume_position(f, tc, engine, leader);
   const long first_step = position.first_step;
   const uint64_t data_seed = position.data_seed;
+  std::optional<zero::examples::CommsLog> comms_log;
+  if (tc.comms_logger.enabled) comms_log.emplace(tc.comms_logger, world);
   // Every rank records (the trace's counter tracks); rank 0 writes the files.
   std::optional<zero::examples::MemoryTimeline> timeline;
   if (!f.memory_timeline.empty()) {
@@ -244,6 +247,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
 
   for (long step = first_step; step <= f.steps; ++step) {
     if (timeline) timeline->set_step(step);
+    const zero::CommCounters counters_before = comm.counters();
     const uint64_t tensor_parallel_before = tensor_parallel_bytes();
     const uint64_t bytes_before =
         comm.counters().total_bytes() + engine.own_comm_bytes() + tensor_parallel_before;
@@ -304,6 +308,10 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
     const uint64_t peak_activations = max_over_ranks(host, stats.peak_activation_bytes);
     const uint64_t peak_checkpoints = max_over_ranks(host, stats.peak_checkpoint_bytes);
     const JsonRecord activations = task.activation_record();
+    std::vector<std::string> comm_lines;
+    const JsonRecord comm_ops = comms_log ? comms_log->add_step(counters_before, comm.counters(),
+                                                                engine.trace().spans(), &comm_lines)
+                                          : JsonRecord();
     // Each rank its own table: SIGUSR1 may reach one rank or, through mpirun, all.
     if (zero::examples::memory_summary_requested() ||
         (leader && f.memory_summary_every > 0 && step % f.memory_summary_every == 0)) {
@@ -368,6 +376,8 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
                       {"loss_scale", json_number(stats.loss_scale)},
                       {"skipped", stats.skipped}};
     if (val_loss) record["val_loss"] = json_number(*val_loss);
+    if (comms_log) record["comm_ops"] = comm_ops;
+    for (const std::string& line : comm_lines) std::printf("%s\n", line.c_str());
     record.update(activations);
     record.update(block_times);
     or_end_job([&] {
@@ -376,6 +386,14 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
                                                            config.dtype == zero::DType::kFloat16,
                                                            tc.wall_clock_breakdown));
     });
+  }
+  if (comms_log && leader) {
+    // The collectives still in flight (a stage 1-2 step's all-gathers) belong to the table too.
+    engine.communicator().stream().synchronize();
+    std::vector<std::string> late;
+    comms_log->add_step(comm.counters(), comm.counters(), engine.trace().spans(), &late);
+    for (const std::string& line : late) std::printf("%s\n", line.c_str());
+    std::printf("%s", comms_log->summary().c_str());
   }
   if (timeline && !f.trace.empty()) timeline->add_counters(engine.trace());
   if (timeline && leader) {
@@ -398,40 +416,13 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
 // 3 out of memory (the plan does not fit, or the system refused an allocation).
 constexpr int kExitOutOfMemory = 3;
 
-// This node's ranks and this rank's share of their cores (run_checks.h). Collective; an MPI
-// failure here ends the job (exit 1): no rank can go on without the others.
-zero::examples::NodeShare node_share(int rank) {
-  try {
-    return zero::examples::node_share(zero::examples::this_process_cores());
-  } catch (const zero::Error& e) {
-    std::cerr << ("zero-train: rank " + std::to_string(rank) + ": error: " + e.what() + "\n");
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    return {};
-  }
-}
-
-// Every rank's outcome of reading its flags and config, agreed before any other collective: a
-// problem seen by only some ranks (a file one rank cannot read) ends every rank at once with
-// exit code 2, instead of leaving the others in the engine's first collective until the
-// watchdog. Returns the ranks that failed.
-std::vector<int> failed_ranks(bool failed, int world_size) {
-  int mine = failed ? 1 : 0;
-  std::vector<int> all(static_cast<size_t>(world_size));
-  MPI_Allgather(&mine, 1, MPI_INT, all.data(), 1, MPI_INT, MPI_COMM_WORLD);
-  std::vector<int> ranks;
-  for (int r = 0; r < world_size; ++r) {
-    if (all[static_cast<size_t>(r)] != 0) ranks.push_back(r);
-  }
-  return ranks;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   zero::MpiSession mpi(&argc, &argv);
   const int rank = mpi.world_rank();
   // Collective, so every rank asks before anything can fail on some of them only.
-  const zero::examples::NodeShare node = node_share(rank);
+  const zero::examples::NodeShare node = zero::examples::node_share_or_end(rank);
   Flags flags;
   zero::TrainingConfig config;
   std::optional<zero::examples::SaveDirLock> save_dir_lock;
@@ -460,7 +451,7 @@ int main(int argc, char** argv) {
   } catch (const zero::Error& e) {
     error = e.what();
   }
-  const std::vector<int> failed = failed_ranks(!error.empty(), mpi.world_size());
+  const std::vector<int> failed = zero::examples::failed_ranks(!error.empty(), mpi.world_size());
   if (!failed.empty()) {
     // All ranks failing read the same command line and file: rank 0 speaks for them.
     if (static_cast<int>(failed.size()) == mpi.world_size()) {

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -308,6 +309,27 @@ void read_monitor(const config::Monitor& m, const std::string& section, const Ch
   }
 }
 
+void read_comms_logger(const config::CommsLogger& c, const Checker& check, CommsLoggerConfig* out) {
+  out->enabled = c.enabled();
+  out->verbose = c.verbose();
+  if (c.has_prof_all()) out->prof_all = c.prof_all();
+  for (const std::string& op : c.prof_ops()) {
+    if (op != "all_gather" && op != "reduce_scatter" && op != "all_reduce" && op != "broadcast" &&
+        op != "barrier") {
+      check.fail("comms_logger.prof_ops",
+                 "names of collectives (all_gather, reduce_scatter, all_reduce, broadcast, "
+                 "barrier)",
+                 in_quotes(op));
+    }
+    out->prof_ops.push_back(op);
+  }
+  if (c.debug()) {
+    config_error("\"comms_logger.debug\" in " + check.origin() +
+                 " is not built: it adds the Python caller's name to each collective, and the "
+                 "engine's collectives have none; set it false or remove it");
+  }
+}
+
 // Keys whose effect here would be none: accepted, and each named once with why.
 void read_ignored_keys(const config::TrainingConfig& c, std::vector<std::string>* ignored) {
   if (c.has_memory_breakdown()) {
@@ -348,6 +370,7 @@ TrainingConfig interpret(const config::TrainingConfig& c, int world_size, const 
   out.wall_clock_breakdown = c.wall_clock_breakdown();
   read_monitor(c.tensorboard(), "tensorboard", check, &out.tensorboard);
   read_monitor(c.csv_monitor(), "csv_monitor", check, &out.csv_monitor);
+  read_comms_logger(c.comms_logger(), check, &out.comms_logger);
   out.override_optimizer = c.checkpoint().override_optimizer();
   read_activation_checkpointing(c.activation_checkpointing(), check, &out.activation_checkpointing);
   read_ignored_keys(c, &out.ignored_keys);
@@ -449,6 +472,10 @@ BatchSizes derive_batch_sizes(std::optional<long> train_batch_size,
         origin + "; at least one is required");
   }
   return b;
+}
+
+bool CommsLoggerConfig::logs(const std::string& op) const {
+  return prof_all || std::find(prof_ops.begin(), prof_ops.end(), op) != prof_ops.end();
 }
 
 std::string MonitorConfig::log_dir() const {

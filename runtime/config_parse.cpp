@@ -66,7 +66,6 @@ const std::set<std::string>& unsupported_deepspeed_keys() {
       "aio.use_gds",
       "amp",
       "autotuning",
-      "comms_logger",
       "compression_training",
       "curriculum_learning",
       "data_efficiency",
@@ -329,9 +328,19 @@ class JsonReader {
     }
   }
 
-  // The schema's lists hold numbers (optimizer.params.betas).
+  // The schema's lists hold numbers (optimizer.params.betas) or strings (comms_logger.prof_ops).
   void read_list(const Json& value, Message* message, const FieldDescriptor* field,
                  const std::string& path) const {
+    if (field->cpp_type() == FieldDescriptor::CPPTYPE_STRING) {
+      if (!value.is_array()) wrong_type(path, "a list of strings", describe(value));
+      for (const Json& item : value) {
+        if (!item.is_string()) {
+          wrong_type(path, "a list of strings", "a list holding " + describe(item));
+        }
+        message->GetReflection()->AddString(message, field, item.get<std::string>());
+      }
+      return;
+    }
     ZERO_CHECK(field->cpp_type() == FieldDescriptor::CPPTYPE_DOUBLE,
                "config schema list " << field->full_name() << " is not a list of numbers");
     if (!value.is_array()) wrong_type(path, "a list of numbers", describe(value));

@@ -15,6 +15,8 @@
 //   metrics_check --steps N block-synchronizations W0,W1,... A.jsonl   every step record's
 //                                    block_synchronizations (synchronize_checkpoint_boundary's
 //                                    waits per block) is exactly that list
+//   metrics_check --steps N comm-ops A.jsonl     every step record's comm_ops (comms_logger)
+//                                    sends bytes that add up to its comm_bytes
 //   metrics_check trace RANKS T.json                  a Chrome trace with compute and collective
 //                                                      spans from each of RANKS ranks
 // Every metrics file must hold each step of its run once, in order, up to the last one, N: a
@@ -272,6 +274,27 @@ int skipped_at(long step, const std::string& path) {
   return failures == 0 ? 0 : 1;
 }
 
+int comm_ops_add_up(const std::string& path) {
+  const Metrics m = read_metrics(path, 1);
+  int failures = 0;
+  for (const nlohmann::json& r : m.step_records) {
+    uint64_t sent = 0;
+    const nlohmann::json ops = r.value("comm_ops", nlohmann::json::object());
+    for (const auto& op : ops.items()) {
+      sent += op.value().at("sent_bytes").get<uint64_t>();
+    }
+    if (sent == 0 || sent != r.at("comm_bytes").get<uint64_t>()) {
+      std::printf("%s: step %ld: comm_ops send %llu bytes, comm_bytes is %s\n", path.c_str(),
+                  r.at("step").get<long>(), static_cast<unsigned long long>(sent),
+                  r.at("comm_bytes").dump().c_str());
+      ++failures;
+    }
+  }
+  std::printf("%s: %zu steps, comm_ops add up to comm_bytes: %s\n", path.c_str(),
+              m.step_records.size(), failures == 0 ? "yes" : "no");
+  return failures == 0 ? 0 : 1;
+}
+
 int trace_has_every_rank(int ranks, const std::string& path) {
   std::ifstream in(path);
   nlohmann::json trace = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
@@ -308,6 +331,7 @@ int usage() {
                "       metrics_check --steps N peak-activations A.jsonl\n"
                "       metrics_check --steps N block-times LAYERS RECOMPUTING A.jsonl\n"
                "       metrics_check --steps N block-synchronizations W0,W1,... A.jsonl\n"
+               "       metrics_check --steps N comm-ops A.jsonl\n"
                "       metrics_check trace RANKS T.json\n";
   return 2;
 }
@@ -340,6 +364,7 @@ int main(int argc, char** argv) {
     return resident_within(std::atof(args[1].c_str()), args[2]);
   }
   if (args.size() == 2 && args[0] == "peak-activations") return peak_activations(args[1]);
+  if (args.size() == 2 && args[0] == "comm-ops") return comm_ops_add_up(args[1]);
   if (args.size() == 4 && args[0] == "block-times") {
     const long layers = std::atol(args[1].c_str());
     const long recomputing = std::atol(args[2].c_str());

@@ -96,6 +96,14 @@ expect "unknown key \"tensorboard.outpt_path\" in $work/tb_key.json" --config "$
 echo '{"train_batch_size": 8, "wandb": {"enabled": true}}' >"$work/wandb.json"
 expect "\"wandb\" in $work/wandb.json is a DeepSpeed option this runtime does not support: \
 Weights & Biases logs to a network service" --config "$work/wandb.json"
+echo '{"train_batch_size": 8, "comms_logger": {"enabled": true, "prof_ops": ["all_to_all"]}}' \
+  >"$work/comms_ops.json"
+expect "\"comms_logger.prof_ops\" in $work/comms_ops.json must be names of collectives \
+(all_gather, reduce_scatter, all_reduce, broadcast, barrier), got \"all_to_all\"" \
+  --config "$work/comms_ops.json"
+echo '{"train_batch_size": 8, "comms_logger": {"enabled": true, "debug": true}}' \
+  >"$work/comms_debug.json"
+expect "\"comms_logger.debug\" in $work/comms_debug.json is not built" --config "$work/comms_debug.json"
 if [[ $failures -ne 0 ]]; then
   echo "$failures usage error(s) not reported as expected"
   exit 1

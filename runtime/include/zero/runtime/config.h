@@ -56,6 +56,9 @@
 //   tensorboard, csv_monitor  {enabled, output_path, job_name} -> MonitorConfig; job_name must
 //                      not be empty or hold a '/' (it names one directory). wandb is refused:
 //                      it needs a network service.
+//   comms_logger       {enabled, verbose, prof_all, prof_ops} -> CommsLoggerConfig; prof_ops
+//                      must name collectives the engine issues; debug true is an error (it adds
+//                      the Python caller's name, which the engine's collectives do not have).
 //   checkpoint         ours: override_optimizer (see TrainingConfig).
 //   tensor_parallel    tp_size or autotp_size (DeepSpeed's inference and training names; equal
 //                      when both are given) -> tensor_parallel_size, absent 1; it must divide
@@ -129,6 +132,18 @@ struct MonitorConfig {
   std::string log_dir() const;
 };
 
+// comms_logger, DeepSpeed's keys and defaults: the engine's collectives per kind and message
+// size (count, bytes, latency, algbw and busbw), printed by rank 0 at the end of a run and
+// written into the step records.
+struct CommsLoggerConfig {
+  bool enabled = false;
+  bool verbose = false;               // a line per collective as its step ends
+  bool prof_all = true;               // every op; false: only those in prof_ops
+  std::vector<std::string> prof_ops;  // op names: all_gather, reduce_scatter, all_reduce, ...
+  // Whether `op` is logged.
+  bool logs(const std::string& op) const;
+};
+
 struct TrainingConfig {
   EngineConfig engine;
   // tensor_parallel.tp_size (or autotp_size): ranks per tensor-parallel group (1: none). The
@@ -142,6 +157,7 @@ struct TrainingConfig {
   bool wall_clock_breakdown = false;    // print per-step forward/backward/reduce/step/gather times
   MonitorConfig tensorboard;            // TensorBoard event files of the run's events
   MonitorConfig csv_monitor;            // the same events as CSV files, one per event
+  CommsLoggerConfig comms_logger;
   // zero_optimization.stage3_gather_16bit_weights_on_model_save: every checkpoint save also
   // writes the consolidated model in the working dtype (SaveOptions::consolidated_weights).
   bool gather_16bit_weights_on_model_save = false;
