@@ -400,9 +400,10 @@ zero::TrainingConfig resolve_config(const Flags& f, int world_size) {
   if (f.override_optimizer) tc.override_optimizer = true;
   // The memory timeline finds each allocation's phase among the compute spans (CPU only, as
   // the trace: a GPU's spans would be launch times).
-  // So does comms_logger, for the collectives' latencies.
-  e.trace =
-      !f.trace.empty() || ((!f.memory_timeline.empty() || tc.comms_logger.enabled) && !f.cuda);
+  // So do comms_logger (the collectives' latencies) and flops_profiler (the modules').
+  e.trace = !f.trace.empty() ||
+            ((!f.memory_timeline.empty() || tc.comms_logger.enabled || tc.flops_profiler.enabled) &&
+             !f.cuda);
   zero::ActivationCheckpointingConfig& ac = tc.activation_checkpointing;
   if (f.activation_checkpointing) ac.mode = *f.activation_checkpointing;
   if (f.number_checkpoints) {

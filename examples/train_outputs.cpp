@@ -54,6 +54,21 @@ void check_outputs(const Flags& f, const TrainingConfig& tc, int rank,
     const std::string why = unwritable_file(*path);
     if (!why.empty()) throw SetupError(std::string(flag) + ": " + why);
   }
+  const FlopsProfilerConfig& flops = tc.flops_profiler;
+  if (flops.enabled && flops.profile_step > f.steps) {
+    throw SetupError("flops_profiler.profile_step " + std::to_string(flops.profile_step) + " in " +
+                     tc.origin + " is beyond the run's last step " + std::to_string(f.steps) +
+                     " (--steps)");
+  }
+  if (flops.enabled && tc.tensor_parallel_size > 1) {
+    throw SetupError("flops_profiler in " + tc.origin +
+                     " with tensor parallelism is not built: it counts the whole model's "
+                     "parameters on one rank");
+  }
+  if (flops.enabled && !flops.output_file.empty()) {
+    const std::string why = unwritable_file(flops.output_file);
+    if (!why.empty()) throw SetupError("flops_profiler.output_file in " + tc.origin + ": " + why);
+  }
   if (!f.memory_timeline.empty()) {
     const std::string why = gnuplot_problem();
     if (!why.empty()) throw SetupError("--memory-timeline: " + why);

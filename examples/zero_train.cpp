@@ -35,6 +35,7 @@
 #include "driver/cli.h"
 #include "driver/metrics_writer.h"
 #include "examples/comms_log.h"
+#include "examples/flops_profile.h"
 #include "examples/memory_timeline.h"
 #include "examples/run_checks.h"
 #include "examples/train_flags.h"
@@ -247,6 +248,8 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
 
   for (long step = first_step; step <= f.steps; ++step) {
     if (timeline) timeline->set_step(step);
+    const bool profiled = tc.flops_profiler.enabled && step == tc.flops_profiler.profile_step;
+    const size_t spans_before = profiled ? engine.trace().spans().size() : 0;
     const zero::CommCounters counters_before = comm.counters();
     const uint64_t tensor_parallel_before = tensor_parallel_bytes();
     const uint64_t bytes_before =
@@ -284,6 +287,13 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
     host.all_reduce_sync(&loss_sum, &global_loss, 1, zero::DType::kFloat32);
     global_loss /= static_cast<float>(world * micro_batches);
     const double step_ms = ms_since(start);
+    std::optional<zero::examples::FlopsProfile> flops;
+    if (profiled) {
+      const std::vector<zero::TraceSpan> spans = engine.trace().spans();
+      flops = zero::examples::profile_step(
+          engine.layout(), task.model_record(), {spans.begin() + spans_before, spans.end()}, step,
+          step_ms, static_cast<double>(tc.train_batch_size * task.tokens_per_sample()));
+    }
     // Validation is outside the step's time: forward only, on the validation batches.
     std::optional<float> val_loss;
     if (task.validates(step)) val_loss = task.validation_loss(model, host);
@@ -376,6 +386,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
                       {"loss_scale", json_number(stats.loss_scale)},
                       {"skipped", stats.skipped}};
     if (val_loss) record["val_loss"] = json_number(*val_loss);
+    if (flops) or_end_job([&] { report_flops_profile(*flops, tc.flops_profiler, &metrics); });
     if (comms_log) record["comm_ops"] = comm_ops;
     for (const std::string& line : comm_lines) std::printf("%s\n", line.c_str());
     record.update(activations);

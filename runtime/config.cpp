@@ -330,6 +330,23 @@ void read_comms_logger(const config::CommsLogger& c, const Checker& check, Comms
   }
 }
 
+void read_flops_profiler(const config::FlopsProfiler& c, const Checker& check,
+                         FlopsProfilerConfig* out) {
+  out->enabled = c.enabled();
+  if (c.has_profile_step()) {
+    out->profile_step =
+        check.integer("flops_profiler.profile_step", c.profile_step(), 1, kMaxInt64);
+  }
+  if (c.has_module_depth()) {
+    out->module_depth = check.integer("flops_profiler.module_depth", c.module_depth(), -1, kMaxInt);
+  }
+  if (c.has_top_modules()) {
+    out->top_modules = check.integer("flops_profiler.top_modules", c.top_modules(), 1, kMaxInt);
+  }
+  if (c.has_detailed()) out->detailed = c.detailed();
+  out->output_file = c.output_file();
+}
+
 // Keys whose effect here would be none: accepted, and each named once with why.
 void read_ignored_keys(const config::TrainingConfig& c, std::vector<std::string>* ignored) {
   if (c.has_memory_breakdown()) {
@@ -371,6 +388,7 @@ TrainingConfig interpret(const config::TrainingConfig& c, int world_size, const 
   read_monitor(c.tensorboard(), "tensorboard", check, &out.tensorboard);
   read_monitor(c.csv_monitor(), "csv_monitor", check, &out.csv_monitor);
   read_comms_logger(c.comms_logger(), check, &out.comms_logger);
+  read_flops_profiler(c.flops_profiler(), check, &out.flops_profiler);
   out.override_optimizer = c.checkpoint().override_optimizer();
   read_activation_checkpointing(c.activation_checkpointing(), check, &out.activation_checkpointing);
   read_ignored_keys(c, &out.ignored_keys);

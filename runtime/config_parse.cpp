@@ -74,7 +74,6 @@ const std::set<std::string>& unsupported_deepspeed_keys() {
       "dump_state",
       "eigenvalue",
       "elasticity",
-      "flops_profiler",
       "hybrid_engine",
       "load_universal_checkpoint",
       "nebula",

@@ -104,6 +104,14 @@ expect "\"comms_logger.prof_ops\" in $work/comms_ops.json must be names of colle
 echo '{"train_batch_size": 8, "comms_logger": {"enabled": true, "debug": true}}' \
   >"$work/comms_debug.json"
 expect "\"comms_logger.debug\" in $work/comms_debug.json is not built" --config "$work/comms_debug.json"
+echo '{"train_batch_size": 8, "flops_profiler": {"enabled": true, "profile_step": 50}}' \
+  >"$work/flops_step.json"
+expect "flops_profiler.profile_step 50 in $work/flops_step.json is beyond the run's last step 20 \
+(--steps)" --config "$work/flops_step.json"
+echo '{"train_batch_size": 8, "flops_profiler": {"enabled": true, "top_modules": 0}}' \
+  >"$work/flops_top.json"
+expect "\"flops_profiler.top_modules\" in $work/flops_top.json must be at least 1, got 0" \
+  --config "$work/flops_top.json"
 if [[ $failures -ne 0 ]]; then
   echo "$failures usage error(s) not reported as expected"
   exit 1

@@ -59,6 +59,9 @@
 //   comms_logger       {enabled, verbose, prof_all, prof_ops} -> CommsLoggerConfig; prof_ops
 //                      must name collectives the engine issues; debug true is an error (it adds
 //                      the Python caller's name, which the engine's collectives do not have).
+//   flops_profiler     {enabled, profile_step (>= 1), module_depth (>= -1), top_modules (>= 1),
+//                      detailed, output_file} -> FlopsProfilerConfig; the caller checks
+//                      profile_step against the run's steps.
 //   checkpoint         ours: override_optimizer (see TrainingConfig).
 //   tensor_parallel    tp_size or autotp_size (DeepSpeed's inference and training names; equal
 //                      when both are given) -> tensor_parallel_size, absent 1; it must divide
@@ -144,6 +147,17 @@ struct CommsLoggerConfig {
   bool logs(const std::string& op) const;
 };
 
+// flops_profiler, DeepSpeed's keys and defaults: at profile_step, per module, the parameters,
+// forward and backward FLOPs and latency, printed by rank 0 and written into the metrics.
+struct FlopsProfilerConfig {
+  bool enabled = false;
+  long profile_step = 1;
+  long module_depth = -1;  // -1: every depth; 0: the model alone
+  long top_modules = 1;
+  bool detailed = true;
+  std::string output_file;  // "": standard output
+};
+
 struct TrainingConfig {
   EngineConfig engine;
   // tensor_parallel.tp_size (or autotp_size): ranks per tensor-parallel group (1: none). The
@@ -158,6 +172,7 @@ struct TrainingConfig {
   MonitorConfig tensorboard;            // TensorBoard event files of the run's events
   MonitorConfig csv_monitor;            // the same events as CSV files, one per event
   CommsLoggerConfig comms_logger;
+  FlopsProfilerConfig flops_profiler;
   // zero_optimization.stage3_gather_16bit_weights_on_model_save: every checkpoint save also
   // writes the consolidated model in the working dtype (SaveOptions::consolidated_weights).
   bool gather_16bit_weights_on_model_save = false;
