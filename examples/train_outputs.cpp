@@ -202,6 +202,45 @@ std::vector<int> failed_ranks(bool failed, int world_size) {
   return ranks;
 }
 
+bool fit_host_budget(const Flags& f, const TrainTask& task, int ranks_on_node, int world_size,
+                     int rank, TrainingConfig* config) {
+  // The budget of a rank (--memory-limit, else what the host can give it) holds the
+  // activations, batch data and the modules' own working copies too: the engine's limit is
+  // the rest. So a model or a batch that cannot fit is an error with the plan's numbers (exit 3),
+  // not a kill by the kernel halfway through allocating it, and --memory-limit bounds what the
+  // process holds.
+  const uint64_t budget = f.memory_limit > 0 ? f.memory_limit : host_memory_per_rank(ranks_on_node);
+  const std::string source =
+      f.memory_limit > 0 ? "--memory-limit" : "available memory over the ranks on this node";
+  const uint64_t activations = task.activation_bytes(config->micro_batch_per_rank);
+  const uint64_t module_copies = task.module_bytes(config->engine.dtype);
+  const uint64_t outside_engine = activations + module_copies;
+  if (budget > 0) {
+    if (budget <= outside_engine) {
+      const std::string advice =
+          out_of_memory_advice(task, config->engine, world_size / config->tensor_parallel_size,
+                               config->micro_batch_per_rank, budget);
+      if (rank == 0) {
+        std::cerr << ("zero-train: out of host memory: the activations and batch data of " +
+                      std::to_string(config->micro_batch_per_rank) + " samples per micro-batch (" +
+                      human_bytes(activations) + ") and the modules' fp32 working copies (" +
+                      human_bytes(module_copies) + ") need " + human_bytes(outside_engine) +
+                      " per rank, and a rank may use " + human_bytes(budget) + " (" + source +
+                      "); " + advice + "\n");
+      }
+      return false;
+    }
+    config->engine.memory_limit_bytes = budget - outside_engine;
+    if (rank == 0) {
+      std::printf(
+          "memory per rank: %s (%s), %s of it for activations, batch data and the modules' "
+          "working copies\n",
+          human_bytes(budget).c_str(), source.c_str(), human_bytes(outside_engine).c_str());
+    }
+  }
+  return true;
+}
+
 std::string memory_summary(Engine& engine, int rank, long step) {
   Allocator& allocator = engine.allocator();
   std::string text = "memory on rank " + std::to_string(rank) + " at step " + std::to_string(step) +

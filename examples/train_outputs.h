@@ -11,6 +11,7 @@
 #include "driver/metrics_writer.h"
 #include "examples/run_checks.h"
 #include "examples/train_flags.h"
+#include "examples/train_task.h"
 #include "zero/runtime/config.h"
 #include "zero/runtime/engine.h"
 #include "zero/runtime/monitor.h"
@@ -47,6 +48,13 @@ NodeShare node_share_or_end(int rank);
 // exit code 2, instead of leaving the others in the engine's first collective until the
 // watchdog. Returns the ranks that failed.
 std::vector<int> failed_ranks(bool failed, int world_size);
+
+// The CPU path's memory budget of a rank (--memory-limit, else the host's memory over the
+// node's ranks) less what the model holds outside the engine (activations, batch data, the
+// modules' working copies) becomes the engine's limit, and rank 0 says so. False, after rank 0
+// printed why with advice, when those alone do not fit: the run ends with exit 3.
+bool fit_host_budget(const Flags& f, const TrainTask& task, int ranks_on_node, int world_size,
+                     int rank, TrainingConfig* config);
 
 // Where the run starts: step 1 and the config's seed, or after the checkpoint --resume names
 // (loaded into `engine`), with its seed. Throws ConfigError (on every rank at once) when no step

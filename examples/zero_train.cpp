@@ -487,45 +487,9 @@ int main(int argc, char** argv) {
     if (rank == 0) std::cerr << ("zero-train: " + disagreement + "\n");
     return 2;
   }
-  if (!flags.cuda) {
-    // The budget of a rank (--memory-limit, else what the host can give it) holds the
-    // activations, batch data and the modules' own working copies too: the engine's limit is
-    // the rest. So a model or a batch
-    // that cannot fit is an error with the plan's numbers (exit 3), not a kill by the kernel
-    // halfway through allocating it, and --memory-limit bounds what the process holds.
-    const uint64_t budget = flags.memory_limit > 0
-                                ? flags.memory_limit
-                                : zero::examples::host_memory_per_rank(node.ranks);
-    const std::string source =
-        flags.memory_limit > 0 ? "--memory-limit" : "available memory over the ranks on this node";
-    const uint64_t activations = task->activation_bytes(config.micro_batch_per_rank);
-    const uint64_t module_copies = task->module_bytes(config.engine.dtype);
-    const uint64_t outside_engine = activations + module_copies;
-    if (budget > 0) {
-      if (budget <= outside_engine) {
-        const std::string advice = zero::examples::out_of_memory_advice(
-            *task, config.engine, mpi.world_size() / config.tensor_parallel_size,
-            config.micro_batch_per_rank, budget);
-        if (rank == 0) {
-          std::cerr << ("zero-train: out of host memory: the activations and batch data of " +
-                        std::to_string(config.micro_batch_per_rank) + " samples per micro-batch (" +
-                        zero::human_bytes(activations) +
-                        ") and the modules' fp32 working copies (" +
-                        zero::human_bytes(module_copies) + ") need " +
-                        zero::human_bytes(outside_engine) + " per rank, and a rank may use " +
-                        zero::human_bytes(budget) + " (" + source + "); " + advice + "\n");
-        }
-        return kExitOutOfMemory;
-      }
-      config.engine.memory_limit_bytes = budget - outside_engine;
-      if (rank == 0) {
-        std::printf(
-            "memory per rank: %s (%s), %s of it for activations, batch data and the modules' "
-            "working copies\n",
-            zero::human_bytes(budget).c_str(), source.c_str(),
-            zero::human_bytes(outside_engine).c_str());
-      }
-    }
+  if (!flags.cuda &&
+      !zero::examples::fit_host_budget(flags, *task, node.ranks, mpi.world_size(), rank, &config)) {
+    return kExitOutOfMemory;
   }
   // The NVMe paths before the engine: a bad one, or a file system the node's ranks overfill
   // together, stops every rank as a setup error.
