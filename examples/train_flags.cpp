@@ -22,6 +22,7 @@ const char* const kTrainUsage =
     "                  [--micro-batches K] [--lr X] [--weight-decay X] [--clip X]\n"
     "                  [--schedule constant|warmup|linear|cosine] [--warmup N]\n"
     "                  [--steps-per-print N] [--metrics FILE] [--trace FILE]\n"
+    "                  [--memory-summary-every K] [--memory-timeline FILE]\n"
     "                  mlp:  [--input-dim N] [--hidden N] [--output-dim N] [--layers N]\n"
     "                  gpt2: --data FILES [--val-data FILES] [--val-every K] [--val-batches M]\n"
     "                        [--preset tiny|gpt2-124M|gpt2-350M|gpt2-774M|gpt2-1.5B]\n"
@@ -259,6 +260,10 @@ Flags parse_flags(int argc, char** argv) {
       f.metrics = v;
     } else if (flag == "--trace") {
       f.trace = v;
+    } else if (flag == "--memory-timeline") {
+      f.memory_timeline = v;
+    } else if (flag == "--memory-summary-every") {
+      f.memory_summary_every = parse_at_least(flag, v, 1);
     } else if (parse_mlp_flag(flag, v, &f)) {
       f.mlp_flags.push_back(flag);
     } else if (parse_gpt2_flag(flag, v, &f)) {
@@ -393,7 +398,12 @@ zero::TrainingConfig resolve_config(const Flags& f, int world_size) {
   e.memory_limit_bytes = f.memory_limit;
   if (f.skip_nonfinite) e.skip_nonfinite_steps = *f.skip_nonfinite;
   if (f.override_optimizer) tc.override_optimizer = true;
-  e.trace = !f.trace.empty();
+  // The memory timeline finds each allocation's phase among the compute spans (CPU only, as
+  // the trace: a GPU's spans would be launch times).
+  // So do comms_logger (the collectives' latencies) and flops_profiler (the modules').
+  e.trace = !f.trace.empty() ||
+            ((!f.memory_timeline.empty() || tc.comms_logger.enabled || tc.flops_profiler.enabled) &&
+             !f.cuda);
   zero::ActivationCheckpointingConfig& ac = tc.activation_checkpointing;
   if (f.activation_checkpointing) ac.mode = *f.activation_checkpointing;
   if (f.number_checkpoints) {

@@ -47,6 +47,8 @@ struct Flags {
   std::optional<long> steps_per_print;
   std::string metrics;
   std::string trace;
+  std::string memory_timeline;    // --memory-timeline FILE: the allocator's events and their plot
+  long memory_summary_every = 0;  // --memory-summary-every K: rank 0 prints the table every K steps
   zero::models::MlpConfig mlp;
   std::vector<std::string> mlp_flags;  // the MLP's size flags given (not for --model gpt2)
   // --model gpt2: the architecture (a --preset, then any size flag on top), the sequence length

@@ -34,8 +34,12 @@
 
 #include "driver/cli.h"
 #include "driver/metrics_writer.h"
+#include "examples/comms_log.h"
+#include "examples/flops_profile.h"
+#include "examples/memory_timeline.h"
 #include "examples/run_checks.h"
 #include "examples/train_flags.h"
+#include "examples/train_outputs.h"
 #include "examples/train_task.h"
 #include "zero/collectives/mpi_communicator.h"
 #include "zero/collectives/process_grid.h"
@@ -99,7 +103,7 @@ void or_end_job(Write&& write) {
 // The engine shards over the data-parallel group (`comm`); rank and world are this rank's place
 // in it, which cuts the batch. Rank 0 of the world (`leader`) prints and writes the metrics.
 void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::TrainTask& task,
-           zero::ProcessGrid& grid) {
+           zero::ProcessGrid& grid, zero::Monitors& monitors) {
   zero::Communicator& comm = *grid.data_parallel;
   zero::Communicator* tensor_parallel = grid.tensor_parallel.get();
   const int rank = comm.rank();
@@ -137,52 +141,16 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
   // engine's collectives run through NCCL.
   zero::Communicator& host = engine.host_communicator();
 
-  // Resume: the checkpoint brings the engine's state; the data position and the seed come back
-  // with the trainer state, so steps after it see the data the uninterrupted run saw.
-  long first_step = 1;
-  uint64_t data_seed = config.seed;
-  if (!f.resume.empty()) {
-    zero::TrainerState resumed;
-    zero::load_checkpoint(engine, f.resume == "latest" ? f.save_dir : f.resume, &resumed,
-                          zero::LoadOptions{tc.override_optimizer});
-    first_step = resumed.step + 1;
-    data_seed = resumed.seed;
-    // Every rank read the same checkpoint: all stop here at once.
-    if (first_step > f.steps) {
-      throw zero::ConfigError("--steps " + std::to_string(f.steps) +
-                              ": the resumed checkpoint is at step " +
-                              std::to_string(resumed.step) +
-                              ", so no step is left to train (--steps counts from the run's "
-                              "first step; give more than " +
-                              std::to_string(resumed.step) + ")");
-    }
-    if (leader && f.seed && *f.seed != resumed.seed) {
-      std::fprintf(stderr,
-                   "zero-train: warning: --seed %llu is ignored: a resumed run keeps its "
-                   "checkpoint's seed %llu\n",
-                   static_cast<unsigned long long>(*f.seed),
-                   static_cast<unsigned long long>(resumed.seed));
-    }
-    if (leader) {
-      std::printf("resumed from %s at step %ld\n", f.resume.c_str(), resumed.step);
-      const std::optional<long> saved =
-          f.save_dir.empty() ? std::nullopt : zero::examples::newest_saved_step(f.save_dir);
-      if (saved && *saved > resumed.step) {
-        std::fprintf(stderr,
-                     "zero-train: warning: --save-dir %s holds checkpoints up to step %ld and "
-                     "this run resumed step %ld: its saves replace those of the steps it "
-                     "reaches, and latest moves back to them\n",
-                     f.save_dir.c_str(), *saved, resumed.step);
-      }
-    }
-  }
-  // Validation runs on the multiples of --val-every; a resumed run may have none among its steps.
-  if (leader && f.val_every > 0 &&
-      (first_step + f.val_every - 1) / f.val_every * f.val_every > f.steps) {
-    std::fprintf(stderr,
-                 "zero-train: warning: no step of this run (%ld to %ld) is a multiple of "
-                 "--val-every %ld: it does not validate\n",
-                 first_step, f.steps, f.val_every);
+  const zero::examples::StartPosition position =
+      zero::examples::resume_position(f, tc, engine, leader);
+  const long first_step = position.first_step;
+  const uint64_t data_seed = position.data_seed;
+  std::optional<zero::examples::CommsLog> comms_log;
+  if (tc.comms_logger.enabled) comms_log.emplace(tc.comms_logger, world);
+  // Every rank records (the trace's counter tracks); rank 0 writes the files.
+  std::optional<zero::examples::MemoryTimeline> timeline;
+  if (!f.memory_timeline.empty()) {
+    timeline.emplace(engine.allocator(), engine.allocator().memory().memory_name());
   }
   task.start(engine, data_seed);
   // The budget reserved the model's activations outside the engine (main); those the model now
@@ -279,6 +247,10 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
   }
 
   for (long step = first_step; step <= f.steps; ++step) {
+    if (timeline) timeline->set_step(step);
+    const bool profiled = tc.flops_profiler.enabled && step == tc.flops_profiler.profile_step;
+    const size_t spans_before = profiled ? engine.trace().spans().size() : 0;
+    const zero::CommCounters counters_before = comm.counters();
     const uint64_t tensor_parallel_before = tensor_parallel_bytes();
     const uint64_t bytes_before =
         comm.counters().total_bytes() + engine.own_comm_bytes() + tensor_parallel_before;
@@ -315,6 +287,13 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
     host.all_reduce_sync(&loss_sum, &global_loss, 1, zero::DType::kFloat32);
     global_loss /= static_cast<float>(world * micro_batches);
     const double step_ms = ms_since(start);
+    std::optional<zero::examples::FlopsProfile> flops;
+    if (profiled) {
+      const std::vector<zero::TraceSpan> spans = engine.trace().spans();
+      flops = zero::examples::profile_step(
+          engine.layout(), task.model_record(), {spans.begin() + spans_before, spans.end()}, step,
+          step_ms, static_cast<double>(tc.train_batch_size * task.tokens_per_sample()));
+    }
     // Validation is outside the step's time: forward only, on the validation batches.
     std::optional<float> val_loss;
     if (task.validates(step)) val_loss = task.validation_loss(model, host);
@@ -339,6 +318,16 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
     const uint64_t peak_activations = max_over_ranks(host, stats.peak_activation_bytes);
     const uint64_t peak_checkpoints = max_over_ranks(host, stats.peak_checkpoint_bytes);
     const JsonRecord activations = task.activation_record();
+    std::vector<std::string> comm_lines;
+    const JsonRecord comm_ops = comms_log ? comms_log->add_step(counters_before, comm.counters(),
+                                                                engine.trace().spans(), &comm_lines)
+                                          : JsonRecord();
+    // Each rank its own table: SIGUSR1 may reach one rank or, through mpirun, all.
+    if (zero::examples::memory_summary_requested() ||
+        (leader && f.memory_summary_every > 0 && step % f.memory_summary_every == 0)) {
+      std::printf("%s", zero::examples::memory_summary(engine, rank, step).c_str());
+      std::fflush(stdout);
+    }
     if (!leader) continue;
     if (stats.skipped) {
       std::printf("step %ld: gradient overflow, step skipped; loss scale now %g\n", step,
@@ -397,9 +386,32 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
                       {"loss_scale", json_number(stats.loss_scale)},
                       {"skipped", stats.skipped}};
     if (val_loss) record["val_loss"] = json_number(*val_loss);
+    if (flops) or_end_job([&] { report_flops_profile(*flops, tc.flops_profiler, &metrics); });
+    if (comms_log) record["comm_ops"] = comm_ops;
+    for (const std::string& line : comm_lines) std::printf("%s\n", line.c_str());
     record.update(activations);
     record.update(block_times);
-    or_end_job([&] { metrics.write(record); });
+    or_end_job([&] {
+      metrics.write(record);
+      monitors.write_events(zero::examples::monitor_events(record, tc.train_batch_size,
+                                                           config.dtype == zero::DType::kFloat16,
+                                                           tc.wall_clock_breakdown));
+    });
+  }
+  if (comms_log && leader) {
+    // The collectives still in flight (a stage 1-2 step's all-gathers) belong to the table too.
+    engine.communicator().stream().synchronize();
+    std::vector<std::string> late;
+    comms_log->add_step(comm.counters(), comm.counters(), engine.trace().spans(), &late);
+    for (const std::string& line : late) std::printf("%s\n", line.c_str());
+    std::printf("%s", comms_log->summary().c_str());
+  }
+  if (timeline && !f.trace.empty()) timeline->add_counters(engine.trace());
+  if (timeline && leader) {
+    // The run's first step: where the model's buffers are made, so the plot shows them grow.
+    or_end_job([&] { timeline->write(f.memory_timeline, engine.trace().spans(), first_step); });
+    std::printf("memory timeline written to %s, its plot of step %ld to %s.png\n",
+                f.memory_timeline.c_str(), first_step, f.memory_timeline.c_str());
   }
   if (!f.trace.empty()) {
     // With tensor parallelism the engine's group is one data-parallel group of several: the
@@ -411,82 +423,9 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
   }
 }
 
-// A start-up problem of this process (an output path it cannot write): exit code 2, like a
-// usage or config error, and agreed with the other ranks the same way.
-class SetupError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-// Output paths are checked at start, not at the first save or after the last step. The save
-// directory is every rank's (each writes its shard) and rank 0 locks it for the job; the
-// metrics file and the trace are rank 0's.
-void check_outputs(const Flags& f, int rank, std::optional<zero::examples::SaveDirLock>* lock) {
-  if (!f.save_dir.empty()) {
-    const std::string why = zero::examples::unusable_save_dir(f.save_dir);
-    if (!why.empty()) throw SetupError("--save-dir: " + why);
-    if (rank == 0) {
-      try {
-        lock->emplace(f.save_dir);
-      } catch (const std::runtime_error& e) {
-        throw SetupError(std::string("--save-dir: ") + e.what());
-      }
-    }
-    // Another run's checkpoints are not overwritten by surprise: its step directories would be
-    // replaced by this run's of the same steps, and `latest` would move back to them.
-    const std::optional<long> saved = zero::examples::newest_saved_step(f.save_dir);
-    const std::string holds = "--save-dir " + f.save_dir +
-                              " already holds checkpoints up to step " +
-                              (saved ? std::to_string(*saved) : "");
-    if (saved && f.resume.empty()) {
-      throw SetupError(holds +
-                       "; pass --resume latest to continue that run, or choose another "
-                       "--save-dir");
-    }
-    if (saved && f.resume != "latest" && !zero::examples::is_within(f.resume, f.save_dir)) {
-      throw SetupError(holds + ", and --resume " + f.resume +
-                       " is not one of them; resume with --resume latest, or choose another "
-                       "--save-dir");
-    }
-  }
-  if (rank != 0) return;
-  for (const auto& [flag, path] : {std::pair{"--metrics", &f.metrics}, {"--trace", &f.trace}}) {
-    if (path->empty()) continue;
-    const std::string why = zero::examples::unwritable_file(*path);
-    if (!why.empty()) throw SetupError(std::string(flag) + ": " + why);
-  }
-}
-
 // Exit codes: 0 done, 1 a runtime error, 2 a usage, config or setup error (nothing started),
 // 3 out of memory (the plan does not fit, or the system refused an allocation).
 constexpr int kExitOutOfMemory = 3;
-
-// This node's ranks and this rank's share of their cores (run_checks.h). Collective; an MPI
-// failure here ends the job (exit 1): no rank can go on without the others.
-zero::examples::NodeShare node_share(int rank) {
-  try {
-    return zero::examples::node_share(zero::examples::this_process_cores());
-  } catch (const zero::Error& e) {
-    std::cerr << ("zero-train: rank " + std::to_string(rank) + ": error: " + e.what() + "\n");
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    return {};
-  }
-}
-
-// Every rank's outcome of reading its flags and config, agreed before any other collective: a
-// problem seen by only some ranks (a file one rank cannot read) ends every rank at once with
-// exit code 2, instead of leaving the others in the engine's first collective until the
-// watchdog. Returns the ranks that failed.
-std::vector<int> failed_ranks(bool failed, int world_size) {
-  int mine = failed ? 1 : 0;
-  std::vector<int> all(static_cast<size_t>(world_size));
-  MPI_Allgather(&mine, 1, MPI_INT, all.data(), 1, MPI_INT, MPI_COMM_WORLD);
-  std::vector<int> ranks;
-  for (int r = 0; r < world_size; ++r) {
-    if (all[static_cast<size_t>(r)] != 0) ranks.push_back(r);
-  }
-  return ranks;
-}
 
 }  // namespace
 
@@ -494,10 +433,11 @@ int main(int argc, char** argv) {
   zero::MpiSession mpi(&argc, &argv);
   const int rank = mpi.world_rank();
   // Collective, so every rank asks before anything can fail on some of them only.
-  const zero::examples::NodeShare node = node_share(rank);
+  const zero::examples::NodeShare node = zero::examples::node_share_or_end(rank);
   Flags flags;
   zero::TrainingConfig config;
   std::optional<zero::examples::SaveDirLock> save_dir_lock;
+  zero::Monitors monitors;  // rank 0's
   std::unique_ptr<zero::examples::TrainTask> task;
   std::string error;
   try {
@@ -509,7 +449,7 @@ int main(int argc, char** argv) {
       if (flags.cuda && !flags.threads) {
         config.engine.kernel_threads = node.host_threads;
       }
-      check_outputs(flags, rank, &save_dir_lock);
+      zero::examples::check_outputs(flags, config, rank, &save_dir_lock, &monitors);
       // The model and its data files (a token file that cannot be read stops the run here).
       task = zero::examples::make_train_task(flags, config);
     }
@@ -517,12 +457,12 @@ int main(int argc, char** argv) {
     error = std::string(e.what()) + "\n" + zero::examples::kTrainUsage;
   } catch (const zero::ConfigError& e) {
     error = e.what();
-  } catch (const SetupError& e) {
+  } catch (const zero::examples::SetupError& e) {
     error = e.what();
   } catch (const zero::Error& e) {
     error = e.what();
   }
-  const std::vector<int> failed = failed_ranks(!error.empty(), mpi.world_size());
+  const std::vector<int> failed = zero::examples::failed_ranks(!error.empty(), mpi.world_size());
   if (!failed.empty()) {
     // All ranks failing read the same command line and file: rank 0 speaks for them.
     if (static_cast<int>(failed.size()) == mpi.world_size()) {
@@ -547,45 +487,9 @@ int main(int argc, char** argv) {
     if (rank == 0) std::cerr << ("zero-train: " + disagreement + "\n");
     return 2;
   }
-  if (!flags.cuda) {
-    // The budget of a rank (--memory-limit, else what the host can give it) holds the
-    // activations, batch data and the modules' own working copies too: the engine's limit is
-    // the rest. So a model or a batch
-    // that cannot fit is an error with the plan's numbers (exit 3), not a kill by the kernel
-    // halfway through allocating it, and --memory-limit bounds what the process holds.
-    const uint64_t budget = flags.memory_limit > 0
-                                ? flags.memory_limit
-                                : zero::examples::host_memory_per_rank(node.ranks);
-    const std::string source =
-        flags.memory_limit > 0 ? "--memory-limit" : "available memory over the ranks on this node";
-    const uint64_t activations = task->activation_bytes(config.micro_batch_per_rank);
-    const uint64_t module_copies = task->module_bytes(config.engine.dtype);
-    const uint64_t outside_engine = activations + module_copies;
-    if (budget > 0) {
-      if (budget <= outside_engine) {
-        const std::string advice = zero::examples::out_of_memory_advice(
-            *task, config.engine, mpi.world_size() / config.tensor_parallel_size,
-            config.micro_batch_per_rank, budget);
-        if (rank == 0) {
-          std::cerr << ("zero-train: out of host memory: the activations and batch data of " +
-                        std::to_string(config.micro_batch_per_rank) + " samples per micro-batch (" +
-                        zero::human_bytes(activations) +
-                        ") and the modules' fp32 working copies (" +
-                        zero::human_bytes(module_copies) + ") need " +
-                        zero::human_bytes(outside_engine) + " per rank, and a rank may use " +
-                        zero::human_bytes(budget) + " (" + source + "); " + advice + "\n");
-        }
-        return kExitOutOfMemory;
-      }
-      config.engine.memory_limit_bytes = budget - outside_engine;
-      if (rank == 0) {
-        std::printf(
-            "memory per rank: %s (%s), %s of it for activations, batch data and the modules' "
-            "working copies\n",
-            zero::human_bytes(budget).c_str(), source.c_str(),
-            zero::human_bytes(outside_engine).c_str());
-      }
-    }
+  if (!flags.cuda &&
+      !zero::examples::fit_host_budget(flags, *task, node.ranks, mpi.world_size(), rank, &config)) {
+    return kExitOutOfMemory;
   }
   // The NVMe paths before the engine: a bad one, or a file system the node's ranks overfill
   // together, stops every rank as a setup error.
@@ -606,6 +510,7 @@ int main(int argc, char** argv) {
     }
     std::fflush(stdout);
   }
+  zero::examples::watch_memory_summary_signal();
   // Ranks already use every core; OpenBLAS threads on top would only contend with them.
   openblas_set_num_threads(1);
   const std::string blas_warning = zero::kernels::blas_core_warning();
@@ -636,7 +541,7 @@ int main(int argc, char** argv) {
     }
     config.engine.device = device;
     config.engine.tensor_parallel = grid.tensor_parallel.get();
-    train(flags, config, *task, grid);
+    train(flags, config, *task, grid, monitors);
   } catch (const zero::ConfigError& e) {
     // Raised on every rank at once (a resume whose checkpoint disagrees with the run): one
     // message, exit 2, and no rank is left in a collective.

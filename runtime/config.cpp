@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -292,6 +293,60 @@ void read_activation_checkpointing(const config::ActivationCheckpointing& a, con
   out->synchronize_checkpoint_boundary = a.synchronize_checkpoint_boundary();
 }
 
+// tensorboard / csv_monitor: where rank 0 writes the events. Whether the directory can be made
+// is checked by the program that writes there, before step 1.
+void read_monitor(const config::Monitor& m, const std::string& section, const Checker& check,
+                  MonitorConfig* out) {
+  out->enabled = m.enabled();
+  if (m.has_output_path()) out->output_path = m.output_path();
+  if (m.has_job_name()) {
+    if (m.job_name().empty() || m.job_name().find('/') != std::string::npos ||
+        m.job_name() == "." || m.job_name() == "..") {
+      check.fail(section + ".job_name", "one directory name (not empty, no '/')",
+                 in_quotes(m.job_name()));
+    }
+    out->job_name = m.job_name();
+  }
+}
+
+void read_comms_logger(const config::CommsLogger& c, const Checker& check, CommsLoggerConfig* out) {
+  out->enabled = c.enabled();
+  out->verbose = c.verbose();
+  if (c.has_prof_all()) out->prof_all = c.prof_all();
+  for (const std::string& op : c.prof_ops()) {
+    if (op != "all_gather" && op != "reduce_scatter" && op != "all_reduce" && op != "broadcast" &&
+        op != "barrier") {
+      check.fail("comms_logger.prof_ops",
+                 "names of collectives (all_gather, reduce_scatter, all_reduce, broadcast, "
+                 "barrier)",
+                 in_quotes(op));
+    }
+    out->prof_ops.push_back(op);
+  }
+  if (c.debug()) {
+    config_error("\"comms_logger.debug\" in " + check.origin() +
+                 " is not built: it adds the Python caller's name to each collective, and the "
+                 "engine's collectives have none; set it false or remove it");
+  }
+}
+
+void read_flops_profiler(const config::FlopsProfiler& c, const Checker& check,
+                         FlopsProfilerConfig* out) {
+  out->enabled = c.enabled();
+  if (c.has_profile_step()) {
+    out->profile_step =
+        check.integer("flops_profiler.profile_step", c.profile_step(), 1, kMaxInt64);
+  }
+  if (c.has_module_depth()) {
+    out->module_depth = check.integer("flops_profiler.module_depth", c.module_depth(), -1, kMaxInt);
+  }
+  if (c.has_top_modules()) {
+    out->top_modules = check.integer("flops_profiler.top_modules", c.top_modules(), 1, kMaxInt);
+  }
+  if (c.has_detailed()) out->detailed = c.detailed();
+  out->output_file = c.output_file();
+}
+
 // Keys whose effect here would be none: accepted, and each named once with why.
 void read_ignored_keys(const config::TrainingConfig& c, std::vector<std::string>* ignored) {
   if (c.has_memory_breakdown()) {
@@ -330,6 +385,10 @@ TrainingConfig interpret(const config::TrainingConfig& c, int world_size, const 
   read_data_types(c.data_types(), check, &e);
   read_offload(c, context.cuda, check, &out);
   out.wall_clock_breakdown = c.wall_clock_breakdown();
+  read_monitor(c.tensorboard(), "tensorboard", check, &out.tensorboard);
+  read_monitor(c.csv_monitor(), "csv_monitor", check, &out.csv_monitor);
+  read_comms_logger(c.comms_logger(), check, &out.comms_logger);
+  read_flops_profiler(c.flops_profiler(), check, &out.flops_profiler);
   out.override_optimizer = c.checkpoint().override_optimizer();
   read_activation_checkpointing(c.activation_checkpointing(), check, &out.activation_checkpointing);
   read_ignored_keys(c, &out.ignored_keys);
@@ -431,6 +490,15 @@ BatchSizes derive_batch_sizes(std::optional<long> train_batch_size,
         origin + "; at least one is required");
   }
   return b;
+}
+
+bool CommsLoggerConfig::logs(const std::string& op) const {
+  return prof_all || std::find(prof_ops.begin(), prof_ops.end(), op) != prof_ops.end();
+}
+
+std::string MonitorConfig::log_dir() const {
+  if (output_path.empty()) return job_name;
+  return output_path.back() == '/' ? output_path + job_name : output_path + "/" + job_name;
 }
 
 TrainingConfig parse_training_config(const std::string& text, int world_size,

@@ -66,9 +66,7 @@ const std::set<std::string>& unsupported_deepspeed_keys() {
       "aio.use_gds",
       "amp",
       "autotuning",
-      "comms_logger",
       "compression_training",
-      "csv_monitor",
       "curriculum_learning",
       "data_efficiency",
       "dataloader_drop_last",
@@ -76,7 +74,6 @@ const std::set<std::string>& unsupported_deepspeed_keys() {
       "dump_state",
       "eigenvalue",
       "elasticity",
-      "flops_profiler",
       "hybrid_engine",
       "load_universal_checkpoint",
       "nebula",
@@ -86,7 +83,6 @@ const std::set<std::string>& unsupported_deepspeed_keys() {
       "quantize_training",
       "sparse_attention",
       "sparse_gradients",
-      "tensorboard",
       "wandb",
       "weight_quantization",
       "zero_force_ds_cpu_optimizer",
@@ -160,6 +156,12 @@ void find_field_paths(const Descriptor* message, const std::string& prefix, cons
 // is the origin, with a line and column when known.
 std::string unknown_key_message(const std::string& path, const std::string& key,
                                 const Descriptor* parent, const std::string& where) {
+  if (path == "wandb") {
+    return in_quotes(path) + " in " + where +
+           " is a DeepSpeed option this runtime does not support: Weights & Biases logs to a "
+           "network service; use \"tensorboard\" or \"csv_monitor\", whose files any machine "
+           "can read";
+  }
   if (unsupported_deepspeed_keys().count(path) != 0) {
     return in_quotes(path) + " in " + where +
            " is a DeepSpeed option this runtime does not support yet";
@@ -325,9 +327,19 @@ class JsonReader {
     }
   }
 
-  // The schema's lists hold numbers (optimizer.params.betas).
+  // The schema's lists hold numbers (optimizer.params.betas) or strings (comms_logger.prof_ops).
   void read_list(const Json& value, Message* message, const FieldDescriptor* field,
                  const std::string& path) const {
+    if (field->cpp_type() == FieldDescriptor::CPPTYPE_STRING) {
+      if (!value.is_array()) wrong_type(path, "a list of strings", describe(value));
+      for (const Json& item : value) {
+        if (!item.is_string()) {
+          wrong_type(path, "a list of strings", "a list holding " + describe(item));
+        }
+        message->GetReflection()->AddString(message, field, item.get<std::string>());
+      }
+      return;
+    }
     ZERO_CHECK(field->cpp_type() == FieldDescriptor::CPPTYPE_DOUBLE,
                "config schema list " << field->full_name() << " is not a list of numbers");
     if (!value.is_array()) wrong_type(path, "a list of numbers", describe(value));

@@ -168,7 +168,12 @@ Buffer Allocator::allocate(size_t bytes, MemoryCategory category) {
   if (is_activation(category)) {
     stats_.window_peak_activations = std::max(stats_.window_peak_activations, stats_.activations());
   }
-  return Buffer(this, data, bytes, category);
+  Buffer buffer(this, data, bytes, category);
+  if (observer_) {
+    observer_(AllocationEvent{category, static_cast<int64_t>(bytes), stats_.current[i],
+                              stats_.current_total});
+  }
+  return buffer;
 }
 
 void Allocator::start_window() {
@@ -192,22 +197,28 @@ void Allocator::release(void* data, size_t bytes, MemoryCategory category) {
   memory_for(category).deallocate(data, bytes);
   stats_.current[index_of(category)] -= bytes;
   stats_.current_total -= bytes;
+  if (observer_) {
+    observer_(AllocationEvent{category, -static_cast<int64_t>(bytes),
+                              stats_.current[index_of(category)], stats_.current_total});
+  }
 }
 
 std::string Allocator::summary() const {
   std::ostringstream out;
   out << std::left << std::setw(18) << "category" << std::right << std::setw(14) << "current"
-      << std::setw(14) << "peak"
+      << std::setw(14) << "peak" << std::setw(10) << "allocs"
       << "\n";
+  uint64_t allocations = 0;
   for (int i = 0; i < kNumMemoryCategories; ++i) {
+    allocations += stats_.allocations[i];
     if (stats_.peak[i] == 0) continue;
     out << std::left << std::setw(18) << memory_category_name(static_cast<MemoryCategory>(i))
         << std::right << std::setw(14) << human_bytes(stats_.current[i]) << std::setw(14)
-        << human_bytes(stats_.peak[i]) << "\n";
+        << human_bytes(stats_.peak[i]) << std::setw(10) << stats_.allocations[i] << "\n";
   }
   out << std::left << std::setw(18) << "total" << std::right << std::setw(14)
       << human_bytes(stats_.current_total) << std::setw(14) << human_bytes(stats_.peak_total)
-      << "\n";
+      << std::setw(10) << allocations << "\n";
   return out.str();
 }
 

@@ -20,8 +20,12 @@ namespace zero {
 
 namespace {
 
-// Spans travel between ranks as text lines "comm\tbegin\tend\tbytes\tname".
-std::string serialize(const std::vector<TraceSpan>& spans) {
+// Spans travel between ranks as text lines "kind\tbegin\tend\tbytes\tname", kind 0 compute, 1 a
+// collective, 2 a counter (its time twice, its value as the bytes).
+constexpr int kCounterKind = 2;
+
+std::string serialize(const std::vector<TraceSpan>& spans,
+                      const std::vector<TraceCounter>& counters) {
   std::string out;
   char line[128];
   for (const TraceSpan& s : spans) {
@@ -29,6 +33,13 @@ std::string serialize(const std::vector<TraceSpan>& spans) {
                   s.end_us, static_cast<unsigned long long>(s.bytes));
     out += line;
     out += s.name;
+    out += '\n';
+  }
+  for (const TraceCounter& c : counters) {
+    std::snprintf(line, sizeof(line), "%d\t%.3f\t%.3f\t%llu\t", kCounterKind, c.time_us, c.time_us,
+                  static_cast<unsigned long long>(c.value));
+    out += line;
+    out += c.name;
     out += '\n';
   }
   return out;
@@ -92,14 +103,29 @@ std::vector<TraceSpan> Trace::spans() const {
   return spans_;
 }
 
+void Trace::add_counter(TraceCounter counter) {
+  if (!enabled_) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (counters_.size() >= kMaxSpans) {
+    truncated_ = true;
+    return;
+  }
+  counters_.push_back(std::move(counter));
+}
+
 void Trace::clear() {
   std::lock_guard<std::mutex> lock(mutex_);
   spans_.clear();
+  counters_.clear();
   truncated_ = false;
 }
 
 void Trace::write_chrome_trace(Communicator& comm, const std::string& path) const {
-  std::string text = serialize(spans());
+  std::string text;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    text = serialize(spans_, counters_);
+  }
   if (truncated_) text += "0\t0\t0\t0\t(trace truncated: span limit reached)\n";
   // An all-gather moves the same count from every rank: pad every rank's text to the longest.
   const std::vector<uint64_t> sizes = all_gather_u64(comm, text.size());
@@ -135,6 +161,12 @@ void Trace::write_chrome_trace(Communicator& comm, const std::string& path) cons
       int consumed = 0;
       if (std::sscanf(line.c_str(), "%d\t%lf\t%lf\t%llu\t%n", &comm_flag, &b, &e, &bytes,
                       &consumed) < 4) {
+        continue;
+      }
+      if (comm_flag == kCounterKind) {
+        out << ",\n{\"ph\":\"C\",\"pid\":" << r << ",\"name\":\""
+            << json_escape(line.substr(static_cast<size_t>(consumed))) << "\",\"ts\":" << b
+            << ",\"args\":{\"bytes\":" << bytes << "}}";
         continue;
       }
       out << ",\n{\"ph\":\"X\",\"pid\":" << r << ",\"tid\":" << comm_flag << ",\"name\":\""

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "zero/runtime/device.h"
 #include "zero/runtime/memory.h"
@@ -37,6 +38,26 @@ TEST(Allocator, CountsCurrentAndPeakPerCategory) {
   EXPECT_NE(summary.find("params-full"), std::string::npos);
   EXPECT_NE(summary.find("prefetch"), std::string::npos);
   EXPECT_EQ(summary.find("grads"), std::string::npos);  // never used: not listed
+}
+
+// A memory timeline sees every allocation and release, with the bytes held after it.
+TEST(Allocator, ObserverSeesEveryAllocationAndRelease) {
+  Allocator allocator;
+  std::vector<AllocationEvent> seen;
+  allocator.set_observer([&](const AllocationEvent& e) { seen.push_back(e); });
+  Buffer a = allocator.allocate(1024, MemoryCategory::kGrads);
+  Buffer b = allocator.allocate(256, MemoryCategory::kActivation);
+  a.reset();
+  allocator.set_observer(nullptr);
+  b.reset();
+  ASSERT_EQ(seen.size(), 3u);
+  EXPECT_EQ(seen[0].category, MemoryCategory::kGrads);
+  EXPECT_EQ(seen[0].delta_bytes, 1024);
+  EXPECT_EQ(seen[1].category_bytes, 256u);
+  EXPECT_EQ(seen[1].total_bytes, 1280u);
+  EXPECT_EQ(seen[2].delta_bytes, -1024);
+  EXPECT_EQ(seen[2].category_bytes, 0u);
+  EXPECT_EQ(seen[2].total_bytes, 256u);
 }
 
 TEST(Allocator, ZeroBytesGivesAnEmptyBuffer) {

@@ -15,6 +15,11 @@
 //   metrics_check --steps N block-synchronizations W0,W1,... A.jsonl   every step record's
 //                                    block_synchronizations (synchronize_checkpoint_boundary's
 //                                    waits per block) is exactly that list
+//   metrics_check --steps N comm-ops A.jsonl     every step record's comm_ops (comms_logger)
+//                                    sends bytes that add up to its comm_bytes
+//   metrics_check --steps N flops-profile STEP TOKENS A.jsonl   one flops_profile record, of
+//                                    STEP: its FLOPs are the init record's flops_per_token times
+//                                    TOKENS, its modules' parameters the init record's params
 //   metrics_check trace RANKS T.json                  a Chrome trace with compute and collective
 //                                                      spans from each of RANKS ranks
 // Every metrics file must hold each step of its run once, in order, up to the last one, N: a
@@ -272,6 +277,63 @@ int skipped_at(long step, const std::string& path) {
   return failures == 0 ? 0 : 1;
 }
 
+int comm_ops_add_up(const std::string& path) {
+  const Metrics m = read_metrics(path, 1);
+  int failures = 0;
+  for (const nlohmann::json& r : m.step_records) {
+    uint64_t sent = 0;
+    const nlohmann::json ops = r.value("comm_ops", nlohmann::json::object());
+    for (const auto& op : ops.items()) {
+      sent += op.value().at("sent_bytes").get<uint64_t>();
+    }
+    if (sent == 0 || sent != r.at("comm_bytes").get<uint64_t>()) {
+      std::printf("%s: step %ld: comm_ops send %llu bytes, comm_bytes is %s\n", path.c_str(),
+                  r.at("step").get<long>(), static_cast<unsigned long long>(sent),
+                  r.at("comm_bytes").dump().c_str());
+      ++failures;
+    }
+  }
+  std::printf("%s: %zu steps, comm_ops add up to comm_bytes: %s\n", path.c_str(),
+              m.step_records.size(), failures == 0 ? "yes" : "no");
+  return failures == 0 ? 0 : 1;
+}
+
+int flops_profile_matches(long step, double tokens, const std::string& path) {
+  read_metrics(path, 1);  // the step records are whole
+  std::ifstream in(path);
+  nlohmann::json init, profile;
+  int profiles = 0;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    if (record.value("event", "") == "init") init = record;
+    if (record.value("event", "") == "flops_profile") {
+      profile = record;
+      ++profiles;
+    }
+  }
+  if (profiles != 1 || profile.at("step").get<long>() != step) {
+    std::printf("%s: %d flops_profile records, expected one of step %ld\n", path.c_str(), profiles,
+                step);
+    return 1;
+  }
+  const double expected = init.at("flops_per_token").get<double>() * tokens;
+  double module_flops = 0, params = 0;
+  for (const auto& m : profile.at("modules")) {
+    module_flops += m.at("forward_flops").get<double>() + m.at("backward_flops").get<double>();
+    params += m.at("params").get<double>();
+  }
+  const double total = profile.at("total_flops").get<double>();
+  const bool ok = total == expected && module_flops == total &&
+                  params == init.at("params").get<double>() &&
+                  profile.at("tokens").get<double>() == tokens;
+  std::printf(
+      "%s: flops profile of step %ld: %.0f FLOPs (flops_per_token x %.0f tokens = %.0f), "
+      "modules %.0f, params %.0f: %s\n",
+      path.c_str(), step, total, tokens, expected, module_flops, params,
+      ok ? "as expected" : "wrong");
+  return ok ? 0 : 1;
+}
+
 int trace_has_every_rank(int ranks, const std::string& path) {
   std::ifstream in(path);
   nlohmann::json trace = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
@@ -308,6 +370,8 @@ int usage() {
                "       metrics_check --steps N peak-activations A.jsonl\n"
                "       metrics_check --steps N block-times LAYERS RECOMPUTING A.jsonl\n"
                "       metrics_check --steps N block-synchronizations W0,W1,... A.jsonl\n"
+               "       metrics_check --steps N comm-ops A.jsonl\n"
+               "       metrics_check --steps N flops-profile STEP TOKENS A.jsonl\n"
                "       metrics_check trace RANKS T.json\n";
   return 2;
 }
@@ -340,6 +404,10 @@ int main(int argc, char** argv) {
     return resident_within(std::atof(args[1].c_str()), args[2]);
   }
   if (args.size() == 2 && args[0] == "peak-activations") return peak_activations(args[1]);
+  if (args.size() == 2 && args[0] == "comm-ops") return comm_ops_add_up(args[1]);
+  if (args.size() == 4 && args[0] == "flops-profile") {
+    return flops_profile_matches(std::atol(args[1].c_str()), std::atof(args[2].c_str()), args[3]);
+  }
   if (args.size() == 4 && args[0] == "block-times") {
     const long layers = std::atol(args[1].c_str());
     const long recomputing = std::atol(args[2].c_str());

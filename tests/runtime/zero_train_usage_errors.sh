@@ -78,6 +78,40 @@ may hold" --config "$work/huge.json"
 expect "$work/fifo is not a regular file" --model gpt2 --data "$work/fifo"
 expect "$work/fifo is not a regular file" --model gpt2 --data "$tokens" --val-data "$work/fifo" \
   --val-every 1
+expect "--memory-timeline: " --memory-timeline "$work/missing_dir/timeline.tsv"
+# DeepSpeed's monitors: a directory that cannot be made, a job name that is not one directory,
+# a key the section lacks, and wandb (a network service) are refused before training.
+touch "$work/plain_file"
+echo '{"train_batch_size": 8, "csv_monitor": {"enabled": true, "output_path": "'"$work"'/plain_file"}}' \
+  >"$work/csv_blocked.json"
+expect "csv_monitor.output_path and job_name in $work/csv_blocked.json: " \
+  --config "$work/csv_blocked.json"
+echo '{"train_batch_size": 8, "tensorboard": {"enabled": true, "job_name": "a/b"}}' \
+  >"$work/tb_job.json"
+expect "\"tensorboard.job_name\" in $work/tb_job.json must be one directory name (not empty, no \
+'/'), got \"a/b\"" --config "$work/tb_job.json"
+echo '{"train_batch_size": 8, "tensorboard": {"enabled": true, "outpt_path": "runs"}}' \
+  >"$work/tb_key.json"
+expect "unknown key \"tensorboard.outpt_path\" in $work/tb_key.json" --config "$work/tb_key.json"
+echo '{"train_batch_size": 8, "wandb": {"enabled": true}}' >"$work/wandb.json"
+expect "\"wandb\" in $work/wandb.json is a DeepSpeed option this runtime does not support: \
+Weights & Biases logs to a network service" --config "$work/wandb.json"
+echo '{"train_batch_size": 8, "comms_logger": {"enabled": true, "prof_ops": ["all_to_all"]}}' \
+  >"$work/comms_ops.json"
+expect "\"comms_logger.prof_ops\" in $work/comms_ops.json must be names of collectives \
+(all_gather, reduce_scatter, all_reduce, broadcast, barrier), got \"all_to_all\"" \
+  --config "$work/comms_ops.json"
+echo '{"train_batch_size": 8, "comms_logger": {"enabled": true, "debug": true}}' \
+  >"$work/comms_debug.json"
+expect "\"comms_logger.debug\" in $work/comms_debug.json is not built" --config "$work/comms_debug.json"
+echo '{"train_batch_size": 8, "flops_profiler": {"enabled": true, "profile_step": 50}}' \
+  >"$work/flops_step.json"
+expect "flops_profiler.profile_step 50 in $work/flops_step.json is beyond the run's last step 20 \
+(--steps)" --config "$work/flops_step.json"
+echo '{"train_batch_size": 8, "flops_profiler": {"enabled": true, "top_modules": 0}}' \
+  >"$work/flops_top.json"
+expect "\"flops_profiler.top_modules\" in $work/flops_top.json must be at least 1, got 0" \
+  --config "$work/flops_top.json"
 if [[ $failures -ne 0 ]]; then
   echo "$failures usage error(s) not reported as expected"
   exit 1

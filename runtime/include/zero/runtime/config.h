@@ -53,6 +53,15 @@
 //                      dtype's name is the default; another 2-byte type is an error.
 //   seed               ours; absent: EngineConfig's.
 //   wall_clock_breakdown -> TrainingConfig's wall_clock_breakdown (per-step timing lines).
+//   tensorboard, csv_monitor  {enabled, output_path, job_name} -> MonitorConfig; job_name must
+//                      not be empty or hold a '/' (it names one directory). wandb is refused:
+//                      it needs a network service.
+//   comms_logger       {enabled, verbose, prof_all, prof_ops} -> CommsLoggerConfig; prof_ops
+//                      must name collectives the engine issues; debug true is an error (it adds
+//                      the Python caller's name, which the engine's collectives do not have).
+//   flops_profiler     {enabled, profile_step (>= 1), module_depth (>= -1), top_modules (>= 1),
+//                      detailed, output_file} -> FlopsProfilerConfig; the caller checks
+//                      profile_step against the run's steps.
 //   checkpoint         ours: override_optimizer (see TrainingConfig).
 //   tensor_parallel    tp_size or autotp_size (DeepSpeed's inference and training names; equal
 //                      when both are given) -> tensor_parallel_size, absent 1; it must divide
@@ -115,6 +124,40 @@ struct ActivationCheckpointingConfig {
   std::string nvme_path;
 };
 
+// tensorboard and csv_monitor, DeepSpeed's keys and defaults: when enabled, rank 0 writes the
+// run's events into output_path/job_name (zero/runtime/monitor.h).
+struct MonitorConfig {
+  bool enabled = false;
+  std::string output_path;
+  std::string job_name = "DeepSpeedJobName";
+  // output_path/job_name, as DeepSpeed joins them (os.path.join: an empty output_path leaves
+  // job_name, relative to the working directory).
+  std::string log_dir() const;
+};
+
+// comms_logger, DeepSpeed's keys and defaults: the engine's collectives per kind and message
+// size (count, bytes, latency, algbw and busbw), printed by rank 0 at the end of a run and
+// written into the step records.
+struct CommsLoggerConfig {
+  bool enabled = false;
+  bool verbose = false;               // a line per collective as its step ends
+  bool prof_all = true;               // every op; false: only those in prof_ops
+  std::vector<std::string> prof_ops;  // op names: all_gather, reduce_scatter, all_reduce, ...
+  // Whether `op` is logged.
+  bool logs(const std::string& op) const;
+};
+
+// flops_profiler, DeepSpeed's keys and defaults: at profile_step, per module, the parameters,
+// forward and backward FLOPs and latency, printed by rank 0 and written into the metrics.
+struct FlopsProfilerConfig {
+  bool enabled = false;
+  long profile_step = 1;
+  long module_depth = -1;  // -1: every depth; 0: the model alone
+  long top_modules = 1;
+  bool detailed = true;
+  std::string output_file;  // "": standard output
+};
+
 struct TrainingConfig {
   EngineConfig engine;
   // tensor_parallel.tp_size (or autotp_size): ranks per tensor-parallel group (1: none). The
@@ -126,6 +169,10 @@ struct TrainingConfig {
   int gradient_accumulation_steps = 1;  // equals engine.micro_batches
   long steps_per_print = 10;            // rank 0 prints a progress line this often
   bool wall_clock_breakdown = false;    // print per-step forward/backward/reduce/step/gather times
+  MonitorConfig tensorboard;            // TensorBoard event files of the run's events
+  MonitorConfig csv_monitor;            // the same events as CSV files, one per event
+  CommsLoggerConfig comms_logger;
+  FlopsProfilerConfig flops_profiler;
   // zero_optimization.stage3_gather_16bit_weights_on_model_save: every checkpoint save also
   // writes the consolidated model in the working dtype (SaveOptions::consolidated_weights).
   bool gather_16bit_weights_on_model_save = false;

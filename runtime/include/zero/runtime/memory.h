@@ -7,7 +7,9 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <utility>
 
 #include "zero/core/check.h"
 
@@ -114,6 +116,18 @@ struct MemoryStats {
   uint64_t buffers() const;
 };
 
+// One allocation or release, as an AllocationObserver sees it: after it, the category held
+// `category_bytes` and the allocator `total_bytes`.
+struct AllocationEvent {
+  MemoryCategory category = MemoryCategory::kOther;
+  int64_t delta_bytes = 0;  // > 0 allocated, < 0 released
+  uint64_t category_bytes = 0;
+  uint64_t total_bytes = 0;
+};
+// Called after every allocation and release (a memory timeline). It runs in Buffer's
+// destructor too, so it must not throw.
+using AllocationObserver = std::function<void(const AllocationEvent&)>;
+
 // Tagged, accounted allocations from one memory resource (host memory unless given another).
 // Not thread-safe: the engine allocates from the main thread only.
 class Allocator {
@@ -144,8 +158,12 @@ class Allocator {
   // node's peers can read. Only while no buffer of the category is held.
   void place(MemoryCategory category, MemoryResource& memory);
 
+  // Every allocation and release from now on goes to `observer` too (empty: none).
+  void set_observer(AllocationObserver observer) { observer_ = std::move(observer); }
+
   const MemoryStats& stats() const { return stats_; }
-  // A table of current and peak bytes per category, for logs.
+  // A table of current and peak bytes and the allocations made per category, for logs (as
+  // torch.cuda.memory_summary()).
   std::string summary() const;
 
  private:
@@ -156,6 +174,7 @@ class Allocator {
   std::array<MemoryResource*, kNumMemoryCategories> placed_{};  // null: memory_
   MemoryStats stats_;
   uint64_t limit_ = 0;
+  AllocationObserver observer_;
 };
 
 // "1.50 MiB": bytes in the largest binary unit that keeps the number at or above 1.

@@ -22,6 +22,14 @@ struct TraceSpan {
   uint64_t bytes = 0;  // collectives: the buffer's bytes
 };
 
+// A sample of a counter track (Chrome's "C" events): `name`'s value from `time_us` on, such as
+// the bytes a memory category holds.
+struct TraceCounter {
+  std::string name;
+  double time_us = 0;
+  uint64_t value = 0;
+};
+
 class Trace {
  public:
   explicit Trace(bool enabled = false) : enabled_(enabled) {}
@@ -31,11 +39,13 @@ class Trace {
   // Thread-safe; ignored when disabled or after kMaxSpans (a note in the trace says so).
   void add(TraceSpan span);
   std::vector<TraceSpan> spans() const;
+  // Thread-safe; ignored when disabled or after kMaxSpans counters.
+  void add_counter(TraceCounter counter);
   void clear();
 
-  // Collective: gathers every rank's spans; rank 0 writes the Chrome trace JSON to path (pid =
-  // rank, one track for compute and one for communication). Throws zero::Error when the file
-  // cannot be written.
+  // Collective: gathers every rank's spans and counters; rank 0 writes the Chrome trace JSON to
+  // path (pid = rank, one track for compute and one for communication, and a counter track per
+  // counter name). Throws zero::Error when the file cannot be written.
   void write_chrome_trace(Communicator& comm, const std::string& path) const;
 
   static constexpr size_t kMaxSpans = 1u << 20;
@@ -44,6 +54,7 @@ class Trace {
   bool enabled_;
   mutable std::mutex mutex_;
   std::vector<TraceSpan> spans_;
+  std::vector<TraceCounter> counters_;
   bool truncated_ = false;
 };
 
