@@ -16,8 +16,8 @@
 #include <system_error>
 #include <utility>
 
-#include "checkpoint_format.h"
 #include "zero/core/check.h"
+#include "zero/core/write_fully.h"
 #include "zero/proto/tensorboard_event.pb.h"
 #include "zero/runtime/checkpoint_info.h"
 
@@ -70,7 +70,7 @@ void append_to_file(const std::string& path, const std::string& text) {
   ZERO_CHECK(fd >= 0,
              "cannot open CSV file '" << path << "' for appending: " << std::strerror(errno));
   try {
-    checkpoint_files::write_fully(fd, text.data(), text.size(), "CSV file '" + path + "'");
+    write_fully(fd, text.data(), text.size(), "CSV file '" + path + "'");
   } catch (...) {
     ::close(fd);
     throw;
@@ -124,7 +124,7 @@ void TensorBoardWriter::write_record(const std::string& data) {
   append_le(&record, masked_crc32c(record.data(), 8), 4);
   record += data;
   append_le(&record, masked_crc32c(data.data(), data.size()), 4);
-  checkpoint_files::write_fully(fd_, record.data(), record.size(),
+  write_fully(fd_, record.data(), record.size(),
                                 "TensorBoard event file '" + path_ + "'");
 }
 
