@@ -1,6 +1,7 @@
-// The two implementations dispatch.cpp chooses between: plain scalar loops (kernels_scalar.cpp)
-// and AVX2/F16C loops (kernels_avx2.cpp). Each entry works on one contiguous range whose
-// pointers are already offset; argument checks and threading live in dispatch.cpp only.
+// The implementations dispatch.cpp chooses between: plain scalar loops (kernels_scalar.cpp),
+// AVX2/F16C loops (kernels_avx2.cpp) and AVX-512 loops (kernels_avx512.cpp). Each entry works on
+// one contiguous range whose pointers are already offset; argument checks and threading live in
+// dispatch.cpp only.
 #pragma once
 
 #include <cstddef>
@@ -44,6 +45,7 @@ constexpr size_t kStreamingMinElements = size_t{1} << 18;
 
 extern const KernelPath kScalarPath;
 extern const KernelPath kAvx2Path;
+extern const KernelPath kAvx512Path;
 
 // sum_squares is defined by its summation order so that every path and every thread count
 // returns the same bits: the input is cut into blocks of kSumSquaresBlock elements (threads

@@ -16,6 +16,7 @@
 #include "thread_pool.h"
 #include "transformer_paths.h"
 #include "zero/core/check.h"
+#include "zero/kernels/cpu_features.h"
 
 // OpenBLAS's own extensions; Debian's cblas.h declares them only when it is OpenBLAS's copy.
 extern "C" {
@@ -35,7 +36,15 @@ constexpr size_t kMinWorkPerThread = size_t{1} << 15;
 constexpr size_t kColumnGranule = 16;
 
 const TransformerPath& active_path() {
-  return cpu_has_avx2() ? detail::kTransformerAvx2Path : detail::kTransformerScalarPath;
+  switch (kernel_isa()) {
+    case KernelIsa::kAvx512:
+      return detail::kTransformerAvx512Path;
+    case KernelIsa::kAvx2:
+      return detail::kTransformerAvx2Path;
+    case KernelIsa::kScalar:
+      break;
+  }
+  return detail::kTransformerScalarPath;
 }
 
 // Runs fn(begin, end) over items [0, items) split into contiguous chunks, one per thread of the
@@ -131,6 +140,14 @@ void add_column_sums(float* sums, size_t rows, size_t C, const KernelOptions& op
 }
 
 }  // namespace
+
+bool bf16_products_in_bf16() {
+  return false;
+}
+
+std::string bf16_products_description() {
+  return "fp32 (built without oneDNN)";
+}
 
 void embedding_forward(float* out, const float* tokens, const float* wte, const float* wpe, int B,
                        int T, int C, const KernelOptions& opt) {
