@@ -467,5 +467,97 @@ TEST(Avx512AgainstAvx2, RowSumsAgreeToFloatRounding) {
   }
 }
 
+// --- bf16 products ----------------------------------------------------------------------------
+
+// x rounded to bf16, as doubles.
+Doubles rounded_to_bf16(const Floats& x) {
+  Doubles out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = bf16_to_float(float_to_bf16(x[i]));
+  return out;
+}
+
+Doubles absolute(const Doubles& x) {
+  Doubles out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = std::abs(x[i]);
+  return out;
+}
+
+// Each value of `got` against the exact product of the bf16-rounded inputs: a sum of K products
+// accumulated in fp32 in any order is off by at most gamma_K = K u / (1 - K u) times the sum of
+// the products' magnitudes (u = 2^-24, Higham's bound; the products of two bf16 values are exact
+// in fp32), one more u for adding a prior value (bias or +=) and one for the result's rounding.
+::testing::AssertionResult within_fp32_accumulation(const Floats& got, const Doubles& exact,
+                                                    const Doubles& magnitudes, int K) {
+  const double u = std::ldexp(1.0, -24);
+  const double gamma = (K + 2) * u / (1.0 - (K + 2) * u);
+  double worst = 0.0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double bound = gamma * magnitudes[i] + 1e-30;
+    const double ratio = std::abs(got[i] - exact[i]) / bound;
+    if (!(ratio <= 1.0)) {
+      return ::testing::AssertionFailure()
+             << "value " << i << ": " << got[i] << " vs exact " << exact[i] << ", bound " << bound;
+    }
+    worst = std::max(worst, ratio);
+  }
+  return ::testing::AssertionSuccess() << "worst error " << worst << " of the bound";
+}
+
+// The GPT-2's products with bf16 products asked for, where they run in bf16: the inputs rounded
+// to bf16 and multiplied exactly, summed in fp32 (within_fp32_accumulation), for the GPT-2's
+// shapes (C 384, its QKV's 1152 and MLP's 1536 columns, the tied head's [V, C] weight) and odd
+// ones, at 1 and 2 threads. Where the CPU has no bf16 arithmetic they run in fp32, as the
+// Matmul test checks.
+TEST(Bf16Products, MatmulMatchesBf16InputsWithFp32Accumulation) {
+  if (!bf16_products_in_bf16()) {
+    GTEST_SKIP() << "bf16 products run in fp32 here: " << bf16_products_description();
+  }
+  std::mt19937 rng(23);
+  struct Case {
+    int N, C, OC;
+    WeightLayout layout;
+  };
+  for (Case s :
+       {Case{1, 3, 5, WeightLayout::kInOut}, Case{67, 771, 301, WeightLayout::kInOut},
+        Case{259, 384, 1152, WeightLayout::kInOut}, Case{256, 1536, 384, WeightLayout::kInOut},
+        Case{33, 384, 5003, WeightLayout::kOutIn}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << "N=" << s.N << " C=" << s.C << " OC=" << s.OC
+                 << (s.layout == WeightLayout::kInOut ? " in-out" : " out-in"));
+    const size_t in = static_cast<size_t>(s.N) * s.C, out_n = static_cast<size_t>(s.N) * s.OC;
+    Floats x = random_floats(in, rng, -1, 1), w = random_floats(in / s.N * s.OC, rng, -1, 1);
+    Floats bias = random_floats(s.OC, rng, -1, 1), dout = random_floats(out_n, rng, -1, 1);
+    Floats dw_prior = random_floats(w.size(), rng, -1, 1);
+    const Doubles xr = rounded_to_bf16(x), wr = rounded_to_bf16(w), dr = rounded_to_bf16(dout);
+    const Doubles bias_d = to_doubles(bias), bias_abs = absolute(bias_d);
+    const Doubles out_exact = matmul_reference(xr, wr, &bias_d, s.N, s.C, s.OC, s.layout);
+    const Doubles out_magnitude =
+        matmul_reference(absolute(xr), absolute(wr), &bias_abs, s.N, s.C, s.OC, s.layout);
+    Doubles dx_exact, dw_exact, db_exact, dx_magnitude, dw_magnitude, db_magnitude;
+    matmul_backward_reference(dx_exact, dw_exact, db_exact, dr, xr, wr, s.N, s.C, s.OC, s.layout);
+    matmul_backward_reference(dx_magnitude, dw_magnitude, db_magnitude, absolute(dr), absolute(xr),
+                              absolute(wr), s.N, s.C, s.OC, s.layout);
+    const Doubles prior = to_doubles(dw_prior);
+    for (int t : {1, 2}) {
+      SCOPED_TRACE(::testing::Message() << t << " threads");
+      KernelOptions opt = threads(t);
+      opt.bf16_products = true;
+      Floats out(out_n, 1e30f), dx(in, 1e30f), dw = dw_prior, db(s.OC, 0.0f);
+      matmul_forward(out.data(), x.data(), w.data(), bias.data(), s.N, s.C, s.OC, s.layout, opt);
+      EXPECT_TRUE(within_fp32_accumulation(out, out_exact, out_magnitude, s.C));
+      matmul_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), s.N, s.C,
+                      s.OC, s.layout, opt);
+      EXPECT_TRUE(within_fp32_accumulation(dx, dx_exact, dx_magnitude, s.OC));
+      EXPECT_TRUE(within_fp32_accumulation(dw, plus(prior, dw_exact),
+                                           plus(absolute(prior), dw_magnitude), s.N));
+      // Something must differ from fp32 products where the inputs are not bf16 values.
+      Floats out_fp32(out_n);
+      matmul_forward(out_fp32.data(), x.data(), w.data(), bias.data(), s.N, s.C, s.OC, s.layout,
+                     threads(t));
+      EXPECT_FALSE(same_bits(out, out_fp32));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace zero::kernels::testing
