@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <vector>
@@ -189,15 +190,33 @@ void add_column_sums(float* sums, size_t rows, size_t C, const KernelOptions& op
 
 }  // namespace
 
+namespace {
+
+// ZERO_BF16_PRODUCTS=fp32 keeps bf16 products in fp32 (to compare the two); unset or "bf16":
+// bf16 where the CPU has the arithmetic. Read once.
+bool environment_keeps_fp32_products() {
+  static const bool keeps = [] {
+    const char* value = std::getenv("ZERO_BF16_PRODUCTS");
+    if (value == nullptr || value[0] == '\0' || std::strcmp(value, "bf16") == 0) return false;
+    ZERO_CHECK(std::strcmp(value, "fp32") == 0,
+               "ZERO_BF16_PRODUCTS='" << value << "' is neither bf16 nor fp32");
+    return true;
+  }();
+  return keeps;
+}
+
+}  // namespace
+
 bool bf16_products_in_bf16() {
 #if ZERO_HAVE_DNNL
-  return cpu_features().has_bf16_arithmetic();
+  return cpu_features().has_bf16_arithmetic() && !environment_keeps_fp32_products();
 #else
   return false;
 #endif
 }
 
 std::string bf16_products_description() {
+  if (environment_keeps_fp32_products()) return "fp32 (ZERO_BF16_PRODUCTS=fp32)";
 #if ZERO_HAVE_DNNL
   if (bf16_products_in_bf16()) return "oneDNN bf16 (" + detail::bf16_gemm_isa() + ")";
   return "fp32 (this CPU has neither avx512_bf16 nor amx_bf16)";

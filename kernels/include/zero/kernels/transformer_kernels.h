@@ -41,9 +41,9 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int N, int C, const KernelOptions& opt = {});
 
-// Whether opt.bf16_products runs the products in bf16 in this process: the build has oneDNN and
-// the CPU bf16 arithmetic (cpu_features.h). Where it does not, bf16_products is ignored and the
-// products run in fp32 as without it.
+// Whether opt.bf16_products runs the products in bf16 in this process: the build has oneDNN, the
+// CPU bf16 arithmetic (cpu_features.h), and ZERO_BF16_PRODUCTS is not "fp32" (read once).
+// Where it does not, bf16_products is ignored and the products run in fp32 as without it.
 bool bf16_products_in_bf16();
 // What bf16 products run on, for kernel_summary(): "oneDNN bf16 (avx512_bf16)", or why fp32.
 std::string bf16_products_description();
