@@ -52,7 +52,7 @@ extern const KernelPath kAvx512Path;
 // take whole blocks, block sums are added in order); inside a block, element i adds its exact
 // square (a float squared fits in a double) into lane i % kSumSquaresLanes, and the lanes are
 // combined by the fixed tree in reduce_sum_squares_lanes. The AVX2 loop keeps the 16 lanes in
-// four registers; the scalar loop keeps them in an array.
+// four registers, the AVX-512 loop in two; the scalar loop keeps them in an array.
 constexpr size_t kSumSquaresBlock = size_t{1} << 16;
 constexpr size_t kSumSquaresLanes = 16;
 

@@ -144,6 +144,20 @@ void blocked_gemm(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N
   });
 }
 
+// ZERO_BF16_PRODUCTS=fp32 keeps bf16 products in fp32 (to compare the two); unset or "bf16":
+// bf16 where the CPU has the arithmetic. Read once.
+bool environment_keeps_fp32_products() {
+  static const bool keeps = [] {
+    const char* value = std::getenv("ZERO_BF16_PRODUCTS");
+    if (value == nullptr || value[0] == '\0' || std::strcmp(value, "bf16") == 0) return false;
+    ZERO_CHECK(std::strcmp(value, "fp32") == 0,
+               "ZERO_BF16_PRODUCTS='" << value << "' is neither bf16 nor fp32");
+    return true;
+  }();
+  return keeps;
+}
+
+#if ZERO_HAVE_DNNL
 // n values of x rounded to bf16 into operand `slot` (0 or 1) of this thread. The buffers are
 // kept between calls (the largest is the LM head's gradient, N x V), so that no product pays for
 // fresh pages.
@@ -154,6 +168,7 @@ const uint16_t* round_to_bf16(int slot, const float* x, size_t n, const KernelOp
   cast(x, DType::kFloat32, buffer.data(), DType::kBFloat16, n, opt);
   return buffer.data();
 }
+#endif
 
 // The products of matmul_forward and matmul_backward in the precision opt asks for: A and B
 // rounded to bf16 and multiplied in bf16 (fp32 accumulation) where opt.bf16_products and
@@ -186,23 +201,6 @@ void add_column_sums(float* sums, size_t rows, size_t C, const KernelOptions& op
     }
     for (size_t c = begin; c < end; ++c) sums[c] += local[c - begin];
   });
-}
-
-}  // namespace
-
-namespace {
-
-// ZERO_BF16_PRODUCTS=fp32 keeps bf16 products in fp32 (to compare the two); unset or "bf16":
-// bf16 where the CPU has the arithmetic. Read once.
-bool environment_keeps_fp32_products() {
-  static const bool keeps = [] {
-    const char* value = std::getenv("ZERO_BF16_PRODUCTS");
-    if (value == nullptr || value[0] == '\0' || std::strcmp(value, "bf16") == 0) return false;
-    ZERO_CHECK(std::strcmp(value, "fp32") == 0,
-               "ZERO_BF16_PRODUCTS='" << value << "' is neither bf16 nor fp32");
-    return true;
-  }();
-  return keeps;
 }
 
 }  // namespace
