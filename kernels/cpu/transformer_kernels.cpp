@@ -157,12 +157,25 @@ bool environment_keeps_fp32_products() {
   return keeps;
 }
 
+// An operand of matmul_forward's and matmul_backward's products: `size` fp32 values, and their
+// bf16 copy when the caller rounded them already (else null).
+struct Operand {
+  const float* values;
+  size_t size;
+  const uint16_t* bf16 = nullptr;
+};
+
 #if ZERO_HAVE_DNNL
-// n values of x rounded to bf16 into operand `slot` (0 or 1) of this thread. The buffers are
-// kept between calls (the largest is the LM head's gradient, N x V), so that no product pays for
+// Whether opt's products run in bf16 here.
+bool products_in_bf16(const KernelOptions& opt) {
+  return opt.bf16_products && bf16_products_in_bf16();
+}
+
+// n values of x rounded to bf16 into operand `slot` (0-2) of this thread. The buffers are kept
+// between calls (the largest is the LM head's gradient, N x V), so that no product pays for
 // fresh pages.
 const uint16_t* round_to_bf16(int slot, const float* x, size_t n, const KernelOptions& opt) {
-  thread_local std::vector<uint16_t> buffers[2];
+  thread_local std::vector<uint16_t> buffers[3];
   std::vector<uint16_t>& buffer = buffers[slot];
   if (buffer.size() < n) buffer.resize(n);
   cast(x, DType::kFloat32, buffer.data(), DType::kBFloat16, n, opt);
@@ -171,23 +184,20 @@ const uint16_t* round_to_bf16(int slot, const float* x, size_t n, const KernelOp
 #endif
 
 // The products of matmul_forward and matmul_backward in the precision opt asks for: A and B
-// rounded to bf16 and multiplied in bf16 (fp32 accumulation) where opt.bf16_products and
-// bf16_products_in_bf16(), else fp32. A, B: fp32 arrays of a_size and b_size values.
+// rounded to bf16 (unless they come rounded) and multiplied in bf16 (fp32 accumulation) where
+// opt.bf16_products and bf16_products_in_bf16(), else fp32.
 void matrix_product(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N, int K,
-                    const float* A, size_t a_size, int lda, const float* B, size_t b_size, int ldb,
-                    float beta, float* C, int ldc, const KernelOptions& opt) {
+                    Operand A, int lda, Operand B, int ldb, float beta, float* C, int ldc,
+                    const KernelOptions& opt) {
 #if ZERO_HAVE_DNNL
-  if (opt.bf16_products && bf16_products_in_bf16()) {
-    const uint16_t* a = round_to_bf16(0, A, a_size, opt);
-    const uint16_t* b = round_to_bf16(1, B, b_size, opt);
+  if (products_in_bf16(opt)) {
+    const uint16_t* a = A.bf16 ? A.bf16 : round_to_bf16(0, A.values, A.size, opt);
+    const uint16_t* b = B.bf16 ? B.bf16 : round_to_bf16(1, B.values, B.size, opt);
     blocked_gemm(trans_a, trans_b, M, N, K, a, lda, b, ldb, beta, C, ldc, opt);
     return;
   }
-#else
-  (void)a_size;
-  (void)b_size;
 #endif
-  blocked_gemm(trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc, opt);
+  blocked_gemm(trans_a, trans_b, M, N, K, A.values, lda, B.values, ldb, beta, C, ldc, opt);
 }
 
 // sums[c] += the sum over rows n of value(n, c) for c in [0, C), rows added in order. Threads
@@ -322,8 +332,9 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
     });
   }
   const bool in_out = layout == WeightLayout::kInOut;
-  matrix_product(CblasNoTrans, in_out ? CblasNoTrans : CblasTrans, N, OC, C, inp, product(N, C), C,
-                 weight, product(C, OC), in_out ? OC : C, bias ? 1.0f : 0.0f, out, OC, opt);
+  matrix_product(CblasNoTrans, in_out ? CblasNoTrans : CblasTrans, N, OC, C,
+                 Operand{inp, product(N, C)}, C, Operand{weight, product(C, OC)}, in_out ? OC : C,
+                 bias ? 1.0f : 0.0f, out, OC, opt);
 }
 
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
@@ -335,15 +346,19 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
   check_buffer(weight, product(C, OC), "matmul_backward", "weight");
   check_buffer(dweight, product(C, OC), "matmul_backward", "dweight");
   const bool in_out = layout == WeightLayout::kInOut;
+  const Operand x{inp, product(N, C)}, w{weight, product(C, OC)};
+  // dout is an operand of both products: with bf16 products, rounded once for both.
+  Operand d{dout, product(N, OC)};
+#if ZERO_HAVE_DNNL
+  if (products_in_bf16(opt)) d.bf16 = round_to_bf16(2, dout, d.size, opt);
+#endif
   // The weight's gradient first: it is the last reader of inp, which dinp may overwrite.
   if (in_out) {
     // dW [C, OC] += inp^T @ dout.
-    matrix_product(CblasTrans, CblasNoTrans, C, OC, N, inp, product(N, C), C, dout, product(N, OC),
-                   OC, 1.0f, dweight, OC, opt);
+    matrix_product(CblasTrans, CblasNoTrans, C, OC, N, x, C, d, OC, 1.0f, dweight, OC, opt);
   } else {
     // dW [OC, C] += dout^T @ inp.
-    matrix_product(CblasTrans, CblasNoTrans, OC, C, N, dout, product(N, OC), OC, inp, product(N, C),
-                   C, 1.0f, dweight, C, opt);
+    matrix_product(CblasTrans, CblasNoTrans, OC, C, N, d, OC, x, C, 1.0f, dweight, C, opt);
   }
   if (dbias) {
     const size_t cols = OC;
@@ -352,8 +367,8 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
   }
   if (dinp) {
     // dinp [N, C] = dout [N, OC] @ W^T, where W^T is [OC, C].
-    matrix_product(CblasNoTrans, in_out ? CblasTrans : CblasNoTrans, N, C, OC, dout, product(N, OC),
-                   OC, weight, product(C, OC), in_out ? OC : C, 0.0f, dinp, C, opt);
+    matrix_product(CblasNoTrans, in_out ? CblasTrans : CblasNoTrans, N, C, OC, d, OC, w,
+                   in_out ? OC : C, 0.0f, dinp, C, opt);
   }
 }
 
