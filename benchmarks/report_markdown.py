@@ -114,6 +114,8 @@ def write_markdown(path, ctx):
     md.append(table(["", ""], [
         ["commit", f"`{ctx['commit']}`"],
         ["CPU", m["cpu"]],
+        ["CPU flags (cpuid, zero-bench-products)",
+         f"`{ctx['gpt2'].get('products', {}).get('cpu_flags', 'not measured')}`"],
         ["lscpu", m["lscpu"]],
         ["cores", m["cores"]],
         ["memory", m["memory"]],

@@ -12,7 +12,12 @@ step: forward, backward, torch.optim.AdamW step (weight decay on the matrices on
 zero-train's default), zero_grad. Timed as zero-bench-gpt2 times: the median step after warm-up.
 
   torch_gpt2.py [--n-layer 6] [--n-embd 384] [--n-head 6] [--vocab-size 50257] [--seq-len 256]
-                [--batch 8] [--threads 1] [--steps 2] [--warmup 1] [--json PATH]
+                [--batch 8] [--threads 1] [--steps 2] [--warmup 1] [--bf16-autocast]
+                [--json PATH]
+
+--bf16-autocast runs the forward and the loss under torch.autocast("cpu", dtype=torch.bfloat16),
+PyTorch's mixed precision on the CPU (its matrix products in bf16; weights, gradients and the
+optimizer in fp32): the yardstick of our bf16 step.
 
 Prints "torch_gpt2: tokens_per_s X" and, with --json, writes a record with the same keys. When
 this python3 has no torch it prints "torch_gpt2: skipped: ..." and writes {"skipped": reason}:
@@ -40,6 +45,8 @@ def parse_args():
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--bf16-autocast", action="store_true",
+                   help='forward and loss under torch.autocast("cpu", dtype=torch.bfloat16)')
     p.add_argument("--json")
     return p.parse_args()
 
@@ -144,7 +151,8 @@ def main():
     for step in range(args.warmup + args.steps):
         tokens = torch.randint(args.vocab_size, (args.batch, args.seq_len + 1), generator=gen)
         start = time.perf_counter()
-        loss = model(tokens[:, :-1], tokens[:, 1:])
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16_autocast):
+            loss = model(tokens[:, :-1], tokens[:, 1:])
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -155,6 +163,7 @@ def main():
     params = sum(p.numel() for p in model.parameters())
     record = {
         "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "autocast": "bf16" if args.bf16_autocast else None,
         "openblas_threads": blas_threads,
         "fused_attention": fused_attention, "params": params, "n_layer": args.n_layer,
         "n_embd": args.n_embd, "n_head": args.n_head, "vocab_size": args.vocab_size,
@@ -163,7 +172,7 @@ def main():
         "tokens_per_s": round(args.batch * args.seq_len / step_s, 2), "final_loss": loss.item(),
     }
     print(f"torch_gpt2: torch {torch.__version__}, {params} params, {record['threads']} "
-          f"thread(s), median step {record['median_step_ms']:.1f} ms")
+          f"thread(s), {'bf16 autocast' if args.bf16_autocast else 'fp32'}, median step {record['median_step_ms']:.1f} ms")
     print(f"torch_gpt2: tokens_per_s {record['tokens_per_s']}")
     write_json(args.json, record)
     return 0

@@ -46,10 +46,13 @@ unset(zero_enabled_languages)]])
 set(ZERO_DEPENDENCY_protobuf "find_dependency(Protobuf)")
 set(ZERO_DEPENDENCY_nlohmann_json "find_dependency(nlohmann_json)")
 set(ZERO_DEPENDENCY_BLAS "find_dependency(BLAS)")
+# oneDNN and OpenMP: the bf16 products, where the build found them (kernels/CMakeLists.txt).
+set(ZERO_DEPENDENCY_DNNL "find_dependency(dnnl CONFIG)")
+set(ZERO_DEPENDENCY_OpenMP "find_dependency(OpenMP)")
 set(ZERO_DEPENDENCY_CUDA "find_dependency(CUDAToolkit)")
 set(ZERO_DEPENDENCY_NCCL "find_dependency(NCCL)")
 # The order the lines run in: FindNCCL looks in the CUDA toolkit found before it.
-set(ZERO_DEPENDENCY_ORDER Threads MPI protobuf nlohmann_json BLAS CUDA NCCL)
+set(ZERO_DEPENDENCY_ORDER Threads MPI protobuf nlohmann_json BLAS DNNL OpenMP CUDA NCCL)
 
 set(ZERO_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/zero)
 

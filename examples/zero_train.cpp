@@ -48,6 +48,7 @@
 #endif
 #include "zero/core/check.h"
 #include "zero/kernels/blas_core.h"
+#include "zero/kernels/cpu_features.h"
 #include "zero/runtime/checkpoint.h"
 #include "zero/runtime/config.h"
 #include "zero/runtime/model.h"
@@ -516,6 +517,10 @@ int main(int argc, char** argv) {
   const std::string blas_warning = zero::kernels::blas_core_warning();
   if (rank == 0 && !flags.cuda && !blas_warning.empty()) {
     std::fprintf(stderr, "zero-train: %s\n", blas_warning.c_str());
+  }
+  if (rank == 0 && !flags.cuda) {
+    std::printf("kernels: %s\n", zero::kernels::kernel_summary().c_str());
+    std::fflush(stdout);
   }
   try {
     zero::ProcessGrid grid;

@@ -155,6 +155,7 @@ class Gpt2Head : public Module {
                            << config_.vocab_size);
     }
     Gpt2Ops& ops = backend_->ops_for(in);
+    ops.set_bf16_products(gpt2_detail::bf16_products(params));
     const std::shared_ptr<DeviceContext>& dev = in.device();
     backend_->keep_copy(input_, in);
     backend_->activation(norm_, {N, C}, dev);
@@ -190,6 +191,7 @@ class Gpt2Head : public Module {
     // d(mean loss)/d(loss of one position) = 1 / N, times the gradient of the mean.
     const float dloss = grad_out.to_host()[0] / static_cast<float>(N);
     Gpt2Ops& ops = backend_->ops_for(grad_out);
+    ops.set_bf16_products(gpt2_detail::bf16_products(params));
     const std::shared_ptr<DeviceContext>& dev = grad_out.device();
     // The targets forward put in the device's memory are still there.
     if (config_.tensor_parallel_size == 1) {

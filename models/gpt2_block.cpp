@@ -281,6 +281,7 @@ void Gpt2Block::run_forward(const std::vector<ParamRef>& params, Tensor* out) {
   // In backward, an operation runs again when this block did not keep what it makes.
   auto makes = [&](int a) { return out != nullptr || !keeps(recompute_, a); };
   Gpt2Ops& ops = backend_->ops_for(input_holder());
+  ops.set_bf16_products(gpt2_detail::bf16_products(params));
   const std::shared_ptr<DeviceContext>& on = input_holder().device();
   if (makes(kLn1)) {
     ops.layernorm_forward(p(kLn1), p(kLn1Mean), p(kLn1Rstd), p(kInput), w(kLn1W), w(kLn1B), N, C,
@@ -352,6 +353,7 @@ void Gpt2Block::backward(const Tensor& grad_out, Tensor& grad_in,
   auto g = [&](int i) { return shared_->params.grad(grads, i); };
   auto p = [&](int a) { return data_of(a); };
   Gpt2Ops& ops = backend_->ops_for(grad_out);
+  ops.set_bf16_products(gpt2_detail::bf16_products(params));
   const std::shared_ptr<DeviceContext>& dev = grad_out.device();
 
   // Each gradient is written into the memory of an activation nothing reads any more, so

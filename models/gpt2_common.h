@@ -72,6 +72,12 @@ inline void flush_grad(const ParamRef& grad, const Tensor& scratch) {
   if (grad.dtype != DType::kFloat32) grad.add_f32(scratch.data());
 }
 
+// Whether a module's products may take bf16 inputs: its parameters' working copies are bf16
+// (mixed precision), so its weights are bf16 values already.
+inline bool bf16_products(const std::vector<ParamRef>& params) {
+  return !params.empty() && params[0].dtype == DType::kBFloat16;
+}
+
 // A parameter's values in fp32 and the target of its gradient, one per parameter of a module.
 struct ParamSlots {
   std::vector<Tensor> values;  // fp32 copies of 16-bit parameters

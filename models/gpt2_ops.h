@@ -69,6 +69,12 @@ class Gpt2Ops {
                                               const int32_t* targets, int first, float dloss, int N,
                                               int V, int Vp) = 0;
 
+  // Whether the matrix products (matmul_*; attention's stay fp32) that follow take bf16 inputs with
+  // fp32 accumulation: set by each module from its parameters' dtype. The CPU's honour it where the
+  // CPU has bf16 arithmetic (transformer_kernels.h); elsewhere, and on a GPU, the products stay
+  // fp32.
+  virtual void set_bf16_products(bool bf16) { (void)bf16; }
+
   // dst[i] += src[i]: the residual connections.
   virtual void add(float* dst, const float* src, size_t n) = 0;
   // The targets in this memory (host memory as they are; a GPU copy, kept until the next call).

@@ -126,6 +126,7 @@ class CpuGpt2Ops : public Gpt2Ops {
     kernels::accumulate(dst, src, n, opt_);
   }
   const int32_t* targets(const std::vector<int32_t>& ids) override { return ids.data(); }
+  void set_bf16_products(bool bf16) override { opt_.bf16_products = bf16; }
 
  private:
   kernels::KernelOptions opt_;

@@ -9,6 +9,7 @@ packages=(
   protobuf-compiler libprotobuf-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev nlohmann-json3-dev
+  libdnnl-dev  # oneDNN: the bf16 products in bf16 on CPUs with bf16 arithmetic
   liburing-dev  # io_uring for NVMe offload
   gnuplot-nox python3
   clang libclang-rt-14-dev

@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <set>
 
+#include "zero/kernels/cpu_features.h"
+
 // OpenBLAS's own extension; Debian's cblas.h declares it only when it is OpenBLAS's copy.
 extern "C" char* openblas_get_corename(void);
 
@@ -32,11 +34,10 @@ std::string better_blas_core(const std::string& chosen, bool avx2_fma, bool avx5
 }
 
 std::string better_blas_core() {
-  // __builtin_cpu_supports also checks that the OS saves the AVX and AVX-512 registers.
-  const bool avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  const bool avx512 = avx2_fma && __builtin_cpu_supports("avx512f") &&
-                      __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  // cpu_features() also checks that the OS saves the AVX and AVX-512 registers.
+  const CpuFeatures& f = cpu_features();
+  const bool avx2_fma = f.avx2 && f.fma;
+  const bool avx512 = avx2_fma && f.avx512f && f.avx512cd && f.avx512bw && f.avx512dq && f.avx512vl;
   return better_blas_core(blas_core_name(), avx2_fma, avx512);
 }
 

@@ -1,16 +1,14 @@
-// The public kernel functions: check arguments, pick the path (AVX2 when the CPU has it,
-// checked once), split large ranges over threads, and call the path's loop on each chunk.
-#include <cpuid.h>
-
+// The public kernel functions: check arguments, pick the path (the best body the CPU runs,
+// cpu_features.h), split large ranges over threads, and call the path's loop on each chunk.
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "kernel_paths.h"
 #include "thread_pool.h"
 #include "zero/core/check.h"
+#include "zero/kernels/cpu_features.h"
 #include "zero/kernels/cpu_kernels.h"
 
 namespace zero::kernels {
@@ -24,30 +22,16 @@ using detail::KernelPath;
 constexpr size_t kMinElementsPerThread = size_t{1} << 15;
 constexpr size_t kChunkAlignment = 64;
 
-// F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does not know "f16c".
-bool cpu_has_f16c() {
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
-}
-
-bool cpu_supports_avx2_path() {
-  static const bool supported =
-      __builtin_cpu_supports("avx2") && cpu_has_f16c() && __builtin_cpu_supports("fma");
-  return supported;
-}
-
-bool environment_forces_scalar() {
-  static const bool forced = [] {
-    const char* value = std::getenv("ZERO_KERNELS_SCALAR");
-    return value != nullptr && value[0] != '\0' && std::strcmp(value, "0") != 0;
-  }();
-  return forced;
-}
-
-std::atomic<bool> scalar_forced_for_testing{false};
-
 const KernelPath& active_path() {
-  return cpu_has_avx2() ? detail::kAvx2Path : detail::kScalarPath;
+  switch (kernel_isa()) {
+    case KernelIsa::kAvx512:
+      return detail::kAvx512Path;
+    case KernelIsa::kAvx2:
+      return detail::kAvx2Path;
+    case KernelIsa::kScalar:
+      break;
+  }
+  return detail::kScalarPath;
 }
 
 bool valid_dtype(DType t) {
@@ -120,12 +104,15 @@ void copy_slots(const TensorSlot* tensors, size_t count, const void* flat_in, vo
 }  // namespace
 
 bool cpu_has_avx2() {
-  return cpu_supports_avx2_path() && !environment_forces_scalar() &&
-         !scalar_forced_for_testing.load(std::memory_order_relaxed);
+  return kernel_isa() != KernelIsa::kScalar;
 }
 
 void force_scalar_for_testing(bool force) {
-  scalar_forced_for_testing.store(force, std::memory_order_relaxed);
+  if (force) {
+    force_kernel_isa_for_testing(KernelIsa::kScalar);
+  } else {
+    reset_kernel_isa_for_testing();
+  }
 }
 
 void fused_adamw(float* master, float* m, float* v, const void* grad, DType grad_dtype,

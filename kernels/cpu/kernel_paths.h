@@ -1,6 +1,7 @@
-// The two implementations dispatch.cpp chooses between: plain scalar loops (kernels_scalar.cpp)
-// and AVX2/F16C loops (kernels_avx2.cpp). Each entry works on one contiguous range whose
-// pointers are already offset; argument checks and threading live in dispatch.cpp only.
+// The implementations dispatch.cpp chooses between: plain scalar loops (kernels_scalar.cpp),
+// AVX2/F16C loops (kernels_avx2.cpp) and AVX-512 loops (kernels_avx512.cpp). Each entry works on
+// one contiguous range whose pointers are already offset; argument checks and threading live in
+// dispatch.cpp only.
 #pragma once
 
 #include <cstddef>
@@ -44,13 +45,14 @@ constexpr size_t kStreamingMinElements = size_t{1} << 18;
 
 extern const KernelPath kScalarPath;
 extern const KernelPath kAvx2Path;
+extern const KernelPath kAvx512Path;
 
 // sum_squares is defined by its summation order so that every path and every thread count
 // returns the same bits: the input is cut into blocks of kSumSquaresBlock elements (threads
 // take whole blocks, block sums are added in order); inside a block, element i adds its exact
 // square (a float squared fits in a double) into lane i % kSumSquaresLanes, and the lanes are
 // combined by the fixed tree in reduce_sum_squares_lanes. The AVX2 loop keeps the 16 lanes in
-// four registers; the scalar loop keeps them in an array.
+// four registers, the AVX-512 loop in two; the scalar loop keeps them in an array.
 constexpr size_t kSumSquaresBlock = size_t{1} << 16;
 constexpr size_t kSumSquaresLanes = 16;
 

@@ -9,13 +9,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <vector>
 
+#include "bf16_gemm.h"
 #include "thread_pool.h"
 #include "transformer_paths.h"
 #include "zero/core/check.h"
+#include "zero/kernels/cpu_features.h"
 
 // OpenBLAS's own extensions; Debian's cblas.h declares them only when it is OpenBLAS's copy.
 extern "C" {
@@ -35,7 +38,15 @@ constexpr size_t kMinWorkPerThread = size_t{1} << 15;
 constexpr size_t kColumnGranule = 16;
 
 const TransformerPath& active_path() {
-  return cpu_has_avx2() ? detail::kTransformerAvx2Path : detail::kTransformerScalarPath;
+  switch (kernel_isa()) {
+    case KernelIsa::kAvx512:
+      return detail::kTransformerAvx512Path;
+    case KernelIsa::kAvx2:
+      return detail::kTransformerAvx2Path;
+    case KernelIsa::kScalar:
+      break;
+  }
+  return detail::kTransformerScalarPath;
 }
 
 // Runs fn(begin, end) over items [0, items) split into contiguous chunks, one per thread of the
@@ -80,11 +91,28 @@ void single_threaded_blas() {
   if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
 }
 
+// One block of a blocked GEMM: OpenBLAS's sgemm for fp32 operands, oneDNN's bf16 matmul for
+// bf16 ones (raw bits), both single-threaded.
+void gemm_block(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N, int K,
+                const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+  cblas_sgemm(CblasRowMajor, trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+}
+
+#if ZERO_HAVE_DNNL
+void gemm_block(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N, int K,
+                const uint16_t* A, int lda, const uint16_t* B, int ldb, float beta, float* C,
+                int ldc) {
+  detail::bf16_gemm(trans_a == CblasTrans, trans_b == CblasTrans, M, N, K, 1.0f, A, lda, B, ldb,
+                    beta, C, ldc);
+}
+#endif
+
 // C [M, N] = A [M, K] @ B [K, N] + beta C, row-major, each operand optionally transposed as in
-// cblas_sgemm.
-void blocked_sgemm(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N, int K,
-                   const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc,
-                   const KernelOptions& opt) {
+// cblas_sgemm; A and B fp32, or bf16 (raw bits) for bf16 products.
+template <typename T>
+void blocked_gemm(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N, int K, const T* A,
+                  int lda, const T* B, int ldb, float beta, float* C, int ldc,
+                  const KernelOptions& opt) {
   if (M == 0 || N == 0) return;
   if (K == 0) {  // an empty sum; OpenBLAS would reject the leading dimensions of 0
     for (int row = 0; row < M; ++row) {
@@ -105,16 +133,71 @@ void blocked_sgemm(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int 
       const int first = static_cast<int>(block) * block_size;
       const int size = std::min(block_size, extent - first);
       if (by_rows) {
-        const float* a = A + (trans_a == CblasNoTrans ? product(first, lda) : first);
-        cblas_sgemm(CblasRowMajor, trans_a, trans_b, size, N, K, 1.0f, a, lda, B, ldb, beta,
-                    C + product(first, ldc), ldc);
+        const T* a = A + (trans_a == CblasNoTrans ? product(first, lda) : first);
+        gemm_block(trans_a, trans_b, size, N, K, a, lda, B, ldb, beta, C + product(first, ldc),
+                   ldc);
       } else {
-        const float* b = B + (trans_b == CblasNoTrans ? first : product(first, ldb));
-        cblas_sgemm(CblasRowMajor, trans_a, trans_b, M, size, K, 1.0f, A, lda, b, ldb, beta,
-                    C + first, ldc);
+        const T* b = B + (trans_b == CblasNoTrans ? first : product(first, ldb));
+        gemm_block(trans_a, trans_b, M, size, K, A, lda, b, ldb, beta, C + first, ldc);
       }
     }
   });
+}
+
+// ZERO_BF16_PRODUCTS=fp32 keeps bf16 products in fp32 (to compare the two); unset or "bf16":
+// bf16 where the CPU has the arithmetic. Read once.
+bool environment_keeps_fp32_products() {
+  static const bool keeps = [] {
+    const char* value = std::getenv("ZERO_BF16_PRODUCTS");
+    if (value == nullptr || value[0] == '\0' || std::strcmp(value, "bf16") == 0) return false;
+    ZERO_CHECK(std::strcmp(value, "fp32") == 0,
+               "ZERO_BF16_PRODUCTS='" << value << "' is neither bf16 nor fp32");
+    return true;
+  }();
+  return keeps;
+}
+
+// An operand of matmul_forward's and matmul_backward's products: `size` fp32 values, and their
+// bf16 copy when the caller rounded them already (else null).
+struct Operand {
+  const float* values;
+  size_t size;
+  const uint16_t* bf16 = nullptr;
+};
+
+#if ZERO_HAVE_DNNL
+// Whether opt's products run in bf16 here.
+bool products_in_bf16(const KernelOptions& opt) {
+  return opt.bf16_products && bf16_products_in_bf16();
+}
+
+// n values of x rounded to bf16 into operand `slot` (0-2) of this thread. The buffers are kept
+// between calls (the largest is the LM head's gradient, N x V), so that no product pays for
+// fresh pages.
+const uint16_t* round_to_bf16(int slot, const float* x, size_t n, const KernelOptions& opt) {
+  thread_local std::vector<uint16_t> buffers[3];
+  std::vector<uint16_t>& buffer = buffers[slot];
+  if (buffer.size() < n) buffer.resize(n);
+  cast(x, DType::kFloat32, buffer.data(), DType::kBFloat16, n, opt);
+  return buffer.data();
+}
+#endif
+
+// The products of matmul_forward and matmul_backward in the precision opt asks for: A and B
+// rounded to bf16 (unless they come rounded) and multiplied in bf16 (fp32 accumulation) where
+// opt.bf16_products and bf16_products_in_bf16(), else fp32.
+void matrix_product(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N, int K,
+                    Operand A, int lda, Operand B, int ldb, float beta, float* C, int ldc,
+                    const KernelOptions& opt) {
+#if ZERO_HAVE_DNNL
+  if (products_in_bf16(opt)) {
+    const uint16_t* a = A.bf16 ? A.bf16 : round_to_bf16(0, A.values, A.size, opt);
+    const uint16_t* b = B.bf16 ? B.bf16 : round_to_bf16(1, B.values, B.size, opt);
+    blocked_gemm(trans_a, trans_b, M, N, K, a, lda, b, ldb, beta, C, ldc, opt);
+    return;
+  }
+#endif
+  blocked_gemm(trans_a, trans_b, M, N, K, A.values, lda, B.values, ldb, beta, C, ldc, opt);
 }
 
 // sums[c] += the sum over rows n of value(n, c) for c in [0, C), rows added in order. Threads
@@ -131,6 +214,24 @@ void add_column_sums(float* sums, size_t rows, size_t C, const KernelOptions& op
 }
 
 }  // namespace
+
+bool bf16_products_in_bf16() {
+#if ZERO_HAVE_DNNL
+  return cpu_features().has_bf16_arithmetic() && !environment_keeps_fp32_products();
+#else
+  return false;
+#endif
+}
+
+std::string bf16_products_description() {
+  if (environment_keeps_fp32_products()) return "fp32 (ZERO_BF16_PRODUCTS=fp32)";
+#if ZERO_HAVE_DNNL
+  if (bf16_products_in_bf16()) return "oneDNN bf16 (" + detail::bf16_gemm_isa() + ")";
+  return "fp32 (this CPU has neither avx512_bf16 nor amx_bf16)";
+#else
+  return "fp32 (built without oneDNN)";
+#endif
+}
 
 void embedding_forward(float* out, const float* tokens, const float* wte, const float* wpe, int B,
                        int T, int C, const KernelOptions& opt) {
@@ -231,8 +332,9 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
     });
   }
   const bool in_out = layout == WeightLayout::kInOut;
-  blocked_sgemm(CblasNoTrans, in_out ? CblasNoTrans : CblasTrans, N, OC, C, inp, C, weight,
-                in_out ? OC : C, bias ? 1.0f : 0.0f, out, OC, opt);
+  matrix_product(CblasNoTrans, in_out ? CblasNoTrans : CblasTrans, N, OC, C,
+                 Operand{inp, product(N, C)}, C, Operand{weight, product(C, OC)}, in_out ? OC : C,
+                 bias ? 1.0f : 0.0f, out, OC, opt);
 }
 
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
@@ -244,13 +346,19 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
   check_buffer(weight, product(C, OC), "matmul_backward", "weight");
   check_buffer(dweight, product(C, OC), "matmul_backward", "dweight");
   const bool in_out = layout == WeightLayout::kInOut;
+  const Operand x{inp, product(N, C)}, w{weight, product(C, OC)};
+  // dout is an operand of both products: with bf16 products, rounded once for both.
+  Operand d{dout, product(N, OC)};
+#if ZERO_HAVE_DNNL
+  if (products_in_bf16(opt)) d.bf16 = round_to_bf16(2, dout, d.size, opt);
+#endif
   // The weight's gradient first: it is the last reader of inp, which dinp may overwrite.
   if (in_out) {
     // dW [C, OC] += inp^T @ dout.
-    blocked_sgemm(CblasTrans, CblasNoTrans, C, OC, N, inp, C, dout, OC, 1.0f, dweight, OC, opt);
+    matrix_product(CblasTrans, CblasNoTrans, C, OC, N, x, C, d, OC, 1.0f, dweight, OC, opt);
   } else {
     // dW [OC, C] += dout^T @ inp.
-    blocked_sgemm(CblasTrans, CblasNoTrans, OC, C, N, dout, OC, inp, C, 1.0f, dweight, C, opt);
+    matrix_product(CblasTrans, CblasNoTrans, OC, C, N, d, OC, x, C, 1.0f, dweight, C, opt);
   }
   if (dbias) {
     const size_t cols = OC;
@@ -259,8 +367,8 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
   }
   if (dinp) {
     // dinp [N, C] = dout [N, OC] @ W^T, where W^T is [OC, C].
-    blocked_sgemm(CblasNoTrans, in_out ? CblasTrans : CblasNoTrans, N, C, OC, dout, OC, weight,
-                  in_out ? OC : C, 0.0f, dinp, C, opt);
+    matrix_product(CblasNoTrans, in_out ? CblasTrans : CblasNoTrans, N, C, OC, d, OC, w,
+                   in_out ? OC : C, 0.0f, dinp, C, opt);
   }
 }
 

@@ -6,10 +6,16 @@
 #include <string>
 #include <vector>
 
+#include "kernel_test_util.h"
 #include "zero/kernels/cpu_kernels.h"
 
 namespace zero::kernels {
 namespace {
+
+using testing::kAllPaths;
+using testing::Path;
+using testing::path_name;
+using testing::use_path;
 
 TEST(TypedAccumulate, SixteenBitSumsRoundOnce) {
   for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
@@ -54,8 +60,8 @@ float order_sensitive_value(size_t source, size_t i) {
 }
 
 TEST(SumInOrder, AddsSourcesLeftToRightInFp32AndRoundsOnce) {
-  for (bool scalar : {false, true}) {
-    force_scalar_for_testing(scalar);
+  for (Path path : kAllPaths) {
+    if (!use_path(path)) continue;
     for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
       const size_t elem = dtype_size(dtype);
       for (size_t sources : {size_t{1}, size_t{2}, size_t{3}, size_t{4}}) {
@@ -78,21 +84,21 @@ TEST(SumInOrder, AddsSourcesLeftToRightInFp32AndRoundsOnce) {
           // dst is the last source: the kernel must read every source before it writes.
           void* dst = src.back().data();
           sum_in_order(dst, pointers.data(), sources, dtype, n, KernelOptions{2});
-          EXPECT_EQ(src.back(), expected)
-              << dtype_name(dtype) << " sources=" << sources << " n=" << n << " scalar=" << scalar;
+          EXPECT_EQ(src.back(), expected) << dtype_name(dtype) << " sources=" << sources
+                                          << " n=" << n << " path=" << path_name(path);
         }
       }
     }
   }
-  force_scalar_for_testing(false);
+  reset_kernel_isa_for_testing();
 }
 
 // Every destination gets src's bytes exactly, whatever the alignment of each (the AVX2 path's
 // non-temporal stores start at a destination's 32-byte boundary) and across the kernel's
 // 64 KiB pieces; nothing before or after a destination's range is touched.
 TEST(CopyToAll, EveryDestinationGetsTheSourceExactly) {
-  for (bool scalar : {false, true}) {
-    force_scalar_for_testing(scalar);
+  for (Path path : kAllPaths) {
+    if (!use_path(path)) continue;
     for (size_t count : {size_t{1}, size_t{3}}) {
       for (size_t bytes : {size_t{0}, size_t{1}, size_t{31}, size_t{33}, size_t{200003}}) {
         for (size_t misalign : {size_t{0}, size_t{1}, size_t{7}, size_t{32}}) {
@@ -108,8 +114,7 @@ TEST(CopyToAll, EveryDestinationGetsTheSourceExactly) {
             const size_t at = misalign + k;
             const std::string what = "count " + std::to_string(count) + ", bytes " +
                                      std::to_string(bytes) + ", destination " + std::to_string(k) +
-                                     " at +" + std::to_string(at) + ", scalar " +
-                                     std::to_string(scalar);
+                                     " at +" + std::to_string(at) + ", path " + path_name(path);
             EXPECT_EQ(0, std::memcmp(out[k].data() + at, from, bytes)) << what;
             for (size_t i = 0; i < out[k].size(); ++i) {
               if (i < at || i >= at + bytes) {
@@ -121,7 +126,7 @@ TEST(CopyToAll, EveryDestinationGetsTheSourceExactly) {
       }
     }
   }
-  force_scalar_for_testing(false);
+  reset_kernel_isa_for_testing();
 }
 
 }  // namespace

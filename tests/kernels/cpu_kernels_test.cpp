@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <random>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "kernel_test_util.h"
 #include "kernels/cpu/kernel_paths.h"
 #include "zero/core/check.h"
+#include "zero/kernels/cpu_features.h"
 #include "zero/kernels/cpu_kernels.h"
 #include "zero/kernels/optimizer_math.h"
 
@@ -282,9 +284,9 @@ TEST_P(ElementwiseKernelTest, SumSquaresMatchesDoubleSumAndIsPathAndThreadIndepe
         EXPECT_NEAR(got, want, 1e-12 * want);
         // The summation order is fixed (kernel_paths.h): the scalar path on one thread gives
         // the same bits as any path on any thread count.
-        force_scalar_for_testing(true);
+        use_path(Path::kScalar);
         double scalar_one_thread = sum_squares(x.data(), dtype, n);
-        force_scalar_for_testing(path() == Path::kScalar);
+        use_path(path());
         EXPECT_EQ(got, scalar_one_thread);
       }
     }
@@ -479,19 +481,69 @@ TEST(KernelArguments, BadInputIsRefusedWithAnError) {
   }
 }
 
-// Also registered with ZERO_KERNELS_SCALAR=1 (tests/kernels/CMakeLists.txt), where the same
-// checks see the environment force the scalar path.
-TEST(KernelSelection, AvxPathFollowsCpuAndEnvironment) {
-  const char* env = std::getenv("ZERO_KERNELS_SCALAR");
-  bool env_forces = env != nullptr && env[0] != '\0' && std::string(env) != "0";
-  bool cpu_capable = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
-                     __builtin_cpu_supports("fma");
-  force_scalar_for_testing(false);
-  EXPECT_EQ(cpu_has_avx2(), cpu_capable && !env_forces);
+// Also registered with ZERO_KERNELS_SCALAR=1 and ZERO_KERNELS_ISA=avx2 (tests/kernels/
+// CMakeLists.txt), where the same checks see the environment cap the path.
+TEST(KernelSelection, PathFollowsCpuAndEnvironment) {
+  const char* scalar_env = std::getenv("ZERO_KERNELS_SCALAR");
+  const char* isa_env = std::getenv("ZERO_KERNELS_ISA");
+  const bool forces_scalar =
+      (scalar_env != nullptr && scalar_env[0] != '\0' && std::string(scalar_env) != "0") ||
+      (isa_env != nullptr && std::string(isa_env) == "scalar");
+  const bool caps_avx2 = isa_env != nullptr && std::string(isa_env) == "avx2";
+  const CpuFeatures& f = cpu_features();
+  const bool avx2_capable = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
+                            __builtin_cpu_supports("fma");
+  const bool avx512_capable =
+      avx2_capable && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  EXPECT_EQ(f.has_avx2_set(), avx2_capable);
+  EXPECT_EQ(f.has_avx512_set(), avx512_capable);
+  const KernelIsa want = forces_scalar || !avx2_capable ? KernelIsa::kScalar
+                         : caps_avx2 || !avx512_capable ? KernelIsa::kAvx2
+                                                        : KernelIsa::kAvx512;
+  reset_kernel_isa_for_testing();
+  EXPECT_EQ(kernel_isa_name(best_kernel_isa()), std::string(kernel_isa_name(want)));
+  EXPECT_EQ(kernel_isa(), want);
+  EXPECT_EQ(cpu_has_avx2(), want != KernelIsa::kScalar);
   force_scalar_for_testing(true);
   EXPECT_FALSE(cpu_has_avx2());
+  EXPECT_EQ(kernel_isa(), KernelIsa::kScalar);
+  // Nothing above the best path can be forced.
+  EXPECT_EQ(force_kernel_isa_for_testing(KernelIsa::kAvx512), want == KernelIsa::kAvx512);
   force_scalar_for_testing(false);
-  EXPECT_EQ(cpu_has_avx2(), cpu_capable && !env_forces);
+  EXPECT_EQ(kernel_isa(), want);
+  EXPECT_NE(kernel_summary().find(std::string("kernels ") + kernel_isa_name(want)),
+            std::string::npos)
+      << kernel_summary();
+}
+
+// cpuid's flags against the kernel's (/proc/cpuinfo), which also checks the OS saves the state.
+TEST(KernelSelection, CpuFeaturesMatchProcCpuinfo) {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  if (!cpuinfo) GTEST_SKIP() << "no /proc/cpuinfo to compare with";
+  std::string line, flags_line, model_line;
+  while (std::getline(cpuinfo, line)) {
+    if (flags_line.empty() && line.rfind("flags", 0) == 0) flags_line = line + " ";
+    if (model_line.empty() && line.rfind("model name", 0) == 0) model_line = line;
+  }
+  ASSERT_FALSE(flags_line.empty());
+  const CpuFeatures& f = cpu_features();
+  auto listed = [&](const char* flag) {
+    return flags_line.find(std::string(" ") + flag + " ") != std::string::npos;
+  };
+  EXPECT_EQ(f.avx2, listed("avx2"));
+  EXPECT_EQ(f.fma, listed("fma"));
+  EXPECT_EQ(f.f16c, listed("f16c"));
+  EXPECT_EQ(f.avx512f, listed("avx512f"));
+  EXPECT_EQ(f.avx512bw, listed("avx512bw"));
+  EXPECT_EQ(f.avx512vl, listed("avx512vl"));
+  EXPECT_EQ(f.avx512dq, listed("avx512dq"));
+  EXPECT_EQ(f.avx512cd, listed("avx512cd"));
+  EXPECT_EQ(f.avx512_bf16, listed("avx512_bf16"));
+  EXPECT_EQ(f.avx512_fp16, listed("avx512_fp16"));
+  EXPECT_EQ(f.amx_tile, listed("amx_tile"));
+  EXPECT_EQ(f.amx_bf16, listed("amx_bf16"));
+  EXPECT_NE(model_line.find(f.model), std::string::npos) << model_line << " vs " << f.model;
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
-// Shared by the kernel tests: a fixture that runs each test on the AVX2 and the scalar path at
-// 1 and 2 threads, buffers placed at unaligned starts with guard bytes on both sides, and
-// deterministic random data.
+// Shared by the kernel tests: a fixture that runs each test on the AVX-512, the AVX2 and the
+// scalar path at 1 and 2 threads, buffers placed at unaligned starts with guard bytes on both
+// sides, and deterministic random data.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -14,11 +14,35 @@
 #include <vector>
 
 #include "zero/core/dtype.h"
+#include "zero/kernels/cpu_features.h"
 #include "zero/kernels/cpu_kernels.h"
 
 namespace zero::kernels::testing {
 
-enum class Path { kAvx2, kScalar };
+enum class Path { kAvx512, kAvx2, kScalar };
+inline const std::vector<Path> kAllPaths = {Path::kAvx512, Path::kAvx2, Path::kScalar};
+
+inline KernelIsa isa_of(Path path) {
+  switch (path) {
+    case Path::kAvx512:
+      return KernelIsa::kAvx512;
+    case Path::kAvx2:
+      return KernelIsa::kAvx2;
+    case Path::kScalar:
+      break;
+  }
+  return KernelIsa::kScalar;
+}
+
+inline std::string path_name(Path path) {
+  return kernel_isa_name(isa_of(path));
+}
+
+// Runs `path`'s bodies from now on; false (and the choice unchanged) when this CPU or the
+// environment (ZERO_KERNELS_ISA, ZERO_KERNELS_SCALAR) leaves no such path.
+inline bool use_path(Path path) {
+  return force_kernel_isa_for_testing(isa_of(path));
+}
 
 // Odd sizes exercise the vector tails; 140003 spans three sum_squares blocks and is large
 // enough for two threads to split it (32768 elements per thread at least).
@@ -31,13 +55,13 @@ inline const std::vector<DType> kDTypes = {DType::kFloat32, DType::kBFloat16, DT
 class KernelPathTest : public ::testing::TestWithParam<std::tuple<Path, int>> {
  protected:
   void SetUp() override {
-    force_scalar_for_testing(false);
-    if (path() == Path::kAvx2 && !cpu_has_avx2()) {
-      GTEST_SKIP() << "this CPU (or ZERO_KERNELS_SCALAR) leaves no AVX2 path to test";
+    reset_kernel_isa_for_testing();
+    if (!use_path(path())) {
+      GTEST_SKIP() << "this CPU (or ZERO_KERNELS_ISA / ZERO_KERNELS_SCALAR) leaves no "
+                   << path_name(path()) << " path to test";
     }
-    force_scalar_for_testing(path() == Path::kScalar);
   }
-  void TearDown() override { force_scalar_for_testing(false); }
+  void TearDown() override { reset_kernel_isa_for_testing(); }
 
   Path path() const { return std::get<0>(GetParam()); }
   KernelOptions options() const {
@@ -48,16 +72,15 @@ class KernelPathTest : public ::testing::TestWithParam<std::tuple<Path, int>> {
 };
 
 inline std::string path_param_name(const ::testing::TestParamInfo<std::tuple<Path, int>>& info) {
-  return std::string(std::get<0>(info.param) == Path::kAvx2 ? "avx2" : "scalar") + "_" +
-         std::to_string(std::get<1>(info.param)) + "threads";
+  return path_name(std::get<0>(info.param)) + "_" + std::to_string(std::get<1>(info.param)) +
+         "threads";
 }
 
-#define ZERO_INSTANTIATE_PATHS(fixture)                                              \
-  INSTANTIATE_TEST_SUITE_P(                                                          \
-      Paths, fixture,                                                                \
-      ::testing::Combine(::testing::Values(::zero::kernels::testing::Path::kAvx2,    \
-                                           ::zero::kernels::testing::Path::kScalar), \
-                         ::testing::Values(1, 2)),                                   \
+#define ZERO_INSTANTIATE_PATHS(fixture)                                            \
+  INSTANTIATE_TEST_SUITE_P(                                                        \
+      Paths, fixture,                                                              \
+      ::testing::Combine(::testing::ValuesIn(::zero::kernels::testing::kAllPaths), \
+                         ::testing::Values(1, 2)),                                 \
       ::zero::kernels::testing::path_param_name)
 
 // n elements of a dtype starting `offset` elements after a 64-byte boundary, with guard bytes

@@ -1,12 +1,13 @@
 // The transformer kernels against the double references of transformer_test_reference.h (the
 // attention reference keeps each row's full softmax; the backward references are the textbook
 // chain rule, checked in turn against central finite differences). Each kernel
-// runs on the AVX2 and the scalar path, at 1, 2 and 3 threads on sizes large enough for every
-// thread to get work, and must return the same bits at every thread count. Sizes are odd on
-// purpose: rows of C not a multiple of 8, T not a multiple of 8, head sizes below and above 32,
+// runs on the AVX-512, the AVX2 and the scalar path, at 1, 2 and 3 threads on sizes large enough
+// for every thread to get work, and must return the same bits at every thread count. Sizes are odd
+// on purpose: rows of C not a multiple of 8, T not a multiple of 8, head sizes below and above 32,
 // a vocabulary padded with columns that must not count, single rows.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -14,6 +15,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernel_test_util.h"
@@ -29,19 +31,18 @@ namespace {
 class TransformerKernelTest : public ::testing::TestWithParam<Path> {
  protected:
   void SetUp() override {
-    force_scalar_for_testing(false);
-    if (GetParam() == Path::kAvx2 && !cpu_has_avx2()) {
-      GTEST_SKIP() << "this CPU (or ZERO_KERNELS_SCALAR) leaves no AVX2 path to test";
+    reset_kernel_isa_for_testing();
+    if (!use_path(GetParam())) {
+      GTEST_SKIP() << "this CPU (or ZERO_KERNELS_ISA / ZERO_KERNELS_SCALAR) leaves no "
+                   << path_name(GetParam()) << " path to test";
     }
-    force_scalar_for_testing(GetParam() == Path::kScalar);
   }
-  void TearDown() override { force_scalar_for_testing(false); }
+  void TearDown() override { reset_kernel_isa_for_testing(); }
 };
 
-INSTANTIATE_TEST_SUITE_P(Paths, TransformerKernelTest,
-                         ::testing::Values(Path::kAvx2, Path::kScalar),
+INSTANTIATE_TEST_SUITE_P(Paths, TransformerKernelTest, ::testing::ValuesIn(kAllPaths),
                          [](const ::testing::TestParamInfo<Path>& path) {
-                           return std::string(path.param == Path::kAvx2 ? "avx2" : "scalar");
+                           return path_name(path.param);
                          });
 
 const std::vector<int> kThreadCounts = {1, 2, 3};
@@ -368,5 +369,195 @@ TEST_P(TransformerKernelTest, CrossEntropy) {
     }
   }
 }
+// --- The AVX-512 path against the AVX2 path ---------------------------------------------------
+
+// The largest |a - b| over the largest |b|: how far two paths' results of one kernel lie apart,
+// relative to the result's scale as close() measures it.
+double relative_difference(const Floats& a, const Floats& b) {
+  double diff = 0.0, scale = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
+  }
+  return scale > 0.0 ? diff / scale : diff;
+}
+
+// Runs `kernel` (which returns its result arrays) on the AVX-512 path and on the AVX2 path.
+std::pair<std::vector<Floats>, std::vector<Floats>> on_avx512_and_avx2(
+    const std::function<std::vector<Floats>()>& kernel) {
+  EXPECT_TRUE(use_path(Path::kAvx512));
+  std::vector<Floats> wide = kernel();
+  EXPECT_TRUE(use_path(Path::kAvx2));
+  std::vector<Floats> narrow = kernel();
+  reset_kernel_isa_for_testing();
+  return {wide, narrow};
+}
+
+bool avx512_and_avx2_available() {
+  reset_kernel_isa_for_testing();
+  return best_kernel_isa() == KernelIsa::kAvx512;
+}
+
+// GELU and the softmax's exp run the same operations per element on 16 lanes as on 8: the same
+// bits. (cross_entropy_backward is scaled_exp per row, given the forward's lse.)
+TEST(Avx512AgainstAvx2, ElementWiseKernelsGiveTheSameBits) {
+  if (!avx512_and_avx2_available())
+    GTEST_SKIP() << "this CPU (or the environment) has no AVX-512 path";
+  std::mt19937 rng(21);
+  const size_t n = 100003;
+  const int N = 3, V = 30001, Vp = 30016;
+  Floats x = random_floats(n, rng, -8, 8), dout = random_floats(n, rng, -1, 1);
+  Floats logits = random_floats(static_cast<size_t>(N) * Vp, rng, -4, 4);
+  Floats lse = {1.5f, 9.25f, 10.0f};
+  std::vector<int32_t> targets = {0, 17, V - 1};
+  auto [wide, narrow] = on_avx512_and_avx2([&] {
+    Floats out(n), dx(n), dlogits(logits.size());
+    gelu_forward(out.data(), x.data(), n);
+    gelu_backward(dx.data(), x.data(), dout.data(), n);
+    cross_entropy_backward(dlogits.data(), logits.data(), lse.data(), targets.data(), 0.5f, N, V,
+                           Vp);
+    return std::vector<Floats>{out, dx, dlogits};
+  });
+  for (size_t i = 0; i < wide.size(); ++i) EXPECT_TRUE(same_bits(wide[i], narrow[i])) << i;
+}
+
+// Sums over a row (LayerNorm's moments, softmax's normalizer, attention's GEMM-fed rows) add 16
+// lane partial sums where AVX2 adds 8: a different order, so the bits differ by float rounding.
+// Measured at these sizes: at most 3.1e-7 of the result's scale (LayerNorm's mean; attention's
+// output 3.0e-7, the others 2.0e-7 or less, the cross-entropy's equal); bound 1e-6, well inside
+// the 1e-5 both keep to the exact definitions.
+TEST(Avx512AgainstAvx2, RowSumsAgreeToFloatRounding) {
+  if (!avx512_and_avx2_available())
+    GTEST_SKIP() << "this CPU (or the environment) has no AVX-512 path";
+  constexpr double kBound = 1e-6;
+  std::mt19937 rng(22);
+  const int rows = 67, C = 771;
+  const int N = 3, V = 30001, Vp = 30016;
+  const int B = 2, T = 67, heads = 3, channels = 3 * 40;
+  Floats inp = random_floats(static_cast<size_t>(rows) * C, rng, -3, 3);
+  Floats weight = random_floats(C, rng, 0.5f, 1.5f), bias = random_floats(C, rng, -1, 1);
+  Floats dout = random_floats(inp.size(), rng, -1, 1);
+  Floats logits = random_floats(static_cast<size_t>(N) * Vp, rng, -4, 4);
+  std::vector<int32_t> targets = {0, 17, V - 1};
+  Floats qkv = random_floats(static_cast<size_t>(B) * T * 3 * channels, rng, -2, 2);
+  Floats attention_dout = random_floats(static_cast<size_t>(B) * T * channels, rng, -1, 1);
+  auto [wide, narrow] = on_avx512_and_avx2([&] {
+    Floats out(inp.size()), mean(rows), rstd(rows), dinp(inp.size(), 0.0f);
+    Floats dweight(C, 0.0f), dbias(C, 0.0f);
+    layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(), bias.data(),
+                      rows, C, 1e-5f);
+    layernorm_backward(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(),
+                       weight.data(), mean.data(), rstd.data(), rows, C);
+    Floats losses(N), lse(N);
+    cross_entropy_forward(losses.data(), lse.data(), logits.data(), targets.data(), N, V, Vp);
+    Floats att(attention_dout.size()), att_lse(static_cast<size_t>(B) * heads * T);
+    Floats dqkv(qkv.size());
+    attention_forward(att.data(), att_lse.data(), qkv.data(), B, T, channels, heads);
+    attention_backward(dqkv.data(), attention_dout.data(), qkv.data(), att.data(), att_lse.data(),
+                       B, T, channels, heads);
+    return std::vector<Floats>{out, mean, rstd, dinp, losses, lse, att, att_lse, dqkv};
+  });
+  const char* names[] = {"layernorm out",  "mean",          "rstd",
+                         "layernorm dinp", "losses",        "lse",
+                         "attention out",  "attention lse", "dqkv"};
+  for (size_t i = 0; i < wide.size(); ++i) {
+    const double difference = relative_difference(wide[i], narrow[i]);
+    RecordProperty(names[i], (::testing::Message() << difference).GetString());
+    EXPECT_LE(difference, kBound) << names[i];
+  }
+}
+
+// --- bf16 products ----------------------------------------------------------------------------
+
+// x rounded to bf16, as doubles.
+Doubles rounded_to_bf16(const Floats& x) {
+  Doubles out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = bf16_to_float(float_to_bf16(x[i]));
+  return out;
+}
+
+Doubles absolute(const Doubles& x) {
+  Doubles out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = std::abs(x[i]);
+  return out;
+}
+
+// Each value of `got` against the exact product of the bf16-rounded inputs: a sum of K products
+// accumulated in fp32 in any order is off by at most gamma_K = K u / (1 - K u) times the sum of
+// the products' magnitudes (u = 2^-24, Higham's bound; the products of two bf16 values are exact
+// in fp32), one more u for adding a prior value (bias or +=) and one for the result's rounding.
+::testing::AssertionResult within_fp32_accumulation(const Floats& got, const Doubles& exact,
+                                                    const Doubles& magnitudes, int K) {
+  const double u = std::ldexp(1.0, -24);
+  const double gamma = (K + 2) * u / (1.0 - (K + 2) * u);
+  double worst = 0.0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double bound = gamma * magnitudes[i] + 1e-30;
+    const double ratio = std::abs(got[i] - exact[i]) / bound;
+    if (!(ratio <= 1.0)) {
+      return ::testing::AssertionFailure()
+             << "value " << i << ": " << got[i] << " vs exact " << exact[i] << ", bound " << bound;
+    }
+    worst = std::max(worst, ratio);
+  }
+  return ::testing::AssertionSuccess() << "worst error " << worst << " of the bound";
+}
+
+// The GPT-2's products with bf16 products asked for, where they run in bf16: the inputs rounded
+// to bf16 and multiplied exactly, summed in fp32 (within_fp32_accumulation), for the GPT-2's
+// shapes (C 384, its QKV's 1152 and MLP's 1536 columns, the tied head's [V, C] weight) and odd
+// ones, at 1 and 2 threads. Where the CPU has no bf16 arithmetic they run in fp32, as the
+// Matmul test checks.
+TEST(Bf16Products, MatmulMatchesBf16InputsWithFp32Accumulation) {
+  if (!bf16_products_in_bf16()) {
+    GTEST_SKIP() << "bf16 products run in fp32 here: " << bf16_products_description();
+  }
+  std::mt19937 rng(23);
+  struct Case {
+    int N, C, OC;
+    WeightLayout layout;
+  };
+  for (Case s :
+       {Case{1, 3, 5, WeightLayout::kInOut}, Case{67, 771, 301, WeightLayout::kInOut},
+        Case{259, 384, 1152, WeightLayout::kInOut}, Case{256, 1536, 384, WeightLayout::kInOut},
+        Case{33, 384, 5003, WeightLayout::kOutIn}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << "N=" << s.N << " C=" << s.C << " OC=" << s.OC
+                 << (s.layout == WeightLayout::kInOut ? " in-out" : " out-in"));
+    const size_t in = static_cast<size_t>(s.N) * s.C, out_n = static_cast<size_t>(s.N) * s.OC;
+    Floats x = random_floats(in, rng, -1, 1), w = random_floats(in / s.N * s.OC, rng, -1, 1);
+    Floats bias = random_floats(s.OC, rng, -1, 1), dout = random_floats(out_n, rng, -1, 1);
+    Floats dw_prior = random_floats(w.size(), rng, -1, 1);
+    const Doubles xr = rounded_to_bf16(x), wr = rounded_to_bf16(w), dr = rounded_to_bf16(dout);
+    const Doubles bias_d = to_doubles(bias), bias_abs = absolute(bias_d);
+    const Doubles out_exact = matmul_reference(xr, wr, &bias_d, s.N, s.C, s.OC, s.layout);
+    const Doubles out_magnitude =
+        matmul_reference(absolute(xr), absolute(wr), &bias_abs, s.N, s.C, s.OC, s.layout);
+    Doubles dx_exact, dw_exact, db_exact, dx_magnitude, dw_magnitude, db_magnitude;
+    matmul_backward_reference(dx_exact, dw_exact, db_exact, dr, xr, wr, s.N, s.C, s.OC, s.layout);
+    matmul_backward_reference(dx_magnitude, dw_magnitude, db_magnitude, absolute(dr), absolute(xr),
+                              absolute(wr), s.N, s.C, s.OC, s.layout);
+    const Doubles prior = to_doubles(dw_prior);
+    for (int t : {1, 2}) {
+      SCOPED_TRACE(::testing::Message() << t << " threads");
+      KernelOptions opt = threads(t);
+      opt.bf16_products = true;
+      Floats out(out_n, 1e30f), dx(in, 1e30f), dw = dw_prior, db(s.OC, 0.0f);
+      matmul_forward(out.data(), x.data(), w.data(), bias.data(), s.N, s.C, s.OC, s.layout, opt);
+      EXPECT_TRUE(within_fp32_accumulation(out, out_exact, out_magnitude, s.C));
+      matmul_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), s.N, s.C,
+                      s.OC, s.layout, opt);
+      EXPECT_TRUE(within_fp32_accumulation(dx, dx_exact, dx_magnitude, s.OC));
+      EXPECT_TRUE(within_fp32_accumulation(dw, plus(prior, dw_exact),
+                                           plus(absolute(prior), dw_magnitude), s.N));
+      // Something must differ from fp32 products where the inputs are not bf16 values.
+      Floats out_fp32(out_n);
+      matmul_forward(out_fp32.data(), x.data(), w.data(), bias.data(), s.N, s.C, s.OC, s.layout,
+                     threads(t));
+      EXPECT_FALSE(same_bits(out, out_fp32));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace zero::kernels::testing

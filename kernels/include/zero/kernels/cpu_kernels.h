@@ -1,7 +1,7 @@
 // Vectorized CPU kernels on local memory: no communication, no ownership. Each function picks
-// the AVX2/F16C path when the CPU has it (checked once at run time) and a scalar loop
-// otherwise; both produce the same results as the scalar reference built on dtype.h and
-// optimizer_math.h. Pointers need no alignment beyond their element type's.
+// the AVX-512 path when the CPU has it, else the AVX2/F16C path, else a scalar loop (checked
+// once at run time, cpu_features.h); all produce the same results as the scalar reference
+// built on dtype.h and optimizer_math.h. Pointers need no alignment beyond their element type's.
 #pragma once
 
 #include <cstddef>
@@ -18,17 +18,22 @@ namespace zero::kernels {
 // so does a call made while another thread's call is using the pool.
 // Every kernel returns the same bits for any thread count (sum_squares included: it sums in
 // fixed blocks, see kernels/cpu/kernel_paths.h).
+// bf16_products: matmul_forward's and matmul_backward's products round their inputs to bf16 and
+// accumulate in fp32 where the CPU has bf16 arithmetic (transformer_kernels.h); fp32 otherwise.
+// Attention's products stay fp32: its tiles' small GEMMs ran at 0.47x of fp32 through oneDNN.
 struct KernelOptions {
   int threads = 1;
+  bool bf16_products = false;
 };
 
-// True when the AVX2+F16C+FMA path is in use. ZERO_KERNELS_SCALAR=1 in the environment (read
-// once, at the first kernel call) forces the scalar path.
+// True when a vector path (AVX2+F16C+FMA, or AVX-512 beside them) is in use; which one, and
+// how the environment caps the choice: cpu_features.h. ZERO_KERNELS_SCALAR=1 in the environment
+// (read once, at the first kernel call) forces the scalar path.
 bool cpu_has_avx2();
 
 // Tests only: forces the scalar path (true) or returns to the normal choice (false) at any
-// time, so one test binary can compare both paths. Not for use while kernels run on other
-// threads.
+// time, so one test binary can compare the paths (force_kernel_isa_for_testing picks any).
+// Not for use while kernels run on other threads.
 void force_scalar_for_testing(bool force);
 
 // Fused AdamW over n elements of a flat shard. master, m, v: fp32 state, updated in place.

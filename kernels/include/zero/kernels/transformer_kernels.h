@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "zero/kernels/cpu_kernels.h"
 
@@ -39,6 +40,13 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int N, int C, const KernelOptions& opt = {});
+
+// Whether opt.bf16_products runs the products in bf16 in this process: the build has oneDNN, the
+// CPU bf16 arithmetic (cpu_features.h), and ZERO_BF16_PRODUCTS is not "fp32" (read once).
+// Where it does not, bf16_products is ignored and the products run in fp32 as without it.
+bool bf16_products_in_bf16();
+// What bf16 products run on, for kernel_summary(): "oneDNN bf16 (avx512_bf16)", or why fp32.
+std::string bf16_products_description();
 
 // How a weight matrix is stored: [in, out] (Hugging Face GPT-2's Conv1D: out = inp @ W) or
 // [out, in] (a tied LM head reading the token embedding: out = inp @ W^T).

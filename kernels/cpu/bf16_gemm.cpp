@@ -1,0 +1,103 @@
+// oneDNN matmul primitives, one per shape, cached for the process.
+#include "bf16_gemm.h"
+
+#include <omp.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+
+#include "oneapi/dnnl/dnnl.hpp"
+#include "zero/core/check.h"
+
+namespace zero::kernels::detail {
+namespace {
+
+using dnnl::memory;
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+using ShapeKey = std::tuple<bool, bool, int, int, int, int, int, int, float, float>;
+
+struct Primitive {
+  dnnl::matmul matmul;
+  memory::desc a, b, c;
+};
+
+memory::desc matrix(int rows, int cols, bool transposed, int ld, memory::data_type type) {
+  const memory::dims dims = {rows, cols};
+  const memory::dims strides = transposed ? memory::dims{1, ld} : memory::dims{ld, 1};
+  return memory::desc(dims, type, strides);
+}
+
+std::shared_ptr<const Primitive> primitive_for(const ShapeKey& key) {
+  static std::mutex mutex;
+  static std::map<ShapeKey, std::shared_ptr<const Primitive>> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto found = cache.find(key);
+  if (found != cache.end()) return found->second;
+  const auto [trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta] = key;
+  auto made = std::make_shared<Primitive>();
+  made->a = matrix(M, K, trans_a, lda, memory::data_type::bf16);
+  made->b = matrix(K, N, trans_b, ldb, memory::data_type::bf16);
+  made->c = matrix(M, N, false, ldc, memory::data_type::f32);
+  dnnl::primitive_attr attr;
+  if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+  if (beta != 0.0f) {
+    dnnl::post_ops ops;
+    ops.append_sum(beta);
+    attr.set_post_ops(ops);
+  }
+  dnnl::matmul::desc desc(made->a, made->b, made->c);
+  made->matmul = dnnl::matmul(dnnl::matmul::primitive_desc(desc, attr, cpu_engine()));
+  cache.emplace(key, made);
+  return made;
+}
+
+}  // namespace
+
+void bf16_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A,
+               int lda, const uint16_t* B, int ldb, float beta, float* C, int ldc) {
+  if (M == 0 || N == 0) return;
+  // oneDNN parallelizes over OpenMP's threads of the calling thread; the callers split the work
+  // over their own threads already, so each call runs on one.
+  thread_local const bool single_threaded = [] {
+    omp_set_num_threads(1);
+    return true;
+  }();
+  (void)single_threaded;
+  try {
+    const std::shared_ptr<const Primitive> p =
+        primitive_for(ShapeKey{trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta});
+    thread_local dnnl::stream stream(cpu_engine());
+    memory a(p->a, cpu_engine(), const_cast<uint16_t*>(A));
+    memory b(p->b, cpu_engine(), const_cast<uint16_t*>(B));
+    memory c(p->c, cpu_engine(), C);
+    p->matmul.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+    stream.wait();
+  } catch (const dnnl::error& e) {
+    ZERO_FAIL("oneDNN bf16 matmul of [" << M << ", " << K << "] x [" << K << ", " << N
+                                        << "] failed: " << e.what());
+  }
+}
+
+std::string bf16_gemm_isa() {
+  switch (dnnl::get_effective_cpu_isa()) {
+    case dnnl::cpu_isa::avx512_core_amx:
+      return "avx512_core_amx";
+    case dnnl::cpu_isa::avx512_core_bf16:
+      return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_vnni:
+      return "avx512_core_vnni";
+    case dnnl::cpu_isa::avx512_core:
+      return "avx512_core";
+    default:
+      return "no AVX-512";
+  }
+}
+
+}  // namespace zero::kernels::detail

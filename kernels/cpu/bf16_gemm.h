@@ -1,0 +1,22 @@
+// bf16 GEMMs through oneDNN: bf16 inputs, fp32 accumulation and output. Built only with
+// oneDNN (ZERO_HAVE_DNNL); transformer_kernels.cpp runs its products here when asked for bf16
+// products on a CPU with bf16 arithmetic.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace zero::kernels::detail {
+
+// C [M, N] = alpha op(A) [M, K] op(B) [K, N] + beta C, row-major, A and B bf16 (raw bits), C
+// fp32; op transposes when trans_* is set, as cblas_sgemm's. Runs on the calling thread alone
+// (oneDNN's own threads are held to 1), so callers split the work as they do OpenBLAS's. The
+// primitive of each distinct shape (sizes, leading dimensions, alpha, beta) is created once and
+// reused; creating one costs far more than running a small one.
+void bf16_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A,
+               int lda, const uint16_t* B, int ldb, float beta, float* C, int ldc);
+
+// What oneDNN runs the bf16 primitives on ("avx512_core_amx", "avx512_core_bf16", ...).
+std::string bf16_gemm_isa();
+
+}  // namespace zero::kernels::detail
