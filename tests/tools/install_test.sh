@@ -37,6 +37,15 @@ for installed in bin/zerorun bin/zero-train bin/zero-estimate include/zero/core/
   fi
 done
 
+# The package looks only for what the installed build used: one without the CUDA backend (no
+# zero_kernels_cuda installed) looks for neither the CUDA toolkit nor NCCL.
+config=$prefix/lib/cmake/zero/zeroConfig.cmake
+if [ ! -e "$prefix/lib/libzero_kernels_cuda.a" ] &&
+   grep -E 'find_dependency\((CUDAToolkit|NCCL)' "$config"; then
+  echo "install_test: a build without CUDA installs a package that looks for CUDA or NCCL" >&2
+  exit 1
+fi
+
 configure_user_project() {  # SOURCE BUILD
   "$cmake" -S "$1" -B "$2" -G "$generator" -DCMAKE_CXX_COMPILER="$cxx" \
     -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix"
