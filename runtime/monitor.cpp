@@ -124,8 +124,7 @@ void TensorBoardWriter::write_record(const std::string& data) {
   append_le(&record, masked_crc32c(record.data(), 8), 4);
   record += data;
   append_le(&record, masked_crc32c(data.data(), data.size()), 4);
-  write_fully(fd_, record.data(), record.size(),
-                                "TensorBoard event file '" + path_ + "'");
+  write_fully(fd_, record.data(), record.size(), "TensorBoard event file '" + path_ + "'");
 }
 
 std::vector<std::string> read_tfrecords(const std::string& path) {
