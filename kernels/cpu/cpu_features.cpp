@@ -23,7 +23,7 @@ struct Registers {
 
 Registers cpuid(unsigned leaf, unsigned subleaf) {
   Registers r;
-  if (__get_cpuid_max(leaf & 0x80000000u, nullptr) < leaf) return r;
+  if (static_cast<unsigned>(__get_cpuid_max(leaf & 0x80000000u, nullptr)) < leaf) return r;
   __cpuid_count(leaf, subleaf, r.eax, r.ebx, r.ecx, r.edx);
   return r;
 }
@@ -40,7 +40,7 @@ uint64_t xcr0() {
 }
 
 std::string brand_string() {
-  if (__get_cpuid_max(0x80000000u, nullptr) < 0x80000004u) return "unknown";
+  if (static_cast<unsigned>(__get_cpuid_max(0x80000000u, nullptr)) < 0x80000004u) return "unknown";
   char brand[49] = {};
   for (unsigned leaf = 0; leaf < 3; ++leaf) {
     Registers r = cpuid(0x80000002u + leaf, 0);
