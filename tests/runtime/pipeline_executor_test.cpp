@@ -1,0 +1,224 @@
+// The pipeline executor on 1-4 ranks (one stage per rank): every schedule moves the right
+// activations and gradients through a toy model whose values tell which stages touched them,
+// the report counts the bytes, neighbours that disagree on the activation shape fail alike,
+// ZB-H1 refuses work that does not split backward, and the timeline files are written.
+#include "zero/runtime/pipeline_executor.h"
+
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/expect_error.h"
+
+namespace zero {
+namespace {
+
+using testing::expect_error_naming;
+
+const std::vector<int64_t> kShape = {2, 3};
+
+// Virtual stage k adds k + 1 to every element going forward and doubles the gradient going
+// back. The first virtual stage starts micro-batch mb at mb; the last starts the gradient at the
+// value it received plus one. What each computation saw is recorded for the checks.
+class ToyWork : public PipelineStageWork {
+ public:
+  ToyWork(int stage, int stages, int virtual_stages, bool split)
+      : stage_(stage), stages_(stages), last_(stages * virtual_stages - 1), split_(split) {}
+
+  void forward(int mb, int chunk, const Tensor& input, Tensor& output) override {
+    const int own = chunk * stages_ + stage_;
+    const float in = own == 0 ? static_cast<float>(mb) : input.data()[0];
+    EXPECT_EQ(input.numel(), own == 0 ? 0u : 6u);
+    for (size_t i = 0; i < output.numel(); ++i) output.data()[i] = in + static_cast<float>(own + 1);
+    forward_seen[{mb, chunk}] = in;
+  }
+
+  void backward(int mb, int chunk, const Tensor& grad_output, Tensor& grad_input) override {
+    backward_input(mb, chunk, grad_output, grad_input);
+    weights_done[{mb, chunk}] = true;
+  }
+
+  bool splits_backward() const override { return split_; }
+
+  void backward_input(int mb, int chunk, const Tensor& grad_output, Tensor& grad_input) override {
+    const int own = chunk * stages_ + stage_;
+    EXPECT_TRUE(forward_seen.count({mb, chunk})) << "backward before forward";
+    const float grad = own == last_ ? forward_seen[{mb, chunk}] + 1 : grad_output.data()[5];
+    for (size_t i = 0; i < grad_input.numel(); ++i) grad_input.data()[i] = 2 * grad;
+    backward_seen[{mb, chunk}] = grad;
+  }
+
+  void backward_weight(int mb, int chunk) override {
+    EXPECT_TRUE(backward_seen.count({mb, chunk})) << "weight gradient before input gradient";
+    weights_done[{mb, chunk}] = true;
+  }
+
+  std::map<std::pair<int, int>, float> forward_seen;   // the input's value
+  std::map<std::pair<int, int>, float> backward_seen;  // the output gradient's value
+  std::map<std::pair<int, int>, bool> weights_done;
+
+ private:
+  int stage_;
+  int stages_;
+  int last_;
+  bool split_;
+};
+
+struct World {
+  int rank = 0;
+  int size = 1;
+  World() {
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+  }
+};
+
+void check_values(PipelineScheduleKind kind, int m, int v) {
+  const World world;
+  const int p = world.size;
+  SCOPED_TRACE(std::string(pipeline_schedule_name(kind)) + " p " + std::to_string(p) + " m " +
+               std::to_string(m) + " v " + std::to_string(v));
+  PeerChannel channel(MPI_COMM_WORLD);
+  PipelineExecutor executor(channel, world.rank, p, make_pipeline_schedule(kind, p, m, v), kShape,
+                            v);
+  ToyWork work(world.rank, p, v, kind == PipelineScheduleKind::kZeroBubbleH1);
+  for (int step = 0; step < 2; ++step) {  // the second step reuses the executor's buffers
+    work = ToyWork(world.rank, p, v, kind == PipelineScheduleKind::kZeroBubbleH1);
+    const PipelineStepReport report = executor.run(work);
+    const int last = p * v - 1;
+    // Going forward, virtual stage k received mb + (1 + 2 + ... + k).
+    for (int mb = 0; mb < m; ++mb) {
+      for (int chunk = 0; chunk < v; ++chunk) {
+        const int own = chunk * p + world.rank;
+        const float expected_in = static_cast<float>(mb + own * (own + 1) / 2);
+        EXPECT_EQ(work.forward_seen.at({mb, chunk}), expected_in) << "mb " << mb;
+        // Going back, the last stage's gradient (its input + 1) doubled once per stage after.
+        const float top = static_cast<float>(mb + last * (last + 1) / 2 + 1);
+        float expected_grad = top;
+        for (int k = own; k < last; ++k) expected_grad *= 2;
+        EXPECT_EQ(work.backward_seen.at({mb, chunk}), expected_grad) << "mb " << mb;
+        EXPECT_TRUE(work.weights_done.at({mb, chunk}));
+      }
+    }
+    // Each (micro-batch, chunk) not on the last virtual stage sends one activation, each not on
+    // the first one gradient, of 6 floats.
+    uint64_t messages = 0;
+    for (int chunk = 0; chunk < v; ++chunk) {
+      const int own = chunk * p + world.rank;
+      messages += static_cast<uint64_t>(m) * ((own < last ? 1 : 0) + (own > 0 ? 1 : 0));
+    }
+    EXPECT_EQ(report.bytes_sent, messages * 24);
+    EXPECT_EQ(report.bytes_received, messages * 24);
+    EXPECT_EQ(report.timeline.size(), executor.schedules()[world.rank].size());
+    EXPECT_GE(report.step_ms, report.busy_ms);
+  }
+}
+
+TEST(PipelineExecutor, EveryScheduleCarriesActivationsAndGradients) {
+  const int p = World().size;
+  check_values(PipelineScheduleKind::kGpipe, 3, 1);
+  check_values(PipelineScheduleKind::kOneFOneB, 2 * p + 1, 1);
+  check_values(PipelineScheduleKind::kOneFOneB, 1, 1);
+  check_values(PipelineScheduleKind::kZeroBubbleH1, 2 * p, 1);
+  check_values(PipelineScheduleKind::kInterleaved, 2 * p, 2);
+  check_values(PipelineScheduleKind::kInterleaved, p, 3);
+}
+
+TEST(PipelineExecutor, NeighboursThatDisagreeOnTheShapeFailAlike) {
+  const World world;
+  if (world.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  PeerChannel channel(MPI_COMM_WORLD);
+  const std::vector<int64_t> shape =
+      world.rank == world.size - 1 ? std::vector<int64_t>{2, 4} : kShape;
+  expect_error_naming(
+      [&] {
+        PipelineExecutor(channel, world.rank, world.size,
+                         make_pipeline_schedule(PipelineScheduleKind::kOneFOneB, world.size, 2),
+                         shape);
+      },
+      "pipeline stages " + std::to_string(world.size - 2) + " and " +
+          std::to_string(world.size - 1) +
+          " disagree on the activation shape between them: [2, 3] against [2, 4]");
+}
+
+TEST(PipelineExecutor, ZeroBubbleRefusesWorkThatDoesNotSplitBackward) {
+  const World world;
+  PeerChannel channel(MPI_COMM_WORLD);
+  PipelineExecutor executor(
+      channel, world.rank, world.size,
+      make_pipeline_schedule(PipelineScheduleKind::kZeroBubbleH1, world.size, 2), kShape);
+  ToyWork work(world.rank, world.size, 1, false);
+  expect_error_naming([&] { executor.run(work); },
+                      "splits backward into backward_input and backward_weight (zb-h1), and the "
+                      "stage's work does not");
+  EXPECT_TRUE(work.forward_seen.empty());
+}
+
+TEST(PipelineExecutor, BadPlacesAreRefused) {
+  const World world;
+  PeerChannel channel(MPI_COMM_WORLD);
+  const auto lists = make_pipeline_schedule(PipelineScheduleKind::kOneFOneB, world.size, 2);
+  expect_error_naming([&] { PipelineExecutor(channel, world.rank, world.size + 1, lists, kShape); },
+                      "stages but its peer channel " + std::to_string(world.size) + " ranks");
+  expect_error_naming(
+      [&] {
+        PipelineExecutor(channel, (world.rank + 1) % (world.size + 1), world.size, lists, kShape);
+      },
+      "the stage is the channel's rank");
+}
+
+TEST(PipelineExecutor, TimelineFilesHoldMeasuredAndPlannedActions) {
+  const World world;
+  const int p = world.size;
+  PeerChannel channel(MPI_COMM_WORLD);
+  const auto lists = make_pipeline_schedule(PipelineScheduleKind::kZeroBubbleH1, p, 4);
+  PipelineExecutor executor(channel, world.rank, p, lists, kShape);
+  ToyWork work(world.rank, p, 1, true);
+  const auto reports = gather_pipeline_reports(channel, executor.run(work));
+  if (world.rank != 0) {
+    EXPECT_TRUE(reports.empty());
+    return;
+  }
+  ASSERT_EQ(reports.size(), static_cast<size_t>(p));
+  for (int rank = 0; rank < p; ++rank) {
+    EXPECT_EQ(reports[rank].timeline.size(), lists[rank].size()) << rank;
+    for (size_t i = 0; i < lists[rank].size(); ++i) {
+      EXPECT_EQ(reports[rank].timeline[i].action, lists[rank][i]);
+    }
+  }
+  const std::string prefix =
+      std::string(::testing::TempDir()) + "pipeline_timeline_np" + std::to_string(p);
+  const std::string note = write_pipeline_timeline(prefix, reports, lists, {1.0, 1.0, 1.0});
+  std::ifstream json_file(prefix + ".json");
+  ASSERT_TRUE(json_file) << prefix << ".json";
+  const nlohmann::json doc = nlohmann::json::parse(json_file);
+  size_t measured = 0;
+  size_t planned = 0;
+  for (const auto& record : doc.at("actions")) {
+    (record.at("timeline") == "measured" ? measured : planned) += 1;
+    EXPECT_LE(record.at("start_ms").get<double>(), record.at("end_ms").get<double>());
+  }
+  size_t all = 0;
+  for (const auto& list : lists) all += list.size();
+  EXPECT_EQ(measured, all);
+  EXPECT_EQ(planned, static_cast<size_t>(p) * 4 * 3);  // F, B and W of 4 micro-batches per rank
+  if (note.empty()) {
+    std::ifstream png(prefix + ".png", std::ios::binary);
+    char magic[8] = {};
+    png.read(magic, sizeof(magic));
+    EXPECT_EQ(std::string(magic + 1, 3), "PNG") << prefix << ".png";
+  } else {
+    EXPECT_NE(note.find("wrote " + prefix + ".json without its picture"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace zero
