@@ -2,7 +2,7 @@
 // (OpenMPI moves them through shared memory within a node and the network across nodes by
 // itself). Sends and receives are posted at once and return a PeerRequest; wait() sleeps until
 // the transfer is done, because ranks often outnumber cores here: it polls MPI_Test with a
-// backoff from 20 us to 1 ms, never spinning hot. A transfer still unfinished after the
+// backoff from 20 us to 250 us, never spinning hot. A transfer still unfinished after the
 // collective timeout (ZERO_COLLECTIVE_TIMEOUT_S, 300 s by default; set_timeout) is a zero::Error
 // naming the rank, the peer, the tag and the bytes. Transfers progress inside MPI calls (any
 // wait or test of this channel), as MPI's point-to-point does without a progress thread.
