@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -104,6 +105,7 @@ std::string write_pipeline_timeline(const std::string& prefix,
   const auto plan = simulate_pipeline_schedule(schedules, stages, planned);
   std::vector<Box> measured_boxes;
   std::vector<Box> planned_boxes;
+  double longest = 0.0;  // both panels share the time axis
   nlohmann::ordered_json actions = nlohmann::ordered_json::array();
   for (int rank = 0; rank < stages; ++rank) {
     for (const PipelineActionTiming& t : reports[static_cast<size_t>(rank)].timeline) {
@@ -116,6 +118,7 @@ std::string write_pipeline_timeline(const std::string& prefix,
                          {"end_ms", t.end_ms}});
       if (is_pipeline_compute(t.action.kind)) {
         measured_boxes.push_back({rank, t.action, t.start_ms, t.end_ms});
+        longest = std::max(longest, t.end_ms);
       }
     }
     for (const PlannedAction& a : plan[static_cast<size_t>(rank)]) {
@@ -127,6 +130,7 @@ std::string write_pipeline_timeline(const std::string& prefix,
                          {"start_ms", a.start},
                          {"end_ms", a.end}});
       planned_boxes.push_back({rank, a.action, a.start, a.end});
+      longest = std::max(longest, a.end);
     }
   }
   nlohmann::ordered_json document = {
@@ -151,7 +155,7 @@ std::string write_pipeline_timeline(const std::string& prefix,
   for (int rank = 0; rank < stages; ++rank) {
     gp << (rank ? ", " : "") << "'rank " << rank << "' " << rank;
   }
-  gp << ")\nset key outside right top\nset xrange [0:*]\n"
+  gp << ")\nset key outside right top\nset xrange [0:" << std::max(longest, 1e-3) << "]\n"
      << "legend = \"keyentry with boxes fc rgb '#4472C4' title 'F', "
         "keyentry with boxes fc rgb '#ED7D31' title 'B (input + weight)', "
         "keyentry with boxes fc rgb '#2AB0B0' title 'B (input)', "
