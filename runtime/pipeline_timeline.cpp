@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -92,6 +93,24 @@ std::string data_block(const std::string& name, const std::vector<Box>& boxes) {
   return out.str();
 }
 
+// The gnuplot key entries of the kinds of computation the planned boxes hold.
+std::string legend(const std::vector<Box>& boxes) {
+  static const char* const kTitles[] = {"F", "B (input + weight)", "B (input)", "W (weight)"};
+  std::ostringstream out;
+  for (PipelineAction::Kind kind :
+       {PipelineAction::kForward, PipelineAction::kBackward, PipelineAction::kBackwardInput,
+        PipelineAction::kBackwardWeight}) {
+    const bool used = std::any_of(boxes.begin(), boxes.end(),
+                                  [&](const Box& b) { return b.action.kind == kind; });
+    if (!used) continue;
+    char colour[16];
+    std::snprintf(colour, sizeof(colour), "#%06lX", colour_of(kind));
+    out << (out.tellp() > 0 ? ", " : "") << "keyentry with boxes fc rgb '" << colour << "' title '"
+        << kTitles[kind] << "'";
+  }
+  return out.str();
+}
+
 }  // namespace
 
 std::string write_pipeline_timeline(const std::string& prefix,
@@ -156,10 +175,7 @@ std::string write_pipeline_timeline(const std::string& prefix,
     gp << (rank ? ", " : "") << "'rank " << rank << "' " << rank;
   }
   gp << ")\nset key outside right top\nset xrange [0:" << std::max(longest, 1e-3) << "]\n"
-     << "legend = \"keyentry with boxes fc rgb '#4472C4' title 'F', "
-        "keyentry with boxes fc rgb '#ED7D31' title 'B (input + weight)', "
-        "keyentry with boxes fc rgb '#2AB0B0' title 'B (input)', "
-        "keyentry with boxes fc rgb '#70AD47' title 'W (weight)'\"\n"
+     << "legend = \"" << legend(planned_boxes) << "\"\n"
      << "set title 'measured (ms since the step started)'\n"
      << "plot $measured using 1:2:3:4:5 with boxxyerror lc rgb variable notitle, "
         "'' using 1:2:6 with labels notitle, @legend\n"
