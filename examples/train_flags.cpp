@@ -18,6 +18,8 @@ using driver::usage_error;
 const char* const kTrainUsage =
     "usage: zero-train [--config FILE] [--model mlp|gpt2] [--steps N] [--stage 0|1|2|3]\n"
     "                  [--tp T (gpt2: tensor-parallel size)]\n"
+    "                  [--pp P (gpt2: pipeline stages) [--pp-schedule gpipe|1f1b]\n"
+    "                   [--pp-partition parameters|uniform] [--pp-schedule-dump FILE]]\n"
     "                  [--dtype fp32|bf16|fp16] [--seed S] [--global-batch B]\n"
     "                  [--micro-batches K] [--lr X] [--weight-decay X] [--clip X]\n"
     "                  [--schedule constant|warmup|linear|cosine] [--warmup N]\n"
@@ -231,6 +233,17 @@ Flags parse_flags(int argc, char** argv) {
       if (*f.stage > 3) usage_error("--stage must be 0, 1, 2 or 3");
     } else if (flag == "--tp") {
       f.tp = static_cast<int>(parse_at_least(flag, v, 1));
+    } else if (flag == "--pp") {
+      f.pp = static_cast<int>(parse_at_least(flag, v, 1));
+    } else if (flag == "--pp-schedule") {
+      f.pp_schedule = v;
+    } else if (flag == "--pp-partition") {
+      if (v != "parameters" && v != "uniform") {
+        usage_error("--pp-partition must be parameters or uniform, got '" + v + "'");
+      }
+      f.pp_partition = v;
+    } else if (flag == "--pp-schedule-dump") {
+      f.pp_schedule_dump = v;
     } else if (flag == "--dtype") {
       zero::DType dtype;
       if (!zero::parse_dtype(v, &dtype)) usage_error("--dtype must be fp32, bf16 or fp16");
@@ -320,6 +333,7 @@ namespace {
 // world holds; a ConfigError naming the problem otherwise.
 int data_parallel_size(int world_size, const zero::TrainingConfig& tc, const Flags& f) {
   const int tp = tc.tensor_parallel_size;
+  const int pp = tc.pipeline_stages;
   const std::string source = f.tp ? "--tp" : "tensor_parallel.tp_size in " + tc.origin;
   if (tp > world_size || world_size % tp != 0) {
     throw zero::ConfigError(source + " is " + std::to_string(tp) + " and the job has " +
@@ -330,7 +344,18 @@ int data_parallel_size(int world_size, const zero::TrainingConfig& tc, const Fla
     throw zero::ConfigError(source + " is " + std::to_string(tp) +
                             ": only --model gpt2 splits its layers over tensor-parallel ranks");
   }
-  return world_size / tp;
+  if (pp > 1 && f.model != "gpt2") {
+    throw zero::ConfigError("--pp is " + std::to_string(pp) +
+                            ": only --model gpt2 is cut into pipeline stages");
+  }
+  if (static_cast<long>(tp) * pp > world_size || world_size % (tp * pp) != 0) {
+    throw zero::ConfigError("--pp " + std::to_string(pp) + " x " + source + " " +
+                            std::to_string(tp) + " does not divide the job's " +
+                            std::to_string(world_size) +
+                            " rank(s): each pipeline stage takes world / pp ranks, in "
+                            "tensor-parallel groups");
+  }
+  return world_size / (tp * pp);
 }
 
 }  // namespace
@@ -338,8 +363,17 @@ int data_parallel_size(int world_size, const zero::TrainingConfig& tc, const Fla
 // The config file (or the built-in defaults), then every flag the user gave on top.
 zero::TrainingConfig resolve_config(const Flags& f, int world_size) {
   zero::TrainingConfig tc;
+  // A pipeline stage's ranks are the world its config's batch rule counts (DeepSpeed's
+  // data-parallel x tensor-parallel ranks).
+  const int pp = f.pp.value_or(1);
+  if (world_size % pp != 0) {
+    throw zero::ConfigError("--pp is " + std::to_string(pp) + " and the job has " +
+                            std::to_string(world_size) +
+                            " rank(s): they must divide into pipeline stages of equal size");
+  }
+  const int stage_ranks = world_size / pp;
   if (!f.config.empty()) {
-    tc = zero::load_training_config(f.config, world_size, auto_values(f, world_size));
+    tc = zero::load_training_config(f.config, stage_ranks, auto_values(f, stage_ranks));
   } else {
     tc.engine.stage = 3;
     tc.engine.optimizer.lr = kDefaultLr;
@@ -375,14 +409,16 @@ zero::TrainingConfig resolve_config(const Flags& f, int world_size) {
   // The batch is cut over the data-parallel ranks: --tp changes how many there are.
   const bool tp_changed = f.tp && *f.tp != tc.tensor_parallel_size;
   if (f.tp) tc.tensor_parallel_size = *f.tp;
+  const bool pp_changed = f.pp && *f.pp != tc.pipeline_stages;
+  if (f.pp) tc.pipeline_stages = *f.pp;
   const int data_parallel = data_parallel_size(world_size, tc, f);
-  if (f.global_batch || f.micro_batches || (tp_changed && !f.config.empty())) {
+  if (f.global_batch || f.micro_batches || ((tp_changed || pp_changed) && !f.config.empty())) {
     const long global = f.global_batch ? *f.global_batch : tc.train_batch_size;
     const int accumulation = f.micro_batches ? *f.micro_batches : tc.gradient_accumulation_steps;
     const long slices = static_cast<long>(accumulation) * data_parallel;
     zero::BatchSizes b = zero::derive_batch_sizes(
         f.global_batch ? divisible_batch(global, slices) : global, std::nullopt, accumulation,
-        data_parallel, "--global-batch/--micro-batches/--tp");
+        data_parallel, "--global-batch/--micro-batches/--tp/--pp");
     b.train_batch_size = global;
     tc.train_batch_size = b.train_batch_size;
     tc.micro_batch_per_rank = b.micro_batch_per_rank;
@@ -536,6 +572,8 @@ std::vector<zero::examples::Setting> run_description(const Flags& f,
       {"the ZeRO stage (--stage, zero_optimization.stage)", std::to_string(e.stage)},
       {"the tensor-parallel size (--tp, tensor_parallel.tp_size)",
        std::to_string(tc.tensor_parallel_size)},
+      {"the pipeline (--pp, --pp-schedule, --pp-partition)",
+       std::to_string(tc.pipeline_stages) + " " + f.pp_schedule + " " + f.pp_partition},
       {"the dtype (--dtype, bf16/fp16.enabled)", zero::dtype_name(e.dtype)},
       {"--steps", std::to_string(f.steps)},
       {"the global batch (--global-batch, train_batch_size)", std::to_string(tc.train_batch_size)},

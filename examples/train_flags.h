@@ -34,6 +34,13 @@ struct Flags {
   long steps = 20;
   std::optional<int> stage;
   std::optional<int> tp;  // --tp: tensor_parallel.tp_size
+  // --pp P: pipeline stages; --pp-schedule (gpipe, 1f1b, interleaved, zb-h1: 1f1b when absent),
+  // --pp-partition (parameters or uniform: how the GPT-2's blocks are cut into stages),
+  // --pp-schedule-dump FILE: each rank's timeline of the last step, measured and as planned.
+  std::optional<int> pp;
+  std::string pp_schedule = "1f1b";
+  std::string pp_partition = "parameters";
+  std::string pp_schedule_dump;
   std::optional<uint64_t> seed;
   std::optional<long> global_batch;
   std::optional<int> micro_batches;

@@ -217,9 +217,10 @@ bool fit_host_budget(const Flags& f, const TrainTask& task, int ranks_on_node, i
   const uint64_t outside_engine = activations + module_copies;
   if (budget > 0) {
     if (budget <= outside_engine) {
-      const std::string advice =
-          out_of_memory_advice(task, config->engine, world_size / config->tensor_parallel_size,
-                               config->micro_batch_per_rank, budget);
+      const std::string advice = out_of_memory_advice(
+          task, config->engine,
+          world_size / (config->tensor_parallel_size * config->pipeline_stages),
+          config->micro_batch_per_rank, budget);
       if (rank == 0) {
         std::cerr << ("zero-train: out of host memory: the activations and batch data of " +
                       std::to_string(config->micro_batch_per_rank) + " samples per micro-batch (" +

@@ -47,6 +47,12 @@ class MlpTask : public TrainTask {
                "the MLP does not split over tensor-parallel ranks");
     return models::make_mlp(config_);
   }
+  std::string set_pipeline_stage(int, int, const std::string&) override {
+    throw ConfigError("--pp: only --model gpt2 is cut into pipeline stages");
+  }
+  std::vector<int64_t> stage_boundary_shape(int64_t) const override {
+    throw ConfigError("--pp: only --model gpt2 is cut into pipeline stages");
+  }
   void start(Engine&, uint64_t data_seed) override { data_.emplace(config_, data_seed); }
 
   Tensor input(long step, int64_t first, int64_t count) override {
@@ -151,9 +157,39 @@ class Gpt2Task : public TrainTask {
   }
   std::vector<NamedModule> take_modules(
       const models::Gpt2TensorParallel& tensor_parallel) override {
-    model_ = models::make_gpt2(config_, kernel_threads_, checkpointing_, tensor_parallel);
+    model_ = models::make_gpt2(config_, kernel_threads_, checkpointing_, tensor_parallel, stage_);
     tensor_parallel_rank_ = tensor_parallel.rank;
     return std::move(model_.modules);
+  }
+  std::vector<int64_t> stage_boundary_shape(int64_t samples) const override {
+    return {samples, seq_len_, config_.n_embd};
+  }
+  std::string set_pipeline_stage(int stage, int stages, const std::string& partition) override {
+    std::vector<int> bounds;
+    try {
+      bounds = models::gpt2_pipeline_partition(config_, stages, partition);
+    } catch (const Error& e) {
+      throw ConfigError(e.what());
+    }
+    stage_ = models::gpt2_pipeline_stage(config_, bounds, stage);
+    // What the other stages hold, which this one's weights file skips.
+    held_elsewhere_.clear();
+    std::vector<std::string> mine;
+    for (const ParamSpec& spec : models::gpt2_param_specs(config_, stage_)) {
+      mine.push_back(spec.name);
+    }
+    for (const ParamSpec& spec : models::gpt2_param_specs(config_)) {
+      if (std::find(mine.begin(), mine.end(), spec.name) == mine.end()) {
+        held_elsewhere_.push_back(spec.name);
+      }
+    }
+    uint64_t params = 0;
+    for (const ParamSpec& spec : models::gpt2_param_specs(config_, stage_)) params += numel(spec);
+    std::ostringstream line;
+    line << "pipeline stage " << stage << ": layers " << stage_.first_layer << "-"
+         << stage_.end_layer - 1 << (stage_.first() ? " + embeddings" : "")
+         << (stage_.last() ? " + ln_f, head (wte)" : "") << ", " << params << " parameters";
+    return line.str();
   }
   void start(Engine& engine, uint64_t) override {
     models::count_gpt2_activations(model_, engine.allocator());
@@ -163,7 +199,7 @@ class Gpt2Task : public TrainTask {
     std::string problem;
     try {
       models::load_gpt2_weights(engine, init_from_, config_.tensor_parallel_size,
-                                tensor_parallel_rank_);
+                                tensor_parallel_rank_, held_elsewhere_);
     } catch (const Error& e) {
       problem = e.what();
     }
@@ -242,7 +278,9 @@ class Gpt2Task : public TrainTask {
     full.recompute = models::Recompute::kFull;
     return std::min(activation_bytes(checkpointing_, samples), activation_bytes(full, samples));
   }
-  std::vector<ParamSpec> param_specs() const override { return models::gpt2_param_specs(config_); }
+  std::vector<ParamSpec> param_specs() const override {
+    return models::gpt2_param_specs(config_, stage_);
+  }
   std::vector<NvmeFileNeed> nvme_files(int64_t samples) const override {
     if (checkpointing_.nvme_path.empty()) return {};
     return {{checkpointing_.nvme_path, formula(samples).nvme_checkpoints,
@@ -386,6 +424,8 @@ class Gpt2Task : public TrainTask {
   std::vector<std::string> notes_;
   int kernel_threads_;
   int tensor_parallel_rank_ = 0;
+  models::Gpt2PipelineStage stage_;          // the whole model without a pipeline
+  std::vector<std::string> held_elsewhere_;  // the parameters of the other pipeline stages
   models::TokenData train_;
   std::optional<models::TokenData> val_;
   models::Gpt2 model_;

@@ -30,6 +30,14 @@ class TrainTask : public models::MicroBatchSource {
   // does not split its layers is only ever given none).
   virtual std::vector<NamedModule> take_modules(
       const models::Gpt2TensorParallel& tensor_parallel) = 0;
+  // Pipeline parallelism (--pp): from now on the modules, parameters and weights are those of
+  // pipeline stage `stage` of `stages`, cut by `partition` (gpt2_pipeline_partition's methods).
+  // Returns the stage's line for the start-up print (its layers and parameters). A ConfigError
+  // for a model that is not cut into stages or a cut that is impossible.
+  virtual std::string set_pipeline_stage(int stage, int stages, const std::string& partition) = 0;
+  // The tensor one stage hands the next for a micro-batch of `samples` (the GPT-2's residual
+  // stream [samples, seq, n_embd]), and its gradient back.
+  virtual std::vector<int64_t> stage_boundary_shape(int64_t samples) const = 0;
   // After the engine is built and before training: weights from a file (--init-from), and the
   // seed of the data (the run's, or the resumed checkpoint's).
   virtual void start(Engine& engine, uint64_t data_seed) = 0;

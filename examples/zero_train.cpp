@@ -40,6 +40,7 @@
 #include "examples/run_checks.h"
 #include "examples/train_flags.h"
 #include "examples/train_outputs.h"
+#include "examples/train_pipeline.h"
 #include "examples/train_task.h"
 #include "zero/collectives/mpi_communicator.h"
 #include "zero/collectives/process_grid.h"
@@ -440,6 +441,7 @@ int main(int argc, char** argv) {
   std::optional<zero::examples::SaveDirLock> save_dir_lock;
   zero::Monitors monitors;  // rank 0's
   std::unique_ptr<zero::examples::TrainTask> task;
+  std::vector<std::string> pipeline_lines;  // rank 0's: each stage's layers
   std::string error;
   try {
     flags = zero::examples::parse_flags(argc, argv);
@@ -453,6 +455,17 @@ int main(int argc, char** argv) {
       zero::examples::check_outputs(flags, config, rank, &save_dir_lock, &monitors);
       // The model and its data files (a token file that cannot be read stops the run here).
       task = zero::examples::make_train_task(flags, config);
+      if (config.pipeline_stages > 1) {
+        zero::examples::check_pipeline_settings(flags, config);
+        // Rank 0 says where every stage's layers went; each rank keeps its own stage.
+        for (int s = 0; rank == 0 && s < config.pipeline_stages; ++s) {
+          pipeline_lines.push_back(
+              task->set_pipeline_stage(s, config.pipeline_stages, flags.pp_partition));
+        }
+        const zero::GridPlace place = zero::grid_place(
+            rank, mpi.world_size(), config.tensor_parallel_size, config.pipeline_stages);
+        task->set_pipeline_stage(place.pp_rank, config.pipeline_stages, flags.pp_partition);
+      }
     }
   } catch (const zero::driver::UsageError& e) {
     error = std::string(e.what()) + "\n" + zero::examples::kTrainUsage;
@@ -495,7 +508,8 @@ int main(int argc, char** argv) {
   // The NVMe paths before the engine: a bad one, or a file system the node's ranks overfill
   // together, stops every rank as a setup error.
   const std::string nvme_problem = zero::examples::nvme_setup_problem(
-      *task, config, flags.cuda, mpi.world_size() / config.tensor_parallel_size);
+      *task, config, flags.cuda,
+      mpi.world_size() / (config.tensor_parallel_size * config.pipeline_stages));
   if (!nvme_problem.empty()) {
     if (rank == 0) std::cerr << ("zero-train: " + nvme_problem + "\n");
     return 2;
@@ -504,6 +518,7 @@ int main(int argc, char** argv) {
     for (const std::string& line : config.resolved_auto) std::printf("config: %s\n", line.c_str());
     for (const std::string& line : config.ignored_keys) std::printf("config: %s\n", line.c_str());
     for (const std::string& line : task->notes()) std::printf("%s\n", line.c_str());
+    for (const std::string& line : pipeline_lines) std::printf("%s\n", line.c_str());
     if (flags.cuda && config.engine.offload_optimizer.device != zero::OffloadDevice::kNone) {
       std::printf(
           "host threads per rank: %d (%s)\n", config.engine.kernel_threads,
@@ -536,17 +551,22 @@ int main(int argc, char** argv) {
     }
 #endif
     if (!grid.data_parallel) {
-      grid = zero::make_mpi_process_grid(config.tensor_parallel_size);
+      grid = zero::make_mpi_process_grid(config.tensor_parallel_size, config.pipeline_stages);
       // The loss sum and the metrics on communicators of their own: on the engine's, each
       // step's loss all-reduce would wait behind the post-step all-gathers, which the next
       // forward is meant to wait for unit by unit, behind compute.
-      zero::ProcessGrid host = zero::make_mpi_process_grid(config.tensor_parallel_size);
+      zero::ProcessGrid host =
+          zero::make_mpi_process_grid(config.tensor_parallel_size, config.pipeline_stages);
       grid.host_data_parallel = std::move(host.data_parallel);
       config.engine.host_communicator = grid.host_data_parallel.get();
     }
     config.engine.device = device;
     config.engine.tensor_parallel = grid.tensor_parallel.get();
-    train(flags, config, *task, grid, monitors);
+    if (config.pipeline_stages > 1) {
+      zero::examples::train_pipeline(flags, config, *task, grid);
+    } else {
+      train(flags, config, *task, grid, monitors);
+    }
   } catch (const zero::ConfigError& e) {
     // Raised on every rank at once (a resume whose checkpoint disagrees with the run): one
     // message, exit 2, and no rank is left in a collective.

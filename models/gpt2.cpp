@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -9,6 +12,7 @@
 #include "models/gpt2_common.h"
 #include "models/gpt2_tensor_parallel.h"
 #include "zero/core/check.h"
+#include "zero/core/text.h"
 #include "zero/runtime/device.h"
 
 namespace zero::models {
@@ -28,7 +32,7 @@ int64_t rows_of(const Tensor& t) {
 
 // The modules of make_gpt2, on no tensor-parallel group yet.
 Gpt2 build_gpt2(const Gpt2Config& config, int kernel_threads,
-                const Gpt2Checkpointing& checkpointing);
+                const Gpt2Checkpointing& checkpointing, const Gpt2PipelineStage& stage);
 
 }  // namespace
 
@@ -114,6 +118,18 @@ class Gpt2Embedding : public Module {
   // The gradient is a scatter of grad_out by token id: stage 3 need not gather wte and wpe again.
   bool backward_reads_params() const override { return false; }
 
+  void take_activations(KeptActivations& kept) override {
+    kept.clear();
+    kept.push_back(std::move(tokens_));
+    tokens_ = Tensor();
+  }
+  void restore_activations(KeptActivations& kept) override {
+    ZERO_CHECK(kept.size() == 1,
+               "the GPT-2 embedding got " << kept.size() << " activations back; it gave out 1");
+    tokens_ = std::move(kept[0]);
+    kept.clear();
+  }
+
   uint64_t activation_bytes() const { return bytes_of(tokens_); }
 
  private:
@@ -121,6 +137,32 @@ class Gpt2Embedding : public Module {
   std::shared_ptr<gpt2_detail::Gpt2Backend> backend_;
   ParamSlots slots_{2};
   Tensor tokens_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The last pipeline stage's own wte, which its head reads: the stage's input passes through
+// unchanged. Its gradient comes from the head alone; the engine adds the first stage's
+// (EngineConfig::pipeline).
+class Gpt2StageWte : public Module {
+ public:
+  explicit Gpt2StageWte(const Gpt2Config& config) : config_(config) {}
+
+  std::vector<ParamDecl> parameters() const override {
+    const ParamInit init{InitKind::kUniform, uniform_bound(0.02f)};
+    return {gpt2_detail::split_param(config_, "wte.weight", {config_.vocab_size, config_.n_embd},
+                                     init)};
+  }
+  void forward(const Tensor& in, Tensor& out, const std::vector<ParamRef>&) override { out = in; }
+  void backward(const Tensor& grad_out, Tensor& grad_in, const std::vector<ParamRef>&,
+                const std::vector<ParamRef>&) override {
+    grad_in = grad_out;
+  }
+  bool backward_reads_params() const override { return false; }
+  void take_activations(KeptActivations& kept) override { kept.clear(); }
+  void restore_activations(KeptActivations& kept) override { kept.clear(); }
+
+ private:
+  Gpt2Config config_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -216,6 +258,28 @@ class Gpt2Head : public Module {
     slots_.flush(grads);
   }
 
+  // The kept tensors and the micro-batch's targets (ids below 2^24 are exact as floats).
+  void take_activations(KeptActivations& kept) override {
+    kept.clear();
+    for (Tensor* tensor : kept_tensors()) {
+      kept.push_back(std::move(*tensor));
+      *tensor = Tensor();
+    }
+    const std::vector<int32_t>& ids = targets_->ids;
+    kept.emplace_back(std::vector<int64_t>{static_cast<int64_t>(ids.size())},
+                      std::vector<float>(ids.begin(), ids.end()));
+  }
+  void restore_activations(KeptActivations& kept) override {
+    const std::vector<Tensor*> tensors = kept_tensors();
+    ZERO_CHECK(kept.size() == tensors.size() + 1,
+               "the GPT-2 head got " << kept.size() << " activations back; it gave out "
+                                     << tensors.size() + 1);
+    for (size_t i = 0; i < tensors.size(); ++i) *tensors[i] = std::move(kept[i]);
+    const std::vector<float> ids = kept.back().to_host();
+    targets_->ids.assign(ids.begin(), ids.end());
+    kept.clear();
+  }
+
   const Tensor& logits() const { return logits_; }
   // What forward keeps for backward.
   uint64_t kept_bytes() const {
@@ -255,6 +319,10 @@ class Gpt2Head : public Module {
     DeviceContext& context = backend_->context_of(dev);
     context.copy_from_host(lse_.data(), lse.data(), lse.size() * sizeof(float));
     context.copy_from_host(losses_.data(), losses.data(), losses.size() * sizeof(float));
+  }
+
+  std::vector<Tensor*> kept_tensors() {
+    return {&input_, &norm_, &mean_, &rstd_, &logits_, &losses_, &lse_};
   }
 
   std::shared_ptr<Gpt2Targets> targets_;
@@ -312,15 +380,104 @@ void check_gpt2_config(const Gpt2Config& c) {
                               << "): each tensor-parallel rank computes whole heads");
 }
 
+std::vector<int> gpt2_pipeline_partition(const Gpt2Config& config, int stages,
+                                         const std::string& method) {
+  const int L = config.n_layer;
+  ZERO_CHECK(stages >= 1 && stages <= L, "a GPT-2 of " << L << " layers cannot be cut into "
+                                                       << stages
+                                                       << " pipeline stages of at least one "
+                                                          "block each");
+  std::vector<int> bounds(static_cast<size_t>(stages) + 1, 0);
+  if (method == "uniform") {
+    ZERO_CHECK(L % stages == 0, "--pp-partition uniform: " << stages
+                                                           << " pipeline stages do not divide the "
+                                                           << L << " layers (n_layer)");
+    for (int s = 0; s <= stages; ++s) bounds[static_cast<size_t>(s)] = s * (L / stages);
+    return bounds;
+  }
+  ZERO_CHECK(method == "parameters",
+             "unknown pipeline partition method '" << method << "' (parameters or uniform)");
+  // Parameters per layer of one rank's slices: blocks alike, the embeddings before the first,
+  // ln_f and wte after the last.
+  uint64_t embedding = 0, block = 0, head = 0;
+  for (const ParamSpec& spec : gpt2_param_specs(config)) {
+    uint64_t n = 1;
+    for (int64_t d : spec.shape) n *= static_cast<uint64_t>(d);
+    if (spec.name.compare(0, 2, "h.") == 0) {
+      if (spec.name.compare(0, 4, "h.0.") == 0) block += n;
+    } else if (spec.name.compare(0, 5, "ln_f.") == 0) {
+      head += n;
+    } else {
+      embedding += n;
+      if (spec.name == "wte.weight") head += n;
+    }
+  }
+  const auto weight = [&](int stage, int first, int end) {
+    return (stage == 0 ? embedding : 0) + (stage == stages - 1 ? head : 0) +
+           block * static_cast<uint64_t>(end - first);
+  };
+  // Two passes over cuts of layers [0, l) into stages 0..s-1: the least possible largest stage,
+  // then, among the cuts within it, the one with the least sum of squared stage weights (the
+  // most even, so the middle stages do not differ by more than they must).
+  const size_t S = static_cast<size_t>(stages), N = static_cast<size_t>(L);
+  const double kNone = std::numeric_limits<double>::infinity();
+  const auto cheapest = [&](const std::function<double(double before, double stage)>& combine,
+                            double cap, std::vector<std::vector<int>>* cut) {
+    std::vector<std::vector<double>> best(S + 1, std::vector<double>(N + 1, kNone));
+    cut->assign(S + 1, std::vector<int>(N + 1, 0));
+    best[0][0] = 0.0;
+    for (int s = 1; s <= stages; ++s) {
+      for (int l = s; l <= L; ++l) {
+        for (int k = s - 1; k < l; ++k) {
+          const double before = best[static_cast<size_t>(s - 1)][static_cast<size_t>(k)];
+          const double w = static_cast<double>(weight(s - 1, k, l));
+          if (before == kNone || w > cap) continue;
+          const double total = combine(before, w);
+          if (total < best[static_cast<size_t>(s)][static_cast<size_t>(l)]) {
+            best[static_cast<size_t>(s)][static_cast<size_t>(l)] = total;
+            (*cut)[static_cast<size_t>(s)][static_cast<size_t>(l)] = k;
+          }
+        }
+      }
+    }
+    return best[S][N];
+  };
+  std::vector<std::vector<int>> cut;
+  const double largest = cheapest([](double a, double w) { return std::max(a, w); }, kNone, &cut);
+  cheapest([](double a, double w) { return a + w * w; }, largest, &cut);
+  bounds[S] = L;
+  for (size_t s = S; s > 0; --s) {
+    bounds[s - 1] = cut[s][static_cast<size_t>(bounds[s])];
+  }
+  return bounds;
+}
+
+Gpt2PipelineStage gpt2_pipeline_stage(const Gpt2Config& config, const std::vector<int>& partition,
+                                      int stage) {
+  const int stages = static_cast<int>(partition.size()) - 1;
+  ZERO_CHECK(stages >= 1 && partition.front() == 0 && partition.back() == config.n_layer,
+             "a GPT-2 pipeline partition runs from layer 0 to n_layer ("
+                 << config.n_layer << "), got "
+                 << "[" << join(partition, ", ") << "]");
+  for (int s = 0; s < stages; ++s) {
+    ZERO_CHECK(partition[s] <= partition[s + 1],
+               "a GPT-2 pipeline partition must not decrease, got "
+                   << "[" << join(partition, ", ") << "]");
+  }
+  ZERO_CHECK(stage >= 0 && stage < stages,
+             "pipeline stage " << stage << " of a partition into " << stages << " stages");
+  return {stage, stages, partition[stage], partition[stage + 1]};
+}
+
 Gpt2 make_gpt2(const Gpt2Config& config, int kernel_threads, const Gpt2Checkpointing& checkpointing,
-               const Gpt2TensorParallel& tensor_parallel) {
+               const Gpt2TensorParallel& tensor_parallel, const Gpt2PipelineStage& pipeline_stage) {
   const int t = config.tensor_parallel_size;
   ZERO_CHECK(
       t == 1 || (tensor_parallel.comm != nullptr && tensor_parallel.comm->world_size() == t &&
                  tensor_parallel.rank == tensor_parallel.comm->rank()),
       "a GPT-2 split over " << t << " tensor-parallel ranks needs the communicator of its " << t
                             << " ranks and this rank's place in it");
-  Gpt2 model = build_gpt2(config, kernel_threads, checkpointing);
+  Gpt2 model = build_gpt2(config, kernel_threads, checkpointing, pipeline_stage);
   if (t > 1) model.backend->set_tensor_parallel(tensor_parallel);
   return model;
 }
@@ -328,20 +485,29 @@ Gpt2 make_gpt2(const Gpt2Config& config, int kernel_threads, const Gpt2Checkpoin
 namespace {
 
 Gpt2 build_gpt2(const Gpt2Config& config, int kernel_threads,
-                const Gpt2Checkpointing& checkpointing) {
+                const Gpt2Checkpointing& checkpointing, const Gpt2PipelineStage& stage) {
   check_gpt2_config(config);
   check_gpt2_checkpointing(checkpointing, config.n_layer);
+  const int first_layer = stage.first_layer;
+  const int end_layer = stage.end_layer < 0 ? config.n_layer : stage.end_layer;
+  ZERO_CHECK(0 <= first_layer && first_layer <= end_layer && end_layer <= config.n_layer,
+             "GPT-2 pipeline stage " << stage.stage << " holds layers " << first_layer << " to "
+                                     << end_layer << " of " << config.n_layer);
   auto backend = std::make_shared<gpt2_detail::Gpt2Backend>(kernel_threads);
   Gpt2 model;
   model.targets = std::make_shared<Gpt2Targets>();
-  auto embedding = std::make_unique<Gpt2Embedding>(config, backend);
-  model.embedding = embedding.get();
-  model.modules.push_back({"", std::move(embedding)});
+  if (stage.first()) {
+    auto embedding = std::make_unique<Gpt2Embedding>(config, backend);
+    model.embedding = embedding.get();
+    model.modules.push_back({"", std::move(embedding)});
+  } else if (stage.last()) {
+    model.modules.push_back({"", std::make_unique<Gpt2StageWte>(config)});
+  }
   model.backend = backend;
   auto shared = std::make_shared<Gpt2BlockShared>();
   model.shared = shared.get();
   int slots = 0;
-  for (int i = 0; i < config.n_layer; ++i) {
+  for (int i = first_layer; i < end_layer; ++i) {
     slots += gpt2_block_checkpointed(checkpointing, i, config.n_layer) ? 1 : 0;
   }
   if (!checkpointing.nvme_path.empty()) {
@@ -350,7 +516,7 @@ Gpt2 build_gpt2(const Gpt2Config& config, int kernel_threads,
   }
   int slot = 0;
   Gpt2Block* previous_checkpointed = nullptr;  // backward fetches its checkpoint next
-  for (int i = 0; i < config.n_layer; ++i) {
+  for (int i = first_layer; i < end_layer; ++i) {
     Gpt2BlockCheckpointing block_checkpointing;
     block_checkpointing.contiguous_memory = checkpointing.contiguous_memory;
     block_checkpointing.slots = slots;
@@ -371,9 +537,11 @@ Gpt2 build_gpt2(const Gpt2Config& config, int kernel_threads,
     model.blocks.push_back(block.get());
     model.modules.push_back({"h." + std::to_string(i), std::move(block)});
   }
-  auto head = std::make_unique<Gpt2Head>(config, backend, model.targets);
-  model.head = head.get();
-  model.modules.push_back({"ln_f", std::move(head)});
+  if (stage.last()) {
+    auto head = std::make_unique<Gpt2Head>(config, backend, model.targets);
+    model.head = head.get();
+    model.modules.push_back({"ln_f", std::move(head)});
+  }
   return model;
 }
 
@@ -402,7 +570,7 @@ Gpt2SpillTraffic take_gpt2_spill_traffic(Gpt2& model) {
 
 Gpt2ActivationBytes gpt2_held_activations(const Gpt2& model) {
   Gpt2ActivationBytes bytes;
-  bytes.embedding = model.embedding->activation_bytes();
+  bytes.embedding = model.embedding ? model.embedding->activation_bytes() : 0;
   for (const Gpt2Block* block : model.blocks) {
     bytes.blocks.push_back(block->kept_bytes());
     bytes.checkpoints += block->checkpoint_bytes();
@@ -414,13 +582,14 @@ Gpt2ActivationBytes gpt2_held_activations(const Gpt2& model) {
     bytes.nvme_checkpoints = model.shared->spill->file_bytes();
   }
   bytes.recompute = model.shared->recompute_bytes();
-  bytes.head = model.head->kept_bytes();
+  bytes.head = model.head ? model.head->kept_bytes() : 0;
   return bytes;
 }
 
-std::vector<ParamSpec> gpt2_param_specs(const Gpt2Config& config) {
+std::vector<ParamSpec> gpt2_param_specs(const Gpt2Config& config,
+                                        const Gpt2PipelineStage& pipeline_stage) {
   // The shapes only: the modules are never run, so no tensor-parallel group is needed.
-  Gpt2 model = build_gpt2(config, 1, {});
+  Gpt2 model = build_gpt2(config, 1, {}, pipeline_stage);
   std::vector<ParamSpec> specs;
   for (size_t m = 0; m < model.modules.size(); ++m) {
     const std::string& prefix = model.modules[m].name;
@@ -457,6 +626,7 @@ uint64_t gpt2_module_copy_bytes(const Gpt2Config& config, DType dtype) {
 }
 
 const Tensor& gpt2_logits(const Gpt2& model) {
+  ZERO_CHECK(model.head != nullptr, "this GPT-2 pipeline stage has no head, so no logits");
   return model.head->logits();
 }
 

@@ -78,13 +78,42 @@ struct Gpt2 {
   std::shared_ptr<gpt2_detail::Gpt2Backend> backend;  // the modules' operations and allocator
 };
 
+// One stage of a GPT-2 cut into a pipeline: blocks [first_layer, end_layer); the first stage
+// also has the embeddings, the last the final LayerNorm, the head and the loss. The last stage
+// (when it is not also the first) holds its own wte, which the head reads and whose gradient
+// EngineConfig::pipeline's tie sums with the first stage's. The whole model: the default.
+struct Gpt2PipelineStage {
+  int stage = 0;
+  int stages = 1;
+  int first_layer = 0;
+  int end_layer = -1;  // -1: n_layer
+  bool first() const { return stage == 0; }
+  bool last() const { return stage == stages - 1; }
+};
+
+// The block boundaries of a GPT-2 cut into `stages` pipeline stages of at least one block each
+// (stages + 1 values from 0 to n_layer), by DeepSpeed's partition methods: "uniform", the same
+// number of blocks per stage (n_layer must be a multiple of stages), or "parameters", the
+// contiguous cut whose largest stage holds the fewest parameters, counting the embeddings on the
+// first stage and the final LayerNorm and a copy of wte on the last. Throws zero::Error naming
+// the values when it cannot.
+std::vector<int> gpt2_pipeline_partition(const Gpt2Config& config, int stages,
+                                         const std::string& method);
+
+// The stage of `stages` that holds layer range `partition[stage]`..`partition[stage + 1]`, the
+// blocks cut at the given boundaries (stages + 1 values from 0 to n_layer, non-decreasing).
+// Throws zero::Error naming the values when they are not.
+Gpt2PipelineStage gpt2_pipeline_stage(const Gpt2Config& config, const std::vector<int>& partition,
+                                      int stage);
+
 // The modules of a GPT-2; kernel_threads: threads of every CPU kernel and GEMM; checkpointing:
 // which blocks recompute what in backward (gpt2_memory.h). Throws zero::Error for a bad config
 // or a number_checkpoints outside 0..n_layer; tensor_parallel: this rank's place in its group
 // (a communicator of tensor_parallel_size ranks is needed when that is above 1).
 Gpt2 make_gpt2(const Gpt2Config& config, int kernel_threads,
                const Gpt2Checkpointing& checkpointing = {},
-               const Gpt2TensorParallel& tensor_parallel = {});
+               const Gpt2TensorParallel& tensor_parallel = {},
+               const Gpt2PipelineStage& pipeline_stage = {});
 
 // Counts the model's activations in `allocator` from now on (the engine's, Engine::allocator(),
 // whose limit then covers them): the kept inputs of checkpointed blocks as
@@ -118,7 +147,9 @@ Gpt2SpillTraffic take_gpt2_spill_traffic(Gpt2& model);
 Gpt2ActivationBytes gpt2_held_activations(const Gpt2& model);
 
 // The parameters make_gpt2(config) registers, for planning memory without building a model.
-std::vector<ParamSpec> gpt2_param_specs(const Gpt2Config& config);
+// pipeline_stage: those of one stage.
+std::vector<ParamSpec> gpt2_param_specs(const Gpt2Config& config,
+                                        const Gpt2PipelineStage& pipeline_stage = {});
 
 // Host bytes the modules keep beside the engine's storage for a working dtype: none for fp32
 // (the kernels add into fp32 storage); else fp32 copies of parameters and their gradients: the
@@ -139,7 +170,9 @@ double gpt2_flops_per_token(const Gpt2Config& config, int seq_len);
 // misshaped tensor is a zero::Error naming it. Collective: every rank reads the file and keeps
 // its shard; with tensor parallelism (tensor_parallel_size > 1) each tensor the blocks split is
 // first cut to the slice of tensor-parallel rank `tensor_parallel_rank`.
+// held_elsewhere: the names of tensors another pipeline stage holds, which this one skips.
 void load_gpt2_weights(Engine& engine, const std::string& path, int tensor_parallel_size = 1,
-                       int tensor_parallel_rank = 0);
+                       int tensor_parallel_rank = 0,
+                       const std::vector<std::string>& held_elsewhere = {});
 
 }  // namespace zero::models

@@ -311,6 +311,29 @@ void Gpt2Block::run_forward(const std::vector<ParamRef>& params, Tensor* out) {
   ops.add(out->data(), p(kX2), out->numel());
 }
 
+void Gpt2Block::take_activations(KeptActivations& kept) {
+  ZERO_CHECK(!in_shared_buffer() && !partitioned() && !moves_checkpoint() && !spills(),
+             "a GPT-2 block keeps its checkpoint in a slot of its own with contiguous_memory_"
+             "optimization, partition_activations, cpu_checkpointing or an NVMe spill, so it "
+             "cannot have several micro-batches in flight (a pipeline); turn those off");
+  kept.clear();
+  kept.emplace_back(std::vector<int64_t>{2},
+                    std::vector<float>{static_cast<float>(B_), static_cast<float>(T_)});
+  for (Tensor& tensor : kept_) kept.push_back(std::move(tensor));
+  for (Tensor& tensor : kept_) tensor = Tensor();
+}
+
+void Gpt2Block::restore_activations(KeptActivations& kept) {
+  ZERO_CHECK(kept.size() == 1 + kBlockActivations,
+             "a GPT-2 block got " << kept.size() << " activations back; it gave out "
+                                  << 1 + kBlockActivations);
+  const std::vector<float> shape = kept[0].to_host();
+  B_ = static_cast<int>(shape[0]);
+  T_ = static_cast<int>(shape[1]);
+  for (int a = 0; a < kBlockActivations; ++a) kept_[a] = std::move(kept[1 + a]);
+  kept.clear();
+}
+
 void Gpt2Block::backward(const Tensor& grad_out, Tensor& grad_in,
                          const std::vector<ParamRef>& params, const std::vector<ParamRef>& grads) {
   const int C = config_.n_embd;

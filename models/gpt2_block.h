@@ -107,6 +107,11 @@ class Gpt2Block : public Module {
   void forward(const Tensor& in, Tensor& out, const std::vector<ParamRef>& params) override;
   void backward(const Tensor& grad_out, Tensor& grad_in, const std::vector<ParamRef>& params,
                 const std::vector<ParamRef>& grads) override;
+  // Several micro-batches in flight: the kept tensors and the batch's shape. Not with a
+  // checkpoint held outside kept_ (contiguous_memory, partition_activations, cpu_checkpointing,
+  // an NVMe spill): those are one slot per block.
+  void take_activations(KeptActivations& kept) override;
+  void restore_activations(KeptActivations& kept) override;
 
   // Bytes of the activations this block keeps from forward to backward, and of those its
   // checkpoint (its input, when it recomputes).

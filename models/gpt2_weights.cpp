@@ -1,5 +1,6 @@
 // Hugging Face GPT-2 checkpoints into the model: their names are the model's own, once the
 // wrapper's prefix and the buffers that are not parameters are set aside.
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,7 +15,7 @@
 namespace zero::models {
 
 void load_gpt2_weights(Engine& engine, const std::string& path, int tensor_parallel_size,
-                       int tensor_parallel_rank) {
+                       int tensor_parallel_rank, const std::vector<std::string>& held_elsewhere) {
   LoadedSafetensors file = load_safetensors(path);
   std::vector<LoadedTensor> weights;
   std::vector<float> lm_head;
@@ -28,10 +29,14 @@ void load_gpt2_weights(Engine& engine, const std::string& path, int tensor_paral
       continue;
     }
     if (ends_with(t.name, ".attn.bias") || ends_with(t.name, ".attn.masked_bias")) continue;
+    if (std::find(held_elsewhere.begin(), held_elsewhere.end(), t.name) != held_elsewhere.end()) {
+      continue;
+    }
     weights.push_back(gpt2_tensor_parallel_slice(t, tensor_parallel_size, tensor_parallel_rank));
   }
   // A head saved beside wte must be wte itself: this model has no head of its own to load it in.
-  if (!lm_head.empty()) {
+  if (!lm_head.empty() && std::find(held_elsewhere.begin(), held_elsewhere.end(), "wte.weight") ==
+                              held_elsewhere.end()) {
     bool tied = false;
     for (const LoadedTensor& t : weights) {
       if (t.name == "wte.weight") tied = t.values == lm_head;

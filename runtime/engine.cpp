@@ -61,6 +61,7 @@ Engine::Impl::Impl(Communicator& c, const std::vector<ParamDecl>& decls, const E
   }
   if (config.desync_check) comm.set_desync_check(true);
   check_same_model_on_all_ranks();
+  resolve_pipeline_ties();
   allocator.set_limit(config.memory_limit_bytes);
   reducer.set_after_last_reduction(
       [this](int u, const CommPoint& reduced) { return copy_grads_to_host(u, reduced); });

@@ -255,7 +255,23 @@ struct Engine::Impl {
   // One all-reduce of each unit's sum of squares over the shards gives the global norm, and
   // tells every rank at once whether (and in which unit) a gradient overflowed anywhere.
   GradientCheck check_gradients();
-  float tensor_parallel_sum_squares(size_t u, float* slot);
+  // Unit u's sum of squared gradients over this rank's shard, of the parameters this rank
+  // counts in the norm (counts_in_norm): each counted parameter's sum lands in `slot` (the
+  // device's memory) and is added in double on the host.
+  float counted_sum_squares(size_t u, float* slot);
+  // Whether parameter p's gradient counts in this rank's part of the norm: a parameter
+  // replicated over the tensor-parallel group on its rank 0 only, a pipeline tie on the stage
+  // that counts ties only.
+  bool counts_in_norm(int p) const;
+  // Whether some parameter of unit u does not count (then counted_sum_squares sums the unit).
+  bool unit_counts_partly(size_t u) const;
+
+  // Pipeline ties (EngineConfig::Pipeline, engine_pipeline.cpp): the tied parameters' indices,
+  // found and checked at construction; their gradients summed over the tie group before the
+  // norm.
+  void resolve_pipeline_ties();
+  void sum_pipeline_ties();
+  std::vector<int> pipeline_tied_params;
 
   // fp16 lets the loss scaler decide; fp32 and bf16 stop on a non-finite gradient, naming the
   // unit, unless told to skip such steps.

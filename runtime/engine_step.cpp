@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 
 namespace zero {
 
@@ -11,6 +12,7 @@ namespace zero {
 StepStats Engine::Impl::step() {
   check_ready_for_step();
   reducer.wait_for_reductions();
+  sum_pipeline_ties();
   const GradientCheck check = check_gradients();
 
   StepStats stats;
@@ -84,8 +86,8 @@ Engine::Impl::GradientCheck Engine::Impl::check_gradients() {
     device->zero(unit_sums, units.size() * sizeof(float));
     for (size_t u = 0; u < units.size(); ++u) {
       if (!layout.units()[u].trainable) continue;
-      if (config.tensor_parallel != nullptr) {
-        const float sum = tensor_parallel_sum_squares(u, unit_sums + u);
+      if (config.tensor_parallel != nullptr || unit_counts_partly(u)) {
+        const float sum = counted_sum_squares(u, unit_sums + u);
         device->copy_from_host(unit_sums + u, &sum, sizeof(float));
       } else {
         device->sum_squares(reducer.shard(u), accum_dtype, layout.units()[u].shard, unit_sums + u);
@@ -112,6 +114,18 @@ Engine::Impl::GradientCheck Engine::Impl::check_gradients() {
                          norm_sums_on_host.as<float>() + units.size());
   double total = 0.0;
   for (float v : check.unit_sums) total += v;
+  if (config.pipeline.stages != nullptr) {
+    // Every stage's sum, added in stage order on every rank of the pipeline: all stages then
+    // clip by the same norm and skip (an overflow anywhere is a non-finite total) together.
+    uint64_t bits = 0;
+    std::memcpy(&bits, &total, sizeof(total));
+    total = 0.0;
+    for (uint64_t stage_bits : all_gather_u64(*config.pipeline.stages, bits)) {
+      double stage_total = 0.0;
+      std::memcpy(&stage_total, &stage_bits, sizeof(stage_total));
+      total += stage_total;
+    }
+  }
   // Gradients are summed over ranks (every replica's too) and micro-batches and carry the loss
   // scale (and the pre-divide): one factor takes them back to the mean gradient of the global
   // batch.
@@ -123,20 +137,15 @@ Engine::Impl::GradientCheck Engine::Impl::check_gradients() {
   return check;
 }
 
-// Unit u's sum of squared gradients over this rank's shard, counting the parameters replicated
-// over the tensor-parallel group on its rank 0 only. Each counted parameter's sum lands in
-// `slot` (the device's memory), is read back and added in double on the host: one small copy
-// per parameter, which a GPU pays once a step per split parameter.
-float Engine::Impl::tensor_parallel_sum_squares(size_t u, float* slot) {
+float Engine::Impl::counted_sum_squares(size_t u, float* slot) {
   const Unit& unit = layout.units()[u];
   const ElementRange mine = shard_range(unit.numel, rank, world);
   const size_t begin = mine.first;
   const size_t end = mine.end();
-  const bool counts_replicated = config.tensor_parallel->rank() == 0;
   double sum = 0.0;
   for (int p : unit.params) {
+    if (!counts_in_norm(p)) continue;
     const ParamPlacement& param = layout.params()[static_cast<size_t>(p)];
-    if (!param.split.is_split() && !counts_replicated) continue;
     const size_t first = std::max(begin, param.offset);
     const size_t last = std::min(end, param.offset + param.numel);
     if (first >= last) continue;
@@ -147,6 +156,27 @@ float Engine::Impl::tensor_parallel_sum_squares(size_t u, float* slot) {
     sum += part;
   }
   return static_cast<float>(sum);
+}
+
+bool Engine::Impl::counts_in_norm(int p) const {
+  const ParamPlacement& param = layout.params()[static_cast<size_t>(p)];
+  if (config.tensor_parallel != nullptr && !param.split.is_split() &&
+      config.tensor_parallel->rank() != 0) {
+    return false;
+  }
+  if (!config.pipeline.counts_ties_in_norm &&
+      std::find(pipeline_tied_params.begin(), pipeline_tied_params.end(), p) !=
+          pipeline_tied_params.end()) {
+    return false;
+  }
+  return true;
+}
+
+bool Engine::Impl::unit_counts_partly(size_t u) const {
+  for (int p : layout.units()[u].params) {
+    if (!counts_in_norm(p)) return true;
+  }
+  return false;
 }
 
 // fp16 lets the loss scaler decide; fp32 and bf16 stop on a non-finite gradient, naming the

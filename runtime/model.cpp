@@ -303,6 +303,35 @@ Tensor ZeroModel::forward(const Tensor& input) {
   return current;
 }
 
+void Module::take_activations(KeptActivations&) {
+  ZERO_FAIL(
+      "this module keeps its activations inside and cannot have several micro-batches in "
+      "flight (a pipeline stage needs take_activations and restore_activations)");
+}
+
+void Module::restore_activations(KeptActivations&) {
+  ZERO_FAIL("this module cannot restore activations it never gave out");
+}
+
+std::vector<KeptActivations> ZeroModel::take_activations() {
+  std::vector<KeptActivations> kept(modules_.size());
+  for (size_t m = 0; m < modules_.size(); ++m) {
+    try {
+      modules_[m].module->take_activations(kept[m]);
+    } catch (const Error& e) {
+      ZERO_FAIL(module_label(modules_[m], m) << ": " << e.what());
+    }
+  }
+  return kept;
+}
+
+void ZeroModel::restore_activations(std::vector<KeptActivations> kept) {
+  ZERO_CHECK(kept.size() == modules_.size(), "restore_activations() got the activations of "
+                                                 << kept.size() << " modules; the model has "
+                                                 << modules_.size());
+  for (size_t m = 0; m < modules_.size(); ++m) modules_[m].module->restore_activations(kept[m]);
+}
+
 StepStats ZeroModel::step() {
   schedule_->release_left_over();
   StepStats stats = engine_->step();

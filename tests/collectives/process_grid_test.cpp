@@ -44,12 +44,69 @@ TEST(GridPlace, ConsecutiveRanksShareATensorParallelGroup) {
   EXPECT_EQ(none.dp_rank, 3);
 }
 
+TEST(GridPlace, PipelineStagesAreConsecutiveBlocksOfRanks) {
+  // 8 ranks, tp 2, pp 2: stage 0 is ranks 0-3 (dp groups 0,2 and 1,3), stage 1 ranks 4-7.
+  const GridPlace place = grid_place(5, 8, 2, 2);
+  EXPECT_EQ(place.tp_rank, 1);
+  EXPECT_EQ(place.dp_size, 2);
+  EXPECT_EQ(place.dp_rank, 0);
+  EXPECT_EQ(place.pp_size, 2);
+  EXPECT_EQ(place.pp_rank, 1);
+  const GridPlace no_tp = grid_place(3, 4, 1, 2);
+  EXPECT_EQ(no_tp.dp_size, 2);
+  EXPECT_EQ(no_tp.dp_rank, 1);
+  EXPECT_EQ(no_tp.pp_rank, 1);
+  const GridPlace only_pp = grid_place(2, 4, 1, 4);
+  EXPECT_EQ(only_pp.dp_size, 1);
+  EXPECT_EQ(only_pp.pp_rank, 2);
+}
+
 TEST(GridPlace, GridsTheWorldCannotHoldAreErrors) {
   using testing::expect_error_naming;
   expect_error_naming([] { grid_place(0, 4, 0); }, "at least 1, got 0");
   expect_error_naming([] { grid_place(0, 2, 4); }, "needs at least 4 ranks, and the job has 2");
   expect_error_naming([] { grid_place(0, 6, 4); },
                       "do not divide into tensor-parallel groups of 4");
+  expect_error_naming([] { grid_place(0, 4, 1, 0); }, "pipeline-parallel size must be at least 1");
+  expect_error_naming([] { grid_place(0, 6, 2, 2); },
+                      "the 6 ranks do not divide into 2 pipeline stages of tensor-parallel groups "
+                      "of 2");
+}
+
+TEST(ProcessGrid, PipelineCommunicatorsSpanTheirGroups) {
+  const int rank = world_rank();
+  const int size = world_size();
+  if (size % 2 != 0) {
+    GTEST_SKIP() << "a pipeline of 2 stages needs an even world";
+  }
+  for (int tp : {1, 2}) {
+    if (size % (2 * tp) != 0) continue;
+    SCOPED_TRACE("tp_size " + std::to_string(tp));
+    ProcessGrid grid = make_mpi_process_grid(tp, 2);
+    const int stage_ranks = size / 2;
+    EXPECT_EQ(grid.place.pp_rank, rank / stage_ranks);
+    ASSERT_NE(grid.pipeline, nullptr);
+    ASSERT_EQ(grid.pipeline->world_size(), 2);
+    EXPECT_EQ(grid.pipeline->rank(), rank / stage_ranks);
+    const std::vector<uint64_t> pipeline = all_gather_u64(*grid.pipeline, rank);
+    EXPECT_EQ(pipeline[0], static_cast<uint64_t>(rank % stage_ranks));
+    EXPECT_EQ(pipeline[1], static_cast<uint64_t>(rank % stage_ranks + stage_ranks));
+    // The data-parallel group stays inside the stage.
+    for (uint64_t member : all_gather_u64(*grid.data_parallel, rank)) {
+      EXPECT_EQ(static_cast<int>(member) / stage_ranks, rank / stage_ranks);
+    }
+    // With two stages both tie: the tie group is both stages' ranks of this tensor-parallel rank,
+    // the first stage's first.
+    ASSERT_NE(grid.pipeline_ties, nullptr);
+    const std::vector<uint64_t> ties = all_gather_u64(*grid.pipeline_ties, rank);
+    ASSERT_EQ(ties.size(), static_cast<size_t>(2 * grid.place.dp_size));
+    for (size_t i = 0; i < ties.size(); ++i) {
+      EXPECT_EQ(static_cast<int>(ties[i]) % tp, rank % tp);
+      if (i > 0) {
+        EXPECT_LT(ties[i - 1], ties[i]);
+      }
+    }
+  }
 }
 
 TEST(ProcessGrid, EachCommunicatorSpansItsGroup) {

@@ -163,6 +163,11 @@ struct TrainingConfig {
   // tensor_parallel.tp_size (or autotp_size): ranks per tensor-parallel group (1: none). The
   // batch keys count data-parallel ranks, world size / tensor_parallel_size, as DeepSpeed's do.
   int tensor_parallel_size = 1;
+  // Pipeline stages (zero-train --pp): the world is pipeline_stages stages of consecutive ranks,
+  // each a data x tensor-parallel grid holding a contiguous part of the model. The batch keys
+  // then count world size / (tensor_parallel_size x pipeline_stages) data-parallel ranks, and
+  // gradient_accumulation_steps is the pipeline's micro-batches, as in DeepSpeed.
+  int pipeline_stages = 1;
   ActivationCheckpointingConfig activation_checkpointing;
   long train_batch_size = 0;            // samples per optimizer step, all ranks together
   long micro_batch_per_rank = 0;        // samples per micro-batch on one rank

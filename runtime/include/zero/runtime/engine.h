@@ -177,6 +177,23 @@ struct EngineConfig {
   Communicator* host_communicator = nullptr;
   Communicator* host_tensor_parallel = nullptr;
 
+  // Pipeline parallelism: this engine holds one stage of a pipeline, the other stages' engines
+  // the rest of the model (zero/runtime/pipeline_schedule.h).
+  struct Pipeline {
+    // Over the ranks at this rank's data- and tensor-parallel place in every stage, in host
+    // memory (MPI; null: no pipeline). The gradient norm and the overflow check add every
+    // stage's, so that all stages clip and skip alike.
+    Communicator* stages = nullptr;
+    // Full names of parameters this stage shares with another (the GPT-2's wte, on the first
+    // and last stages): after the last micro-batch their gradients are summed over `ties` (the
+    // ranks of both stages at this rank's tensor-parallel place, on the engine's memory; its
+    // order fixes the sum's), so that both stages step with the gradient of every use.
+    std::vector<std::string> tied_parameters;
+    Communicator* ties = nullptr;
+    // Whether this stage counts the tied parameters in the gradient norm (exactly one does).
+    bool counts_ties_in_norm = true;
+  } pipeline;
+
   // Record compute and collective spans (Engine::trace()) for a Chrome trace and overlap figures.
   // CPU only: the spans are host times, which on CUDA would be launch times, not run times.
   bool trace = false;

@@ -83,6 +83,11 @@ struct ParamRef {
   void add_f32(const float* values) const;
 };
 
+// What one module's forward kept for its backward (inputs, intermediate results), moved out of
+// the module so that another micro-batch's forward can run before that backward: a pipeline
+// keeps several micro-batches in flight.
+using KeptActivations = std::vector<Tensor>;
+
 class Module {
  public:
   virtual ~Module() = default;
@@ -106,6 +111,11 @@ class Module {
   // (its gradient comes from the token ids and grad_out alone): at stage 3 a unit whose modules
   // all say so is not gathered again for backward, and their own params have null data there.
   virtual bool backward_reads_params() const { return true; }
+  // Moves what forward kept for backward into `kept` (the module is then as before any
+  // forward); restore_activations moves it back before that micro-batch's backward. The
+  // default throws: a module keeps its activations inside unless it says otherwise.
+  virtual void take_activations(KeptActivations& kept);
+  virtual void restore_activations(KeptActivations& kept);
 };
 
 struct NamedModule {
@@ -132,6 +142,12 @@ class ZeroModel {
   Tensor backward(const Tensor& grad_output);
   // The optimizer step; at stage 3 it also starts gathering the first unit for the next forward.
   StepStats step();
+
+  // Several micro-batches in flight (a pipeline stage): after a forward, what every module kept
+  // for its backward, moved out of the modules; restore_activations puts it back before that
+  // micro-batch's backward. A zero::Error naming the module if one cannot.
+  std::vector<KeptActivations> take_activations();
+  void restore_activations(std::vector<KeptActivations> kept);
 
   Engine& engine() { return *engine_; }
 

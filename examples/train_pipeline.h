@@ -1,0 +1,23 @@
+// zero-train with pipeline parallelism (--pp): each stage's ranks train their part of the GPT-2
+// with ZeRO inside the stage's data-parallel group, the micro-batches passing from stage to stage
+// as a pipeline schedule (zero/runtime/pipeline_schedule.h) orders them.
+#pragma once
+
+#include "examples/train_flags.h"
+#include "examples/train_task.h"
+#include "zero/collectives/process_grid.h"
+#include "zero/runtime/config.h"
+#include "zero/runtime/monitor.h"
+
+namespace zero::examples {
+
+// What a pipelined run does not do yet: a ConfigError naming the first such flag or config key
+// (checkpoints, validation, offload, hybrid sharding, traces and the memory timeline, monitors,
+// fault injection, CUDA, checkpoint layouts with a slot per block), or nothing.
+void check_pipeline_settings(const Flags& f, const TrainingConfig& tc);
+
+// The training loop of a pipelined run; `grid` has the pipeline's communicators. The task is
+// already cut to this rank's stage (TrainTask::set_pipeline_stage).
+void train_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, ProcessGrid& grid);
+
+}  // namespace zero::examples

@@ -1,0 +1,86 @@
+#include "models/pipeline_step.h"
+
+#include "zero/core/check.h"
+#include "zero/runtime/device.h"
+#include "zero/runtime/trace.h"
+
+namespace zero::models {
+
+ZeroModelStage::ZeroModelStage(ZeroModel& model, MicroBatchSource& source, int stage, int stages,
+                               int64_t global_batch, int micro_batches, int data_parallel_rank,
+                               int data_parallel_size)
+    : model_(model),
+      source_(source),
+      first_(stage == 0),
+      last_(stage == stages - 1),
+      global_batch_(global_batch),
+      micro_batches_(micro_batches),
+      rank_(data_parallel_rank),
+      ranks_(data_parallel_size) {
+  const int64_t slices = static_cast<int64_t>(micro_batches) * data_parallel_size;
+  ZERO_CHECK(micro_batches >= 1 && global_batch % slices == 0,
+             "a pipeline cuts the global batch of " << global_batch << " into " << micro_batches
+                                                    << " micro-batches x " << data_parallel_size
+                                                    << " data-parallel ranks of equal size; "
+                                                       "choose a batch that divides");
+  samples_ = global_batch / slices;
+}
+
+void ZeroModelStage::begin_step(long step) {
+  ZERO_CHECK(kept_.empty(),
+             "a pipeline step began with " << kept_.size() << " micro-batch(es) still in flight");
+  step_ = step;
+  loss_sum_ = 0.0f;
+  times_ = MicroBatchTimes{};
+}
+
+void ZeroModelStage::forward(int micro_batch, int, const Tensor& input, Tensor& output) {
+  using Clock = std::chrono::steady_clock;
+  const std::shared_ptr<DeviceContext>& device = model_.engine().device_context();
+  const BatchSlice slice = batch_slice(global_batch_, micro_batches_, ranks_, micro_batch, rank_);
+  Tensor x;
+  if (first_ || last_) {
+    // The first stage's input; the last stage's read sets the micro-batch's targets.
+    ScopedSpan span(model_.engine().trace(), "data");
+    const auto start = Clock::now();
+    Tensor tokens = source_.input(step_, slice.first, slice.count);
+    if (first_) x = tokens.to(device);
+    times_.data += Clock::now() - start;
+  }
+  if (!first_) x = input.to(device);
+  const auto start = Clock::now();
+  Tensor out = model_.forward(x);
+  times_.forward += Clock::now() - start;
+  if (last_) {
+    ScopedSpan span(model_.engine().trace(), "loss");
+    Tensor grad;
+    loss_sum_ += source_.loss(out, grad);
+    loss_grads_[micro_batch] = std::move(grad);
+  } else {
+    // The executor sends from host memory.
+    output = out.device() ? out.to(nullptr) : std::move(out);
+  }
+  kept_[micro_batch] = model_.take_activations();
+}
+
+void ZeroModelStage::backward(int micro_batch, int, const Tensor& grad_output, Tensor& grad_input) {
+  using Clock = std::chrono::steady_clock;
+  const auto kept = kept_.find(micro_batch);
+  ZERO_CHECK(kept != kept_.end(),
+             "backward of micro-batch " << micro_batch << " before its forward on this stage");
+  model_.restore_activations(std::move(kept->second));
+  kept_.erase(kept);
+  Tensor grad;
+  if (last_) {
+    grad = std::move(loss_grads_.at(micro_batch));
+    loss_grads_.erase(micro_batch);
+  } else {
+    grad = grad_output.to(model_.engine().device_context());
+  }
+  const auto start = Clock::now();
+  Tensor grad_in = model_.backward(grad);
+  times_.backward += Clock::now() - start;
+  if (!first_) grad_input = grad_in.device() ? grad_in.to(nullptr) : std::move(grad_in);
+}
+
+}  // namespace zero::models

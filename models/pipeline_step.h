@@ -1,0 +1,56 @@
+// One pipeline stage of a model wrapped by ZeroModel, as the pipeline executor's work: each
+// micro-batch's slice of the global batch (train_step.h's batch_slice over the stage's
+// data-parallel ranks), its forward on this stage, and later its backward. The first stage reads
+// the input from the source; the last one the targets and, from the model's output, the loss and
+// its gradient. Between a micro-batch's forward and its backward the modules' kept activations
+// wait here (ZeroModel::take_activations), so several micro-batches can be in flight.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "models/train_step.h"
+#include "zero/runtime/model.h"
+#include "zero/runtime/pipeline_executor.h"
+
+namespace zero::models {
+
+class ZeroModelStage : public PipelineStageWork {
+ public:
+  // stage of stages; the global batch of each step is cut into micro_batches x data_parallel_size
+  // equal slices (a zero::Error when it does not divide: the activations passed between stages
+  // have one shape, agreed at start).
+  ZeroModelStage(ZeroModel& model, MicroBatchSource& source, int stage, int stages,
+                 int64_t global_batch, int micro_batches, int data_parallel_rank,
+                 int data_parallel_size);
+
+  // The step whose batch the next micro-batches read; resets the loss sum.
+  void begin_step(long step);
+  // The last stage: this rank's sum of the step's micro-batch losses (0 on other stages).
+  float loss_sum() const { return loss_sum_; }
+  // The samples of one micro-batch on one rank.
+  int64_t micro_batch_samples() const { return samples_; }
+  // Host time spent making the batches, in forward and in backward.
+  const MicroBatchTimes& times() const { return times_; }
+
+  void forward(int micro_batch, int chunk, const Tensor& input, Tensor& output) override;
+  void backward(int micro_batch, int chunk, const Tensor& grad_output, Tensor& grad_input) override;
+
+ private:
+  ZeroModel& model_;
+  MicroBatchSource& source_;
+  bool first_, last_;
+  int64_t global_batch_;
+  int micro_batches_;
+  int rank_, ranks_;
+  int64_t samples_;
+  long step_ = 0;
+  float loss_sum_ = 0.0f;
+  MicroBatchTimes times_;
+  // Per micro-batch in flight: what the modules kept, and on the last stage the loss gradient.
+  std::map<int, std::vector<KeptActivations>> kept_;
+  std::map<int, Tensor> loss_grads_;
+};
+
+}  // namespace zero::models

@@ -1,0 +1,78 @@
+// Pipeline ties (EngineConfig::Pipeline): parameters one stage shares with another, such as the
+// GPT-2's wte on the first stage (the embedding) and the last (the head). Each stage accumulates
+// and reduces its own uses over its data-parallel group; after the last micro-batch the two
+// stages' reduced gradients are added over the tie group, so both step with the gradient of
+// every use, as DeepSpeed's ReduceTiedGrads does.
+#include "engine_internal.h"
+
+#include <algorithm>
+
+namespace zero {
+
+void Engine::Impl::resolve_pipeline_ties() {
+  const EngineConfig::Pipeline& pipeline = config.pipeline;
+  ZERO_CHECK(pipeline.stages == nullptr || replicas == 1,
+             "pipeline parallelism does not support hybrid sharding (mics_shard_size) yet");
+  if (pipeline.tied_parameters.empty()) return;
+  ZERO_CHECK(pipeline.ties != nullptr,
+             "EngineConfig::pipeline names tied parameters but no communicator to sum them over");
+  ZERO_CHECK(pipeline.ties->world_size() == 2 * world,
+             "EngineConfig::pipeline.ties has " << pipeline.ties->world_size()
+                                                << " ranks; a tie joins two stages of " << world
+                                                << " data-parallel rank(s) each");
+  // The sum after the last reduction reads the reduced shards; the host optimizer has copied
+  // them by then, and a hybrid run's replicas sum them on their own stream.
+  ZERO_CHECK(!offloads_optimizer_to_host(config) && !offloads_optimizer_to_nvme(config),
+             "pipeline parallelism with parameters shared between stages does not support "
+             "offload_optimizer yet");
+  for (const std::string& name : pipeline.tied_parameters) {
+    int found = -1;
+    for (size_t p = 0; p < layout.params().size(); ++p) {
+      if (layout.params()[p].name == name) found = static_cast<int>(p);
+    }
+    ZERO_CHECK(found >= 0,
+               "EngineConfig::pipeline ties '" << name << "', which this stage does not hold");
+    ZERO_CHECK(layout.params()[static_cast<size_t>(found)].trainable,
+               "EngineConfig::pipeline ties the frozen parameter '" << name << "'");
+    pipeline_tied_params.push_back(found);
+  }
+}
+
+// Each tied parameter's reduced gradient, whole, in fp32: this rank's shard of it (a stage-0
+// rank holds it all but adds only its shard), summed over the tie group, and the elements this
+// rank owns taken back. The shards of a stage's ranks cover the parameter once, whatever units
+// each stage cut it into, so every element is the sum of the two stages' gradients.
+void Engine::Impl::sum_pipeline_ties() {
+  if (pipeline_tied_params.empty()) return;
+  ScopedSpan span(trace, "pipeline tied gradients");
+  for (int p : pipeline_tied_params) {
+    const ParamPlacement& param = layout.params()[static_cast<size_t>(p)];
+    const size_t u = static_cast<size_t>(param.unit);
+    const Unit& unit = layout.units()[u];
+    Buffer whole = allocator.allocate(param.numel * sizeof(float), MemoryCategory::kCommBuffer);
+    device->zero(whole.data(), whole.bytes());
+    const ElementRange shard = shard_range(unit.numel, rank, world);
+    const size_t first = std::max(shard.first, param.offset);
+    const size_t last = std::min(shard.end(), param.offset + param.numel);
+    if (first < last) {
+      device->cast(byte_offset(reducer.shard(u), (first - shard.first) * accum), accum_dtype,
+                   byte_offset(whole.data(), (first - param.offset) * sizeof(float)),
+                   DType::kFloat32, last - first);
+    }
+    Communicator& ties = *config.pipeline.ties;
+    ties.stream().wait(device->record());
+    device->wait(ties.all_reduce(whole.data(), whole.data(), param.numel, DType::kFloat32));
+    const ElementRange owned = owned_range(u);
+    const size_t begin = std::max(owned.first, param.offset);
+    const size_t end = std::min(owned.end(), param.offset + param.numel);
+    if (begin < end) {
+      device->cast(byte_offset(whole.data(), (begin - param.offset) * sizeof(float)),
+                   DType::kFloat32, byte_offset(reducer.owned(u), (begin - owned.first) * accum),
+                   accum_dtype, end - begin);
+    }
+    // The buffer is freed when this returns: the compute stream must be past the cast.
+    device->synchronize();
+  }
+}
+
+}  // namespace zero

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The reference GPT-2 (tests/data/gpt2) trained by zero-train cut into a pipeline: at every ZeRO
+# stage and each schedule GPT-2 runs (gpipe, 1f1b), each run checked against PyTorch's float64 run
+# (every step's loss and gradient norm within 1e-5 relative) and against the same job without a
+# pipeline (the same micro-batches on the same data-parallel ranks): every step's loss and norm
+# within 1e-6 relative. Not bitwise: the pipeline sums the tied wte's two uses after reducing each
+# over its stage, where one model adds them in one buffer before reducing, and adds the stages'
+# parts of the gradient norm in stage order.
+#   gpt2_pipeline.sh BIN_DIR NP PP [--tp T] [--micro-batches M] -- MPIEXEC [MPIEXEC_FLAGS...]
+set -euo pipefail
+bin="$1"; np="$2"; pp="$3"; shift 3
+tp=1; micro_batches=2
+while [ "$1" != "--" ]; do
+  case "$1" in
+    --tp) tp="$2" ;;
+    --micro-batches) micro_batches="$2" ;;
+    *) echo "gpt2_pipeline.sh: unknown option $1"; exit 2 ;;
+  esac
+  shift 2
+done
+shift
+mpiexec=("$@")
+data="$(cd "$(dirname "${BASH_SOURCE[0]}")/../data/gpt2" && pwd)"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+# train STAGE NAME [FLAGS...]: one zero-train run of the reference.
+train() {
+  local stage="$1" run="$work/$2"
+  shift 2
+  "${mpiexec[@]}" -np "$np" "$bin/zero-train" --model gpt2 --config "$data/adamw.json" \
+    --stage "$stage" --tp "$tp" --micro-batches "$micro_batches" \
+    --n-layer 2 --n-head 4 --n-embd 64 --vocab-size 256 --block-size 64 --seq-len 32 \
+    --global-batch 4 --steps 3 --data "$data/tokens.bin" --init-from "$data/model.safetensors" \
+    --metrics "$run.jsonl" "$@" > "$run.log" 2>&1 || {
+    cat "$run.log"; echo "zero-train failed: stage $stage, $np rank(s), $*"; exit 1; }
+}
+
+# The job without a pipeline: the ranks of one stage, the same micro-batches.
+plain_np=$((np / pp))
+for stage in 0 1 2 3; do
+  np_saved="$np"; np="$plain_np"
+  train "$stage" "plain$stage"
+  np="$np_saved"
+  for schedule in gpipe 1f1b; do
+    run="pp$stage$schedule"
+    train "$stage" "$run" --pp "$pp" --pp-schedule "$schedule"
+    echo "ZeRO stage $stage, pipeline of $pp on $np rank(s) (tp $tp), $schedule, $micro_batches micro-batches:"
+    grep -E "^pipeline stage|^step" "$work/$run.log"
+    "$bin/gpt2_golden_check" --expected "$data/expected_fp64.json" --metrics "$work/$run.jsonl" \
+      --reference-tolerance 1e-5 --same-metrics-as "$work/plain$stage.jsonl" \
+      --metrics-tolerance 1e-6
+  done
+done

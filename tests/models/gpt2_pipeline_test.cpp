@@ -1,0 +1,124 @@
+// The GPT-2 as pipeline stages: micro-batches in flight (each module's kept activations moved out
+// after its forward and back before its backward) give the gradients of one micro-batch at a
+// time, bit for bit; the stages' partitions and the settings that cannot have several
+// micro-batches in flight.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "models/gpt2.h"
+#include "models/token_data.h"
+#include "tests/expect_error.h"
+#include "tests/models/gpt2_harness.h"
+
+namespace zero::models::gpt2_test {
+namespace {
+
+constexpr int kT = 16;
+
+// Sequences [first, first + 2) of the reference batch, their targets set in h's model.
+Tensor micro_batch(Harness& h, int first) {
+  const TokenData data(kData + "tokens.bin");
+  Tensor tokens({2, kT});
+  h.model.targets->ids.resize(2 * kT);
+  data.read_sequences(0, 4, kT, first, 2, tokens.data(), h.model.targets->ids.data());
+  return tokens;
+}
+
+std::vector<KeptActivations> take(Harness& h) {
+  std::vector<KeptActivations> kept(h.model.modules.size());
+  for (size_t m = 0; m < kept.size(); ++m) h.model.modules[m].module->take_activations(kept[m]);
+  return kept;
+}
+
+void restore(Harness& h, std::vector<KeptActivations>& kept) {
+  for (size_t m = 0; m < kept.size(); ++m) h.model.modules[m].module->restore_activations(kept[m]);
+}
+
+TEST(Gpt2Pipeline, MicroBatchesInFlightGiveTheGradientsOfOneAtATime) {
+  for (const Gpt2Checkpointing& c : {Gpt2Checkpointing{}, Gpt2Checkpointing{Recompute::kSelective},
+                                     Gpt2Checkpointing{Recompute::kFull}}) {
+    SCOPED_TRACE(label(c));
+    Harness one_at_a_time(c), in_flight(c);
+    std::vector<float> expected_losses;
+    for (int first : {0, 2}) {
+      expected_losses.push_back(one_at_a_time.forward(micro_batch(one_at_a_time, first)));
+      one_at_a_time.backward();
+    }
+    // GPipe's order on one stage: both forwards, then both backwards.
+    std::vector<float> losses;
+    losses.push_back(in_flight.forward(micro_batch(in_flight, 0)));
+    std::vector<KeptActivations> first = take(in_flight);
+    losses.push_back(in_flight.forward(micro_batch(in_flight, 2)));
+    std::vector<KeptActivations> second = take(in_flight);
+    restore(in_flight, first);
+    in_flight.backward();
+    restore(in_flight, second);
+    in_flight.backward();
+    EXPECT_EQ(losses, expected_losses);
+    for (const auto& [name, grad] : one_at_a_time.grads) {
+      EXPECT_EQ(in_flight.grads.at(name), grad) << name;
+    }
+  }
+}
+
+TEST(Gpt2Pipeline, ACheckpointInASharedSlotCannotBeInFlightTwice) {
+  Gpt2Checkpointing c{Recompute::kFull};
+  c.contiguous_memory = true;
+  Harness h(c);
+  h.forward(micro_batch(h, 0));
+  KeptActivations kept;
+  testing::expect_error_naming([&] { h.model.modules[1].module->take_activations(kept); },
+                               "cannot have several micro-batches in flight");
+}
+
+TEST(Gpt2Pipeline, StagesSplitTheBlocksAndKeepEmbeddingsFirstAndTheHeadLast) {
+  const Gpt2Config config = reference_config();
+  const std::vector<int> bounds = gpt2_pipeline_partition(config, 2, "uniform");
+  EXPECT_EQ(bounds, (std::vector<int>{0, 1, 2}));
+  std::vector<std::string> first, last;
+  for (const ParamSpec& s : gpt2_param_specs(config, gpt2_pipeline_stage(config, bounds, 0))) {
+    first.push_back(s.name);
+  }
+  for (const ParamSpec& s : gpt2_param_specs(config, gpt2_pipeline_stage(config, bounds, 1))) {
+    last.push_back(s.name);
+  }
+  EXPECT_EQ(first.front(), "wte.weight");
+  EXPECT_EQ(first[1], "wpe.weight");
+  EXPECT_EQ(first.back(), "h.0.mlp.c_proj.bias");
+  // The last stage holds its own wte, which the head reads, then h.1 and ln_f.
+  EXPECT_EQ(last.front(), "wte.weight");
+  EXPECT_EQ(last[1], "h.1.ln_1.weight");
+  EXPECT_EQ(last.back(), "ln_f.bias");
+}
+
+TEST(Gpt2Pipeline, PartitionByParametersBalancesTheEmbeddingsAndTheHead) {
+  Gpt2Config config;
+  ASSERT_TRUE(gpt2_preset("gpt2-124M", &config));
+  // wte (38.6M) and wpe on the first stage and wte again on the last weigh about five blocks of
+  // 7.1M each: the end stages get one block, the middle ones five.
+  EXPECT_EQ(gpt2_pipeline_partition(config, 4, "parameters"), (std::vector<int>{0, 1, 6, 11, 12}));
+  EXPECT_EQ(gpt2_pipeline_partition(config, 4, "uniform"), (std::vector<int>{0, 3, 6, 9, 12}));
+  EXPECT_EQ(gpt2_pipeline_partition(config, 1, "parameters"), (std::vector<int>{0, 12}));
+}
+
+TEST(Gpt2Pipeline, CutsThatCannotBeAreErrors) {
+  const Gpt2Config config = reference_config();
+  testing::expect_error_naming([&] { gpt2_pipeline_partition(config, 3, "parameters"); },
+                               "cannot be cut into 3 pipeline stages");
+  Gpt2Config four = config;
+  four.n_layer = 4;
+  testing::expect_error_naming([&] { gpt2_pipeline_partition(four, 3, "uniform"); },
+                               "3 pipeline stages do not divide the 4 layers");
+  testing::expect_error_naming([&] { gpt2_pipeline_partition(config, 2, "type:Block"); },
+                               "unknown pipeline partition method 'type:Block'");
+  testing::expect_error_naming(
+      [&] {
+        gpt2_pipeline_stage(config, {0, 2, 1}, 0);
+      },
+      "runs from layer 0 to n_layer");
+}
+
+}  // namespace
+}  // namespace zero::models::gpt2_test
