@@ -173,9 +173,11 @@ PipelineStepReport PipelineExecutor::run(PipelineStageWork& work) {
                                  << ", not the agreed " << shape_text(activation_shape_));
   };
 
+  // A transfer and its buffer. The buffer is declared first so that it outlives the request:
+  // an error unwinding past a pending receive cancels it before its buffer goes.
   struct Posted {
-    PeerRequest request;
     Tensor buffer;
+    PeerRequest request;
   };
   std::map<size_t, Posted> posted;       // receives posted, by their action's index
   std::map<TensorKey, Tensor> received;  // received, not yet consumed
@@ -192,7 +194,7 @@ PipelineStepReport PipelineExecutor::run(PipelineStageWork& work) {
       const PipelineAction& a = list[i];
       if (!is_receive(a.kind) || carries_gradient(a.kind) != (gradient == 1)) continue;
       if (i > until && ahead[gradient] >= kReceivesAhead) break;
-      Posted p{PeerRequest(), take_buffer()};
+      Posted p{take_buffer(), PeerRequest()};
       p.request = channel_.receive(pipeline_peer(a, stage_, stages_), tag_of(a), p.buffer.data(),
                                    activation_bytes_);
       posted.emplace(i, std::move(p));
@@ -241,7 +243,7 @@ PipelineStepReport PipelineExecutor::run(PipelineStageWork& work) {
                                                               << pipeline_action_name(a.kind)
                                                               << " of micro-batch " << a.micro_batch
                                                               << " before it was computed");
-        Posted p{PeerRequest(), std::move(found->second)};
+        Posted p{std::move(found->second), PeerRequest()};
         produced.erase(found);
         p.request = channel_.send(pipeline_peer(a, stage_, stages_), tag_of(a), p.buffer.data(),
                                   activation_bytes_);
