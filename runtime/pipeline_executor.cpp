@@ -186,14 +186,14 @@ PipelineStepReport PipelineExecutor::run(PipelineStageWork& work) {
   size_t next_receive[2] = {0, 0};       // per kind (activation, gradient): the next to post
   int ahead[2] = {0, 0};                 // posted and not yet waited for
 
-  // Posts the receives of kind `gradient` in list order: up to `until` whatever the budget, then
-  // while fewer than kReceivesAhead are outstanding.
-  const auto post_receives = [&](int gradient, size_t until) {
+  // Posts the receives of kind `gradient` in list order: through index `until` whatever the
+  // budget (-1: none), then while fewer than kReceivesAhead are outstanding.
+  const auto post_receives = [&](int gradient, long until) {
     size_t& i = next_receive[gradient];
     for (; i < list.size(); ++i) {
       const PipelineAction& a = list[i];
       if (!is_receive(a.kind) || carries_gradient(a.kind) != (gradient == 1)) continue;
-      if (i > until && ahead[gradient] >= kReceivesAhead) break;
+      if (static_cast<long>(i) > until && ahead[gradient] >= kReceivesAhead) break;
       Posted p{take_buffer(), PeerRequest()};
       p.request = channel_.receive(pipeline_peer(a, stage_, stages_), tag_of(a), p.buffer.data(),
                                    activation_bytes_);
@@ -219,8 +219,8 @@ PipelineStepReport PipelineExecutor::run(PipelineStageWork& work) {
   const Tensor none;
   for (size_t i = 0; i < list.size(); ++i) {
     const PipelineAction& a = list[i];
-    post_receives(0, 0);
-    post_receives(1, 0);
+    post_receives(0, -1);
+    post_receives(1, -1);
     reap_sends();
     const double began = ms_since(start);
     const int own = a.chunk * stages_ + stage_;
@@ -228,7 +228,7 @@ PipelineStepReport PipelineExecutor::run(PipelineStageWork& work) {
       case PipelineAction::kReceiveActivation:
       case PipelineAction::kReceiveGradient: {
         const int gradient = carries_gradient(a.kind) ? 1 : 0;
-        post_receives(gradient, i);
+        post_receives(gradient, static_cast<long>(i));
         Posted& p = posted.at(i);
         channel_.wait(p.request);
         --ahead[gradient];
