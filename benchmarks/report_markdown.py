@@ -6,6 +6,7 @@ import report_gpt2
 import report_memory
 import report_multinode
 import report_paths
+import report_pipeline
 import report_torch
 
 # The report's fixed settings the text names.
@@ -159,6 +160,7 @@ def write_markdown(path, ctx):
     target_rows += report_paths.target_rows(ctx["paths"])
     target_rows += report_gpt2.target_rows(ctx["gpt2"])
     target_rows += report_memory.target_rows(ctx["memory_tiers"])
+    target_rows += report_pipeline.target_rows(ctx["pipeline"])
     target_rows += report_torch.target_rows(ctx["torch_adapter"])
     target_rows += report_multinode.target_rows(ctx["multinode"])
     md.append(table(["figure", "target", "measured", ""], target_rows))
@@ -217,6 +219,7 @@ def write_markdown(path, ctx):
     md += report_gpt2.markdown(ctx["gpt2"], table)
     md += report_paths.markdown(ctx["paths"], table)
     md += report_memory.markdown(ctx["memory_tiers"], table)
+    md += report_pipeline.markdown(ctx["pipeline"], table)
     md += report_torch.markdown(ctx["torch_adapter"], table)
     md += report_multinode.markdown(ctx["multinode"], table)
 

@@ -173,9 +173,11 @@ PipelineStepReport PipelineExecutor::run(PipelineStageWork& work) {
                                  << ", not the agreed " << shape_text(activation_shape_));
   };
 
+  // A transfer and its buffer. The buffer is declared first so that it outlives the request:
+  // an error unwinding past a pending receive cancels it before its buffer goes.
   struct Posted {
-    PeerRequest request;
     Tensor buffer;
+    PeerRequest request;
   };
   std::map<size_t, Posted> posted;       // receives posted, by their action's index
   std::map<TensorKey, Tensor> received;  // received, not yet consumed
@@ -184,15 +186,15 @@ PipelineStepReport PipelineExecutor::run(PipelineStageWork& work) {
   size_t next_receive[2] = {0, 0};       // per kind (activation, gradient): the next to post
   int ahead[2] = {0, 0};                 // posted and not yet waited for
 
-  // Posts the receives of kind `gradient` in list order: up to `until` whatever the budget, then
-  // while fewer than kReceivesAhead are outstanding.
-  const auto post_receives = [&](int gradient, size_t until) {
+  // Posts the receives of kind `gradient` in list order: through index `until` whatever the
+  // budget (-1: none), then while fewer than kReceivesAhead are outstanding.
+  const auto post_receives = [&](int gradient, long until) {
     size_t& i = next_receive[gradient];
     for (; i < list.size(); ++i) {
       const PipelineAction& a = list[i];
       if (!is_receive(a.kind) || carries_gradient(a.kind) != (gradient == 1)) continue;
-      if (i > until && ahead[gradient] >= kReceivesAhead) break;
-      Posted p{PeerRequest(), take_buffer()};
+      if (static_cast<long>(i) > until && ahead[gradient] >= kReceivesAhead) break;
+      Posted p{take_buffer(), PeerRequest()};
       p.request = channel_.receive(pipeline_peer(a, stage_, stages_), tag_of(a), p.buffer.data(),
                                    activation_bytes_);
       posted.emplace(i, std::move(p));
@@ -217,8 +219,8 @@ PipelineStepReport PipelineExecutor::run(PipelineStageWork& work) {
   const Tensor none;
   for (size_t i = 0; i < list.size(); ++i) {
     const PipelineAction& a = list[i];
-    post_receives(0, 0);
-    post_receives(1, 0);
+    post_receives(0, -1);
+    post_receives(1, -1);
     reap_sends();
     const double began = ms_since(start);
     const int own = a.chunk * stages_ + stage_;
@@ -226,7 +228,7 @@ PipelineStepReport PipelineExecutor::run(PipelineStageWork& work) {
       case PipelineAction::kReceiveActivation:
       case PipelineAction::kReceiveGradient: {
         const int gradient = carries_gradient(a.kind) ? 1 : 0;
-        post_receives(gradient, i);
+        post_receives(gradient, static_cast<long>(i));
         Posted& p = posted.at(i);
         channel_.wait(p.request);
         --ahead[gradient];
@@ -241,7 +243,7 @@ PipelineStepReport PipelineExecutor::run(PipelineStageWork& work) {
                                                               << pipeline_action_name(a.kind)
                                                               << " of micro-batch " << a.micro_batch
                                                               << " before it was computed");
-        Posted p{PeerRequest(), std::move(found->second)};
+        Posted p{std::move(found->second), PeerRequest()};
         produced.erase(found);
         p.request = channel_.send(pipeline_peer(a, stage_, stages_), tag_of(a), p.buffer.data(),
                                   activation_bytes_);

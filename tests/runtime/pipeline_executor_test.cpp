@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -17,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/expect_error.h"
+#include "zero/core/check.h"
 
 namespace zero {
 namespace {
@@ -160,6 +162,41 @@ TEST(PipelineExecutor, ZeroBubbleRefusesWorkThatDoesNotSplitBackward) {
                       "splits backward into backward_input and backward_weight (zb-h1), and the "
                       "stage's work does not");
   EXPECT_TRUE(work.forward_seen.empty());
+}
+
+// Work that fails in the forward of micro-batch 1.
+class FailingWork : public ToyWork {
+ public:
+  using ToyWork::ToyWork;
+  void forward(int mb, int chunk, const Tensor& input, Tensor& output) override {
+    ZERO_CHECK(mb != 1, "the work failed on micro-batch 1");
+    ToyWork::forward(mb, chunk, input, output);
+  }
+};
+
+TEST(PipelineExecutor, AnErrorInTheWorkUnwindsAndTheNextStepRuns) {
+  const World world;
+  const auto lists = make_pipeline_schedule(PipelineScheduleKind::kGpipe, world.size, 3);
+  {
+    // Stage 0 fails; the others then wait for micro-batch 1's activation until the timeout.
+    // Each leaves run() with receives posted ahead, which are cancelled.
+    PeerChannel channel(MPI_COMM_WORLD);
+    channel.set_timeout(std::chrono::milliseconds(1000));
+    PipelineExecutor executor(channel, world.rank, world.size, lists, kShape);
+    FailingWork failing(world.rank, world.size, 1, false);
+    expect_error_naming([&] { executor.run(failing); },
+                        world.rank == 0
+                            ? "the work failed on micro-batch 1"
+                            : "rank " + std::to_string(world.rank) + ": receive from peer " +
+                                  std::to_string(world.rank - 1) + ", tag ");
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  PeerChannel channel(MPI_COMM_WORLD);
+  PipelineExecutor executor(channel, world.rank, world.size, lists, kShape);
+  ToyWork work(world.rank, world.size, 1, false);
+  executor.run(work);
+  EXPECT_EQ(work.forward_seen.size(), 3u);
+  EXPECT_EQ(work.backward_seen.size(), 3u);
 }
 
 TEST(PipelineExecutor, BadPlacesAreRefused) {

@@ -67,6 +67,9 @@ TEST(PipelineSchedule, NamesRoundTrip) {
 TEST(PipelineSchedule, GpipeRunsEveryForwardThenEveryBackward) {
   EXPECT_EQ(compute_orders(PipelineScheduleKind::kGpipe, 2, 4),
             (std::vector<std::string>{"F0 F1 F2 F3 B0 B1 B2 B3", "F0 F1 F2 F3 B0 B1 B2 B3"}));
+  for (const std::string& order : compute_orders(PipelineScheduleKind::kGpipe, 3, 6)) {
+    EXPECT_EQ(order, "F0 F1 F2 F3 F4 F5 B0 B1 B2 B3 B4 B5");
+  }
 }
 
 TEST(PipelineSchedule, OneFOneBWarmsUpWithStagesMinusStageMinusOneForwards) {
@@ -114,6 +117,13 @@ TEST(PipelineSchedule, InterleavedFollowsMegatron) {
                 "F0 F1 F0.1 F1.1 F2 B0.1 F3 B1.1 F2.1 B0 F3.1 B1 B2.1 B3.1 B2 B3",
                 "F0 F1 F0.1 B0.1 F1.1 B1.1 F2 B0 F3 B1 F2.1 B2.1 F3.1 B3.1 B2 B3",
             }));
+  const auto four = compute_orders(PipelineScheduleKind::kInterleaved, 4, 8, 2);
+  EXPECT_EQ(four[0],
+            "F0 F1 F2 F3 F0.1 F1.1 F2.1 F3.1 F4 F5 F6 B0.1 F7 B1.1 F4.1 B2.1 F5.1 B3.1 F6.1 B0 "
+            "F7.1 B1 B2 B3 B4.1 B5.1 B6.1 B7.1 B4 B5 B6 B7");
+  EXPECT_EQ(four[3],
+            "F0 F1 F2 F3 F0.1 B0.1 F1.1 B1.1 F2.1 B2.1 F3.1 B3.1 F4 B0 F5 B1 F6 B2 F7 B3 F4.1 "
+            "B4.1 F5.1 B5.1 F6.1 B6.1 F7.1 B7.1 B4 B5 B6 B7");
   // m = p: every forward first, as Megatron does.
   EXPECT_EQ(compute_orders(PipelineScheduleKind::kInterleaved, 2, 2, 2)[1],
             "F0 F1 F0.1 F1.1 B0.1 B1.1 B0 B1");
