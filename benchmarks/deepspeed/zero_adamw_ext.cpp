@@ -65,7 +65,7 @@ void adamw_traffic(torch::Tensor p, torch::Tensor g, torch::Tensor m, torch::Ten
   float* pm = m.data_ptr<float>();
   float* pv = v.data_ptr<float>();
   constexpr size_t kLine = 16;    // floats per 64-byte line
-  constexpr size_t kAhead = 256;  // elements, as kernels_avx2.cpp's kPrefetchDistance
+  constexpr size_t kAhead = 256;  // elements, as kernel_loops.h's kPrefetchDistance
   split_over_threads(static_cast<size_t>(p.numel()), threads, [=](size_t begin, size_t end) {
     size_t i = begin;
     for (; i + kLine <= end; i += kLine) {

@@ -1,5 +1,5 @@
 // bf16 GEMMs through oneDNN: bf16 inputs, fp32 accumulation and output. Built only with
-// oneDNN (ZERO_HAVE_DNNL); transformer_kernels.cpp runs its products here when asked for bf16
+// oneDNN (ZERO_HAVE_DNNL); transformer_products.cpp runs its products here when asked for bf16
 // products on a CPU with bf16 arithmetic.
 #pragma once
 

@@ -1,7 +1,7 @@
 // The implementations dispatch.cpp chooses between: plain scalar loops (kernels_scalar.cpp),
-// AVX2/F16C loops (kernels_avx2.cpp) and AVX-512 loops (kernels_avx512.cpp). Each entry works on
-// one contiguous range whose pointers are already offset; argument checks and threading live in
-// dispatch.cpp only.
+// and the vector loops of kernel_loops.h on AVX2/F16C (kernels_avx2.cpp) or AVX-512
+// (kernels_avx512.cpp). Each entry works on one contiguous range whose pointers are already
+// offset; argument checks and threading live in dispatch.cpp only.
 #pragma once
 
 #include <cstddef>
@@ -36,7 +36,7 @@ struct KernelPath {
 // from memory once whatever the count.
 constexpr size_t kCopyPieceBytes = size_t{64} << 10;
 
-// The AVX2 optimizer loops write working copies of at least this many elements (well past the
+// The vector optimizer loops write working copies of at least this many elements (well past the
 // L2 cache together with the state) with non-temporal stores: the copy is written without being
 // read, so a cached store would first read every line from memory (2 more bytes per parameter
 // for a 16-bit copy), and the copy is next read by the following forward pass, long after it

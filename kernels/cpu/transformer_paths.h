@@ -1,11 +1,11 @@
-// The implementations transformer_kernels.cpp chooses between for the loops that dominate the
-// transformer kernels' time: plain scalar loops (transformer_scalar.cpp), AVX2/FMA loops
-// (transformer_avx2.cpp) and AVX-512 loops (transformer_avx512.cpp). Unlike the optimizer
-// kernels, the paths need not agree bit for bit: the vector paths fuse multiply-adds and
-// evaluate exp with their own polynomial, and a row's sums run over 8 lanes (AVX2) or 16
-// (AVX-512) before the lanes are added, so the AVX-512 results differ from the AVX2 ones in
-// the sums' rounding only (the element-wise GELU and exp agree bit for bit). Each agrees with
-// the exact (double precision) definitions to float rounding.
+// The implementations the transformer kernels (transformer_kernels.cpp, transformer_attention.cpp)
+// choose between for the loops that dominate their time: plain scalar loops
+// (transformer_scalar.cpp), AVX2/FMA loops (transformer_avx2.cpp) and AVX-512 loops
+// (transformer_avx512.cpp). Unlike the optimizer kernels, the paths need not agree bit for bit: the
+// vector paths fuse multiply-adds and evaluate exp with their own polynomial, and a row's sums run
+// over 8 lanes (AVX2) or 16 (AVX-512) before the lanes are added, so the AVX-512 results differ
+// from the AVX2 ones in the sums' rounding only (the element-wise GELU and exp agree bit for bit).
+// Each agrees with the exact (double precision) definitions to float rounding.
 //
 // Every entry works on whole rows, so a value never depends on how the dispatcher split the work
 // over threads. Attention is GEMMs around the softmax rows' logsumexp and scaled_exp.

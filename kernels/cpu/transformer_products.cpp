@@ -1,0 +1,232 @@
+// The products of the transformer kernels: matmul_forward and matmul_backward as GEMMs cut into
+// fixed blocks over the kernel pool, each block one single-threaded OpenBLAS sgemm, or a oneDNN
+// bf16 matmul when the caller asks for bf16 products and the CPU has the arithmetic.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "bf16_gemm.h"
+#include "transformer_threads.h"
+#include "zero/kernels/transformer_kernels.h"
+
+// OpenBLAS's own extensions; Debian's cblas.h declares them only when it is OpenBLAS's copy.
+extern "C" {
+void openblas_set_num_threads(int num_threads);
+int openblas_get_num_threads(void);
+}
+
+namespace zero::kernels {
+
+void detail::single_threaded_blas() {
+  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+}
+
+namespace {
+
+using detail::add_column_sums;
+using detail::check_buffer;
+using detail::check_sizes;
+using detail::parallel_for;
+using detail::product;
+using detail::single_threaded_blas;
+
+// OpenBLAS returns different bits for different thread counts (it splits the work its own
+// way), so every GEMM runs as fixed blocks of rows or columns of C, whichever of its dimensions
+// is larger: the blocks depend on the shapes alone, our threads take whole blocks, and OpenBLAS
+// runs single-threaded inside each. Each block repacks the whole other operand, so blocks are
+// as wide as balance allows: kGemmBlock until that would make more than kGemmMaxBlocks of them,
+// wider past that (the LM head's 50257 vocabulary columns: ~800 wide, where the repacking costs
+// a few %). At the GPT-2 benchmark's 2048 rows, 256-row blocks ran the block GEMMs (QKV, MLP,
+// projections and their backward) 10-25 % faster than 128-row ones, one thread, SkylakeX
+// kernels; 512 gained nothing more, and 8 blocks still balance over the threads we run.
+constexpr int kGemmBlock = 256;
+constexpr int kGemmMaxBlocks = 64;
+
+// One block of a blocked GEMM: OpenBLAS's sgemm for fp32 operands, oneDNN's bf16 matmul for
+// bf16 ones (raw bits), both single-threaded.
+void gemm_block(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N, int K,
+                const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+  cblas_sgemm(CblasRowMajor, trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+}
+
+#if ZERO_HAVE_DNNL
+void gemm_block(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N, int K,
+                const uint16_t* A, int lda, const uint16_t* B, int ldb, float beta, float* C,
+                int ldc) {
+  detail::bf16_gemm(trans_a == CblasTrans, trans_b == CblasTrans, M, N, K, 1.0f, A, lda, B, ldb,
+                    beta, C, ldc);
+}
+#endif
+
+// C [M, N] = A [M, K] @ B [K, N] + beta C, row-major, each operand optionally transposed as in
+// cblas_sgemm; A and B fp32, or bf16 (raw bits) for bf16 products.
+template <typename T>
+void blocked_gemm(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N, int K, const T* A,
+                  int lda, const T* B, int ldb, float beta, float* C, int ldc,
+                  const KernelOptions& opt) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {  // an empty sum; OpenBLAS would reject the leading dimensions of 0
+    for (int row = 0; row < M; ++row) {
+      for (int col = 0; col < N; ++col) C[product(row, ldc) + col] *= beta;
+    }
+    return;
+  }
+  ZERO_CHECK(opt.threads >= 1, "KernelOptions.threads must be at least 1, got " << opt.threads);
+  single_threaded_blas();
+  const bool by_rows = M >= N;
+  const int extent = by_rows ? M : N;
+  const int wanted_blocks = std::min((extent + kGemmBlock - 1) / kGemmBlock, kGemmMaxBlocks);
+  const int block_size = (extent + wanted_blocks - 1) / wanted_blocks;
+  const size_t blocks = (extent + block_size - 1) / block_size;
+  const size_t work_per_block = static_cast<size_t>(block_size) * (by_rows ? N : M) * K;
+  parallel_for(blocks, work_per_block, 1, opt, [&](size_t begin, size_t end) {
+    for (size_t block = begin; block < end; ++block) {
+      const int first = static_cast<int>(block) * block_size;
+      const int size = std::min(block_size, extent - first);
+      if (by_rows) {
+        const T* a = A + (trans_a == CblasNoTrans ? product(first, lda) : first);
+        gemm_block(trans_a, trans_b, size, N, K, a, lda, B, ldb, beta, C + product(first, ldc),
+                   ldc);
+      } else {
+        const T* b = B + (trans_b == CblasNoTrans ? first : product(first, ldb));
+        gemm_block(trans_a, trans_b, M, size, K, A, lda, b, ldb, beta, C + first, ldc);
+      }
+    }
+  });
+}
+
+// ZERO_BF16_PRODUCTS=fp32 keeps bf16 products in fp32 (to compare the two); unset or "bf16":
+// bf16 where the CPU has the arithmetic. Read once.
+bool environment_keeps_fp32_products() {
+  static const bool keeps = [] {
+    const char* value = std::getenv("ZERO_BF16_PRODUCTS");
+    if (value == nullptr || value[0] == '\0' || std::strcmp(value, "bf16") == 0) return false;
+    ZERO_CHECK(std::strcmp(value, "fp32") == 0,
+               "ZERO_BF16_PRODUCTS='" << value << "' is neither bf16 nor fp32");
+    return true;
+  }();
+  return keeps;
+}
+
+// An operand of matmul_forward's and matmul_backward's products: `size` fp32 values, and their
+// bf16 copy when the caller rounded them already (else null).
+struct Operand {
+  const float* values;
+  size_t size;
+  const uint16_t* bf16 = nullptr;
+};
+
+#if ZERO_HAVE_DNNL
+// Whether opt's products run in bf16 here.
+bool products_in_bf16(const KernelOptions& opt) {
+  return opt.bf16_products && bf16_products_in_bf16();
+}
+
+// n values of x rounded to bf16 into operand `slot` (0-2) of this thread. The buffers are kept
+// between calls (the largest is the LM head's gradient, N x V), so that no product pays for
+// fresh pages.
+const uint16_t* round_to_bf16(int slot, const float* x, size_t n, const KernelOptions& opt) {
+  thread_local std::vector<uint16_t> buffers[3];
+  std::vector<uint16_t>& buffer = buffers[slot];
+  if (buffer.size() < n) buffer.resize(n);
+  cast(x, DType::kFloat32, buffer.data(), DType::kBFloat16, n, opt);
+  return buffer.data();
+}
+#endif
+
+// The products of matmul_forward and matmul_backward in the precision opt asks for: A and B
+// rounded to bf16 (unless they come rounded) and multiplied in bf16 (fp32 accumulation) where
+// opt.bf16_products and bf16_products_in_bf16(), else fp32.
+void matrix_product(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N, int K,
+                    Operand A, int lda, Operand B, int ldb, float beta, float* C, int ldc,
+                    const KernelOptions& opt) {
+#if ZERO_HAVE_DNNL
+  if (products_in_bf16(opt)) {
+    const uint16_t* a = A.bf16 ? A.bf16 : round_to_bf16(0, A.values, A.size, opt);
+    const uint16_t* b = B.bf16 ? B.bf16 : round_to_bf16(1, B.values, B.size, opt);
+    blocked_gemm(trans_a, trans_b, M, N, K, a, lda, b, ldb, beta, C, ldc, opt);
+    return;
+  }
+#endif
+  blocked_gemm(trans_a, trans_b, M, N, K, A.values, lda, B.values, ldb, beta, C, ldc, opt);
+}
+
+}  // namespace
+
+bool bf16_products_in_bf16() {
+#if ZERO_HAVE_DNNL
+  return cpu_features().has_bf16_arithmetic() && !environment_keeps_fp32_products();
+#else
+  return false;
+#endif
+}
+
+std::string bf16_products_description() {
+  if (environment_keeps_fp32_products()) return "fp32 (ZERO_BF16_PRODUCTS=fp32)";
+#if ZERO_HAVE_DNNL
+  if (bf16_products_in_bf16()) return "oneDNN bf16 (" + detail::bf16_gemm_isa() + ")";
+  return "fp32 (this CPU has neither avx512_bf16 nor amx_bf16)";
+#else
+  return "fp32 (built without oneDNN)";
+#endif
+}
+
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
+                    int C, int OC, WeightLayout layout, const KernelOptions& opt) {
+  check_sizes("matmul_forward", {N, C, OC});
+  check_buffer(out, product(N, OC), "matmul_forward", "out");
+  check_buffer(inp, product(N, C), "matmul_forward", "inp");
+  check_buffer(weight, product(C, OC), "matmul_forward", "weight");
+  // The bias is written first and the GEMM adds onto it (beta = 1).
+  if (bias) {
+    parallel_for(N, OC, 1, opt, [&](size_t begin, size_t end) {
+      for (size_t row = begin; row < end; ++row) {
+        std::memcpy(out + row * OC, bias, static_cast<size_t>(OC) * sizeof(float));
+      }
+    });
+  }
+  const bool in_out = layout == WeightLayout::kInOut;
+  matrix_product(CblasNoTrans, in_out ? CblasNoTrans : CblasTrans, N, OC, C,
+                 Operand{inp, product(N, C)}, C, Operand{weight, product(C, OC)}, in_out ? OC : C,
+                 bias ? 1.0f : 0.0f, out, OC, opt);
+}
+
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int C, int OC, WeightLayout layout,
+                     const KernelOptions& opt) {
+  check_sizes("matmul_backward", {N, C, OC});
+  check_buffer(dout, product(N, OC), "matmul_backward", "dout");
+  check_buffer(inp, product(N, C), "matmul_backward", "inp");
+  check_buffer(weight, product(C, OC), "matmul_backward", "weight");
+  check_buffer(dweight, product(C, OC), "matmul_backward", "dweight");
+  const bool in_out = layout == WeightLayout::kInOut;
+  const Operand x{inp, product(N, C)}, w{weight, product(C, OC)};
+  // dout is an operand of both products: with bf16 products, rounded once for both.
+  Operand d{dout, product(N, OC)};
+#if ZERO_HAVE_DNNL
+  if (products_in_bf16(opt)) d.bf16 = round_to_bf16(2, dout, d.size, opt);
+#endif
+  // The weight's gradient first: it is the last reader of inp, which dinp may overwrite.
+  if (in_out) {
+    // dW [C, OC] += inp^T @ dout.
+    matrix_product(CblasTrans, CblasNoTrans, C, OC, N, x, C, d, OC, 1.0f, dweight, OC, opt);
+  } else {
+    // dW [OC, C] += dout^T @ inp.
+    matrix_product(CblasTrans, CblasNoTrans, OC, C, N, d, OC, x, C, 1.0f, dweight, C, opt);
+  }
+  if (dbias) {
+    const size_t cols = OC;
+    add_column_sums(dbias, N, cols, opt,
+                    [&](size_t row, size_t c) { return dout[row * cols + c]; });
+  }
+  if (dinp) {
+    // dinp [N, C] = dout [N, OC] @ W^T, where W^T is [OC, C].
+    matrix_product(CblasNoTrans, in_out ? CblasTrans : CblasNoTrans, N, C, OC, d, OC, w,
+                   in_out ? OC : C, 0.0f, dinp, C, opt);
+  }
+}
+
+}  // namespace zero::kernels
