@@ -6,6 +6,7 @@
 
 #include "driver/cli.h"
 #include "zero/core/check.h"
+#include "zero/runtime/pipeline_schedule.h"
 
 namespace zero::examples {
 
@@ -19,7 +20,8 @@ const char* const kTrainUsage =
     "usage: zero-train [--config FILE] [--model mlp|gpt2] [--steps N] [--stage 0|1|2|3]\n"
     "                  [--tp T (gpt2: tensor-parallel size)]\n"
     "                  [--pp P (gpt2: pipeline stages) [--pp-schedule gpipe|1f1b]\n"
-    "                   [--pp-partition parameters|uniform] [--pp-schedule-dump FILE]]\n"
+    "                   [--pp-partition parameters|uniform] [--pp-schedule-dump FILE]\n"
+    "                   [--pp-regather]]\n"
     "                  [--dtype fp32|bf16|fp16] [--seed S] [--global-batch B]\n"
     "                  [--micro-batches K] [--lr X] [--weight-decay X] [--clip X]\n"
     "                  [--schedule constant|warmup|linear|cosine] [--warmup N]\n"
@@ -210,6 +212,10 @@ Flags parse_flags(int argc, char** argv) {
       f.override_optimizer = true;
       continue;
     }
+    if (flag == "--pp-regather") {
+      f.pp_regather = true;
+      continue;
+    }
     if (flag == "--decay-all") {
       f.gpt2.decay_matrices_only = false;
       f.gpt2_flags.push_back(flag);
@@ -236,6 +242,11 @@ Flags parse_flags(int argc, char** argv) {
     } else if (flag == "--pp") {
       f.pp = static_cast<int>(parse_at_least(flag, v, 1));
     } else if (flag == "--pp-schedule") {
+      try {
+        zero::parse_pipeline_schedule(v);
+      } catch (const zero::Error& e) {
+        usage_error(std::string("--pp-schedule: ") + e.what());
+      }
       f.pp_schedule = v;
     } else if (flag == "--pp-partition") {
       if (v != "parameters" && v != "uniform") {
@@ -244,6 +255,7 @@ Flags parse_flags(int argc, char** argv) {
       f.pp_partition = v;
     } else if (flag == "--pp-schedule-dump") {
       f.pp_schedule_dump = v;
+
     } else if (flag == "--dtype") {
       zero::DType dtype;
       if (!zero::parse_dtype(v, &dtype)) usage_error("--dtype must be fp32, bf16 or fp16");
@@ -573,7 +585,8 @@ std::vector<zero::examples::Setting> run_description(const Flags& f,
       {"the tensor-parallel size (--tp, tensor_parallel.tp_size)",
        std::to_string(tc.tensor_parallel_size)},
       {"the pipeline (--pp, --pp-schedule, --pp-partition)",
-       std::to_string(tc.pipeline_stages) + " " + f.pp_schedule + " " + f.pp_partition},
+       std::to_string(tc.pipeline_stages) + " " + f.pp_schedule + " " + f.pp_partition +
+           " regather " + std::to_string(f.pp_regather)},
       {"the dtype (--dtype, bf16/fp16.enabled)", zero::dtype_name(e.dtype)},
       {"--steps", std::to_string(f.steps)},
       {"the global batch (--global-batch, train_batch_size)", std::to_string(tc.train_batch_size)},

@@ -41,6 +41,9 @@ struct Flags {
   std::string pp_schedule = "1f1b";
   std::string pp_partition = "parameters";
   std::string pp_schedule_dump;
+  // --pp-regather: at ZeRO stage 3, gather each unit again for every micro-batch (less memory,
+  // m times the all-gathers) instead of keeping it gathered through the step.
+  bool pp_regather = false;
   std::optional<uint64_t> seed;
   std::optional<long> global_batch;
   std::optional<int> micro_batches;

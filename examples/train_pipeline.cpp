@@ -55,15 +55,9 @@ MPI_Comm pipeline_mpi_comm(const GridPlace& place) {
 
 }  // namespace
 
-void check_pipeline_settings(const Flags& f, const TrainingConfig& tc) {
+void check_pipeline_settings(const Flags& f, const TrainingConfig& tc, int world_size) {
   if (tc.pipeline_stages == 1) return;
-  const PipelineScheduleKind kind = [&] {
-    try {
-      return parse_pipeline_schedule(f.pp_schedule);
-    } catch (const Error& e) {
-      throw ConfigError(std::string("--pp-schedule: ") + e.what());
-    }
-  }();
+  const PipelineScheduleKind kind = parse_pipeline_schedule(f.pp_schedule);
   refuse(kind == PipelineScheduleKind::kInterleaved,
          "--pp-schedule interleaved (the GPT-2's stages hold one chunk each)");
   refuse(kind == PipelineScheduleKind::kZeroBubbleH1,
@@ -91,6 +85,16 @@ void check_pipeline_settings(const Flags& f, const TrainingConfig& tc) {
   refuse(ac.cpu_checkpointing, "activation_checkpointing.cpu_checkpointing");
   refuse(ac.partition_activations, "activation_checkpointing.partition_activations");
   refuse(!ac.nvme_path.empty(), "--checkpoint-nvme-path (activation_checkpointing.nvme_path)");
+  // The tensors between stages have one shape, agreed at start: every slice the same size.
+  const long data_parallel = world_size / (tc.tensor_parallel_size * tc.pipeline_stages);
+  const long slices = static_cast<long>(tc.gradient_accumulation_steps) * data_parallel;
+  if (tc.train_batch_size % slices != 0) {
+    throw ConfigError("--pp: the global batch of " + std::to_string(tc.train_batch_size) +
+                      " does not cut into " + std::to_string(tc.gradient_accumulation_steps) +
+                      " micro-batches x " + std::to_string(data_parallel) +
+                      " data-parallel ranks of equal size, which the tensors passed between "
+                      "pipeline stages need");
+  }
 }
 
 void train_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, ProcessGrid& grid) {
@@ -114,6 +118,8 @@ void train_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, P
   ZeroModel model(*grid.data_parallel,
                   task.take_modules({place.tp_rank, grid.tensor_parallel.get()}), config);
   Engine& engine = model.engine();
+  // Stage 3: gathered once per step, not once per micro-batch (unless --pp-regather).
+  model.hold_gathered_through_step(!f.pp_regather);
   task.start(engine, config.seed);
 
   const PipelineScheduleKind kind = parse_pipeline_schedule(f.pp_schedule);

@@ -456,7 +456,7 @@ int main(int argc, char** argv) {
       // The model and its data files (a token file that cannot be read stops the run here).
       task = zero::examples::make_train_task(flags, config);
       if (config.pipeline_stages > 1) {
-        zero::examples::check_pipeline_settings(flags, config);
+        zero::examples::check_pipeline_settings(flags, config, mpi.world_size());
         // Rank 0 says where every stage's layers went; each rank keeps its own stage.
         for (int s = 0; rank == 0 && s < config.pipeline_stages; ++s) {
           pipeline_lines.push_back(

@@ -333,6 +333,7 @@ void ZeroModel::restore_activations(std::vector<KeptActivations> kept) {
 }
 
 StepStats ZeroModel::step() {
+  schedule_->release_held();
   schedule_->release_left_over();
   StepStats stats = engine_->step();
   schedule_->after_step();

@@ -69,7 +69,8 @@ void UnitSchedule::gather(int unit) {
 
 // Only what stage 3 gathered goes back; stages 0-2 keep every unit whole.
 void UnitSchedule::release(int unit) {
-  if (stage_ != 3 || engine_.layout().units()[unit].persistent || !engine_.is_gathered(unit)) {
+  if (stage_ != 3 || hold_through_step_ || engine_.layout().units()[unit].persistent ||
+      !engine_.is_gathered(unit)) {
     return;
   }
   if (listener_.releasing) listener_.releasing(unit);
@@ -221,6 +222,15 @@ void UnitSchedule::release_left_over() {
     gathered_for_ties_[u] = false;
     release(static_cast<int>(u));
   }
+}
+
+void UnitSchedule::release_held() {
+  if (!hold_through_step_) return;
+  hold_through_step_ = false;
+  release_left_over();
+  for (size_t u = 0; u < engine_.layout().units().size(); ++u) release(static_cast<int>(u));
+  prefetched_for_ties_.clear();
+  hold_through_step_ = true;
 }
 
 void UnitSchedule::after_step() {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The reference GPT-2 (tests/data/gpt2) trained by zero-train cut into a pipeline: at every ZeRO
-# stage and each schedule GPT-2 runs (gpipe, 1f1b), each run checked against PyTorch's float64 run
+# stage and each schedule GPT-2 runs (gpipe, 1f1b; at stage 3 also 1f1b gathering per
+# micro-batch, --pp-regather), each run checked against PyTorch's float64 run
 # (every step's loss and gradient norm within 1e-5 relative) and against the same job without a
 # pipeline (the same micro-batches on the same data-parallel ranks): every step's loss and norm
 # within 1e-6 relative. Not bitwise: the pipeline sums the tied wte's two uses after reducing each
@@ -42,10 +43,16 @@ for stage in 0 1 2 3; do
   np_saved="$np"; np="$plain_np"
   train "$stage" "plain$stage"
   np="$np_saved"
-  for schedule in gpipe 1f1b; do
-    run="pp$stage$schedule"
-    train "$stage" "$run" --pp "$pp" --pp-schedule "$schedule"
-    echo "ZeRO stage $stage, pipeline of $pp on $np rank(s) (tp $tp), $schedule, $micro_batches micro-batches:"
+  variants=(gpipe 1f1b)
+  # Stage 3 keeps units gathered through the step; --pp-regather gathers per micro-batch.
+  if [ "$stage" = 3 ]; then variants+=(1f1b:--pp-regather); fi
+  for variant in "${variants[@]}"; do
+    schedule="${variant%%:*}"
+    extra=()
+    if [ "$variant" != "$schedule" ]; then extra=("${variant#*:}"); fi
+    run="pp$stage$schedule${#extra[@]}"
+    train "$stage" "$run" --pp "$pp" --pp-schedule "$schedule" "${extra[@]}"
+    echo "ZeRO stage $stage, pipeline of $pp on $np rank(s) (tp $tp), $schedule ${extra[*]}, $micro_batches micro-batches:"
     grep -E "^pipeline stage|^step" "$work/$run.log"
     "$bin/gpt2_golden_check" --expected "$data/expected_fp64.json" --metrics "$work/$run.jsonl" \
       --reference-tolerance 1e-5 --same-metrics-as "$work/plain$stage.jsonl" \

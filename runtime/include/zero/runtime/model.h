@@ -148,6 +148,10 @@ class ZeroModel {
   // micro-batch's backward. A zero::Error naming the module if one cannot.
   std::vector<KeptActivations> take_activations();
   void restore_activations(std::vector<KeptActivations> kept);
+  // Stage 3 with several micro-batches in flight: keep each unit gathered from its first use in
+  // a step until step() (UnitSchedule::set_hold_through_step), not gathered again per
+  // micro-batch.
+  void hold_gathered_through_step(bool hold) { schedule_->set_hold_through_step(hold); }
 
   Engine& engine() { return *engine_; }
 

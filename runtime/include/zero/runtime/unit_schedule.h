@@ -58,6 +58,14 @@ class UnitSchedule {
   // After the optimizer step: starts gathering the first unit for the next forward.
   void after_step();
 
+  // Stage 3 across several micro-batches in flight (a pipeline stage): with `hold`, a unit once
+  // gathered stays gathered until release_held(), instead of being gathered again for every
+  // micro-batch's forward and backward (the all-gathers would be m times as many). Memory:
+  // every unit of the model gathered at once.
+  void set_hold_through_step(bool hold) { hold_through_step_ = hold; }
+  // Releases every unit the hold kept (before the step, which needs them sharded).
+  void release_held();
+
  private:
   bool gathered_backward_reads(int unit) const;
   bool keep_for_backward(int unit) const;
@@ -84,6 +92,7 @@ class UnitSchedule {
   std::vector<bool> gathered_for_ties_;       // per unit: gathered by the first hold
   std::vector<bool> gathered_for_backward_;   // per unit: awaiting unit_backward_done
   std::set<int> prefetched_for_ties_;         // tied units prefetch_with_tied started
+  bool hold_through_step_ = false;            // set_hold_through_step
 };
 
 }  // namespace zero

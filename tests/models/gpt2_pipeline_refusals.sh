@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# zero-train --pp's bad settings on 2 ranks: each exits 2 with its message before step 1, within
+# 60 seconds (every rank stops; none is left waiting for a peer), including ranks started with
+# different pipeline settings.
+#   gpt2_pipeline_refusals.sh BIN_DIR MPIEXEC [MPIEXEC_FLAGS...]
+set -uo pipefail
+bin="$1"; shift
+mpiexec=("$@")
+data="$(cd "$(dirname "${BASH_SOURCE[0]}")/../data/gpt2" && pwd)"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+model=(--model gpt2 --n-layer 2 --n-head 4 --n-embd 64 --vocab-size 256 --block-size 64
+       --seq-len 32 --global-batch 4 --micro-batches 2 --steps 1 --data "$data/tokens.bin")
+failures=0
+# expect MESSAGE MPIEXEC_ARGS...: the job exits 2 and prints MESSAGE.
+expect() {
+  local message="$1"
+  shift
+  local output rc
+  output="$(timeout 60 "${mpiexec[@]}" "$@" 2>&1)"
+  rc=$?
+  if [[ $rc -ne 2 ]] || ! grep -qF -- "$message" <<<"$output"; then
+    echo "FAIL: $* -> exit $rc, expected 2 and '$message'; got:"
+    echo "$output" | grep -v "^--\|^ *$" | head -5
+    failures=$((failures + 1))
+  fi
+}
+run=(-np 2 "$bin/zero-train")
+expect "--pp is 2: only --model gpt2 is cut into pipeline stages" \
+  "${run[@]}" --model mlp --pp 2
+expect "--pp-partition uniform: 2 pipeline stages do not divide the 3 layers (n_layer)" \
+  "${run[@]}" "${model[@]}" --n-layer 3 --pp 2 --pp-partition uniform
+expect "a GPT-2 of 2 layers cannot be cut into 4 pipeline stages" \
+  -np 4 "$bin/zero-train" "${model[@]}" --micro-batches 1 --pp 4
+expect "--pp: --save-dir is not supported with pipeline parallelism yet" \
+  "${run[@]}" "${model[@]}" --pp 2 --save-dir "$work/ckpt"
+expect "--pp: --pp-schedule zb-h1 (the GPT-2's backward does not split" \
+  "${run[@]}" "${model[@]}" --pp 2 --pp-schedule zb-h1
+expect "--pp: the global batch of 3 does not cut into 2 micro-batches x 1 data-parallel ranks" \
+  "${run[@]}" "${model[@]}" --pp 2 --global-batch 3
+expect "--pp-schedule: unknown pipeline schedule 'fifo'" \
+  "${run[@]}" "${model[@]}" --pp 2 --pp-schedule fifo
+# Ranks started with different pipelines (MPMD: one rank each) name both settings.
+expect "the pipeline (--pp, --pp-schedule, --pp-partition)" \
+  -np 1 "$bin/zero-train" "${model[@]}" --pp 2 --pp-schedule 1f1b : \
+  -np 1 "$bin/zero-train" "${model[@]}" --pp 2 --pp-schedule gpipe
+if [[ $failures -gt 0 ]]; then
+  echo "$failures case(s) failed"
+  exit 1
+fi
+echo "all pipeline refusals exit 2 with their message"
