@@ -20,7 +20,8 @@ const char* const kTrainUsage =
     "usage: zero-train [--config FILE] [--model mlp|gpt2] [--steps N] [--stage 0|1|2|3]\n"
     "                  [--tp T (gpt2: tensor-parallel size)]\n"
     "                  [--pp P (gpt2: pipeline stages) [--pp-schedule gpipe|1f1b]\n"
-    "                   [--pp-partition parameters|uniform] [--pp-schedule-dump FILE]\n"
+    "                   [--pp-partition parameters|uniform|type:REGEX]\n"
+    "                   [--pp-schedule-dump FILE]\n"
     "                   [--pp-regather]]\n"
     "                  [--dtype fp32|bf16|fp16] [--seed S] [--global-batch B]\n"
     "                  [--micro-batches K] [--lr X] [--weight-decay X] [--clip X]\n"
@@ -91,6 +92,7 @@ zero::ConfigContext auto_values(const Flags& f, int world_size) {
   c.hidden_size = f.model == "gpt2" ? f.gpt2.n_embd : f.mlp.hidden_dim;
   c.cuda = f.cuda;
   c.source = "zero-train's flags or their defaults";
+  if (f.pp) c.pipeline_stages = *f.pp;
   return c;
 }
 
@@ -249,8 +251,8 @@ Flags parse_flags(int argc, char** argv) {
       }
       f.pp_schedule = v;
     } else if (flag == "--pp-partition") {
-      if (v != "parameters" && v != "uniform") {
-        usage_error("--pp-partition must be parameters or uniform, got '" + v + "'");
+      if (v != "parameters" && v != "uniform" && (v.rfind("type:", 0) != 0 || v.size() <= 5)) {
+        usage_error("--pp-partition must be parameters, uniform or type:REGEX, got '" + v + "'");
       }
       f.pp_partition = v;
     } else if (flag == "--pp-schedule-dump") {
@@ -375,17 +377,13 @@ int data_parallel_size(int world_size, const zero::TrainingConfig& tc, const Fla
 // The config file (or the built-in defaults), then every flag the user gave on top.
 zero::TrainingConfig resolve_config(const Flags& f, int world_size) {
   zero::TrainingConfig tc;
-  // A pipeline stage's ranks are the world its config's batch rule counts (DeepSpeed's
-  // data-parallel x tensor-parallel ranks).
-  const int pp = f.pp.value_or(1);
-  if (world_size % pp != 0) {
-    throw zero::ConfigError("--pp is " + std::to_string(pp) + " and the job has " +
+  if (f.pp && world_size % *f.pp != 0) {
+    throw zero::ConfigError("--pp is " + std::to_string(*f.pp) + " and the job has " +
                             std::to_string(world_size) +
                             " rank(s): they must divide into pipeline stages of equal size");
   }
-  const int stage_ranks = world_size / pp;
   if (!f.config.empty()) {
-    tc = zero::load_training_config(f.config, stage_ranks, auto_values(f, stage_ranks));
+    tc = zero::load_training_config(f.config, world_size, auto_values(f, world_size));
   } else {
     tc.engine.stage = 3;
     tc.engine.optimizer.lr = kDefaultLr;
@@ -423,6 +421,7 @@ zero::TrainingConfig resolve_config(const Flags& f, int world_size) {
   if (f.tp) tc.tensor_parallel_size = *f.tp;
   const bool pp_changed = f.pp && *f.pp != tc.pipeline_stages;
   if (f.pp) tc.pipeline_stages = *f.pp;
+  if (f.pp_partition) tc.pipeline_partition = *f.pp_partition;
   const int data_parallel = data_parallel_size(world_size, tc, f);
   if (f.global_batch || f.micro_batches || ((tp_changed || pp_changed) && !f.config.empty())) {
     const long global = f.global_batch ? *f.global_batch : tc.train_batch_size;
@@ -585,7 +584,7 @@ std::vector<zero::examples::Setting> run_description(const Flags& f,
       {"the tensor-parallel size (--tp, tensor_parallel.tp_size)",
        std::to_string(tc.tensor_parallel_size)},
       {"the pipeline (--pp, --pp-schedule, --pp-partition)",
-       std::to_string(tc.pipeline_stages) + " " + f.pp_schedule + " " + f.pp_partition +
+       std::to_string(tc.pipeline_stages) + " " + f.pp_schedule + " " + tc.pipeline_partition +
            " regather " + std::to_string(f.pp_regather)},
       {"the dtype (--dtype, bf16/fp16.enabled)", zero::dtype_name(e.dtype)},
       {"--steps", std::to_string(f.steps)},

@@ -39,7 +39,7 @@ struct Flags {
   // --pp-schedule-dump FILE: each rank's timeline of the last step, measured and as planned.
   std::optional<int> pp;
   std::string pp_schedule = "1f1b";
-  std::string pp_partition = "parameters";
+  std::optional<std::string> pp_partition;  // over pipeline.partition
   std::string pp_schedule_dump;
   // --pp-regather: at ZeRO stage 3, gather each unit again for every micro-batch (less memory,
   // m times the all-gathers) instead of keeping it gathered through the step.

@@ -460,11 +460,11 @@ int main(int argc, char** argv) {
         // Rank 0 says where every stage's layers went; each rank keeps its own stage.
         for (int s = 0; rank == 0 && s < config.pipeline_stages; ++s) {
           pipeline_lines.push_back(
-              task->set_pipeline_stage(s, config.pipeline_stages, flags.pp_partition));
+              task->set_pipeline_stage(s, config.pipeline_stages, config.pipeline_partition));
         }
         const zero::GridPlace place = zero::grid_place(
             rank, mpi.world_size(), config.tensor_parallel_size, config.pipeline_stages);
-        task->set_pipeline_stage(place.pp_rank, config.pipeline_stages, flags.pp_partition);
+        task->set_pipeline_stage(place.pp_rank, config.pipeline_stages, config.pipeline_partition);
       }
     }
   } catch (const zero::driver::UsageError& e) {

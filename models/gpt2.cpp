@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <regex>
 #include <utility>
 #include <vector>
 
@@ -395,12 +396,32 @@ std::vector<int> gpt2_pipeline_partition(const Gpt2Config& config, int stages,
     for (int s = 0; s <= stages; ++s) bounds[static_cast<size_t>(s)] = s * (L / stages);
     return bounds;
   }
-  ZERO_CHECK(method == "parameters",
-             "unknown pipeline partition method '" << method << "' (parameters or uniform)");
-  // Parameters per layer of one rank's slices: blocks alike, the embeddings before the first,
-  // ln_f and wte after the last.
+  const bool by_type = method.rfind("type:", 0) == 0 && method.size() > 5;
+  ZERO_CHECK(method == "parameters" || by_type, "unknown pipeline partition method '"
+                                                    << method
+                                                    << "' (parameters, uniform or type:REGEX)");
+  // What each layer weighs: with "parameters" its parameters (one rank's slices: blocks alike,
+  // the embeddings before the first, ln_f and wte after the last); with "type:REGEX" 1 when its
+  // type name (Gpt2Embedding, Gpt2Block, Gpt2Head) matches, ignoring case, as DeepSpeed counts
+  // the layers whose class matches.
   uint64_t embedding = 0, block = 0, head = 0;
-  for (const ParamSpec& spec : gpt2_param_specs(config)) {
+  if (by_type) {
+    std::regex pattern;
+    try {
+      pattern = std::regex(method.substr(5), std::regex::icase);
+    } catch (const std::regex_error& e) {
+      ZERO_FAIL("pipeline partition '" << method << "': not a regular expression (" << e.what()
+                                       << ")");
+    }
+    embedding = std::regex_search("Gpt2Embedding", pattern) ? 1 : 0;
+    block = std::regex_search("Gpt2Block", pattern) ? 1 : 0;
+    head = std::regex_search("Gpt2Head", pattern) ? 1 : 0;
+    ZERO_CHECK(embedding + block + head > 0,
+               "pipeline partition '" << method
+                                      << "' matches no layer type (Gpt2Embedding, Gpt2Block, "
+                                         "Gpt2Head)");
+  }
+  for (const ParamSpec& spec : by_type ? std::vector<ParamSpec>{} : gpt2_param_specs(config)) {
     uint64_t n = 1;
     for (int64_t d : spec.shape) n *= static_cast<uint64_t>(d);
     if (spec.name.compare(0, 2, "h.") == 0) {

@@ -93,10 +93,12 @@ struct Gpt2PipelineStage {
 
 // The block boundaries of a GPT-2 cut into `stages` pipeline stages of at least one block each
 // (stages + 1 values from 0 to n_layer), by DeepSpeed's partition methods: "uniform", the same
-// number of blocks per stage (n_layer must be a multiple of stages), or "parameters", the
+// number of blocks per stage (n_layer must be a multiple of stages); "parameters", the
 // contiguous cut whose largest stage holds the fewest parameters, counting the embeddings on the
-// first stage and the final LayerNorm and a copy of wte on the last. Throws zero::Error naming
-// the values when it cannot.
+// first stage and the final LayerNorm and a copy of wte on the last; "type:REGEX", the same
+// balance counting each layer whose type name (Gpt2Embedding, Gpt2Block, Gpt2Head) the regular
+// expression matches, ignoring case. Among cuts with the same largest stage, the most even.
+// Throws zero::Error naming the values when it cannot.
 std::vector<int> gpt2_pipeline_partition(const Gpt2Config& config, int stages,
                                          const std::string& method);
 

@@ -57,6 +57,57 @@ void read_batch_sizes(const config::TrainingConfig& c, int world_size, const std
   out->engine.micro_batches = batch.gradient_accumulation_steps;
 }
 
+// pipeline: the stages (the caller's, when it gives them), the partition and the keys that
+// change nothing here; the ranks of one stage, which tensor_parallel and the batch keys count.
+int read_pipeline(const config::TrainingConfig& c, int world_size, const ConfigContext& context,
+                  const Checker& check, TrainingConfig* out) {
+  const config::Pipeline& p = c.pipeline();
+  const int64_t stages = context.pipeline_stages ? *context.pipeline_stages
+                         : p.has_stages()        ? p.stages()
+                                                 : 1;
+  check.integer("pipeline.stages", stages, 1, world_size);
+  if (world_size % stages != 0) {
+    check.fail("pipeline.stages", "a divisor of the world size " + std::to_string(world_size),
+               std::to_string(stages));
+  }
+  out->pipeline_stages = static_cast<int>(stages);
+  if (p.has_partition()) {
+    const std::string& partition = p.partition();
+    const bool by_type = partition.rfind("type:", 0) == 0 && partition.size() > 5;
+    if (partition != "parameters" && partition != "uniform" && !by_type) {
+      check.fail("pipeline.partition", "\"parameters\", \"uniform\" or \"type:REGEX\"",
+                 "\"" + partition + "\"");
+    }
+    out->pipeline_partition = partition;
+  }
+  const int64_t interval = p.activation_checkpoint_interval();
+  if (interval != 0 && interval != 1) {
+    check.fail("pipeline.activation_checkpoint_interval",
+               "0 (off) or 1 (every block recomputes; groups of several blocks are not built)",
+               std::to_string(interval));
+  }
+  if (interval == 1) {
+    ActivationCheckpointingConfig& ac = out->activation_checkpointing;
+    if (ac.mode != "none" && ac.mode != "full") {
+      check.fail("pipeline.activation_checkpoint_interval",
+                 "0 with activation_checkpointing.mode \"" + ac.mode + "\"", "1");
+    }
+    ac.mode = "full";
+  }
+  if (p.pipe_partitioned() || p.grad_partitioned()) {
+    out->ignored_keys.push_back(
+        "pipeline.pipe_partitioned and grad_partitioned are ignored: the tensors between stages "
+        "go whole from every tensor-parallel rank (the same numbers, more bytes with tensor "
+        "parallelism)");
+  }
+  if (p.seed_layers()) {
+    out->ignored_keys.push_back(
+        "pipeline.seed_layers is ignored: every parameter's initial values are a function of "
+        "its own index already, whatever the stages");
+  }
+  return world_size / static_cast<int>(stages);
+}
+
 // tensor_parallel: the degree, checked against the world; the data-parallel size it leaves.
 int read_tensor_parallel(const config::TrainingConfig& c, int world_size, const Checker& check,
                          TrainingConfig* out) {
@@ -374,8 +425,10 @@ TrainingConfig interpret(const config::TrainingConfig& c, int world_size, const 
   out.origin = origin;
   out.resolved_auto = std::move(resolved);
   EngineConfig& e = out.engine;
-  // The batch keys count data-parallel ranks.
-  const int data_parallel_size = read_tensor_parallel(c, world_size, check, &out);
+  // The batch keys count data-parallel ranks: a pipeline stage's over its tensor parallelism.
+  read_activation_checkpointing(c.activation_checkpointing(), check, &out.activation_checkpointing);
+  const int stage_ranks = read_pipeline(c, world_size, context, check, &out);
+  const int data_parallel_size = read_tensor_parallel(c, stage_ranks, check, &out);
   read_batch_sizes(c, data_parallel_size, origin, context, &out);
   read_run_keys(c, check, &out);
   // Precision first: grad_accum_dtype and communication_data_type are checked against it.
@@ -390,7 +443,6 @@ TrainingConfig interpret(const config::TrainingConfig& c, int world_size, const 
   read_comms_logger(c.comms_logger(), check, &out.comms_logger);
   read_flops_profiler(c.flops_profiler(), check, &out.flops_profiler);
   out.override_optimizer = c.checkpoint().override_optimizer();
-  read_activation_checkpointing(c.activation_checkpointing(), check, &out.activation_checkpointing);
   read_ignored_keys(c, &out.ignored_keys);
 
   if (c.has_optimizer()) {

@@ -21,6 +21,12 @@ void resolve_auto(const std::set<std::string>& auto_keys, const ConfigContext& c
   };
   const std::string& from = context.source;
 
+  if (is_auto("pipeline.stages")) {
+    const long stages = context.pipeline_stages.value_or(1);
+    c->mutable_pipeline()->set_stages(stages);
+    note("pipeline.stages", std::to_string(stages),
+         context.pipeline_stages ? from : "no pipeline asked for");
+  }
   if (is_auto("train_batch_size")) {
     if (!context.train_batch_size) unresolved("train_batch_size", "the run's global batch size");
     c->set_train_batch_size(*context.train_batch_size);

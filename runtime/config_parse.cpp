@@ -77,7 +77,6 @@ const std::set<std::string>& unsupported_deepspeed_keys() {
       "hybrid_engine",
       "load_universal_checkpoint",
       "nebula",
-      "pipeline",
       "prescale_gradients",
       "progressive_layer_drop",
       "quantize_training",
@@ -237,7 +236,8 @@ bool to_int64(const Json& value, int64_t* out) {
 }
 
 // The keys Hugging Face's Trainer fills in when they are "auto" (its trainer_config_process
-// and trainer_config_finalize); "auto" anywhere else is a wrong type.
+// and trainer_config_finalize), and DeepSpeed's "auto" pipeline stages; "auto" anywhere else is
+// a wrong type.
 const std::set<std::string>& auto_keys_allowed() {
   static const std::set<std::string> keys = {
       "train_batch_size",
@@ -257,6 +257,7 @@ const std::set<std::string>& auto_keys_allowed() {
       "zero_optimization.reduce_bucket_size",
       "zero_optimization.stage3_prefetch_bucket_size",
       "zero_optimization.stage3_param_persistence_threshold",
+      "pipeline.stages",  // DeepSpeed's own default
   };
   return keys;
 }

@@ -59,3 +59,19 @@ for stage in 0 1 2 3; do
       --metrics-tolerance 1e-6
   done
 done
+
+# The same pipeline from DeepSpeed's config section instead of --pp (ZeRO stage 1, 1F1B).
+python3 -c 'import json, sys
+c = json.load(open(sys.argv[1]))
+c["pipeline"] = {"stages": int(sys.argv[3]), "partition": "uniform"}
+json.dump(c, open(sys.argv[2], "w"))' "$data/adamw.json" "$work/pipeline.json" "$pp"
+"${mpiexec[@]}" -np "$np" "$bin/zero-train" --model gpt2 --config "$work/pipeline.json" \
+  --stage 1 --tp "$tp" --micro-batches "$micro_batches" \
+  --n-layer 2 --n-head 4 --n-embd 64 --vocab-size 256 --block-size 64 --seq-len 32 \
+  --global-batch 4 --steps 3 --data "$data/tokens.bin" --init-from "$data/model.safetensors" \
+  --metrics "$work/config.jsonl" > "$work/config.log" 2>&1 || {
+  cat "$work/config.log"; echo "zero-train failed with the pipeline section"; exit 1; }
+echo "ZeRO stage 1, pipeline.stages $pp from the config:"
+grep -E "^pipeline stage" "$work/config.log"
+"$bin/gpt2_golden_check" --expected "$data/expected_fp64.json" --metrics "$work/config.jsonl" \
+  --reference-tolerance 1e-5 --same-metrics-as "$work/pp11f1b0.jsonl" --metrics-tolerance 0

@@ -101,6 +101,10 @@ TEST(Gpt2Pipeline, PartitionByParametersBalancesTheEmbeddingsAndTheHead) {
   EXPECT_EQ(gpt2_pipeline_partition(config, 4, "parameters"), (std::vector<int>{0, 1, 6, 11, 12}));
   EXPECT_EQ(gpt2_pipeline_partition(config, 4, "uniform"), (std::vector<int>{0, 3, 6, 9, 12}));
   EXPECT_EQ(gpt2_pipeline_partition(config, 1, "parameters"), (std::vector<int>{0, 12}));
+  // DeepSpeed's type:REGEX counts the matching layers: blocks alone balance as uniform does, and
+  // an embedding and a head that count too take a block's place on the end stages.
+  EXPECT_EQ(gpt2_pipeline_partition(config, 4, "type:block"), (std::vector<int>{0, 3, 6, 9, 12}));
+  EXPECT_EQ(gpt2_pipeline_partition(config, 4, "type:gpt2"), (std::vector<int>{0, 2, 5, 9, 12}));
 }
 
 TEST(Gpt2Pipeline, CutsThatCannotBeAreErrors) {
@@ -111,8 +115,12 @@ TEST(Gpt2Pipeline, CutsThatCannotBeAreErrors) {
   four.n_layer = 4;
   testing::expect_error_naming([&] { gpt2_pipeline_partition(four, 3, "uniform"); },
                                "3 pipeline stages do not divide the 4 layers");
-  testing::expect_error_naming([&] { gpt2_pipeline_partition(config, 2, "type:Block"); },
-                               "unknown pipeline partition method 'type:Block'");
+  testing::expect_error_naming([&] { gpt2_pipeline_partition(config, 2, "blocks"); },
+                               "unknown pipeline partition method 'blocks'");
+  testing::expect_error_naming([&] { gpt2_pipeline_partition(config, 2, "type:Linear"); },
+                               "matches no layer type");
+  testing::expect_error_naming([&] { gpt2_pipeline_partition(config, 2, "type:(("); },
+                               "not a regular expression");
   testing::expect_error_naming(
       [&] {
         gpt2_pipeline_stage(config, {0, 2, 1}, 0);

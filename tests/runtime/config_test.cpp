@@ -187,6 +187,57 @@ TEST(Config, TensorParallelSizeCutsTheBatchOverDataParallelRanks) {
   EXPECT_EQ(autotp.train_batch_size, 1);  // one data-parallel rank
 }
 
+// DeepSpeed's pipeline section: the batch keys count one stage's data-parallel ranks, world /
+// (stages x tp); the caller's stages (zero-train --pp) override the file's and fill "auto".
+TEST(Config, PipelineStagesCutTheBatchOverOneStagesRanks) {
+  const TrainingConfig c = parse_training_config(
+      R"({"train_batch_size": 8, "pipeline": {"stages": 2, "partition": "uniform"}})", 4,
+      "ds.json");
+  EXPECT_EQ(c.pipeline_stages, 2);
+  EXPECT_EQ(c.pipeline_partition, "uniform");
+  EXPECT_EQ(c.micro_batch_per_rank, 4);  // 2 data-parallel ranks per stage
+  const TrainingConfig with_tp = parse_training_config(
+      R"({"train_batch_size": 8, "tensor_parallel": {"tp_size": 2}, "pipeline": {"stages": 2}})", 4,
+      "ds.json");
+  EXPECT_EQ(with_tp.micro_batch_per_rank, 8);  // 1 data-parallel rank
+  EXPECT_EQ(with_tp.pipeline_partition, "parameters");
+  ConfigContext flags;
+  flags.pipeline_stages = 4;
+  const TrainingConfig automatic = parse_training_config(
+      R"({"train_batch_size": 8, "pipeline": {"stages": "auto"}})", 4, "ds.json", flags);
+  EXPECT_EQ(automatic.pipeline_stages, 4);
+  EXPECT_EQ(automatic.micro_batch_per_rank, 8);
+  const TrainingConfig no_flag = parse_training_config(
+      R"({"train_batch_size": 8, "pipeline": {"stages": "auto"}})", 4, "ds.json");
+  EXPECT_EQ(no_flag.pipeline_stages, 1);
+  // activation_checkpoint_interval 1: every block recomputes; the partitioned-tensor keys and
+  // seed_layers change nothing here, and say so.
+  const TrainingConfig interval = parse_training_config(
+      R"({"train_batch_size": 8, "pipeline": {"stages": 2, "activation_checkpoint_interval": 1,
+          "pipe_partitioned": true, "grad_partitioned": true, "seed_layers": true}})",
+      4, "ds.json");
+  EXPECT_EQ(interval.activation_checkpointing.mode, "full");
+  ASSERT_EQ(interval.ignored_keys.size(), 2u);
+  EXPECT_NE(interval.ignored_keys[0].find("pipe_partitioned and grad_partitioned are ignored"),
+            std::string::npos);
+  EXPECT_NE(interval.ignored_keys[1].find("seed_layers is ignored"), std::string::npos);
+}
+
+TEST(Config, PipelineValuesThatCannotBeAreErrors) {
+  EXPECT_NE(
+      error_of(R"({"train_batch_size": 8, "pipeline": {"stages": 3}})", 4).find("pipeline.stages"),
+      std::string::npos);
+  EXPECT_NE(
+      error_of(R"({"train_batch_size": 8, "pipeline": {"stages": 2, "partition": "best"}})", 4)
+          .find("\"parameters\", \"uniform\" or \"type:REGEX\""),
+      std::string::npos);
+  EXPECT_NE(error_of(R"({"train_batch_size": 8,
+                        "pipeline": {"stages": 2, "activation_checkpoint_interval": 2}})",
+                     4)
+                .find("groups of several blocks are not built"),
+            std::string::npos);
+}
+
 TEST(Config, AbsentKeysTakeTheDocumentedDefaults) {
   const TrainingConfig c = parse_training_config(R"({"train_batch_size": 8})", 2, "ds.json");
   const EngineConfig defaults;

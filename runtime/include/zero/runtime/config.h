@@ -163,11 +163,14 @@ struct TrainingConfig {
   // tensor_parallel.tp_size (or autotp_size): ranks per tensor-parallel group (1: none). The
   // batch keys count data-parallel ranks, world size / tensor_parallel_size, as DeepSpeed's do.
   int tensor_parallel_size = 1;
-  // Pipeline stages (zero-train --pp): the world is pipeline_stages stages of consecutive ranks,
-  // each a data x tensor-parallel grid holding a contiguous part of the model. The batch keys
+  // Pipeline stages (pipeline.stages, zero-train --pp): the world is pipeline_stages stages of
+  // consecutive ranks, each a data x tensor-parallel grid holding a contiguous part of the
+  // model. The batch keys
   // then count world size / (tensor_parallel_size x pipeline_stages) data-parallel ranks, and
   // gradient_accumulation_steps is the pipeline's micro-batches, as in DeepSpeed.
   int pipeline_stages = 1;
+  // pipeline.partition (--pp-partition): "parameters", "uniform" or "type:REGEX".
+  std::string pipeline_partition = "parameters";
   ActivationCheckpointingConfig activation_checkpointing;
   long train_batch_size = 0;            // samples per optimizer step, all ranks together
   long micro_batch_per_rank = 0;        // samples per micro-batch on one rank
@@ -215,6 +218,9 @@ struct ConfigContext {
   // train_batch_size above (and gradient_accumulation_steps, unless the file has it) instead of
   // being an error.
   bool batch_from_caller = false;
+  // The caller's pipeline stages (zero-train's --pp): "auto" takes them, and they override
+  // pipeline.stages, so the batch keys count world size / (tp x these) data-parallel ranks.
+  std::optional<long> pipeline_stages;
 };
 
 // Parses a DeepSpeed-style JSON text (or protobuf text format when the first non-space
