@@ -137,9 +137,16 @@ StartPosition resume_position(const Flags& f, const TrainingConfig& tc, Engine& 
   long first_step = 1;
   uint64_t data_seed = tc.engine.seed;
   if (!f.resume.empty()) {
+    const std::string dir = f.resume == "latest" ? f.save_dir : f.resume;
+    const int stages = read_pipeline_record(dir);
+    if (stages > 0) {
+      throw ConfigError("--resume " + dir + ": saved by a pipeline of " + std::to_string(stages) +
+                        " stages, and this run has 1; a pipelined checkpoint loads at the same "
+                        "number of stages (--pp " +
+                        std::to_string(stages) + ")");
+    }
     TrainerState resumed;
-    load_checkpoint(engine, f.resume == "latest" ? f.save_dir : f.resume, &resumed,
-                    LoadOptions{tc.override_optimizer});
+    load_checkpoint(engine, dir, &resumed, LoadOptions{tc.override_optimizer});
     first_step = resumed.step + 1;
     data_seed = resumed.seed;
     // Every rank read the same checkpoint: all stop here at once.

@@ -5,15 +5,18 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <exception>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "driver/metrics_writer.h"
+#include "examples/train_outputs.h"
 #include "models/pipeline_step.h"
 #include "zero/collectives/mpi_check.h"
 #include "zero/collectives/peer_channel.h"
 #include "zero/core/check.h"
+#include "zero/runtime/checkpoint.h"
 #include "zero/runtime/model.h"
 #include "zero/runtime/pipeline_executor.h"
 #include "zero/runtime/pipeline_schedule.h"
@@ -53,6 +56,85 @@ MPI_Comm pipeline_mpi_comm(const GridPlace& place) {
   return comm;
 }
 
+// A stage's failure, agreed over the world: every rank rethrows its own or throws one that names
+// `what`, so no stage is left waiting for another.
+void agree_over_stages(const std::exception_ptr& failure, const std::string& what) {
+  int failed = failure ? 1 : 0, any = 0;
+  ZERO_MPI_CHECK(MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+  if (failure) std::rethrow_exception(failure);
+  ZERO_CHECK(!any, what << ": another pipeline stage failed (its message says why)");
+}
+
+// The save directory records the pipeline once, before any stage saves into it.
+void record_pipeline(const std::string& save_dir, int stages, bool leader) {
+  std::exception_ptr failure;
+  if (leader) {
+    try {
+      write_pipeline_record(save_dir, stages);
+    } catch (const std::exception&) {
+      failure = std::current_exception();
+    }
+  }
+  agree_over_stages(failure, "--save-dir " + save_dir);
+}
+
+// Each stage saves its own checkpoint in SAVE_DIR/pp_stage_SS (checkpoint_info.h).
+void save_stage(const Flags& f, const TrainingConfig& tc, Engine& engine, int stage,
+                const TrainerState& trainer) {
+  std::exception_ptr failure;
+  try {
+    save_checkpoint(engine, pipeline_stage_dir(f.save_dir, stage), trainer,
+                    SaveOptions{tc.gather_16bit_weights_on_model_save});
+  } catch (const std::exception&) {
+    failure = std::current_exception();
+  }
+  agree_over_stages(failure, "the checkpoint of step " + std::to_string(trainer.step));
+}
+
+// --resume: every stage loads its own checkpoint of a save of the same number of stages (at any
+// data- or tensor-parallel size), and all must be of one step.
+StartPosition resume_stage(const Flags& f, const TrainingConfig& tc, Engine& engine, int stage,
+                           int stages, bool leader) {
+  if (f.resume.empty()) return {1, tc.engine.seed};
+  const std::string dir = f.resume == "latest" ? f.save_dir : f.resume;
+  const int saved = read_pipeline_record(dir);
+  if (saved == 0) {
+    throw ConfigError("--resume " + dir +
+                      ": not the save directory of a pipelined run (it has no pipeline record); "
+                      "a pipelined run resumes from the --save-dir of one");
+  }
+  if (saved != stages) {
+    throw ConfigError("--resume " + dir + ": saved by a pipeline of " + std::to_string(saved) +
+                      " stages, and this run has " + std::to_string(stages) +
+                      "; a pipelined checkpoint loads at the same number of stages (at any "
+                      "data- or tensor-parallel size)");
+  }
+  TrainerState resumed;
+  std::exception_ptr failure;
+  try {
+    load_checkpoint(engine, pipeline_stage_dir(dir, stage), &resumed,
+                    LoadOptions{tc.override_optimizer});
+  } catch (const std::exception&) {
+    failure = std::current_exception();
+  }
+  agree_over_stages(failure, "--resume " + dir);
+  const std::vector<long> steps = all_ranks(resumed.step, MPI_LONG);
+  for (long s : steps) {
+    if (s != steps.front()) {
+      throw ConfigError("--resume " + dir + ": the stages' checkpoints are of different steps (" +
+                        std::to_string(steps.front()) + " and " + std::to_string(s) +
+                        "); a save was interrupted on some stages");
+    }
+  }
+  if (resumed.step + 1 > f.steps) {
+    throw ConfigError("--steps " + std::to_string(f.steps) +
+                      ": the resumed checkpoint is at step " + std::to_string(resumed.step) +
+                      ", so no step is left to train");
+  }
+  if (leader) std::printf("resumed from %s at step %ld\n", dir.c_str(), resumed.step);
+  return {resumed.step + 1, resumed.seed};
+}
+
 }  // namespace
 
 void check_pipeline_settings(const Flags& f, const TrainingConfig& tc, int world_size) {
@@ -64,8 +146,6 @@ void check_pipeline_settings(const Flags& f, const TrainingConfig& tc, int world
          "--pp-schedule zb-h1 (the GPT-2's backward does not split the input and weight "
          "gradients)");
   refuse(f.cuda, "--device cuda");
-  refuse(!f.save_dir.empty(), "--save-dir");
-  refuse(!f.resume.empty(), "--resume");
   refuse(!f.val_data.empty(), "--val-data");
   refuse(!f.trace.empty(), "--trace");
   refuse(!f.memory_timeline.empty(), "--memory-timeline");
@@ -120,7 +200,11 @@ void train_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, P
   Engine& engine = model.engine();
   // Stage 3: gathered once per step, not once per micro-batch (unless --pp-regather).
   model.hold_gathered_through_step(!f.pp_regather);
-  task.start(engine, config.seed);
+  const StartPosition position = resume_stage(f, tc, engine, stage, stages, leader);
+  const long first_step = position.first_step;
+  const uint64_t data_seed = position.data_seed;
+  if (!f.save_dir.empty()) record_pipeline(f.save_dir, stages, leader);
+  task.start(engine, data_seed);
 
   const PipelineScheduleKind kind = parse_pipeline_schedule(f.pp_schedule);
   // The budget reserved one micro-batch's activations outside the engine (main); the stage
@@ -145,7 +229,10 @@ void train_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, P
 
   driver::MetricsWriter metrics;
   if (leader && !f.metrics.empty()) {
-    metrics.open(f.metrics, driver::MetricsWriter::Mode::kTruncate);
+    // A resumed run appends to the metrics file it continues, after a record marking the resume.
+    metrics.open(f.metrics, f.resume.empty() ? driver::MetricsWriter::Mode::kTruncate
+                                             : driver::MetricsWriter::Mode::kAppend);
+    if (!f.resume.empty()) metrics.write(JsonRecord{{"event", "resume"}, {"step", first_step - 1}});
     JsonRecord init{{"event", "init"},
                     {"world_size", place.pp_size * place.dp_size * place.tp_size},
                     {"pipeline_stages", stages},
@@ -169,12 +256,18 @@ void train_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, P
   }
 
   PipelineStepReport report;
-  for (long step = 1; step <= f.steps; ++step) {
+  for (long step = first_step; step <= f.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     work.begin_step(step);
     report = executor.run(work);
     const StepStats stats = model.step();
     const double step_ms = ms_since(start);
+    // The last step is always saved when there is a save directory.
+    if (!f.save_dir.empty() &&
+        ((f.save_every > 0 && step % f.save_every == 0) || step == f.steps)) {
+      save_stage(f, tc, engine, stage, TrainerState{step, data_seed});
+      if (leader) std::printf("checkpoint of step %ld saved in %s\n", step, f.save_dir.c_str());
+    }
     // The loss lives on the last stage: its tensor-parallel rank 0s hold one sum per
     // data-parallel rank, which the world adds (every other rank adds 0).
     const float mine = last && place.tp_rank == 0 ? work.loss_sum() : 0.0f;

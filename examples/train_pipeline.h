@@ -12,7 +12,7 @@
 namespace zero::examples {
 
 // What a pipelined run does not do yet: a ConfigError naming the first such flag or config key
-// (checkpoints, validation, offload, hybrid sharding, traces and the memory timeline, monitors,
+// (validation, offload, hybrid sharding, traces and the memory timeline, monitors,
 // fault injection, CUDA, checkpoint layouts with a slot per block, a global batch that does not
 // cut into equal micro-batches on `world_size` ranks), or nothing.
 void check_pipeline_settings(const Flags& f, const TrainingConfig& tc, int world_size);

@@ -6,9 +6,10 @@
 //
 // DIR is a step directory (DIR/step_00000010), a save directory (its `latest` is followed) or a
 // `latest` file; for a tensor-parallel run, the save directory that holds tp_rank_RR/ for each
-// rank (info and verify then go through every rank's checkpoint). export writes the full fp32
-// master of every parameter, by name and shape, in the safetensors format that PyTorch and
-// Hugging Face load, a tensor-parallel run's slices merged into whole tensors, through a
+// rank (info and verify then go through every rank's checkpoint); for a pipelined run, the save
+// directory that holds pp_stage_SS/ for each stage (export merges the stages). export writes the
+// full fp32 master of every parameter, by name and shape, in the safetensors format that PyTorch
+// and Hugging Face load, a tensor-parallel run's slices merged into whole tensors, through a
 // temporary file and a rename; a --to inside the checkpoint it reads is refused. Resharding needs
 // no command: a load re-slices for the world size, stage and tensor-parallel size it runs at. Exit
 // codes: 0 ok, 1 a bad or unreadable checkpoint (the message names the file), 2 bad arguments.
@@ -79,18 +80,38 @@ void print_info(const zero::CheckpointInfo& c) {
   }
 }
 
+// The checkpoint directories of a save: each pipeline stage's for a pipelined run, else DIR.
+std::vector<std::string> stage_dirs(const std::string& dir) {
+  const int stages = zero::read_pipeline_record(dir);
+  if (stages == 0) return {dir};
+  std::vector<std::string> dirs;
+  for (int s = 0; s < stages; ++s) dirs.push_back(zero::pipeline_stage_dir(dir, s));
+  return dirs;
+}
+
 int info(const std::string& dir) {
-  const std::vector<zero::CheckpointInfo> grid = zero::read_checkpoint_grid(dir);
-  for (size_t r = 0; r < grid.size(); ++r) {
-    if (r > 0) std::printf("\n");
-    print_info(grid[r]);
+  const std::vector<std::string> dirs = stage_dirs(dir);
+  for (size_t s = 0; s < dirs.size(); ++s) {
+    if (dirs.size() > 1)
+      std::printf("%spipeline stage %zu of %zu\n", s > 0 ? "\n" : "", s, dirs.size());
+    const std::vector<zero::CheckpointInfo> grid = zero::read_checkpoint_grid(dirs[s]);
+    for (size_t r = 0; r < grid.size(); ++r) {
+      if (r > 0) std::printf("\n");
+      print_info(grid[r]);
+    }
   }
   return 0;
 }
 
 int verify(const std::string& dir) {
   int status = 0;
-  for (const zero::CheckpointInfo& c : zero::read_checkpoint_grid(dir)) {
+  std::vector<zero::CheckpointInfo> checkpoints;
+  for (const std::string& stage_dir : stage_dirs(dir)) {
+    for (zero::CheckpointInfo& c : zero::read_checkpoint_grid(stage_dir)) {
+      checkpoints.push_back(std::move(c));
+    }
+  }
+  for (const zero::CheckpointInfo& c : checkpoints) {
     const std::vector<std::string> problems = zero::verify_checkpoint_files(c);
     for (const std::string& problem : problems) {
       std::fprintf(stderr, "zero-checkpoint: %s: %s\n", c.step_dir.c_str(), problem.c_str());
@@ -123,22 +144,53 @@ void refuse_output_inside(const std::string& to, const std::string& dir,
   }
 }
 
+// A pipelined save's stages merged: each parameter once, in stage order. A parameter two stages
+// hold (the GPT-2's tied wte) must be equal in both, as the tie keeps it.
 int export_model(const std::string& dir, const std::string& to, zero::DType dtype) {
-  const std::vector<zero::CheckpointInfo> grid = zero::read_checkpoint_grid(dir);
-  refuse_output_inside(to, dir, grid);
-  const zero::CheckpointInfo& c = grid.front();
-  const std::vector<std::vector<float>> master = zero::read_full_master(grid);
+  const std::vector<std::string> dirs = stage_dirs(dir);
+  std::vector<std::vector<std::vector<float>>> masters;  // per stage, per parameter
+  masters.reserve(dirs.size());
   std::vector<zero::NamedTensor> tensors;
-  for (size_t p = 0; p < c.params.size(); ++p) {
-    tensors.push_back(
-        {c.params[p].name, zero::full_shape(c.params[p].split, c.params[p].shape), &master[p]});
+  long step = -1;
+  std::string source;
+  for (const std::string& stage_dir : dirs) {
+    const std::vector<zero::CheckpointInfo> grid = zero::read_checkpoint_grid(stage_dir);
+    refuse_output_inside(to, stage_dir, grid);
+    const zero::CheckpointInfo& c = grid.front();
+    if (step >= 0 && c.trainer.step != step) {
+      std::fprintf(stderr,
+                   "zero-checkpoint: %s: the pipeline stages' checkpoints are of different "
+                   "steps (%ld and %ld); a save was interrupted on some stages\n",
+                   dir.c_str(), step, c.trainer.step);
+      return 1;
+    }
+    step = c.trainer.step;
+    source += (source.empty() ? "" : ", ") + c.step_dir;
+    masters.push_back(zero::read_full_master(grid));
+    const std::vector<std::vector<float>>& master = masters.back();
+    for (size_t p = 0; p < c.params.size(); ++p) {
+      const zero::NamedTensor* held = nullptr;
+      for (const zero::NamedTensor& t : tensors) {
+        if (t.name == c.params[p].name) held = &t;
+      }
+      if (held == nullptr) {
+        tensors.push_back(
+            {c.params[p].name, zero::full_shape(c.params[p].split, c.params[p].shape), &master[p]});
+      } else if (*held->values != master[p]) {
+        std::fprintf(stderr,
+                     "zero-checkpoint: %s: parameter '%s' differs between the pipeline stages "
+                     "that hold it\n",
+                     stage_dir.c_str(), c.params[p].name.c_str());
+        return 1;
+      }
+    }
   }
   zero::write_safetensors(to, tensors, dtype,
                           {{"format", "pt"},
-                           {"step", std::to_string(c.trainer.step)},
-                           {"source", "zero-checkpoint export of " + c.step_dir}});
+                           {"step", std::to_string(step)},
+                           {"source", "zero-checkpoint export of " + source}});
   std::printf("wrote %s: %zu tensors (%s) from %s\n", to.c_str(), tensors.size(),
-              zero::dtype_name(dtype), c.step_dir.c_str());
+              zero::dtype_name(dtype), source.c_str());
   return 0;
 }
 

@@ -76,6 +76,16 @@ std::vector<std::string> verify_checkpoint_files(const CheckpointInfo& info);
 // tensor-parallel rank.
 std::vector<CheckpointInfo> read_checkpoint_grid(const std::string& path);
 
+// A pipelined run saves one checkpoint per pipeline stage (each as above, tensor-parallel
+// included) in DIR/pp_stage_SS, and DIR/pipeline records the number of stages.
+std::string pipeline_stage_dir(const std::string& dir, int stage);
+// Writes DIR/pipeline, creating DIR: through a temporary file, fsynced, renamed. Throws
+// zero::Error naming the file.
+void write_pipeline_record(const std::string& dir, int stages);
+// The stages DIR/pipeline records, 0 when there is none (not a pipelined save). Throws
+// zero::Error naming the file when it is not a record or a stage's directory is missing.
+int read_pipeline_record(const std::string& dir);
+
 // The fp32 master of every parameter (registration order) as the whole tensor, of shape
 // full_shape(param.split, param.shape): a tensor-parallel save's slices (`grid`, every rank's
 // checkpoint from read_checkpoint_grid) merged, padding left out. Read from the shard files,
