@@ -1,11 +1,13 @@
 #include "examples/train_pipeline.h"
 
 #include <mpi.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -149,7 +151,7 @@ void check_pipeline_settings(const Flags& f, const TrainingConfig& tc, int world
   refuse(!f.val_data.empty(), "--val-data");
   refuse(!f.trace.empty(), "--trace");
   refuse(!f.memory_timeline.empty(), "--memory-timeline");
-  refuse(f.fault.kind != Fault::kNone, "--inject-fault");
+  refuse(f.fault.kind == Fault::kSkipStep, "--inject-fault skip-step");
   refuse(tc.tensorboard.enabled, "tensorboard");
   refuse(tc.csv_monitor.enabled, "csv_monitor");
   refuse(tc.comms_logger.enabled, "comms_logger");
@@ -177,7 +179,9 @@ void check_pipeline_settings(const Flags& f, const TrainingConfig& tc, int world
   }
 }
 
-void train_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, ProcessGrid& grid) {
+namespace {
+
+void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, ProcessGrid& grid) {
   const GridPlace& place = grid.place;
   const int stage = place.pp_rank;
   const int stages = place.pp_size;
@@ -185,6 +189,9 @@ void train_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, P
   const bool last = stage == stages - 1;
   const bool leader = stage == 0 && place.dp_rank == 0 && place.tp_rank == 0;
   const int micro_batches = tc.gradient_accumulation_steps;
+  int world_rank = 0, world_size = 1;
+  ZERO_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
+  ZERO_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_size));
 
   EngineConfig config = tc.engine;
   config.tensor_parallel = grid.tensor_parallel.get();
@@ -258,7 +265,18 @@ void train_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, P
   PipelineStepReport report;
   for (long step = first_step; step <= f.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
-    work.begin_step(step);
+    // --inject-fault: the last rank (of the last stage) misbehaves in the step's last backward.
+    const bool faulty = step == f.fault.step && world_rank == world_size - 1;
+    work.begin_step(step, [&](int micro_batch, Tensor& grad) {
+      if (!faulty || micro_batch != micro_batches - 1) return;
+      if (f.fault.kind == Fault::kInfGrad) {
+        std::vector<float> values = grad.to_host();
+        values[0] = std::numeric_limits<float>::infinity();
+        grad = Tensor(grad.shape(), values, grad.device());
+      }
+      if (f.fault.kind == Fault::kKill) raise(SIGKILL);
+      if (f.fault.kind == Fault::kStop) raise(SIGSTOP);
+    });
     report = executor.run(work);
     const StepStats stats = model.step();
     const double step_ms = ms_since(start);
@@ -357,6 +375,27 @@ void train_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, P
           f.pp_schedule_dump.c_str(),
           note.empty() ? (" and " + f.pp_schedule_dump + ".png").c_str() : ("; " + note).c_str());
     }
+  }
+}
+
+}  // namespace
+
+void train_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, ProcessGrid& grid) {
+  try {
+    run_pipeline(f, tc, task, grid);
+  } catch (const ConfigError&) {
+    throw;  // raised on every rank at once: the caller ends the run cleanly (exit 2)
+  } catch (const std::exception& e) {
+    // One stage's failure (a transfer that timed out, say) leaves the other stages inside
+    // transfers or collectives, which the communicators' destructors would wait for: end the
+    // job at once, naming the rank and the error (exit 3 for out of memory, as zero-train's).
+    const bool out_of_memory = dynamic_cast<const OutOfMemoryError*>(&e) != nullptr;
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    std::fprintf(stderr, "zero-train: rank %d: %s%s\n", rank,
+                 out_of_memory ? "" : "error: ", e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, out_of_memory ? 3 : 1);
   }
 }
 

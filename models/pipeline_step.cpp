@@ -1,5 +1,7 @@
 #include "models/pipeline_step.h"
 
+#include <utility>
+
 #include "zero/core/check.h"
 #include "zero/runtime/device.h"
 #include "zero/runtime/trace.h"
@@ -26,10 +28,11 @@ ZeroModelStage::ZeroModelStage(ZeroModel& model, MicroBatchSource& source, int s
   samples_ = global_batch / slices;
 }
 
-void ZeroModelStage::begin_step(long step) {
+void ZeroModelStage::begin_step(long step, std::function<void(int, Tensor&)> before_backward) {
   ZERO_CHECK(kept_.empty(),
              "a pipeline step began with " << kept_.size() << " micro-batch(es) still in flight");
   step_ = step;
+  before_backward_ = std::move(before_backward);
   loss_sum_ = 0.0f;
   times_ = MicroBatchTimes{};
 }
@@ -77,6 +80,7 @@ void ZeroModelStage::backward(int micro_batch, int, const Tensor& grad_output, T
   } else {
     grad = grad_output.to(model_.engine().device_context());
   }
+  if (before_backward_) before_backward_(micro_batch, grad);
   const auto start = Clock::now();
   Tensor grad_in = model_.backward(grad);
   times_.backward += Clock::now() - start;

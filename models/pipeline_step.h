@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <vector>
 
@@ -25,8 +26,10 @@ class ZeroModelStage : public PipelineStageWork {
                  int64_t global_batch, int micro_batches, int data_parallel_rank,
                  int data_parallel_size);
 
-  // The step whose batch the next micro-batches read; resets the loss sum.
-  void begin_step(long step);
+  // The step whose batch the next micro-batches read; resets the loss sum. `before_backward`,
+  // when given, sees each micro-batch's gradient before its backward here (the loss gradient on
+  // the last stage; zero-train's fault injection).
+  void begin_step(long step, std::function<void(int, Tensor&)> before_backward = {});
   // The last stage: this rank's sum of the step's micro-batch losses (0 on other stages).
   float loss_sum() const { return loss_sum_; }
   // The samples of one micro-batch on one rank.
@@ -46,6 +49,7 @@ class ZeroModelStage : public PipelineStageWork {
   int rank_, ranks_;
   int64_t samples_;
   long step_ = 0;
+  std::function<void(int, Tensor&)> before_backward_;
   float loss_sum_ = 0.0f;
   MicroBatchTimes times_;
   // Per micro-batch in flight: what the modules kept, and on the last stage the loss gradient.

@@ -187,6 +187,12 @@ bool Engine::Impl::skip_step(const GradientCheck& check) {
   const std::vector<float>& sums = check.unit_sums;
   size_t bad = 0;
   while (bad < sums.size() && std::isfinite(sums[bad])) ++bad;
+  // The sum over the pipeline overflowed but this stage's own units are finite.
+  ZERO_CHECK(bad < sums.size() || config.skip_nonfinite_steps,
+             "step " << optimizer.step() + 1
+                     << ": a gradient of another pipeline stage is not finite; stopping "
+                        "(\"nonfinite_gradients\": \"skip\" in the config skips such steps "
+                        "instead)");
   const Unit& unit = layout.units()[bad < sums.size() ? bad : 0];
   const std::string first_param =
       unit.params.empty() ? "no parameters" : layout.params()[unit.params.front()].name;
