@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "examples/memory_timeline.h"
+#include "zero/collectives/process_grid.h"
 #include "zero/runtime/checkpoint.h"
 
 namespace zero::examples {
@@ -222,22 +223,34 @@ bool fit_host_budget(const Flags& f, const TrainTask& task, int ranks_on_node, i
   const uint64_t activations = task.activation_bytes(config->micro_batch_per_rank);
   const uint64_t module_copies = task.module_bytes(config->engine.dtype);
   const uint64_t outside_engine = activations + module_copies;
-  if (budget > 0) {
-    if (budget <= outside_engine) {
+  // Collective: pipeline stages hold different activations (and nodes may give their ranks
+  // different budgets), so every rank stops when one does not fit, and the first such one says
+  // why.
+  const std::vector<int> short_ranks =
+      failed_ranks(budget > 0 && budget <= outside_engine, world_size);
+  if (!short_ranks.empty()) {
+    if (rank == short_ranks.front()) {
+      std::string where;
+      if (config->pipeline_stages > 1) {
+        const GridPlace place =
+            grid_place(rank, world_size, config->tensor_parallel_size, config->pipeline_stages);
+        where = " on pipeline stage " + std::to_string(place.pp_rank) + " (rank " +
+                std::to_string(rank) + ")";
+      }
       const std::string advice = out_of_memory_advice(
           task, config->engine,
           world_size / (config->tensor_parallel_size * config->pipeline_stages),
           config->micro_batch_per_rank, budget);
-      if (rank == 0) {
-        std::cerr << ("zero-train: out of host memory: the activations and batch data of " +
-                      std::to_string(config->micro_batch_per_rank) + " samples per micro-batch (" +
-                      human_bytes(activations) + ") and the modules' fp32 working copies (" +
-                      human_bytes(module_copies) + ") need " + human_bytes(outside_engine) +
-                      " per rank, and a rank may use " + human_bytes(budget) + " (" + source +
-                      "); " + advice + "\n");
-      }
-      return false;
+      std::cerr << ("zero-train: out of host memory: the activations and batch data of " +
+                    std::to_string(config->micro_batch_per_rank) + " samples per micro-batch" +
+                    where + " (" + human_bytes(activations) +
+                    ") and the modules' fp32 working copies (" + human_bytes(module_copies) +
+                    ") need " + human_bytes(outside_engine) + " per rank, and a rank may use " +
+                    human_bytes(budget) + " (" + source + "); " + advice + "\n");
     }
+    return false;
+  }
+  if (budget > 0) {
     config->engine.memory_limit_bytes = budget - outside_engine;
     if (rank == 0) {
       std::printf(

@@ -51,8 +51,9 @@ std::vector<int> failed_ranks(bool failed, int world_size);
 
 // The CPU path's memory budget of a rank (--memory-limit, else the host's memory over the
 // node's ranks) less what the model holds outside the engine (activations, batch data, the
-// modules' working copies) becomes the engine's limit, and rank 0 says so. False, after rank 0
-// printed why with advice, when those alone do not fit: the run ends with exit 3.
+// modules' working copies; a pipeline stage's own) becomes the engine's limit, and rank 0 says
+// so. Collective: false on every rank, after the first rank they do not fit on printed why with
+// advice, when those alone do not fit on some rank: the run ends with exit 3.
 bool fit_host_budget(const Flags& f, const TrainTask& task, int ranks_on_node, int world_size,
                      int rank, TrainingConfig* config);
 

@@ -214,14 +214,19 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
   task.start(engine, data_seed);
 
   const PipelineScheduleKind kind = parse_pipeline_schedule(f.pp_schedule);
-  // The budget reserved one micro-batch's activations outside the engine (main); the stage
-  // allocates those of every micro-batch it holds in flight from the engine's allocator.
+  // The budget reserved the stage's activations outside the engine (main): those of every
+  // micro-batch it holds in flight, which the stage allocates from the engine's allocator.
+  const uint64_t planned_activations = task.counted_activation_bytes(tc.micro_batch_per_rank);
   if (engine.allocator().limit() > 0) {
-    const uint64_t in_flight =
-        static_cast<uint64_t>(pipeline_micro_batches_in_flight(kind, stages, stage, micro_batches));
-    engine.allocator().set_limit(engine.allocator().limit() +
-                                 in_flight *
-                                     task.counted_activation_bytes(tc.micro_batch_per_rank));
+    engine.allocator().set_limit(engine.allocator().limit() + planned_activations);
+  }
+  // Per stage, the largest of its ranks' (all alike), for the init record.
+  const std::vector<unsigned long long> planned_by_rank =
+      all_ranks(static_cast<unsigned long long>(planned_activations), MPI_UNSIGNED_LONG_LONG);
+  std::vector<unsigned long long> stage_planned(static_cast<size_t>(stages), 0);
+  for (size_t r = 0; r < planned_by_rank.size(); ++r) {
+    const size_t s = r / (planned_by_rank.size() / static_cast<size_t>(stages));
+    stage_planned[s] = std::max(stage_planned[s], planned_by_rank[r]);
   }
   const std::vector<std::vector<PipelineAction>> schedules =
       make_pipeline_schedule(kind, stages, micro_batches);
@@ -247,7 +252,8 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
                     {"tensor_parallel_size", place.tp_size},
                     {"data_parallel_size", place.dp_size},
                     {"stage", config.stage},
-                    {"dtype", dtype_name(config.dtype)}};
+                    {"dtype", dtype_name(config.dtype)},
+                    {"stage_activation_bytes_planned", stage_planned}};
     init.update(task.model_record());
     metrics.write(init);
   }

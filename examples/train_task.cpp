@@ -17,6 +17,7 @@
 #include "zero/collectives/mpi_check.h"
 #include "zero/core/check.h"
 #include "zero/runtime/nvme_file.h"
+#include "zero/runtime/pipeline_schedule.h"
 
 namespace zero::examples {
 
@@ -112,6 +113,7 @@ class Gpt2Task : public TrainTask {
         seq_len_(f.seq_len),
         global_batch_(global_batch),
         micro_batches_(micro_batches),
+        pipeline_schedule_(f.pp_schedule),
         init_from_(f.init_from),
         val_every_(f.val_every),
         kernel_threads_(kernel_threads),
@@ -172,6 +174,12 @@ class Gpt2Task : public TrainTask {
       throw ConfigError(e.what());
     }
     stage_ = models::gpt2_pipeline_stage(config_, bounds, stage);
+    try {
+      in_flight_ = pipeline_micro_batches_in_flight(parse_pipeline_schedule(pipeline_schedule_),
+                                                    stages, stage, micro_batches_);
+    } catch (const Error& e) {
+      throw ConfigError(std::string("--pp-schedule: ") + e.what());
+    }
     // What the other stages hold, which this one's weights file skips.
     held_elsewhere_.clear();
     std::vector<std::string> mine;
@@ -286,22 +294,37 @@ class Gpt2Task : public TrainTask {
     return {{checkpointing_.nvme_path, formula(samples).nvme_checkpoints,
              "rank " + std::to_string(checkpointing_.spill_rank) + "'s activation checkpoints"}};
   }
-  // What the modules hold (the formula) is counted in the engine's allocator; the tensors in
-  // flight and the batch are not.
+  // What the modules hold (the formula; a pipeline stage's with its micro-batches in flight) is
+  // counted in the engine's allocator; the tensors in flight and the batch are not.
   uint64_t counted_activation_bytes(int64_t samples) const override {
-    return formula(samples).total();
+    return counted_bytes(checkpointing_, samples);
   }
   std::string activation_summary(int64_t samples) const override {
-    const models::Gpt2ActivationBytes bytes = formula(samples);
+    const models::Gpt2StageActivationBytes stage = stage_formula(checkpointing_, samples);
+    const models::Gpt2ActivationBytes& bytes = stage.micro_batch;
+    std::ostringstream blocks;
+    blocks << "blocks " << human_bytes(bytes.kept());
+    if (!bytes.blocks.empty()) {
+      blocks << " (per block " << human_bytes(bytes.blocks.front()) << " .. "
+             << human_bytes(bytes.blocks.back()) << ")";
+    }
+    const std::string ends = "embedding and head " + human_bytes(bytes.embedding + bytes.head);
+    const std::string recompute = "recompute " + human_bytes(bytes.recompute);
     std::ostringstream out;
     out << "activations of " << samples << " x " << seq_len_ << " tokens ("
         << models::recompute_name(checkpointing_.recompute) << " recomputation, "
-        << checkpointed_blocks() << " of " << config_.n_layer
-        << " blocks checkpointed): " << human_bytes(bytes.total()) << " = blocks "
-        << human_bytes(bytes.kept()) << " (per block " << human_bytes(bytes.blocks.front())
-        << " .. " << human_bytes(bytes.blocks.back()) << ") + recompute "
-        << human_bytes(bytes.recompute) << " + embedding and head "
-        << human_bytes(bytes.embedding + bytes.head) << "\n";
+        << checkpointed_blocks() << " of " << config_.n_layer << " blocks checkpointed)";
+    if (stage_.stages > 1) {
+      // Each micro-batch in flight keeps its own; the recompute buffers are shared.
+      out << " on pipeline stage " << stage_.stage << " (layers " << stage_.first_layer << "-"
+          << stage_.end_layer - 1 << "), " << stage.in_flight << " micro-batch"
+          << (stage.in_flight == 1 ? "" : "es") << " in flight: " << human_bytes(stage.peak())
+          << " = " << stage.in_flight << " x " << human_bytes(stage.per_micro_batch()) << " ("
+          << blocks.str() << " + " << ends << ") + " << recompute << "\n";
+    } else {
+      out << ": " << human_bytes(bytes.total()) << " = " << blocks.str() << " + " << recompute
+          << " + " << ends << "\n";
+    }
     return out.str();
   }
   driver::JsonRecord profile_record() override {
@@ -393,9 +416,21 @@ class Gpt2Task : public TrainTask {
     return tokens;
   }
 
+  // Counted and not: in a pipeline the stage's, with its micro-batches in flight.
   uint64_t activation_bytes(const models::Gpt2Checkpointing& checkpointing, int64_t samples) const {
-    return models::gpt2_activation_formula(config_, checkpointing, samples, seq_len_).total() +
-           models::gpt2_uncounted_activation_bytes(config_, samples, seq_len_);
+    const uint64_t uncounted =
+        stage_.stages > 1 ? models::gpt2_stage_uncounted_activation_bytes(
+                                config_, stage_, in_flight_, samples, seq_len_)
+                          : models::gpt2_uncounted_activation_bytes(config_, samples, seq_len_);
+    return counted_bytes(checkpointing, samples) + uncounted;
+  }
+  uint64_t counted_bytes(const models::Gpt2Checkpointing& checkpointing, int64_t samples) const {
+    return stage_formula(checkpointing, samples).peak();
+  }
+  models::Gpt2StageActivationBytes stage_formula(const models::Gpt2Checkpointing& checkpointing,
+                                                 int64_t samples) const {
+    return models::gpt2_stage_activation_formula(config_, checkpointing, stage_, in_flight_,
+                                                 samples, seq_len_);
   }
   models::Gpt2ActivationBytes formula(int64_t samples) const {
     return models::gpt2_activation_formula(config_, checkpointing_, samples, seq_len_);
@@ -418,6 +453,8 @@ class Gpt2Task : public TrainTask {
   int seq_len_;
   long global_batch_;
   int micro_batches_;
+  std::string pipeline_schedule_;  // --pp-schedule, for the micro-batches a stage holds
+  int in_flight_ = 1;              // micro-batches this pipeline stage holds at once
   std::string init_from_;
   long val_every_;
   long val_batches_ = 0;

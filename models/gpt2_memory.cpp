@@ -178,4 +178,85 @@ uint64_t gpt2_uncounted_activation_bytes(const Gpt2Config& config, int64_t B, in
                       sizeof(float), what);
 }
 
+namespace {
+
+// Bytes of one checkpoint, a block's whole input: B T C floats.
+uint64_t checkpoint_bytes(const Gpt2Config& config, int64_t B, int64_t T) {
+  return static_cast<uint64_t>(B) * static_cast<uint64_t>(T) *
+         static_cast<uint64_t>(config.n_embd) * sizeof(float);
+}
+
+}  // namespace
+
+uint64_t Gpt2StageActivationBytes::per_micro_batch() const {
+  return micro_batch.total() - micro_batch.recompute;
+}
+
+uint64_t Gpt2StageActivationBytes::peak() const {
+  const char* what = "a pipeline stage's activations";
+  return size_sum(size_product(static_cast<uint64_t>(in_flight), per_micro_batch(), what),
+                  micro_batch.recompute, what);
+}
+
+uint64_t Gpt2StageActivationBytes::peak_checkpoints() const {
+  return size_product(static_cast<uint64_t>(in_flight), micro_batch.checkpoints,
+                      "a pipeline stage's checkpoints");
+}
+
+Gpt2StageActivationBytes gpt2_stage_activation_formula(const Gpt2Config& config,
+                                                       const Gpt2Checkpointing& checkpointing,
+                                                       const Gpt2PipelineStage& stage,
+                                                       int in_flight, int64_t B, int64_t T) {
+  ZERO_CHECK(in_flight >= 1,
+             "a pipeline stage holds at least 1 micro-batch in flight, not " << in_flight);
+  const Gpt2ActivationBytes whole = gpt2_activation_formula(config, checkpointing, B, T);
+  Gpt2StageActivationBytes bytes;
+  bytes.in_flight = in_flight;
+  if (stage.stages == 1) {
+    bytes.micro_batch = whole;
+    return bytes;
+  }
+  // Each keeps a block's checkpoint in a slot of its own (gpt2_block.cpp's take_activations),
+  // which a second micro-batch in flight would overwrite; zero-train refuses them with --pp.
+  ZERO_CHECK(
+      !(checkpointing.contiguous_memory || checkpointing.cpu_checkpointing ||
+        gpt2_partitions_checkpoints(config, checkpointing) || !checkpointing.nvme_path.empty()),
+      "contiguous_memory_optimization, cpu_checkpointing, partition_activations and the "
+      "checkpoint spill to NVMe keep one slot per block: a pipeline stage cannot hold "
+      "micro-batches in flight with them");
+  const int end_layer = stage.end_layer < 0 ? config.n_layer : stage.end_layer;
+  ZERO_CHECK(
+      0 <= stage.first_layer && stage.first_layer <= end_layer && end_layer <= config.n_layer,
+      "GPT-2 pipeline stage " << stage.stage << " holds layers " << stage.first_layer << " to "
+                              << end_layer << " of " << config.n_layer);
+  Gpt2ActivationBytes& mine = bytes.micro_batch;
+  mine.embedding = stage.first() ? whole.embedding : 0;
+  mine.head = stage.last() ? whole.head : 0;
+  const uint64_t checkpoint = checkpoint_bytes(config, B, T);
+  for (int layer = stage.first_layer; layer < end_layer; ++layer) {
+    mine.blocks.push_back(whole.blocks[static_cast<size_t>(layer)]);
+    if (gpt2_block_checkpointed(checkpointing, layer, config.n_layer)) {
+      mine.checkpoints += checkpoint;
+      mine.recompute = whole.recompute;
+    }
+  }
+  return bytes;
+}
+
+uint64_t gpt2_stage_uncounted_activation_bytes(const Gpt2Config& config,
+                                               const Gpt2PipelineStage& stage, int in_flight,
+                                               int64_t B, int64_t T) {
+  const char* what = "the tensors beside a pipeline stage's activations";
+  const uint64_t N = size_product(static_cast<uint64_t>(B), static_cast<uint64_t>(T), what);
+  const uint64_t C = static_cast<uint64_t>(config.n_embd);
+  const uint64_t k = static_cast<uint64_t>(in_flight);
+  uint64_t floats = size_product(N, 3 * C, what);
+  if (stage.first() || stage.last()) floats = size_sum(floats, size_product(N, 3, what), what);
+  if (stage.last()) floats = size_sum(floats, size_product(N, k, what), what);
+  if (stage.stages > 1) {
+    floats = size_sum(floats, size_product(size_product(N, C, what), 4 + 2 * k, what), what);
+  }
+  return size_product(floats, sizeof(float), what);
+}
+
 }  // namespace zero::models

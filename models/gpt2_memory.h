@@ -73,6 +73,17 @@
 // one buffer of b R + kNvmeBufferSlack bytes (b = 2 regions, or 1 with one checkpointed block;
 // the slack aligns them, zero/runtime/nvme_file.h) instead of being kept: a checkpointed block
 // keeps N C floats fewer, and the file holds L R bytes for L checkpointed blocks.
+//
+// A pipeline stage (Gpt2PipelineStage, gpt2.h) holds, per micro-batch, its own part of that:
+// the embedding's on the first stage, its blocks', the head's on the last (the logits among
+// them: the last stage keeps one micro-batch's logits per micro-batch in flight). Each module
+// moves a micro-batch's tensors out after its forward and back before its backward, so a stage
+// holding k micro-batches in flight (pipeline_micro_batches_in_flight) keeps k times that. The
+// recomputation buffers are the stage's, shared by its blocks and its micro-batches (one
+// backward runs at a time), and allocated only when one of its blocks is checkpointed. Its peak
+// comes at the first backward after its k-th forward: k micro-batches kept, plus those buffers.
+// A finished backward leaves its micro-batch's tensors in the modules, where the next forward
+// reuses them (Gpt2Backend::activation), so nothing else adds up.
 #pragma once
 
 #include <cstdint>
@@ -84,6 +95,7 @@
 namespace zero::models {
 
 struct Gpt2Config;
+struct Gpt2PipelineStage;
 
 // What a checkpointed block recomputes in backward (the table above).
 enum class Recompute { kNone, kSelective, kFull };
@@ -181,10 +193,47 @@ Gpt2ActivationBytes gpt2_activation_formula(const Gpt2Config& config,
                                             const Gpt2Checkpointing& checkpointing, int64_t B,
                                             int64_t T);
 
+// One pipeline stage's activations with `in_flight` micro-batches of B sequences of T tokens
+// held at once (the comment at the top).
+struct Gpt2StageActivationBytes {
+  // One micro-batch's, on this stage only: the embedding (first stage), the stage's blocks and
+  // their checkpoints, the head (last stage), and the stage's recomputation buffers (0 when none
+  // of its blocks is checkpointed).
+  Gpt2ActivationBytes micro_batch;
+  int in_flight = 1;
+
+  // What one micro-batch in flight keeps: micro_batch.total() less the shared recompute buffers.
+  uint64_t per_micro_batch() const;
+  // The stage's peak: in_flight x per_micro_batch() + the recompute buffers.
+  uint64_t peak() const;
+  // The peak's checkpoints: in_flight x micro_batch.checkpoints.
+  uint64_t peak_checkpoints() const;
+};
+
+// The formula for one pipeline stage (the whole model's, gpt2_activation_formula, when it is the
+// only stage). Throws zero::Error for in_flight below 1, for layers outside the model and, in a
+// pipeline of several stages, for the settings that keep a block's checkpoint in one slot of its
+// own (contiguous_memory, cpu_checkpointing, partition_activations, nvme_path), which a second
+// micro-batch in flight would overwrite.
+Gpt2StageActivationBytes gpt2_stage_activation_formula(const Gpt2Config& config,
+                                                       const Gpt2Checkpointing& checkpointing,
+                                                       const Gpt2PipelineStage& stage,
+                                                       int in_flight, int64_t B, int64_t T);
+
 // What a training step of B sequences of T tokens holds beside the formula, outside the
 // model's counted activations: the residual-stream tensors in flight between modules (a
 // block's output, and in backward the gradient coming in and the one going out: 3 N C floats)
 // and the batch (token ids as given and on the device, and targets: 3 N).
 uint64_t gpt2_uncounted_activation_bytes(const Gpt2Config& config, int64_t B, int64_t T);
+
+// The same for pipeline stage `stage` of a pipeline holding `in_flight` micro-batches on it,
+// a bound rather than an exact figure: the tensors between its modules (3 N C), the batch where
+// the stage reads it (3 N on the first and the last stage), the targets the last stage keeps
+// per micro-batch in flight (N each), and the transfer buffers of a stage with neighbours
+// (activation-shaped, N C each): up to two receives of each kind posted and a send per
+// micro-batch in flight in each direction, 4 + 2 in_flight.
+uint64_t gpt2_stage_uncounted_activation_bytes(const Gpt2Config& config,
+                                               const Gpt2PipelineStage& stage, int in_flight,
+                                               int64_t B, int64_t T);
 
 }  // namespace zero::models

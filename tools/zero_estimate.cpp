@@ -9,6 +9,9 @@
 //   zero-estimate --model gpt2 ... --micro-batch B [--seq-len T] [--number-checkpoints K]
 //                 [--partition-activations] [--checkpoint-nvme-path DIR] [--memory-limit BYTES]
 //                                              (activations too, for none/selective/full)
+//   zero-estimate --model gpt2 ... --pp P [--pp-partition parameters|uniform]
+//                 [--pp-schedule gpipe|1f1b] [--micro-batches M] --ranks P*D*T
+//                                              (each pipeline stage apart)
 //
 // prints one row per stage (or only stage S): parameters, gradients, optimizer state (fp32
 // master and Adam moments) and their total per rank, in GB (1e9 bytes) and in bytes. With the
@@ -37,6 +40,7 @@
 #include "zero/core/dtype.h"
 #include "zero/runtime/engine.h"
 #include "zero/runtime/estimate.h"
+#include "zero/runtime/pipeline_schedule.h"
 
 namespace zero_estimate {
 namespace {
@@ -45,12 +49,11 @@ double gigabytes(uint64_t bytes) {
   return static_cast<double>(bytes) / 1e9;
 }
 
-// The model's layout as the engine builds it at this world size, and the engine's own plan for
-// each stage.
-int plan_model(const Options& options) {
-  const std::vector<zero::ParamSpec> specs = options.model == "gpt2"
-                                                 ? zero::models::gpt2_param_specs(options.gpt2)
-                                                 : zero::models::mlp_param_specs(options.mlp);
+// The layout of `specs` (the model's, or a pipeline stage's) as the engine builds it on the
+// data-parallel ranks, and the engine's own plan for each ZeRO stage.
+void plan_layout(const Options& options, const std::vector<zero::ParamSpec>& specs,
+                 const StagePlan& part) {
+  const int ranks = options.data_parallel_ranks;
   zero::EngineConfig config;
   config.dtype = options.dtype;
   config.grad_accum_dtype = options.grad_accum_dtype;
@@ -68,20 +71,19 @@ int plan_model(const Options& options) {
   config.offload_param.buffer_size = options.param_buffer_size;
   // The layout is sharded over the shard group (layout_options); only stage 3 is planned then.
   config.mics_shard_size = options.mics_shard_size;
-  const zero::Layout layout =
-      zero::Layout::build(specs, zero::layout_options(config, options.ranks));
+  const zero::Layout layout = zero::Layout::build(specs, zero::layout_options(config, ranks));
   std::printf("%s: %zu parameters (%zu padded) in %zu units, %d ranks, %s\n", options.model.c_str(),
-              layout.numel(), layout.padded_numel(), layout.units().size(), options.ranks,
+              layout.numel(), layout.padded_numel(), layout.units().size(), ranks,
               zero::dtype_name(options.dtype));
   if (options.gpt2.tensor_parallel_size > 1) {
     std::printf(
         "tensor parallelism: each rank holds its slices of %d, over %d data-parallel "
         "ranks\n",
-        options.gpt2.tensor_parallel_size, options.ranks);
+        options.gpt2.tensor_parallel_size, ranks);
   }
   if (options.mics_shard_size != -1) {
     std::printf("hybrid sharding: shard groups of %d ranks, %d replicas\n", layout.world_size(),
-                options.ranks / layout.world_size());
+                ranks / layout.world_size());
   }
   std::printf("stage  model state bytes  buffer bytes  total bytes per rank  nvme bytes%s\n",
               options.gpu ? "  pinned host bytes  pageable host bytes" : "");
@@ -136,7 +138,40 @@ int plan_model(const Options& options) {
     std::printf(" (optimizer state%s on NVMe)\n",
                 options.offload_param_nvme ? " and parameters" : "");
   }
-  if (options.micro_batch > 0) print_activations(options, engine_bytes);
+  if (options.micro_batch > 0) print_activations(options, part, engine_bytes);
+}
+
+// The model's plan, or with --pp each pipeline stage's: its layers, parameters, model state
+// over its data-parallel ranks and activations with its micro-batches in flight.
+int plan_model(const Options& options) {
+  const int stages = options.pipeline_stages;
+  if (stages == 1) {
+    plan_layout(options,
+                options.model == "gpt2" ? zero::models::gpt2_param_specs(options.gpt2)
+                                        : zero::models::mlp_param_specs(options.mlp),
+                StagePlan{});
+    return 0;
+  }
+  const std::vector<int> bounds =
+      zero::models::gpt2_pipeline_partition(options.gpt2, stages, options.pipeline_partition);
+  const zero::PipelineScheduleKind kind = zero::parse_pipeline_schedule(options.pipeline_schedule);
+  std::printf(
+      "pipeline of %d stages (%s partition, %s schedule, %d micro-batches per step): each stage "
+      "on %d data-parallel x %d tensor-parallel ranks, %d ranks in all\n",
+      stages, options.pipeline_partition.c_str(), options.pipeline_schedule.c_str(),
+      options.micro_batches, options.data_parallel_ranks, options.gpt2.tensor_parallel_size,
+      options.ranks);
+  for (int s = 0; s < stages; ++s) {
+    StagePlan plan;
+    plan.stage = zero::models::gpt2_pipeline_stage(options.gpt2, bounds, s);
+    plan.in_flight = zero::pipeline_micro_batches_in_flight(kind, stages, s, options.micro_batches);
+    std::printf("\npipeline stage %d: layers %d-%d%s%s, %d micro-batch%s in flight\n", s,
+                plan.stage.first_layer, plan.stage.end_layer - 1,
+                plan.stage.first() ? " + embeddings" : "",
+                plan.stage.last() ? " + ln_f, head (its own wte)" : "", plan.in_flight,
+                plan.in_flight == 1 ? "" : "es");
+    plan_layout(options, zero::models::gpt2_param_specs(options.gpt2, plan.stage), plan);
+  }
   return 0;
 }
 

@@ -6,14 +6,22 @@
 #include <utility>
 #include <vector>
 
+#include "models/gpt2.h"
 #include "tools/zero_estimate_options.h"
 
 namespace zero_estimate {
 
-// The GPT-2's activations per rank for each checkpointing setting, beside the engine's bytes of
-// each planned stage, and with a budget which setting fits at each stage and the largest
-// micro-batch each setting fits.
-void print_activations(const Options& options,
+// What a plan is for: the whole GPT-2, or one pipeline stage (--pp) with the micro-batches its
+// schedule holds in flight on it.
+struct StagePlan {
+  zero::models::Gpt2PipelineStage stage;
+  int in_flight = 1;
+};
+
+// The GPT-2's activations per rank for each checkpointing setting (the stage's peak, with its
+// micro-batches in flight), beside the engine's bytes of each planned ZeRO stage, and with a
+// budget which setting fits at each ZeRO stage and the largest micro-batch each setting fits.
+void print_activations(const Options& options, const StagePlan& plan,
                        const std::vector<std::pair<int, uint64_t>>& engine_bytes);
 
 }  // namespace zero_estimate

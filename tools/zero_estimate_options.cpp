@@ -3,6 +3,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 
 #include "driver/cli.h"
 #include "zero/core/check.h"
@@ -100,12 +101,57 @@ long parse_whole(const std::string& flag, const std::string& text, long min_valu
   return value;
 }
 
+// --pp P and its flags: a GPT-2 that P stages can cut (layers) on ranks they divide.
+void check_pipeline(bool pipeline_flags, Options* options) {
+  const int p = options->pipeline_stages;
+  const int t = options->gpt2.tensor_parallel_size;
+  if (p > 1 && options->model != "gpt2") {
+    usage_error("--pp cuts --model gpt2 into pipeline stages; the " +
+                (options->model.empty() ? std::string("--params formulas have")
+                                        : "--model " + options->model + " has") +
+                " no stages");
+  }
+  if (pipeline_flags && p == 1) {
+    usage_error(
+        "--pp-partition, --pp-schedule and --micro-batches plan a pipeline: they need "
+        "--pp P (2 or more stages)");
+  }
+  options->data_parallel_ranks = options->ranks;
+  if (p == 1) return;
+  if (options->ranks % (p * t) != 0) {
+    usage_error("--pp " + std::to_string(p) + (t > 1 ? " x --tp " + std::to_string(t) : "") +
+                " does not divide --ranks " + std::to_string(options->ranks) +
+                ": with --pp, --ranks is the job's ranks, pipeline stages x data-parallel x "
+                "tensor-parallel ranks");
+  }
+  options->data_parallel_ranks = options->ranks / (p * t);
+  // What zero-train --pp refuses, so no plan is printed for a run that cannot be.
+  const std::pair<bool, const char*> refused[] = {
+      {options->offload_nvme || options->offload_cpu, "--offload-optimizer"},
+      {options->offload_param_nvme, "--offload-param"},
+      {options->mics_shard_size != -1, "--mics-shard-size"},
+      {options->partition_activations, "--partition-activations"},
+      {!options->checkpoint_nvme_path.empty(), "--checkpoint-nvme-path"}};
+  for (const auto& [given, flag] : refused) {
+    if (given) {
+      usage_error(std::string(flag) +
+                  " with --pp: zero-train does not run pipeline parallelism with it yet");
+    }
+  }
+  try {
+    zero::models::gpt2_pipeline_partition(options->gpt2, p, options->pipeline_partition);
+  } catch (const zero::Error& e) {
+    usage_error(std::string("--pp ") + std::to_string(p) + ": " + e.what());
+  }
+}
+
 }  // namespace
 
 Options parse_options(const std::vector<std::string>& args) {
   Options options;
   bool have_params = false;
   bool have_ranks = false;
+  bool pipeline_flags = false;  // --pp-partition, --pp-schedule or --micro-batches
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& flag = args[i];
     if (flag == "-h" || flag == "--help") {
@@ -133,7 +179,8 @@ Options parse_options(const std::vector<std::string>& args) {
         flag == "--micro-batch" || flag == "--seq-len" || flag == "--number-checkpoints" ||
         flag == "--memory-limit" || flag == "--tp" || flag == "--offload-param" ||
         flag == "--param-buffer-count" || flag == "--param-buffer-size" ||
-        flag == "--checkpoint-nvme-path" || flag == "--grad-accum-dtype";
+        flag == "--checkpoint-nvme-path" || flag == "--grad-accum-dtype" || flag == "--pp" ||
+        flag == "--pp-partition" || flag == "--pp-schedule" || flag == "--micro-batches";
     if (flag != "--params" && flag != "--ranks" && flag != "--dtype" && flag != "--stage" &&
         !model_flag) {
       usage_error(flag.compare(0, 1, "-") == 0 ? "unknown option '" + flag + "'"
@@ -194,6 +241,22 @@ Options parse_options(const std::vector<std::string>& args) {
     } else if (flag == "--checkpoint-nvme-path") {
       if (value.empty()) usage_error("--checkpoint-nvme-path needs a directory, got ''");
       options.checkpoint_nvme_path = value;
+    } else if (flag == "--pp-partition") {
+      if (value != "parameters" && value != "uniform") {
+        usage_error("--pp-partition must be parameters or uniform, got '" + value + "'");
+      }
+      options.pipeline_partition = value;
+      pipeline_flags = true;
+    } else if (flag == "--pp-schedule") {
+      // zero-train's GPT-2 runs these two (its stages hold one chunk, its backward is whole).
+      if (value != "gpipe" && value != "1f1b") {
+        usage_error(
+            "--pp-schedule must be gpipe or 1f1b (the schedules zero-train runs the "
+            "GPT-2 with), got '" +
+            value + "'");
+      }
+      options.pipeline_schedule = value;
+      pipeline_flags = true;
     } else if (flag == "--merge-bytes") {
       options.merge_bytes = static_cast<size_t>(parse_whole(flag, value, 0, INT_MAX));
     } else {
@@ -211,6 +274,11 @@ Options parse_options(const std::vector<std::string>& args) {
       if (flag == "--micro-batch") options.micro_batch = v;
       if (flag == "--seq-len") options.seq_len = v;
       if (flag == "--number-checkpoints") options.number_checkpoints = v;
+      if (flag == "--pp") options.pipeline_stages = v;
+      if (flag == "--micro-batches") {
+        options.micro_batches = v;
+        pipeline_flags = true;
+      }
     }
   }
   if (!options.model.empty() && have_params) usage_error("give --params or --model, not both");
@@ -254,6 +322,7 @@ Options parse_options(const std::vector<std::string>& args) {
   }
   if (!have_params) usage_error("missing --params P (the number of parameters)");
   if (!have_ranks) usage_error("missing --ranks N (the number of data-parallel ranks)");
+  check_pipeline(pipeline_flags, &options);
   if (options.gpu && options.model.empty()) usage_error("--gpu plans a --model's layout");
   if (options.offload_cpu) {
     options.gpu = true;  // ZeRO-Offload moves the optimizer off a GPU

@@ -49,7 +49,14 @@ inline constexpr const char* kUsage =
     "              ranks, the config's activation_checkpointing.partition_activations),\n"
     "              --checkpoint-nvme-path DIR (checkpoints spilled to NVMe, as zero-train's)\n"
     "              and --memory-limit BYTES[K|M|G] (which setting fits at each stage, and the\n"
-    "              most sequences per rank each one fits)\n";
+    "              most sequences per rank each one fits)\n"
+    "  with --model gpt2: --pp P: the GPT-2 cut into P pipeline stages (zero-train --pp),\n"
+    "              each planned apart: its parameters (--pp-partition parameters|uniform,\n"
+    "              default parameters; wte on the first and the last stage), its model state\n"
+    "              over its data-parallel ranks (--ranks N is then the job's P x D x T ranks)\n"
+    "              and, with --micro-batch, its activations with the micro-batches the\n"
+    "              schedule holds in flight on it (--pp-schedule gpipe|1f1b, default 1f1b,\n"
+    "              --micro-batches M, default 1)\n";
 
 struct Options {
   uint64_t params = 0;
@@ -83,6 +90,14 @@ struct Options {
   std::string checkpoint_nvme_path;
   // The config's data_types.grad_accum_dtype; unset: the engine's default for the dtype.
   std::optional<zero::DType> grad_accum_dtype;
+  // Pipeline parallelism (--model gpt2): stages, their cut, the schedule and the micro-batches
+  // of a step. With more than one stage `ranks` is the job's and `data_parallel_ranks` each
+  // stage's data-parallel ranks (ranks / (pipeline_stages x tensor_parallel_size)).
+  int pipeline_stages = 1;
+  std::string pipeline_partition = "parameters";
+  std::string pipeline_schedule = "1f1b";
+  int micro_batches = 1;
+  int data_parallel_ranks = 0;
 };
 
 // The options of `args` (argv after the program's name); --help prints the usage and exits 0.

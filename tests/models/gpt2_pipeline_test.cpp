@@ -128,5 +128,55 @@ TEST(Gpt2Pipeline, CutsThatCannotBeAreErrors) {
       "runs from layer 0 to n_layer");
 }
 
+// A stage's formula is its share of the whole model's: over the stages, one micro-batch each,
+// the kept bytes add up to the whole's; the recompute buffers are on every stage with a
+// checkpointed block (and only there); k in flight keep k times as much beside one set of them.
+TEST(Gpt2Pipeline, StageFormulasShareTheWholeModelsActivations) {
+  Gpt2Config config = reference_config();
+  config.n_layer = 4;
+  const std::vector<int> bounds = gpt2_pipeline_partition(config, 2, "uniform");
+  for (const Gpt2Checkpointing& c :
+       {Gpt2Checkpointing{}, Gpt2Checkpointing{Recompute::kSelective},
+        Gpt2Checkpointing{Recompute::kFull}, Gpt2Checkpointing{Recompute::kFull, 1}}) {
+    SCOPED_TRACE(label(c) + " on " + std::to_string(c.number_checkpoints) + " block(s)");
+    const Gpt2ActivationBytes whole = gpt2_activation_formula(config, c, 2, kT);
+    uint64_t kept = 0, checkpoints = 0;
+    for (int s = 0; s < 2; ++s) {
+      const Gpt2PipelineStage stage = gpt2_pipeline_stage(config, bounds, s);
+      const Gpt2StageActivationBytes one =
+          gpt2_stage_activation_formula(config, c, stage, 1, 2, kT);
+      const Gpt2StageActivationBytes three =
+          gpt2_stage_activation_formula(config, c, stage, 3, 2, kT);
+      kept += one.per_micro_batch();
+      checkpoints += one.micro_batch.checkpoints;
+      // Full on one block checkpoints block 0 only: the second stage has no recompute buffers.
+      const bool recomputes =
+          c.recompute != Recompute::kNone && (c.number_checkpoints == 0 || s == 0);
+      EXPECT_EQ(one.micro_batch.recompute, recomputes ? whole.recompute : 0) << s;
+      EXPECT_EQ(three.peak(), 3 * one.per_micro_batch() + one.micro_batch.recompute) << s;
+      EXPECT_EQ(three.peak_checkpoints(), 3 * one.micro_batch.checkpoints) << s;
+    }
+    EXPECT_EQ(kept, whole.total() - whole.recompute);
+    EXPECT_EQ(checkpoints, whole.checkpoints);
+    const Gpt2StageActivationBytes alone =
+        gpt2_stage_activation_formula(config, c, Gpt2PipelineStage{}, 1, 2, kT);
+    EXPECT_EQ(alone.peak(), whole.total());
+  }
+  Gpt2Checkpointing contiguous{Recompute::kFull};
+  contiguous.contiguous_memory = true;
+  testing::expect_error_naming(
+      [&] {
+        gpt2_stage_activation_formula(config, contiguous, gpt2_pipeline_stage(config, bounds, 0), 2,
+                                      2, kT);
+      },
+      "a pipeline stage cannot hold micro-batches in flight with them");
+  testing::expect_error_naming(
+      [&] {
+        gpt2_stage_activation_formula(config, Gpt2Checkpointing{},
+                                      gpt2_pipeline_stage(config, bounds, 0), 0, 2, kT);
+      },
+      "at least 1 micro-batch in flight, not 0");
+}
+
 }  // namespace
 }  // namespace zero::models::gpt2_test

@@ -388,6 +388,117 @@ TEST(ZeroEstimate, Gpt2ActivationFlagsNeedTheirContext) {
                      "--seq-len 65 is longer than the block size 64");
 }
 
+// --pp: each pipeline stage planned apart, worked by hand for a 4-layer GPT-2 (C 64, H 4, V 256)
+// cut uniformly into 2 stages on 4 ranks (2 data-parallel per stage), 2 x 16 tokens (N = 32)
+// per micro-batch. Parameters: a block 12 C^2 + 13 C = 49984, wte 16384 and wpe 4096 on the
+// first stage, wte again and ln_f (128) on the last. Activations per micro-batch (floats): the
+// first stage N + 2 N (16 C + 4 + H) = 66080, the last 2 N (16 C + 4 + H) + N (2 C + V + 4) =
+// 78464 without recomputation; with full, the blocks keep N C each and the stage's one set of
+// recompute buffers is N (15 C + 4 + H) = 30976. gpipe holds all 4 micro-batches on both
+// stages, 1f1b 2 on the first and 1 on the last.
+const Words kGpt2Pipeline = {
+    "--model",        "gpt2",    "--n-layer",       "4",  "--n-head",  "4",  "--n-embd", "64",
+    "--vocab-size",   "256",     "--block-size",    "64", "--ranks",   "4",  "--stage",  "3",
+    "--dtype",        "fp32",    "--micro-batch",   "2",  "--seq-len", "16", "--pp",     "2",
+    "--pp-partition", "uniform", "--micro-batches", "4"};
+
+TEST(ZeroEstimate, Gpt2PipelinePlansEachStage) {
+  const ProgramOutcome gpipe = run_estimate(with(kGpt2Pipeline, {"--pp-schedule", "gpipe"}));
+  ASSERT_EQ(gpipe.exit_code, 0) << gpipe.err;
+  const std::string& out = gpipe.out;
+  EXPECT_EQ(out.substr(0, out.find('\n') + 1),
+            "pipeline of 2 stages (uniform partition, gpipe schedule, 4 micro-batches per step): "
+            "each stage on 2 data-parallel x 1 tensor-parallel ranks, 4 ranks in all\n");
+  const size_t first = out.find("\npipeline stage 0:");
+  const size_t last = out.find("\npipeline stage 1:");
+  ASSERT_NE(first, std::string::npos) << out;
+  ASSERT_NE(last, std::string::npos) << out;
+  const std::string stage0 = out.substr(first + 1, last - first);
+  const std::string stage1 = out.substr(last + 1);
+  EXPECT_EQ(stage0.substr(0, stage0.find("stage  model")),
+            "pipeline stage 0: layers 0-1 + embeddings, 4 micro-batches in flight\n"
+            "gpt2: 120448 parameters (120448 padded) in 3 units, 2 ranks, fp32\n");
+  EXPECT_EQ(stage1.substr(0, stage1.find("stage  model")),
+            "pipeline stage 1: layers 2-3 + ln_f, head (its own wte), 4 micro-batches in flight\n"
+            "gpt2: 116480 parameters (116480 padded) in 4 units, 2 ranks, fp32\n");
+  const unsigned long long engine0 = stage_total(stage0, 3);
+  const unsigned long long engine1 = stage_total(stage1, 3);
+  char rows[512];
+  std::snprintf(rows, sizeof(rows),
+                "activations of 2 x 16 tokens per rank on pipeline stage 0, 4 micro-batches in "
+                "flight (fp32; selective and full checkpoint every block):\n"
+                "recompute  activation bytes  checkpoint bytes  stage 3 total bytes\n"
+                "none                1057280                 0  %19llu\n",
+                engine0 + 4 * 4 * 66080ull);
+  EXPECT_NE(stage0.find(rows), std::string::npos) << stage0;
+  // Full: 4 x (N + 2 N C) + N (15 C + 4 + H); the checkpoints 4 x 2 N C.
+  EXPECT_NE(stage0.find("\nfull                 189952             65536  "), std::string::npos)
+      << stage0;
+  std::snprintf(rows, sizeof(rows),
+                "activations of 2 x 16 tokens per rank on pipeline stage 1, 4 micro-batches in "
+                "flight (fp32; selective and full checkpoint every block):\n"
+                "recompute  activation bytes  checkpoint bytes  stage 3 total bytes\n"
+                "none                1255424                 0  %19llu\n",
+                engine1 + 4 * 4 * 78464ull);
+  EXPECT_NE(stage1.find(rows), std::string::npos) << stage1;
+
+  const ProgramOutcome one_f_one_b = run_estimate(kGpt2Pipeline);  // 1f1b is the default
+  ASSERT_EQ(one_f_one_b.exit_code, 0) << one_f_one_b.err;
+  const std::string& b = one_f_one_b.out;
+  EXPECT_NE(b.find("pipeline stage 0: layers 0-1 + embeddings, 2 micro-batches in flight\n"),
+            std::string::npos)
+      << b;
+  EXPECT_NE(b.find("pipeline stage 1: layers 2-3 + ln_f, head (its own wte), 1 micro-batch in "
+                   "flight\n"),
+            std::string::npos)
+      << b;
+  EXPECT_NE(b.find("\nnone                 528640  "), std::string::npos) << b;  // 2 x 66080 x 4
+  EXPECT_NE(b.find("\nnone                 313856  "), std::string::npos) << b;  // 78464 x 4
+}
+
+// As expect_usage_error, for a message the model's check gives (its source location follows).
+void expect_usage_error_from_model(const Words& args, const std::string& message) {
+  const ProgramOutcome outcome = run_estimate(args);
+  EXPECT_EQ(outcome.exit_code, 2) << outcome.out;
+  EXPECT_EQ(outcome.err.rfind("zero-estimate: " + message + " (", 0), 0u) << outcome.err;
+}
+
+TEST(ZeroEstimate, Gpt2PipelineBadArguments) {
+  const Words gpt2 = {"--model", "gpt2", "--n-layer", "4", "--n-head", "4", "--n-embd", "64"};
+  expect_usage_error(with(gpt2, {"--ranks", "4", "--pp", "3"}),
+                     "--pp 3 does not divide --ranks 4: with --pp, --ranks is the job's ranks, "
+                     "pipeline stages x data-parallel x tensor-parallel ranks");
+  expect_usage_error(with(gpt2, {"--ranks", "6", "--pp", "2", "--tp", "2"}),
+                     "--pp 2 x --tp 2 does not divide --ranks 6: with --pp, --ranks is the job's "
+                     "ranks, pipeline stages x data-parallel x tensor-parallel ranks");
+  expect_usage_error_from_model(
+      with(gpt2, {"--ranks", "5", "--pp", "5"}),
+      "--pp 5: a GPT-2 of 4 layers cannot be cut into 5 pipeline stages of at "
+      "least one block each");
+  expect_usage_error_from_model(
+      with(gpt2, {"--ranks", "3", "--pp", "3", "--pp-partition", "uniform"}),
+      "--pp 3: --pp-partition uniform: 3 pipeline stages do not divide the 4 "
+      "layers (n_layer)");
+  expect_usage_error(with(gpt2, {"--ranks", "2", "--pp", "2", "--pp-schedule", "interleaved"}),
+                     "--pp-schedule must be gpipe or 1f1b (the schedules zero-train runs the "
+                     "GPT-2 with), got 'interleaved'");
+  expect_usage_error(with(gpt2, {"--ranks", "2", "--pp", "2", "--pp-partition", "type:Block"}),
+                     "--pp-partition must be parameters or uniform, got 'type:Block'");
+  expect_usage_error(with(gpt2, {"--ranks", "2", "--micro-batches", "4"}),
+                     "--pp-partition, --pp-schedule and --micro-batches plan a pipeline: they "
+                     "need --pp P (2 or more stages)");
+  expect_usage_error({"--model", "mlp", "--ranks", "2", "--pp", "2"},
+                     "--pp cuts --model gpt2 into pipeline stages; the --model mlp has no stages");
+  expect_usage_error({"--params", "1B", "--ranks", "2", "--pp", "2"},
+                     "--pp cuts --model gpt2 into pipeline stages; the --params formulas have no "
+                     "stages");
+  expect_usage_error(with(gpt2, {"--ranks", "2", "--pp", "2", "--offload-optimizer", "cpu"}),
+                     "--offload-optimizer with --pp: zero-train does not run pipeline "
+                     "parallelism with it yet");
+  expect_usage_error(with(gpt2, {"--ranks", "2", "--pp", "2", "--micro-batches", "0"}),
+                     "--micro-batches must be from 1 to 1048576, got 0");
+}
+
 TEST(ZeroEstimate, HelpPrintsUsage) {
   const ProgramOutcome outcome = run_estimate({"--help"});
   EXPECT_EQ(outcome.exit_code, 0);

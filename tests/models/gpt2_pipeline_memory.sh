@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The activations each pipeline stage holds, planned against measured: zero-train --pp at each
+# schedule the GPT-2 runs (gpipe, 1f1b) and each activation checkpointing (none, selective,
+# full, and full on one block only, which leaves a stage without a checkpointed block and so
+# without recompute buffers), 4 micro-batches a step. Every step's stage_peak_activation_bytes
+# (the engine allocator's peak, the largest of each stage's ranks) must equal the init record's
+# stage_activation_bytes_planned (gpt2_stage_activation_formula), and that plan must be the
+# formula written out here: k micro-batches in flight on stage s (gpipe m, 1f1b min(p - s, m))
+# each keeping the stage's blocks, the embedding's token ids on the first stage and the head's
+# tensors (its logits among them) on the last, plus the stage's one set of recompute buffers.
+# With --tp T each rank holds its slices (gpt2_memory.h's tensor-parallel figures).
+#   gpt2_pipeline_memory.sh BIN_DIR NP PP [--tp T] -- MPIEXEC [MPIEXEC_FLAGS...]
+set -euo pipefail
+bin="$1"; np="$2"; pp="$3"; shift 3
+tp=1
+while [ "$1" != "--" ]; do
+  case "$1" in
+    --tp) tp="$2"; shift 2 ;;
+    *) echo "gpt2_pipeline_memory.sh: unknown option $1"; exit 2 ;;
+  esac
+done
+shift
+mpiexec=("$@")
+data="$(cd "$(dirname "${BASH_SOURCE[0]}")/../data/gpt2" && pwd)"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+layers=4 heads=4 embd=64 vocab=256 seq=16 micro_batches=4 global_batch=8
+
+for schedule in gpipe 1f1b; do
+  for checkpointing in none selective full full:1; do
+    recompute="${checkpointing%%:*}"
+    number=0 number_flag=()
+    if [ "$checkpointing" != "$recompute" ]; then
+      number="${checkpointing#*:}"
+      number_flag=(--number-checkpoints "$number")
+    fi
+    run="$work/$schedule-$recompute-$number"
+    "${mpiexec[@]}" -np "$np" "$bin/zero-train" --model gpt2 --n-layer "$layers" \
+      --n-head "$heads" --n-embd "$embd" --vocab-size "$vocab" --block-size 64 --seq-len "$seq" \
+      --global-batch "$global_batch" --micro-batches "$micro_batches" --steps 2 \
+      --data "$data/tokens.bin" --pp "$pp" --tp "$tp" --pp-schedule "$schedule" --pp-partition uniform \
+      --activation-checkpointing "$recompute" "${number_flag[@]}" \
+      --metrics "$run.jsonl" > "$run.log" 2>&1 || {
+      cat "$run.log"; echo "zero-train failed: $schedule, $checkpointing"; exit 1; }
+    python3 - "$run.jsonl" "$np" "$pp" "$tp" "$schedule" "$recompute" "$number" \
+      "$layers" "$heads" "$embd" "$vocab" "$seq" "$micro_batches" "$global_batch" <<'PY'
+import json, sys
+path, schedule, recompute = sys.argv[1], sys.argv[5], sys.argv[6]
+np, p, t, number, L, H, C, V, T, m, batch = map(int, sys.argv[2:5] + sys.argv[7:])
+records = [json.loads(line) for line in open(path)]
+init = next(r for r in records if r["event"] == "init")
+planned = init["stage_activation_bytes_planned"]
+dp = np // (p * t)
+Cl, Hl = C // t, H // t  # a rank's slices of the attention and the MLP
+N = batch // (m * dp) * T
+n = number or L
+checkpointed = {j * L // n for j in range(n)} if recompute != "none" else set()
+block = {"none": N * (4 * C + 12 * Cl + 4 + Hl), "selective": N * (C + 4 * Cl + Hl),
+         "full": N * C}
+recompute_buffers = {"none": 0, "selective": N * (3 * C + 8 * Cl + 4),
+                     "full": N * (3 * C + 12 * Cl + 4 + Hl)}
+expected = []
+for s in range(p):
+    layers = range(s * L // p, (s + 1) * L // p)
+    k = m if schedule == "gpipe" else min(p - s, m)
+    kept = sum(block[recompute] if l in checkpointed else block["none"] for l in layers)
+    kept += N if s == 0 else 0
+    kept += N * (2 * C + -(-V // t) + 4) if s == p - 1 else 0
+    shared = recompute_buffers[recompute] if checkpointed & set(layers) else 0
+    expected.append(4 * (k * kept + shared))
+label = f"{schedule}, {recompute}" + (f" on {number} block(s)" if number else "")
+if planned != expected:
+    sys.exit(f"{label}: planned per stage {planned} B, the formula gives {expected} B")
+steps = [r for r in records if r["event"] == "step"]
+if len(steps) != 2:
+    sys.exit(f"{label}: {len(steps)} step records, expected 2")
+for r in steps:
+    if r["stage_peak_activation_bytes"] != planned:
+        sys.exit(f"{label}: step {r['step']}: peak activations per stage "
+                 f"{r['stage_peak_activation_bytes']} B, planned {planned} B")
+print(f"{label}: every step's peak activations per stage equal the plan, {planned} B")
+PY
+  done
+done

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# zero-estimate --pp plans each pipeline stage as zero-train --pp then holds it: a 4-layer GPT-2
+# cut into 2 stages on 4 ranks (2 data-parallel ranks per stage), at ZeRO stages 1 and 3, with
+# gpipe and 1f1b and no, selective and full activation checkpointing. Per pipeline stage, the
+# estimate's model state bytes must equal the run's stage_model_state_bytes, and its activation
+# bytes (the row of the run's checkpointing) the run's stage_activation_bytes_planned and every
+# step's measured stage_peak_activation_bytes.
+#   estimate_pipeline_matches_engine.sh BIN_DIR TOKENS -- MPIEXEC [MPIEXEC_FLAGS...]
+set -euo pipefail
+bin="$1" tokens="$2"
+shift 2
+[ "$1" = "--" ] || { echo "estimate_pipeline_matches_engine.sh: expected -- before the launcher"; exit 2; }
+shift
+mpiexec=("$@")
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+size=(--model gpt2 --n-layer 4 --n-head 4 --n-embd 64 --vocab-size 256 --block-size 64)
+
+for run in "1 1f1b none" "3 gpipe full" "3 1f1b selective"; do
+  read -r stage schedule recompute <<<"$run"
+  name="$work/$stage-$schedule-$recompute"
+  "${mpiexec[@]}" -np 4 "$bin/zero-train" "${size[@]}" --seq-len 16 --global-batch 8 \
+    --micro-batches 4 --steps 2 --data "$tokens" --stage "$stage" --dtype fp32 --pp 2 \
+    --pp-schedule "$schedule" --activation-checkpointing "$recompute" \
+    --metrics "$name.jsonl" > "$name.log" 2>&1 || {
+    cat "$name.log"; echo "zero-train failed: $run"; exit 1; }
+  # 8 sequences over 4 micro-batches and 2 data-parallel ranks: 1 per rank and micro-batch.
+  "$bin/zero-estimate" "${size[@]}" --ranks 4 --stage "$stage" --dtype fp32 --micro-batch 1 \
+    --seq-len 16 --pp 2 --pp-schedule "$schedule" --micro-batches 4 > "$name.estimate" || {
+    cat "$name.estimate"; echo "zero-estimate failed: $run"; exit 1; }
+  python3 - "$name.jsonl" "$name.estimate" "$stage" "$recompute" "$run" <<'PY'
+import json, sys
+metrics, estimate, zero_stage, recompute, run = sys.argv[1:6]
+records = [json.loads(line) for line in open(metrics)]
+planned = next(r for r in records if r["event"] == "init")["stage_activation_bytes_planned"]
+steps = [r for r in records if r["event"] == "step"]
+# Per pipeline stage: the model state of the ZeRO stage's row and the activations of the row of
+# this checkpointing.
+state, activations = [], []
+for line in open(estimate):
+    words = line.split()
+    if line.startswith("pipeline stage "):
+        state.append(None)
+        activations.append(None)
+    elif words and words[0] == zero_stage and len(words) == 5 and state:
+        state[-1] = int(words[1])
+    elif words and words[0] == recompute and activations:
+        activations[-1] = int(words[1])
+if len(state) != 2 or None in state or None in activations:
+    sys.exit(f"{run}: no per-stage rows in the estimate:\n" + open(estimate).read())
+for r in steps:
+    if r["stage_model_state_bytes"] != state:
+        sys.exit(f"{run}: step {r['step']}: model state per stage {r['stage_model_state_bytes']} "
+                 f"B, the estimate's {state} B")
+    if r["stage_peak_activation_bytes"] != activations:
+        sys.exit(f"{run}: step {r['step']}: peak activations per stage "
+                 f"{r['stage_peak_activation_bytes']} B, the estimate's {activations} B")
+if planned != activations:
+    sys.exit(f"{run}: zero-train planned {planned} B of activations per stage, the estimate "
+             f"{activations} B")
+print(f"{run}: per stage, model state {state} B and activations {activations} B, as estimated")
+PY
+done
