@@ -265,6 +265,10 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
         task.description().c_str(), dtype_name(config.dtype), stages, pipeline_schedule_name(kind),
         place.dp_size, place.tp_size, config.stage, tc.train_batch_size,
         static_cast<long>(work.micro_batch_samples()), micro_batches, place.dp_size);
+    // Rank 0 is the first stage's: its engine and the activations it holds in flight.
+    std::printf("memory on rank 0 (pipeline stage 0) at start:\n%s%s",
+                engine.allocator().summary().c_str(),
+                task.activation_summary(tc.micro_batch_per_rank).c_str());
     std::fflush(stdout);
   }
 
