@@ -1,9 +1,5 @@
 #include "examples/memory_timeline.h"
 
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <array>
 #include <cerrno>
@@ -15,8 +11,7 @@
 #include <utility>
 
 #include "zero/core/check.h"
-
-extern char** environ;
+#include "zero/runtime/gnuplot.h"
 
 namespace zero::examples {
 
@@ -48,21 +43,6 @@ void write_text(const std::string& path, const std::string& text) {
   out << text;
   out.close();
   ZERO_CHECK(out, "cannot write memory timeline file '" << path << "': " << std::strerror(errno));
-}
-
-// Runs gnuplot on `script`; throws naming its exit status.
-void run_gnuplot(const std::string& script) {
-  std::string program = "gnuplot";
-  std::vector<char*> argv = {program.data(), const_cast<char*>(script.c_str()), nullptr};
-  pid_t pid = 0;
-  const int spawned = ::posix_spawnp(&pid, "gnuplot", nullptr, nullptr, argv.data(), environ);
-  ZERO_CHECK(spawned == 0, "cannot run gnuplot for '" << script << "': " << std::strerror(spawned));
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0) {
-    ZERO_CHECK(errno == EINTR, "waiting for gnuplot: " << std::strerror(errno));
-  }
-  ZERO_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-             "gnuplot failed on '" << script << "' (status " << status << ")");
 }
 
 }  // namespace
@@ -229,11 +209,7 @@ void MemoryTimeline::write(const std::string& path, const std::vector<TraceSpan>
 }
 
 std::string gnuplot_problem() {
-  const char* path = std::getenv("PATH");
-  std::istringstream dirs(path != nullptr ? path : "");
-  for (std::string dir; std::getline(dirs, dir, ':');) {
-    if (!dir.empty() && ::access((dir + "/gnuplot").c_str(), X_OK) == 0) return "";
-  }
+  if (gnuplot_on_path()) return "";
   return "gnuplot is not on PATH; it draws the timeline's plot (scripts/setup.sh installs it)";
 }
 

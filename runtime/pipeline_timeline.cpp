@@ -1,9 +1,6 @@
 // write_pipeline_timeline (pipeline_executor.h): every rank's measured actions and the planned
 // timeline as JSON, and a picture of both drawn with gnuplot in the manner of the pipeline
 // papers' figures (one row per rank, one box per computation, coloured by kind).
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -18,9 +15,8 @@
 #include <nlohmann/json.hpp>
 
 #include "zero/core/check.h"
+#include "zero/runtime/gnuplot.h"
 #include "zero/runtime/pipeline_executor.h"
-
-extern char** environ;
 
 namespace zero {
 
@@ -33,29 +29,6 @@ void write_text(const std::string& path, const std::string& text) {
   out << text;
   out.close();
   ZERO_CHECK(out, "cannot write pipeline timeline file '" << path << "': " << std::strerror(errno));
-}
-
-bool gnuplot_on_path() {
-  const char* path = std::getenv("PATH");
-  std::istringstream dirs(path != nullptr ? path : "");
-  for (std::string dir; std::getline(dirs, dir, ':');) {
-    if (!dir.empty() && ::access((dir + "/gnuplot").c_str(), X_OK) == 0) return true;
-  }
-  return false;
-}
-
-void run_gnuplot(const std::string& script) {
-  std::string program = "gnuplot";
-  std::vector<char*> argv = {program.data(), const_cast<char*>(script.c_str()), nullptr};
-  pid_t pid = 0;
-  const int spawned = ::posix_spawnp(&pid, "gnuplot", nullptr, nullptr, argv.data(), environ);
-  ZERO_CHECK(spawned == 0, "cannot run gnuplot for '" << script << "': " << std::strerror(spawned));
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0) {
-    ZERO_CHECK(errno == EINTR, "waiting for gnuplot: " << std::strerror(errno));
-  }
-  ZERO_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-             "gnuplot failed on '" << script << "' (status " << status << ")");
 }
 
 // The box colours of the kinds of computation, as in the zero-bubble paper's figures.
