@@ -113,8 +113,8 @@ bool needs_no_quoting(const std::string& word) {
 }  // namespace
 
 const char* usage_text() {
-  return "usage: zerorun [-np N | --hostfile FILE] [--num_gpus G] [--tp T] [--dry-run] [--] "
-         "program [args...]\n"
+  return "usage: zerorun [-np N | --hostfile FILE] [--num_gpus G] [--tp T] [--pp P] [--dry-run] "
+         "[--] program [args...]\n"
          "  -np N            start N ranks (N >= 1); with a hostfile, at most its total slots\n"
          "  --hostfile FILE  run on the hosts of FILE, one 'host slots=N' per line ('#' "
          "comments);\n"
@@ -124,6 +124,10 @@ const char* usage_text() {
          "  --tp T           the program's tensor-parallel size: each T consecutive ranks on\n"
          "                   one host (slots used in whole groups); give the program its own\n"
          "                   --tp T too\n"
+         "  --pp P           the program's pipeline stages: the ranks must divide into P stages\n"
+         "                   of whole tensor-parallel groups; each stage takes consecutive\n"
+         "                   ranks, so its ranks fill consecutive hosts; give the program its\n"
+         "                   own --pp P too\n"
          "  --dry-run        print the mpirun command instead of running it\n"
          "  -h, --help       print this text\n"
          "environment: ZERO_MPIRUN names the mpirun to use (default: mpirun on PATH);\n"
@@ -143,17 +147,20 @@ LaunchRequest parse_arguments(const std::vector<std::string>& args) {
       ++i;
       break;
     }
-    if (arg == "-np" || arg == "--num_gpus" || arg == "--hostfile" || arg == "--tp") {
+    if (arg == "-np" || arg == "--num_gpus" || arg == "--hostfile" || arg == "--tp" ||
+        arg == "--pp") {
       if (i + 1 == args.size()) {
         throw UsageError(arg == "-np"          ? "-np needs a number of ranks"
                          : arg == "--num_gpus" ? "--num_gpus needs a number of GPUs per host"
                          : arg == "--tp"       ? "--tp needs a tensor-parallel size"
+                         : arg == "--pp"       ? "--pp needs a number of pipeline stages"
                                                : "--hostfile needs a file name");
       }
       const std::string& value = args[++i];
       if (arg == "-np") request.ranks = parse_count(arg, value);
       if (arg == "--num_gpus") request.num_gpus = parse_count(arg, value);
       if (arg == "--tp") request.tensor_parallel = parse_count(arg, value);
+      if (arg == "--pp") request.pipeline_stages = parse_count(arg, value);
       if (arg == "--hostfile") {
         if (value.empty()) throw UsageError("--hostfile needs a file name, got ''");
         request.hostfile = value;
@@ -190,6 +197,13 @@ LaunchRequest parse_arguments(const std::vector<std::string>& args) {
   if (ranks > 0 && ranks % request.tensor_parallel != 0) {
     throw UsageError(std::to_string(ranks) + " ranks do not divide into tensor-parallel groups " +
                      "of --tp " + std::to_string(request.tensor_parallel));
+  }
+  const long stage_groups = static_cast<long>(request.tensor_parallel) * request.pipeline_stages;
+  if (ranks > 0 && ranks % stage_groups != 0) {
+    throw UsageError(std::to_string(ranks) + " ranks do not divide into --pp " +
+                     std::to_string(request.pipeline_stages) +
+                     " pipeline stages of tensor-parallel groups of " +
+                     std::to_string(request.tensor_parallel));
   }
   return request;
 }
@@ -339,6 +353,9 @@ std::vector<std::string> build_mpirun_command(const std::string& mpirun,
     }
     ZERO_CHECK(ranks % group == 0,
                ranks << " ranks do not divide into tensor-parallel groups of " << group);
+    ZERO_CHECK(ranks % (group * request.pipeline_stages) == 0,
+               ranks << " ranks do not divide into --pp " << request.pipeline_stages
+                     << " pipeline stages of tensor-parallel groups of " << group);
     placement = {"--host", host_list, "--map-by", "slot", "--bind-to", "none"};
   }
 

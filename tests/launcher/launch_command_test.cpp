@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/expect_error.h"
 #include "zero/core/check.h"
 #include "zero/launcher/launch_command.h"
 
@@ -106,6 +107,12 @@ TEST(ParseArguments, RejectsBadFlags) {
                      "3 ranks do not divide into tensor-parallel groups of --tp 2");
   expect_usage_error({"--tp", "2", "--num_gpus", "3", "/bin/true"},
                      "3 ranks do not divide into tensor-parallel groups of --tp 2");
+  expect_usage_error({"--pp"}, "--pp needs a number of pipeline stages");
+  expect_usage_error({"--pp", "0", "-np", "2", "/bin/true"}, "--pp must be at least 1, got 0");
+  expect_usage_error({"--pp", "2", "--tp", "2", "-np", "6", "/bin/true"},
+                     "6 ranks do not divide into --pp 2 pipeline stages of tensor-parallel "
+                     "groups of 2");
+  EXPECT_EQ(parse_arguments({"--pp", "2", "--tp", "2", "-np", "8", "t"}).pipeline_stages, 2);
   // With a hostfile --num_gpus caps each host, whose slots --tp then rounds to whole groups.
   EXPECT_EQ(parse_arguments({"--hostfile", "h", "--num_gpus", "3", "--tp", "2", "t"}).num_gpus, 3);
 }
@@ -350,6 +357,20 @@ TEST(BuildMpirunCommand, TensorParallelGroupsStayOnOneHost) {
             "per host with --tp)");
   EXPECT_EQ(error(0, 5),
             "no host of hostfile 'hosts' has the 5 slots of a whole tensor-parallel group (--tp)");
+}
+
+// --pp: the stages are consecutive ranks, which fill the hosts in order; the hostfile's slots must
+// divide into the stages.
+TEST(BuildMpirunCommand, PipelineStagesTakeConsecutiveRanks) {
+  LaunchRequest request = hostfile_request(0, 0);
+  request.pipeline_stages = 2;
+  EXPECT_EQ(build_mpirun_command("mpirun", request, host_with(false, 8), kTwoHosts),
+            (Words{"mpirun", "-np", "6", "--host", "node-a:4,node-b:2", "--map-by", "slot",
+                   "--bind-to", "none", "train", "--steps", "3"}));
+  request.pipeline_stages = 4;
+  testing::expect_error_naming(
+      [&] { build_mpirun_command("mpirun", request, host_with(false, 8), kTwoHosts); },
+      "6 ranks do not divide into --pp 4 pipeline stages of tensor-parallel groups of 1");
 }
 
 TEST(BuildMpirunCommand, RejectsRequestsParseWouldRefuse) {

@@ -45,6 +45,10 @@ struct LaunchRequest {
   // --tp: the job's tensor-parallel size; each group of this many consecutive ranks is placed
   // on one host (1: no constraint).
   int tensor_parallel = 1;
+  // --pp: the job's pipeline stages; each stage is ranks / pp consecutive ranks, which fill the
+  // hosts in order, so a stage's ranks share its hosts (1: no pipeline). The ranks must divide
+  // into pp stages of whole tensor-parallel groups.
+  int pipeline_stages = 1;
   bool dry_run = false;
   bool help = false;                 // -h/--help: print the usage and exit 0
   std::vector<std::string> program;  // the program and its arguments
