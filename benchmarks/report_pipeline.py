@@ -1,12 +1,16 @@
 """The pipeline part of benchmarks/report: zero-bench-pipeline's schedules (GPipe, 1F1B,
-interleaved, ZB-H1) with sleeping stages, their measured bubble against the formulas, the section
-of BENCHMARKS.md and its rows of the Targets table.
+interleaved, ZB-H1) with sleeping stages, their measured bubble against the formulas; and the
+GPT-2 of zero-bench-gpt2 trained by zero-train cut into 2 pipeline stages (1F1B and GPipe) against
+the same model data-parallel at ZeRO stage 0 on the same 2 ranks; their sections of BENCHMARKS.md
+and their rows of the Targets table.
 
 Like report_memory.py, it takes what it shares with the report (run(), mpirun_cmd(), table())
 instead of importing the report, which is a script.
 """
 import json
 import os
+import statistics
+import struct
 import time
 
 STAGES = 4
@@ -21,8 +25,117 @@ CONFIGS = {
 }
 
 
+# The GPT-2 through the pipeline. "full": zero-bench-gpt2's model (6 layers x 384, 6 heads,
+# T 256, vocab 50257) with a global batch of 16 sequences in 8 micro-batches: 2 sequences each
+# through 2 stages, or 1 on each of 2 data-parallel ranks. "quick": a tiny GPT that only proves
+# the pipeline.
+GPT2_RANKS = 2
+GPT2_MICRO_BATCHES = 8
+GPT2_WARMUP_STEPS = 1
+GPT2_CONFIGS = {
+    "full": {"n_layer": 6, "n_head": 6, "n_embd": 384, "vocab_size": 50257, "seq_len": 256,
+             "global_batch": 16, "steps": 5},
+    "quick": {"n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 512, "seq_len": 32,
+              "global_batch": 16, "steps": 2},
+}
+# The issue's target: pipeline tokens/s against data parallelism's, and its model state per rank
+# against half of data parallelism's.
+GPT2_SPEED_TARGET = 0.85
+GPT2_STATE_TARGET = 0.5
+TOKEN_FILE_MAGIC = 20240520
+TOKEN_SEED = 0x5eed
+
+
+def mix(x):
+    """splitmix64, as benchmarks/synthetic_tokens.cpp draws zero-bench-gpt2's token ids."""
+    mask = (1 << 64) - 1
+    x = (x + 0x9e3779b97f4a7c15) & mask
+    x = ((x ^ (x >> 30)) * 0xbf58476d1ce4e5b9) & mask
+    x = ((x ^ (x >> 27)) * 0x94d049bb133111eb) & mask
+    return x ^ (x >> 31)
+
+
+def write_synthetic_tokens(path, count, vocab_size):
+    """An llm.c token file (models/token_data.h) of `count` ids drawn uniformly from the
+    vocabulary by a hash of the position, as zero-bench-gpt2 draws its batches: zero-train reads
+    files, the benchmark makes its tokens in memory."""
+    header = struct.pack("<3i", TOKEN_FILE_MAGIC, 1, count) + bytes(4 * 253)
+    tokens = [mix(TOKEN_SEED ^ mix(i)) % vocab_size for i in range(count)]
+    with open(path, "wb") as f:
+        f.write(header)
+        f.write(struct.pack(f"<{count}H", *tokens))
+
+
+def gpt2_train_args(config, data, metrics):
+    return ["--model", "gpt2", "--n-layer", str(config["n_layer"]), "--n-head",
+            str(config["n_head"]), "--n-embd", str(config["n_embd"]), "--vocab-size",
+            str(config["vocab_size"]), "--block-size", str(config["seq_len"]), "--seq-len",
+            str(config["seq_len"]), "--global-batch", str(config["global_batch"]),
+            "--micro-batches", str(GPT2_MICRO_BATCHES), "--steps", str(config["steps"]),
+            "--stage", "0", "--data", data, "--metrics", metrics]
+
+
+def summarize_gpt2_run(name, metrics_path, tokens_per_step):
+    """One run's figures: the median step after the warm-up, its tokens/s, and the model state
+    per rank (the maximum over ranks)."""
+    with open(metrics_path) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    steps = [r for r in records if r.get("event") == "step"][GPT2_WARMUP_STEPS:]
+    if not steps:
+        raise ValueError(f"{metrics_path} has no step after the {GPT2_WARMUP_STEPS} warm-up step(s)")
+    step_ms = statistics.median(r["step_ms"] for r in steps)
+    summary = {"run": name, "steps": len(steps), "step_ms": step_ms,
+               "tokens_per_s": tokens_per_step / (step_ms / 1000.0)}
+    if "stage_model_state_bytes" in steps[-1]:
+        summary["model_state_bytes"] = max(steps[-1]["stage_model_state_bytes"])
+        summary["stage_model_state_bytes"] = steps[-1]["stage_model_state_bytes"]
+        summary["bubble_fraction"] = statistics.median(r["bubble_fraction"] for r in steps)
+        summary["pp_wait_ms"] = statistics.median(r["pp_wait_ms"] for r in steps)
+        summary["pp_comm_bytes"] = steps[-1]["pp_comm_bytes"]
+    else:
+        summary["model_state_bytes"] = steps[-1]["model_state_bytes"]
+        summary["comm_wait_ms"] = statistics.median(r["comm_wait_ms"] for r in steps)
+    return summary
+
+
+def run_gpt2_pipeline(build_dir, quick, out, logs, run, mpirun_cmd):
+    """zero-train's GPT-2 data-parallel at ZeRO stage 0, then at --pp 2 with 1F1B and GPipe, then
+    data-parallel again: the two data-parallel runs bracket the pipelined ones, so load that
+    changes during the report lands on both sides of the ratio."""
+    config = GPT2_CONFIGS["quick" if quick else "full"]
+    tokens_per_step = config["global_batch"] * config["seq_len"]
+    data = os.path.join(out, "data", "pipeline_gpt2_tokens.bin")
+    os.makedirs(os.path.dirname(data), exist_ok=True)
+    # A batch per step, none read twice.
+    write_synthetic_tokens(data, config["steps"] * tokens_per_step + 1, config["vocab_size"])
+    runs = [("dp_a", []), ("1f1b", ["--pp", "2", "--pp-schedule", "1f1b"]),
+            ("gpipe", ["--pp", "2", "--pp-schedule", "gpipe"]), ("dp_b", [])]
+    summaries = {}
+    for name, extra in runs:
+        metrics = os.path.join(out, f"pipeline_gpt2_{name}.jsonl")
+        run(mpirun_cmd(build_dir, "zero-train", [*gpt2_train_args(config, data, metrics), *extra],
+                       ranks=GPT2_RANKS),
+            os.path.join(logs, f"pipeline_gpt2_{name}.txt"))
+        summaries[name] = summarize_gpt2_run(name, metrics, tokens_per_step)
+    dp = {"run": "dp", "steps": summaries["dp_a"]["steps"] + summaries["dp_b"]["steps"],
+          "step_ms": statistics.mean([summaries["dp_a"]["step_ms"], summaries["dp_b"]["step_ms"]]),
+          "model_state_bytes": max(summaries["dp_a"]["model_state_bytes"],
+                                   summaries["dp_b"]["model_state_bytes"]),
+          "comm_wait_ms": statistics.mean([summaries["dp_a"]["comm_wait_ms"],
+                                           summaries["dp_b"]["comm_wait_ms"]])}
+    dp["tokens_per_s"] = tokens_per_step / (dp["step_ms"] / 1000.0)
+    for name in ["1f1b", "gpipe"]:
+        s = summaries[name]
+        s["speed_ratio"] = s["tokens_per_s"] / dp["tokens_per_s"]
+        s["state_ratio"] = s["model_state_bytes"] / dp["model_state_bytes"]
+        # (p-1)/(m+p-1) for equal stages.
+        s["formula_bubble_fraction"] = (GPT2_RANKS - 1) / (GPT2_MICRO_BATCHES + GPT2_RANKS - 1)
+    return {"config": config, "dp": dp, "dp_runs": [summaries["dp_a"], summaries["dp_b"]],
+            "pipelines": [summaries["1f1b"], summaries["gpipe"]]}
+
+
 def run_pipeline(build_dir, quick, out, logs, run, mpirun_cmd):
-    """The benchmark's JSON records, and the seconds it took."""
+    """The schedule benchmark's JSON records and the GPT-2's figures, and the seconds they took."""
     start = time.monotonic()
     path = os.path.join(out, "pipeline.json")
     run(mpirun_cmd(build_dir, "zero-bench-pipeline",
@@ -31,15 +144,17 @@ def run_pipeline(build_dir, quick, out, logs, run, mpirun_cmd):
                    ranks=STAGES),
         os.path.join(logs, "pipeline.txt"))
     with open(path) as f:
-        return json.load(f), time.monotonic() - start
+        schedules = json.load(f)
+    gpt2 = run_gpt2_pipeline(build_dir, quick, out, logs, run, mpirun_cmd)
+    return {"schedules": schedules, "gpt2": gpt2}, time.monotonic() - start
 
 
 def verdict(met):
     return "met" if met else "**missed**"
 
 
-def target_rows(records):
-    by_name = {r["schedule"]: r for r in records}
+def target_rows(pipeline):
+    by_name = {r["schedule"]: r for r in pipeline["schedules"]}
     rows = []
     for name in ["gpipe", "1f1b"]:
         r = by_name[name]
@@ -53,10 +168,59 @@ def target_rows(records):
         ratio = by_name[name]["idle_ms"] / base
         rows.append([f"{name} idle time per rank / 1f1b's", f"<= {bound}", f"{ratio:.2f}",
                      verdict(ratio <= bound)])
+    gpt2 = pipeline["gpt2"]
+    one_f_one_b = next(s for s in gpt2["pipelines"] if s["run"] == "1f1b")
+    rows.append([f"GPT-2 tokens/s at pp {GPT2_RANKS} (1f1b, m {GPT2_MICRO_BATCHES}) / dp "
+                 f"{GPT2_RANKS} stage 0", f">= {GPT2_SPEED_TARGET}",
+                 f"{one_f_one_b['speed_ratio']:.2f}",
+                 verdict(one_f_one_b["speed_ratio"] >= GPT2_SPEED_TARGET)])
+    rows.append([f"GPT-2 model state per rank at pp {GPT2_RANKS} / dp {GPT2_RANKS} stage 0",
+                 f"<= {GPT2_STATE_TARGET}", f"{one_f_one_b['state_ratio']:.2f}",
+                 verdict(one_f_one_b["state_ratio"] <= GPT2_STATE_TARGET)])
     return rows
 
 
-def markdown(records, table):
+def mib(b):
+    return f"{b / (1 << 20):.1f}"
+
+
+def gpt2_markdown(gpt2, table):
+    c = gpt2["config"]
+    dp = gpt2["dp"]
+    md = [f"\n## GPT-2 through the pipeline against data parallelism (zero-train, {GPT2_RANKS} "
+          "ranks)\n"]
+    md.append(f"zero-bench-gpt2's model ({c['n_layer']} layers x {c['n_embd']}, {c['n_head']} "
+              f"heads, T {c['seq_len']}, vocab {c['vocab_size']}, fp32) trained by `zero-train` "
+              f"on {GPT2_RANKS} ranks with a global batch of {c['global_batch']} sequences in "
+              f"{GPT2_MICRO_BATCHES} micro-batches: `--pp {GPT2_RANKS}` (1F1B and GPipe, the "
+              "default partition by parameters) against data parallelism at ZeRO stage 0. Token "
+              "ids are synthetic (uniform over the vocabulary, a hash of the position, written "
+              "as a token file). Median step of "
+              f"{c['steps'] - GPT2_WARMUP_STEPS} after {GPT2_WARMUP_STEPS} warm-up; data "
+              "parallelism ran before and after the pipelines and is the mean of both runs "
+              f"({dp_runs_text(gpt2)} ms). Model state: the maximum over ranks. Bubble: 1 - "
+              "busy / (ranks x step time) of the pipeline's executor; pp wait: the longest "
+              "time a rank waited for a transfer. The formula (p-1)/(m+p-1) holds for stages of "
+              "equal time.\n\n")
+    rows = [["dp 2, stage 0", f"{dp['step_ms']:.0f}", f"{dp['tokens_per_s']:.0f}", "1.00",
+             mib(dp["model_state_bytes"]), "1.00", "-", "-", "-"]]
+    for s in gpt2["pipelines"]:
+        rows.append([f"pp 2, {s['run']}", f"{s['step_ms']:.0f}", f"{s['tokens_per_s']:.0f}",
+                     f"{s['speed_ratio']:.2f}",
+                     " / ".join(mib(b) for b in s["stage_model_state_bytes"]),
+                     f"{s['state_ratio']:.2f}", f"{s['bubble_fraction']:.3f}",
+                     f"{s['formula_bubble_fraction']:.3f}", f"{s['pp_wait_ms']:.0f}"])
+    md.append(table(["run", "step ms", "tokens/s", "vs dp", "state MiB per rank", "vs dp",
+                     "bubble", "formula", "pp wait ms"], rows))
+    return md
+
+
+def dp_runs_text(gpt2):
+    return " and ".join(f"{r['step_ms']:.0f}" for r in gpt2["dp_runs"])
+
+
+def markdown(pipeline, table):
+    records = pipeline["schedules"]
     first = records[0]
     md = ["\n## Pipeline schedules (zero-bench-pipeline)\n"]
     md.append(f"{first['stages']} stages (one rank each), {first['micro_batches']} micro-batches, "
@@ -71,4 +235,5 @@ def markdown(records, table):
                       f"{r['bubble_fraction']:.4f}", f"{r['formula_bubble_fraction']:.4f}",
                       f"{r['idle_ms']:.1f}", f"{r['formula_idle_ms']:.1f}", f"{r['wait_ms']:.1f}",
                       r["bytes_sent"]] for r in records]))
+    md += gpt2_markdown(pipeline["gpt2"], table)
     return md
