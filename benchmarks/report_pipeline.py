@@ -32,9 +32,10 @@ CONFIGS = {
 GPT2_RANKS = 2
 GPT2_MICRO_BATCHES = 8
 GPT2_WARMUP_STEPS = 1
+GPT2_ROUNDS = 2
 GPT2_CONFIGS = {
     "full": {"n_layer": 6, "n_head": 6, "n_embd": 384, "vocab_size": 50257, "seq_len": 256,
-             "global_batch": 16, "steps": 5},
+             "global_batch": 16, "steps": 4},
     "quick": {"n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 512, "seq_len": 32,
               "global_batch": 16, "steps": 2},
 }
@@ -75,63 +76,69 @@ def gpt2_train_args(config, data, metrics):
             "--stage", "0", "--data", data, "--metrics", metrics]
 
 
-def summarize_gpt2_run(name, metrics_path, tokens_per_step):
-    """One run's figures: the median step after the warm-up, its tokens/s, and the model state
-    per rank (the maximum over ranks)."""
+def step_records(metrics_path):
+    """A run's step records after the warm-up."""
     with open(metrics_path) as f:
         records = [json.loads(line) for line in f if line.strip()]
     steps = [r for r in records if r.get("event") == "step"][GPT2_WARMUP_STEPS:]
     if not steps:
         raise ValueError(f"{metrics_path} has no step after the {GPT2_WARMUP_STEPS} warm-up step(s)")
+    return steps
+
+
+def summarize_gpt2_runs(name, runs, tokens_per_step):
+    """One configuration's figures over its runs' measured steps: the median step, its tokens/s,
+    the model state per rank (the maximum over ranks), and for a pipeline the median bubble and
+    wait."""
+    steps = [r for run in runs for r in run]
     step_ms = statistics.median(r["step_ms"] for r in steps)
     summary = {"run": name, "steps": len(steps), "step_ms": step_ms,
+               "run_step_ms": [statistics.median(r["step_ms"] for r in run) for run in runs],
                "tokens_per_s": tokens_per_step / (step_ms / 1000.0)}
     if "stage_model_state_bytes" in steps[-1]:
-        summary["model_state_bytes"] = max(steps[-1]["stage_model_state_bytes"])
         summary["stage_model_state_bytes"] = steps[-1]["stage_model_state_bytes"]
+        summary["model_state_bytes"] = max(summary["stage_model_state_bytes"])
         summary["bubble_fraction"] = statistics.median(r["bubble_fraction"] for r in steps)
         summary["pp_wait_ms"] = statistics.median(r["pp_wait_ms"] for r in steps)
         summary["pp_comm_bytes"] = steps[-1]["pp_comm_bytes"]
     else:
-        summary["model_state_bytes"] = steps[-1]["model_state_bytes"]
+        summary["model_state_bytes"] = max(r["model_state_bytes"] for r in steps)
         summary["comm_wait_ms"] = statistics.median(r["comm_wait_ms"] for r in steps)
     return summary
 
 
 def run_gpt2_pipeline(build_dir, quick, out, logs, run, mpirun_cmd):
-    """zero-train's GPT-2 data-parallel at ZeRO stage 0, then at --pp 2 with 1F1B and GPipe, then
-    data-parallel again: the two data-parallel runs bracket the pipelined ones, so load that
-    changes during the report lands on both sides of the ratio."""
+    """zero-train's GPT-2 data-parallel at ZeRO stage 0 and at --pp 2 with 1F1B and GPipe, in
+    GPT2_ROUNDS rounds of the three: load that changes during the report (the machine may be
+    shared) lands on every configuration alike."""
     config = GPT2_CONFIGS["quick" if quick else "full"]
     tokens_per_step = config["global_batch"] * config["seq_len"]
     data = os.path.join(out, "data", "pipeline_gpt2_tokens.bin")
     os.makedirs(os.path.dirname(data), exist_ok=True)
     # A batch per step, none read twice.
     write_synthetic_tokens(data, config["steps"] * tokens_per_step + 1, config["vocab_size"])
-    runs = [("dp_a", []), ("1f1b", ["--pp", "2", "--pp-schedule", "1f1b"]),
-            ("gpipe", ["--pp", "2", "--pp-schedule", "gpipe"]), ("dp_b", [])]
-    summaries = {}
-    for name, extra in runs:
-        metrics = os.path.join(out, f"pipeline_gpt2_{name}.jsonl")
-        run(mpirun_cmd(build_dir, "zero-train", [*gpt2_train_args(config, data, metrics), *extra],
-                       ranks=GPT2_RANKS),
-            os.path.join(logs, f"pipeline_gpt2_{name}.txt"))
-        summaries[name] = summarize_gpt2_run(name, metrics, tokens_per_step)
-    dp = {"run": "dp", "steps": summaries["dp_a"]["steps"] + summaries["dp_b"]["steps"],
-          "step_ms": statistics.mean([summaries["dp_a"]["step_ms"], summaries["dp_b"]["step_ms"]]),
-          "model_state_bytes": max(summaries["dp_a"]["model_state_bytes"],
-                                   summaries["dp_b"]["model_state_bytes"]),
-          "comm_wait_ms": statistics.mean([summaries["dp_a"]["comm_wait_ms"],
-                                           summaries["dp_b"]["comm_wait_ms"]])}
-    dp["tokens_per_s"] = tokens_per_step / (dp["step_ms"] / 1000.0)
+    configurations = [("dp", []), ("1f1b", ["--pp", "2", "--pp-schedule", "1f1b"]),
+                      ("gpipe", ["--pp", "2", "--pp-schedule", "gpipe"])]
+    steps = {name: [] for name, _ in configurations}
+    load = [os.getloadavg()[0]]
+    for round_ in range(1, GPT2_ROUNDS + 1):
+        for name, extra in configurations:
+            metrics = os.path.join(out, f"pipeline_gpt2_{name}_{round_}.jsonl")
+            run(mpirun_cmd(build_dir, "zero-train",
+                           [*gpt2_train_args(config, data, metrics), *extra], ranks=GPT2_RANKS),
+                os.path.join(logs, f"pipeline_gpt2_{name}_{round_}.txt"))
+            steps[name].append(step_records(metrics))
+    load.append(os.getloadavg()[0])
+    dp = summarize_gpt2_runs("dp", steps["dp"], tokens_per_step)
+    pipelines = []
     for name in ["1f1b", "gpipe"]:
-        s = summaries[name]
+        s = summarize_gpt2_runs(name, steps[name], tokens_per_step)
         s["speed_ratio"] = s["tokens_per_s"] / dp["tokens_per_s"]
         s["state_ratio"] = s["model_state_bytes"] / dp["model_state_bytes"]
-        # (p-1)/(m+p-1) for equal stages.
+        # (p-1)/(m+p-1), for stages of equal time.
         s["formula_bubble_fraction"] = (GPT2_RANKS - 1) / (GPT2_MICRO_BATCHES + GPT2_RANKS - 1)
-    return {"config": config, "dp": dp, "dp_runs": [summaries["dp_a"], summaries["dp_b"]],
-            "pipelines": [summaries["1f1b"], summaries["gpipe"]]}
+        pipelines.append(s)
+    return {"config": config, "dp": dp, "pipelines": pipelines, "load_average": load}
 
 
 def run_pipeline(build_dir, quick, out, logs, run, mpirun_cmd):
@@ -193,19 +200,24 @@ def gpt2_markdown(gpt2, table):
               f"heads, T {c['seq_len']}, vocab {c['vocab_size']}, fp32) trained by `zero-train` "
               f"on {GPT2_RANKS} ranks with a global batch of {c['global_batch']} sequences in "
               f"{GPT2_MICRO_BATCHES} micro-batches: `--pp {GPT2_RANKS}` (1F1B and GPipe, the "
-              "default partition by parameters) against data parallelism at ZeRO stage 0. Token "
-              "ids are synthetic (uniform over the vocabulary, a hash of the position, written "
-              "as a token file). Median step of "
-              f"{c['steps'] - GPT2_WARMUP_STEPS} after {GPT2_WARMUP_STEPS} warm-up; data "
-              "parallelism ran before and after the pipelines and is the mean of both runs "
-              f"({dp_runs_text(gpt2)} ms). Model state: the maximum over ranks. Bubble: 1 - "
-              "busy / (ranks x step time) of the pipeline's executor; pp wait: the longest "
-              "time a rank waited for a transfer. The formula (p-1)/(m+p-1) holds for stages of "
-              "equal time.\n\n")
-    rows = [["dp 2, stage 0", f"{dp['step_ms']:.0f}", f"{dp['tokens_per_s']:.0f}", "1.00",
+              "default partition by parameters; a micro-batch of "
+              f"{c['global_batch'] // GPT2_MICRO_BATCHES} sequences) against data parallelism "
+              "at ZeRO stage 0 (a micro-batch of "
+              f"{c['global_batch'] // (GPT2_MICRO_BATCHES * GPT2_RANKS)} sequence(s) per rank). "
+              "Token ids are synthetic (uniform over the vocabulary, a hash of the position, "
+              f"written as a token file). {GPT2_ROUNDS} rounds of the three runs, "
+              f"{c['steps'] - GPT2_WARMUP_STEPS} measured steps each after "
+              f"{GPT2_WARMUP_STEPS} warm-up; step: the median over all measured steps (each "
+              "round's median in brackets); load average "
+              f"{gpt2['load_average'][0]:.1f} before and {gpt2['load_average'][1]:.1f} after. "
+              "Model state: the maximum over ranks. Bubble: 1 - busy / (ranks x step time) of "
+              "the pipeline's executor; pp wait: the longest time a rank waited for a "
+              "transfer. The formula (p-1)/(m+p-1) holds for stages of equal time; the last "
+              "stage also runs the head (a GEMM over the vocabulary) and the loss.\n\n")
+    rows = [["dp 2, stage 0", step_text(dp), f"{dp['tokens_per_s']:.0f}", "1.00",
              mib(dp["model_state_bytes"]), "1.00", "-", "-", "-"]]
     for s in gpt2["pipelines"]:
-        rows.append([f"pp 2, {s['run']}", f"{s['step_ms']:.0f}", f"{s['tokens_per_s']:.0f}",
+        rows.append([f"pp 2, {s['run']}", step_text(s), f"{s['tokens_per_s']:.0f}",
                      f"{s['speed_ratio']:.2f}",
                      " / ".join(mib(b) for b in s["stage_model_state_bytes"]),
                      f"{s['state_ratio']:.2f}", f"{s['bubble_fraction']:.3f}",
@@ -215,8 +227,9 @@ def gpt2_markdown(gpt2, table):
     return md
 
 
-def dp_runs_text(gpt2):
-    return " and ".join(f"{r['step_ms']:.0f}" for r in gpt2["dp_runs"])
+def step_text(summary):
+    rounds = ", ".join(f"{ms:.0f}" for ms in summary["run_step_ms"])
+    return f"{summary['step_ms']:.0f} ({rounds})"
 
 
 def markdown(pipeline, table):
