@@ -101,10 +101,24 @@ def summarize_gpt2_runs(name, runs, tokens_per_step):
         summary["bubble_fraction"] = statistics.median(r["bubble_fraction"] for r in steps)
         summary["pp_wait_ms"] = statistics.median(r["pp_wait_ms"] for r in steps)
         summary["pp_comm_bytes"] = steps[-1]["pp_comm_bytes"]
+        summary["stage_busy_ms"] = [statistics.median(r["stage_busy_ms"][s] for r in steps)
+                                    for s in range(len(steps[-1]["stage_busy_ms"]))]
+        summary["balance_bubble_fraction"] = balance_bubble(summary["stage_busy_ms"],
+                                                            GPT2_MICRO_BATCHES)
     else:
         summary["model_state_bytes"] = max(r["model_state_bytes"] for r in steps)
         summary["comm_wait_ms"] = statistics.median(r["comm_wait_ms"] for r in steps)
     return summary
+
+
+def balance_bubble(stage_busy_ms, micro_batches):
+    """The bubble two stages of these busy times leave at least: the busier stage works
+    throughout, and before its first micro-batch or after its last one the other stage runs one
+    micro-batch's forward and backward, so a step takes max(b0 + b1 / m, b1 + b0 / m). Equal
+    stages give the formula, 1 / (m + 1)."""
+    b0, b1 = stage_busy_ms
+    step = max(b0 + b1 / micro_batches, b1 + b0 / micro_batches)
+    return 1 - (b0 + b1) / (2 * step)
 
 
 def run_gpt2_pipeline(build_dir, quick, out, logs, run, mpirun_cmd):
@@ -213,17 +227,24 @@ def gpt2_markdown(gpt2, table):
               "Model state: the maximum over ranks. Bubble: 1 - busy / (ranks x step time) of "
               "the pipeline's executor; pp wait: the longest time a rank waited for a "
               "transfer. The formula (p-1)/(m+p-1) holds for stages of equal time; the last "
-              "stage also runs the head (a GEMM over the vocabulary) and the loss.\n\n")
+              "stage also runs the head (a GEMM over the vocabulary) and the loss, so the stages "
+              "are not: busy ms is each stage's compute in a step, and the bubble of that "
+              "balance the least two such stages leave, 1 - (b0 + b1) / (2 max(b0 + b1/m, "
+              "b1 + b0/m)). What the measured bubble has above it is the executor's and the "
+              "transfers' own cost.\n\n")
     rows = [["dp 2, stage 0", step_text(dp), f"{dp['tokens_per_s']:.0f}", "1.00",
-             mib(dp["model_state_bytes"]), "1.00", "-", "-", "-"]]
+             mib(dp["model_state_bytes"]), "1.00", "-", "-", "-", "-", "-"]]
     for s in gpt2["pipelines"]:
         rows.append([f"pp 2, {s['run']}", step_text(s), f"{s['tokens_per_s']:.0f}",
                      f"{s['speed_ratio']:.2f}",
                      " / ".join(mib(b) for b in s["stage_model_state_bytes"]),
                      f"{s['state_ratio']:.2f}", f"{s['bubble_fraction']:.3f}",
-                     f"{s['formula_bubble_fraction']:.3f}", f"{s['pp_wait_ms']:.0f}"])
+                     f"{s['formula_bubble_fraction']:.3f}",
+                     " / ".join(f"{ms:.0f}" for ms in s["stage_busy_ms"]),
+                     f"{s['balance_bubble_fraction']:.3f}", f"{s['pp_wait_ms']:.0f}"])
     md.append(table(["run", "step ms", "tokens/s", "vs dp", "state MiB per rank", "vs dp",
-                     "bubble", "formula", "pp wait ms"], rows))
+                     "bubble", "formula", "busy ms per stage", "bubble of that balance",
+                     "pp wait ms"], rows))
     return md
 
 
