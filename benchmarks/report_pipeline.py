@@ -112,10 +112,10 @@ def summarize_gpt2_runs(name, runs, tokens_per_step):
 
 
 def balance_bubble(stage_busy_ms, micro_batches):
-    """The bubble two stages of these busy times leave at least: the busier stage works
-    throughout, and before its first micro-batch or after its last one the other stage runs one
-    micro-batch's forward and backward, so a step takes max(b0 + b1 / m, b1 + b0 / m). Equal
-    stages give the formula, 1 / (m + 1)."""
+    """The bubble two stages of these busy times leave when every micro-batch takes alike: the
+    busier stage works throughout, and before its first micro-batch or after its last one the
+    other stage runs one micro-batch's forward and backward, so a step takes
+    max(b0 + b1 / m, b1 + b0 / m). Equal stages give the formula, 1 / (m + 1)."""
     b0, b1 = stage_busy_ms
     step = max(b0 + b1 / micro_batches, b1 + b0 / micro_batches)
     return 1 - (b0 + b1) / (2 * step)
@@ -229,9 +229,9 @@ def gpt2_markdown(gpt2, table):
               "transfer. The formula (p-1)/(m+p-1) holds for stages of equal time; the last "
               "stage also runs the head (a GEMM over the vocabulary) and the loss, so the stages "
               "are not: busy ms is each stage's compute in a step, and the bubble of that "
-              "balance the least two such stages leave, 1 - (b0 + b1) / (2 max(b0 + b1/m, "
-              "b1 + b0/m)). What the measured bubble has above it is the executor's and the "
-              "transfers' own cost.\n\n")
+              "balance what two such stages leave when every micro-batch takes alike, 1 - (b0 + "
+              "b1) / (2 max(b0 + b1/m, b1 + b0/m)). What the measured bubble has above it is the "
+              "executor's and the transfers' own cost (and the micro-batches' spread).\n\n")
     rows = [["dp 2, stage 0", step_text(dp), f"{dp['tokens_per_s']:.0f}", "1.00",
              mib(dp["model_state_bytes"]), "1.00", "-", "-", "-", "-", "-"]]
     for s in gpt2["pipelines"]:
