@@ -37,10 +37,12 @@ double ms_since(std::chrono::steady_clock::time_point start) {
 
 // What each rank contributes to a step's record, gathered on every rank in one MPI_Allgather.
 struct RankFigures {
-  float loss_sum = 0.0f;  // the last stage's tensor-parallel rank 0s: their micro-batches' losses
-  double step_ms = 0.0;   // the executor's step
-  double busy_ms = 0.0;   // its computations
-  double wait_ms = 0.0;   // its transfers
+  // The last stage's tensor-parallel rank 0s: their micro-batches' losses (a float, held in a
+  // double so that the record has no padding for MPI_BYTE to carry uninitialized).
+  double loss_sum = 0.0;
+  double step_ms = 0.0;  // the executor's step
+  double busy_ms = 0.0;  // its computations
+  double wait_ms = 0.0;  // its transfers
   uint64_t bytes_sent = 0;
   uint64_t peak_activation_bytes = 0;
   uint64_t model_state_bytes = 0;
@@ -183,7 +185,7 @@ void train_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, P
     // The loss lives on the last stage: its tensor-parallel rank 0s hold one sum per
     // data-parallel rank, which the leader adds (every other rank adds 0, exactly).
     RankFigures mine;
-    mine.loss_sum = last && place.tp_rank == 0 ? work.loss_sum() : 0.0f;
+    mine.loss_sum = last && place.tp_rank == 0 ? work.loss_sum() : 0.0;
     mine.step_ms = report.step_ms;
     mine.busy_ms = report.busy_ms;
     mine.wait_ms = report.wait_ms;
@@ -203,7 +205,7 @@ void train_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, P
     std::vector<double> stage_busy(static_cast<size_t>(stages), 0.0);
     for (size_t r = 0; r < ranks.size(); ++r) {
       const RankFigures& rank = ranks[r];
-      loss += rank.loss_sum;
+      loss += static_cast<float>(rank.loss_sum);
       busy_sum += rank.busy_ms;
       time_sum += rank.step_ms;
       wait_max = std::max(wait_max, rank.wait_ms);
