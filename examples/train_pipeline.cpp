@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <limits>
@@ -39,13 +40,35 @@ double ms_since(std::chrono::steady_clock::time_point start) {
       .count();
 }
 
-// One value per world rank, gathered on every rank.
-template <typename T>
-std::vector<T> all_ranks(T value, MPI_Datatype type) {
+// What each rank contributes to a step's record, gathered on every rank in one MPI_Allgather.
+struct RankFigures {
+  // The last stage's tensor-parallel rank 0s: their micro-batches' losses (a float, held in a
+  // double so that the record has no padding for MPI_BYTE to carry uninitialized).
+  double loss_sum = 0.0;
+  double step_ms = 0.0;  // the executor's step
+  double busy_ms = 0.0;  // its computations
+  double wait_ms = 0.0;  // its transfers
+  uint64_t bytes_sent = 0;
+  uint64_t peak_activation_bytes = 0;
+  uint64_t model_state_bytes = 0;
+};
+
+// One 64-bit value per world rank, gathered on every rank.
+std::vector<uint64_t> all_ranks_u64(uint64_t mine) {
   int size = 1;
   ZERO_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
-  std::vector<T> all(static_cast<size_t>(size));
-  ZERO_MPI_CHECK(MPI_Allgather(&value, 1, type, all.data(), 1, type, MPI_COMM_WORLD));
+  std::vector<uint64_t> all(static_cast<size_t>(size));
+  ZERO_MPI_CHECK(
+      MPI_Allgather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD));
+  return all;
+}
+
+std::vector<RankFigures> all_ranks(const RankFigures& mine) {
+  int size = 1;
+  ZERO_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
+  std::vector<RankFigures> all(static_cast<size_t>(size));
+  ZERO_MPI_CHECK(MPI_Allgather(&mine, sizeof(RankFigures), MPI_BYTE, all.data(),
+                               sizeof(RankFigures), MPI_BYTE, MPI_COMM_WORLD));
   return all;
 }
 
@@ -120,8 +143,8 @@ StartPosition resume_stage(const Flags& f, const TrainingConfig& tc, Engine& eng
     failure = std::current_exception();
   }
   agree_over_stages(failure, "--resume " + dir);
-  const std::vector<long> steps = all_ranks(resumed.step, MPI_LONG);
-  for (long s : steps) {
+  const std::vector<uint64_t> steps = all_ranks_u64(static_cast<uint64_t>(resumed.step));
+  for (uint64_t s : steps) {
     if (s != steps.front()) {
       throw ConfigError("--resume " + dir + ": the stages' checkpoints are of different steps (" +
                         std::to_string(steps.front()) + " and " + std::to_string(s) +
@@ -221,9 +244,8 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
     engine.allocator().set_limit(engine.allocator().limit() + planned_activations);
   }
   // Per stage, the largest of its ranks' (all alike), for the init record.
-  const std::vector<unsigned long long> planned_by_rank =
-      all_ranks(static_cast<unsigned long long>(planned_activations), MPI_UNSIGNED_LONG_LONG);
-  std::vector<unsigned long long> stage_planned(static_cast<size_t>(stages), 0);
+  const std::vector<uint64_t> planned_by_rank = all_ranks_u64(planned_activations);
+  std::vector<uint64_t> stage_planned(static_cast<size_t>(stages), 0);
   for (size_t r = 0; r < planned_by_rank.size(); ++r) {
     const size_t s = r / (planned_by_rank.size() / static_cast<size_t>(stages));
     stage_planned[s] = std::max(stage_planned[s], planned_by_rank[r]);
@@ -297,64 +319,65 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
       if (leader) std::printf("checkpoint of step %ld saved in %s\n", step, f.save_dir.c_str());
     }
     // The loss lives on the last stage: its tensor-parallel rank 0s hold one sum per
-    // data-parallel rank, which the world adds (every other rank adds 0).
-    const float mine = last && place.tp_rank == 0 ? work.loss_sum() : 0.0f;
-    float loss = 0.0f;
-    ZERO_MPI_CHECK(MPI_Allreduce(&mine, &loss, 1, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
-    loss /= static_cast<float>(place.dp_size * micro_batches);
-    // Idle is the rank's step time less its compute, the bubble its share over the ranks.
-    const std::vector<double> idle = all_ranks(report.step_ms - report.busy_ms, MPI_DOUBLE);
-    const std::vector<double> rank_step = all_ranks(report.step_ms, MPI_DOUBLE);
-    const std::vector<double> waits = all_ranks(report.wait_ms, MPI_DOUBLE);
-    const std::vector<unsigned long long> sent =
-        all_ranks(static_cast<unsigned long long>(report.bytes_sent), MPI_UNSIGNED_LONG_LONG);
-    const std::vector<unsigned long long> activations = all_ranks(
-        static_cast<unsigned long long>(stats.peak_activation_bytes), MPI_UNSIGNED_LONG_LONG);
-    const std::vector<unsigned long long> state = all_ranks(
-        static_cast<unsigned long long>(engine.model_state_bytes()), MPI_UNSIGNED_LONG_LONG);
+    // data-parallel rank, which the leader adds (every other rank adds 0, exactly).
+    RankFigures mine;
+    mine.loss_sum = last && place.tp_rank == 0 ? work.loss_sum() : 0.0;
+    mine.step_ms = report.step_ms;
+    mine.busy_ms = report.busy_ms;
+    mine.wait_ms = report.wait_ms;
+    mine.bytes_sent = report.bytes_sent;
+    mine.peak_activation_bytes = stats.peak_activation_bytes;
+    mine.model_state_bytes = engine.model_state_bytes();
+    const std::vector<RankFigures> ranks = all_ranks(mine);
     if (!leader) continue;
-    double idle_sum = 0.0, time_sum = 0.0, wait_max = 0.0;
+    // Idle is a rank's step time less its compute, the bubble its share over the ranks.
+    float loss = 0.0f;
+    double busy_sum = 0.0, time_sum = 0.0, wait_max = 0.0;
     unsigned long long bytes = 0;
-    for (size_t r = 0; r < idle.size(); ++r) {
-      idle_sum += idle[r];
-      time_sum += rank_step[r];
-      wait_max = std::max(wait_max, waits[r]);
-      bytes += sent[r];
-    }
     // Per stage, the largest of its ranks.
-    const size_t stage_ranks = idle.size() / static_cast<size_t>(stages);
+    const size_t stage_ranks = ranks.size() / static_cast<size_t>(stages);
     std::vector<unsigned long long> stage_activations(static_cast<size_t>(stages), 0);
     std::vector<unsigned long long> stage_state(static_cast<size_t>(stages), 0);
-    for (size_t r = 0; r < idle.size(); ++r) {
+    std::vector<double> stage_busy(static_cast<size_t>(stages), 0.0);
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      const RankFigures& rank = ranks[r];
+      loss += static_cast<float>(rank.loss_sum);
+      busy_sum += rank.busy_ms;
+      time_sum += rank.step_ms;
+      wait_max = std::max(wait_max, rank.wait_ms);
+      bytes += rank.bytes_sent;
       const size_t s = r / stage_ranks;
-      stage_activations[s] = std::max(stage_activations[s], activations[r]);
-      stage_state[s] = std::max(stage_state[s], state[r]);
+      stage_activations[s] =
+          std::max<unsigned long long>(stage_activations[s], rank.peak_activation_bytes);
+      stage_state[s] = std::max<unsigned long long>(stage_state[s], rank.model_state_bytes);
+      stage_busy[s] = std::max(stage_busy[s], rank.busy_ms);
     }
+    loss /= static_cast<float>(place.dp_size * micro_batches);
+    const double bubble = time_sum > 0.0 ? 1.0 - busy_sum / time_sum : 0.0;
     const double tokens_per_s = static_cast<double>(tc.train_batch_size) *
                                 static_cast<double>(task.tokens_per_sample()) / (step_ms / 1000.0);
     if (step % tc.steps_per_print == 0 || step == f.steps || stats.skipped) {
       std::printf(
           "step %5ld/%ld  loss %.6f  lr %.3g  grad_norm %.4f  %.2f ms  %.0f tokens/s  bubble "
           "%.3f  pp_wait %.2f ms\n",
-          step, f.steps, loss, stats.lr, stats.grad_norm, step_ms, tokens_per_s,
-          time_sum > 0.0 ? idle_sum / time_sum : 0.0, wait_max);
+          step, f.steps, loss, stats.lr, stats.grad_norm, step_ms, tokens_per_s, bubble, wait_max);
       std::fflush(stdout);
     }
     if (f.metrics.empty()) continue;
-    metrics.write(
-        JsonRecord{{"event", "step"},
-                   {"step", step},
-                   {"loss", json_number(loss)},
-                   {"grad_norm", json_number(stats.grad_norm)},
-                   {"lr", json_number(stats.lr)},
-                   {"step_ms", json_number(step_ms)},
-                   {"tokens_per_s", json_number(tokens_per_s)},
-                   {"bubble_fraction", json_number(time_sum > 0.0 ? idle_sum / time_sum : 0.0)},
-                   {"pp_wait_ms", json_number(wait_max)},
-                   {"pp_comm_bytes", bytes},
-                   {"stage_peak_activation_bytes", stage_activations},
-                   {"stage_model_state_bytes", stage_state},
-                   {"skipped", stats.skipped}});
+    metrics.write(JsonRecord{{"event", "step"},
+                             {"step", step},
+                             {"loss", json_number(loss)},
+                             {"grad_norm", json_number(stats.grad_norm)},
+                             {"lr", json_number(stats.lr)},
+                             {"step_ms", json_number(step_ms)},
+                             {"tokens_per_s", json_number(tokens_per_s)},
+                             {"bubble_fraction", json_number(bubble)},
+                             {"pp_wait_ms", json_number(wait_max)},
+                             {"pp_comm_bytes", bytes},
+                             {"stage_peak_activation_bytes", stage_activations},
+                             {"stage_model_state_bytes", stage_state},
+                             {"stage_busy_ms", stage_busy},
+                             {"skipped", stats.skipped}});
   }
   if (!f.pp_schedule_dump.empty()) {
     // The last step's timeline of the leader's pipeline, planned with its measured mean forward

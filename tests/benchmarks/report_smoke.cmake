@@ -30,7 +30,7 @@ foreach(section "## Targets" "## Limits of this machine" "## Training step per Z
                 "## Fused AdamW" "## Collectives" "## Model-state memory"
                 "### Overlap with overlap_comm on and off" "## Overlap under an injected delay"
                 "## Activation checkpointing" "## NVMe optimizer offload against the disk"
-                "## Pipeline schedules"
+                "## Pipeline schedules" "## GPT-2 through the pipeline against data parallelism"
                 "## LibTorch models through the adapter" "## Several nodes"
                 "## Shared memory against MPI alone in the step")
   string(FIND "${markdown}" "${section}" at)
