@@ -24,7 +24,7 @@
 #                             world for the step record
 # = 98,368 bytes per node per step, two thirds of it the tie's sum.
 # Framing: with the veth links' segmentation offload (the default) TCP sends messages in super-
-# packets of up to 64 KB whose headers count once: measured 0.5-0.8 % above the payload. With
+# packets of up to 64 KB whose headers count once: measured 0.5-1.0 % above the payload. With
 # 1500-byte segments (gso_max_size 1500 on both ends of each link) every 1,448 bytes carry 66
 # bytes of Ethernet, IP and TCP headers (4.6 %) and an ACK of 66 bytes comes back about every
 # other segment (2.3 %): measured 5.6-8.0 %. 10 % holds either way.
