@@ -17,7 +17,8 @@
 #                             all-gather of the summed halves, n/2 + n/2 = n bytes each way. No
 #                             all-reduce between 2 ranks can move less (each rank's result
 #                             depends on all n bytes of the other's), and MPI's own (recursive
-#                             doubling, or reduce-scatter and all-gather) moves exactly n too.
+#                             doubling, or reduce-scatter and all-gather) moves exactly n too:
+#                             with ZERO_COLLECTIVES=mpi the links carried the same bytes.
 #   gradient norm             8: the stage's sum of squares (a double), all-gathered over the
 #                             pipeline
 #   step figures              56: zero-train's RankFigures (7 x 8 bytes), all-gathered over the
