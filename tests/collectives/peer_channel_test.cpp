@@ -4,8 +4,10 @@
 #include "zero/collectives/peer_channel.h"
 
 #include <gtest/gtest.h>
+
 #include <mpi.h>
 #include <time.h>
+#include <climits>
 
 #include <chrono>
 #include <cstdint>
@@ -134,7 +136,10 @@ TEST(PeerChannel, BadArgumentsAreNamed) {
                       "send: peer " + std::to_string(size) + " is outside the channel's ranks");
   expect_error_naming([&] { channel.receive(0, -1, &byte, 1); },
                       "receive to/from peer 0: tag -1 is outside 0..");
-  expect_error_naming([&] { channel.send(0, channel.max_tag() + 1, &byte, 1); }, "(MPI_TAG_UB)");
+  // OpenMPI's MPI_TAG_UB is INT_MAX, past which no int tag goes; other MPIs stop lower.
+  if (channel.max_tag() < INT_MAX) {
+    expect_error_naming([&] { channel.send(0, channel.max_tag() + 1, &byte, 1); }, "(MPI_TAG_UB)");
+  }
   expect_error_naming([&] { channel.receive(0, 0, nullptr, 4); }, "null buffer with 4 bytes");
   expect_error_naming([&] { channel.set_timeout(std::chrono::milliseconds(0)); },
                       "timeout must be positive, got 0 ms");
