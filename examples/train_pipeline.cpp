@@ -184,9 +184,7 @@ void check_pipeline_settings(const Flags& f, const TrainingConfig& tc, int world
   refuse(tc.engine.mics_shard_size > 0, "mics_shard_size (hybrid sharding)");
   const ActivationCheckpointingConfig& ac = tc.activation_checkpointing;
   // These keep one slot per block, which a second micro-batch in flight would overwrite.
-  refuse(ac.contiguous_memory_optimization,
-         "activation_checkpointing.contiguous_memory_"
-         "optimization");
+  refuse(ac.contiguous_memory_optimization, "contiguous_memory_optimization");
   refuse(ac.cpu_checkpointing, "activation_checkpointing.cpu_checkpointing");
   refuse(ac.partition_activations, "activation_checkpointing.partition_activations");
   refuse(!ac.nvme_path.empty(), "--checkpoint-nvme-path (activation_checkpointing.nvme_path)");
