@@ -50,10 +50,16 @@ start=$(date +%s)
 # stops at their first frame, and allocations by its plugins (unloaded by exit, shown as
 # "<unknown module>") could not be matched to the suppressions; the slow unwinder walks up into
 # libmpi and libopen-pal, which the suppressions name.
+# Left out here, run by the plain suite: tests that repeat a smaller one's code paths on more
+# ranks (the pipeline's 4-rank variants beside its 2-rank ones) and zero_estimate_test, whose
+# refusals of models past 64 bits make a million modules' specs first (3 minutes under ASan).
+asan_skipped="gpt2_pipeline_pp2_(dp2|tp2)_np4|gpt2_pipeline_memory_(pp2_dp2|pp2_tp2|pp4)_np4"
+asan_skipped+="|gpt2_pipeline_resume_stage1|zero_estimate_test"
 ASAN_OPTIONS="detect_leaks=1:fast_unwind_on_malloc=0:halt_on_error=1:abort_on_error=0:strict_string_checks=1" \
   LSAN_OPTIONS="suppressions=$root/tests/sanitizers/lsan.supp:print_suppressions=0" \
   UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
-  ctest --test-dir "$asan_build" --output-on-failure -j 2 --timeout 900 -L "unit|mpi" "$@"
+  ctest --test-dir "$asan_build" --output-on-failure -j 2 --timeout 900 -L "unit|mpi" \
+  -E "^($asan_skipped)\$" "$@"
 echo "sanitize: ASan+UBSan tests took $(seconds_since "$start") s"
 
 start=$(date +%s)
