@@ -51,6 +51,7 @@ struct RankFigures {
   uint64_t bytes_sent = 0;
   uint64_t peak_activation_bytes = 0;
   uint64_t model_state_bytes = 0;
+  uint64_t buffer_bytes = 0;
 };
 
 // One 64-bit value per world rank, gathered on every rank.
@@ -223,11 +224,11 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
     config.pipeline.ties = grid.pipeline_ties.get();
     config.pipeline.counts_ties_in_norm = first;
   }
+  // Stage 3: gathered once per step, not once per micro-batch (unless --pp-regather).
+  config.pipeline.hold_gathered = !f.pp_regather;
   ZeroModel model(*grid.data_parallel,
                   task.take_modules({place.tp_rank, grid.tensor_parallel.get()}), config);
   Engine& engine = model.engine();
-  // Stage 3: gathered once per step, not once per micro-batch (unless --pp-regather).
-  model.hold_gathered_through_step(!f.pp_regather);
   const StartPosition position = resume_stage(f, tc, engine, stage, stages, leader);
   const long first_step = position.first_step;
   const uint64_t data_seed = position.data_seed;
@@ -326,6 +327,7 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
     mine.bytes_sent = report.bytes_sent;
     mine.peak_activation_bytes = stats.peak_activation_bytes;
     mine.model_state_bytes = engine.model_state_bytes();
+    mine.buffer_bytes = engine.buffer_bytes();
     const std::vector<RankFigures> ranks = all_ranks(mine);
     if (!leader) continue;
     // Idle is a rank's step time less its compute, the bubble its share over the ranks.
@@ -336,6 +338,7 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
     const size_t stage_ranks = ranks.size() / static_cast<size_t>(stages);
     std::vector<unsigned long long> stage_activations(static_cast<size_t>(stages), 0);
     std::vector<unsigned long long> stage_state(static_cast<size_t>(stages), 0);
+    std::vector<unsigned long long> stage_buffers(static_cast<size_t>(stages), 0);
     std::vector<double> stage_busy(static_cast<size_t>(stages), 0.0);
     for (size_t r = 0; r < ranks.size(); ++r) {
       const RankFigures& rank = ranks[r];
@@ -348,6 +351,7 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
       stage_activations[s] =
           std::max<unsigned long long>(stage_activations[s], rank.peak_activation_bytes);
       stage_state[s] = std::max<unsigned long long>(stage_state[s], rank.model_state_bytes);
+      stage_buffers[s] = std::max<unsigned long long>(stage_buffers[s], rank.buffer_bytes);
       stage_busy[s] = std::max(stage_busy[s], rank.busy_ms);
     }
     loss /= static_cast<float>(place.dp_size * micro_batches);
@@ -374,6 +378,7 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
                              {"pp_comm_bytes", bytes},
                              {"stage_peak_activation_bytes", stage_activations},
                              {"stage_model_state_bytes", stage_state},
+                             {"stage_buffer_bytes", stage_buffers},
                              {"stage_busy_ms", stage_busy},
                              {"skipped", stats.skipped}});
   }

@@ -268,6 +268,7 @@ void Engine::Impl::place_collective_buffers() {
   bytes += param_buffer_count(layout, config) * unit_buffer;
   bytes += grad_bucket_count(layout, config) * unit_buffer;
   bytes += rounded(fusion_bytes(layout, config));
+  bytes += rounded(pipeline_tie_bytes(layout, config));
   bytes +=
       rounded(max_staging_bytes(layout, config, [this](CollectiveOp op, size_t count, DType dtype) {
         return comm.staging_bytes(op, count, dtype);
@@ -309,6 +310,8 @@ void Engine::Impl::allocate() {
   param_pool.reserve(param_buffer_count(layout, config));
   reducer.allocate_buckets();
   fusion = allocator.allocate(fusion_bytes(layout, config), MemoryCategory::kCommBuffer);
+  pipeline_tie_sum =
+      allocator.allocate(pipeline_tie_bytes(layout, config), MemoryCategory::kCommBuffer);
   const size_t staging_bytes =
       max_staging_bytes(layout, config, [this](CollectiveOp op, size_t count, DType dtype) {
         return comm.staging_bytes(op, count, dtype);

@@ -425,6 +425,7 @@ struct Engine::Impl {
   CommTimeline timeline;
   BufferPool param_pool;
   Buffer fusion;  // packed collectives (see pack_units); one at a time, in stream order
+  Buffer pipeline_tie_sum;  // fp32, the largest tied parameter's size (pipeline_tie_bytes)
   GradientReducer reducer;
   Buffer staging;  // the communicator's staging memory (set_staging_buffer)
   PackedCollectives gather_packs;

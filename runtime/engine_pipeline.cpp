@@ -49,28 +49,28 @@ void Engine::Impl::sum_pipeline_ties() {
     const ParamPlacement& param = layout.params()[static_cast<size_t>(p)];
     const size_t u = static_cast<size_t>(param.unit);
     const Unit& unit = layout.units()[u];
-    Buffer whole = allocator.allocate(param.numel * sizeof(float), MemoryCategory::kCommBuffer);
-    device->zero(whole.data(), whole.bytes());
+    void* const whole = pipeline_tie_sum.data();
+    device->zero(whole, param.numel * sizeof(float));
     const ElementRange shard = shard_range(unit.numel, rank, world);
     const size_t first = std::max(shard.first, param.offset);
     const size_t last = std::min(shard.end(), param.offset + param.numel);
     if (first < last) {
       device->cast(byte_offset(reducer.shard(u), (first - shard.first) * accum), accum_dtype,
-                   byte_offset(whole.data(), (first - param.offset) * sizeof(float)),
+                   byte_offset(whole, (first - param.offset) * sizeof(float)),
                    DType::kFloat32, last - first);
     }
     Communicator& ties = *config.pipeline.ties;
     ties.stream().wait(device->record());
-    device->wait(ties.all_reduce(whole.data(), whole.data(), param.numel, DType::kFloat32));
+    device->wait(ties.all_reduce(whole, whole, param.numel, DType::kFloat32));
     const ElementRange owned = owned_range(u);
     const size_t begin = std::max(owned.first, param.offset);
     const size_t end = std::min(owned.end(), param.offset + param.numel);
     if (begin < end) {
-      device->cast(byte_offset(whole.data(), (begin - param.offset) * sizeof(float)),
+      device->cast(byte_offset(whole, (begin - param.offset) * sizeof(float)),
                    DType::kFloat32, byte_offset(reducer.owned(u), (begin - owned.first) * accum),
                    accum_dtype, end - begin);
     }
-    // The buffer is freed when this returns: the compute stream must be past the cast.
+    // The next tied parameter reuses the buffer: the compute stream must be past the cast.
     device->synchronize();
   }
 }

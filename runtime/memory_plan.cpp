@@ -94,11 +94,22 @@ size_t param_buffer_count(const Layout& layout, const EngineConfig& config) {
   const size_t gathered_units = static_cast<size_t>(
       std::count_if(layout.units().begin(), layout.units().end(),
                     [&](const Unit& unit) { return !is_persistent(unit, config); }));
+  if (config.pipeline.hold_gathered) return gathered_units;
   return std::min(2 + config.prefetch_elements / max_unit, gathered_units);
 }
 
 DType reduction_dtype(const EngineConfig& config) {
   return config.reduce_in_fp32 ? DType::kFloat32 : config.dtype;
+}
+
+size_t pipeline_tie_bytes(const Layout& layout, const EngineConfig& config) {
+  size_t largest = 0;
+  for (const std::string& name : config.pipeline.tied_parameters) {
+    for (const ParamPlacement& p : layout.params()) {
+      if (p.name == name) largest = std::max(largest, p.numel);
+    }
+  }
+  return size_product(largest, sizeof(float), "the pipeline ties' buffer");
 }
 
 size_t fusion_bytes(const Layout& layout, const EngineConfig& config) {
@@ -231,6 +242,7 @@ MemoryPlan plan_memory(const Layout& layout, const EngineConfig& config) {
     plan.buffers = size_sum(plan.buffers, size_product(max_unit, sizeof(float), buffers), buffers);
   }
   plan.buffers = size_sum(plan.buffers, fusion_bytes(layout, config), buffers);
+  plan.buffers = size_sum(plan.buffers, pipeline_tie_bytes(layout, config), buffers);
   plan.buffers = size_sum(plan.buffers, planned_staging_bytes(layout, config), buffers);
   const NvmeRecords records = nvme_records(layout, config, state_arrays);
   const ParamRecords params = param_records(layout, config);

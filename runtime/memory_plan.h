@@ -90,6 +90,11 @@ size_t gather_bucket_elements(const EngineConfig& config);
 // reduction dtype) and the stage 1-2 parameter packs (working dtype).
 size_t fusion_bytes(const Layout& layout, const EngineConfig& config);
 
+// Pipeline ties (EngineConfig::pipeline): the fp32 buffer, the size of the largest tied
+// parameter, in which the two stages' gradients are summed (engine_pipeline.cpp); 0 without
+// ties. A tied name the layout does not hold counts nothing here (the engine refuses it).
+size_t pipeline_tie_bytes(const Layout& layout, const EngineConfig& config);
+
 // The most staging any of the engine's step collectives needs: each reduction (alone or
 // packed) and the norm's all-reduce; all-gathers stage nothing.
 size_t max_staging_bytes(const Layout& layout, const EngineConfig& config,

@@ -71,6 +71,12 @@ void plan_layout(const Options& options, const std::vector<zero::ParamSpec>& spe
   config.offload_param.buffer_size = options.param_buffer_size;
   // The layout is sharded over the shard group (layout_options); only stage 3 is planned then.
   config.mics_shard_size = options.mics_shard_size;
+  // The pipeline's end stages both hold wte and sum its gradient in a buffer of its size; at
+  // stage 3 a stage keeps its units gathered through the step (zero-train --pp's default).
+  if (part.stage.stages > 1) {
+    config.pipeline.hold_gathered = true;
+    if (part.stage.first() || part.stage.last()) config.pipeline.tied_parameters = {"wte.weight"};
+  }
   const zero::Layout layout = zero::Layout::build(specs, zero::layout_options(config, ranks));
   std::printf("%s: %zu parameters (%zu padded) in %zu units, %d ranks, %s\n", options.model.c_str(),
               layout.numel(), layout.padded_numel(), layout.units().size(), ranks,

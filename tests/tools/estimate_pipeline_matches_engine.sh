@@ -2,7 +2,8 @@
 # zero-estimate --pp plans each pipeline stage as zero-train --pp then holds it: a 4-layer GPT-2
 # cut into 2 stages on 4 ranks (2 data-parallel ranks per stage), at ZeRO stages 1 and 3, with
 # gpipe and 1f1b and no, selective and full activation checkpointing. Per pipeline stage, the
-# estimate's model state bytes must equal the run's stage_model_state_bytes, and its activation
+# estimate's model state and buffer bytes must equal the run's stage_model_state_bytes and
+# stage_buffer_bytes, and its activation
 # bytes (the row of the run's checkpointing) the run's stage_activation_bytes_planned and every
 # step's measured stage_peak_activation_bytes.
 #   estimate_pipeline_matches_engine.sh BIN_DIR TOKENS -- MPIEXEC [MPIEXEC_FLAGS...]
@@ -36,14 +37,16 @@ planned = next(r for r in records if r["event"] == "init")["stage_activation_byt
 steps = [r for r in records if r["event"] == "step"]
 # Per pipeline stage: the model state of the ZeRO stage's row and the activations of the row of
 # this checkpointing.
-state, activations = [], []
+state, buffers, activations = [], [], []
 for line in open(estimate):
     words = line.split()
     if line.startswith("pipeline stage "):
         state.append(None)
+        buffers.append(None)
         activations.append(None)
     elif words and words[0] == zero_stage and len(words) == 5 and state:
         state[-1] = int(words[1])
+        buffers[-1] = int(words[2])
     elif words and words[0] == recompute and activations:
         activations[-1] = int(words[1])
 if len(state) != 2 or None in state or None in activations:
@@ -52,12 +55,17 @@ for r in steps:
     if r["stage_model_state_bytes"] != state:
         sys.exit(f"{run}: step {r['step']}: model state per stage {r['stage_model_state_bytes']} "
                  f"B, the estimate's {state} B")
+    # Buffers: the pools, the fusion buffer and, on both end stages, the tied wte's sum.
+    if r["stage_buffer_bytes"] != buffers:
+        sys.exit(f"{run}: step {r['step']}: buffers per stage {r['stage_buffer_bytes']} B, "
+                 f"the estimate's {buffers} B")
     if r["stage_peak_activation_bytes"] != activations:
         sys.exit(f"{run}: step {r['step']}: peak activations per stage "
                  f"{r['stage_peak_activation_bytes']} B, the estimate's {activations} B")
 if planned != activations:
     sys.exit(f"{run}: zero-train planned {planned} B of activations per stage, the estimate "
              f"{activations} B")
-print(f"{run}: per stage, model state {state} B and activations {activations} B, as estimated")
+print(f"{run}: per stage, model state {state} B, buffers {buffers} B and activations "
+      f"{activations} B, as estimated")
 PY
 done

@@ -192,6 +192,10 @@ struct EngineConfig {
     Communicator* ties = nullptr;
     // Whether this stage counts the tied parameters in the gradient norm (exactly one does).
     bool counts_ties_in_norm = true;
+    // Stage 3 with several micro-batches in flight: every unit stays gathered from its first
+    // use in a step until step() (ZeroModel's schedule holds them), instead of being gathered
+    // for every micro-batch; the plan then keeps a gathered buffer for every unit.
+    bool hold_gathered = false;
   } pipeline;
 
   // Record compute and collective spans (Engine::trace()) for a Chrome trace and overlap figures.

@@ -131,8 +131,9 @@ class ZeroModel {
   ZeroModel(Communicator& comm, std::vector<NamedModule> modules, const EngineConfig& config);
 
   // Runs every module in order, scheduled by a UnitSchedule: at stage 3 each unit is gathered
-  // before its first module and released after its last, while the next unit's all-gather runs
-  // on the communication stream. The units holding parameters a unit's modules tie to are
+  // before its first module and released after its last (or, with the config's
+  // pipeline.hold_gathered, at step()), while the next unit's all-gather runs on the
+  // communication stream. The units holding parameters a unit's modules tie to are
   // gathered with it (and released with it, unless they were gathered already).
   // The input must be on the engine's device (Tensor::to(engine().device_context())).
   Tensor forward(const Tensor& input);
@@ -148,10 +149,7 @@ class ZeroModel {
   // micro-batch's backward. A zero::Error naming the module if one cannot.
   std::vector<KeptActivations> take_activations();
   void restore_activations(std::vector<KeptActivations> kept);
-  // Stage 3 with several micro-batches in flight: keep each unit gathered from its first use in
-  // a step until step() (UnitSchedule::set_hold_through_step), not gathered again per
-  // micro-batch.
-  void hold_gathered_through_step(bool hold) { schedule_->set_hold_through_step(hold); }
+
 
   Engine& engine() { return *engine_; }
 
