@@ -56,19 +56,22 @@ void Engine::Impl::sum_pipeline_ties() {
     const size_t last = std::min(shard.end(), param.offset + param.numel);
     if (first < last) {
       device->cast(byte_offset(reducer.shard(u), (first - shard.first) * accum), accum_dtype,
-                   byte_offset(whole, (first - param.offset) * sizeof(float)),
-                   DType::kFloat32, last - first);
+                   byte_offset(whole, (first - param.offset) * sizeof(float)), DType::kFloat32,
+                   last - first);
     }
+    // Through the timeline, so that the step's comm_wait_ms and comm_busy_ms count it.
     Communicator& ties = *config.pipeline.ties;
     ties.stream().wait(device->record());
-    device->wait(ties.all_reduce(whole, whole, param.numel, DType::kFloat32));
+    timeline.wait(timeline.traced(ties.stream(), "all_reduce", param.numel * sizeof(float), [&] {
+      return ties.all_reduce(whole, whole, param.numel, DType::kFloat32);
+    }));
     const ElementRange owned = owned_range(u);
     const size_t begin = std::max(owned.first, param.offset);
     const size_t end = std::min(owned.end(), param.offset + param.numel);
     if (begin < end) {
-      device->cast(byte_offset(whole, (begin - param.offset) * sizeof(float)),
-                   DType::kFloat32, byte_offset(reducer.owned(u), (begin - owned.first) * accum),
-                   accum_dtype, end - begin);
+      device->cast(byte_offset(whole, (begin - param.offset) * sizeof(float)), DType::kFloat32,
+                   byte_offset(reducer.owned(u), (begin - owned.first) * accum), accum_dtype,
+                   end - begin);
     }
     // The next tied parameter reuses the buffer: the compute stream must be past the cast.
     device->synchronize();
