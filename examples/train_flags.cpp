@@ -1,5 +1,9 @@
 #include "examples/train_flags.h"
 
+#include <signal.h>
+
+#include <limits>
+
 #include <sstream>
 #include <string>
 #include <utility>
@@ -64,6 +68,20 @@ Fault parse_fault(const std::string& v) {
   fault.step = parse_at_least("--inject-fault", v.substr(at + 1), 1);
   return fault;
 }
+
+}  // namespace
+
+void inject_fault(const Fault& fault, zero::Tensor& grad) {
+  if (fault.kind == Fault::kInfGrad) {
+    std::vector<float> values = grad.to_host();
+    values[0] = std::numeric_limits<float>::infinity();
+    grad = zero::Tensor(grad.shape(), values, grad.device());
+  }
+  if (fault.kind == Fault::kKill) raise(SIGKILL);
+  if (fault.kind == Fault::kStop) raise(SIGSTOP);
+}
+
+namespace {
 
 // What "auto" in a config file becomes: the flags, or zero-train's defaults for them (the values
 // the run uses when the file does not say), and the MLP's hidden size.

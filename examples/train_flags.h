@@ -24,6 +24,11 @@ struct Fault {
   long step = 0;
 };
 
+// What the fault does to the gradient a faulty micro-batch's backward starts from: inf-grad
+// makes its first element infinite, kill and stop signal this process; skip-step (the training
+// loop's business) and no fault leave it alone.
+void inject_fault(const Fault& fault, zero::Tensor& grad);
+
 // Validation batches when --val-batches does not say.
 constexpr long kDefaultValBatches = 4;
 

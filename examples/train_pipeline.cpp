@@ -1,14 +1,12 @@
 #include "examples/train_pipeline.h"
 
 #include <mpi.h>
-#include <signal.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
-#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -299,14 +297,7 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
     // --inject-fault: the last rank (of the last stage) misbehaves in the step's last backward.
     const bool faulty = step == f.fault.step && world_rank == world_size - 1;
     work.begin_step(step, [&](int micro_batch, Tensor& grad) {
-      if (!faulty || micro_batch != micro_batches - 1) return;
-      if (f.fault.kind == Fault::kInfGrad) {
-        std::vector<float> values = grad.to_host();
-        values[0] = std::numeric_limits<float>::infinity();
-        grad = Tensor(grad.shape(), values, grad.device());
-      }
-      if (f.fault.kind == Fault::kKill) raise(SIGKILL);
-      if (f.fault.kind == Fault::kStop) raise(SIGSTOP);
+      if (faulty && micro_batch == micro_batches - 1) inject_fault(f.fault, grad);
     });
     report = executor.run(work);
     const StepStats stats = model.step();

@@ -17,14 +17,11 @@
 // --device cuda trains on each rank's node-local GPU, with NCCL collectives (builds with CUDA).
 #include <mpi.h>
 
-#include <signal.h>
-
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
-#include <limits>
 #include <memory>
 #include <new>
 #include <optional>
@@ -263,18 +260,13 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
     // Host-side timers for wall_clock_breakdown (on CUDA, the time to queue the work).
     zero::models::MicroBatchTimes times;
     // --inject-fault: the last rank's last micro-batch of the step misbehaves.
-    const auto inject_fault = [&](int k, zero::Tensor& grad) {
+    const auto before_backward = [&](int k, zero::Tensor& grad) {
       if (step != f.fault.step || k != micro_batches - 1 || rank != world - 1) return;
-      if (f.fault.kind == Fault::kInfGrad) {
-        std::vector<float> values = grad.to_host();
-        values[0] = std::numeric_limits<float>::infinity();
-        grad = zero::Tensor(grad.shape(), values, grad.device());
-      }
-      if (f.fault.kind == Fault::kKill) raise(SIGKILL);
-      if (f.fault.kind == Fault::kStop) raise(SIGSTOP);
+      zero::examples::inject_fault(f.fault, grad);
     };
-    float loss_sum = zero::models::forward_backward(
-        model, task, step, tc.train_batch_size, micro_batches, rank, world, &times, inject_fault);
+    float loss_sum =
+        zero::models::forward_backward(model, task, step, tc.train_batch_size, micro_batches, rank,
+                                       world, &times, before_backward);
     if (step == f.fault.step && f.fault.kind == Fault::kSkipStep && rank == world - 1) {
       std::fprintf(stderr, "zero-train: rank %d skips the optimizer step of step %ld\n", rank,
                    step);
