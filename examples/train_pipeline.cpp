@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -252,9 +251,8 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
   models::ZeroModelStage work(model, task, stage, stages, tc.train_batch_size, micro_batches,
                               place.dp_rank, place.dp_size);
   MPI_Comm pipeline_comm = pipeline_mpi_comm(place);
-  auto free_comm = [](MPI_Comm* comm) { MPI_Comm_free(comm); };
-  std::unique_ptr<MPI_Comm, decltype(free_comm)> pipeline_comm_owner(&pipeline_comm, free_comm);
-  PeerChannel channel(pipeline_comm);
+  PeerChannel channel(pipeline_comm);  // works on a duplicate of its own
+  ZERO_MPI_CHECK(MPI_Comm_free(&pipeline_comm));
   PipelineExecutor executor(channel, stage, stages, schedules,
                             task.stage_boundary_shape(work.micro_batch_samples()));
 
