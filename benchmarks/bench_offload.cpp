@@ -242,15 +242,15 @@ uint64_t staging_bytes(const Options& opt, uint64_t params) {
 zero::driver::JsonRecord measure(const Options& opt, zero::Communicator& comm, uint64_t params) {
   zero::EngineConfig config;
   config.stage = 1;
-  config.dtype = opt.dtype;
+  config.precision.dtype = opt.dtype;
   config.optimizer.lr = 1e-4f;
-  config.optimizer_sub_group_elements = opt.sub_group_elements;
-  config.offload_optimizer.device = zero::OffloadDevice::kNvme;
-  config.offload_optimizer.nvme_path = opt.path;
-  config.offload_optimizer.buffer_count = opt.buffer_count;
-  config.offload_optimizer.pipeline_read = opt.pipeline;
-  config.offload_optimizer.pipeline_write = opt.pipeline;
-  config.aio = opt.aio;
+  config.schedule.optimizer_sub_group_elements = opt.sub_group_elements;
+  config.offload.optimizer.device = zero::OffloadDevice::kNvme;
+  config.offload.optimizer.nvme_path = opt.path;
+  config.offload.optimizer.buffer_count = opt.buffer_count;
+  config.offload.optimizer.pipeline_read = opt.pipeline;
+  config.offload.optimizer.pipeline_write = opt.pipeline;
+  config.offload.aio = opt.aio;
   zero::ParamDecl decl;
   decl.spec.name = "weight";
   decl.spec.shape = {static_cast<int64_t>(params)};

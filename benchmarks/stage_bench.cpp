@@ -294,10 +294,10 @@ void check_stage_options(const StageOptions& opt) {
 EngineConfig engine_config(const StageOptions& opt, int stage, DType dtype, bool trace) {
   EngineConfig config;
   config.stage = stage;
-  config.dtype = dtype;
+  config.precision.dtype = dtype;
   config.micro_batches = opt.micro_batches;
-  config.merge_bytes = opt.merge_bytes;
-  config.overlap_comm = opt.overlap_comm;
+  config.schedule.merge_bytes = opt.merge_bytes;
+  config.schedule.overlap_comm = opt.overlap_comm;
   config.kernel_threads = opt.kernel_threads;
   config.trace = trace;
   return config;
@@ -318,7 +318,7 @@ std::vector<Record> measure_stages(const StageOptions& opt, DType dtype, const C
         run.mics_shard_size = mics_shard_size;
         run.dtype = dtype;
         EngineConfig config = engine_config(opt, stage, dtype, trace);
-        config.mics_shard_size = mics_shard_size;
+        config.grid.mics_shard_size = mics_shard_size;
         run.model = make_model(*comm, config);
         for (int w = 0; w < opt.warmup; ++w) {
           run.data_step += 1;

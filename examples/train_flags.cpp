@@ -406,18 +406,18 @@ zero::TrainingConfig resolve_config(const Flags& f, int world_size) {
     tc.engine.stage = 3;
     tc.engine.optimizer.lr = kDefaultLr;
     tc.engine.optimizer.weight_decay = kDefaultWeightDecay;
-    tc.engine.merge_bytes = 32 * 1024;
+    tc.engine.schedule.merge_bytes = 32 * 1024;
     tc.train_batch_size = kDefaultGlobalBatch;
     tc.steps_per_print = 1;
     tc.origin = "the command line";
   }
   zero::EngineConfig& e = tc.engine;
   if (f.stage) e.stage = *f.stage;
-  if (f.dtype) e.dtype = *f.dtype;
+  if (f.dtype) e.precision.dtype = *f.dtype;
   if (f.seed) e.seed = *f.seed;
   if (f.weight_decay) e.optimizer.weight_decay = *f.weight_decay;
   if (f.clip) e.gradient_clipping = *f.clip;
-  if (f.merge_bytes) e.merge_bytes = *f.merge_bytes;
+  if (f.merge_bytes) e.schedule.merge_bytes = *f.merge_bytes;
   if (f.steps_per_print) tc.steps_per_print = *f.steps_per_print;
   if (f.lr) {
     e.optimizer.lr = *f.lr;
@@ -461,7 +461,7 @@ zero::TrainingConfig resolve_config(const Flags& f, int world_size) {
   e.micro_batches = tc.gradient_accumulation_steps;
   e.kernel_threads = f.threads.value_or(1);
   e.memory_limit_bytes = f.memory_limit;
-  if (f.skip_nonfinite) e.skip_nonfinite_steps = *f.skip_nonfinite;
+  if (f.skip_nonfinite) e.precision.skip_nonfinite_steps = *f.skip_nonfinite;
   if (f.override_optimizer) tc.override_optimizer = true;
   // The memory timeline finds each allocation's phase among the compute spans (CPU only, as
   // the trace: a GPU's spans would be launch times).
@@ -562,7 +562,7 @@ std::vector<zero::examples::Setting> run_description(const Flags& f,
   const zero::EngineConfig& e = tc.engine;
   const zero::OptimizerConfig& o = e.optimizer;
   const zero::LrScheduleConfig& s = e.lr_schedule;
-  const zero::LossScalerConfig& ls = e.loss_scaler;
+  const zero::LossScalerConfig& ls = e.precision.loss_scaler;
   std::ostringstream optimizer, schedule, scaler, zero_opt, model, fault;
   optimizer << static_cast<int>(o.type) << " lr " << o.lr << " betas " << o.beta1 << " " << o.beta2
             << " eps " << o.eps << " weight_decay " << o.weight_decay << " momentum " << o.momentum;
@@ -571,14 +571,17 @@ std::vector<zero::examples::Setting> run_description(const Flags& f,
            << s.total_steps << " cos_min_ratio " << s.cos_min_ratio;
   scaler << ls.static_scale << " 2^" << ls.initial_scale_power << " window " << ls.scale_window
          << " hysteresis " << ls.hysteresis << " min " << ls.min_scale;
-  zero_opt << "overlap_comm " << e.overlap_comm << " reduce_scatter " << e.reduce_scatter
-           << " reduce_bucket " << e.reduce_bucket_elements << " allgather_bucket "
-           << e.allgather_bucket_elements << " prefetch " << e.prefetch_elements << " persistence "
-           << e.persistence_threshold << " max_live " << e.max_live_elements << " reuse "
-           << e.max_reuse_distance << " sub_group " << e.optimizer_sub_group_elements
-           << " merge_bytes " << e.merge_bytes << " predivide " << e.gradient_predivide_factor
-           << " fp32_reduce " << e.reduce_in_fp32 << " grad_accum "
-           << (e.grad_accum_dtype ? zero::dtype_name(*e.grad_accum_dtype) : "default");
+  zero_opt << "overlap_comm " << e.schedule.overlap_comm << " reduce_scatter "
+           << e.schedule.reduce_scatter << " reduce_bucket " << e.schedule.reduce_bucket_elements
+           << " allgather_bucket " << e.schedule.allgather_bucket_elements << " prefetch "
+           << e.schedule.prefetch_elements << " persistence " << e.schedule.persistence_threshold
+           << " max_live " << e.schedule.max_live_elements << " reuse "
+           << e.schedule.max_reuse_distance << " sub_group "
+           << e.schedule.optimizer_sub_group_elements << " merge_bytes " << e.schedule.merge_bytes
+           << " predivide " << e.precision.gradient_predivide_factor << " fp32_reduce "
+           << e.precision.reduce_in_fp32 << " grad_accum "
+           << (e.precision.grad_accum_dtype ? zero::dtype_name(*e.precision.grad_accum_dtype)
+                                            : "default");
   if (f.model == "gpt2") {
     const zero::models::Gpt2Config& g = f.gpt2;
     model << "gpt2 " << g.n_layer << "x" << g.n_embd << " heads " << g.n_head << " vocab "
@@ -604,7 +607,7 @@ std::vector<zero::examples::Setting> run_description(const Flags& f,
       {"the pipeline (--pp, --pp-schedule, --pp-partition)",
        std::to_string(tc.pipeline_stages) + " " + f.pp_schedule + " " + tc.pipeline_partition +
            " regather " + std::to_string(f.pp_regather)},
-      {"the dtype (--dtype, bf16/fp16.enabled)", zero::dtype_name(e.dtype)},
+      {"the dtype (--dtype, bf16/fp16.enabled)", zero::dtype_name(e.precision.dtype)},
       {"--steps", std::to_string(f.steps)},
       {"the global batch (--global-batch, train_batch_size)", std::to_string(tc.train_batch_size)},
       {"the micro-batches (--micro-batches, gradient_accumulation_steps)",
@@ -614,7 +617,7 @@ std::vector<zero::examples::Setting> run_description(const Flags& f,
       {"the learning-rate schedule (--schedule, --warmup, scheduler)", schedule.str()},
       {"the gradient clipping (--clip, gradient_clipping)", text_of(e.gradient_clipping)},
       {"the fp16 loss scaler (fp16.*)", scaler.str()},
-      {"the non-finite policy (--nonfinite)", std::to_string(e.skip_nonfinite_steps)},
+      {"the non-finite policy (--nonfinite)", std::to_string(e.precision.skip_nonfinite_steps)},
       {"the ZeRO schedule (zero_optimization.*, --merge-bytes)", zero_opt.str()},
       {"--save-dir", f.save_dir},
       {"--save-every", std::to_string(f.save_every)},

@@ -177,9 +177,9 @@ void check_pipeline_settings(const Flags& f, const TrainingConfig& tc, int world
   refuse(tc.csv_monitor.enabled, "csv_monitor");
   refuse(tc.comms_logger.enabled, "comms_logger");
   refuse(tc.flops_profiler.enabled, "flops_profiler");
-  refuse(tc.engine.offload_optimizer.device != OffloadDevice::kNone, "offload_optimizer");
-  refuse(tc.engine.offload_param.device != OffloadDevice::kNone, "offload_param");
-  refuse(tc.engine.mics_shard_size > 0, "mics_shard_size (hybrid sharding)");
+  refuse(tc.engine.offload.optimizer.device != OffloadDevice::kNone, "offload_optimizer");
+  refuse(tc.engine.offload.param.device != OffloadDevice::kNone, "offload_param");
+  refuse(tc.engine.grid.mics_shard_size > 0, "mics_shard_size (hybrid sharding)");
   const ActivationCheckpointingConfig& ac = tc.activation_checkpointing;
   // These keep one slot per block, which a second micro-batch in flight would overwrite.
   refuse(ac.contiguous_memory_optimization, "contiguous_memory_optimization");
@@ -213,16 +213,16 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
   ZERO_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_size));
 
   EngineConfig config = tc.engine;
-  config.tensor_parallel = grid.tensor_parallel.get();
-  config.pipeline.stages = grid.pipeline.get();
+  config.grid.tensor_parallel = grid.tensor_parallel.get();
+  config.grid.pipeline.stages = grid.pipeline.get();
   if (stages > 1 && (first || last)) {
     // wte is the embedding's on the first stage and the head's on the last.
-    config.pipeline.tied_parameters = {"wte.weight"};
-    config.pipeline.ties = grid.pipeline_ties.get();
-    config.pipeline.counts_ties_in_norm = first;
+    config.grid.pipeline.tied_parameters = {"wte.weight"};
+    config.grid.pipeline.ties = grid.pipeline_ties.get();
+    config.grid.pipeline.counts_ties_in_norm = first;
   }
   // Stage 3: gathered once per step, not once per micro-batch (unless --pp-regather).
-  config.pipeline.hold_gathered = !f.pp_regather;
+  config.grid.pipeline.hold_gathered = !f.pp_regather;
   ZeroModel model(*grid.data_parallel,
                   task.take_modules({place.tp_rank, grid.tensor_parallel.get()}), config);
   Engine& engine = model.engine();
@@ -269,7 +269,7 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
                     {"tensor_parallel_size", place.tp_size},
                     {"data_parallel_size", place.dp_size},
                     {"stage", config.stage},
-                    {"dtype", dtype_name(config.dtype)},
+                    {"dtype", dtype_name(config.precision.dtype)},
                     {"stage_activation_bytes_planned", stage_planned}};
     init.update(task.model_record());
     metrics.write(init);
@@ -279,9 +279,10 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
         "zero-train: %s in %s, pipeline of %d stages (%s schedule) x data-parallel %d x "
         "tensor-parallel %d, ZeRO stage %d, global batch %ld = %ld per micro-batch x %d "
         "micro-batches x %d ranks\n",
-        task.description().c_str(), dtype_name(config.dtype), stages, pipeline_schedule_name(kind),
-        place.dp_size, place.tp_size, config.stage, tc.train_batch_size,
-        static_cast<long>(work.micro_batch_samples()), micro_batches, place.dp_size);
+        task.description().c_str(), dtype_name(config.precision.dtype), stages,
+        pipeline_schedule_name(kind), place.dp_size, place.tp_size, config.stage,
+        tc.train_batch_size, static_cast<long>(work.micro_batch_samples()), micro_batches,
+        place.dp_size);
     // Rank 0 is the first stage's: its engine and the activations it holds in flight.
     std::printf("memory on rank 0 (pipeline stage 0) at start:\n%s%s",
                 engine.allocator().summary().c_str(),

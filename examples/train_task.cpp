@@ -477,7 +477,7 @@ uint64_t saturating_sum(uint64_t a, uint64_t b) {
 std::string out_of_memory_advice(const TrainTask& task, const EngineConfig& engine,
                                  int data_parallel_size, int64_t samples, uint64_t budget) {
   const uint64_t activations = task.activation_bytes(samples);
-  const uint64_t module_copies = task.module_bytes(engine.dtype);
+  const uint64_t module_copies = task.module_bytes(engine.precision.dtype);
   const uint64_t least_activations = task.least_activation_bytes(samples);
   // The engine's own plan comes on top: advice that leaves no room for it is no plan at all.
   const int ranks = sharding_group_size(engine, data_parallel_size);
@@ -528,8 +528,8 @@ std::string nvme_setup_problem(const TrainTask& task, const TrainingConfig& conf
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   std::vector<NvmeFileNeed> files = task.nvme_files(config.micro_batch_per_rank);
-  const bool optimizer = config.engine.offload_optimizer.device == OffloadDevice::kNvme;
-  const bool params = config.engine.offload_param.device == OffloadDevice::kNvme;
+  const bool optimizer = config.engine.offload.optimizer.device == OffloadDevice::kNvme;
+  const bool params = config.engine.offload.param.device == OffloadDevice::kNvme;
   std::string problem;
   if (optimizer || params) {
     // The engine's files as its plan has them (on a GPU the optimizer's records hold the
@@ -541,11 +541,11 @@ std::string nvme_setup_problem(const TrainTask& task, const TrainingConfig& conf
           Layout::build(task.param_specs(), layout_options(engine, data_parallel_size)), engine);
       const std::string whose = "rank " + std::to_string(rank) + "'s ";
       if (optimizer) {
-        files.push_back({engine.offload_optimizer.nvme_path, plan.nvme - plan.nvme_params,
+        files.push_back({engine.offload.optimizer.nvme_path, plan.nvme - plan.nvme_params,
                          whose + "offloaded optimizer state (offload_optimizer.nvme_path)"});
       }
       if (params) {
-        files.push_back({engine.offload_param.nvme_path, plan.nvme_params,
+        files.push_back({engine.offload.param.nvme_path, plan.nvme_params,
                          whose + "offloaded parameters (offload_param.nvme_path)"});
       }
     } catch (const Error& e) {
@@ -574,7 +574,7 @@ std::unique_ptr<TrainTask> make_train_task(const Flags& flags, const TrainingCon
   checkpointing.partition_activations =
       config.activation_checkpointing.partition_activations && config.tensor_parallel_size > 1;
   checkpointing.nvme_path = config.activation_checkpointing.nvme_path;
-  checkpointing.spill_aio = config.engine.aio;
+  checkpointing.spill_aio = config.engine.offload.aio;
   // The spill's file is named by the world rank: unique across tensor- and data-parallel groups.
   MPI_Comm_rank(MPI_COMM_WORLD, &checkpointing.spill_rank);
   return std::make_unique<Gpt2Task>(flags, config.train_batch_size,

@@ -187,7 +187,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
   const uint64_t planned_resident = max_over_ranks(
       host, baseline_resident + engine.model_state_bytes() + engine.buffer_bytes() +
                 engine.pinned_host_bytes() + engine.pageable_host_bytes() +
-                task.activation_bytes(per_micro_batch) + task.module_bytes(config.dtype));
+                task.activation_bytes(per_micro_batch) + task.module_bytes(config.precision.dtype));
   if (leader) {
     // Slices differ by one sample when the batch does not divide (see batch_slice).
     const long smallest = tc.train_batch_size / (static_cast<long>(micro_batches) * world);
@@ -198,22 +198,22 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
         "zero-train: %s in %s, %zu params (%zu padded) in %zu units, stage %d, %d rank(s) "
         "(tensor-parallel %d x data-parallel %d), global batch %ld = %s per micro-batch x %d "
         "micro-batches x %d ranks\n",
-        task.description().c_str(), zero::dtype_name(config.dtype), engine.layout().numel(),
-        engine.layout().padded_numel(), engine.layout().units().size(), config.stage,
-        world * grid.place.tp_size, grid.place.tp_size, world, tc.train_batch_size,
+        task.description().c_str(), zero::dtype_name(config.precision.dtype),
+        engine.layout().numel(), engine.layout().padded_numel(), engine.layout().units().size(),
+        config.stage, world * grid.place.tp_size, grid.place.tp_size, world, tc.train_batch_size,
         per_slice.c_str(), micro_batches, world);
     std::printf("collectives: %s\n", comm.transport().c_str());
     std::printf("memory on rank 0 at start:\n%s%s", engine.allocator().summary().c_str(),
                 task.activation_summary(per_micro_batch).c_str());
     if (nvme_bytes > 0) {
-      const bool optimizer_on_nvme = config.offload_optimizer.device == zero::OffloadDevice::kNvme;
-      const bool params_on_nvme = config.offload_param.device == zero::OffloadDevice::kNvme;
+      const bool optimizer_on_nvme = config.offload.optimizer.device == zero::OffloadDevice::kNvme;
+      const bool params_on_nvme = config.offload.param.device == zero::OffloadDevice::kNvme;
       std::printf(
           "nvme per rank: %s of %s under %s\n", zero::human_bytes(nvme_bytes).c_str(),
           optimizer_on_nvme && params_on_nvme ? "optimizer state and parameters"
           : params_on_nvme                    ? "parameters"
                                               : "optimizer state",
-          (optimizer_on_nvme ? config.offload_optimizer.nvme_path : config.offload_param.nvme_path)
+          (optimizer_on_nvme ? config.offload.optimizer.nvme_path : config.offload.param.nvme_path)
               .c_str());
     }
     if (pinned_host_bytes + pageable_host_bytes > 0) {
@@ -228,7 +228,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
                     {"data_parallel_size", world},
                     {"collectives", comm.transport()},
                     {"stage", config.stage},
-                    {"dtype", zero::dtype_name(config.dtype)},
+                    {"dtype", zero::dtype_name(config.precision.dtype)},
                     {"params", engine.layout().numel()},
                     {"padded_params", engine.layout().padded_numel()},
                     {"units", engine.layout().units().size()},
@@ -387,9 +387,9 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
     record.update(block_times);
     or_end_job([&] {
       metrics.write(record);
-      monitors.write_events(zero::examples::monitor_events(record, tc.train_batch_size,
-                                                           config.dtype == zero::DType::kFloat16,
-                                                           tc.wall_clock_breakdown));
+      monitors.write_events(zero::examples::monitor_events(
+          record, tc.train_batch_size, config.precision.dtype == zero::DType::kFloat16,
+          tc.wall_clock_breakdown));
     });
   }
   if (comms_log && leader) {
@@ -511,7 +511,7 @@ int main(int argc, char** argv) {
     for (const std::string& line : config.ignored_keys) std::printf("config: %s\n", line.c_str());
     for (const std::string& line : task->notes()) std::printf("%s\n", line.c_str());
     for (const std::string& line : pipeline_lines) std::printf("%s\n", line.c_str());
-    if (flags.cuda && config.engine.offload_optimizer.device != zero::OffloadDevice::kNone) {
+    if (flags.cuda && config.engine.offload.optimizer.device != zero::OffloadDevice::kNone) {
       std::printf(
           "host threads per rank: %d (%s)\n", config.engine.kernel_threads,
           flags.threads ? "--threads" : "the cores this rank may use over the ranks on this node");
@@ -538,8 +538,8 @@ int main(int argc, char** argv) {
       grid = zero::make_nccl_process_grid(config.tensor_parallel_size);
       device =
           zero::Device::cuda(dynamic_cast<zero::NcclCommunicator&>(*grid.data_parallel).device());
-      config.engine.host_communicator = grid.host_data_parallel.get();
-      config.engine.host_tensor_parallel = grid.host_tensor_parallel.get();
+      config.engine.grid.host_communicator = grid.host_data_parallel.get();
+      config.engine.grid.host_tensor_parallel = grid.host_tensor_parallel.get();
     }
 #endif
     if (!grid.data_parallel) {
@@ -550,10 +550,10 @@ int main(int argc, char** argv) {
       zero::ProcessGrid host =
           zero::make_mpi_process_grid(config.tensor_parallel_size, config.pipeline_stages);
       grid.host_data_parallel = std::move(host.data_parallel);
-      config.engine.host_communicator = grid.host_data_parallel.get();
+      config.engine.grid.host_communicator = grid.host_data_parallel.get();
     }
     config.engine.device = device;
-    config.engine.tensor_parallel = grid.tensor_parallel.get();
+    config.engine.grid.tensor_parallel = grid.tensor_parallel.get();
     if (config.pipeline_stages > 1) {
       zero::examples::train_pipeline(flags, config, *task, grid);
     } else {

@@ -28,7 +28,7 @@ bool is_dir(const std::string& path) {
 }  // namespace
 
 std::string own_dir(const Engine& engine, const std::string& dir) {
-  const Communicator* tp = engine.config().tensor_parallel;
+  const Communicator* tp = engine.config().grid.tensor_parallel;
   return tp == nullptr ? dir : rank_dir(dir, tp->rank());
 }
 

@@ -86,7 +86,7 @@ void read_unit_state(const Engine& engine, checkpoint_files::GridReader& reader,
                      const std::vector<size_t>& saved_index, size_t u,
                      const Engine::StateView& view, std::vector<float>* out) {
   const Layout& layout = engine.layout();
-  const Communicator* tp = engine.config().tensor_parallel;
+  const Communicator* tp = engine.config().grid.tensor_parallel;
   const int tp_size = tp == nullptr ? 1 : tp->world_size();
   const int tp_rank = tp == nullptr ? 0 : tp->rank();
   const bool same_size = static_cast<int>(grid.size()) == tp_size;
@@ -241,7 +241,7 @@ void load_checkpoint(Engine& engine, const std::string& path, TrainerState* trai
                                      << " optimizer state arrays per element, "
                                      << "the engine's optimizer keeps " << state_count
                                      << " (a different optimizer type or momentum setting)");
-            const Communicator* tp = engine.config().tensor_parallel;
+            const Communicator* tp = engine.config().grid.tensor_parallel;
             saved_index = match_params(engine.layout(), grid, tp == nullptr ? 1 : tp->world_size());
             if (streaming) {
               stream_state(engine, grid, saved_index, /*apply=*/false);

@@ -148,7 +148,7 @@ CheckpointInfo describe(Engine& engine, const TrainerState& trainer,
   CheckpointInfo info;
   info.world_size = layout.world_size();
   info.stage = config.stage;
-  info.dtype = config.dtype;
+  info.dtype = config.precision.dtype;
   info.alignment_bytes = layout.options().alignment_bytes;
   info.params = layout.params();
   for (const Unit& unit : layout.units()) info.units.push_back({unit.numel, unit.shard});
@@ -158,9 +158,9 @@ CheckpointInfo describe(Engine& engine, const TrainerState& trainer,
   info.lr_schedule = config.lr_schedule;
   info.loss_scaler = engine.loss_scaler_state();
   info.trainer = trainer;
-  if (config.tensor_parallel != nullptr) {
-    info.tensor_parallel_size = config.tensor_parallel->world_size();
-    info.tensor_parallel_rank = config.tensor_parallel->rank();
+  if (config.grid.tensor_parallel != nullptr) {
+    info.tensor_parallel_size = config.grid.tensor_parallel->world_size();
+    info.tensor_parallel_rank = config.grid.tensor_parallel->rank();
   }
   // One file per shard: the reports of the first world_size ranks (writes_a_shard).
   for (size_t r = 0; r < static_cast<size_t>(info.world_size); ++r) {
@@ -301,7 +301,7 @@ void save_own(Engine& engine, const std::string& dir, const TrainerState& traine
 
   // With tensor parallelism the whole model is written once, beside tensor-parallel rank 0's
   // checkpoint.
-  const Communicator* tp = engine.config().tensor_parallel;
+  const Communicator* tp = engine.config().grid.tensor_parallel;
   const bool writes_model = options.consolidated_weights && (tp == nullptr || tp->rank() == 0);
   agree(comm, what, attempt([&] {
           if (rank == 0) {

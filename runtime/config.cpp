@@ -159,7 +159,7 @@ void read_run_keys(const config::TrainingConfig& c, const Checker& check, Traini
     if (mode != "error" && mode != "skip") {
       check.fail("nonfinite_gradients", "\"error\" or \"skip\"", in_quotes(mode));
     }
-    e.skip_nonfinite_steps = mode == "skip";
+    e.precision.skip_nonfinite_steps = mode == "skip";
   }
 }
 
@@ -171,10 +171,10 @@ void read_precision(const config::TrainingConfig& c, const Checker& check, Engin
     config_error("fp16.enabled and bf16.enabled are both true in " + origin +
                  "; enable at most one");
   }
-  e->dtype = fp16.enabled()       ? DType::kFloat16
-             : c.bf16().enabled() ? DType::kBFloat16
-                                  : DType::kFloat32;
-  LossScalerConfig& scaler = e->loss_scaler;
+  e->precision.dtype = fp16.enabled()       ? DType::kFloat16
+                       : c.bf16().enabled() ? DType::kBFloat16
+                                            : DType::kFloat32;
+  LossScalerConfig& scaler = e->precision.loss_scaler;
   if (fp16.has_loss_scale()) {
     scaler.static_scale = check.real("fp16.loss_scale", fp16.loss_scale(), fp16.loss_scale() >= 0,
                                      ">= 0 (0: dynamic scaling)");
@@ -218,12 +218,12 @@ void read_communication(const config::TrainingConfig& c, const Checker& check, E
   if (c.has_communication_data_type()) {
     // The engine reduces gradients in the working dtype, or in fp32 when told to.
     const DType comm =
-        working_or_fp32("communication_data_type", c.communication_data_type(), e->dtype, check,
-                        "gradients are reduced in the working dtype or in fp32");
-    e->reduce_in_fp32 = comm == DType::kFloat32 && e->dtype != DType::kFloat32;
+        working_or_fp32("communication_data_type", c.communication_data_type(), e->precision.dtype,
+                        check, "gradients are reduced in the working dtype or in fp32");
+    e->precision.reduce_in_fp32 = comm == DType::kFloat32 && e->precision.dtype != DType::kFloat32;
   }
   if (c.has_gradient_predivide_factor()) {
-    e->gradient_predivide_factor =
+    e->precision.gradient_predivide_factor =
         check.real("gradient_predivide_factor", c.gradient_predivide_factor(),
                    c.gradient_predivide_factor() > 0, "> 0");
   }
@@ -238,8 +238,8 @@ void read_zero_optimization(const config::ZeroOptimization& zero, const Checker&
     check.fail("zero_optimization.stage", "0, 1, 2 or 3", std::to_string(zero.stage()));
   }
   if (zero.has_stage()) e.stage = static_cast<int>(zero.stage());
-  if (zero.has_overlap_comm()) e.overlap_comm = zero.overlap_comm();
-  if (zero.has_reduce_scatter()) e.reduce_scatter = zero.reduce_scatter();
+  if (zero.has_overlap_comm()) e.schedule.overlap_comm = zero.overlap_comm();
+  if (zero.has_reduce_scatter()) e.schedule.reduce_scatter = zero.reduce_scatter();
   if (zero.has_contiguous_gradients() && !zero.contiguous_gradients()) {
     config_error("\"zero_optimization.contiguous_gradients\" in " + origin +
                  " is false, but this runtime always keeps gradient buckets contiguous; set it "
@@ -253,18 +253,18 @@ void read_zero_optimization(const config::ZeroOptimization& zero, const Checker&
   // Elements per collective: the engine packs units up to them; they never merge units.
   const int64_t max_elements = static_cast<int64_t>(std::numeric_limits<size_t>::max() / 4);
   if (zero.has_reduce_bucket_size()) {
-    e.reduce_bucket_elements = static_cast<size_t>(check.integer(
+    e.schedule.reduce_bucket_elements = static_cast<size_t>(check.integer(
         "zero_optimization.reduce_bucket_size", zero.reduce_bucket_size(), 1, max_elements));
   }
   if (zero.has_allgather_bucket_size()) {
-    e.allgather_bucket_elements = static_cast<size_t>(check.integer(
+    e.schedule.allgather_bucket_elements = static_cast<size_t>(check.integer(
         "zero_optimization.allgather_bucket_size", zero.allgather_bucket_size(), 1, max_elements));
   }
   // DeepSpeed's default of 1e9: for memory-resident state it changes only how the update is
   // cut into passes (not its result); with NVMe offload it is the unit of I/O.
-  e.optimizer_sub_group_elements = 1000000000;
+  e.schedule.optimizer_sub_group_elements = 1000000000;
   if (zero.has_sub_group_size()) {
-    e.optimizer_sub_group_elements = static_cast<size_t>(
+    e.schedule.optimizer_sub_group_elements = static_cast<size_t>(
         check.integer("zero_optimization.sub_group_size", zero.sub_group_size(), 1, max_elements));
   }
   out->gather_16bit_weights_on_model_save = zero.stage3_gather_16bit_weights_on_model_save();
@@ -274,10 +274,10 @@ void read_zero_optimization(const config::ZeroOptimization& zero, const Checker&
       check.fail("zero_optimization.stage3_prefetch_bucket_size",
                  "at least 1 (this runtime always prefetches the next unit)", std::to_string(v));
     }
-    e.prefetch_elements = static_cast<size_t>(v);
+    e.schedule.prefetch_elements = static_cast<size_t>(v);
   }
   if (zero.has_stage3_param_persistence_threshold()) {
-    e.persistence_threshold =
+    e.schedule.persistence_threshold =
         static_cast<size_t>(check.integer("zero_optimization.stage3_param_persistence_threshold",
                                           zero.stage3_param_persistence_threshold(), 0, kMaxInt64));
   }
@@ -287,7 +287,7 @@ void read_zero_optimization(const config::ZeroOptimization& zero, const Checker&
       check.fail("zero_optimization.stage3_max_live_parameters",
                  "at least 1 (leave it out for no limit)", std::to_string(v));
     }
-    e.max_live_elements = static_cast<size_t>(v);
+    e.schedule.max_live_elements = static_cast<size_t>(v);
   }
   if (zero.has_mics_shard_size()) {
     const int64_t v = zero.mics_shard_size();
@@ -295,10 +295,10 @@ void read_zero_optimization(const config::ZeroOptimization& zero, const Checker&
       check.fail("zero_optimization.mics_shard_size",
                  "-1 (off) or a shard group size of at least 1", std::to_string(v));
     }
-    e.mics_shard_size = static_cast<int>(v);
+    e.grid.mics_shard_size = static_cast<int>(v);
   }
   if (zero.has_stage3_max_reuse_distance()) {
-    e.max_reuse_distance =
+    e.schedule.max_reuse_distance =
         static_cast<size_t>(check.integer("zero_optimization.stage3_max_reuse_distance",
                                           zero.stage3_max_reuse_distance(), 0, kMaxInt64));
   }
@@ -309,9 +309,9 @@ void read_data_types(const config::DataTypes& types, const Checker& check, Engin
   if (types.has_grad_accum_dtype()) {
     // Accumulating in a narrower type than the working one, or another 2-byte one, is not a
     // mode DeepSpeed has either.
-    e->grad_accum_dtype =
-        working_or_fp32("data_types.grad_accum_dtype", types.grad_accum_dtype(), e->dtype, check,
-                        "gradients accumulate in the working dtype or in fp32");
+    e->precision.grad_accum_dtype =
+        working_or_fp32("data_types.grad_accum_dtype", types.grad_accum_dtype(), e->precision.dtype,
+                        check, "gradients accumulate in the working dtype or in fp32");
   }
 }
 

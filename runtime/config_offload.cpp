@@ -1,4 +1,4 @@
-// The offload keys of the config -> EngineConfig: zero_optimization.offload_optimizer and
+// The offload keys of the config -> EngineConfig: zero_optimization.offload.optimizer and
 // offload_param, and the aio section, with DeepSpeed's meanings and defaults (config.h).
 #include <string>
 
@@ -33,7 +33,7 @@ void read_shared_keys(const Section& o, const std::string& key, const Checker& c
 
 void read_optimizer_offload(const config::OffloadOptimizer& o, int stage, bool cuda,
                             const Checker& check, TrainingConfig* out) {
-  OptimizerOffload& e = out->engine.offload_optimizer;
+  OptimizerOffload& e = out->engine.offload.optimizer;
   const std::string key = "zero_optimization.offload_optimizer";
   read_shared_keys(o, key, check, &e);
   if (o.has_pipeline_read()) e.pipeline_read = o.pipeline_read();
@@ -69,7 +69,7 @@ void read_optimizer_offload(const config::OffloadOptimizer& o, int stage, bool c
 
 void read_param_offload(const config::OffloadParam& o, int stage, bool cuda, const Checker& check,
                         TrainingConfig* out) {
-  ParamOffload& e = out->engine.offload_param;
+  ParamOffload& e = out->engine.offload.param;
   const std::string key = "zero_optimization.offload_param";
   read_shared_keys(o, key, check, &e);
   if (o.has_buffer_size()) {
@@ -140,7 +140,7 @@ void read_offload(const config::TrainingConfig& c, bool cuda, const Checker& che
   const int stage = out->engine.stage;
   read_optimizer_offload(c.zero_optimization().offload_optimizer(), stage, cuda, check, out);
   read_param_offload(c.zero_optimization().offload_param(), stage, cuda, check, out);
-  read_aio(c.aio(), check, &out->engine.aio);
+  read_aio(c.aio(), check, &out->engine.offload.aio);
 }
 
 }  // namespace zero::config_internal

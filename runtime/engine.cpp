@@ -19,27 +19,27 @@ Engine::Impl::Impl(Communicator& c, const std::vector<ParamDecl>& decls, const E
       comm(hybrid.shard ? *hybrid.shard : c),
       config(validated(cfg, comm)),
       device(DeviceContext::create(cfg.device, cfg.kernel_threads)),
-      owned_host_comm(cfg.device.is_cuda() && cfg.host_communicator == nullptr
+      owned_host_comm(cfg.device.is_cuda() && cfg.grid.host_communicator == nullptr
                           ? make_mpi_communicator()
                           : nullptr),
-      host_comm(owned_host_comm                    ? *owned_host_comm
-                : cfg.host_communicator != nullptr ? *cfg.host_communicator
-                                                   : c),
+      host_comm(owned_host_comm                         ? *owned_host_comm
+                : cfg.grid.host_communicator != nullptr ? *cfg.grid.host_communicator
+                                                        : c),
       allocator(*device),
       host_allocator(device->pinned_memory()),
       pageable_allocator(host_memory()),
       layout(Layout::build(specs_of(decls), layout_options(cfg, c.world_size()))),
       optimizer(cfg.optimizer),
       schedule(cfg.lr_schedule),
-      loss_scaler(cfg.loss_scaler),
+      loss_scaler(cfg.precision.loss_scaler),
       rank(comm.rank()),
       world(comm.world_size()),
       replicas(hybrid.replica ? hybrid.replica->world_size() : 1),
-      elem(dtype_size(cfg.dtype)),
+      elem(dtype_size(cfg.precision.dtype)),
       accum_dtype(accumulation_dtype(cfg)),
       accum(dtype_size(accum_dtype)),
       trace(cfg.trace),
-      timeline(*device, trace, config.overlap_comm),
+      timeline(*device, trace, config.schedule.overlap_comm),
       param_pool(allocator, *device, MemoryCategory::kPrefetch, layout.max_unit_numel() * elem,
                  [this](const CommPoint& p) { timeline.wait(p); }),
       reducer(layout, config, comm, hybrid.replica.get(), *device, allocator, timeline, fusion),
@@ -51,7 +51,7 @@ Engine::Impl::Impl(Communicator& c, const std::vector<ParamDecl>& decls, const E
   // A split the model declares must be one of this group's size: checkpoints cut and merge
   // slices by it.
   const int tensor_parallel_size =
-      config.tensor_parallel == nullptr ? 1 : config.tensor_parallel->world_size();
+      config.grid.tensor_parallel == nullptr ? 1 : config.grid.tensor_parallel->world_size();
   for (size_t p = 0; p < decls.size(); ++p) {
     const char* problem =
         split_problem(decls[p].spec.split, decls[p].spec.shape, tensor_parallel_size);
@@ -101,7 +101,8 @@ Engine::Impl::Impl(Communicator& c, const std::vector<ParamDecl>& decls, const E
   // With nothing offloaded to NVMe after all (no optimizer state in fp32 on the CPU path,
   // nothing trainable), the update runs on the units' own, empty, buffers as in memory.
   if (offload && !offload->layout.records.empty()) {
-    shards = std::make_unique<NvmeShards>(*offload, sub_groups, config.offload_optimizer);
+    shards = std::make_unique<NvmeShards>(*offload, sub_groups, config.offload.optimizer,
+                                          host_allocator);
   } else {
     shards = std::make_unique<ResidentShards>(units, sub_groups);
   }
@@ -132,10 +133,11 @@ EngineConfig Engine::Impl::validated(const EngineConfig& c, Communicator& comm) 
              "micro-batches per step must be at least 1, got " << c.micro_batches);
   ZERO_CHECK(c.gradient_clipping >= 0.0f,
              "gradient clipping must be >= 0 (0 = off), got " << c.gradient_clipping);
-  ZERO_CHECK(c.gradient_predivide_factor > 0.0f,
-             "gradient_predivide_factor must be > 0, got " << c.gradient_predivide_factor);
+  ZERO_CHECK(
+      c.precision.gradient_predivide_factor > 0.0f,
+      "gradient_predivide_factor must be > 0, got " << c.precision.gradient_predivide_factor);
   ZERO_CHECK(c.kernel_threads >= 1, "kernel threads must be at least 1, got " << c.kernel_threads);
-  const bool params_on_nvme = c.offload_param.device == OffloadDevice::kNvme;
+  const bool params_on_nvme = c.offload.param.device == OffloadDevice::kNvme;
   if (params_on_nvme) {
     // As DeepSpeed: only stage 3 partitions the parameters.
     ZERO_CHECK(c.stage == 3,
@@ -143,40 +145,42 @@ EngineConfig Engine::Impl::validated(const EngineConfig& c, Communicator& comm) 
                "stage "
                    << c.stage << " (only stage 3 partitions the parameters)");
     ZERO_CHECK(
-        c.offload_param.buffer_count >= 1,
-        "offload_param.buffer_count must be at least 1, got " << c.offload_param.buffer_count);
+        c.offload.param.buffer_count >= 1,
+        "offload_param.buffer_count must be at least 1, got " << c.offload.param.buffer_count);
   }
   if (offloads_optimizer_to_nvme(c)) {
     ZERO_CHECK(c.stage >= 1, "optimizer offload to nvme needs ZeRO stage 1, 2 or 3, not stage "
                                  << c.stage << " (there is no partitioned optimizer to move)");
-    const int needed = 1 + (c.offload_optimizer.pipeline_read ? 1 : 0) +
-                       (c.offload_optimizer.pipeline_write ? 1 : 0);
-    ZERO_CHECK(c.offload_optimizer.buffer_count >= needed,
+    const int needed = 1 + (c.offload.optimizer.pipeline_read ? 1 : 0) +
+                       (c.offload.optimizer.pipeline_write ? 1 : 0);
+    ZERO_CHECK(c.offload.optimizer.buffer_count >= needed,
                "optimizer offload to nvme needs at least "
                    << needed << " staging buffers with these pipeline settings, got buffer_count "
-                   << c.offload_optimizer.buffer_count);
+                   << c.offload.optimizer.buffer_count);
   }
   if (offloads_optimizer_to_host(c)) {
     ZERO_CHECK(c.stage >= 1, "optimizer offload to cpu needs ZeRO stage 1, 2 or 3, not stage "
                                  << c.stage << " (there is no partitioned optimizer to move)");
   }
   if (params_on_nvme || offloads_optimizer_to_nvme(c)) {
-    ZERO_CHECK(c.aio.block_size >= kNvmeAlignment && c.aio.block_size % kNvmeAlignment == 0 &&
-                   c.aio.queue_depth >= 1 && c.aio.intra_op_parallelism >= 1,
+    ZERO_CHECK(c.offload.aio.block_size >= kNvmeAlignment &&
+                   c.offload.aio.block_size % kNvmeAlignment == 0 &&
+                   c.offload.aio.queue_depth >= 1 && c.offload.aio.intra_op_parallelism >= 1,
                "aio needs a block_size that is a multiple of "
                    << kNvmeAlignment
                    << " and a queue_depth and intra_op_parallelism of at least 1");
   }
-  ZERO_CHECK(c.tensor_parallel == nullptr || !c.device.is_cuda() ||
-                 (c.host_communicator != nullptr && c.host_tensor_parallel != nullptr),
+  ZERO_CHECK(c.grid.tensor_parallel == nullptr || !c.device.is_cuda() ||
+                 (c.grid.host_communicator != nullptr && c.grid.host_tensor_parallel != nullptr),
              "tensor parallelism on " << device_name(c.device)
                                       << " needs the MPI communicators of its groups for the "
                                          "host-side exchanges (EngineConfig::host_communicator "
                                          "and host_tensor_parallel: a process grid's)");
-  ZERO_CHECK(!c.grad_accum_dtype || *c.grad_accum_dtype == DType::kFloat32 ||
-                 *c.grad_accum_dtype == c.dtype,
+  ZERO_CHECK(!c.precision.grad_accum_dtype || *c.precision.grad_accum_dtype == DType::kFloat32 ||
+                 *c.precision.grad_accum_dtype == c.precision.dtype,
              "gradients accumulate in fp32 or in the working dtype ("
-                 << dtype_name(c.dtype) << "), not in " << dtype_name(*c.grad_accum_dtype));
+                 << dtype_name(c.precision.dtype) << "), not in "
+                 << dtype_name(*c.precision.grad_accum_dtype));
   return c;
 }
 
@@ -248,8 +252,8 @@ void Engine::Impl::check_same_model_on_all_ranks() {
   ZERO_FAIL(
       "the layout differs across ranks (same parameters, but a different world size, "
       "alignment or merge threshold); this rank uses world size "
-      << world << ", alignment " << config.alignment_bytes << ", merge threshold "
-      << config.merge_bytes);
+      << world << ", alignment " << config.schedule.alignment_bytes << ", merge threshold "
+      << config.schedule.merge_bytes);
 }
 
 // The heap is sized for exactly the buffers allocate() puts in the placed categories (each
@@ -297,7 +301,7 @@ void Engine::Impl::allocate() {
     // them; page-locked with pin_memory. What crosses the bus is always page-locked: a copy
     // from pageable memory would hold up the stream it runs on.
     Allocator& optimizer_memory = !b.optimizer_on_host                  ? allocator
-                                  : config.offload_optimizer.pin_memory ? host_allocator
+                                  : config.offload.optimizer.pin_memory ? host_allocator
                                                                         : pageable_allocator;
     s.master = optimizer_memory.allocate(b.master, MemoryCategory::kMaster);
     for (int k = 0; k < b.state_arrays; ++k) {
@@ -355,12 +359,12 @@ void Engine::Impl::initialize(const std::vector<ParamDecl>& decls) {
     const ElementRange mine = shard_range(unit.numel, rank, world);
     const size_t shard_begin = mine.first;
     const size_t shard_end = mine.end();
-    upload(s.params_full, config.dtype, 0, unit.numel);
+    upload(s.params_full, config.precision.dtype, 0, unit.numel);
     if (param_swap && param_swap->swapped(static_cast<int>(u))) {
-      fill(unit.shard * elem, config.dtype, shard_begin, shard_end);
+      fill(unit.shard * elem, config.precision.dtype, shard_begin, shard_end);
       param_swap->store(static_cast<int>(u), host.data(), host.size(), ParamSwap::Side::kHost);
     }
-    upload(s.params_shard, config.dtype, shard_begin, shard_end);
+    upload(s.params_shard, config.precision.dtype, shard_begin, shard_end);
     if (s.master.empty()) continue;
     const size_t master_begin = config.stage == 0 ? 0 : shard_begin;
     const size_t master_end = config.stage == 0 ? unit.numel : shard_end;
@@ -411,7 +415,7 @@ Communicator& Engine::host_communicator() {
 }
 Communicator* Engine::host_tensor_parallel() const {
   const EngineConfig& c = impl_->config;
-  return c.device.is_cuda() ? c.host_tensor_parallel : c.tensor_parallel;
+  return c.device.is_cuda() ? c.grid.host_tensor_parallel : c.grid.tensor_parallel;
 }
 const std::shared_ptr<DeviceContext>& Engine::device_context() const {
   return impl_->device;
@@ -445,7 +449,7 @@ void* Engine::grad(int param) {
   return impl_->grad(param);
 }
 DType Engine::dtype() const {
-  return impl_->config.dtype;
+  return impl_->config.precision.dtype;
 }
 float Engine::loss_scale() const {
   return impl_->loss_scale();

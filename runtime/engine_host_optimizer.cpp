@@ -23,7 +23,7 @@
 namespace zero {
 
 bool offloads_optimizer_to_host(const EngineConfig& config) {
-  return config.offload_optimizer.device == OffloadDevice::kCpu;
+  return config.offload.optimizer.device == OffloadDevice::kCpu;
 }
 
 bool steps_on_host(const EngineConfig& config) {
@@ -51,7 +51,7 @@ CommPoint Engine::Impl::copy_grads_to_host(int u, const CommPoint& reduced) {
   // Without overlap_comm the reduction was waited for already (from its issue); the copy is
   // exposed from now on.
   const CommPoint copied = timeline.point(*on);
-  if (!config.overlap_comm) timeline.wait(copied);
+  if (!config.schedule.overlap_comm) timeline.wait(copied);
   return copied;
 }
 
@@ -71,7 +71,7 @@ void Engine::Impl::apply_pass_on_host(const std::vector<Piece>& pieces,
                                       const std::function<ShardUpdate(size_t)>& make,
                                       float grad_scale) {
   const kernels::KernelOptions options{config.kernel_threads};
-  const bool fp32 = config.dtype == DType::kFloat32;
+  const bool fp32 = config.precision.dtype == DType::kFloat32;
   for (size_t i = 0; i < pieces.size(); ++i) {
     const Piece& piece = pieces[i];
     UnitState& s = units[piece.unit];
@@ -93,7 +93,7 @@ void Engine::Impl::apply_pass_on_host(const std::vector<Piece>& pieces,
     ShardUpdate update = make(i);
     update.grad = byte_offset(s.host_grads.data(), piece.begin * accum);
     update.param_out = fp32 ? nullptr : staged;
-    optimizer.apply(update, accum_dtype, grad_scale, config.dtype, options);
+    optimizer.apply(update, accum_dtype, grad_scale, config.precision.dtype, options);
     // An fp32 master that is not page-locked, or not kept (a staging slot of NVMe-resident
     // state), goes through its pinned copy (memory_plan.cpp); a swapped shard is its own.
     if (fp32 && (swapped || !s.host_params.empty())) {
@@ -118,11 +118,11 @@ void Engine::Impl::end_host_update() {
 void Engine::Impl::set_working_params(size_t u, const float* master) {
   const size_t n = owned_range(u).count;
   if (!steps_on_host(config)) {
-    device->cast(master, DType::kFloat32, owned_params(u), config.dtype, n);
+    device->cast(master, DType::kFloat32, owned_params(u), config.precision.dtype, n);
     return;
   }
   wait_for_host_uploads();
-  if (config.dtype == DType::kFloat32) {
+  if (config.precision.dtype == DType::kFloat32) {
     device->copy_from_host(owned_params(u), master, n * sizeof(float));
     return;
   }
@@ -134,7 +134,7 @@ void Engine::Impl::set_working_params(size_t u, const float* master) {
     lent.resize(n * elem);
     staged = lent.data();
   }
-  kernels::cast(master, DType::kFloat32, staged, config.dtype, n);
+  kernels::cast(master, DType::kFloat32, staged, config.precision.dtype, n);
   device->copy_from_host(owned_params(u), staged, n * elem);
 }
 

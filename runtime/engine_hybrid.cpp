@@ -11,7 +11,7 @@
 namespace zero {
 
 int sharding_group_size(const EngineConfig& config, int world_size) {
-  const int k = config.mics_shard_size;
+  const int k = config.grid.mics_shard_size;
   if (k == -1 || k == world_size) return world_size;
   ZERO_CHECK(k >= 1 && k < world_size && world_size % k == 0,
              "mics_shard_size must be -1 (off) or a shard group size from 1 to the "
@@ -24,11 +24,11 @@ int sharding_group_size(const EngineConfig& config, int world_size) {
                                                           << " (hybrid sharding) runs on the CPU "
                                                              "path only for now, not on "
                                                           << device_name(config.device));
-  ZERO_CHECK(config.offload_optimizer.device == OffloadDevice::kNone,
+  ZERO_CHECK(config.offload.optimizer.device == OffloadDevice::kNone,
              "mics_shard_size " << k << " (hybrid sharding) with optimizer offload to "
-                                << offload_device_name(config.offload_optimizer.device)
+                                << offload_device_name(config.offload.optimizer.device)
                                 << " is not supported yet");
-  ZERO_CHECK(config.offload_param.device != OffloadDevice::kNvme,
+  ZERO_CHECK(config.offload.param.device != OffloadDevice::kNvme,
              "mics_shard_size " << k << " (hybrid sharding) with parameter offload to nvme is "
                                 << "not supported yet");
   return k;

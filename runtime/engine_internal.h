@@ -123,12 +123,13 @@ struct OffloadedOptimizer {
 };
 
 // The master and state in each unit's own buffers (device memory, or host memory with
-// offload_optimizer cpu): nothing moves between passes.
+// offload_optimizer cpu): nothing moves between passes, and checkpoint access gets the buffers.
 class ResidentShards final : public ShardStore {
  public:
   ResidentShards(std::vector<UnitState>& units, const std::vector<std::vector<Piece>>& passes)
       : units_(units), passes_(passes) {}
   PieceArrays arrays(size_t pass, size_t piece) override;
+  PieceArrays unit_arrays(int unit, size_t count) override;
 
  private:
   std::vector<UnitState>& units_;
@@ -138,19 +139,28 @@ class ResidentShards final : public ShardStore {
 // The master and state in the rank's NVMe file, one record per pass (engine_offload.cpp): each
 // record through a staging slot, read (ahead by one with pipeline_read), stepped, written (left
 // in flight with pipeline_write, waited for when its slot is needed again). Slots are taken
-// oldest first, so a slot's write is the earliest one issued.
+// oldest first, so a slot's write is the earliest one issued. Checkpoint access copies a unit's
+// arrays out of the records its slice spans into host memory (`host`), and writes them back.
 class NvmeShards final : public ShardStore {
  public:
   NvmeShards(OffloadedOptimizer& offload, const std::vector<std::vector<Piece>>& passes,
-             const OptimizerOffload& config);
+             const OptimizerOffload& config, Allocator& host);
   void begin_update() override;
   void begin_pass(size_t pass) override;
   PieceArrays arrays(size_t pass, size_t piece) override;
   void end_pass(size_t pass) override;
   void end_update() override;
   void abandon() noexcept override;
+  PieceArrays unit_arrays(int unit, size_t count) override;
+  bool hands_out_copies() const override { return true; }
+  void write_back_views(
+      const std::function<void(int unit, const float* master)>& master_written) override;
+  void release_view(int unit) override { o_.views.erase(unit); }
+  void release_views() override { o_.views.clear(); }
 
  private:
+  // Reads record k into slot 0 (kept there for the next unit of the same record).
+  char* cached_record(size_t k);
   char* slot_memory(size_t slot) const;
   size_t record_bytes(size_t k) const;
   // Waits for a transfer, counting the time the update is blocked on the disk: what pipelining
@@ -163,6 +173,7 @@ class NvmeShards final : public ShardStore {
   OffloadedOptimizer& o_;
   const std::vector<std::vector<Piece>>& passes_;
   const OptimizerOffload& config_;
+  Allocator& host_;
   std::vector<NvmeFile::Ticket> slot_ticket_;
   std::deque<size_t> free_slots_;
   std::deque<size_t> writing_;  // slots with a write in flight, oldest first
@@ -266,9 +277,9 @@ struct Engine::Impl {
   // Whether some parameter of unit u does not count (then counted_sum_squares sums the unit).
   bool unit_counts_partly(size_t u) const;
 
-  // Pipeline ties (EngineConfig::Pipeline, engine_pipeline.cpp): the tied parameters' indices,
-  // found and checked at construction; their gradients summed over the tie group before the
-  // norm.
+  // Pipeline ties (EngineConfig::Grid::Pipeline, engine_pipeline.cpp): the tied parameters'
+  // indices, found and checked at construction; their gradients summed over the tie group before
+  // the norm.
   void resolve_pipeline_ties();
   void sum_pipeline_ties();
   std::vector<int> pipeline_tied_params;
@@ -338,10 +349,6 @@ struct Engine::Impl {
   void set_working_params(size_t u, const float* master);
   // Until the last update's copies to the device have read their host side.
   void wait_for_host_uploads();
-  Engine::StateView offloaded_state_view(int u);
-  void write_back_offloaded_views();
-  // Reads record k into slot 0 (kept there for the next unit of the same record).
-  char* cached_record(int k);
 
   // Brings every rank's updated slice back into the full parameters (stages 1-2, and stage
   // 3's persistent units); the next forward's gather(u) waits for unit u only, so the
@@ -363,7 +370,9 @@ struct Engine::Impl {
                : schedule.lr_at(optimizer.step() + 1);
   }
 
-  float loss_scale() const { return config.dtype == DType::kFloat16 ? loss_scaler.scale() : 1.0f; }
+  float loss_scale() const {
+    return config.precision.dtype == DType::kFloat16 ? loss_scaler.scale() : 1.0f;
+  }
 
   void check_unit(int u) const {
     ZERO_CHECK(u >= 0 && u < static_cast<int>(units.size()),
@@ -424,7 +433,7 @@ struct Engine::Impl {
   Trace trace;
   CommTimeline timeline;
   BufferPool param_pool;
-  Buffer fusion;  // packed collectives (see pack_units); one at a time, in stream order
+  Buffer fusion;            // packed collectives (see pack_units); one at a time, in stream order
   Buffer pipeline_tie_sum;  // fp32, the largest tied parameter's size (pipeline_tie_bytes)
   GradientReducer reducer;
   Buffer staging;  // the communicator's staging memory (set_staging_buffer)
@@ -437,9 +446,9 @@ struct Engine::Impl {
   std::vector<UnitState> units;
   std::vector<std::vector<Piece>> sub_groups;   // update()'s passes
   std::unique_ptr<OffloadedOptimizer> offload;  // optimizer state on NVMe, if offloaded
-  std::unique_ptr<ShardStore> shards;           // where update() finds master and state
-  std::unique_ptr<ParamSwap> param_swap;        // stage 3's parameter shards on NVMe, if so
-  std::map<int, Buffer> param_copies;           // param_copy()'s shards, by unit
+  std::unique_ptr<ShardStore> shards;     // where update() and state_view() find master and state
+  std::unique_ptr<ParamSwap> param_swap;  // stage 3's parameter shards on NVMe, if so
+  std::map<int, Buffer> param_copies;     // param_copy()'s shards, by unit
   // offload_optimizer cpu: the last update's copies of parameters to the device, which the
   // host waits for before it writes their host side again.
   std::vector<Event> host_uploads;

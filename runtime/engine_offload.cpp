@@ -31,23 +31,23 @@ const char* offload_device_name(OffloadDevice device) {
 }
 
 bool offloads_optimizer_to_nvme(const EngineConfig& config) {
-  return config.offload_optimizer.device == OffloadDevice::kNvme;
+  return config.offload.optimizer.device == OffloadDevice::kNvme;
 }
 
 NvmeRecords nvme_records(const Layout& layout, const EngineConfig& config, int state_arrays) {
   NvmeRecords r;
   if (!offloads_optimizer_to_nvme(config)) return r;
   // On a GPU the working parameters are on the device: fp32's master is in the records too.
-  r.master = config.dtype != DType::kFloat32 || config.device.is_cuda();
+  r.master = config.precision.dtype != DType::kFloat32 || config.device.is_cuda();
   r.arrays = (r.master ? 1 : 0) + state_arrays;
   size_t total = 0;
   for (const Unit& unit : layout.units()) {
     if (unit.trainable) total += config.stage == 0 ? unit.numel : unit.shard;
   }
   if (r.arrays == 0 || total == 0) return r;
-  const size_t limit = config.optimizer_sub_group_elements == 0
+  const size_t limit = config.schedule.optimizer_sub_group_elements == 0
                            ? total
-                           : std::min(total, config.optimizer_sub_group_elements);
+                           : std::min(total, config.schedule.optimizer_sub_group_elements);
   for (size_t first = 0; first < total; first += limit) {
     NvmeRecords::Record record;
     record.offset = r.file_bytes;
@@ -60,7 +60,7 @@ NvmeRecords nvme_records(const Layout& layout, const EngineConfig& config, int s
     r.slot_bytes = std::max(r.slot_bytes, record_bytes);
     r.records.push_back(record);
   }
-  const auto slots = static_cast<uint64_t>(config.offload_optimizer.buffer_count);
+  const auto slots = static_cast<uint64_t>(config.offload.optimizer.buffer_count);
   r.staging_bytes = size_sum(size_product(slots, r.slot_bytes, "the optimizer's staging"),
                              kNvmeAlignment, "the optimizer's staging");
   return r;
@@ -69,8 +69,8 @@ NvmeRecords nvme_records(const Layout& layout, const EngineConfig& config, int s
 void Engine::Impl::check_offload_space() {
   if (!offloads_optimizer_to_nvme(config) || !offloads_params_to_nvme(config)) return;
   // Each file checks its own bytes when made; on one file system both must fit together.
-  const std::string& optimizer_path = config.offload_optimizer.nvme_path;
-  const std::string& param_path = config.offload_param.nvme_path;
+  const std::string& optimizer_path = config.offload.optimizer.nvme_path;
+  const std::string& param_path = config.offload.param.nvme_path;
   struct stat optimizer_dir {};
   struct stat param_dir {};
   if (::stat(optimizer_path.c_str(), &optimizer_dir) != 0 ||
@@ -105,9 +105,9 @@ void Engine::Impl::open_offload(const std::vector<ParamDecl>& decls) {
   const auto base = reinterpret_cast<uintptr_t>(o.staging_memory.data());
   o.slots = static_cast<char*>(o.staging_memory.data()) + (nvme_align_up(base) - base);
   // One file per rank and run: the pid keeps jobs sharing nvme_path apart.
-  const std::string path = config.offload_optimizer.nvme_path + "/zero_optimizer_rank" +
+  const std::string path = config.offload.optimizer.nvme_path + "/zero_optimizer_rank" +
                            std::to_string(rank) + "." + std::to_string(::getpid()) + ".swp";
-  o.file = std::make_unique<NvmeFile>(path, o.layout.file_bytes, config.aio, rank);
+  o.file = std::make_unique<NvmeFile>(path, o.layout.file_bytes, config.offload.aio, rank);
   if (!o.layout.master) return;  // the state starts as zeros: what fallocate's extents read as
   // The initial master, record by record: the value of each element is a function of the seed
   // and its identity only, as in memory (initialize()).
@@ -141,10 +141,11 @@ void Engine::Impl::open_offload(const std::vector<ParamDecl>& decls) {
 }
 
 NvmeShards::NvmeShards(OffloadedOptimizer& offload, const std::vector<std::vector<Piece>>& passes,
-                       const OptimizerOffload& config)
+                       const OptimizerOffload& config, Allocator& host)
     : o_(offload),
       passes_(passes),
       config_(config),
+      host_(host),
       slot_ticket_(static_cast<size_t>(config.buffer_count)),
       slot_of_(offload.layout.records.size(), 0),
       read_of_(offload.layout.records.size()) {
@@ -256,42 +257,32 @@ void NvmeShards::abandon() noexcept {
   writing_.clear();
 }
 
-char* Engine::Impl::cached_record(int k) {
-  OffloadedOptimizer& o = *offload;
-  if (o.cached != k) {
-    o.cached = -1;
-    const NvmeRecords::Record& record = o.layout.records[k];
-    o.file->wait(o.file->read(o.slots, record.offset,
-                              record.array_bytes * static_cast<size_t>(o.layout.arrays)));
-    o.cached = k;
+char* NvmeShards::cached_record(size_t k) {
+  if (o_.cached != static_cast<int>(k)) {
+    o_.cached = -1;
+    o_.file->wait(o_.file->read(o_.slots, o_.layout.records[k].offset, record_bytes(k)));
+    o_.cached = static_cast<int>(k);
   }
-  return o.slots;
+  return o_.slots;
 }
 
-// A trainable unit's state view: host copies of its owned arrays, read out of the records its
-// slice spans (the master is the working parameters themselves in fp32 on the CPU path).
-Engine::StateView Engine::Impl::offloaded_state_view(int u) {
-  OffloadedOptimizer& o = *offload;
-  Engine::StateView view;
-  const ElementRange owned = owned_range(u);
-  view.begin = owned.first;
-  view.end = owned.end();
-  view.state_count = optimizer.state_count();
-  const size_t n = view.end - view.begin;
-  std::vector<Buffer>& copies = o.views[u];
+// Host copies of the unit's owned arrays, read out of the records its slice spans (without a
+// master in the records, the working parameters are the master: null here).
+PieceArrays NvmeShards::unit_arrays(int unit, size_t count) {
+  std::vector<Buffer>& copies = o_.views[unit];
   copies.clear();
-  const int arrays = o.layout.arrays;
+  const int arrays = o_.layout.arrays;
   for (int a = 0; a < arrays; ++a) {
-    copies.push_back(host_allocator.allocate(n * sizeof(float), MemoryCategory::kOther));
+    copies.push_back(host_.allocate(count * sizeof(float), MemoryCategory::kOther));
   }
-  const size_t unit_first = o.unit_first[u];
+  const size_t unit_first = o_.unit_first[static_cast<size_t>(unit)];
   size_t record_first = 0;
-  for (size_t k = 0; k < o.layout.records.size(); ++k) {
-    const NvmeRecords::Record& record = o.layout.records[k];
+  for (size_t k = 0; k < o_.layout.records.size(); ++k) {
+    const NvmeRecords::Record& record = o_.layout.records[k];
     const size_t lo = std::max(record_first, unit_first);
-    const size_t hi = std::min(record_first + record.numel, unit_first + n);
+    const size_t hi = std::min(record_first + record.numel, unit_first + count);
     if (lo < hi) {
-      const char* data = cached_record(static_cast<int>(k));
+      const char* data = cached_record(k);
       for (int a = 0; a < arrays; ++a) {
         std::memcpy(copies[a].as<float>() + (lo - unit_first),
                     data + a * record.array_bytes + (lo - record_first) * sizeof(float),
@@ -300,43 +291,42 @@ Engine::StateView Engine::Impl::offloaded_state_view(int u) {
     }
     record_first += record.numel;
   }
-  const int first_state = o.layout.master ? 1 : 0;
-  view.master = o.layout.master ? copies[0].as<float>() : static_cast<float*>(owned_params(u));
-  for (int k = 0; k < view.state_count; ++k) view.state[k] = copies[first_state + k].as<float>();
-  return view;
+  const int first_state = o_.layout.master ? 1 : 0;
+  PieceArrays out;
+  if (o_.layout.master) out.master = copies[0].as<float>();
+  for (int k = 0; k + first_state < arrays && k < 2; ++k) {
+    out.state[k] = copies[first_state + k].as<float>();
+  }
+  return out;
 }
 
-// state_loaded() with offloaded state: every record some view overlaps is read, patched from
-// the views and written back; the working copy is set from its view's master where the records
-// hold one (set_working_params).
-void Engine::Impl::write_back_offloaded_views() {
-  OffloadedOptimizer& o = *offload;
-  if (o.views.empty()) return;
+// Every record some copy overlaps is read, patched from the copies and written back.
+void NvmeShards::write_back_views(
+    const std::function<void(int unit, const float* master)>& master_written) {
+  if (o_.views.empty()) return;
   size_t record_first = 0;
-  for (size_t k = 0; k < o.layout.records.size(); ++k) {
-    const NvmeRecords::Record& record = o.layout.records[k];
+  for (size_t k = 0; k < o_.layout.records.size(); ++k) {
+    const NvmeRecords::Record& record = o_.layout.records[k];
     char* data = nullptr;
-    for (const auto& [u, copies] : o.views) {
-      const size_t unit_first = o.unit_first[u];
+    for (const auto& [u, copies] : o_.views) {
+      const size_t unit_first = o_.unit_first[static_cast<size_t>(u)];
+      const size_t count = copies.empty() ? 0 : copies[0].bytes() / sizeof(float);
       const size_t lo = std::max(record_first, unit_first);
-      const size_t hi = std::min(record_first + record.numel, unit_first + owned_range(u).count);
+      const size_t hi = std::min(record_first + record.numel, unit_first + count);
       if (lo >= hi) continue;
-      if (data == nullptr) data = cached_record(static_cast<int>(k));
+      if (data == nullptr) data = cached_record(k);
       for (size_t a = 0; a < copies.size(); ++a) {
         std::memcpy(data + a * record.array_bytes + (lo - record_first) * sizeof(float),
                     copies[a].as<float>() + (lo - unit_first), (hi - lo) * sizeof(float));
       }
     }
-    if (data != nullptr) {
-      o.file->wait(o.file->write(data, record.offset,
-                                 record.array_bytes * static_cast<size_t>(o.layout.arrays)));
-    }
+    if (data != nullptr) o_.file->wait(o_.file->write(data, record.offset, record_bytes(k)));
     record_first += record.numel;
   }
-  if (o.layout.master) {
-    for (const auto& [u, copies] : o.views) set_working_params(u, copies[0].as<float>());
+  if (o_.layout.master) {
+    for (const auto& [u, copies] : o_.views) master_written(u, copies[0].as<float>());
   }
-  o.views.clear();
+  o_.views.clear();
 }
 
 }  // namespace zero

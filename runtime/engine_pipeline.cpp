@@ -1,7 +1,7 @@
-// Pipeline ties (EngineConfig::Pipeline): parameters one stage shares with another, such as the
-// GPT-2's wte on the first stage (the embedding) and the last (the head). Each stage accumulates
-// and reduces its own uses over its data-parallel group; after the last micro-batch the two
-// stages' reduced gradients are added over the tie group, so both step with the gradient of
+// Pipeline ties (EngineConfig::Grid::Pipeline): parameters one stage shares with another, such as
+// the GPT-2's wte on the first stage (the embedding) and the last (the head). Each stage
+// accumulates and reduces its own uses over its data-parallel group; after the last micro-batch the
+// two stages' reduced gradients are added over the tie group, so both step with the gradient of
 // every use, as DeepSpeed's ReduceTiedGrads does.
 #include "engine_internal.h"
 
@@ -10,7 +10,7 @@
 namespace zero {
 
 void Engine::Impl::resolve_pipeline_ties() {
-  const EngineConfig::Pipeline& pipeline = config.pipeline;
+  const EngineConfig::Grid::Pipeline& pipeline = config.grid.pipeline;
   ZERO_CHECK(pipeline.stages == nullptr || replicas == 1,
              "pipeline parallelism does not support hybrid sharding (mics_shard_size) yet");
   if (pipeline.tied_parameters.empty()) return;
@@ -60,7 +60,7 @@ void Engine::Impl::sum_pipeline_ties() {
                    last - first);
     }
     // Through the timeline, so that the step's comm_wait_ms and comm_busy_ms count it.
-    Communicator& ties = *config.pipeline.ties;
+    Communicator& ties = *config.grid.pipeline.ties;
     ties.stream().wait(device->record());
     timeline.wait(timeline.traced(ties.stream(), "all_reduce", param.numel * sizeof(float), [&] {
       return ties.all_reduce(whole, whole, param.numel, DType::kFloat32);

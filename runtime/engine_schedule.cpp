@@ -26,8 +26,8 @@ bool Engine::Impl::start_gather(int u, bool required) {
   if (config.stage != 3 || s.params != ParamState::kSharded) return true;
   const Unit& unit = layout.units()[u];
   if (!required) {
-    const bool over_live_budget =
-        config.max_live_elements > 0 && live > 0 && live + unit.numel > config.max_live_elements;
+    const bool over_live_budget = config.schedule.max_live_elements > 0 && live > 0 &&
+                                  live + unit.numel > config.schedule.max_live_elements;
     if (over_live_budget || !param_pool.can_acquire_within_plan()) return false;
   }
   // A shard on NVMe is read into a buffer now, behind compute; the communication stream waits
@@ -56,8 +56,9 @@ CommPoint Engine::Impl::all_gather_unit(int u, const void* shard, double issue_u
   const Unit& unit = layout.units()[u];
   void* full = units[u].params_full.data();
   return timeline.issued(
-      timeline.traced(comm.stream(), "all_gather", unit.numel * elem,
-                      [&] { return comm.all_gather(shard, full, unit.shard, config.dtype); }),
+      timeline.traced(
+          comm.stream(), "all_gather", unit.numel * elem,
+          [&] { return comm.all_gather(shard, full, unit.shard, config.precision.dtype); }),
       issue_us);
 }
 

@@ -12,26 +12,24 @@ Engine::StateView Engine::Impl::state_view(int u) {
   device->wait(comm.stream().record());
   if (param_swap && param_swap->swapped(u)) param_copy(u);
   if (!layout.units()[u].trainable) return frozen_state_view(u);
-  if (offload) return offloaded_state_view(u);
-  UnitState& s = units[u];
   Engine::StateView view;
   const ElementRange owned = owned_range(u);
   view.begin = owned.first;
   view.end = owned.end();
-  const size_t n = view.end - view.begin;
+  const size_t n = owned.count;
   view.state_count = optimizer.state_count();
-  if (offloads_optimizer_to_host(config)) {
-    // Already in host memory: the views are the state itself, which a load may write as soon as
-    // the last update's copies to the device have read it.
-    wait_for_host_uploads();
-    view.master = s.master.as<float>();
-    for (int k = 0; k < view.state_count; ++k) view.state[k] = s.state[k].as<float>();
-    return view;
+  const PieceArrays arrays = shards->unit_arrays(u, n);
+  float* master = arrays.master != nullptr ? arrays.master : static_cast<float*>(owned_params(u));
+  // Copies out of the NVMe records are host memory already, and so is state offloaded to the
+  // host, which a load may write as soon as the last update's copies to the device have read it.
+  // Arrays in the device's memory are copied to the host (host_view).
+  const bool host_offload = offloads_optimizer_to_host(config);
+  if (host_offload) wait_for_host_uploads();
+  const bool in_host_memory = shards->hands_out_copies() || host_offload;
+  view.master = in_host_memory ? master : host_view(master, n);
+  for (int k = 0; k < view.state_count; ++k) {
+    view.state[k] = in_host_memory ? arrays.state[k] : host_view(arrays.state[k], n);
   }
-  const bool separate_master = config.dtype != DType::kFloat32;
-  view.master =
-      host_view(separate_master ? s.master.as<float>() : static_cast<float*>(owned_params(u)), n);
-  for (int k = 0; k < view.state_count; ++k) view.state[k] = host_view(s.state[k].as<float>(), n);
   return view;
 }
 
@@ -64,13 +62,13 @@ Engine::StateView Engine::Impl::frozen_state_view(int u) {
   view.begin = owned.first;
   view.end = owned.end();
   FrozenView& frozen = frozen_views[u];
-  if (config.dtype == DType::kFloat32) {
+  if (config.precision.dtype == DType::kFloat32) {
     view.master = host_view(static_cast<float*>(owned_params(u)), n);
   } else {
     std::vector<char> working(n * elem);
     device->copy_to_host(working.data(), owned_params(u), working.size());
     frozen.master = host_allocator.allocate(n * sizeof(float), MemoryCategory::kOther);
-    kernels::cast(working.data(), config.dtype, frozen.master.data(), DType::kFloat32, n);
+    kernels::cast(working.data(), config.precision.dtype, frozen.master.data(), DType::kFloat32, n);
     view.master = frozen.master.as<float>();
   }
   view.state_count = optimizer.state_count();
@@ -111,19 +109,16 @@ void Engine::Impl::write_state_views() {
     if (frozen.master.empty()) continue;
     const size_t n = owned_range(u).count;
     std::vector<char> working(n * elem);
-    kernels::cast(frozen.master.data(), DType::kFloat32, working.data(), config.dtype, n);
+    kernels::cast(frozen.master.data(), DType::kFloat32, working.data(), config.precision.dtype, n);
     device->copy_from_host(owned_params(u), working.data(), working.size());
   }
   frozen_views.clear();
-  if (offload) {
-    // A unit whose shard is on NVMe takes its rounded master in a copy of the shard.
-    if (param_swap) {
-      for (const auto& [u, copies] : offload->views) {
-        if (param_swap->swapped(u)) param_copy(u);
-      }
-    }
-    write_back_offloaded_views();
-  }
+  // A master that came back from a copy rounds its unit's working parameters; a unit whose shard
+  // is on NVMe takes them in a copy of the shard, which store_param_copies() writes to its file.
+  shards->write_back_views([this](int u, const float* master) {
+    if (param_swap && param_swap->swapped(u)) param_copy(u);
+    set_working_params(static_cast<size_t>(u), master);
+  });
   store_param_copies();
 }
 
@@ -141,7 +136,7 @@ void Engine::Impl::store_param_copies() {
 void Engine::Impl::release_state_views() {
   host_state.clear();
   param_copies.clear();
-  if (offload) offload->views.clear();
+  shards->release_views();
   frozen_views.clear();
 }
 
@@ -155,8 +150,8 @@ std::vector<std::vector<float>> Engine::Impl::gather_full_params() {
     for (int p : layout.units()[u].params) {
       const ParamPlacement& pl = layout.params()[p];
       out[p].resize(pl.numel);
-      kernels::cast(host.data() + pl.offset * elem, config.dtype, out[p].data(), DType::kFloat32,
-                    pl.numel);
+      kernels::cast(host.data() + pl.offset * elem, config.precision.dtype, out[p].data(),
+                    DType::kFloat32, pl.numel);
     }
     if (!was_gathered) release(static_cast<int>(u));
   }
@@ -164,7 +159,7 @@ std::vector<std::vector<float>> Engine::Impl::gather_full_params() {
 }
 
 std::vector<std::vector<float>> Engine::Impl::gather_full_master() {
-  if (config.dtype == DType::kFloat32) return gather_full_params();
+  if (config.precision.dtype == DType::kFloat32) return gather_full_params();
   // Frozen units keep no master: their values are the working parameters.
   const bool any_frozen = std::any_of(layout.units().begin(), layout.units().end(),
                                       [](const Unit& unit) { return !unit.trainable; });
@@ -174,9 +169,8 @@ std::vector<std::vector<float>> Engine::Impl::gather_full_master() {
     const Unit& unit = layout.units()[u];
     if (!unit.trainable) continue;
     std::vector<float> full(unit.numel);
-    // Offloaded: the master comes out of the records, into a host copy the gather reads.
-    float* master =
-        offload ? offloaded_state_view(static_cast<int>(u)).master : units[u].master.as<float>();
+    // Out of NVMe records, the master comes in a host copy the gather reads.
+    float* master = shards->unit_arrays(static_cast<int>(u), owned_range(u).count).master;
     // A master in host memory goes to the device's for the collective to read.
     Buffer on_device;
     if (steps_on_host(config)) {
@@ -192,7 +186,7 @@ std::vector<std::vector<float>> Engine::Impl::gather_full_master() {
       device->wait(comm.all_gather(master, gathered.data(), unit.shard, DType::kFloat32));
       device->copy_to_host(full.data(), gathered.data(), unit.numel * sizeof(float));
     }
-    if (offload) offload->views.erase(static_cast<int>(u));
+    shards->release_view(static_cast<int>(u));
     for (int p : unit.params) {
       const ParamPlacement& pl = layout.params()[p];
       out[p].assign(full.begin() + static_cast<ptrdiff_t>(pl.offset),

@@ -86,7 +86,7 @@ Engine::Impl::GradientCheck Engine::Impl::check_gradients() {
     device->zero(unit_sums, units.size() * sizeof(float));
     for (size_t u = 0; u < units.size(); ++u) {
       if (!layout.units()[u].trainable) continue;
-      if (config.tensor_parallel != nullptr || unit_counts_partly(u)) {
+      if (config.grid.tensor_parallel != nullptr || unit_counts_partly(u)) {
         const float sum = counted_sum_squares(u, unit_sums + u);
         device->copy_from_host(unit_sums + u, &sum, sizeof(float));
       } else {
@@ -98,12 +98,12 @@ Engine::Impl::GradientCheck Engine::Impl::check_gradients() {
   timeline.wait(timeline.traced(comm.stream(), "all_reduce", units.size() * sizeof(float), [&] {
     return comm.all_reduce(unit_sums, unit_sums, units.size(), DType::kFloat32);
   }));
-  if (config.tensor_parallel != nullptr) {
+  if (config.grid.tensor_parallel != nullptr) {
     // The data-parallel sums of every tensor-parallel rank, added: every rank of the grid then
     // holds the same figures, so all of them clip and skip alike. On a GPU the group's stream
     // starts after the compute stream, which waited for the data-parallel sums, and the copy
     // below waits for the group.
-    Communicator& group = *config.tensor_parallel;
+    Communicator& group = *config.grid.tensor_parallel;
     group.stream().wait(device->record());
     device->wait(group.all_reduce(unit_sums, unit_sums, units.size(), DType::kFloat32));
   }
@@ -114,13 +114,13 @@ Engine::Impl::GradientCheck Engine::Impl::check_gradients() {
                          norm_sums_on_host.as<float>() + units.size());
   double total = 0.0;
   for (float v : check.unit_sums) total += v;
-  if (config.pipeline.stages != nullptr) {
+  if (config.grid.pipeline.stages != nullptr) {
     // Every stage's sum, added in stage order on every rank of the pipeline: all stages then
     // clip by the same norm and skip (an overflow anywhere is a non-finite total) together.
     uint64_t bits = 0;
     std::memcpy(&bits, &total, sizeof(total));
     total = 0.0;
-    for (uint64_t stage_bits : all_gather_u64(*config.pipeline.stages, bits)) {
+    for (uint64_t stage_bits : all_gather_u64(*config.grid.pipeline.stages, bits)) {
       double stage_total = 0.0;
       std::memcpy(&stage_total, &stage_bits, sizeof(stage_total));
       total += stage_total;
@@ -129,9 +129,9 @@ Engine::Impl::GradientCheck Engine::Impl::check_gradients() {
   // Gradients are summed over ranks (every replica's too) and micro-batches and carry the loss
   // scale (and the pre-divide): one factor takes them back to the mean gradient of the global
   // batch.
-  check.to_mean =
-      config.gradient_predivide_factor / (static_cast<float>(world) * static_cast<float>(replicas) *
-                                          static_cast<float>(config.micro_batches) * loss_scale());
+  check.to_mean = config.precision.gradient_predivide_factor /
+                  (static_cast<float>(world) * static_cast<float>(replicas) *
+                   static_cast<float>(config.micro_batches) * loss_scale());
   check.grad_norm = static_cast<float>(std::sqrt(total)) * check.to_mean;
   check.overflow = !std::isfinite(total);
   return check;
@@ -160,11 +160,11 @@ float Engine::Impl::counted_sum_squares(size_t u, float* slot) {
 
 bool Engine::Impl::counts_in_norm(int p) const {
   const ParamPlacement& param = layout.params()[static_cast<size_t>(p)];
-  if (config.tensor_parallel != nullptr && !param.split.is_split() &&
-      config.tensor_parallel->rank() != 0) {
+  if (config.grid.tensor_parallel != nullptr && !param.split.is_split() &&
+      config.grid.tensor_parallel->rank() != 0) {
     return false;
   }
-  if (!config.pipeline.counts_ties_in_norm &&
+  if (!config.grid.pipeline.counts_ties_in_norm &&
       std::find(pipeline_tied_params.begin(), pipeline_tied_params.end(), p) !=
           pipeline_tied_params.end()) {
     return false;
@@ -182,13 +182,13 @@ bool Engine::Impl::unit_counts_partly(size_t u) const {
 // fp16 lets the loss scaler decide; fp32 and bf16 stop on a non-finite gradient, naming the
 // unit, unless told to skip such steps.
 bool Engine::Impl::skip_step(const GradientCheck& check) {
-  if (config.dtype == DType::kFloat16) return loss_scaler.update(check.overflow);
+  if (config.precision.dtype == DType::kFloat16) return loss_scaler.update(check.overflow);
   if (!check.overflow) return false;
   const std::vector<float>& sums = check.unit_sums;
   size_t bad = 0;
   while (bad < sums.size() && std::isfinite(sums[bad])) ++bad;
   // The sum over the pipeline overflowed but this stage's own units are finite.
-  ZERO_CHECK(bad < sums.size() || config.skip_nonfinite_steps,
+  ZERO_CHECK(bad < sums.size() || config.precision.skip_nonfinite_steps,
              "step " << optimizer.step() + 1
                      << ": a gradient of another pipeline stage is not finite; stopping "
                         "(\"nonfinite_gradients\": \"skip\" in the config skips such steps "
@@ -196,7 +196,7 @@ bool Engine::Impl::skip_step(const GradientCheck& check) {
   const Unit& unit = layout.units()[bad < sums.size() ? bad : 0];
   const std::string first_param =
       unit.params.empty() ? "no parameters" : layout.params()[unit.params.front()].name;
-  ZERO_CHECK(config.skip_nonfinite_steps,
+  ZERO_CHECK(config.precision.skip_nonfinite_steps,
              "step " << optimizer.step() + 1 << ": the gradient of unit " << bad
                      << " (starting at parameter '" << first_param
                      << "') is not finite on some rank; stopping (\"nonfinite_gradients\": "
@@ -242,7 +242,7 @@ void Engine::Impl::apply_pass(const std::vector<Piece>& pieces,
   std::vector<ShardUpdate> group;
   if (!param_swap) {
     for (size_t i = 0; i < pieces.size(); ++i) group.push_back(make(i));
-    device->apply_optimizer(optimizer, group, accum_dtype, grad_scale, config.dtype);
+    device->apply_optimizer(optimizer, group, accum_dtype, grad_scale, config.precision.dtype);
     return;
   }
   for (size_t i = 0; i < pieces.size();) {
@@ -258,7 +258,7 @@ void Engine::Impl::apply_pass(const std::vector<Piece>& pieces,
                    std::all_of(group.begin(), group.end(),
                                [](const ShardUpdate& g) { return g.param_out != nullptr; }),
                "offload_param: unit " << u << "'s update does not write its shard");
-    device->apply_optimizer(optimizer, group, accum_dtype, grad_scale, config.dtype);
+    device->apply_optimizer(optimizer, group, accum_dtype, grad_scale, config.precision.dtype);
     if (swapped) swap_out_after_update(pieces[end - 1]);
     i = end;
   }
@@ -299,6 +299,17 @@ PieceArrays ResidentShards::arrays(size_t pass, size_t piece) {
   return arrays;
 }
 
+PieceArrays ResidentShards::unit_arrays(int unit, size_t count) {
+  static_cast<void>(count);  // the buffers hold the whole owned slice
+  UnitState& s = units_[static_cast<size_t>(unit)];
+  PieceArrays arrays;
+  for (int k = 0; k < 2; ++k) {
+    if (!s.state[k].empty()) arrays.state[k] = s.state[k].as<float>();
+  }
+  if (!s.master.empty()) arrays.master = s.master.as<float>();
+  return arrays;
+}
+
 ShardUpdate Engine::Impl::piece_update(const Piece& piece, const PieceArrays& arrays) {
   void* working = owned_params(piece.unit);
   float* master = arrays.master;
@@ -315,7 +326,7 @@ ShardUpdate Engine::Impl::piece_update(const Piece& piece, const PieceArrays& ar
 // Each unit's slice is cut where its weight decay changes and where a pass reaches
 // sub_group_size elements; frozen units are left out.
 std::vector<std::vector<Piece>> Engine::Impl::plan_sub_groups() const {
-  const size_t limit = config.optimizer_sub_group_elements;
+  const size_t limit = config.schedule.optimizer_sub_group_elements;
   std::vector<std::vector<Piece>> groups(1);
   size_t group_numel = 0;
   for (size_t u = 0; u < units.size(); ++u) {
@@ -396,7 +407,7 @@ void Engine::Impl::gather_packed(const std::vector<int>& pack) {
     on->enqueue([=] { dev->copy(slot, mine, bytes, on); });
   }
   timeline.traced(comm.stream(), "all_gather", world * region * w, [&] {
-    return comm.all_gather(fused + rank * region * w, fused, region, config.dtype);
+    return comm.all_gather(fused + rank * region * w, fused, region, config.precision.dtype);
   });
   for (int u : pack) {
     char* full = static_cast<char*>(units[u].params_full.data());

@@ -18,9 +18,9 @@ GradientReducer::GradientReducer(const Layout& layout, const EngineConfig& confi
       accum_dtype_(accumulation_dtype(config)),
       wire_(reduction_dtype(config)),
       pool_(allocator, device, MemoryCategory::kCommBuffer,
-            layout.max_unit_numel() * dtype_size(config.dtype),
+            layout.max_unit_numel() * dtype_size(config.precision.dtype),
             [&timeline](const CommPoint& p) { timeline.wait(p); }),
-      packs_(layout, config.reduce_bucket_elements, /*backward=*/true),
+      packs_(layout, config.schedule.reduce_bucket_elements, /*backward=*/true),
       units_(layout.units().size()),
       after_last_([](int, const CommPoint& reduced) { return reduced; }) {}
 
@@ -44,7 +44,7 @@ void GradientReducer::allocate_scratch() {
 
 void* GradientReducer::gradient(int u, size_t offset) {
   UnitGrads& g = units_[u];
-  const size_t at = offset * dtype_size(config_.dtype);
+  const size_t at = offset * dtype_size(config_.precision.dtype);
   if (g.persistent) {
     // The last micro-batch's reduction may still read the buffer: zero it once that is done.
     if (g.full_reused) {
@@ -76,31 +76,34 @@ void GradientReducer::ready(int u) {
     // Every module's backward added into the whole gradient (working dtype): reduced per
     // micro-batch into the shard and accumulated there in the accumulation dtype, as every
     // other unit.
-    g.full_read = reduce(u, g.full.data(), config_.dtype, accumulate, last);
+    g.full_read = reduce(u, g.full.data(), config_.precision.dtype, accumulate, last);
     g.full_reused = !last;  // finish_step() zeroes it after the last
     return;
   }
   if (config_.stage >= 2) {
     if (g.bucket.empty()) g.bucket = pool_.acquire(/*zeroed=*/true);
-    const CommPoint bucket_read = reduce(u, g.bucket.data(), config_.dtype, accumulate, last);
+    const CommPoint bucket_read =
+        reduce(u, g.bucket.data(), config_.precision.dtype, accumulate, last);
     pool_.give_back(std::move(g.bucket), bucket_read);
     return;
   }
   if (!g.bucket.empty()) {
     // This micro-batch's gradient into the accumulator of another dtype.
-    if (last && wire_ == config_.dtype) {
+    if (last && wire_ == config_.precision.dtype) {
       // The wire carries the working dtype at every stage: the micro-batches' sum, rounded
       // once (with one micro-batch, the gradient as backward left it), is what is reduced.
       if (config_.micro_batches > 1) {
-        device_.add(g.full.data(), accum_dtype_, g.bucket.data(), config_.dtype, unit.numel);
-        device_.cast(g.full.data(), accum_dtype_, g.bucket.data(), config_.dtype, unit.numel);
+        device_.add(g.full.data(), accum_dtype_, g.bucket.data(), config_.precision.dtype,
+                    unit.numel);
+        device_.cast(g.full.data(), accum_dtype_, g.bucket.data(), config_.precision.dtype,
+                     unit.numel);
       }
       const CommPoint bucket_read =
-          reduce(u, g.bucket.data(), config_.dtype, /*accumulate=*/false, last);
+          reduce(u, g.bucket.data(), config_.precision.dtype, /*accumulate=*/false, last);
       pool_.give_back(std::move(g.bucket), bucket_read);
       return;
     }
-    device_.add(g.full.data(), accum_dtype_, g.bucket.data(), config_.dtype, unit.numel);
+    device_.add(g.full.data(), accum_dtype_, g.bucket.data(), config_.precision.dtype, unit.numel);
     pool_.give_back(std::move(g.bucket), CommPoint{device_.record(), nullptr});
   }
   // Stages 0-1 keep whole gradients through accumulation and reduce them in place (stage 1's
@@ -127,10 +130,10 @@ CommPoint GradientReducer::reduce(int u, void* source, DType dtype, bool accumul
                             << packs_.packs[packs_.filling].front()
                             << " still waits for units; with reduce_bucket_size packing "
                                "units must become ready in backward order");
-  if (config_.gradient_predivide_factor != 1.0f) {
+  if (config_.precision.gradient_predivide_factor != 1.0f) {
     // The pre-divide keeps 16-bit sums over many ranks in range: divide by f before the sum,
     // multiply the f back in the optimizer's gradient scale.
-    device_.scale(source, dtype, 1.0f / config_.gradient_predivide_factor, unit.numel);
+    device_.scale(source, dtype, 1.0f / config_.precision.gradient_predivide_factor, unit.numel);
   }
   Stream& stream = comm_.stream();
   stream.wait(device_.record());
@@ -168,7 +171,7 @@ CommPoint GradientReducer::reduce(int u, void* source, DType dtype, bool accumul
   }
 
   // The collective. A unit alone reduced into a shard of its own dtype lands there directly.
-  const bool whole = config_.stage == 0 || !config_.reduce_scatter;
+  const bool whole = config_.stage == 0 || !config_.schedule.reduce_scatter;
   const bool into_shard = alone && !whole && !accumulate && wire_ == accum_dtype_;
   char* mine = into_shard ? static_cast<char*>(owned(static_cast<size_t>(u)))
                           : send + rank_ * region * wire_size;

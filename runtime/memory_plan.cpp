@@ -65,12 +65,12 @@ size_t planned_staging_bytes(const Layout& layout, const EngineConfig& config) {
 }  // namespace
 
 DType accumulation_dtype(const EngineConfig& config) {
-  if (config.grad_accum_dtype) return *config.grad_accum_dtype;
-  return config.dtype == DType::kBFloat16 ? DType::kFloat32 : config.dtype;
+  if (config.precision.grad_accum_dtype) return *config.precision.grad_accum_dtype;
+  return config.precision.dtype == DType::kBFloat16 ? DType::kFloat32 : config.precision.dtype;
 }
 
 bool uses_grad_buckets(const EngineConfig& config) {
-  return config.stage >= 2 || accumulation_dtype(config) != config.dtype;
+  return config.stage >= 2 || accumulation_dtype(config) != config.precision.dtype;
 }
 
 size_t grad_bucket_count(const Layout& layout, const EngineConfig& config) {
@@ -84,8 +84,9 @@ size_t grad_bucket_count(const Layout& layout, const EngineConfig& config) {
 
 bool needs_fp32_scratch(const EngineConfig& config) {
   const bool reduces_working_dtype =
-      config.stage >= 2 || accumulation_dtype(config) == config.dtype;
-  return config.reduce_in_fp32 && config.dtype != DType::kFloat32 && reduces_working_dtype;
+      config.stage >= 2 || accumulation_dtype(config) == config.precision.dtype;
+  return config.precision.reduce_in_fp32 && config.precision.dtype != DType::kFloat32 &&
+         reduces_working_dtype;
 }
 
 size_t param_buffer_count(const Layout& layout, const EngineConfig& config) {
@@ -94,17 +95,17 @@ size_t param_buffer_count(const Layout& layout, const EngineConfig& config) {
   const size_t gathered_units = static_cast<size_t>(
       std::count_if(layout.units().begin(), layout.units().end(),
                     [&](const Unit& unit) { return !is_persistent(unit, config); }));
-  if (config.pipeline.hold_gathered) return gathered_units;
-  return std::min(2 + config.prefetch_elements / max_unit, gathered_units);
+  if (config.grid.pipeline.hold_gathered) return gathered_units;
+  return std::min(2 + config.schedule.prefetch_elements / max_unit, gathered_units);
 }
 
 DType reduction_dtype(const EngineConfig& config) {
-  return config.reduce_in_fp32 ? DType::kFloat32 : config.dtype;
+  return config.precision.reduce_in_fp32 ? DType::kFloat32 : config.precision.dtype;
 }
 
 size_t pipeline_tie_bytes(const Layout& layout, const EngineConfig& config) {
   size_t largest = 0;
-  for (const std::string& name : config.pipeline.tied_parameters) {
+  for (const std::string& name : config.grid.pipeline.tied_parameters) {
     for (const ParamPlacement& p : layout.params()) {
       if (p.name == name) largest = std::max(largest, p.numel);
     }
@@ -113,15 +114,16 @@ size_t pipeline_tie_bytes(const Layout& layout, const EngineConfig& config) {
 }
 
 size_t fusion_bytes(const Layout& layout, const EngineConfig& config) {
-  const size_t reduce = size_product(max_fused_numel(layout, config.reduce_bucket_elements, true),
-                                     dtype_size(reduction_dtype(config)), "the fusion buffer");
+  const size_t reduce =
+      size_product(max_fused_numel(layout, config.schedule.reduce_bucket_elements, true),
+                   dtype_size(reduction_dtype(config)), "the fusion buffer");
   const size_t gather = size_product(max_fused_numel(layout, gather_bucket_elements(config), false),
-                                     dtype_size(config.dtype), "the fusion buffer");
+                                     dtype_size(config.precision.dtype), "the fusion buffer");
   return std::max(reduce, gather);
 }
 
 size_t gather_bucket_elements(const EngineConfig& config) {
-  return config.stage == 1 || config.stage == 2 ? config.allgather_bucket_elements : 0;
+  return config.stage == 1 || config.stage == 2 ? config.schedule.allgather_bucket_elements : 0;
 }
 
 PackedCollectives::PackedCollectives(const Layout& layout, size_t limit, bool backward)
@@ -141,11 +143,11 @@ PackedCollectives::PackedCollectives(const Layout& layout, size_t limit, bool ba
 size_t max_staging_bytes(const Layout& layout, const EngineConfig& config,
                          const StagingBytes& staging) {
   const DType wire = reduction_dtype(config);
-  const bool all_reduce = config.stage == 0 || !config.reduce_scatter;
+  const bool all_reduce = config.stage == 0 || !config.schedule.reduce_scatter;
   const CollectiveOp op = all_reduce ? CollectiveOp::kAllReduce : CollectiveOp::kReduceScatter;
   const size_t ranks = static_cast<size_t>(layout.world_size());
   size_t most = staging(CollectiveOp::kAllReduce, layout.units().size(), DType::kFloat32);
-  const PackedCollectives packs(layout, config.reduce_bucket_elements, /*backward=*/true);
+  const PackedCollectives packs(layout, config.schedule.reduce_bucket_elements, /*backward=*/true);
   for (size_t p = 0; p < packs.packs.size(); ++p) {
     const size_t region = packs.region[p];
     const size_t count =
@@ -162,7 +164,7 @@ bool is_persistent(const Unit& unit, const EngineConfig& config) {
 UnitBytes unit_bytes(const Unit& unit, const EngineConfig& config, int state_arrays) {
   // Every figure below is one of these element counts times at most 4 bytes: checked once.
   size_product(unit.numel, sizeof(float), "a unit's bytes");
-  const size_t w = dtype_size(config.dtype);
+  const size_t w = dtype_size(config.precision.dtype);
   const size_t g = dtype_size(accumulation_dtype(config));
   const size_t full = unit.numel;
   const size_t shard = unit.shard;
@@ -176,7 +178,7 @@ UnitBytes unit_bytes(const Unit& unit, const EngineConfig& config, int state_arr
   const bool on_nvme = offloads_optimizer_to_nvme(config);
   b.optimizer_on_host = offloads_optimizer_to_host(config);
   // On the host, fp32 parameters need a master too: the working copy is on the device.
-  const bool has_master = config.dtype != DType::kFloat32 || b.optimizer_on_host;
+  const bool has_master = config.precision.dtype != DType::kFloat32 || b.optimizer_on_host;
   if (has_master && !on_nvme) b.master = owned * sizeof(float);
   if (config.stage <= 1) b.grads_full = full * g;
   if (is_persistent(unit, config)) b.grads_full = full * w;  // backward adds into it directly
@@ -189,8 +191,9 @@ UnitBytes unit_bytes(const Unit& unit, const EngineConfig& config, int state_arr
     // from pageable memory would hold up the host while it is staged, and an NVMe staging slot
     // is read into again while the copy may still run. A shard on NVMe is updated in its own
     // host buffer (param_swap.h).
-    if (!swaps_unit(unit, config) && (config.dtype != DType::kFloat32 || !b.optimizer_on_host ||
-                                      !config.offload_optimizer.pin_memory)) {
+    if (!swaps_unit(unit, config) &&
+        (config.precision.dtype != DType::kFloat32 || !b.optimizer_on_host ||
+         !config.offload.optimizer.pin_memory)) {
       b.host_params = owned * w;
     }
   }
@@ -204,10 +207,10 @@ int optimizer_state_arrays(const OptimizerConfig& config) {
 LayoutOptions layout_options(const EngineConfig& config, int world_size) {
   LayoutOptions options;
   options.world_size = sharding_group_size(config, world_size);
-  options.dtype = config.dtype;
-  options.alignment_bytes = config.alignment_bytes;
-  options.merge_bytes = config.merge_bytes;
-  options.persistent_below = config.stage == 3 ? config.persistence_threshold : 0;
+  options.dtype = config.precision.dtype;
+  options.alignment_bytes = config.schedule.alignment_bytes;
+  options.merge_bytes = config.schedule.merge_bytes;
+  options.persistent_below = config.stage == 3 ? config.schedule.persistence_threshold : 0;
   return options;
 }
 
@@ -225,14 +228,14 @@ MemoryPlan plan_memory(const Layout& layout, const EngineConfig& config) {
     plan.host_pinned =
         size_sum(plan.host_pinned, size_sum(b.host_grads, b.host_params, what), what);
     uint64_t& optimizer_tier = !b.optimizer_on_host                  ? plan.model_state
-                               : config.offload_optimizer.pin_memory ? plan.host_pinned
+                               : config.offload.optimizer.pin_memory ? plan.host_pinned
                                                                      : plan.host_pageable;
     optimizer_tier = size_sum(optimizer_tier, optimizer, what);
   }
   const char* buffers = "the buffers per rank";
   // A unit's bytes in the working dtype, checked: the largest buffer of the plan below.
   const size_t max_unit_bytes =
-      size_product(layout.max_unit_numel(), dtype_size(config.dtype), buffers);
+      size_product(layout.max_unit_numel(), dtype_size(config.precision.dtype), buffers);
   const size_t max_unit = layout.max_unit_numel();
   plan.buffers = size_product(param_buffer_count(layout, config), max_unit_bytes, buffers);
   plan.buffers =
@@ -278,7 +281,7 @@ std::string what_would_fit(const Layout& layout, const EngineConfig& config, int
                            uint64_t budget) {
   std::ostringstream out;
   out << "what the estimator says for this model (" << layout.numel() << " parameters, "
-      << dtype_name(config.dtype) << ")";
+      << dtype_name(config.precision.dtype) << ")";
   if (budget > 0) out << " against the limit of " << human_bytes(budget);
   out << ":\n";
   const auto row = [&](int stage, int ranks, bool this_run) {
@@ -286,7 +289,7 @@ std::string what_would_fit(const Layout& layout, const EngineConfig& config, int
     other.stage = stage;
     // `ranks` counts the ranks the state is sharded over (the shard group with hybrid
     // sharding), so each row is a plain ZeRO run on that many.
-    other.mics_shard_size = -1;
+    other.grid.mics_shard_size = -1;
     const MemoryPlan plan = plan_elsewhere(layout, other, ranks);
     const uint64_t need = plan.model_state + plan.buffers;
     out << "  stage " << stage << " on " << ranks << " rank(s): " << human_bytes(need)

@@ -244,7 +244,7 @@ ZeroModel::ZeroModel(Communicator& comm, std::vector<NamedModule> modules,
     backward_reads[m] = modules_[m].module->backward_reads_params();
   }
   schedule_ = std::make_unique<UnitSchedule>(*engine_, tied_params, std::move(backward_reads));
-  schedule_->set_hold_through_step(config.pipeline.hold_gathered);
+  schedule_->set_hold_through_step(config.grid.pipeline.hold_gathered);
 }
 
 std::vector<ParamRef> ZeroModel::params_of(int module, bool own_values) {

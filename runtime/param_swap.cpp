@@ -21,7 +21,7 @@ double ms_since(std::chrono::steady_clock::time_point start) {
 }  // namespace
 
 bool offloads_params_to_nvme(const EngineConfig& config) {
-  return config.stage == 3 && config.offload_param.device == OffloadDevice::kNvme;
+  return config.stage == 3 && config.offload.param.device == OffloadDevice::kNvme;
 }
 
 bool staged_on_device(const EngineConfig& config) {
@@ -38,13 +38,13 @@ ParamRecords param_records(const Layout& layout, const EngineConfig& config) {
   r.offset.assign(units, 0);
   r.bytes.assign(units, 0);
   if (!offloads_params_to_nvme(config)) return r;
-  const size_t elem = dtype_size(config.dtype);
+  const size_t elem = dtype_size(config.precision.dtype);
   for (size_t u = 0; u < units; ++u) {
     const Unit& unit = layout.units()[u];
     if (!swaps_unit(unit, config)) continue;
     // DeepSpeed refuses a parameter larger than a swap buffer in the same way.
-    ZERO_CHECK(unit.shard <= config.offload_param.buffer_size,
-               "offload_param.buffer_size is " << config.offload_param.buffer_size
+    ZERO_CHECK(unit.shard <= config.offload.param.buffer_size,
+               "offload_param.buffer_size is " << config.offload.param.buffer_size
                                                << " elements, but unit " << u
                                                << "'s shard on each rank has " << unit.shard
                                                << " elements and must fit one buffer; raise "
@@ -57,7 +57,7 @@ ParamRecords param_records(const Layout& layout, const EngineConfig& config) {
     r.slot_bytes = std::max(r.slot_bytes, r.bytes[u]);
   }
   if (r.file_bytes == 0) return r;
-  const uint64_t buffers = size_product(static_cast<uint64_t>(config.offload_param.buffer_count),
+  const uint64_t buffers = size_product(static_cast<uint64_t>(config.offload.param.buffer_count),
                                         r.slot_bytes, "the parameter buffers");
   r.staging_bytes = buffers + kNvmeAlignment;
   if (staged_on_device(config)) r.device_bytes = buffers;
@@ -79,7 +79,7 @@ ParamSwap::ParamSwap(const Layout& layout, const EngineConfig& config, Allocator
   }
   const auto base = reinterpret_cast<uintptr_t>(memory_.data());
   char* first = static_cast<char*>(memory_.data()) + (nvme_align_up(base) - base);
-  for (int i = 0; i < config.offload_param.buffer_count; ++i) {
+  for (int i = 0; i < config.offload.param.buffer_count; ++i) {
     const size_t at = static_cast<size_t>(i) * records_.slot_bytes;
     Slot slot;
     slot.data = first + at;
@@ -88,9 +88,9 @@ ParamSwap::ParamSwap(const Layout& layout, const EngineConfig& config, Allocator
     free_.push_back(static_cast<size_t>(i));
   }
   // One file per rank and run: the pid keeps jobs sharing nvme_path apart.
-  const std::string path = config.offload_param.nvme_path + "/zero_param_rank" +
+  const std::string path = config.offload.param.nvme_path + "/zero_param_rank" +
                            std::to_string(rank) + "." + std::to_string(::getpid()) + ".swp";
-  file_ = std::make_unique<NvmeFile>(path, records_.file_bytes, config.aio, rank);
+  file_ = std::make_unique<NvmeFile>(path, records_.file_bytes, config.offload.aio, rank);
 }
 
 void ParamSwap::wait(const NvmeFile::Ticket& ticket) {

@@ -12,9 +12,9 @@ UnitSchedule::UnitSchedule(Engine& engine, const std::vector<std::vector<int>>& 
     : engine_(engine), listener_(std::move(listener)), backward_reads_(std::move(backward_reads)) {
   const EngineConfig& config = engine_.config();
   stage_ = config.stage;
-  prefetch_elements_ = config.prefetch_elements;
-  max_live_elements_ = config.max_live_elements;
-  max_reuse_distance_ = config.max_reuse_distance;
+  prefetch_elements_ = config.schedule.prefetch_elements;
+  max_live_elements_ = config.schedule.max_live_elements;
+  max_reuse_distance_ = config.schedule.max_reuse_distance;
 
   const Layout& layout = engine_.layout();
   const int num_modules = static_cast<int>(module_tied_params.size());

@@ -55,27 +55,28 @@ void plan_layout(const Options& options, const std::vector<zero::ParamSpec>& spe
                  const StagePlan& part) {
   const int ranks = options.data_parallel_ranks;
   zero::EngineConfig config;
-  config.dtype = options.dtype;
-  config.grad_accum_dtype = options.grad_accum_dtype;
-  config.merge_bytes = options.merge_bytes;
-  config.optimizer_sub_group_elements = options.sub_group_size;
-  config.offload_optimizer.buffer_count = options.buffer_count;
-  if (options.offload_nvme) config.offload_optimizer.device = zero::OffloadDevice::kNvme;
+  config.precision.dtype = options.dtype;
+  config.precision.grad_accum_dtype = options.grad_accum_dtype;
+  config.schedule.merge_bytes = options.merge_bytes;
+  config.schedule.optimizer_sub_group_elements = options.sub_group_size;
+  config.offload.optimizer.buffer_count = options.buffer_count;
+  if (options.offload_nvme) config.offload.optimizer.device = zero::OffloadDevice::kNvme;
   if (options.gpu) config.device = zero::Device::cuda(0);
   if (options.offload_cpu) {
-    config.offload_optimizer.device = zero::OffloadDevice::kCpu;
-    config.offload_optimizer.pin_memory = options.pin_memory;
+    config.offload.optimizer.device = zero::OffloadDevice::kCpu;
+    config.offload.optimizer.pin_memory = options.pin_memory;
   }
-  if (options.offload_param_nvme) config.offload_param.device = zero::OffloadDevice::kNvme;
-  config.offload_param.buffer_count = options.param_buffer_count;
-  config.offload_param.buffer_size = options.param_buffer_size;
+  if (options.offload_param_nvme) config.offload.param.device = zero::OffloadDevice::kNvme;
+  config.offload.param.buffer_count = options.param_buffer_count;
+  config.offload.param.buffer_size = options.param_buffer_size;
   // The layout is sharded over the shard group (layout_options); only stage 3 is planned then.
-  config.mics_shard_size = options.mics_shard_size;
+  config.grid.mics_shard_size = options.mics_shard_size;
   // The pipeline's end stages both hold wte and sum its gradient in a buffer of its size; at
   // stage 3 a stage keeps its units gathered through the step (zero-train --pp's default).
   if (part.stage.stages > 1) {
-    config.pipeline.hold_gathered = true;
-    if (part.stage.first() || part.stage.last()) config.pipeline.tied_parameters = {"wte.weight"};
+    config.grid.pipeline.hold_gathered = true;
+    if (part.stage.first() || part.stage.last())
+      config.grid.pipeline.tied_parameters = {"wte.weight"};
   }
   const zero::Layout layout = zero::Layout::build(specs, zero::layout_options(config, ranks));
   std::printf("%s: %zu parameters (%zu padded) in %zu units, %d ranks, %s\n", options.model.c_str(),

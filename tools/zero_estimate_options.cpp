@@ -354,8 +354,8 @@ Options parse_options(const std::vector<std::string>& args) {
     }
     options.stage = 3;
     zero::EngineConfig config;
-    config.mics_shard_size = options.mics_shard_size;
-    if (options.offload_nvme) config.offload_optimizer.device = zero::OffloadDevice::kNvme;
+    config.grid.mics_shard_size = options.mics_shard_size;
+    if (options.offload_nvme) config.offload.optimizer.device = zero::OffloadDevice::kNvme;
     try {
       zero::sharding_group_size(config, options.ranks);
     } catch (const zero::Error& e) {

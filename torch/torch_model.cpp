@@ -158,9 +158,9 @@ TorchModel::TorchModel(Communicator& comm, std::shared_ptr<torch::nn::Module> ro
     : root_(std::move(root)), units_(std::move(units)) {
   ZERO_CHECK(root_ != nullptr, "TorchModel: the module is null");
   ZERO_CHECK(!config.device.is_cuda(), "TorchModel supports the CPU path only so far");
-  ZERO_CHECK(config.stage != 3 || config.persistence_threshold == 0,
+  ZERO_CHECK(config.stage != 3 || config.schedule.persistence_threshold == 0,
              "TorchModel does not support stage3_param_persistence_threshold yet (got "
-                 << config.persistence_threshold << "); set it to 0");
+                 << config.schedule.persistence_threshold << "); set it to 0");
   register_parameters(comm, config, weight_decay);
 }
 
@@ -255,10 +255,10 @@ void TorchModel::register_parameters(Communicator& comm, const EngineConfig& con
   ready_.assign(num_units, 0);
   shaped_without_values_.assign(num_units, false);
   arrived_.assign(params_.size(), false);
-  released_ = torch::empty({0}, torch::TensorOptions().dtype(torch_dtype(config.dtype)));
+  released_ = torch::empty({0}, torch::TensorOptions().dtype(torch_dtype(config.precision.dtype)));
   for (const ParamPlacement& pl : layout.params()) {
-    storages_.emplace_back(c10::Storage::use_byte_size_t(), pl.numel * dtype_size(config.dtype),
-                           host_pointer(nullptr));
+    storages_.emplace_back(c10::Storage::use_byte_size_t(),
+                           pl.numel * dtype_size(config.precision.dtype), host_pointer(nullptr));
   }
   // The accumulators are made while the parameters are bound to their full working-dtype
   // views: autograd casts each gradient to the dtype and shape it sees here.

@@ -121,7 +121,7 @@ Options parse(int argc, char** argv) {
 zero::EngineConfig engine_config(const Options& opt) {
   zero::EngineConfig config;
   config.stage = opt.stage;
-  config.dtype = opt.dtype;
+  config.precision.dtype = opt.dtype;
   config.optimizer.lr = opt.lr;
   config.optimizer.beta1 = 0.9;
   config.optimizer.beta2 = 0.95;

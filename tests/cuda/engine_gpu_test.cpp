@@ -40,10 +40,10 @@ EngineConfig config_for(int stage, DType dtype, bool cuda) {
   EngineConfig config;
   config.device = cuda ? Device::cuda(0) : Device::cpu();
   config.stage = stage;
-  config.dtype = dtype;
+  config.precision.dtype = dtype;
   config.optimizer.lr = 1e-2f;
   config.gradient_clipping = 1.0f;
-  if (dtype == DType::kFloat16) config.loss_scaler.initial_scale_power = 8;
+  if (dtype == DType::kFloat16) config.precision.loss_scaler.initial_scale_power = 8;
   return config;
 }
 
@@ -214,16 +214,17 @@ TEST_P(EngineOnGpu, OffloadToHostIsBitwiseTheInMemoryRun) {
     for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
       SCOPED_TRACE(std::string(offload_device_name(to)) + " " + dtype_name(dtype));
       EngineConfig offloaded_config = config_for(stage, dtype, true);
-      offloaded_config.optimizer_sub_group_elements = 1000;  // several sub-groups, cut in units
-      offloaded_config.offload_optimizer.device = to;
+      offloaded_config.schedule.optimizer_sub_group_elements =
+          1000;  // several sub-groups, cut in units
+      offloaded_config.offload.optimizer.device = to;
       // Both kinds of host memory for the master and state.
-      offloaded_config.offload_optimizer.pin_memory = dtype == DType::kBFloat16;
-      offloaded_config.offload_optimizer.nvme_path = nvme_dir;
-      offloaded_config.offload_optimizer.pipeline_read = true;
-      offloaded_config.offload_optimizer.pipeline_write = true;
+      offloaded_config.offload.optimizer.pin_memory = dtype == DType::kBFloat16;
+      offloaded_config.offload.optimizer.nvme_path = nvme_dir;
+      offloaded_config.offload.optimizer.pipeline_read = true;
+      offloaded_config.offload.optimizer.pipeline_write = true;
       const TrainedRun offloaded = train(offloaded_config);
       EngineConfig in_memory_config = offloaded_config;
-      in_memory_config.offload_optimizer.device = OffloadDevice::kNone;
+      in_memory_config.offload.optimizer.device = OffloadDevice::kNone;
       const TrainedRun in_memory = train(in_memory_config);
       EXPECT_EQ(offloaded.losses, in_memory.losses);
       EXPECT_EQ(offloaded.grad_norms, in_memory.grad_norms);
@@ -261,13 +262,13 @@ TEST_F(GpuModel, ParamsOnNvmeAreBitwiseTheInMemoryRun) {
         SCOPED_TRACE(std::string("optimizer ") + offload_device_name(optimizer) + " " +
                      dtype_name(dtype) + " " + std::to_string(buffers) + " buffer(s)");
         EngineConfig in_memory_config = config_for(3, dtype, true);
-        in_memory_config.optimizer_sub_group_elements = 1000;
-        in_memory_config.offload_optimizer.device = optimizer;
-        in_memory_config.offload_optimizer.nvme_path = nvme_dir;
+        in_memory_config.schedule.optimizer_sub_group_elements = 1000;
+        in_memory_config.offload.optimizer.device = optimizer;
+        in_memory_config.offload.optimizer.nvme_path = nvme_dir;
         EngineConfig swapped_config = in_memory_config;
-        swapped_config.offload_param.device = OffloadDevice::kNvme;
-        swapped_config.offload_param.nvme_path = nvme_dir;
-        swapped_config.offload_param.buffer_count = buffers;
+        swapped_config.offload.param.device = OffloadDevice::kNvme;
+        swapped_config.offload.param.nvme_path = nvme_dir;
+        swapped_config.offload.param.buffer_count = buffers;
         const TrainedRun swapped = train(swapped_config);
         const TrainedRun in_memory = train(in_memory_config);
         EXPECT_EQ(swapped.losses, in_memory.losses);
@@ -356,9 +357,9 @@ TEST_F(GpuModel, OffloadedCheckpointRoundTripsThroughTheCpu) {
       SCOPED_TRACE(std::string(offload_device_name(to)) + " " + dtype_name(dtype));
       std::filesystem::remove_all(dir);
       EngineConfig gpu_config = config_for(2, dtype, true);
-      gpu_config.offload_optimizer.device = to;
-      gpu_config.offload_optimizer.nvme_path = nvme_dir;
-      gpu_config.optimizer_sub_group_elements = 1000;
+      gpu_config.offload.optimizer.device = to;
+      gpu_config.offload.optimizer.nvme_path = nvme_dir;
+      gpu_config.schedule.optimizer_sub_group_elements = 1000;
       std::unique_ptr<Communicator> gpu_comm = communicator(true);
       std::vector<float> whole;
       std::vector<std::vector<float>> saved_master;
@@ -401,11 +402,11 @@ TEST_F(GpuModel, ParamsOnNvmeCheckpointResumesBitwise) {
                    dtype_name(dtype));
       std::filesystem::remove_all(dir);
       EngineConfig config = config_for(3, dtype, true);
-      config.offload_optimizer.device = optimizer;
-      config.offload_optimizer.nvme_path = nvme_dir;
-      config.offload_param.device = OffloadDevice::kNvme;
-      config.offload_param.nvme_path = nvme_dir;
-      config.offload_param.buffer_count = 2;
+      config.offload.optimizer.device = optimizer;
+      config.offload.optimizer.nvme_path = nvme_dir;
+      config.offload.param.device = OffloadDevice::kNvme;
+      config.offload.param.nvme_path = nvme_dir;
+      config.offload.param.buffer_count = 2;
       std::unique_ptr<Communicator> comm = communicator(true);
       std::vector<float> whole;
       {

@@ -44,7 +44,7 @@ TrainingConfig resolve(std::vector<std::string> args) {
 TEST(TrainFlags, TheConfigAloneGivesItsValues) {
   const TrainingConfig tc = resolve({"--config", write_config()});
   EXPECT_EQ(tc.engine.stage, 1);
-  EXPECT_EQ(tc.engine.dtype, DType::kBFloat16);
+  EXPECT_EQ(tc.engine.precision.dtype, DType::kBFloat16);
   EXPECT_EQ(tc.engine.seed, 5u);
   EXPECT_EQ(tc.train_batch_size, 8);
   EXPECT_EQ(tc.gradient_accumulation_steps, 2);
@@ -87,7 +87,7 @@ TEST(TrainFlags, EveryFlagOverridesTheConfig) {
                                      "--steps",
                                      "40"});
   EXPECT_EQ(tc.engine.stage, 3);
-  EXPECT_EQ(tc.engine.dtype, DType::kFloat16);
+  EXPECT_EQ(tc.engine.precision.dtype, DType::kFloat16);
   EXPECT_EQ(tc.engine.seed, 9u);
   EXPECT_EQ(tc.train_batch_size, 12);
   EXPECT_EQ(tc.gradient_accumulation_steps, 3);
@@ -101,7 +101,7 @@ TEST(TrainFlags, EveryFlagOverridesTheConfig) {
   EXPECT_EQ(tc.engine.lr_schedule.warmup_steps, 4);
   EXPECT_EQ(tc.engine.lr_schedule.total_steps, 40);
   EXPECT_EQ(tc.steps_per_print, 2);
-  EXPECT_EQ(tc.engine.merge_bytes, 100u);
+  EXPECT_EQ(tc.engine.schedule.merge_bytes, 100u);
 }
 
 // --lr alone moves the schedule's peak with it: a WarmupLR from the file warms up to the flag's

@@ -44,12 +44,12 @@ class CheckpointTrainer {
       : comm_(comm), setup_(setup), task_(setup.mlp, setup.seed) {
     EngineConfig config;
     config.stage = setup.stage;
-    config.dtype = setup.dtype;
+    config.precision.dtype = setup.dtype;
     config.seed = setup.init_seed != 0 ? setup.init_seed : setup.seed;
     config.optimizer.lr = setup.lr;
     config.optimizer.type = setup.optimizer;
     config.optimizer.weight_decay = setup.weight_decay;
-    config.mics_shard_size = setup.mics_shard_size;
+    config.grid.mics_shard_size = setup.mics_shard_size;
     model_ = std::make_unique<ZeroModel>(comm, models::make_mlp(setup.mlp), config);
   }
 

@@ -43,10 +43,10 @@ TEST(Config, HuggingFaceZero2Fp16File) {
   EXPECT_FALSE(c.wall_clock_breakdown);
   const EngineConfig& e = c.engine;
   EXPECT_EQ(e.stage, 2);
-  EXPECT_EQ(e.dtype, DType::kFloat16);
-  EXPECT_EQ(e.reduce_bucket_elements, 200000000u);
-  EXPECT_EQ(e.allgather_bucket_elements, 200000000u);
-  EXPECT_EQ(e.merge_bytes, EngineConfig().merge_bytes);
+  EXPECT_EQ(e.precision.dtype, DType::kFloat16);
+  EXPECT_EQ(e.schedule.reduce_bucket_elements, 200000000u);
+  EXPECT_EQ(e.schedule.allgather_bucket_elements, 200000000u);
+  EXPECT_EQ(e.schedule.merge_bytes, EngineConfig().schedule.merge_bytes);
   EXPECT_FLOAT_EQ(e.gradient_clipping, 1.0f);
   EXPECT_EQ(e.optimizer.type, OptimizerType::kAdamW);
   EXPECT_FLOAT_EQ(e.optimizer.lr, 3e-3f);
@@ -91,12 +91,12 @@ TEST(Config, HuggingFaceZero3Bf16AutoFile) {
   EXPECT_TRUE(c.gather_16bit_weights_on_model_save);
   const EngineConfig& e = c.engine;
   EXPECT_EQ(e.stage, 3);
-  EXPECT_EQ(e.dtype, DType::kBFloat16);
-  EXPECT_EQ(e.reduce_bucket_elements, 16384u);
-  EXPECT_EQ(e.prefetch_elements, 14745u);  // int(0.9 * 16384)
-  EXPECT_EQ(e.persistence_threshold, 1280u);
-  EXPECT_EQ(e.optimizer_sub_group_elements, 1000000000u);
-  EXPECT_EQ(e.max_live_elements, 1000000000u);
+  EXPECT_EQ(e.precision.dtype, DType::kBFloat16);
+  EXPECT_EQ(e.schedule.reduce_bucket_elements, 16384u);
+  EXPECT_EQ(e.schedule.prefetch_elements, 14745u);  // int(0.9 * 16384)
+  EXPECT_EQ(e.schedule.persistence_threshold, 1280u);
+  EXPECT_EQ(e.schedule.optimizer_sub_group_elements, 1000000000u);
+  EXPECT_EQ(e.schedule.max_live_elements, 1000000000u);
   EXPECT_EQ(e.lr_schedule.type, LrScheduleType::kWarmupLinearDecay);
   EXPECT_EQ(e.lr_schedule.total_steps, 40);
   EXPECT_EQ(e.lr_schedule.warmup_steps, 4);
@@ -117,7 +117,7 @@ TEST(Config, HuggingFaceZero3Bf16AutoFile) {
   // The same file run in fp32: both "auto" switches resolve to false.
   const TrainingConfig fp32 = load_training_config(example_config("hf_zero3_bf16_auto.json"), 4,
                                                    run_context(DType::kFloat32));
-  EXPECT_EQ(fp32.engine.dtype, DType::kFloat32);
+  EXPECT_EQ(fp32.engine.precision.dtype, DType::kFloat32);
   expect_engine_accepts(e);
 }
 

@@ -15,7 +15,7 @@ TEST(ConfigOffload, AbsentKeysTakeDeepSpeedsDefaults) {
       R"({"train_batch_size": 8, "zero_optimization": {"stage": 2,
           "offload_optimizer": {"device": "nvme"}}})",
       2, "ds.json");
-  const OptimizerOffload& o = c.engine.offload_optimizer;
+  const OptimizerOffload& o = c.engine.offload.optimizer;
   EXPECT_EQ(o.device, OffloadDevice::kNvme);
   EXPECT_EQ(o.nvme_path, "/local_nvme");
   EXPECT_FALSE(o.pin_memory);
@@ -23,15 +23,15 @@ TEST(ConfigOffload, AbsentKeysTakeDeepSpeedsDefaults) {
   EXPECT_FALSE(o.pipeline_read);
   EXPECT_FALSE(o.pipeline_write);
   EXPECT_FALSE(o.fast_init);
-  const AioConfig& aio = c.engine.aio;
+  const AioConfig& aio = c.engine.offload.aio;
   EXPECT_EQ(aio.block_size, 1048576u);
   EXPECT_EQ(aio.queue_depth, 8);
   EXPECT_EQ(aio.intra_op_parallelism, 1);
   EXPECT_FALSE(aio.single_submit);
   EXPECT_TRUE(aio.overlap_events);
-  EXPECT_EQ(c.engine.optimizer_sub_group_elements, 1000000000u);
+  EXPECT_EQ(c.engine.schedule.optimizer_sub_group_elements, 1000000000u);
   EXPECT_TRUE(c.ignored_keys.empty());
-  const ParamOffload& p = c.engine.offload_param;
+  const ParamOffload& p = c.engine.offload.param;
   EXPECT_EQ(p.device, OffloadDevice::kNone);
   EXPECT_EQ(p.buffer_count, 5);
   EXPECT_EQ(p.buffer_size, 100000000u);
@@ -46,7 +46,7 @@ TEST(ConfigOffload, ParamOffloadToNvme) {
           "offload_param": {"device": "nvme", "nvme_path": "/tmp/x", "buffer_count": 3,
                             "buffer_size": 4096, "max_in_cpu": 10, "pin_memory": true}}})",
       2, "ds.json");
-  const ParamOffload& p = c.engine.offload_param;
+  const ParamOffload& p = c.engine.offload.param;
   EXPECT_EQ(p.device, OffloadDevice::kNvme);
   EXPECT_EQ(p.nvme_path, "/tmp/x");
   EXPECT_EQ(p.buffer_count, 3);
@@ -64,12 +64,12 @@ TEST(ConfigOffload, NvmeExampleFile) {
   const TrainingConfig c = load_training_config(example_config("ds_stage3_nvme_offload.json"), 2);
   const EngineConfig& e = c.engine;
   EXPECT_EQ(e.stage, 3);
-  EXPECT_EQ(e.optimizer_sub_group_elements, 1000u);
-  EXPECT_EQ(e.offload_optimizer.device, OffloadDevice::kNvme);
-  EXPECT_TRUE(e.offload_optimizer.pin_memory);
-  EXPECT_TRUE(e.offload_optimizer.pipeline_read);
-  EXPECT_TRUE(e.offload_optimizer.pipeline_write);
-  EXPECT_EQ(e.offload_optimizer.buffer_count, 4);
+  EXPECT_EQ(e.schedule.optimizer_sub_group_elements, 1000u);
+  EXPECT_EQ(e.offload.optimizer.device, OffloadDevice::kNvme);
+  EXPECT_TRUE(e.offload.optimizer.pin_memory);
+  EXPECT_TRUE(e.offload.optimizer.pipeline_read);
+  EXPECT_TRUE(e.offload.optimizer.pipeline_write);
+  EXPECT_EQ(e.offload.optimizer.buffer_count, 4);
   expect_engine_accepts(e);
 }
 
@@ -94,8 +94,8 @@ TrainingConfig load_hf_zero3_offload_cpu(bool cuda) {
 // where the CPU path keeps the state anyway, and dropped (the engine would only copy).
 TEST(ConfigOffload, HuggingFaceZero3CpuOffloadFile) {
   const TrainingConfig c = load_hf_zero3_offload_cpu(/*cuda=*/false);
-  EXPECT_EQ(c.engine.offload_optimizer.device, OffloadDevice::kNone);
-  EXPECT_EQ(c.engine.offload_param.device, OffloadDevice::kNone);
+  EXPECT_EQ(c.engine.offload.optimizer.device, OffloadDevice::kNone);
+  EXPECT_EQ(c.engine.offload.param.device, OffloadDevice::kNone);
   ASSERT_EQ(c.ignored_keys.size(), 2u);
   EXPECT_EQ(c.ignored_keys[0],
             "zero_optimization.offload_optimizer.device \"cpu\" has no effect here: on the CPU "
@@ -109,8 +109,8 @@ TEST(ConfigOffload, HuggingFaceZero3CpuOffloadFile) {
 // shards stay on the GPU, and the note says so.
 TEST(ConfigOffload, HuggingFaceZero3CpuOffloadFileOnCuda) {
   const TrainingConfig c = load_hf_zero3_offload_cpu(/*cuda=*/true);
-  EXPECT_EQ(c.engine.offload_optimizer.device, OffloadDevice::kCpu);
-  EXPECT_EQ(c.engine.offload_param.device, OffloadDevice::kNone);
+  EXPECT_EQ(c.engine.offload.optimizer.device, OffloadDevice::kCpu);
+  EXPECT_EQ(c.engine.offload.param.device, OffloadDevice::kNone);
   ASSERT_EQ(c.ignored_keys.size(), 1u);
   EXPECT_EQ(c.ignored_keys[0],
             "zero_optimization.offload_param.device \"cpu\" is not built for CUDA yet: the "
@@ -123,11 +123,11 @@ TEST(ConfigOffload, AioKeysMapWithThreadCountAsAnAlias) {
       R"({"train_batch_size": 8, "aio": {"block_size": 8192, "queue_depth": 2,
           "thread_count": 3, "single_submit": true, "overlap_events": false}})",
       2, "ds.json");
-  EXPECT_EQ(c.engine.aio.block_size, 8192u);
-  EXPECT_EQ(c.engine.aio.queue_depth, 2);
-  EXPECT_EQ(c.engine.aio.intra_op_parallelism, 3);
-  EXPECT_TRUE(c.engine.aio.single_submit);
-  EXPECT_FALSE(c.engine.aio.overlap_events);
+  EXPECT_EQ(c.engine.offload.aio.block_size, 8192u);
+  EXPECT_EQ(c.engine.offload.aio.queue_depth, 2);
+  EXPECT_EQ(c.engine.offload.aio.intra_op_parallelism, 3);
+  EXPECT_TRUE(c.engine.offload.aio.single_submit);
+  EXPECT_FALSE(c.engine.offload.aio.overlap_events);
 }
 
 TEST(ConfigOffload, BadValuesAreNamed) {

@@ -27,19 +27,19 @@ TEST(Config, DeepSpeedStage3Bf16File) {
   EXPECT_EQ(e.stage, 3);
   EXPECT_EQ(e.micro_batches, 2);
   EXPECT_FLOAT_EQ(e.gradient_clipping, 1.0f);
-  EXPECT_EQ(e.dtype, DType::kBFloat16);
-  EXPECT_TRUE(e.reduce_in_fp32);
-  EXPECT_FLOAT_EQ(e.gradient_predivide_factor, 1.0f);
-  EXPECT_TRUE(e.overlap_comm);
-  EXPECT_TRUE(e.reduce_scatter);
+  EXPECT_EQ(e.precision.dtype, DType::kBFloat16);
+  EXPECT_TRUE(e.precision.reduce_in_fp32);
+  EXPECT_FLOAT_EQ(e.precision.gradient_predivide_factor, 1.0f);
+  EXPECT_TRUE(e.schedule.overlap_comm);
+  EXPECT_TRUE(e.schedule.reduce_scatter);
   // Buckets are elements per collective; they never merge units (merge_bytes is ours).
-  EXPECT_EQ(e.reduce_bucket_elements, 20000u);
-  EXPECT_EQ(e.allgather_bucket_elements, 50000u);
-  EXPECT_EQ(e.merge_bytes, EngineConfig().merge_bytes);
-  EXPECT_EQ(e.prefetch_elements, 40000u);
-  EXPECT_EQ(e.persistence_threshold, 1000u);
-  EXPECT_EQ(e.max_live_elements, 100000u);
-  EXPECT_EQ(e.max_reuse_distance, 100000u);
+  EXPECT_EQ(e.schedule.reduce_bucket_elements, 20000u);
+  EXPECT_EQ(e.schedule.allgather_bucket_elements, 50000u);
+  EXPECT_EQ(e.schedule.merge_bytes, EngineConfig().schedule.merge_bytes);
+  EXPECT_EQ(e.schedule.prefetch_elements, 40000u);
+  EXPECT_EQ(e.schedule.persistence_threshold, 1000u);
+  EXPECT_EQ(e.schedule.max_live_elements, 100000u);
+  EXPECT_EQ(e.schedule.max_reuse_distance, 100000u);
   EXPECT_EQ(e.seed, EngineConfig().seed);
 
   EXPECT_EQ(e.optimizer.type, OptimizerType::kAdamW);
@@ -67,16 +67,16 @@ TEST(Config, DeepSpeedStage2Fp16File) {
 
   const EngineConfig& e = c.engine;
   EXPECT_EQ(e.stage, 2);
-  EXPECT_EQ(e.dtype, DType::kFloat16);
-  EXPECT_FALSE(e.reduce_in_fp32);
-  EXPECT_EQ(e.reduce_bucket_elements, 20000u);
-  EXPECT_EQ(e.allgather_bucket_elements, 20000u);
-  EXPECT_EQ(e.merge_bytes, EngineConfig().merge_bytes);
-  EXPECT_FLOAT_EQ(e.loss_scaler.static_scale, 0.0f);
-  EXPECT_EQ(e.loss_scaler.initial_scale_power, 12);
-  EXPECT_EQ(e.loss_scaler.scale_window, 500);
-  EXPECT_EQ(e.loss_scaler.hysteresis, 2);
-  EXPECT_FLOAT_EQ(e.loss_scaler.min_scale, 1.0f);
+  EXPECT_EQ(e.precision.dtype, DType::kFloat16);
+  EXPECT_FALSE(e.precision.reduce_in_fp32);
+  EXPECT_EQ(e.schedule.reduce_bucket_elements, 20000u);
+  EXPECT_EQ(e.schedule.allgather_bucket_elements, 20000u);
+  EXPECT_EQ(e.schedule.merge_bytes, EngineConfig().schedule.merge_bytes);
+  EXPECT_FLOAT_EQ(e.precision.loss_scaler.static_scale, 0.0f);
+  EXPECT_EQ(e.precision.loss_scaler.initial_scale_power, 12);
+  EXPECT_EQ(e.precision.loss_scaler.scale_window, 500);
+  EXPECT_EQ(e.precision.loss_scaler.hysteresis, 2);
+  EXPECT_FLOAT_EQ(e.precision.loss_scaler.min_scale, 1.0f);
   // DeepSpeed's "Adam" is AdamW unless adam_w_mode is false.
   EXPECT_EQ(e.optimizer.type, OptimizerType::kAdamW);
   EXPECT_FLOAT_EQ(e.optimizer.weight_decay, 0.0f);
@@ -124,14 +124,14 @@ TEST(Config, TextFormatMatchesJson) {
   EXPECT_EQ(a.stage, b.stage);
   EXPECT_EQ(a.micro_batches, b.micro_batches);
   EXPECT_EQ(a.gradient_clipping, b.gradient_clipping);
-  EXPECT_EQ(a.dtype, b.dtype);
-  EXPECT_EQ(a.reduce_in_fp32, b.reduce_in_fp32);
-  EXPECT_EQ(a.reduce_bucket_elements, b.reduce_bucket_elements);
-  EXPECT_EQ(a.allgather_bucket_elements, b.allgather_bucket_elements);
-  EXPECT_EQ(a.prefetch_elements, b.prefetch_elements);
-  EXPECT_EQ(a.persistence_threshold, b.persistence_threshold);
-  EXPECT_EQ(a.max_live_elements, b.max_live_elements);
-  EXPECT_EQ(a.max_reuse_distance, b.max_reuse_distance);
+  EXPECT_EQ(a.precision.dtype, b.precision.dtype);
+  EXPECT_EQ(a.precision.reduce_in_fp32, b.precision.reduce_in_fp32);
+  EXPECT_EQ(a.schedule.reduce_bucket_elements, b.schedule.reduce_bucket_elements);
+  EXPECT_EQ(a.schedule.allgather_bucket_elements, b.schedule.allgather_bucket_elements);
+  EXPECT_EQ(a.schedule.prefetch_elements, b.schedule.prefetch_elements);
+  EXPECT_EQ(a.schedule.persistence_threshold, b.schedule.persistence_threshold);
+  EXPECT_EQ(a.schedule.max_live_elements, b.schedule.max_live_elements);
+  EXPECT_EQ(a.schedule.max_reuse_distance, b.schedule.max_reuse_distance);
   EXPECT_EQ(a.optimizer.type, b.optimizer.type);
   EXPECT_EQ(a.optimizer.lr, b.optimizer.lr);
   EXPECT_EQ(a.optimizer.beta1, b.optimizer.beta1);
@@ -154,20 +154,21 @@ TEST(Config, IntegerKeysAcceptExponentNotation) {
       2, "ds.json");
   EXPECT_EQ(c.train_batch_size, 16);
   EXPECT_EQ(c.micro_batch_per_rank, 8);
-  EXPECT_EQ(c.engine.reduce_bucket_elements, 500000000u);
-  EXPECT_EQ(c.engine.allgather_bucket_elements, 500000000u);
-  EXPECT_EQ(c.engine.merge_bytes, EngineConfig().merge_bytes);
+  EXPECT_EQ(c.engine.schedule.reduce_bucket_elements, 500000000u);
+  EXPECT_EQ(c.engine.schedule.allgather_bucket_elements, 500000000u);
+  EXPECT_EQ(c.engine.schedule.merge_bytes, EngineConfig().schedule.merge_bytes);
 }
 
 // DeepSpeed's MiCS key: absent is off (-1), a value reaches the engine as it is (the engine
 // checks it against the world: runtime_hybrid_test).
 TEST(Config, MicsShardSizeReachesTheEngine) {
   EXPECT_EQ(
-      parse_training_config(R"({"train_batch_size": 8})", 4, "ds.json").engine.mics_shard_size, -1);
+      parse_training_config(R"({"train_batch_size": 8})", 4, "ds.json").engine.grid.mics_shard_size,
+      -1);
   const TrainingConfig c = parse_training_config(
       R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "mics_shard_size": 2}})", 4,
       "ds.json");
-  EXPECT_EQ(c.engine.mics_shard_size, 2);
+  EXPECT_EQ(c.engine.grid.mics_shard_size, 2);
 }
 
 // tensor_parallel.tp_size (or DeepSpeed's training name autotp_size): the batch keys then count
@@ -246,22 +247,22 @@ TEST(Config, AbsentKeysTakeTheDocumentedDefaults) {
   EXPECT_EQ(c.gradient_accumulation_steps, 1);
   EXPECT_EQ(c.steps_per_print, 10);
   EXPECT_EQ(e.stage, 0);  // DeepSpeed: no zero_optimization section, no sharding
-  EXPECT_EQ(e.dtype, DType::kFloat32);
-  EXPECT_FALSE(e.reduce_in_fp32);
+  EXPECT_EQ(e.precision.dtype, DType::kFloat32);
+  EXPECT_FALSE(e.precision.reduce_in_fp32);
   EXPECT_EQ(e.gradient_clipping, 0.0f);
-  EXPECT_EQ(e.merge_bytes, defaults.merge_bytes);
-  EXPECT_EQ(e.overlap_comm, defaults.overlap_comm);
-  EXPECT_EQ(e.reduce_scatter, defaults.reduce_scatter);
-  EXPECT_EQ(e.prefetch_elements, 0u);  // EngineConfig's 0 = off, not DeepSpeed's 5e7
-  EXPECT_EQ(e.persistence_threshold, 0u);
-  EXPECT_EQ(e.max_live_elements, 0u);
-  EXPECT_EQ(e.max_reuse_distance, 0u);
-  EXPECT_EQ(e.reduce_bucket_elements, 0u);
-  EXPECT_EQ(e.allgather_bucket_elements, 0u);
-  EXPECT_EQ(e.optimizer_sub_group_elements, 1000000000u);  // DeepSpeed's 1e9
-  EXPECT_EQ(e.offload_optimizer.device, OffloadDevice::kNone);
-  EXPECT_EQ(e.offload_param.device, OffloadDevice::kNone);
-  EXPECT_FALSE(e.grad_accum_dtype.has_value());
+  EXPECT_EQ(e.schedule.merge_bytes, defaults.schedule.merge_bytes);
+  EXPECT_EQ(e.schedule.overlap_comm, defaults.schedule.overlap_comm);
+  EXPECT_EQ(e.schedule.reduce_scatter, defaults.schedule.reduce_scatter);
+  EXPECT_EQ(e.schedule.prefetch_elements, 0u);  // EngineConfig's 0 = off, not DeepSpeed's 5e7
+  EXPECT_EQ(e.schedule.persistence_threshold, 0u);
+  EXPECT_EQ(e.schedule.max_live_elements, 0u);
+  EXPECT_EQ(e.schedule.max_reuse_distance, 0u);
+  EXPECT_EQ(e.schedule.reduce_bucket_elements, 0u);
+  EXPECT_EQ(e.schedule.allgather_bucket_elements, 0u);
+  EXPECT_EQ(e.schedule.optimizer_sub_group_elements, 1000000000u);  // DeepSpeed's 1e9
+  EXPECT_EQ(e.offload.optimizer.device, OffloadDevice::kNone);
+  EXPECT_EQ(e.offload.param.device, OffloadDevice::kNone);
+  EXPECT_FALSE(e.precision.grad_accum_dtype.has_value());
   EXPECT_FALSE(c.wall_clock_breakdown);
   EXPECT_FALSE(c.gather_16bit_weights_on_model_save);
   EXPECT_FALSE(c.override_optimizer);
@@ -272,8 +273,8 @@ TEST(Config, AbsentKeysTakeTheDocumentedDefaults) {
   EXPECT_EQ(e.optimizer.weight_decay, defaults.optimizer.weight_decay);
   EXPECT_EQ(e.lr_schedule.type, LrScheduleType::kConstant);
   EXPECT_EQ(e.lr_schedule.max_lr, e.optimizer.lr);
-  EXPECT_EQ(e.loss_scaler.initial_scale_power, 16);
-  EXPECT_EQ(e.loss_scaler.scale_window, 1000);
+  EXPECT_EQ(e.precision.loss_scaler.initial_scale_power, 16);
+  EXPECT_EQ(e.precision.loss_scaler.scale_window, 1000);
   EXPECT_EQ(e.seed, defaults.seed);
 }
 
@@ -364,8 +365,8 @@ TEST(Config, HonouredAndIgnoredKeys) {
   EXPECT_TRUE(c.wall_clock_breakdown);
   EXPECT_TRUE(c.override_optimizer);
   EXPECT_TRUE(c.gather_16bit_weights_on_model_save);
-  EXPECT_EQ(c.engine.grad_accum_dtype, DType::kBFloat16);
-  EXPECT_EQ(c.engine.optimizer_sub_group_elements, 1000u);
+  EXPECT_EQ(c.engine.precision.grad_accum_dtype, DType::kBFloat16);
+  EXPECT_EQ(c.engine.schedule.optimizer_sub_group_elements, 1000u);
   EXPECT_EQ(c.ignored_keys,
             (std::vector<std::string>{
                 "memory_breakdown is ignored: the memory summary by category is printed at start "
@@ -379,7 +380,7 @@ TEST(Config, HonouredAndIgnoredKeys) {
       parse_training_config(
           R"({"train_batch_size": 8, "data_types": {"grad_accum_dtype": "fp32"}})", 2, "ds.json")
           .engine;
-  EXPECT_EQ(fp32.grad_accum_dtype, DType::kFloat32);
+  EXPECT_EQ(fp32.precision.grad_accum_dtype, DType::kFloat32);
 }
 
 // DeepSpeed's activation_checkpointing section as a Megatron-DeepSpeed user writes it, with our
@@ -425,21 +426,22 @@ TEST(Config, CommunicationDataType) {
   const auto engine_of = [](const std::string& extra) {
     return parse_training_config(R"({"train_batch_size": 8, )" + extra + "}", 2, "ds.json").engine;
   };
-  EXPECT_TRUE(
-      engine_of(R"("bf16": {"enabled": true}, "communication_data_type": "fp32")").reduce_in_fp32);
-  EXPECT_FALSE(
-      engine_of(R"("bf16": {"enabled": true}, "communication_data_type": "bf16")").reduce_in_fp32);
-  EXPECT_FALSE(engine_of(R"("communication_data_type": "fp32")").reduce_in_fp32);
-  EXPECT_FLOAT_EQ(engine_of(R"("gradient_predivide_factor": 4)").gradient_predivide_factor, 4.0f);
+  EXPECT_TRUE(engine_of(R"("bf16": {"enabled": true}, "communication_data_type": "fp32")")
+                  .precision.reduce_in_fp32);
+  EXPECT_FALSE(engine_of(R"("bf16": {"enabled": true}, "communication_data_type": "bf16")")
+                   .precision.reduce_in_fp32);
+  EXPECT_FALSE(engine_of(R"("communication_data_type": "fp32")").precision.reduce_in_fp32);
+  EXPECT_FLOAT_EQ(
+      engine_of(R"("gradient_predivide_factor": 4)").precision.gradient_predivide_factor, 4.0f);
 }
 
 TEST(Config, NonFiniteGradientPolicy) {
   const auto engine_of = [](const std::string& extra) {
     return parse_training_config(R"({"train_batch_size": 8)" + extra + "}", 2, "ds.json").engine;
   };
-  EXPECT_FALSE(engine_of("").skip_nonfinite_steps);
-  EXPECT_FALSE(engine_of(R"(, "nonfinite_gradients": "error")").skip_nonfinite_steps);
-  EXPECT_TRUE(engine_of(R"(, "nonfinite_gradients": "skip")").skip_nonfinite_steps);
+  EXPECT_FALSE(engine_of("").precision.skip_nonfinite_steps);
+  EXPECT_FALSE(engine_of(R"(, "nonfinite_gradients": "error")").precision.skip_nonfinite_steps);
+  EXPECT_TRUE(engine_of(R"(, "nonfinite_gradients": "skip")").precision.skip_nonfinite_steps);
   EXPECT_FALSE(engine_of("").desync_check);
   EXPECT_TRUE(engine_of(R"(, "debug": {"collectives": true})").desync_check);
   EXPECT_EQ(error_of(R"({"train_batch_size": 8, "nonfinite_gradients": "ignore"})"),

@@ -32,7 +32,7 @@ inline std::string error_of(const std::string& text, int world_size = 2,
 inline void expect_engine_accepts(const EngineConfig& e) {
   EXPECT_NO_THROW(Optimizer{e.optimizer});
   EXPECT_NO_THROW(LrSchedule{e.lr_schedule});
-  EXPECT_NO_THROW(LossScaler{e.loss_scaler});
+  EXPECT_NO_THROW(LossScaler{e.precision.loss_scaler});
 }
 
 }  // namespace zero

@@ -298,7 +298,7 @@ std::vector<float> train_awkward(int stage) {
   modules.push_back({"bias_out", std::make_unique<Bias1>()});
   EngineConfig config;
   config.stage = stage;
-  config.merge_bytes = 1024;  // the 300-wide weights are each larger than this
+  config.schedule.merge_bytes = 1024;  // the 300-wide weights are each larger than this
   config.optimizer.lr = 1e-2f;
   ZeroModel model(*comm, std::move(modules), config);
   const Layout& layout = model.engine().layout();

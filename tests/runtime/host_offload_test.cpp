@@ -26,7 +26,7 @@ namespace {
 using namespace zero::testing;
 
 void to_host(EngineConfig& c) {
-  c.offload_optimizer.device = OffloadDevice::kCpu;
+  c.offload.optimizer.device = OffloadDevice::kCpu;
 }
 
 TEST(HostOffload, TrainingIsBitwiseInMemoryTraining) {
@@ -45,8 +45,8 @@ TEST(HostOffload, TrainingIsBitwiseInMemoryTraining) {
         // 100 elements per sub-group cut units into several pieces; the bucket packs units
         // into one reduction.
         const auto settings = [](EngineConfig& c) {
-          c.optimizer_sub_group_elements = 100;
-          c.reduce_bucket_elements = 2000;
+          c.schedule.optimizer_sub_group_elements = 100;
+          c.schedule.reduce_bucket_elements = 2000;
         };
         o.tweak = settings;
         const TrainResult reference = train(o);
@@ -54,7 +54,7 @@ TEST(HostOffload, TrainingIsBitwiseInMemoryTraining) {
         o.tweak = [&](EngineConfig& c) {
           settings(c);
           to_host(c);
-          c.offload_optimizer.pin_memory = pin_memory;
+          c.offload.optimizer.pin_memory = pin_memory;
         };
         const std::string what = std::string(dtype_name(dtype)) + " stage " +
                                  std::to_string(stage) + " micro-batches " +
@@ -82,30 +82,30 @@ TEST(HostOffload, EverySettingAroundTheUpdateGivesTheInMemoryTraining) {
   const auto none = [](RunOptions&) {};
   const std::vector<Case> cases = {
       {"fp16 stage 1, loss scaler", 1, DType::kFloat16, 2,
-       [](EngineConfig& c) { c.loss_scaler.initial_scale_power = 24; }, none},
+       [](EngineConfig& c) { c.precision.loss_scaler.initial_scale_power = 24; }, none},
       {"fp16 stage 3, loss scaler", 3, DType::kFloat16, 1,
        [](EngineConfig& c) {
-         c.loss_scaler.initial_scale_power = 24;
-         c.persistence_threshold = 100;
+         c.precision.loss_scaler.initial_scale_power = 24;
+         c.schedule.persistence_threshold = 100;
        },
        none},
       {"bf16 stage 2, clipping", 2, DType::kBFloat16, 1, [](EngineConfig&) {},
        [](RunOptions& o) { o.clip = 0.05f; }},
       {"bf16 stage 3, fp32 reductions packed", 3, DType::kBFloat16, 2,
        [](EngineConfig& c) {
-         c.reduce_in_fp32 = true;
-         c.reduce_bucket_elements = 2000;
+         c.precision.reduce_in_fp32 = true;
+         c.schedule.reduce_bucket_elements = 2000;
        },
        none},
       {"fp32 stage 2, all-reduce", 2, DType::kFloat32, 1,
-       [](EngineConfig& c) { c.reduce_scatter = false; }, none},
+       [](EngineConfig& c) { c.schedule.reduce_scatter = false; }, none},
       {"bf16 stage 2, pre-divide", 2, DType::kBFloat16, 1,
-       [](EngineConfig& c) { c.gradient_predivide_factor = 2.0f; }, none},
+       [](EngineConfig& c) { c.precision.gradient_predivide_factor = 2.0f; }, none},
       {"fp32 stage 1, a non-finite step skipped", 1, DType::kFloat32, 1,
-       [](EngineConfig& c) { c.skip_nonfinite_steps = true; },
+       [](EngineConfig& c) { c.precision.skip_nonfinite_steps = true; },
        [](RunOptions& o) { o.inf_grad_step = 2; }},
       {"bf16 stage 3, persistent unit", 3, DType::kBFloat16, 1,
-       [](EngineConfig& c) { c.persistence_threshold = 100; }, none},
+       [](EngineConfig& c) { c.schedule.persistence_threshold = 100; }, none},
   };
   for (const Case& k : cases) {
     RunOptions o;
@@ -140,7 +140,7 @@ TEST(HostOffload, TheCasesExerciseWhatTheyName) {
   o.micro_batches = 2;
   o.steps = 5;
   o.tweak = [](EngineConfig& c) {
-    c.loss_scaler.initial_scale_power = 24;
+    c.precision.loss_scaler.initial_scale_power = 24;
     to_host(c);
   };
   const TrainResult fp16 = train(o);
@@ -148,7 +148,7 @@ TEST(HostOffload, TheCasesExerciseWhatTheyName) {
   std::unique_ptr<Communicator> comm = make_mpi_communicator();
   EngineConfig config;
   config.stage = 3;
-  config.persistence_threshold = 100;
+  config.schedule.persistence_threshold = 100;
   to_host(config);
   ZeroModel model(*comm, models::make_mlp(models::MlpConfig{8, 24, 4, 3}), config);
   const std::vector<Unit>& units = model.engine().layout().units();
@@ -167,7 +167,7 @@ TEST(HostOffload, MemoryOfEachTierIsThePlan) {
         const TrainResult in_memory = train(o);
         o.tweak = [&](EngineConfig& c) {
           to_host(c);
-          c.offload_optimizer.pin_memory = pin_memory;
+          c.offload.optimizer.pin_memory = pin_memory;
         };
         const TrainResult run = train(o);
         const std::string what = std::string(dtype_name(dtype)) + " stage " +
@@ -239,7 +239,7 @@ TEST(HostOffload, CheckpointResumeIsBitwise) {
                        DType dtype = DType::kBFloat16) {
     EngineConfig config;
     config.stage = stage;
-    config.dtype = dtype;
+    config.precision.dtype = dtype;
     config.optimizer.lr = 1e-2f;
     if (offloaded) to_host(config);
     const CheckpointedRun r = train_around_checkpoint(*comm, config, dir, from, to, save, load);

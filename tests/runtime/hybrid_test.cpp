@@ -36,7 +36,7 @@ RunOptions hybrid(int k) {
   o.steps = 10;
   o.micro_batches = 2;
   o.clip = 0.05f;
-  o.tweak = [k](EngineConfig& c) { c.mics_shard_size = k; };
+  o.tweak = [k](EngineConfig& c) { c.grid.mics_shard_size = k; };
   return o;
 }
 
@@ -121,7 +121,7 @@ TEST(HybridSharding, TheShardGroupDoesNotWaitForSumsAcrossReplicas) {
   o.steps = 2;
   o.micro_batches = 1;
   o.tweak = [k](EngineConfig& c) {
-    c.mics_shard_size = k;
+    c.grid.mics_shard_size = k;
     c.trace = true;
   };
   const TrainResult run = train(o);
@@ -161,16 +161,16 @@ TEST(HybridSharding, SumsAcrossASlowReplicaReadScratchBeforeItIsReused) {
     o.dtype = DType::kBFloat16;
     o.mlp.layers = 6;  // several packs in one backward
     const auto setting = [packed](EngineConfig& c) {
-      c.reduce_in_fp32 = true;
+      c.precision.reduce_in_fp32 = true;
       if (packed) {
-        c.reduce_bucket_elements = 1u << 20;
+        c.schedule.reduce_bucket_elements = 1u << 20;
       } else {
-        c.grad_accum_dtype = DType::kBFloat16;  // the sum is cast out of the scratch
+        c.precision.grad_accum_dtype = DType::kBFloat16;  // the sum is cast out of the scratch
       }
     };
     o.tweak = [setting](EngineConfig& c) {
       setting(c);
-      c.mics_shard_size = 1;
+      c.grid.mics_shard_size = 1;
     };
     RunOptions plain = o;
     plain.tweak = setting;

@@ -54,11 +54,12 @@ TEST(MixedPrecision, ModelStateBytesFollowThePaper) {
 TEST(MixedPrecision, StagesAgreeInBf16AsInFp32) {
   const std::pair<const char*, std::function<void(EngineConfig&)>> numerics[] = {
       {"default settings", [](EngineConfig&) {}},
-      {"bf16 accumulation", [](EngineConfig& c) { c.grad_accum_dtype = DType::kBFloat16; }},
+      {"bf16 accumulation",
+       [](EngineConfig& c) { c.precision.grad_accum_dtype = DType::kBFloat16; }},
       {"fp32 accumulation and reduction",
        [](EngineConfig& c) {
-         c.grad_accum_dtype = DType::kFloat32;
-         c.reduce_in_fp32 = true;
+         c.precision.grad_accum_dtype = DType::kFloat32;
+         c.precision.reduce_in_fp32 = true;
        }},
   };
   for (const auto& [what, tweak] : numerics) {
@@ -108,7 +109,7 @@ TEST(MixedPrecision, Fp16OverflowSkipsTheStepAndFollowsHysteresis) {
     o.steps = 10;
     o.record_params = true;
     o.inf_grad_step = 5;
-    o.tweak = [](EngineConfig& c) { c.loss_scaler.scale_window = 4; };
+    o.tweak = [](EngineConfig& c) { c.precision.loss_scaler.scale_window = 4; };
     const TrainResult run = train(o);
     const std::string what = name_of(o.dtype, stage);
     for (size_t i = 0; i < run.skipped.size(); ++i) {
@@ -136,7 +137,7 @@ TEST(MixedPrecision, Fp16OverflowWithoutHysteresisHalvesTheScale) {
   o.dtype = DType::kFloat16;
   o.steps = 6;
   o.inf_grad_step = 3;
-  o.tweak = [](EngineConfig& c) { c.loss_scaler.hysteresis = 1; };
+  o.tweak = [](EngineConfig& c) { c.precision.loss_scaler.hysteresis = 1; };
   const TrainResult run = train(o);
   EXPECT_TRUE(run.skipped[2]);
   EXPECT_EQ(run.loss_scales[1], 65536.0f);
@@ -149,8 +150,8 @@ TEST(MixedPrecision, OverflowAtTheMinimumScaleIsAnError) {
   o.steps = 3;
   o.inf_grad_step = 2;
   o.tweak = [](EngineConfig& c) {
-    c.loss_scaler.initial_scale_power = 0;
-    c.loss_scaler.hysteresis = 1;
+    c.precision.loss_scaler.initial_scale_power = 0;
+    c.precision.loss_scaler.hysteresis = 1;
   };
   try {
     train(o);
@@ -178,7 +179,7 @@ TEST(MixedPrecision, NonFiniteGradientInBf16StopsWithTheUnitNamed) {
               std::string::npos)
         << message;
   }
-  o.tweak = [](EngineConfig& c) { c.skip_nonfinite_steps = true; };
+  o.tweak = [](EngineConfig& c) { c.precision.skip_nonfinite_steps = true; };
   o.record_params = true;
   const TrainResult run = train(o);
   EXPECT_TRUE(run.skipped[1]);
@@ -193,8 +194,8 @@ TEST(MixedPrecision, Fp32ReductionAndPredivideGiveTheSameTraining) {
     o.steps = 10;
     const TrainResult plain = train(o);
     o.tweak = [](EngineConfig& c) {
-      c.reduce_in_fp32 = true;
-      c.gradient_predivide_factor = 2.0f;  // a power of two: exact in every dtype
+      c.precision.reduce_in_fp32 = true;
+      c.precision.gradient_predivide_factor = 2.0f;  // a power of two: exact in every dtype
     };
     const TrainResult fp32_reduce = train(o);
     expect_close(fp32_reduce.losses, plain.losses, 1e-2, name_of(o.dtype, stage));
@@ -281,12 +282,13 @@ TEST(MixedPrecision, CommunicationDataTypeFp32SumsInFp32AndRoundsOnce) {
         SixteenBitSumCommunicator comm;
         EngineConfig config;
         config.stage = stage;
-        config.dtype = dtype;
-        config.reduce_in_fp32 = in_fp32;
+        config.precision.dtype = dtype;
+        config.precision.reduce_in_fp32 = in_fp32;
         // Accumulated in the working dtype, so every stage reduces 16-bit gradients (bf16's
         // default accumulates in fp32 and reduces the fp32 sum at stages 0-1).
-        config.grad_accum_dtype = dtype;
-        config.loss_scaler.initial_scale_power = 0;  // fp16: scale 1, the gradients as written
+        config.precision.grad_accum_dtype = dtype;
+        config.precision.loss_scaler.initial_scale_power =
+            0;  // fp16: scale 1, the gradients as written
         config.optimizer.type = OptimizerType::kSgd;
         config.optimizer.lr = 1.0f;
         config.optimizer.weight_decay = 0.0f;
@@ -359,13 +361,16 @@ TEST(Scheduling, OptionsThatMustNotChangeTheNumbers) {
   o.drain_after_step = false;
   o.comm_delay_us = 1000;
   const std::vector<std::pair<std::string, std::function<void(EngineConfig&)>>> variants = {
-      {"no overlap", [](EngineConfig& c) { c.overlap_comm = false; }},
-      {"all-reduce instead of reduce-scatter", [](EngineConfig& c) { c.reduce_scatter = false; }},
-      {"prefetch everything", [](EngineConfig& c) { c.prefetch_elements = 1u << 30; }},
-      {"live budget of one unit", [](EngineConfig& c) { c.max_live_elements = 1; }},
-      {"everything persistent", [](EngineConfig& c) { c.persistence_threshold = 1u << 30; }},
-      {"persistent biases", [](EngineConfig& c) { c.persistence_threshold = 50; }},
-      {"reuse at the end of forward", [](EngineConfig& c) { c.max_reuse_distance = 1u << 30; }},
+      {"no overlap", [](EngineConfig& c) { c.schedule.overlap_comm = false; }},
+      {"all-reduce instead of reduce-scatter",
+       [](EngineConfig& c) { c.schedule.reduce_scatter = false; }},
+      {"prefetch everything", [](EngineConfig& c) { c.schedule.prefetch_elements = 1u << 30; }},
+      {"live budget of one unit", [](EngineConfig& c) { c.schedule.max_live_elements = 1; }},
+      {"everything persistent",
+       [](EngineConfig& c) { c.schedule.persistence_threshold = 1u << 30; }},
+      {"persistent biases", [](EngineConfig& c) { c.schedule.persistence_threshold = 50; }},
+      {"reuse at the end of forward",
+       [](EngineConfig& c) { c.schedule.max_reuse_distance = 1u << 30; }},
   };
   for (const auto& [name, tweak] : variants) {
     o.tweak = tweak;
@@ -395,7 +400,7 @@ TEST(Scheduling, PersistentGradientsAccumulateInTheAccumulationDtype) {
   const TrainResult reference = train(o);
   o.stage = 3;
   for (size_t threshold : {size_t{0}, size_t{50}, size_t{1} << 30}) {
-    o.tweak = [threshold](EngineConfig& c) { c.persistence_threshold = threshold; };
+    o.tweak = [threshold](EngineConfig& c) { c.schedule.persistence_threshold = threshold; };
     const TrainResult run = train(o);
     const std::string name = "stage 3, persistence threshold " + std::to_string(threshold);
     if (world_size() <= 2) {
@@ -418,8 +423,8 @@ TEST(Scheduling, BucketsPackCollectivesWithoutChangingTheNumbers) {
       const TrainResult reference = train(o);
       for (size_t bucket : {size_t{1300}, size_t{1} << 30}) {
         o.tweak = [bucket](EngineConfig& c) {
-          c.reduce_bucket_elements = bucket;
-          c.allgather_bucket_elements = bucket;
+          c.schedule.reduce_bucket_elements = bucket;
+          c.schedule.allgather_bucket_elements = bucket;
         };
         const TrainResult run = train(o);
         const std::string name =
@@ -447,8 +452,8 @@ TEST(Scheduling, DeepSpeedBucketSizesKeepStage3Sharded) {
   o.steps = 2;
   o.mlp = MlpConfig{32, 128, 16, 8};
   o.tweak = [](EngineConfig& c) {
-    c.reduce_bucket_elements = 500000000;
-    c.allgather_bucket_elements = 500000000;
+    c.schedule.reduce_bucket_elements = 500000000;
+    c.schedule.allgather_bucket_elements = 500000000;
   };
   const TrainResult run = train(o);
   EXPECT_EQ(run.units, 8u);
@@ -475,7 +480,7 @@ TEST(Scheduling, PersistenceThresholdIsPerParameter) {
   o.steps = 2;
   o.mlp = MlpConfig{8, 24, 4, 5};
   const TrainResult plain = train(o);
-  o.tweak = [](EngineConfig& c) { c.persistence_threshold = 50; };
+  o.tweak = [](EngineConfig& c) { c.schedule.persistence_threshold = 50; };
   const TrainResult biases = train(o);
   EXPECT_EQ(biases.units, plain.units + 1);
   EXPECT_EQ(biases.losses, plain.losses);
@@ -493,7 +498,7 @@ TEST(Scheduling, PrefetchBucketLargerThanTheModelHoldsOneBufferPerUnit) {
   o.stage = 3;
   o.steps = 1;
   o.mlp = MlpConfig{32, 128, 16, 8};
-  o.tweak = [](EngineConfig& c) { c.prefetch_elements = size_t{1} << 30; };
+  o.tweak = [](EngineConfig& c) { c.schedule.prefetch_elements = size_t{1} << 30; };
   const TrainResult run = train(o);
   const uint64_t n = static_cast<uint64_t>(world_size());
   const uint64_t layer = (128 * 128 + 128 + 64 * n) * sizeof(float);
@@ -506,10 +511,10 @@ TEST(Scheduling, ReuseAndPersistenceSaveCommunication) {
   o.stage = 3;
   o.steps = 2;
   const TrainResult plain = train(o);
-  o.tweak = [](EngineConfig& c) { c.max_reuse_distance = 1u << 30; };
+  o.tweak = [](EngineConfig& c) { c.schedule.max_reuse_distance = 1u << 30; };
   const TrainResult reuse = train(o);
   EXPECT_LT(reuse.comm_bytes[1], plain.comm_bytes[1]);
-  o.tweak = [](EngineConfig& c) { c.persistence_threshold = 1u << 30; };
+  o.tweak = [](EngineConfig& c) { c.schedule.persistence_threshold = 1u << 30; };
   const TrainResult persistent = train(o);
   EXPECT_LT(persistent.comm_bytes[1], plain.comm_bytes[1]);
   EXPECT_GT(persistent.model_state_bytes, plain.model_state_bytes);

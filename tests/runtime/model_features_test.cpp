@@ -41,22 +41,22 @@ std::vector<std::pair<std::string, FeatureRun>> schedules() {
   cases.emplace_back("two micro-batches, clipping", accumulated);
   FeatureRun packed = accumulated;
   packed.tweak = [](EngineConfig& c) {
-    c.overlap_comm = false;
-    c.reduce_bucket_elements = 1 << 20;
+    c.schedule.overlap_comm = false;
+    c.schedule.reduce_bucket_elements = 1 << 20;
   };
   cases.emplace_back("two micro-batches, overlap_comm off, reduce buckets packed", packed);
   FeatureRun merged;
   merged.tweak = [](EngineConfig& c) {
-    c.merge_bytes = 1 << 16;
-    c.optimizer_sub_group_elements = 7;
-    c.persistence_threshold = 11;
+    c.schedule.merge_bytes = 1 << 16;
+    c.schedule.optimizer_sub_group_elements = 7;
+    c.schedule.persistence_threshold = 11;
   };
   cases.emplace_back("merged units, sub-groups of 7, persistent 1-D parameters", merged);
   FeatureRun prefetching = accumulated;
   prefetching.tweak = [](EngineConfig& c) {
-    c.prefetch_elements = 1 << 20;
-    c.max_live_elements = 1;
-    c.max_reuse_distance = 1 << 20;
+    c.schedule.prefetch_elements = 1 << 20;
+    c.schedule.max_live_elements = 1;
+    c.schedule.max_reuse_distance = 1 << 20;
   };
   cases.emplace_back("two micro-batches, deep prefetch, live budget 1, reuse", prefetching);
   return cases;
@@ -152,7 +152,7 @@ TEST(ModelFeatures, FrozenModuleMatchesUnshardedTraining) {
 TEST(ModelFeatures, FrozenModulesNeverMergeWithTrainableOnes) {
   Net frozen;
   frozen.freeze_h1 = true;
-  const FeatureRun run = run_at(3, 1, [](EngineConfig& c) { c.merge_bytes = 1 << 16; });
+  const FeatureRun run = run_at(3, 1, [](EngineConfig& c) { c.schedule.merge_bytes = 1 << 16; });
   EXPECT_EQ(train(Net{}, run).units, 1u);
   EXPECT_EQ(train(frozen, run).units, 3u);
 }
@@ -168,16 +168,16 @@ TEST(ModelFeatures, AllFeaturesIn16BitPrecision) {
   base.weight_decay = 0.5f;
   const Result reference = train_reference(net, base);
   const std::vector<std::pair<std::string, std::function<void(EngineConfig&)>>> precisions = {
-      {"bf16, fp32 accumulation", [](EngineConfig& c) { c.dtype = DType::kBFloat16; }},
+      {"bf16, fp32 accumulation", [](EngineConfig& c) { c.precision.dtype = DType::kBFloat16; }},
       {"bf16, bf16 accumulation",
        [](EngineConfig& c) {
-         c.dtype = DType::kBFloat16;
-         c.grad_accum_dtype = DType::kBFloat16;
+         c.precision.dtype = DType::kBFloat16;
+         c.precision.grad_accum_dtype = DType::kBFloat16;
        }},
       {"fp16, packed reduce buckets", [](EngineConfig& c) {
-         c.dtype = DType::kFloat16;
-         c.loss_scaler.initial_scale_power = 8;
-         c.reduce_bucket_elements = 1 << 20;
+         c.precision.dtype = DType::kFloat16;
+         c.precision.loss_scaler.initial_scale_power = 8;
+         c.schedule.reduce_bucket_elements = 1 << 20;
        }}};
   for (const auto& [name, precision] : precisions) {
     for (int stage = 0; stage <= 3; ++stage) {
@@ -203,7 +203,7 @@ TEST(ModelFeatures, CheckpointsSaveAndRestoreFrozenValues) {
     for (int stage : {1, 3}) {
       const std::string dir = zero::testing::shared_temp_dir(*comm);
       const std::string what = std::string(dtype_name(dtype)) + ", stage " + std::to_string(stage);
-      FeatureRun run = run_at(stage, 4, [dtype](EngineConfig& c) { c.dtype = dtype; });
+      FeatureRun run = run_at(stage, 4, [dtype](EngineConfig& c) { c.precision.dtype = dtype; });
       run.after_step = [&](ZeroModel& model, int step) {
         if (step == 2) save_checkpoint(model.engine(), dir, TrainerState{step, 5});
       };

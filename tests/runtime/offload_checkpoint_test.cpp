@@ -32,7 +32,7 @@ TEST(Offload, CheckpointResumeIsBitwise) {
   const auto run = [&](bool offloaded, int from, int to, bool save, bool load) {
     EngineConfig config;
     config.stage = 3;
-    config.dtype = DType::kBFloat16;
+    config.precision.dtype = DType::kBFloat16;
     config.optimizer.lr = 1e-2f;
     if (offloaded) nvme(100, true)(config);
     return train_around_checkpoint(*comm, config, dir, from, to, save, load).losses;
@@ -71,7 +71,7 @@ TEST(Offload, CheckpointLoadHoldsOneUnitAtATime) {
   const models::MlpConfig mlp{64, 768, 64, 8};
   EngineConfig config;
   config.stage = 3;
-  config.dtype = DType::kBFloat16;
+  config.precision.dtype = DType::kBFloat16;
   nvme(size_t{1} << 20, true)(config);
   uint64_t shard_state_bytes = 0;
   {
@@ -113,7 +113,7 @@ TEST(ParamOffload, CheckpointResumeIsBitwise) {
       const auto run = [&](bool offloaded, int from, int to, bool save, bool load) {
         EngineConfig config;
         config.stage = 3;
-        config.dtype = dtype;
+        config.precision.dtype = dtype;
         config.optimizer.lr = 1e-2f;
         if (offloaded) setting(config);
         return train_around_checkpoint(*comm, config, dir, from, to, save, load).losses;
@@ -140,7 +140,7 @@ TEST(ParamOffload, CheckpointHoldsOneShardCopyAtATime) {
     const std::string dir = empty_job_dir(*comm, "shard_copies");
     EngineConfig config;
     config.stage = 3;
-    config.dtype = DType::kBFloat16;
+    config.precision.dtype = DType::kBFloat16;
     setting(config);
     const auto copies_held = [](Engine& engine, const std::function<void()>& checkpoint) {
       Allocator& allocator = engine.allocator();
@@ -154,7 +154,8 @@ TEST(ParamOffload, CheckpointHoldsOneShardCopyAtATime) {
     {
       ZeroModel model(*comm, models::make_mlp(mlp), config);
       for (const Unit& unit : model.engine().layout().units()) {
-        largest_shard = std::max<uint64_t>(largest_shard, unit.shard * dtype_size(config.dtype));
+        largest_shard =
+            std::max<uint64_t>(largest_shard, unit.shard * dtype_size(config.precision.dtype));
       }
       train_one_step(model, mlp, comm->rank());
       EXPECT_EQ(copies_held(model.engine(),

@@ -27,7 +27,7 @@ TEST(Offload, NvmeTrainingIsBitwiseInMemoryTraining) {
       o.steps = 6;
       o.weight_decay = 0.05f;
       // 100 elements per sub-group: several records, cut inside units.
-      o.tweak = [](EngineConfig& c) { c.optimizer_sub_group_elements = 100; };
+      o.tweak = [](EngineConfig& c) { c.schedule.optimizer_sub_group_elements = 100; };
       const TrainResult reference = train(o);
       EXPECT_LT(reference.losses.back(), reference.losses.front());
       for (bool pipeline : {false, true}) {
@@ -47,7 +47,7 @@ TEST(Offload, EveryAioSettingGivesTheSameTraining) {
   o.stage = 3;
   o.dtype = DType::kBFloat16;
   o.steps = 4;
-  o.tweak = [](EngineConfig& c) { c.optimizer_sub_group_elements = 300; };
+  o.tweak = [](EngineConfig& c) { c.schedule.optimizer_sub_group_elements = 300; };
   const TrainResult reference = train(o);
   AioConfig small;
   small.block_size = 4096;
@@ -57,7 +57,7 @@ TEST(Offload, EveryAioSettingGivesTheSameTraining) {
   small.overlap_events = false;
   o.tweak = nvme(300, true, small);
   expect_bitwise(train(o), reference, "4 KiB blocks, depth 2, 3 threads, single submit");
-  o.tweak = [](EngineConfig& c) { c.optimizer_sub_group_elements = 0; };
+  o.tweak = [](EngineConfig& c) { c.schedule.optimizer_sub_group_elements = 0; };
   const TrainResult whole = train(o);
   o.tweak = nvme(0, false);
   expect_bitwise(train(o), whole, "one sub-group");
@@ -131,8 +131,8 @@ TEST(Offload, MemoryOfEachTierIsThePlan) {
 
 TEST(Offload, BadPathNamesTheFileAndErrno) {
   const std::string message = training_error(1, 1, [](EngineConfig& c) {
-    c.offload_optimizer.device = OffloadDevice::kNvme;
-    c.offload_optimizer.nvme_path = "/nonexistent/nvme";
+    c.offload.optimizer.device = OffloadDevice::kNvme;
+    c.offload.optimizer.nvme_path = "/nonexistent/nvme";
   });
   expect_naming(message, "cannot create the offload file /nonexistent/nvme/zero_optimizer_rank");
   expect_naming(message, "No such file or directory (errno 2)");

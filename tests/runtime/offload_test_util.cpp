@@ -47,28 +47,28 @@ void expect_naming(const std::string& message, const std::string& needle) {
 std::function<void(EngineConfig&)> nvme(size_t sub_group, bool pipeline, AioConfig aio) {
   const std::string dir = nvme_dir();
   return [=](EngineConfig& c) {
-    c.optimizer_sub_group_elements = sub_group;
-    c.offload_optimizer.device = OffloadDevice::kNvme;
-    c.offload_optimizer.nvme_path = dir;
-    c.offload_optimizer.pipeline_read = pipeline;
-    c.offload_optimizer.pipeline_write = pipeline;
-    c.offload_optimizer.buffer_count = pipeline ? 3 : 1;
-    c.aio = aio;
+    c.schedule.optimizer_sub_group_elements = sub_group;
+    c.offload.optimizer.device = OffloadDevice::kNvme;
+    c.offload.optimizer.nvme_path = dir;
+    c.offload.optimizer.pipeline_read = pipeline;
+    c.offload.optimizer.pipeline_write = pipeline;
+    c.offload.optimizer.buffer_count = pipeline ? 3 : 1;
+    c.offload.aio = aio;
   };
 }
 
 std::function<void(EngineConfig&)> params_on_nvme(int buffers, size_t buffer_size) {
   const std::string dir = nvme_dir();
   return [=](EngineConfig& c) {
-    c.offload_param.device = OffloadDevice::kNvme;
-    c.offload_param.nvme_path = dir;
-    c.offload_param.buffer_count = buffers;
-    c.offload_param.buffer_size = buffer_size;
+    c.offload.param.device = OffloadDevice::kNvme;
+    c.offload.param.nvme_path = dir;
+    c.offload.param.buffer_count = buffers;
+    c.offload.param.buffer_size = buffer_size;
   };
 }
 
 void optimizer_on_host(EngineConfig& c) {
-  c.offload_optimizer.device = OffloadDevice::kCpu;
+  c.offload.optimizer.device = OffloadDevice::kCpu;
 }
 
 std::function<void(EngineConfig&)> both(std::function<void(EngineConfig&)> first,

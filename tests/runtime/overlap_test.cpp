@@ -84,7 +84,7 @@ StepTimes time_steps(int stage, bool overlap, std::chrono::microseconds delay,
   params.front().spec.tied = tie == Tie::kDeclared;
   EngineConfig config;
   config.stage = stage;
-  config.overlap_comm = overlap;
+  config.schedule.overlap_comm = overlap;
   Engine engine(comm, params, config);
   StepTimes best;
   best.step_ms = 1e30;
@@ -146,12 +146,10 @@ TEST(Overlap, TiedUnitHoldsABucketOfItsOwn) {
     const StepTimes undeclared = time_steps(stage, true, kDelay, Tie::kUndeclared);
     const StepTimes declared = time_steps(stage, true, kDelay, Tie::kDeclared);
     // kUnits - 2 units wait for the bucket when it is shared; allow one of them for the machine.
-    EXPECT_GT(undeclared.stats.comm_wait_ms - declared.stats.comm_wait_ms,
-              (kUnits - 3) * kDelayMs)
+    EXPECT_GT(undeclared.stats.comm_wait_ms - declared.stats.comm_wait_ms, (kUnits - 3) * kDelayMs)
         << "stage " << stage << ": comm wait " << undeclared.stats.comm_wait_ms
         << " ms with the tie undeclared, " << declared.stats.comm_wait_ms << " ms declared";
-    EXPECT_GT(undeclared.step_ms - declared.step_ms, (kUnits - 3) * kDelayMs)
-        << "stage " << stage;
+    EXPECT_GT(undeclared.step_ms - declared.step_ms, (kUnits - 3) * kDelayMs) << "stage " << stage;
   }
 }
 

@@ -27,7 +27,7 @@ TEST(ParamOffload, NvmeTrainingIsBitwiseInMemoryTraining) {
     o.dtype = dtype;
     o.steps = 5;
     o.weight_decay = 0.05f;
-    const auto sub_groups = [](EngineConfig& c) { c.optimizer_sub_group_elements = 100; };
+    const auto sub_groups = [](EngineConfig& c) { c.schedule.optimizer_sub_group_elements = 100; };
     o.tweak = sub_groups;
     const TrainResult reference = train(o);
     EXPECT_LT(reference.losses.back(), reference.losses.front());
@@ -41,13 +41,13 @@ TEST(ParamOffload, NvmeTrainingIsBitwiseInMemoryTraining) {
       o.tweak = both(both(sub_groups, optimizer_on_host), params_on_nvme(buffers));
       expect_bitwise(train(o), reference, what + ", params on nvme, optimizer on the host");
     }
-    o.tweak = both(sub_groups, [](EngineConfig& c) { c.prefetch_elements = 1000; });
+    o.tweak = both(sub_groups, [](EngineConfig& c) { c.schedule.prefetch_elements = 1000; });
     const TrainResult prefetched = train(o);
-    o.tweak = both(both(sub_groups, [](EngineConfig& c) { c.prefetch_elements = 1000; }),
+    o.tweak = both(both(sub_groups, [](EngineConfig& c) { c.schedule.prefetch_elements = 1000; }),
                    params_on_nvme(3));
     expect_bitwise(train(o), prefetched, std::string(dtype_name(dtype)) + " prefetching");
     // The persistent unit (the biases and the last layer's weight) stays in memory.
-    const auto persistent = [](EngineConfig& c) { c.persistence_threshold = 100; };
+    const auto persistent = [](EngineConfig& c) { c.schedule.persistence_threshold = 100; };
     o.tweak = both(sub_groups, persistent);
     const TrainResult with_persistent = train(o);
     o.tweak = both(both(sub_groups, persistent), params_on_nvme(2));
@@ -131,8 +131,8 @@ TEST(ParamOffload, ShardLargerThanBufferIsRefused) {
 
 TEST(ParamOffload, BadPathNamesTheFileAndErrno) {
   const std::string message = training_error(3, 1, [](EngineConfig& c) {
-    c.offload_param.device = OffloadDevice::kNvme;
-    c.offload_param.nvme_path = "/nonexistent/nvme";
+    c.offload.param.device = OffloadDevice::kNvme;
+    c.offload.param.nvme_path = "/nonexistent/nvme";
   });
   expect_naming(message, "cannot create the offload file /nonexistent/nvme/zero_param_rank");
   expect_naming(message, "No such file or directory (errno 2)");

@@ -90,10 +90,10 @@ inline TrainResult train(const RunOptions& o) {
   config.micro_batches = o.micro_batches;
   config.optimizer.lr = o.lr;
   config.optimizer.weight_decay = o.weight_decay;
-  config.merge_bytes = o.merge_bytes;
+  config.schedule.merge_bytes = o.merge_bytes;
   config.gradient_clipping = o.clip;
   config.seed = o.seed;
-  config.dtype = o.dtype;
+  config.precision.dtype = o.dtype;
   if (o.tweak) o.tweak(config);
   if (o.comm_delay_us > 0) {
     comm->stream().set_delay_for_testing(std::chrono::microseconds(o.comm_delay_us));

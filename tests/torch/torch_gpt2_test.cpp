@@ -69,7 +69,7 @@ void finish(TrainedRun& run, Engine& engine) {
 TrainedRun train_torch(Communicator& comm, int stage, DType dtype = DType::kFloat32) {
   examples::Gpt2 model(examples::TorchGpt2Config{});
   EngineConfig config = reference_config(stage);
-  config.dtype = dtype;
+  config.precision.dtype = dtype;
   std::unique_ptr<TorchModel> wrapped =
       examples::wrap_gpt2(comm, model, config, kData + "model.safetensors");
   const models::TokenData data(kData + "tokens.bin");

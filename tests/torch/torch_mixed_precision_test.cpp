@@ -41,7 +41,7 @@ torch::nn::Sequential make_affine() {
 
 EngineConfig mixed_config(int stage, DType dtype) {
   EngineConfig config = config_at(stage);
-  config.dtype = dtype;
+  config.precision.dtype = dtype;
   return config;
 }
 
@@ -107,8 +107,8 @@ TEST(TorchMixedPrecision, Fp16MatchesFp32) {
 TEST(TorchMixedPrecision, Fp16OverflowSkipsTheStep) {
   std::unique_ptr<Communicator> comm = make_mpi_communicator();
   EngineConfig config = mixed_config(3, DType::kFloat16);
-  config.loss_scaler.initial_scale_power = 40;
-  config.loss_scaler.hysteresis = 1;  // the first overflow lowers the scale
+  config.precision.loss_scaler.initial_scale_power = 40;
+  config.precision.loss_scaler.hysteresis = 1;  // the first overflow lowers the scale
   TorchModel model(*comm, make_affine(), config);
   const std::vector<std::vector<float>> before = model.engine().gather_full_master();
   const auto [x, y] = batch(0);

@@ -140,7 +140,7 @@ void expect_module_outlives_model(int stage, DType dtype) {
   {
     std::unique_ptr<Communicator> comm = make_mpi_communicator();
     EngineConfig config = config_at(stage);
-    config.dtype = dtype;
+    config.precision.dtype = dtype;
     TorchModel model(*comm, net, config);
     const auto [x, y] = batch(0);
     torch::mse_loss(model.forward(x), y).backward();
@@ -263,7 +263,7 @@ TEST(TorchModel, ChangesAfterWrappingAreErrors) {
 TEST(TorchModel, PersistentParametersAreRefused) {
   std::unique_ptr<Communicator> comm = make_mpi_communicator();
   EngineConfig config = config_at(3);
-  config.persistence_threshold = 100;
+  config.schedule.persistence_threshold = 100;
   expect_error_naming([&] { TorchModel(*comm, make_mlp(1), config); },
                       "stage3_param_persistence_threshold");
 }

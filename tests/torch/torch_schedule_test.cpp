@@ -125,7 +125,7 @@ ReuseRun train_with_reuse(size_t reuse_distance) {
   const int rank = comm->rank();
   const int64_t rows = kGlobalRows / comm->world_size();
   EngineConfig config = config_at(3);
-  config.max_reuse_distance = reuse_distance;
+  config.schedule.max_reuse_distance = reuse_distance;
   TorchModel model(*comm, make_mlp(1), config);
   ReuseRun run;
   for (int step = 0; step < 3; ++step) {

@@ -242,7 +242,7 @@ TEST(TorchUserCalls, InputOfAnotherFloatingDtypeIsRefused) {
   expect_error_naming([&] { fp32.forward(x.to(torch::kBFloat16)); },
                       "forward() got a BFloat16 input, but the module's parameters are Float");
   EngineConfig config = config_at(3);
-  config.dtype = DType::kBFloat16;
+  config.precision.dtype = DType::kBFloat16;
   TorchModel bf16(*comm, make_mlp(1), config);
   expect_error_naming([&] { bf16.forward(x.to(torch::kDouble)); },
                       "got a Double input, but the module's parameters are Float (computed in "

@@ -97,6 +97,10 @@ struct AioConfig {
                                  // next batch starts when the whole previous one completed
 };
 
+// Everything an engine is built from, one group per concern: what the model computes in
+// (precision), how collectives and gathers are grouped and ordered (schedule), where model
+// state lives below the engine's memory (offload), and which ranks share the work (grid). The
+// DeepSpeed config (zero/runtime/config.h) fills it; a program may set it by hand.
 struct EngineConfig {
   // Where the buffers live and the compute runs. A CUDA device needs a communicator on device
   // memory (make_nccl_communicator); the CPU one on host memory (make_mpi_communicator).
@@ -106,98 +110,111 @@ struct EngineConfig {
   float gradient_clipping = 0.0f;  // max global norm; 0 turns clipping off
   OptimizerConfig optimizer;       // optimizer.lr is the learning rate of a constant schedule
   LrScheduleConfig lr_schedule;    // any other schedule sets the rate of each step itself
-  size_t merge_bytes = 0;          // see LayoutOptions::merge_bytes
-  size_t alignment_bytes = 64;
   int kernel_threads = 1;
   uint64_t seed = 1;
 
   // Mixed precision. With bf16 or fp16 the parameters and gradients are 2-byte and each rank
   // keeps an fp32 master copy of its shard next to the Adam moments.
-  DType dtype = DType::kFloat32;           // working dtype (bf16.enabled / fp16.enabled)
-  bool reduce_in_fp32 = false;             // reduce gradients in fp32, not the working dtype
-  float gradient_predivide_factor = 1.0f;  // divide before the reduction, the rest after
-  LossScalerConfig loss_scaler;            // fp16 only
-  // fp32 and bf16 steps with a non-finite gradient stop with an error naming the unit, unless
-  // this is set: then the step is skipped, as fp16's loss scaler does.
-  bool skip_nonfinite_steps = false;
+  struct Precision {
+    DType dtype = DType::kFloat32;           // working dtype (bf16.enabled / fp16.enabled)
+    bool reduce_in_fp32 = false;             // reduce gradients in fp32, not the working dtype
+    float gradient_predivide_factor = 1.0f;  // divide before the reduction, the rest after
+    LossScalerConfig loss_scaler;            // fp16 only
+    // fp32 and bf16 steps with a non-finite gradient stop with an error naming the unit, unless
+    // this is set: then the step is skipped, as fp16's loss scaler does.
+    bool skip_nonfinite_steps = false;
+    // Gradient accumulation over micro-batches (data_types.grad_accum_dtype). Absent: fp32 when
+    // the working dtype is bf16 (as DeepSpeed's bf16 optimizer does), the working dtype
+    // otherwise. Backward still writes the working dtype; each micro-batch is added into the
+    // accumulator.
+    std::optional<DType> grad_accum_dtype;
+  } precision;
 
-  // Gradient accumulation over micro-batches (data_types.grad_accum_dtype). Absent: fp32 when
-  // the working dtype is bf16 (as DeepSpeed's bf16 optimizer does), the working dtype otherwise.
-  // Backward still writes the working dtype; each micro-batch is added into the accumulator.
-  std::optional<DType> grad_accum_dtype;
+  // Units and the grouping of collectives, with DeepSpeed's names (counts in elements; 0 turns
+  // each limit off). Units stay the registered modules (merged only by merge_bytes); the other
+  // keys only group and order collectives.
+  struct Schedule {
+    size_t merge_bytes = 0;  // see LayoutOptions::merge_bytes
+    size_t alignment_bytes = 64;
+    bool overlap_comm = true;    // false: every collective is waited for right away
+    bool reduce_scatter = true;  // false: stages 2-3 all-reduce each bucket, keep the shard
+    // reduce_bucket_size: gradient elements reduced in one collective; consecutive units whose
+    // gradients are ready are packed into one collective up to it (0: one collective per unit).
+    size_t reduce_bucket_elements = 0;
+    // allgather_bucket_size: the same for the post-step parameter all-gathers of stages 1-2.
+    size_t allgather_bucket_elements = 0;
+    size_t prefetch_elements = 0;      // stage3_prefetch_bucket_size: elements gathered ahead of
+                                       // use (0: one unit ahead)
+    size_t persistence_threshold = 0;  // stage3_param_persistence_threshold: parameters with
+                                       // fewer elements stay whole on every rank for the run
+    size_t max_live_elements = 0;      // stage3_max_live_parameters: cap on gathered elements
+    size_t max_reuse_distance = 0;     // stage3_max_reuse_distance: at the end of forward, keep
+                                       // a unit gathered if backward needs it again within this
+                                       // many gathered elements
+    // sub_group_size: at most this many elements in one optimizer pass (0: every shard at once).
+    // With NVMe offload also the unit of I/O: one sub-group's state is read, stepped, written.
+    size_t optimizer_sub_group_elements = 0;
+  } schedule;
 
-  // Scheduling, with DeepSpeed's names (counts in elements; 0 turns each limit off). Units stay
-  // the registered modules (merged only by merge_bytes); these keys only group collectives.
-  bool overlap_comm = true;    // false: every collective is waited for right away
-  bool reduce_scatter = true;  // false: stages 2-3 all-reduce each bucket, keep the shard
-  // reduce_bucket_size: gradient elements reduced in one collective; consecutive units whose
-  // gradients are ready are packed into one collective up to it (0: one collective per unit).
-  size_t reduce_bucket_elements = 0;
-  // allgather_bucket_size: the same for the post-step parameter all-gathers of stages 1-2.
-  size_t allgather_bucket_elements = 0;
-  size_t prefetch_elements = 0;      // stage3_prefetch_bucket_size: elements gathered ahead of
-                                     // use (0: one unit ahead)
-  size_t persistence_threshold = 0;  // stage3_param_persistence_threshold: parameters with
-                                     // fewer elements stay whole on every rank for the run
-  // sub_group_size: at most this many elements in one optimizer pass (0: every shard at once).
-  // With NVMe offload also the unit of I/O: one sub-group's state is read, stepped, written.
-  size_t optimizer_sub_group_elements = 0;
-  OptimizerOffload offload_optimizer;
-  ParamOffload offload_param;
-  AioConfig aio;
-  size_t max_live_elements = 0;   // stage3_max_live_parameters: cap on gathered elements
-  size_t max_reuse_distance = 0;  // stage3_max_reuse_distance: at the end of forward, keep a
-                                  // unit gathered if backward needs it again within this
-                                  // many gathered elements
+  // Model state below the engine's memory (DeepSpeed's offload_optimizer, offload_param, aio).
+  struct Offload {
+    OptimizerOffload optimizer;
+    ParamOffload param;
+    AioConfig aio;
+  } offload;
 
-  // Hybrid sharding (DeepSpeed MiCS's mics_shard_size; -1: off). With k (1 <= k < N, k dividing
-  // the N ranks; stage 3, CPU path) the model state is sharded over shard groups of k
-  // consecutive ranks and replicated across them: gradients are reduce-scattered inside the
-  // group, then each shard is all-reduced across the replica group (the ranks at the same
-  // position in every group); parameters are all-gathered inside the group only. Model state
-  // per rank is 16Ψ/k at fp32. k = N is plain ZeRO-3.
-  int mics_shard_size = -1;
+  // The ranks that share the work besides the engine's own communicator (its data-parallel
+  // group, over which ZeRO shards).
+  struct Grid {
+    // Hybrid sharding (DeepSpeed MiCS's mics_shard_size; -1: off). With k (1 <= k < N, k
+    // dividing the N ranks; stage 3, CPU path) the model state is sharded over shard groups of k
+    // consecutive ranks and replicated across them: gradients are reduce-scattered inside the
+    // group, then each shard is all-reduced across the replica group (the ranks at the same
+    // position in every group); parameters are all-gathered inside the group only. Model state
+    // per rank is 16Ψ/k at fp32. k = N is plain ZeRO-3.
+    int mics_shard_size = -1;
 
-  // Tensor parallelism (Megatron's): the communicator of this rank's tensor-parallel group, on
-  // the engine's memory (MPI on the CPU path, NCCL on a GPU; null: none), which the caller owns
-  // and keeps alive with the engine. The engine's own communicator is then the data-parallel
-  // group's, over which ZeRO shards; the
-  // model splits its layers over this group (ParamSpec::split describes the slices). The
-  // global gradient norm and the overflow check then add each rank's slices over the group and
-  // the replicated parameters once (tensor-parallel rank 0's), as Megatron's clip does.
-  Communicator* tensor_parallel = nullptr;
-  // On a GPU, MPI communicators over the same ranks as the engine's (NCCL) communicator and as
-  // tensor_parallel, for the host-side exchanges (checkpoints, metrics, traces): a process
-  // grid's host_data_parallel and host_tensor_parallel. Null: the engine makes one over the
-  // whole world, which is the engine's ranks without tensor parallelism (tensor parallelism on
-  // a GPU needs both). On the CPU, optional: the engine's own communicator when null; another
-  // over the same ranks keeps host exchanges (a step's loss sum, metrics) from queueing behind
-  // the engine's collectives on its stream, such as the post-step all-gathers that the next
-  // forward waits for unit by unit. host_tensor_parallel is unused on the CPU.
-  Communicator* host_communicator = nullptr;
-  Communicator* host_tensor_parallel = nullptr;
+    // Tensor parallelism (Megatron's): the communicator of this rank's tensor-parallel group, on
+    // the engine's memory (MPI on the CPU path, NCCL on a GPU; null: none), which the caller
+    // owns and keeps alive with the engine. The model splits its layers over this group
+    // (ParamSpec::split describes the slices). The global gradient norm and the overflow check
+    // then add each rank's slices over the group and the replicated parameters once
+    // (tensor-parallel rank 0's), as Megatron's clip does.
+    Communicator* tensor_parallel = nullptr;
+    // On a GPU, MPI communicators over the same ranks as the engine's (NCCL) communicator and as
+    // tensor_parallel, for the host-side exchanges (checkpoints, metrics, traces): a process
+    // grid's host_data_parallel and host_tensor_parallel. Null: the engine makes one over the
+    // whole world, which is the engine's ranks without tensor parallelism (tensor parallelism on
+    // a GPU needs both). On the CPU, optional: the engine's own communicator when null; another
+    // over the same ranks keeps host exchanges (a step's loss sum, metrics) from queueing behind
+    // the engine's collectives on its stream, such as the post-step all-gathers that the next
+    // forward waits for unit by unit. host_tensor_parallel is unused on the CPU.
+    Communicator* host_communicator = nullptr;
+    Communicator* host_tensor_parallel = nullptr;
 
-  // Pipeline parallelism: this engine holds one stage of a pipeline, the other stages' engines
-  // the rest of the model (zero/runtime/pipeline_schedule.h).
-  struct Pipeline {
-    // Over the ranks at this rank's data- and tensor-parallel place in every stage, in host
-    // memory (MPI; null: no pipeline). The gradient norm and the overflow check add every
-    // stage's, so that all stages clip and skip alike.
-    Communicator* stages = nullptr;
-    // Full names of parameters this stage shares with another (the GPT-2's wte, on the first
-    // and last stages): after the last micro-batch their gradients are summed over `ties` (the
-    // ranks of both stages at this rank's tensor-parallel place, on the engine's memory; its
-    // order fixes the sum's), so that both stages step with the gradient of every use.
-    std::vector<std::string> tied_parameters;
-    Communicator* ties = nullptr;
-    // Whether this stage counts the tied parameters in the gradient norm (exactly one does).
-    bool counts_ties_in_norm = true;
-    // Stage 3 with several micro-batches in flight: every unit stays gathered from its first
-    // use in a step until step() (ZeroModel's schedule holds them), instead of being gathered
-    // for every micro-batch; the plan then keeps a gathered buffer for every unit.
-    bool hold_gathered = false;
-  } pipeline;
+    // Pipeline parallelism: this engine holds one stage of a pipeline, the other stages' engines
+    // the rest of the model (zero/runtime/pipeline_schedule.h).
+    struct Pipeline {
+      // Over the ranks at this rank's data- and tensor-parallel place in every stage, in host
+      // memory (MPI; null: no pipeline). The gradient norm and the overflow check add every
+      // stage's, so that all stages clip and skip alike.
+      Communicator* stages = nullptr;
+      // Full names of parameters this stage shares with another (the GPT-2's wte, on the first
+      // and last stages): after the last micro-batch their gradients are summed over `ties` (the
+      // ranks of both stages at this rank's tensor-parallel place, on the engine's memory; its
+      // order fixes the sum's), so that both stages step with the gradient of every use.
+      std::vector<std::string> tied_parameters;
+      Communicator* ties = nullptr;
+      // Whether this stage counts the tied parameters in the gradient norm (exactly one does).
+      bool counts_ties_in_norm = true;
+      // Stage 3 with several micro-batches in flight: every unit stays gathered from its first
+      // use in a step until step() (ZeroModel's schedule holds them), instead of being gathered
+      // for every micro-batch; the plan then keeps a gathered buffer for every unit.
+      bool hold_gathered = false;
+    } pipeline;
+  } grid;
 
+  // Diagnostics.
   // Record compute and collective spans (Engine::trace()) for a Chrome trace and overlap figures.
   // CPU only: the spans are host times, which on CUDA would be launch times, not run times.
   bool trace = false;
