@@ -89,14 +89,15 @@ Engine::Impl::Impl(Communicator& c, const std::vector<ParamDecl>& decls, const E
   }
   sub_groups = plan_sub_groups();
   check_offload_space();
-  if (offloads_params_to_nvme(config)) {
-    param_swap =
-        std::make_unique<ParamSwap>(layout, config, allocator, host_allocator, *device, rank,
-                                    [this](const CommPoint& p) { timeline.wait(p); });
-  }
+  working_shards = std::make_unique<WorkingShards>(
+      layout, config.stage, rank, world, elem, units, allocator,
+      offloads_params_to_nvme(config)
+          ? std::make_unique<ParamSwap>(layout, config, allocator, host_allocator, *device, rank,
+                                        [this](const CommPoint& p) { timeline.wait(p); })
+          : nullptr);
   initialize(decls);
   // The first step's NVMe figures are its own, not the initial values' writes.
-  if (param_swap) param_swap->take_stats();
+  if (working_shards->swap()) working_shards->swap()->take_stats();
   if (offloads_optimizer_to_nvme(config)) open_offload(decls);
   // With nothing offloaded to NVMe after all (no optimizer state in fp32 on the CPU path,
   // nothing trainable), the update runs on the units' own, empty, buffers as in memory.
@@ -360,9 +361,10 @@ void Engine::Impl::initialize(const std::vector<ParamDecl>& decls) {
     const size_t shard_begin = mine.first;
     const size_t shard_end = mine.end();
     upload(s.params_full, config.precision.dtype, 0, unit.numel);
-    if (param_swap && param_swap->swapped(static_cast<int>(u))) {
+    if (working_shards->swapped(static_cast<int>(u))) {
       fill(unit.shard * elem, config.precision.dtype, shard_begin, shard_end);
-      param_swap->store(static_cast<int>(u), host.data(), host.size(), ParamSwap::Side::kHost);
+      working_shards->swap()->store(static_cast<int>(u), host.data(), host.size(),
+                                    ParamSwap::Side::kHost);
     }
     upload(s.params_shard, config.precision.dtype, shard_begin, shard_end);
     if (s.master.empty()) continue;
@@ -501,7 +503,8 @@ uint64_t Engine::pageable_host_bytes() const {
 uint64_t Engine::nvme_bytes() const {
   const uint64_t optimizer_file =
       impl_->offload && impl_->offload->file ? impl_->offload->file->bytes() : 0;
-  return optimizer_file + (impl_->param_swap ? impl_->param_swap->file_bytes() : 0);
+  return optimizer_file +
+         (impl_->working_shards->swap() ? impl_->working_shards->swap()->file_bytes() : 0);
 }
 std::vector<std::vector<float>> Engine::gather_full_params() {
   return impl_->gather_full_params();

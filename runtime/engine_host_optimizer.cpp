@@ -77,11 +77,11 @@ void Engine::Impl::apply_pass_on_host(const std::vector<Piece>& pieces,
     UnitState& s = units[piece.unit];
     // A shard on NVMe (offload_param) is updated in its host buffer and written back to its
     // file from there with its unit's last piece: it goes to the device with its next gather.
-    const bool swapped = param_swap && param_swap->swapped(static_cast<int>(piece.unit));
-    char* shard =
-        swapped
-            ? static_cast<char*>(swap_in_for_update(static_cast<int>(piece.unit), /*on_host=*/true))
-            : nullptr;
+    const int u = static_cast<int>(piece.unit);
+    const bool swapped = working_shards->swapped(u);
+    char* shard = swapped ? static_cast<char*>(working_shards->update_target(
+                                u, update_overwrites_shard(u, /*on_host=*/true), /*on_host=*/true))
+                          : nullptr;
     // The master and state where make() put them; the gradient and the working copy on this
     // side of the bus. fp32 parameters are the master itself; a 16-bit working copy is written
     // beside it.
@@ -100,13 +100,13 @@ void Engine::Impl::apply_pass_on_host(const std::vector<Piece>& pieces,
       std::memcpy(staged, update.shard.master, piece.count * elem);
     }
     if (swapped) {
-      swap_out_after_update(piece);
+      finish_piece(piece);
       continue;
     }
     const void* updated =
         s.host_params.empty() ? static_cast<const void*>(update.shard.master) : staged;
     host_uploads.push_back(device->copy_from_host_async(
-        byte_offset(owned_params(piece.unit), piece.begin * elem), updated, piece.count * elem));
+        byte_offset(working_shards->current(u), piece.begin * elem), updated, piece.count * elem));
   }
 }
 
@@ -118,12 +118,13 @@ void Engine::Impl::end_host_update() {
 void Engine::Impl::set_working_params(size_t u, const float* master) {
   const size_t n = owned_range(u).count;
   if (!steps_on_host(config)) {
-    device->cast(master, DType::kFloat32, owned_params(u), config.precision.dtype, n);
+    device->cast(master, DType::kFloat32, working_shards->current(static_cast<int>(u)),
+                 config.precision.dtype, n);
     return;
   }
   wait_for_host_uploads();
   if (config.precision.dtype == DType::kFloat32) {
-    device->copy_from_host(owned_params(u), master, n * sizeof(float));
+    device->copy_from_host(working_shards->current(static_cast<int>(u)), master, n * sizeof(float));
     return;
   }
   // A shard on NVMe has no host copy of its own (its buffer is lent); the copy below is
@@ -135,7 +136,7 @@ void Engine::Impl::set_working_params(size_t u, const float* master) {
     staged = lent.data();
   }
   kernels::cast(master, DType::kFloat32, staged, config.precision.dtype, n);
-  device->copy_from_host(owned_params(u), staged, n * elem);
+  device->copy_from_host(working_shards->current(static_cast<int>(u)), staged, n * elem);
 }
 
 }  // namespace zero

@@ -15,6 +15,7 @@
 //                        the gradient shards' copies to the host, the update there, the
 //                        parameters' copies back
 //   param_swap.cpp       stage 3's parameter shards on NVMe (offload_param device nvme)
+//   working_shards.cpp   where each unit's working shard lives, for every phase that uses it
 #pragma once
 
 #include <cstdint>
@@ -33,6 +34,7 @@
 #include "param_swap.h"
 #include "shard_store.h"
 #include "unit_state.h"
+#include "working_shards.h"
 #include "zero/runtime/engine.h"
 #include "zero/runtime/nvme_file.h"
 #include "zero/runtime/trace.h"
@@ -233,9 +235,6 @@ struct Engine::Impl {
     return config.stage == 0 ? ElementRange{0, numel} : shard_range(numel, rank, world);
   }
 
-  // This rank's working-dtype parameters the optimizer writes (see owned_range).
-  void* owned_params(size_t u);
-
   // Stage 3: starts unit u's all-gather into a pooled buffer. An optional prefetch stays within
   // the live budget (stage3_max_live_parameters) and the planned buffers and says whether it
   // started; a required gather always starts.
@@ -305,19 +304,11 @@ struct Engine::Impl {
   // update does not notice how the pieces are grouped.
   void apply_pass(const std::vector<Piece>& pieces, const std::function<ShardUpdate(size_t)>& make,
                   float grad_scale);
-  // With parameters on NVMe, swapped unit u's buffer for its update (on a GPU, the device's, or
-  // the host's when `on_host`: the host steps it): unread when the update writes the whole shard
-  // from a master, else read in, with the next trainable unit's read started behind it; and,
-  // after `last` (a piece of a swapped unit), the shard written back when `last` ends the unit's
-  // slice.
-  void* swap_in_for_update(int u, bool on_host);
+  // Whether unit u's update writes its whole working shard (from a master kept elsewhere), so
+  // that the shard's old values need not be read; and, after `last` (a piece of u), u's shard
+  // done with (WorkingShards::updated) when `last` ends the unit's slice.
   bool update_overwrites_shard(int u, bool on_host) const;
-  void swap_out_after_update(const Piece& last);
-
-  // A copy of a swapped unit's shard where the engine computes (device memory on a GPU) for
-  // checkpoint access, read on first use; write_state_views() stores it back to its file and
-  // release_state_views() drops it.
-  void* param_copy(int u);
+  void finish_piece(const Piece& last);
 
   // The piece's update with its master and state arrays where the store put them.
   ShardUpdate piece_update(const Piece& piece, const PieceArrays& arrays);
@@ -400,7 +391,6 @@ struct Engine::Impl {
   void state_loaded();
 
   void write_state_views();
-  void store_param_copies();
 
   void release_state_views();
 
@@ -446,9 +436,8 @@ struct Engine::Impl {
   std::vector<UnitState> units;
   std::vector<std::vector<Piece>> sub_groups;   // update()'s passes
   std::unique_ptr<OffloadedOptimizer> offload;  // optimizer state on NVMe, if offloaded
-  std::unique_ptr<ShardStore> shards;     // where update() and state_view() find master and state
-  std::unique_ptr<ParamSwap> param_swap;  // stage 3's parameter shards on NVMe, if so
-  std::map<int, Buffer> param_copies;     // param_copy()'s shards, by unit
+  std::unique_ptr<ShardStore> shards;  // where update() and state_view() find master and state
+  std::unique_ptr<WorkingShards> working_shards;  // where each unit's working shard lives
   // offload_optimizer cpu: the last update's copies of parameters to the device, which the
   // host waits for before it writes their host side again.
   std::vector<Event> host_uploads;

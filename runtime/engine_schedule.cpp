@@ -4,20 +4,6 @@
 
 namespace zero {
 
-// This rank's working-dtype parameters the optimizer writes (see owned_range).
-void* Engine::Impl::owned_params(size_t u) {
-  UnitState& s = units[u];
-  if (config.stage == 3 && param_swap && param_swap->swapped(static_cast<int>(u))) {
-    const auto copy = param_copies.find(static_cast<int>(u));
-    if (copy != param_copies.end()) return copy->second.data();
-    void* buffer = param_swap->buffer_of(static_cast<int>(u));
-    ZERO_CHECK(buffer != nullptr, "offload_param: unit " << u << "'s shard is not in memory");
-    return buffer;
-  }
-  if (config.stage == 3) return s.params_shard.data();
-  return byte_offset(s.params_full.data(), owned_range(u).first * elem);
-}
-
 // Stage 3: starts unit u's all-gather into a pooled buffer. An optional prefetch stays within
 // the live budget (stage3_max_live_parameters) and the planned buffers and says whether it
 // started; a required gather always starts.
@@ -30,22 +16,14 @@ bool Engine::Impl::start_gather(int u, bool required) {
                                   live + unit.numel > config.schedule.max_live_elements;
     if (over_live_budget || !param_pool.can_acquire_within_plan()) return false;
   }
-  // A shard on NVMe is read into a buffer now, behind compute; the communication stream waits
-  // for the read right before the all-gather, and the buffer is free once that ran.
-  const bool swapped = param_swap && param_swap->swapped(u);
-  if (swapped && !param_swap->start_read(u, required)) return false;
-  const void* shard = swapped ? param_swap->buffer_of(u) : s.params_shard.data();
+  if (!working_shards->start_gather_read(u, required)) return false;
   const double issue_us = Trace::now_us();
   s.params_full = param_pool.acquire(/*zeroed=*/false);
   // The pooled buffer may have just been released by compute: order the gather after it.
   comm.stream().wait(device->record());
-  if (swapped) {
-    // On a GPU the stream runs this at once, so the host waits for the read here.
-    comm.stream().enqueue(param_swap->read_waiter(u));
-    param_swap->upload(u, &comm.stream());
-  }
+  const void* shard = working_shards->gather_source(u, comm.stream());
   s.params_ready = all_gather_unit(u, shard, issue_us);
-  if (swapped) param_swap->drop(u, s.params_ready);
+  working_shards->gathered(u, s.params_ready);
   transition(s.params, {ParamState::kSharded}, ParamState::kGathering, u, "the gather's start");
   live += unit.numel;
   return true;

@@ -10,7 +10,8 @@ Engine::StateView Engine::Impl::state_view(int u) {
   check_unit(u);
   // A post-step all-gather or a prefetch may still be reading these arrays.
   device->wait(comm.stream().record());
-  if (param_swap && param_swap->swapped(u)) param_copy(u);
+  // A swapped shard is read into a copy, which the view reads and a load writes.
+  working_shards->checkpoint_shard(u);
   if (!layout.units()[u].trainable) return frozen_state_view(u);
   Engine::StateView view;
   const ElementRange owned = owned_range(u);
@@ -19,7 +20,8 @@ Engine::StateView Engine::Impl::state_view(int u) {
   const size_t n = owned.count;
   view.state_count = optimizer.state_count();
   const PieceArrays arrays = shards->unit_arrays(u, n);
-  float* master = arrays.master != nullptr ? arrays.master : static_cast<float*>(owned_params(u));
+  float* master =
+      arrays.master != nullptr ? arrays.master : static_cast<float*>(working_shards->current(u));
   // Copies out of the NVMe records are host memory already, and so is state offloaded to the
   // host, which a load may write as soon as the last update's copies to the device have read it.
   // Arrays in the device's memory are copied to the host (host_view).
@@ -31,16 +33,6 @@ Engine::StateView Engine::Impl::state_view(int u) {
     view.state[k] = in_host_memory ? arrays.state[k] : host_view(arrays.state[k], n);
   }
   return view;
-}
-
-void* Engine::Impl::param_copy(int u) {
-  Buffer& copy = param_copies[u];
-  if (copy.empty()) {
-    const size_t bytes = layout.units()[u].shard * elem;
-    copy = allocator.allocate(bytes, MemoryCategory::kOther);
-    param_swap->load(u, copy.data(), bytes, ParamSwap::Side::kDevice);
-  }
-  return copy.data();
 }
 
 // Host memory for the n floats at `data`: the array itself on the CPU; on a GPU a fresh copy,
@@ -63,10 +55,10 @@ Engine::StateView Engine::Impl::frozen_state_view(int u) {
   view.end = owned.end();
   FrozenView& frozen = frozen_views[u];
   if (config.precision.dtype == DType::kFloat32) {
-    view.master = host_view(static_cast<float*>(owned_params(u)), n);
+    view.master = host_view(static_cast<float*>(working_shards->current(u)), n);
   } else {
     std::vector<char> working(n * elem);
-    device->copy_to_host(working.data(), owned_params(u), working.size());
+    device->copy_to_host(working.data(), working_shards->current(u), working.size());
     frozen.master = host_allocator.allocate(n * sizeof(float), MemoryCategory::kOther);
     kernels::cast(working.data(), config.precision.dtype, frozen.master.data(), DType::kFloat32, n);
     view.master = frozen.master.as<float>();
@@ -88,8 +80,7 @@ void Engine::Impl::state_loaded() {
   // working parameters from it; NVMe-resident masters and shards did so as their views were
   // written back.
   for (size_t u = 0; u < units.size(); ++u) {
-    const bool swapped = param_swap && param_swap->swapped(static_cast<int>(u));
-    if (!offload && !swapped && !units[u].master.empty()) {
+    if (!offload && !working_shards->swapped(static_cast<int>(u)) && !units[u].master.empty()) {
       set_working_params(u, units[u].master.as<float>());
     }
   }
@@ -110,32 +101,27 @@ void Engine::Impl::write_state_views() {
     const size_t n = owned_range(u).count;
     std::vector<char> working(n * elem);
     kernels::cast(frozen.master.data(), DType::kFloat32, working.data(), config.precision.dtype, n);
-    device->copy_from_host(owned_params(u), working.data(), working.size());
+    device->copy_from_host(working_shards->current(u), working.data(), working.size());
   }
   frozen_views.clear();
   // A master that came back from a copy rounds its unit's working parameters; a unit whose shard
-  // is on NVMe takes them in a copy of the shard, which store_param_copies() writes to its file.
+  // is on NVMe takes them in a copy of the shard, which store_checkpoint_copies() writes to its
+  // file.
   shards->write_back_views([this](int u, const float* master) {
-    if (param_swap && param_swap->swapped(u)) param_copy(u);
+    working_shards->checkpoint_shard(u);
     set_working_params(static_cast<size_t>(u), master);
   });
-  store_param_copies();
-}
-
-// Each copy of a shard on NVMe that a view handed out goes back to its file now (its working
-// values first rounded from the loaded master where the unit keeps one in memory), so a load
-// writing one unit at a time holds one shard's copy.
-void Engine::Impl::store_param_copies() {
-  for (const auto& [u, copy] : param_copies) {
+  // Each copy of a shard on NVMe that a view handed out goes back to its file now (its working
+  // values first rounded from the loaded master where the unit keeps one in memory), so a load
+  // writing one unit at a time holds one shard's copy.
+  working_shards->store_checkpoint_copies([this](int u) {
     if (!offload && !units[u].master.empty()) set_working_params(u, units[u].master.as<float>());
-    param_swap->store(u, copy.data(), copy.bytes(), ParamSwap::Side::kDevice);
-  }
-  param_copies.clear();
+  });
 }
 
 void Engine::Impl::release_state_views() {
   host_state.clear();
-  param_copies.clear();
+  working_shards->release_checkpoint_copies();
   shards->release_views();
   frozen_views.clear();
 }

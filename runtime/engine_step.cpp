@@ -39,8 +39,8 @@ StepStats Engine::Impl::step() {
     }
     start_post_step_gathers();
   }
-  if (param_swap) {
-    const ParamSwap::Stats swapped = param_swap->take_stats();
+  if (ParamSwap* swap = working_shards->swap()) {
+    const ParamSwap::Stats swapped = swap->take_stats();
     stats.nvme_wait_ms += swapped.wait_ms;
     stats.nvme_read_bytes += swapped.read_bytes;
     stats.nvme_write_bytes += swapped.write_bytes;
@@ -234,32 +234,33 @@ void Engine::Impl::update(float lr, float grad_scale) {
   }
   if (on_host) end_host_update();
   // The next forward reads the shards written back here.
-  if (param_swap) param_swap->flush();
+  working_shards->end_update();
 }
 
 void Engine::Impl::apply_pass(const std::vector<Piece>& pieces,
                               const std::function<ShardUpdate(size_t)>& make, float grad_scale) {
   std::vector<ShardUpdate> group;
-  if (!param_swap) {
+  if (!working_shards->swap()) {
     for (size_t i = 0; i < pieces.size(); ++i) group.push_back(make(i));
     device->apply_optimizer(optimizer, group, accum_dtype, grad_scale, config.precision.dtype);
     return;
   }
+  // Unit by unit, so that a swapped shard is in a buffer while its pieces are stepped.
   for (size_t i = 0; i < pieces.size();) {
     const int u = static_cast<int>(pieces[i].unit);
     size_t end = i;
     while (end < pieces.size() && pieces[end].unit == pieces[i].unit) ++end;
-    const bool swapped = param_swap->swapped(u);
-    if (swapped) swap_in_for_update(u, /*on_host=*/false);
+    const bool overwritten = update_overwrites_shard(u, /*on_host=*/false);
+    working_shards->update_target(u, overwritten, /*on_host=*/false);
     group.clear();
     for (size_t k = i; k < end; ++k) group.push_back(make(k));
     // A shard taken unread must come out of the update whole.
-    ZERO_CHECK(!swapped || !update_overwrites_shard(u, /*on_host=*/false) ||
+    ZERO_CHECK(!working_shards->swapped(u) || !overwritten ||
                    std::all_of(group.begin(), group.end(),
                                [](const ShardUpdate& g) { return g.param_out != nullptr; }),
                "offload_param: unit " << u << "'s update does not write its shard");
     device->apply_optimizer(optimizer, group, accum_dtype, grad_scale, config.precision.dtype);
-    if (swapped) swap_out_after_update(pieces[end - 1]);
+    finish_piece(pieces[end - 1]);
     i = end;
   }
 }
@@ -270,21 +271,9 @@ bool Engine::Impl::update_overwrites_shard(int u, bool on_host) const {
   return on_host || (offload ? offload->layout.master : !units[u].master.empty());
 }
 
-void* Engine::Impl::swap_in_for_update(int u, bool on_host) {
-  if (update_overwrites_shard(u, on_host)) return param_swap->overwritten(u, on_host);
-  void* shard = param_swap->resident(u);
-  // Read the next trainable unit's shard while this one is stepped, if a buffer is free.
-  for (int v = u + 1; v < static_cast<int>(units.size()); ++v) {
-    if (!layout.units()[v].trainable) continue;
-    if (param_swap->swapped(v)) param_swap->start_read(v, /*required=*/false);
-    break;
-  }
-  return shard;
-}
-
-void Engine::Impl::swap_out_after_update(const Piece& last) {
+void Engine::Impl::finish_piece(const Piece& last) {
   if (last.begin + last.count == owned_range(last.unit).count) {
-    param_swap->write_back(static_cast<int>(last.unit));
+    working_shards->updated(static_cast<int>(last.unit));
   }
 }
 
@@ -311,14 +300,15 @@ PieceArrays ResidentShards::unit_arrays(int unit, size_t count) {
 }
 
 ShardUpdate Engine::Impl::piece_update(const Piece& piece, const PieceArrays& arrays) {
-  void* working = owned_params(piece.unit);
+  void* working_shard = working_shards->current(static_cast<int>(piece.unit));
   float* master = arrays.master;
   ShardUpdate update;
   update.shard.n = piece.count;
-  update.shard.master = master != nullptr ? master : static_cast<float*>(working) + piece.begin;
+  update.shard.master =
+      master != nullptr ? master : static_cast<float*>(working_shard) + piece.begin;
   for (int k = 0; k < optimizer.state_count(); ++k) update.shard.state[k] = arrays.state[k];
   update.grad = byte_offset(reducer.owned(piece.unit), piece.begin * accum);
-  update.param_out = master != nullptr ? byte_offset(working, piece.begin * elem) : nullptr;
+  update.param_out = master != nullptr ? byte_offset(working_shard, piece.begin * elem) : nullptr;
   update.weight_decay = piece.weight_decay;
   return update;
 }
@@ -376,12 +366,10 @@ void Engine::Impl::start_post_step_gathers(bool with_frozen) {
 void Engine::Impl::gather_one(int u) {
   UnitState& s = units[u];
   if (s.params_full.empty()) return;
-  // A gathered stage-3 unit whose shard is on NVMe is read in.
-  const bool read_in = param_swap && param_swap->swapped(u);
-  const void* shard = read_in ? param_swap->resident(u) : owned_params(u);
+  const void* shard = working_shards->post_step_source(u);
   const double issue_us = Trace::now_us();
   s.params_ready = all_gather_unit(u, shard, issue_us);
-  if (read_in) param_swap->drop(u, s.params_ready);
+  working_shards->gathered(u, s.params_ready);
   // Stages 1-2 wait for this gather in gather(). A stage-3 unit gathered here was prefetched
   // before a state load: its buffer now holds the loaded values and stays gathered (and
   // counted live) until its release, which gives the buffer back.
@@ -401,7 +389,7 @@ void Engine::Impl::gather_packed(const std::vector<int>& pack) {
   Stream* on = &comm.stream();
   const size_t w = elem;
   for (int u : pack) {
-    const char* mine = static_cast<const char*>(owned_params(u));
+    const char* mine = static_cast<const char*>(working_shards->current(u));
     char* slot = fused + (rank * region + gather_packs.offset_of[u]) * w;
     const size_t bytes = layout.units()[u].shard * w;
     on->enqueue([=] { dev->copy(slot, mine, bytes, on); });
