@@ -21,7 +21,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <climits>
 #include <cstdio>
 #include <optional>
 #include <string>
