@@ -15,7 +15,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -55,49 +54,26 @@ const char* const kUsage =
     "  stage 0, 1 warm-up step, 3 rounds, 1 kernel thread\n";
 
 Options parse_options(int argc, char** argv) {
-  using zero::driver::parse_between;
+  using zero::driver::integer_flag;
+  using zero::driver::text_flag;
   Options opt;
   opt.gpt2.n_layer = 12;
   opt.gpt2.n_head = 6;
   opt.gpt2.n_embd = 384;
   opt.gpt2.vocab_size = 256;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "-h" || flag == "--help") {
-      std::printf("%s", kUsage);
-      std::exit(0);
-    }
-    if (i + 1 >= argc) zero::driver::usage_error("missing value after " + flag);
-    const std::string value = argv[++i];
-    const auto count = [&] { return static_cast<int>(parse_between(flag, value, 1, INT_MAX)); };
-    if (flag == "--n-layer") {
-      opt.gpt2.n_layer = count();
-    } else if (flag == "--n-head") {
-      opt.gpt2.n_head = count();
-    } else if (flag == "--n-embd") {
-      opt.gpt2.n_embd = count();
-    } else if (flag == "--vocab-size") {
-      opt.gpt2.vocab_size = count();
-    } else if (flag == "--seq-len") {
-      opt.seq_len = count();
-    } else if (flag == "--micro-batch") {
-      opt.micro_batch = count();
-    } else if (flag == "--stage") {
-      opt.stage = static_cast<int>(parse_between(flag, value, 0, 3));
-    } else if (flag == "--warmup") {
-      opt.warmup = static_cast<int>(parse_between(flag, value, 0, INT_MAX));
-    } else if (flag == "--rounds") {
-      opt.rounds = count();
-    } else if (flag == "--threads") {
-      opt.threads = count();
-    } else if (flag == "--json") {
-      opt.json_path = value;
-    } else if (flag == "--checkpoint-nvme-path") {
-      opt.nvme_path = value;
-    } else {
-      zero::driver::usage_error("unknown flag " + flag);
-    }
-  }
+  zero::driver::parse_flags(argc, argv, kUsage,
+                            {{"--n-layer", integer_flag(&opt.gpt2.n_layer, 1)},
+                             {"--n-head", integer_flag(&opt.gpt2.n_head, 1)},
+                             {"--n-embd", integer_flag(&opt.gpt2.n_embd, 1)},
+                             {"--vocab-size", integer_flag(&opt.gpt2.vocab_size, 1)},
+                             {"--seq-len", integer_flag(&opt.seq_len, 1)},
+                             {"--micro-batch", integer_flag(&opt.micro_batch, 1)},
+                             {"--stage", integer_flag(&opt.stage, 0, 3)},
+                             {"--warmup", integer_flag(&opt.warmup, 0)},
+                             {"--rounds", integer_flag(&opt.rounds, 1)},
+                             {"--threads", integer_flag(&opt.threads, 1)},
+                             {"--json", text_flag(&opt.json_path)},
+                             {"--checkpoint-nvme-path", text_flag(&opt.nvme_path)}});
   opt.gpt2.block_size = opt.seq_len;
   try {
     zero::models::check_gpt2_config(opt.gpt2);

@@ -92,39 +92,22 @@ const std::string kUsage =
     zero::bench::kStageUsage;
 
 Options parse_options(int argc, char** argv) {
-  using zero::driver::parse_between;
+  using zero::driver::integer_flag;
   Options opt = default_options();
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "-h" || flag == "--help") {
-      std::printf("%s", kUsage.c_str());
-      std::exit(0);
-    }
-    if (i + 1 >= argc) zero::driver::usage_error("missing value after " + flag);
-    const std::string value = argv[++i];
-    if (zero::bench::parse_stage_flag(flag, value, &opt.run)) continue;
-    const auto count = [&] { return static_cast<int>(parse_between(flag, value, 1, INT_MAX)); };
-    if (flag == "--n-layer") {
-      opt.gpt2.n_layer = count();
-    } else if (flag == "--n-head") {
-      opt.gpt2.n_head = count();
-    } else if (flag == "--n-embd") {
-      opt.gpt2.n_embd = count();
-    } else if (flag == "--vocab-size") {
-      opt.gpt2.vocab_size = count();
-    } else if (flag == "--seq-len") {
-      opt.seq_len = count();
-      opt.gpt2.block_size = opt.seq_len;
-    } else if (flag == "--global-batch") {
-      opt.global_batch = count();
-    } else if (flag == "--seed") {
-      opt.seed = static_cast<uint64_t>(parse_between(flag, value, 0, LONG_MAX));
-    } else if (flag == "--peak-size") {
-      opt.peak_size = count();
-    } else {
-      zero::driver::usage_error("unknown flag " + flag);
-    }
-  }
+  zero::driver::FlagTable flags = zero::bench::stage_flags(&opt.run);
+  const auto seq_len = [&](const std::string& flag, const std::string& value) {
+    integer_flag(&opt.seq_len, 1)(flag, value);
+    opt.gpt2.block_size = opt.seq_len;
+  };
+  flags.insert({{"--n-layer", integer_flag(&opt.gpt2.n_layer, 1)},
+                {"--n-head", integer_flag(&opt.gpt2.n_head, 1)},
+                {"--n-embd", integer_flag(&opt.gpt2.n_embd, 1)},
+                {"--vocab-size", integer_flag(&opt.gpt2.vocab_size, 1)},
+                {"--seq-len", seq_len},
+                {"--global-batch", integer_flag(&opt.global_batch, 1)},
+                {"--seed", integer_flag(&opt.seed, 0, LONG_MAX)},
+                {"--peak-size", integer_flag(&opt.peak_size, 1)}});
+  zero::driver::parse_flags(argc, argv, kUsage, flags);
   zero::bench::check_stage_options(opt.run);
   try {
     zero::models::check_gpt2_config(opt.gpt2);

@@ -68,52 +68,45 @@ struct Options {
 };
 
 Options parse_options(int argc, char** argv) {
-  using zero::driver::parse_at_least;
+  using zero::driver::integer_flag;
+  using zero::driver::text_flag;
   using zero::driver::usage_error;
   Options opt;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "-h" || flag == "--help") {
-      std::printf("%s", kUsage);
-      std::exit(0);
+  const auto sizes = [&](const std::string& flag, const std::string& value) {
+    opt.sizes.clear();
+    for (const std::string& item : zero::driver::split_commas(flag, value)) {
+      opt.sizes.push_back(zero::driver::parse_bytes(flag, item));
     }
-    if (i + 1 >= argc) usage_error(flag + " expects a value");
-    const std::string value = argv[++i];
-    if (flag == "--path") {
-      opt.path = value;
-    } else if (flag == "--sizes") {
-      opt.sizes.clear();
-      for (const std::string& item : zero::driver::split_commas(flag, value)) {
-        opt.sizes.push_back(zero::driver::parse_bytes(flag, item));
-      }
-    } else if (flag == "--dtype") {
-      if (value != "bf16" && value != "fp32") usage_error("--dtype must be bf16 or fp32");
-      opt.dtype = value == "bf16" ? zero::DType::kBFloat16 : zero::DType::kFloat32;
-    } else if (flag == "--reps") {
-      opt.reps = static_cast<int>(zero::driver::parse_between(flag, value, 1, 1000));
-    } else if (flag == "--sub-group-size") {
-      opt.sub_group_elements = zero::driver::parse_bytes(flag, value);
-    } else if (flag == "--buffer-count") {
-      opt.buffer_count = static_cast<int>(zero::driver::parse_between(flag, value, 1, 64));
-    } else if (flag == "--block-size") {
-      opt.aio.block_size = zero::driver::parse_bytes(flag, value);
-      if (opt.aio.block_size % 4096 != 0) usage_error("--block-size must be a multiple of 4096");
-      // A request's length travels in 32 bits of its completion tag (RawDisk).
-      if (opt.aio.block_size > (size_t{1} << 30)) usage_error("--block-size must be at most 1G");
-    } else if (flag == "--queue-depth") {
-      opt.aio.queue_depth = static_cast<int>(zero::driver::parse_between(flag, value, 1, 4096));
-    } else if (flag == "--io-threads") {
-      opt.aio.intra_op_parallelism =
-          static_cast<int>(zero::driver::parse_between(flag, value, 1, 64));
-    } else if (flag == "--pipeline") {
-      if (value != "on" && value != "off") usage_error("--pipeline must be on or off");
-      opt.pipeline = value == "on";
-    } else if (flag == "--json") {
-      opt.json = value;
-    } else {
-      usage_error("unknown flag " + flag);
-    }
-  }
+  };
+  const auto dtype = [&](const std::string&, const std::string& value) {
+    if (value != "bf16" && value != "fp32") usage_error("--dtype must be bf16 or fp32");
+    opt.dtype = value == "bf16" ? zero::DType::kBFloat16 : zero::DType::kFloat32;
+  };
+  const auto sub_group_size = [&](const std::string& flag, const std::string& value) {
+    opt.sub_group_elements = zero::driver::parse_bytes(flag, value);
+  };
+  const auto block_size = [&](const std::string& flag, const std::string& value) {
+    opt.aio.block_size = zero::driver::parse_bytes(flag, value);
+    if (opt.aio.block_size % 4096 != 0) usage_error("--block-size must be a multiple of 4096");
+    // A request's length travels in 32 bits of its completion tag (RawDisk).
+    if (opt.aio.block_size > (size_t{1} << 30)) usage_error("--block-size must be at most 1G");
+  };
+  const auto pipeline = [&](const std::string&, const std::string& value) {
+    if (value != "on" && value != "off") usage_error("--pipeline must be on or off");
+    opt.pipeline = value == "on";
+  };
+  zero::driver::parse_flags(argc, argv, kUsage,
+                            {{"--path", text_flag(&opt.path)},
+                             {"--sizes", sizes},
+                             {"--dtype", dtype},
+                             {"--reps", integer_flag(&opt.reps, 1, 1000)},
+                             {"--sub-group-size", sub_group_size},
+                             {"--buffer-count", integer_flag(&opt.buffer_count, 1, 64)},
+                             {"--block-size", block_size},
+                             {"--queue-depth", integer_flag(&opt.aio.queue_depth, 1, 4096)},
+                             {"--io-threads", integer_flag(&opt.aio.intra_op_parallelism, 1, 64)},
+                             {"--pipeline", pipeline},
+                             {"--json", text_flag(&opt.json)}});
   // The raw pass keeps queue_depth x io_threads requests in one ring (io_uring's limit: 32768
   // entries), each with a block of its own.
   const size_t depth = static_cast<size_t>(opt.aio.queue_depth) * opt.aio.intra_op_parallelism;

@@ -112,44 +112,17 @@ const std::string kUsage =
         "  (--steps, --warmup, --rounds default to 12, 2, 4)\n") +
     zero::bench::kStageUsage;
 
-using zero::driver::parse_between;
-using zero::driver::usage_error;
-
-int parse_int(const std::string& flag, const std::string& text, int min_value) {
-  return static_cast<int>(parse_between(flag, text, min_value, INT_MAX));
-}
-
 Options parse_options(int argc, char** argv) {
+  using zero::driver::integer_flag;
   Options opt;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "-h" || flag == "--help") {
-      std::printf("%s", kUsage.c_str());
-      std::exit(0);
-    }
-    if (flag == "--memory-table") {
-      opt.memory_table = true;
-      continue;
-    }
-    if (i + 1 >= argc) usage_error("missing value after " + flag);
-    const std::string value = argv[++i];
-    if (zero::bench::parse_stage_flag(flag, value, &opt.run)) continue;
-    if (flag == "--input-dim") {
-      opt.mlp.input_dim = parse_int(flag, value, 1);
-    } else if (flag == "--hidden") {
-      opt.mlp.hidden_dim = parse_int(flag, value, 1);
-    } else if (flag == "--output-dim") {
-      opt.mlp.output_dim = parse_int(flag, value, 1);
-    } else if (flag == "--layers") {
-      opt.mlp.layers = parse_int(flag, value, 1);
-    } else if (flag == "--global-batch") {
-      opt.global_batch = parse_between(flag, value, 1, LONG_MAX);
-    } else if (flag == "--max-ranks") {
-      opt.max_ranks = static_cast<int>(parse_between(flag, value, 1, 1024));
-    } else {
-      usage_error("unknown flag " + flag);
-    }
-  }
+  zero::driver::FlagTable flags = zero::bench::stage_flags(&opt.run);
+  flags.insert({{"--input-dim", integer_flag(&opt.mlp.input_dim, 1)},
+                {"--hidden", integer_flag(&opt.mlp.hidden_dim, 1)},
+                {"--output-dim", integer_flag(&opt.mlp.output_dim, 1)},
+                {"--layers", integer_flag(&opt.mlp.layers, 1)},
+                {"--global-batch", integer_flag(&opt.global_batch, 1, LONG_MAX)},
+                {"--max-ranks", integer_flag(&opt.max_ranks, 1, 1024)}});
+  zero::driver::parse_flags(argc, argv, kUsage, flags, {{"--memory-table", &opt.memory_table}});
   zero::bench::check_stage_options(opt.run);
   return opt;
 }

@@ -21,7 +21,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <climits>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -68,54 +67,38 @@ int chunks_of(PipelineScheduleKind kind, const Options& opt) {
   return kind == PipelineScheduleKind::kInterleaved ? opt.virtual_stages : 1;
 }
 
-double parse_ms(const std::string& flag, const std::string& value) {
-  return zero::driver::parse_float_at_least(flag, value, 0.0f);
+// A parser storing milliseconds, at least 0.
+zero::driver::FlagParser milliseconds_flag(double* out) {
+  return [out](const std::string& flag, const std::string& value) {
+    *out = zero::driver::parse_float_at_least(flag, value, 0.0f);
+  };
 }
 
 Options parse_options(int argc, char** argv) {
-  using zero::driver::parse_between;
+  using zero::driver::integer_flag;
+  using zero::driver::text_flag;
   Options opt;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "-h" || flag == "--help") {
-      std::printf("%s", kUsage);
-      std::exit(0);
-    }
-    if (i + 1 >= argc) zero::driver::usage_error("missing value after " + flag);
-    const std::string value = argv[++i];
-    const auto count = [&] { return static_cast<int>(parse_between(flag, value, 1, INT_MAX)); };
-    if (flag == "--stages") {
-      opt.stages = count();
-    } else if (flag == "--micro-batches") {
-      opt.micro_batches = count();
-    } else if (flag == "--schedule") {
-      for (const std::string& name : zero::driver::split_commas(flag, value)) {
-        try {
-          opt.schedules.push_back(zero::parse_pipeline_schedule(name));
-        } catch (const zero::Error& e) {
-          zero::driver::usage_error(e.what());
-        }
+  const auto schedules = [&](const std::string& flag, const std::string& value) {
+    for (const std::string& name : zero::driver::split_commas(flag, value)) {
+      try {
+        opt.schedules.push_back(zero::parse_pipeline_schedule(name));
+      } catch (const zero::Error& e) {
+        zero::driver::usage_error(e.what());
       }
-    } else if (flag == "--forward-ms") {
-      opt.forward_ms = parse_ms(flag, value);
-    } else if (flag == "--backward-ms") {
-      opt.backward_ms = parse_ms(flag, value);
-    } else if (flag == "--weight-ms") {
-      opt.weight_ms = parse_ms(flag, value);
-    } else if (flag == "--virtual-stages") {
-      opt.virtual_stages = static_cast<int>(parse_between(flag, value, 2, INT_MAX));
-    } else if (flag == "--activation-elements") {
-      opt.activation_elements = count();
-    } else if (flag == "--steps") {
-      opt.steps = count();
-    } else if (flag == "--json") {
-      opt.json_path = value;
-    } else if (flag == "--timeline-dump") {
-      opt.timeline_prefix = value;
-    } else {
-      zero::driver::usage_error("unknown flag " + flag);
     }
-  }
+  };
+  zero::driver::parse_flags(argc, argv, kUsage,
+                            {{"--stages", integer_flag(&opt.stages, 1)},
+                             {"--micro-batches", integer_flag(&opt.micro_batches, 1)},
+                             {"--schedule", schedules},
+                             {"--forward-ms", milliseconds_flag(&opt.forward_ms)},
+                             {"--backward-ms", milliseconds_flag(&opt.backward_ms)},
+                             {"--weight-ms", milliseconds_flag(&opt.weight_ms)},
+                             {"--virtual-stages", integer_flag(&opt.virtual_stages, 2)},
+                             {"--activation-elements", integer_flag(&opt.activation_elements, 1)},
+                             {"--steps", integer_flag(&opt.steps, 1)},
+                             {"--json", text_flag(&opt.json_path)},
+                             {"--timeline-dump", text_flag(&opt.timeline_prefix)}});
   if (opt.stages == 0) zero::driver::usage_error("--stages is required");
   if (opt.micro_batches == 0) zero::driver::usage_error("--micro-batches is required");
   if (opt.schedules.empty()) zero::driver::usage_error("--schedule is required");

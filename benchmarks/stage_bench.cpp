@@ -218,11 +218,10 @@ const char* const kStageUsage =
     "  --mics-shard-size  also measure stage 3 with hybrid sharding over groups of K ranks\n"
     "                  (MiCS), alternating with stage 3 over all ranks (default 0: off)\n";
 
-bool parse_stage_flag(const std::string& flag, const std::string& value, StageOptions* opt) {
-  const auto count = [&](int min_value) {
-    return static_cast<int>(parse_between(flag, value, min_value, INT_MAX));
-  };
-  if (flag == "--dtype") {
+driver::FlagTable stage_flags(StageOptions* opt) {
+  using driver::integer_flag;
+  using driver::text_flag;
+  const auto dtypes = [opt](const std::string& flag, const std::string& value) {
     opt->dtypes.clear();
     for (const std::string& item : split_commas(flag, value)) {
       DType dtype;
@@ -231,7 +230,8 @@ bool parse_stage_flag(const std::string& flag, const std::string& value, StageOp
       }
       opt->dtypes.push_back(dtype);
     }
-  } else if (flag == "--stages") {
+  };
+  const auto stages = [opt](const std::string& flag, const std::string& value) {
     opt->stages.clear();
     for (const std::string& item : split_commas(flag, value)) {
       const int stage = static_cast<int>(parse_between(flag, item, 0, 3));
@@ -241,43 +241,38 @@ bool parse_stage_flag(const std::string& flag, const std::string& value, StageOp
       opt->stages.push_back(stage);
     }
     std::sort(opt->stages.begin(), opt->stages.end());
-  } else if (flag == "--micro-batches") {
-    opt->micro_batches = count(1);
-  } else if (flag == "--steps") {
-    opt->steps = count(1);
-  } else if (flag == "--warmup") {
-    opt->warmup = count(0);
-  } else if (flag == "--rounds") {
-    opt->rounds = count(1);
-  } else if (flag == "--threads") {
-    opt->kernel_threads = count(1);
-  } else if (flag == "--merge-bytes") {
-    opt->merge_bytes = static_cast<size_t>(parse_between(flag, value, 0, LONG_MAX));
-  } else if (flag == "--overlap-comm") {
+  };
+  const auto overlap_comm = [opt](const std::string& flag, const std::string& value) {
     opt->overlap_comm = parse_between(flag, value, 0, 1) == 1;
-  } else if (flag == "--max-elements-per-call") {
-    opt->max_elements_per_call = static_cast<size_t>(parse_between(flag, value, 1, INT_MAX));
-  } else if (flag == "--json") {
-    opt->json_path = value;
-  } else if (flag == "--trace") {
-    opt->trace_prefix = value;
-  } else if (flag == "--collectives") {
+  };
+  const auto collectives = [opt](const std::string& flag, const std::string& value) {
     opt->collectives.clear();
     for (const std::string& item : split_commas(flag, value)) {
       transport_named(item);  // a bad name is a usage error now, before MPI starts
       opt->collectives.push_back(item);
     }
-  } else if (flag == "--mics-shard-size") {
-    opt->mics_shard_size = count(1);
-  } else if (flag == "--link-counters") {
+  };
+  const auto link_counters = [opt](const std::string&, const std::string& value) {
     if (value.empty() || value.find('/') != std::string::npos) {
       usage_error("--link-counters takes an interface name prefix, got '" + value + "'");
     }
     opt->link_counters = value;
-  } else {
-    return false;
-  }
-  return true;
+  };
+  return {{"--dtype", dtypes},
+          {"--stages", stages},
+          {"--micro-batches", integer_flag(&opt->micro_batches, 1)},
+          {"--steps", integer_flag(&opt->steps, 1)},
+          {"--warmup", integer_flag(&opt->warmup, 0)},
+          {"--rounds", integer_flag(&opt->rounds, 1)},
+          {"--threads", integer_flag(&opt->kernel_threads, 1)},
+          {"--merge-bytes", integer_flag(&opt->merge_bytes, 0, LONG_MAX)},
+          {"--overlap-comm", overlap_comm},
+          {"--max-elements-per-call", integer_flag(&opt->max_elements_per_call, 1)},
+          {"--json", text_flag(&opt->json_path)},
+          {"--trace", text_flag(&opt->trace_prefix)},
+          {"--collectives", collectives},
+          {"--mics-shard-size", integer_flag(&opt->mics_shard_size, 1)},
+          {"--link-counters", link_counters}};
 }
 
 void check_stage_options(const StageOptions& opt) {

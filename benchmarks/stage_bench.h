@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "driver/cli.h"
 #include "driver/metrics_writer.h"
 #include "models/train_step.h"
 #include "zero/collectives/communicator.h"
@@ -47,9 +48,9 @@ struct StageOptions {
 // The usage lines of StageOptions' flags, for a program's usage text.
 extern const char* const kStageUsage;
 
-// Takes `flag` and its `value` into `opt` when it is one of StageOptions' flags; false when it
-// is not. Throws driver::UsageError for a bad value.
-bool parse_stage_flag(const std::string& flag, const std::string& value, StageOptions* opt);
+// StageOptions' flags, each parsed into `opt` (driver::UsageError for a bad value), for a
+// program to add its own to.
+driver::FlagTable stage_flags(StageOptions* opt);
 // Checks what single flags cannot: every round measures at least one step.
 void check_stage_options(const StageOptions& opt);
 

@@ -99,8 +99,9 @@ PeerChannel::~PeerChannel() {
   }
 }
 
-void PeerChannel::check_transfer(const char* what, int peer, int tag, const void* data,
-                                 size_t bytes) const {
+PeerRequest PeerChannel::new_request(bool send, int peer, int tag, const void* data,
+                                     size_t bytes) const {
+  const char* what = send ? "send" : "receive";
   ZERO_CHECK(peer >= 0 && peer < size_,
              what << ": peer " << peer << " is outside the channel's ranks 0.." << size_ - 1);
   ZERO_CHECK(tag >= 0 && tag <= max_tag_, what << " to/from peer " << peer << ": tag " << tag
@@ -110,15 +111,16 @@ void PeerChannel::check_transfer(const char* what, int peer, int tag, const void
                   << " bytes is more than one MPI message carries (" << INT_MAX << ")");
   ZERO_CHECK(data != nullptr || bytes == 0, what << " to/from peer " << peer << ", tag " << tag
                                                  << ": null buffer with " << bytes << " bytes");
-}
-
-PeerRequest PeerChannel::send(int peer, int tag, const void* data, size_t bytes) {
-  check_transfer("send", peer, tag, data, bytes);
   PeerRequest request;
-  request.send_ = true;
+  request.send_ = send;
   request.peer_ = peer;
   request.tag_ = tag;
   request.bytes_ = bytes;
+  return request;
+}
+
+PeerRequest PeerChannel::send(int peer, int tag, const void* data, size_t bytes) {
+  PeerRequest request = new_request(true, peer, tag, data, bytes);
   ZERO_MPI_CHECK(
       MPI_Isend(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, comm_, &request.request_));
   counters_.bytes_sent += bytes;
@@ -126,12 +128,7 @@ PeerRequest PeerChannel::send(int peer, int tag, const void* data, size_t bytes)
 }
 
 PeerRequest PeerChannel::receive(int peer, int tag, void* data, size_t bytes) {
-  check_transfer("receive", peer, tag, data, bytes);
-  PeerRequest request;
-  request.send_ = false;
-  request.peer_ = peer;
-  request.tag_ = tag;
-  request.bytes_ = bytes;
+  PeerRequest request = new_request(false, peer, tag, data, bytes);
   ZERO_MPI_CHECK(
       MPI_Irecv(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, comm_, &request.request_));
   return request;

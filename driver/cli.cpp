@@ -91,4 +91,28 @@ std::vector<std::string> split_commas(const std::string& flag, const std::string
   return items;
 }
 
+void parse_flags(int argc, char** argv, const std::string& usage, const FlagTable& flags,
+                 const std::map<std::string, bool*>& switches) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "-h" || flag == "--help") {
+      std::printf("%s", usage.c_str());
+      std::exit(0);
+    }
+    const auto on = switches.find(flag);
+    if (on != switches.end()) {
+      *on->second = true;
+      continue;
+    }
+    if (i + 1 >= argc) usage_error("missing value after " + flag);
+    const auto parser = flags.find(flag);
+    if (parser == flags.end()) usage_error("unknown flag " + flag);
+    parser->second(flag, argv[++i]);
+  }
+}
+
+FlagParser text_flag(std::string* out) {
+  return [out](const std::string&, const std::string& value) { *out = value; };
+}
+
 }  // namespace zero::driver

@@ -4,8 +4,11 @@
 // Used by examples/, tools/ and benchmarks/; the runtime does not depend on it.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -65,5 +68,28 @@ uint64_t parse_bytes(const std::string& flag, const std::string& text);
 
 // "a,b,c" as its items: "FLAG has an empty item in 'TEXT'" for an empty one.
 std::vector<std::string> split_commas(const std::string& flag, const std::string& text);
+
+// What a flag does with the text after it: parses it into the program's options (UsageError for
+// a bad value).
+using FlagParser = std::function<void(const std::string& flag, const std::string& value)>;
+// A program's flags that take a value, by name.
+using FlagTable = std::map<std::string, FlagParser>;
+
+// argv[1..] as FLAG VALUE pairs, each value given to its flag's parser in `flags`; a flag in
+// `switches` takes no value and sets its bool. -h or --help prints `usage` and exits 0. Throws
+// UsageError "unknown flag FLAG" or "missing value after FLAG".
+void parse_flags(int argc, char** argv, const std::string& usage, const FlagTable& flags,
+                 const std::map<std::string, bool*>& switches = {});
+
+// A parser storing an integer from `min_value` to `max_value` (parse_between's messages).
+template <typename Integer>
+FlagParser integer_flag(Integer* out, long min_value, long max_value = INT_MAX) {
+  return [=](const std::string& flag, const std::string& value) {
+    *out = static_cast<Integer>(parse_between(flag, value, min_value, max_value));
+  };
+}
+
+// A parser storing the value as it is.
+FlagParser text_flag(std::string* out);
 
 }  // namespace zero::driver

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <limits>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "kernel_test_util.h"
@@ -61,6 +62,21 @@ double reference_sum_squares(const GuardedBuffer& x) {
   }
   if (!actual.guards_intact()) return ::testing::AssertionFailure() << "wrote outside its range";
   return ::testing::AssertionSuccess();
+}
+
+// Calls `check(dtype, n, offset)` for every dtype, size and misalignment, each named in what a
+// failure reports.
+template <typename Check>
+void for_each_dtype_size_offset(Check&& check) {
+  for (DType dtype : kDTypes) {
+    for (size_t n : kSizes) {
+      for (size_t offset : kOffsets) {
+        SCOPED_TRACE(::testing::Message()
+                     << dtype_name(dtype) << " n=" << n << " offset=" << offset);
+        check(dtype, n, offset);
+      }
+    }
+  }
 }
 
 // --- Optimizers -------------------------------------------------------------------------------
@@ -272,25 +288,19 @@ TEST_P(ElementwiseKernelTest, CastMatchesScalarReferenceForAllDtypePairs) {
 
 TEST_P(ElementwiseKernelTest, SumSquaresMatchesDoubleSumAndIsPathAndThreadIndependent) {
   std::mt19937 rng(11);
-  for (DType dtype : kDTypes) {
-    for (size_t n : kSizes) {
-      for (size_t offset : kOffsets) {
-        SCOPED_TRACE(::testing::Message()
-                     << dtype_name(dtype) << " n=" << n << " offset=" << offset);
-        GuardedBuffer x(dtype, n, offset);
-        fill_uniform(x, rng, 3.0f);
-        double got = sum_squares(x.data(), dtype, n, options());
-        double want = reference_sum_squares(x);
-        EXPECT_NEAR(got, want, 1e-12 * want);
-        // The summation order is fixed (kernel_paths.h): the scalar path on one thread gives
-        // the same bits as any path on any thread count.
-        use_path(Path::kScalar);
-        double scalar_one_thread = sum_squares(x.data(), dtype, n);
-        use_path(path());
-        EXPECT_EQ(got, scalar_one_thread);
-      }
-    }
-  }
+  for_each_dtype_size_offset([&](DType dtype, size_t n, size_t offset) {
+    GuardedBuffer x(dtype, n, offset);
+    fill_uniform(x, rng, 3.0f);
+    double got = sum_squares(x.data(), dtype, n, options());
+    double want = reference_sum_squares(x);
+    EXPECT_NEAR(got, want, 1e-12 * want);
+    // The summation order is fixed (kernel_paths.h): the scalar path on one thread gives the
+    // same bits as any path on any thread count.
+    use_path(Path::kScalar);
+    double scalar_one_thread = sum_squares(x.data(), dtype, n);
+    use_path(path());
+    EXPECT_EQ(got, scalar_one_thread);
+  });
 }
 
 TEST_P(ElementwiseKernelTest, SumSquaresOfHalfPrecisionValues) {
@@ -312,41 +322,35 @@ TEST_P(ElementwiseKernelTest, AllFiniteFindsNanAndInfAtEveryPosition) {
   const float specials[] = {std::numeric_limits<float>::quiet_NaN(),
                             std::numeric_limits<float>::infinity(),
                             -std::numeric_limits<float>::infinity()};
-  for (DType dtype : kDTypes) {
+  for_each_dtype_size_offset([&](DType dtype, size_t n, size_t offset) {
     // The largest finite value of each dtype is finite.
     const float largest = dtype == DType::kFloat32    ? std::numeric_limits<float>::max()
                           : dtype == DType::kBFloat16 ? bf16_to_float(0x7f7f)
                                                       : 65504.0f;
-    for (size_t n : kSizes) {
-      for (size_t offset : kOffsets) {
-        SCOPED_TRACE(::testing::Message()
-                     << dtype_name(dtype) << " n=" << n << " offset=" << offset);
-        GuardedBuffer x(dtype, n, offset);
-        for (size_t i = 0; i < n; ++i)
-          x.set(i, i % 3 == 0 ? -largest : 0.5f * static_cast<float>(i % 1000));
-        // Guard bytes of 0xA5 are finite; the element just past the end is made a NaN below to
-        // prove the kernel stops at n.
-        EXPECT_TRUE(all_finite(x.data(), dtype, n, options()));
-        std::vector<size_t> positions;
-        if (n <= 40) {
-          for (size_t i = 0; i < n; ++i) positions.push_back(i);
-        } else {
-          for (size_t i : {size_t{0}, size_t{1}, n / 2, n - 17, n - 9, n - 8, n - 2, n - 1}) {
-            positions.push_back(i);
-          }
-        }
-        for (size_t position : positions) {
-          for (float special : specials) {
-            float saved = x.get(position);
-            x.set(position, special);
-            EXPECT_FALSE(all_finite(x.data(), dtype, n, options()))
-                << special << " at " << position << " not found";
-            x.set(position, saved);
-          }
-        }
+    GuardedBuffer x(dtype, n, offset);
+    for (size_t i = 0; i < n; ++i)
+      x.set(i, i % 3 == 0 ? -largest : 0.5f * static_cast<float>(i % 1000));
+    // Guard bytes of 0xA5 are finite; the element just past the end is made a NaN below to
+    // prove the kernel stops at n.
+    EXPECT_TRUE(all_finite(x.data(), dtype, n, options()));
+    std::vector<size_t> positions;
+    if (n <= 40) {
+      for (size_t i = 0; i < n; ++i) positions.push_back(i);
+    } else {
+      for (size_t i : {size_t{0}, size_t{1}, n / 2, n - 17, n - 9, n - 8, n - 2, n - 1}) {
+        positions.push_back(i);
       }
     }
-  }
+    for (size_t position : positions) {
+      for (float special : specials) {
+        float saved = x.get(position);
+        x.set(position, special);
+        EXPECT_FALSE(all_finite(x.data(), dtype, n, options()))
+            << special << " at " << position << " not found";
+        x.set(position, saved);
+      }
+    }
+  });
 }
 
 TEST_P(ElementwiseKernelTest, AllFiniteReadsNothingPastTheEnd) {
@@ -380,21 +384,15 @@ TEST_P(ElementwiseKernelTest, AccumulateMatchesReference) {
 
 TEST_P(ElementwiseKernelTest, ScaleMatchesReference) {
   std::mt19937 rng(6);
-  for (DType dtype : kDTypes) {
-    for (size_t n : kSizes) {
-      for (size_t offset : kOffsets) {
-        SCOPED_TRACE(::testing::Message()
-                     << dtype_name(dtype) << " n=" << n << " offset=" << offset);
-        GuardedBuffer x(dtype, n, offset);
-        fill_uniform(x, rng, 100.0f);
-        GuardedBuffer want = x;
-        const float alpha = 1.0f / 3.0f;
-        for (size_t i = 0; i < n; ++i) want.set(i, want.get(i) * alpha);
-        scale(x.data(), dtype, alpha, n, options());
-        EXPECT_TRUE(same_bits(x, want)) << "scale";
-      }
-    }
-  }
+  for_each_dtype_size_offset([&](DType dtype, size_t n, size_t offset) {
+    GuardedBuffer x(dtype, n, offset);
+    fill_uniform(x, rng, 100.0f);
+    GuardedBuffer want = x;
+    const float alpha = 1.0f / 3.0f;
+    for (size_t i = 0; i < n; ++i) want.set(i, want.get(i) * alpha);
+    scale(x.data(), dtype, alpha, n, options());
+    EXPECT_TRUE(same_bits(x, want)) << "scale";
+  });
 }
 
 TEST_P(ElementwiseKernelTest, FlattenAndUnflattenRoundTrip) {
@@ -531,18 +529,21 @@ TEST(KernelSelection, CpuFeaturesMatchProcCpuinfo) {
   auto listed = [&](const char* flag) {
     return flags_line.find(std::string(" ") + flag + " ") != std::string::npos;
   };
-  EXPECT_EQ(f.avx2, listed("avx2"));
-  EXPECT_EQ(f.fma, listed("fma"));
-  EXPECT_EQ(f.f16c, listed("f16c"));
-  EXPECT_EQ(f.avx512f, listed("avx512f"));
-  EXPECT_EQ(f.avx512bw, listed("avx512bw"));
-  EXPECT_EQ(f.avx512vl, listed("avx512vl"));
-  EXPECT_EQ(f.avx512dq, listed("avx512dq"));
-  EXPECT_EQ(f.avx512cd, listed("avx512cd"));
-  EXPECT_EQ(f.avx512_bf16, listed("avx512_bf16"));
-  EXPECT_EQ(f.avx512_fp16, listed("avx512_fp16"));
-  EXPECT_EQ(f.amx_tile, listed("amx_tile"));
-  EXPECT_EQ(f.amx_bf16, listed("amx_bf16"));
+  // Each flag of CpuFeatures by its name in /proc/cpuinfo.
+  const std::pair<bool CpuFeatures::*, const char*> flags[] = {
+      {&CpuFeatures::avx2, "avx2"},
+      {&CpuFeatures::fma, "fma"},
+      {&CpuFeatures::f16c, "f16c"},
+      {&CpuFeatures::avx512f, "avx512f"},
+      {&CpuFeatures::avx512bw, "avx512bw"},
+      {&CpuFeatures::avx512vl, "avx512vl"},
+      {&CpuFeatures::avx512dq, "avx512dq"},
+      {&CpuFeatures::avx512cd, "avx512cd"},
+      {&CpuFeatures::avx512_bf16, "avx512_bf16"},
+      {&CpuFeatures::avx512_fp16, "avx512_fp16"},
+      {&CpuFeatures::amx_tile, "amx_tile"},
+      {&CpuFeatures::amx_bf16, "amx_bf16"}};
+  for (const auto& [flag, name] : flags) EXPECT_EQ(f.*flag, listed(name)) << name;
   EXPECT_NE(model_line.find(f.model), std::string::npos) << model_line << " vs " << f.model;
 }
 

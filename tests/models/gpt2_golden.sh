@@ -38,9 +38,7 @@ if [ "$device" = cuda ] && ! nvidia-smi -L 2>/dev/null | grep -q GPU; then
   echo "no CUDA device: skipping (nvidia-smi lists no GPU)"
   exit 0
 fi
-data="$(cd "$(dirname "${BASH_SOURCE[0]}")/../data/gpt2" && pwd)"
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/gpt2_reference.sh"
 # The reference's optimizer config, with DeepSpeed's activation_checkpointing.cpu_checkpointing
 # (on CUDA: checkpoints in pinned host memory, fetched back ahead of backward) and
 # synchronize_checkpoint_boundary (a device synchronization as each checkpointed block's forward
@@ -64,16 +62,13 @@ train() {
   shift 2
   local launch=()
   if [ ${#mpiexec[@]} -gt 0 ]; then launch=("${mpiexec[@]}" -np "$np"); fi
-  "${launch[@]}" "$bin/zero-train" --model gpt2 --config "$config" --stage "$stage" \
-    --device "$device" --dtype "$dtype" \
-    --n-layer 2 --n-head 4 --n-embd 64 --vocab-size 256 --block-size 64 --seq-len 32 \
-    --global-batch 4 --steps 3 --data "$data/tokens.bin" --init-from "$data/model.safetensors" \
-    --val-data "$data/tokens.bin" --val-every 1 --val-batches 1 \
-    --metrics "$run.jsonl" --save-dir "$run.ckpt" "$@" > "$run.log" 2>&1 || {
-    cat "$run.log"; echo "zero-train failed at stage $stage on $np rank(s)"; exit 1; }
+  run_logged "$run.log" "zero-train failed at stage $stage on $np rank(s)" \
+    "${launch[@]}" "$bin/zero-train" "${reference_model[@]}" --config "$config" \
+    --init-from "$data/model.safetensors" --stage "$stage" --device "$device" --dtype "$dtype" \
+    --steps 3 --val-data "$data/tokens.bin" --val-every 1 --val-batches 1 \
+    --metrics "$run.jsonl" --save-dir "$run.ckpt" "$@"
   "$bin/zero-checkpoint" export "$run.ckpt" --to "$run.safetensors" > /dev/null
 }
-mpiexec=("$@")
 
 for stage in 0 1 2 3; do
   run="$work/stage$stage"

@@ -20,21 +20,16 @@ while [ "$1" != "--" ]; do
   shift 2
 done
 shift
-mpiexec=("$@")
-data="$(cd "$(dirname "${BASH_SOURCE[0]}")/../data/gpt2" && pwd)"
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/gpt2_reference.sh"
 
 # train STAGE NAME [FLAGS...]: one zero-train run of the reference.
 train() {
   local stage="$1" run="$work/$2"
   shift 2
-  "${mpiexec[@]}" -np "$np" "$bin/zero-train" --model gpt2 --config "$data/adamw.json" \
-    --stage "$stage" --tp "$tp" --micro-batches "$micro_batches" \
-    --n-layer 2 --n-head 4 --n-embd 64 --vocab-size 256 --block-size 64 --seq-len 32 \
-    --global-batch 4 --steps 3 --data "$data/tokens.bin" --init-from "$data/model.safetensors" \
-    --metrics "$run.jsonl" "$@" > "$run.log" 2>&1 || {
-    cat "$run.log"; echo "zero-train failed: stage $stage, $np rank(s), $*"; exit 1; }
+  run_logged "$run.log" "zero-train failed: stage $stage, $np rank(s), $*" \
+    "${mpiexec[@]}" -np "$np" "$bin/zero-train" "${reference_model[@]}" \
+    --config "$data/adamw.json" --init-from "$data/model.safetensors" --stage "$stage" \
+    --tp "$tp" --micro-batches "$micro_batches" --steps 3 --metrics "$run.jsonl" "$@"
 }
 
 # The job without a pipeline: the ranks of one stage, the same micro-batches.
@@ -76,12 +71,10 @@ python3 -c 'import json, sys
 c = json.load(open(sys.argv[1]))
 c["pipeline"] = {"stages": int(sys.argv[3]), "partition": "uniform"}
 json.dump(c, open(sys.argv[2], "w"))' "$data/adamw.json" "$work/pipeline.json" "$pp"
-"${mpiexec[@]}" -np "$np" "$bin/zero-train" --model gpt2 --config "$work/pipeline.json" \
-  --stage 1 --tp "$tp" --micro-batches "$micro_batches" \
-  --n-layer 2 --n-head 4 --n-embd 64 --vocab-size 256 --block-size 64 --seq-len 32 \
-  --global-batch 4 --steps 3 --data "$data/tokens.bin" --init-from "$data/model.safetensors" \
-  --metrics "$work/config.jsonl" > "$work/config.log" 2>&1 || {
-  cat "$work/config.log"; echo "zero-train failed with the pipeline section"; exit 1; }
+run_logged "$work/config.log" "zero-train failed with the pipeline section" \
+  "${mpiexec[@]}" -np "$np" "$bin/zero-train" "${reference_model[@]}" \
+  --config "$work/pipeline.json" --init-from "$data/model.safetensors" --stage 1 --tp "$tp" \
+  --micro-batches "$micro_batches" --steps 3 --metrics "$work/config.jsonl"
 echo "ZeRO stage 1, pipeline.stages $pp from the config:"
 grep -E "^pipeline stage" "$work/config.log"
 "$bin/gpt2_golden_check" --expected "$data/expected_fp64.json" --metrics "$work/config.jsonl" \

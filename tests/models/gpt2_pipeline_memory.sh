@@ -20,10 +20,7 @@ while [ "$1" != "--" ]; do
   esac
 done
 shift
-mpiexec=("$@")
-data="$(cd "$(dirname "${BASH_SOURCE[0]}")/../data/gpt2" && pwd)"
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/gpt2_reference.sh"
 layers=4 heads=4 embd=64 vocab=256 seq=16 micro_batches=4 global_batch=8
 
 for schedule in gpipe 1f1b; do
@@ -35,13 +32,12 @@ for schedule in gpipe 1f1b; do
       number_flag=(--number-checkpoints "$number")
     fi
     run="$work/$schedule-$recompute-$number"
-    "${mpiexec[@]}" -np "$np" "$bin/zero-train" --model gpt2 --n-layer "$layers" \
+    run_logged "$run.log" "zero-train failed: $schedule, $checkpointing" \
+      "${mpiexec[@]}" -np "$np" "$bin/zero-train" --model gpt2 --n-layer "$layers" \
       --n-head "$heads" --n-embd "$embd" --vocab-size "$vocab" --block-size 64 --seq-len "$seq" \
       --global-batch "$global_batch" --micro-batches "$micro_batches" --steps 2 \
       --data "$data/tokens.bin" --pp "$pp" --tp "$tp" --pp-schedule "$schedule" --pp-partition uniform \
-      --activation-checkpointing "$recompute" "${number_flag[@]}" \
-      --metrics "$run.jsonl" > "$run.log" 2>&1 || {
-      cat "$run.log"; echo "zero-train failed: $schedule, $checkpointing"; exit 1; }
+      --activation-checkpointing "$recompute" "${number_flag[@]}" --metrics "$run.jsonl"
     python3 - "$run.jsonl" "$np" "$pp" "$tp" "$schedule" "$recompute" "$number" \
       "$layers" "$heads" "$embd" "$vocab" "$seq" "$micro_batches" "$global_batch" <<'PY'
 import json, sys

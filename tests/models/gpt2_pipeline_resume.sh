@@ -9,20 +9,17 @@
 set -euo pipefail
 bin="$1"; stage="$2"; shift 2
 [ "$1" = "--" ] && shift
-mpiexec=("$@")
-data="$(cd "$(dirname "${BASH_SOURCE[0]}")/../data/gpt2" && pwd)"
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/gpt2_reference.sh"
+# The reference at ZeRO stage STAGE cut into 2 pipeline stages: every run below but the last.
+pipelined=("${reference_model[@]}" --config "$data/adamw.json" --stage "$stage" --pp 2
+  --micro-batches 2)
 
-# train NP NAME [FLAGS...]: a pipelined zero-train run of the reference, 2 stages.
+# train NP NAME [FLAGS...]: a pipelined zero-train run of the reference from its weights.
 train() {
   local np="$1" run="$work/$2"
   shift 2
-  "${mpiexec[@]}" -np "$np" "$bin/zero-train" --model gpt2 --config "$data/adamw.json" \
-    --stage "$stage" --pp 2 --micro-batches 2 \
-    --n-layer 2 --n-head 4 --n-embd 64 --vocab-size 256 --block-size 64 --seq-len 32 \
-    --global-batch 4 --data "$data/tokens.bin" --init-from "$data/model.safetensors" "$@" \
-    > "$run.log" 2>&1 || { cat "$run.log"; echo "zero-train failed: $np rank(s), $*"; exit 1; }
+  run_logged "$run.log" "zero-train failed: $np rank(s), $*" "${mpiexec[@]}" -np "$np" \
+    "$bin/zero-train" "${pipelined[@]}" --init-from "$data/model.safetensors" "$@"
 }
 
 train 2 whole --steps 3 --save-dir "$work/whole.ckpt" --metrics "$work/whole.jsonl"
@@ -38,12 +35,9 @@ cp "$work/split.jsonl" "$work/wide.jsonl"
 # --init-from is the starting point of a fresh run only: the resume takes the checkpoint's.
 resume() {
   local np="$1" dir="$2" metrics="$3" log="$4"
-  "${mpiexec[@]}" -np "$np" "$bin/zero-train" --model gpt2 --config "$data/adamw.json" \
-    --stage "$stage" --pp 2 --micro-batches 2 \
-    --n-layer 2 --n-head 4 --n-embd 64 --vocab-size 256 --block-size 64 --seq-len 32 \
-    --global-batch 4 --data "$data/tokens.bin" --steps 3 --save-dir "$dir" \
-    --resume latest --metrics "$metrics" > "$log" 2>&1 ||
-    { cat "$log"; echo "the resume on $np ranks failed"; exit 1; }
+  run_logged "$log" "the resume on $np ranks failed" "${mpiexec[@]}" -np "$np" \
+    "$bin/zero-train" "${pipelined[@]}" --steps 3 --save-dir "$dir" --resume latest \
+    --metrics "$metrics"
   grep -q "resumed from $dir at step 2" "$log" ||
     { cat "$log"; echo "the resume did not say where it resumed"; exit 1; }
 }
@@ -62,10 +56,8 @@ echo "resumed on 4 ranks (2 data-parallel per stage), against the run on 2:"
 
 # Another number of stages: refused on every rank (exit 2), naming both.
 set +e
-"${mpiexec[@]}" -np 1 "$bin/zero-train" --model gpt2 --config "$data/adamw.json" \
-  --stage "$stage" --micro-batches 2 --n-layer 2 --n-head 4 --n-embd 64 --vocab-size 256 \
-  --block-size 64 --seq-len 32 --global-batch 4 --data "$data/tokens.bin" --steps 4 \
-  --resume "$work/whole.ckpt" > "$work/other.log" 2>&1
+"${mpiexec[@]}" -np 1 "$bin/zero-train" "${reference_model[@]}" --config "$data/adamw.json" \
+  --stage "$stage" --micro-batches 2 --steps 4 --resume "$work/whole.ckpt" > "$work/other.log" 2>&1
 rc=$?
 set -e
 [ "$rc" = 2 ] && grep -q "saved by a pipeline of 2 stages" "$work/other.log" ||

@@ -13,24 +13,18 @@ bin="$1"; np="$2"; tp="$3"; tolerance="$4"; shift 4
 extra=()
 while [ "$1" != "--" ]; do extra+=("$1"); shift; done
 shift
-mpiexec=("$@")
-data="$(cd "$(dirname "${BASH_SOURCE[0]}")/../data/gpt2" && pwd)"
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/gpt2_reference.sh"
 
 # train STAGE RANKS TP NAME [FLAGS...]: one zero-train run of the reference, its metrics in
 # NAME.jsonl.
 train() {
   local stage="$1" ranks="$2" split="$3" run="$work/$4"
   shift 4
-  "${mpiexec[@]}" -np "$ranks" "$bin/zero-train" --model gpt2 --config "$data/adamw.json" \
-    --stage "$stage" --tp "$split" \
-    --n-layer 2 --n-head 4 --n-embd 64 --vocab-size 256 --block-size 64 --seq-len 32 \
-    --global-batch 4 --steps 3 --data "$data/tokens.bin" --init-from "$data/model.safetensors" \
-    --val-data "$data/tokens.bin" --val-every 1 --val-batches 1 \
-    --metrics "$run.jsonl" "${extra[@]}" "$@" > "$run.log" 2>&1 || {
-    cat "$run.log"; echo "zero-train failed at stage $stage on $ranks rank(s), --tp $split $*"
-    exit 1; }
+  run_logged "$run.log" "zero-train failed at stage $stage on $ranks rank(s), --tp $split $*" \
+    "${mpiexec[@]}" -np "$ranks" "$bin/zero-train" "${reference_model[@]}" \
+    --config "$data/adamw.json" --init-from "$data/model.safetensors" --stage "$stage" \
+    --tp "$split" --steps 3 --val-data "$data/tokens.bin" --val-every 1 --val-batches 1 \
+    --metrics "$run.jsonl" "${extra[@]}" "$@"
 }
 
 # check_formulas NAME [RECOMPUTE]: the run's peak activations and tensor-parallel traffic against

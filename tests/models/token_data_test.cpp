@@ -62,6 +62,24 @@ std::vector<uint16_t> iota_tokens(size_t count, uint16_t first = 0) {
   return tokens;
 }
 
+struct Sequences {
+  std::vector<float> inputs;
+  std::vector<int32_t> targets;
+};
+
+// Sequences first..first + count - 1 of the B x T batch at `step`.
+Sequences read_slice(const TokenData& data, long step, int B, int T, int first, int count) {
+  const size_t size = static_cast<size_t>(count) * static_cast<size_t>(T);
+  Sequences s{std::vector<float>(size), std::vector<int32_t>(size)};
+  data.read_sequences(step, B, T, first, count, s.inputs.data(), s.targets.data());
+  return s;
+}
+
+// The whole B x T batch at `step`.
+Sequences read_batch(const TokenData& data, long step, int B, int T) {
+  return read_slice(data, step, B, T, 0, B);
+}
+
 std::vector<uint16_t> all_tokens(const TokenData& data) {
   std::vector<uint16_t> tokens(data.size());
   data.read_tokens(0, data.size(), tokens.data());
@@ -211,9 +229,7 @@ TEST_F(TokenDataTest, SequencesAreTheTokensAfterTheBatchStart) {
   const int B = 2;
   const int T = 8;
   for (const long step : {0L, 3L, 5L, 6L, 11L}) {
-    std::vector<float> inputs(B * T);
-    std::vector<int32_t> targets(B * T);
-    data.read_sequences(step, B, T, 0, B, inputs.data(), targets.data());
+    const auto [inputs, targets] = read_batch(data, step, B, T);
     const size_t p = static_cast<size_t>(step % 6) * 16;
     for (int i = 0; i < B; ++i) {
       for (int j = 0; j < T; ++j) {
@@ -237,20 +253,12 @@ TEST_F(TokenDataTest, ResumedRunReadsTheBatchOfItsStep) {
   std::vector<std::vector<float>> run;
   {
     const TokenData data(file);
-    for (long s = 0; s < 40; ++s) {
-      std::vector<float> inputs(B * T);
-      std::vector<int32_t> targets(B * T);
-      data.read_sequences(s, B, T, 0, B, inputs.data(), targets.data());
-      run.push_back(inputs);
-    }
+    for (long s = 0; s < 40; ++s) run.push_back(read_batch(data, s, B, T).inputs);
   }
   // ... and a run resumed at step 27 opens the files anew and reads the same batches.
   const TokenData resumed(file);
   for (long s = 27; s < 40; ++s) {
-    std::vector<float> inputs(B * T);
-    std::vector<int32_t> targets(B * T);
-    resumed.read_sequences(s, B, T, 0, B, inputs.data(), targets.data());
-    EXPECT_EQ(inputs, run[static_cast<size_t>(s)]) << "step " << s;
+    EXPECT_EQ(read_batch(resumed, s, B, T).inputs, run[static_cast<size_t>(s)]) << "step " << s;
   }
   // 299 / 21 = 14 batches per pass: step 14 is step 0 again, step 27 is step 13.
   EXPECT_EQ(run[14], run[0]);
@@ -267,9 +275,7 @@ TEST_F(TokenDataTest, SlicesConcatenateToTheWholeBatch) {
   const int B = 4;
   const int T = 6;
   for (const long step : {0L, 1L, 2L, 4L, 9L}) {
-    std::vector<float> whole_in(B * T);
-    std::vector<int32_t> whole_tg(B * T);
-    data.read_sequences(step, B, T, 0, B, whole_in.data(), whole_tg.data());
+    const Sequences whole = read_batch(data, step, B, T);
     // Ranks x micro-batches: 1x4, 2x2, 4x1 and an uneven 1+3.
     for (const std::vector<int>& counts : {std::vector<int>{4}, std::vector<int>{2, 2},
                                            std::vector<int>{1, 1, 1, 1}, std::vector<int>{1, 3}}) {
@@ -277,15 +283,13 @@ TEST_F(TokenDataTest, SlicesConcatenateToTheWholeBatch) {
       std::vector<int32_t> tg;
       int first = 0;
       for (const int count : counts) {
-        std::vector<float> part_in(static_cast<size_t>(count * T));
-        std::vector<int32_t> part_tg(static_cast<size_t>(count * T));
-        data.read_sequences(step, B, T, first, count, part_in.data(), part_tg.data());
-        in.insert(in.end(), part_in.begin(), part_in.end());
-        tg.insert(tg.end(), part_tg.begin(), part_tg.end());
+        const Sequences part = read_slice(data, step, B, T, first, count);
+        in.insert(in.end(), part.inputs.begin(), part.inputs.end());
+        tg.insert(tg.end(), part.targets.begin(), part.targets.end());
         first += count;
       }
-      EXPECT_EQ(in, whole_in) << "step " << step << ", " << counts.size() << " slices";
-      EXPECT_EQ(tg, whole_tg) << "step " << step << ", " << counts.size() << " slices";
+      EXPECT_EQ(in, whole.inputs) << "step " << step << ", " << counts.size() << " slices";
+      EXPECT_EQ(tg, whole.targets) << "step " << step << ", " << counts.size() << " slices";
     }
   }
 }
@@ -337,9 +341,7 @@ TEST(TokenDataReference, TokensBinIsOneBatchAtEveryStep) {
   EXPECT_EQ(data.batches_per_pass(B, T), 1);
   const std::vector<uint16_t> tokens = all_tokens(data);
   for (long step = 0; step < 3; ++step) {
-    std::vector<float> inputs(B * T);
-    std::vector<int32_t> targets(B * T);
-    data.read_sequences(step, B, T, 0, B, inputs.data(), targets.data());
+    const auto [inputs, targets] = read_batch(data, step, B, T);
     for (size_t k = 0; k < inputs.size(); ++k) {
       ASSERT_EQ(inputs[k], static_cast<float>(tokens[k])) << "step " << step << " at " << k;
       ASSERT_EQ(targets[k], tokens[k + 1]) << "step " << step << " at " << k;

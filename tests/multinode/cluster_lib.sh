@@ -21,6 +21,18 @@ start_cluster() {
   hostfile="${ZERO_NETNS_STATE:-/run/zero-netns}/hostfile"
 }
 
+# run_job NAME COMMAND...: COMMAND with its output in $work/NAME.log; when it fails, the log is
+# shown and the test fails naming NAME.
+run_job() {
+  local name="$1"
+  shift
+  "$@" > "$work/$name.log" 2>&1 || {
+    cat "$work/$name.log"
+    echo "FAIL: $name: the job failed"
+    exit 1
+  }
+}
+
 on_cluster() {
   (
     eval "$(bash "$cluster" env)"

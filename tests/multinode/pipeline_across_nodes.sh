@@ -43,15 +43,10 @@ start_cluster 2 1
 train() {
   local name="$1" steps="$2"
   shift 2
-  "$@" -np 2 --pp 2 -- "$bin/zero-train" --model gpt2 --config "$data/adamw.json" --pp 2 \
-    --n-layer 2 --n-head 4 --n-embd 64 --vocab-size 256 --block-size 64 --seq-len 32 \
-    --global-batch 4 --micro-batches 2 --steps "$steps" --data "$data/tokens.bin" \
-    --init-from "$data/model.safetensors" --metrics "$work/$name.jsonl" \
-    > "$work/$name.log" 2>&1 || {
-    cat "$work/$name.log"
-    echo "FAIL: $name: the job failed"
-    exit 1
-  }
+  run_job "$name" "$@" -np 2 --pp 2 -- "$bin/zero-train" --model gpt2 \
+    --config "$data/adamw.json" --pp 2 --n-layer 2 --n-head 4 --n-embd 64 --vocab-size 256 \
+    --block-size 64 --seq-len 32 --global-batch 4 --micro-batches 2 --steps "$steps" \
+    --data "$data/tokens.bin" --init-from "$data/model.safetensors" --metrics "$work/$name.jsonl"
 }
 
 # measure NAME STEPS: the job on the two nodes; sets `received`, the bytes node0 and node1

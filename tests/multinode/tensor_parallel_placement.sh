@@ -17,15 +17,11 @@ start_cluster 2 3
 train() {
   local name="$1"
   shift
-  on_cluster "$bin/zerorun" --hostfile "$hostfile" -np 4 "$@" -- "$bin/zero-train" --model gpt2 \
-    --config "$data/adamw.json" --tp 2 --stage 3 --n-layer 2 --n-head 4 --n-embd 64 \
-    --vocab-size 256 --block-size 64 --seq-len 32 --global-batch 4 --steps 3 \
-    --data "$data/tokens.bin" --init-from "$data/model.safetensors" \
-    --metrics "$work/$name.jsonl" > "$work/$name.log" 2>&1 || {
-    cat "$work/$name.log"
-    echo "FAIL: $name: the job failed"
-    exit 1
-  }
+  run_job "$name" on_cluster "$bin/zerorun" --hostfile "$hostfile" -np 4 "$@" -- \
+    "$bin/zero-train" --model gpt2 --config "$data/adamw.json" --tp 2 --stage 3 --n-layer 2 \
+    --n-head 4 --n-embd 64 --vocab-size 256 --block-size 64 --seq-len 32 --global-batch 4 \
+    --steps 3 --data "$data/tokens.bin" --init-from "$data/model.safetensors" \
+    --metrics "$work/$name.jsonl"
 }
 warning="spans several nodes, so its all-reduces (two per layer each way) cross the network"
 

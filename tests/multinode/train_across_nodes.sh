@@ -23,12 +23,8 @@ start_cluster 2
 train() {
   local name="$1"
   shift
-  "$@" "$bin/zero-train" --stage "$stage" --steps "$steps" "${train_args[@]}" \
-    --metrics "$work/$name.jsonl" --save-dir "$work/$name" > "$work/$name.log" 2>&1 || {
-    cat "$work/$name.log"
-    echo "FAIL: $name: zero-train failed"
-    exit 1
-  }
+  run_job "$name" "$@" "$bin/zero-train" --stage "$stage" --steps "$steps" "${train_args[@]}" \
+    --metrics "$work/$name.jsonl" --save-dir "$work/$name"
 }
 
 # expect_collectives METRICS TRANSPORT: the job's init record names TRANSPORT.
@@ -80,12 +76,8 @@ done
 one_node() {
   local name="$1"
   shift
-  "$bin/zerorun" -np 2 -- "$bin/zero-train" --stage 3 --steps "$total" "$@" \
-    --metrics "$work/$name.jsonl" > "$work/$name.log" 2>&1 || {
-    cat "$work/$name.log"
-    echo "FAIL: $name: zero-train failed"
-    exit 1
-  }
+  run_job "$name" "$bin/zerorun" -np 2 -- "$bin/zero-train" --stage 3 --steps "$total" "$@" \
+    --metrics "$work/$name.jsonl"
 }
 one_node unbroken "${train_args[@]}"
 one_node resumed "${resume_args[@]}" --resume "$resume_from"

@@ -130,12 +130,11 @@ TEST(Offload, MemoryOfEachTierIsThePlan) {
 }
 
 TEST(Offload, BadPathNamesTheFileAndErrno) {
-  const std::string message = training_error(1, 1, [](EngineConfig& c) {
+  const auto missing_dir = [](EngineConfig& c) {
     c.offload.optimizer.device = OffloadDevice::kNvme;
-    c.offload.optimizer.nvme_path = "/nonexistent/nvme";
-  });
-  expect_naming(message, "cannot create the offload file /nonexistent/nvme/zero_optimizer_rank");
-  expect_naming(message, "No such file or directory (errno 2)");
+    c.offload.optimizer.nvme_path = kMissingDir;
+  };
+  expect_missing_dir_named(1, missing_dir, "zero_optimizer_rank");
 }
 
 // The third write of every rank fails as a failing disk would: in fp32 nothing is written at
@@ -144,10 +143,9 @@ TEST(Offload, BadPathNamesTheFileAndErrno) {
 // file, the offset and errno.
 TEST(Offload, IoErrorNamesFileOffsetAndErrno) {
   const std::string fault = "write@" + std::to_string(make_mpi_communicator()->rank()) + "#3";
-  const std::string message = training_error(3, 3, nvme(100, true), fault);
-  expect_naming(message, "nvme: write of " + nvme_dir() + "/zero_optimizer_rank");
-  expect_naming(message, " at offset 16384 (8192 bytes) failed: ");
-  expect_naming(message, "Input/output error (errno 5) [injected by ZERO_TEST_NVME_FAULT]");
+  const std::string message =
+      expect_injected_io_error(3, 3, nvme(100, true), fault, "write", "zero_optimizer_rank",
+                               " at offset 16384 (8192 bytes)");
   expect_naming(message, "nvme_store.cpp:");
 }
 

@@ -44,6 +44,23 @@ void expect_naming(const std::string& message, const std::string& needle) {
       << "message '" << message << "' does not name '" << needle << "'";
 }
 
+void expect_missing_dir_named(int stage, std::function<void(EngineConfig&)> tweak,
+                              const std::string& file) {
+  const std::string message = training_error(stage, 1, std::move(tweak));
+  expect_naming(message, "cannot create the offload file " + kMissingDir + "/" + file);
+  expect_naming(message, "No such file or directory (errno 2)");
+}
+
+std::string expect_injected_io_error(int stage, int steps, std::function<void(EngineConfig&)> tweak,
+                                     const std::string& nvme_fault, const std::string& access,
+                                     const std::string& file, const std::string& where) {
+  const std::string message = training_error(stage, steps, std::move(tweak), nvme_fault);
+  expect_naming(message, "nvme: " + access + " of " + nvme_dir() + "/" + file);
+  expect_naming(message, where + " failed: ");
+  expect_naming(message, "Input/output error (errno 5) [injected by ZERO_TEST_NVME_FAULT]");
+  return message;
+}
+
 std::function<void(EngineConfig&)> nvme(size_t sub_group, bool pipeline, AioConfig aio) {
   const std::string dir = nvme_dir();
   return [=](EngineConfig& c) {

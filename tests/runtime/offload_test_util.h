@@ -45,6 +45,22 @@ std::string training_error(int stage, int steps, std::function<void(EngineConfig
 
 void expect_naming(const std::string& message, const std::string& needle);
 
+// A directory that does not exist, for offload files that cannot be created.
+inline const std::string kMissingDir = "/nonexistent/nvme";
+
+// Training at `stage` with `tweak`, which puts the offload files in kMissingDir, stops naming
+// the file it could not create (`file`: the rank's file's prefix, e.g. "zero_param_rank") and
+// errno 2.
+void expect_missing_dir_named(int stage, std::function<void(EngineConfig&)> tweak,
+                              const std::string& file);
+
+// Training `steps` steps at `stage` with `tweak` and the injected `nvme_fault` (training_error's)
+// stops with the I/O error: its `access` ("read" or "write") of this rank's `file` in nvme_dir()
+// at `where` (e.g. " at offset 0 (4096 bytes)"), and errno 5, named. Returns the message.
+std::string expect_injected_io_error(int stage, int steps, std::function<void(EngineConfig&)> tweak,
+                                     const std::string& nvme_fault, const std::string& access,
+                                     const std::string& file, const std::string& where);
+
 // offload_optimizer on nvme: sub-groups of `sub_group` elements in the rank's file, pipelined
 // reads and writes or not, under `aio`.
 std::function<void(EngineConfig&)> nvme(size_t sub_group, bool pipeline, AioConfig aio = {});

@@ -130,22 +130,19 @@ TEST(ParamOffload, ShardLargerThanBufferIsRefused) {
 }
 
 TEST(ParamOffload, BadPathNamesTheFileAndErrno) {
-  const std::string message = training_error(3, 1, [](EngineConfig& c) {
+  const auto missing_dir = [](EngineConfig& c) {
     c.offload.param.device = OffloadDevice::kNvme;
-    c.offload.param.nvme_path = "/nonexistent/nvme";
-  });
-  expect_naming(message, "cannot create the offload file /nonexistent/nvme/zero_param_rank");
-  expect_naming(message, "No such file or directory (errno 2)");
+    c.offload.param.nvme_path = kMissingDir;
+  };
+  expect_missing_dir_named(3, missing_dir, "zero_param_rank");
 }
 
 // The first shard read of every rank fails as a failing disk would (the first all-gather's):
 // the error names the parameter file, the offset and errno.
 TEST(ParamOffload, IoErrorNamesFileOffsetAndErrno) {
   const std::string fault = "read@" + std::to_string(make_mpi_communicator()->rank());
-  const std::string message = training_error(3, 2, params_on_nvme(2), fault);
-  expect_naming(message, "nvme: read of " + nvme_dir() + "/zero_param_rank");
-  expect_naming(message, " at offset 0 (4096 bytes) failed: ");
-  expect_naming(message, "Input/output error (errno 5) [injected by ZERO_TEST_NVME_FAULT]");
+  expect_injected_io_error(3, 2, params_on_nvme(2), fault, "read", "zero_param_rank",
+                           " at offset 0 (4096 bytes)");
 }
 
 }  // namespace

@@ -402,6 +402,20 @@ const Words kGpt2Pipeline = {
     "--dtype",        "fp32",    "--micro-batch",   "2",  "--seq-len", "16", "--pp",     "2",
     "--pp-partition", "uniform", "--micro-batches", "4"};
 
+// The head of pipeline stage `stage`'s activation table for kGpt2Pipeline and its row without
+// recomputation: `activation_bytes`, and `total` bytes at ZeRO stage 3.
+std::string pipeline_stage_rows(int stage, unsigned long long activation_bytes,
+                                unsigned long long total) {
+  char rows[512];
+  std::snprintf(rows, sizeof(rows),
+                "activations of 2 x 16 tokens per rank on pipeline stage %d, 4 micro-batches in "
+                "flight (fp32; selective and full checkpoint every block):\n"
+                "recompute  activation bytes  checkpoint bytes  stage 3 total bytes\n"
+                "none      %17llu                 0  %19llu\n",
+                stage, activation_bytes, total);
+  return rows;
+}
+
 TEST(ZeroEstimate, Gpt2PipelinePlansEachStage) {
   const ProgramOutcome gpipe = run_estimate(with(kGpt2Pipeline, {"--pp-schedule", "gpipe"}));
   ASSERT_EQ(gpipe.exit_code, 0) << gpipe.err;
@@ -423,24 +437,15 @@ TEST(ZeroEstimate, Gpt2PipelinePlansEachStage) {
             "gpt2: 116480 parameters (116480 padded) in 4 units, 2 ranks, fp32\n");
   const unsigned long long engine0 = stage_total(stage0, 3);
   const unsigned long long engine1 = stage_total(stage1, 3);
-  char rows[512];
-  std::snprintf(rows, sizeof(rows),
-                "activations of 2 x 16 tokens per rank on pipeline stage 0, 4 micro-batches in "
-                "flight (fp32; selective and full checkpoint every block):\n"
-                "recompute  activation bytes  checkpoint bytes  stage 3 total bytes\n"
-                "none                1057280                 0  %19llu\n",
-                engine0 + 4 * 4 * 66080ull);
-  EXPECT_NE(stage0.find(rows), std::string::npos) << stage0;
+  EXPECT_NE(stage0.find(pipeline_stage_rows(0, 1057280, engine0 + 4 * 4 * 66080ull)),
+            std::string::npos)
+      << stage0;
   // Full: 4 x (N + 2 N C) + N (15 C + 4 + H); the checkpoints 4 x 2 N C.
   EXPECT_NE(stage0.find("\nfull                 189952             65536  "), std::string::npos)
       << stage0;
-  std::snprintf(rows, sizeof(rows),
-                "activations of 2 x 16 tokens per rank on pipeline stage 1, 4 micro-batches in "
-                "flight (fp32; selective and full checkpoint every block):\n"
-                "recompute  activation bytes  checkpoint bytes  stage 3 total bytes\n"
-                "none                1255424                 0  %19llu\n",
-                engine1 + 4 * 4 * 78464ull);
-  EXPECT_NE(stage1.find(rows), std::string::npos) << stage1;
+  EXPECT_NE(stage1.find(pipeline_stage_rows(1, 1255424, engine1 + 4 * 4 * 78464ull)),
+            std::string::npos)
+      << stage1;
 
   const ProgramOutcome one_f_one_b = run_estimate(kGpt2Pipeline);  // 1f1b is the default
   ASSERT_EQ(one_f_one_b.exit_code, 0) << one_f_one_b.err;

@@ -87,7 +87,8 @@ class PeerChannel {
   const PeerChannelCounters& counters() const { return counters_; }
 
  private:
-  void check_transfer(const char* what, int peer, int tag, const void* data, size_t bytes) const;
+  // A send's or receive's request, not started yet, once its peer, tag and buffer are checked.
+  PeerRequest new_request(bool send, int peer, int tag, const void* data, size_t bytes) const;
   // Counts a finished transfer; checks a receive's size.
   void finished(PeerRequest& request, const MPI_Status& status);
 
