@@ -15,14 +15,18 @@ most any fp32 AdamW can reach here, so traffic / DeepSpeed bounds the ratio ours
   benchmarks/deepspeed_cpu_adam.py --deepspeed-src deepspeed-X.tar.gz
   benchmarks/deepspeed_cpu_adam.py [--params 64] [--threads 1,2] [--reps 8] [--json PATH]
 
-Without --deepspeed-src it looks for an installed deepspeed package's csrc. Exits 0 with a
-line starting "skipped:" when torch or the DeepSpeed sources are missing.
+Without --deepspeed-src it looks for an installed deepspeed package's csrc, then for DeepSpeed
+DEEPSPEED_VERSION's sdist in $XDG_CACHE_HOME/zero (~/.cache/zero), which it downloads there on
+first use (pip download deepspeed==DEEPSPEED_VERSION --no-deps --no-binary :all:). Exits 0 with a
+line starting "skipped:" when torch, pybind11's headers or the DeepSpeed sources are missing
+(offline, with nothing cached).
 """
 import argparse
 import importlib.util
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tarfile
 import tempfile
@@ -30,6 +34,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BYTES_PER_PARAM = 28  # read param, grad, m, v; write param, m, v (fp32)
+# The DeepSpeed whose CPUAdam BENCHMARKS.md reports, fetched when none is given or installed.
+DEEPSPEED_VERSION = "0.19.8"
 
 
 def skip(reason):
@@ -58,6 +64,30 @@ def find_deepspeed_csrc(given, scratch):
     return None
 
 
+def cached_deepspeed_sdist():
+    """DeepSpeed DEEPSPEED_VERSION's sdist in the cache, downloaded by pip when missing; skips
+    with pip's reason when it cannot be had (no network)."""
+    cache = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "zero")
+    sdist = os.path.join(cache, f"deepspeed-{DEEPSPEED_VERSION}.tar.gz")
+    if os.path.isfile(sdist):
+        return sdist
+    os.makedirs(cache, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", f"deepspeed=={DEEPSPEED_VERSION}", "--no-deps",
+           "--no-binary", ":all:", "--disable-pip-version-check", "-d", cache]
+    print(f"fetching DeepSpeed {DEEPSPEED_VERSION}'s sources into {cache}: {' '.join(cmd)}",
+          flush=True)
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        skip(f"could not download DeepSpeed {DEEPSPEED_VERSION}'s sources ({e}); pass "
+             "--deepspeed-src with its sdist")
+    if done.returncode != 0 or not os.path.isfile(sdist):
+        lines = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()
+        skip(f"could not download DeepSpeed {DEEPSPEED_VERSION}'s sources (offline?): pip said "
+             f"'{lines[-1]}'; pass --deepspeed-src with its sdist")
+    return sdist
+
+
 def pybind11_headers_found(torch):
     """Whether torch's extension build will find pybind11.h (Debian's torch does not ship it)."""
     from torch.utils.cpp_extension import include_paths
@@ -82,13 +112,17 @@ def build_extensions(csrc, build_dir, verbose):
               sources=[os.path.join(csrc, "adam", "cpu_adam.cpp"),
                        os.path.join(csrc, "adam", "cpu_adam_impl.cpp")],
               extra_include_paths=[os.path.join(csrc, "includes")],
-              extra_cflags=["-O3", "-g", "-Wno-reorder", "-march=native", "-fopenmp", simd_flag()],
+              # C++17: DeepSpeed's simd.h uses std::is_same_v, and torch 1.13's load() would
+              # otherwise add -std=c++14 (DeepSpeed's own builders ask for C++17 on torch < 2.12).
+              extra_cflags=["-O3", "-g", "-Wno-reorder", "-march=native", "-fopenmp", "-std=c++17",
+                            simd_flag()],
               extra_ldflags=["-fopenmp"], verbose=verbose)
     ours = load(name="zero_adamw_bench",
                 sources=[os.path.join(ROOT, "benchmarks", "deepspeed", "zero_adamw_ext.cpp")],
                 extra_include_paths=[os.path.join(ROOT, "kernels", "include"),
                                      os.path.join(ROOT, "core", "include")],
-                extra_cflags=["-O3"], extra_ldflags=[library, "-lpthread"], verbose=verbose)
+                extra_cflags=["-O3", "-std=c++17"], extra_ldflags=[library, "-lpthread"],
+                verbose=verbose)
     return ds, ours
 
 
@@ -118,9 +152,13 @@ def main():
              "extensions, DeepSpeed's CPUAdam among them, include them")
     scratch = tempfile.mkdtemp(prefix="ds-csrc-")
     csrc = find_deepspeed_csrc(args.deepspeed_src, scratch)
+    if csrc is None and not args.deepspeed_src:
+        csrc = find_deepspeed_csrc(cached_deepspeed_sdist(), scratch)
     if csrc is None:
-        skip("no DeepSpeed sources: pass --deepspeed-src with the deepspeed sdist (pip download "
-             "deepspeed --no-deps --no-binary :all:) or install deepspeed")
+        where = args.deepspeed_src or "the cached sdist"
+        skip(f"no DeepSpeed sources (csrc/adam/cpu_adam_impl.cpp) in {where}: pass "
+             "--deepspeed-src with the deepspeed sdist (pip download deepspeed --no-deps "
+             "--no-binary :all:) or its unpacked directory")
     ds, ours = build_extensions(csrc, args.build_dir, args.verbose)
 
     n = args.params << 20
