@@ -14,15 +14,21 @@ most any fp32 AdamW can reach here, so traffic / DeepSpeed bounds the ratio ours
                                                         an installed deepspeed/ops)
   benchmarks/deepspeed_cpu_adam.py --deepspeed-src deepspeed-X.tar.gz
   benchmarks/deepspeed_cpu_adam.py [--params 64] [--threads 1,2] [--reps 8] [--json PATH]
+                                   [--no-fetch]
 
-Without --deepspeed-src it looks for an installed deepspeed package's csrc. Exits 0 with a
-line starting "skipped:" when torch or the DeepSpeed sources are missing.
+Without --deepspeed-src it looks for an installed deepspeed package's csrc, then for DeepSpeed
+DEEPSPEED_VERSION's sdist in $XDG_CACHE_HOME/zero (~/.cache/zero), which it downloads there on
+first use (pip download deepspeed==DEEPSPEED_VERSION --no-deps --no-binary :all:) unless
+--no-fetch (benchmarks/report --quick: the test suite's path reaches no network). Exits 0 with a
+line starting "skipped:" when torch, pybind11's headers or the DeepSpeed sources are missing
+(offline, with nothing cached).
 """
 import argparse
 import importlib.util
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tarfile
 import tempfile
@@ -30,6 +36,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BYTES_PER_PARAM = 28  # read param, grad, m, v; write param, m, v (fp32)
+# The DeepSpeed whose CPUAdam BENCHMARKS.md reports, fetched when none is given or installed.
+DEEPSPEED_VERSION = "0.19.8"
 
 
 def skip(reason):
@@ -37,15 +45,30 @@ def skip(reason):
     sys.exit(0)
 
 
-def find_deepspeed_csrc(given, scratch):
+def cache_dir():
+    return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "zero")
+
+
+def unpacked_csrc(sdist):
+    """The sdist's csrc/ unpacked once into the cache, by the archive's name: the same paths on
+    every run, so that torch's extension build (ninja) reuses its objects instead of compiling
+    DeepSpeed's CPUAdam again (about a minute)."""
+    unpacked = os.path.join(cache_dir(), "unpacked", os.path.basename(sdist))
+    if not os.path.isdir(unpacked):
+        os.makedirs(os.path.dirname(unpacked), exist_ok=True)
+        partial = tempfile.mkdtemp(prefix="partial-", dir=os.path.dirname(unpacked))
+        with tarfile.open(sdist) as tar:
+            tar.extractall(partial, members=[m for m in tar.getmembers() if "/csrc/" in m.name])
+        os.replace(partial, unpacked)
+    return [os.path.join(unpacked, d) for d in os.listdir(unpacked)]
+
+
+def find_deepspeed_csrc(given):
     """The directory holding csrc/adam and csrc/includes, or None."""
     candidates = []
     if given:
         if os.path.isfile(given) and tarfile.is_tarfile(given):
-            with tarfile.open(given) as tar:
-                members = [m for m in tar.getmembers() if "/csrc/" in m.name]
-                tar.extractall(scratch, members=members)
-            candidates += [os.path.join(scratch, d) for d in os.listdir(scratch)]
+            candidates += unpacked_csrc(given)
         candidates += [given, os.path.join(given, "deepspeed", "ops")]
     else:
         spec = importlib.util.find_spec("deepspeed")
@@ -56,6 +79,33 @@ def find_deepspeed_csrc(given, scratch):
         if os.path.isfile(os.path.join(candidate, "csrc", "adam", "cpu_adam_impl.cpp")):
             return os.path.join(candidate, "csrc")
     return None
+
+
+def cached_deepspeed_sdist(fetch):
+    """DeepSpeed DEEPSPEED_VERSION's sdist in the cache, downloaded by pip when missing and
+    `fetch`; skips with the reason when it cannot be had (no network, or not to fetch)."""
+    cache = cache_dir()
+    sdist = os.path.join(cache, f"deepspeed-{DEEPSPEED_VERSION}.tar.gz")
+    if os.path.isfile(sdist):
+        return sdist
+    if not fetch:
+        skip(f"DeepSpeed {DEEPSPEED_VERSION}'s sources are not in {cache} and --no-fetch was "
+             "given: run benchmarks/deepspeed_cpu_adam.py once online, or pass --deepspeed-src")
+    os.makedirs(cache, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", f"deepspeed=={DEEPSPEED_VERSION}", "--no-deps",
+           "--no-binary", ":all:", "--disable-pip-version-check", "-d", cache]
+    print(f"fetching DeepSpeed {DEEPSPEED_VERSION}'s sources into {cache}: {' '.join(cmd)}",
+          flush=True)
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        skip(f"could not download DeepSpeed {DEEPSPEED_VERSION}'s sources ({e}); pass "
+             "--deepspeed-src with its sdist")
+    if done.returncode != 0 or not os.path.isfile(sdist):
+        lines = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()
+        skip(f"could not download DeepSpeed {DEEPSPEED_VERSION}'s sources (offline?): pip said "
+             f"'{lines[-1]}'; pass --deepspeed-src with its sdist")
+    return sdist
 
 
 def pybind11_headers_found(torch):
@@ -82,13 +132,21 @@ def build_extensions(csrc, build_dir, verbose):
               sources=[os.path.join(csrc, "adam", "cpu_adam.cpp"),
                        os.path.join(csrc, "adam", "cpu_adam_impl.cpp")],
               extra_include_paths=[os.path.join(csrc, "includes")],
-              extra_cflags=["-O3", "-g", "-Wno-reorder", "-march=native", "-fopenmp", simd_flag()],
+              # C++17: DeepSpeed's simd.h uses std::is_same_v, and torch 1.13's load() would
+              # otherwise add -std=c++14 (DeepSpeed's own builders ask for C++17 on torch < 2.12).
+              extra_cflags=["-O3", "-g", "-Wno-reorder", "-march=native", "-fopenmp", "-std=c++17",
+                            simd_flag()],
               extra_ldflags=["-fopenmp"], verbose=verbose)
+    # ninja relinks when its command lines change, not when a library named in them does: the
+    # library's size and time in a define make a rebuilt libzero_kernels.a a new command line.
+    library_stamp = os.stat(library)
     ours = load(name="zero_adamw_bench",
                 sources=[os.path.join(ROOT, "benchmarks", "deepspeed", "zero_adamw_ext.cpp")],
                 extra_include_paths=[os.path.join(ROOT, "kernels", "include"),
                                      os.path.join(ROOT, "core", "include")],
-                extra_cflags=["-O3"], extra_ldflags=[library, "-lpthread"], verbose=verbose)
+                extra_cflags=["-O3", "-std=c++17", f"-DZERO_KERNELS_LIBRARY_STAMP="
+                              f"{library_stamp.st_size}_{library_stamp.st_mtime_ns}"],
+                extra_ldflags=[library, "-lpthread"], verbose=verbose)
     return ds, ours
 
 
@@ -102,6 +160,8 @@ def main():
     parser.add_argument("--reps", type=int, default=8)
     parser.add_argument("--json")
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--no-fetch", action="store_true",
+                        help="use DeepSpeed's sdist only if cached, never download it")
     args = parser.parse_args()
     # DeepSpeed's loop is an OpenMP parallel for, and GNU OpenMP's idle threads spin for a while
     # after it returns, on the cores the next kernel in the rotation needs: at 2 threads that
@@ -116,11 +176,14 @@ def main():
     if not pybind11_headers_found(torch):
         skip("pybind11's headers are missing (apt-get install pybind11-dev): torch's C++ "
              "extensions, DeepSpeed's CPUAdam among them, include them")
-    scratch = tempfile.mkdtemp(prefix="ds-csrc-")
-    csrc = find_deepspeed_csrc(args.deepspeed_src, scratch)
+    csrc = find_deepspeed_csrc(args.deepspeed_src)
+    if csrc is None and not args.deepspeed_src:
+        csrc = find_deepspeed_csrc(cached_deepspeed_sdist(fetch=not args.no_fetch))
     if csrc is None:
-        skip("no DeepSpeed sources: pass --deepspeed-src with the deepspeed sdist (pip download "
-             "deepspeed --no-deps --no-binary :all:) or install deepspeed")
+        where = args.deepspeed_src or "the cached sdist"
+        skip(f"no DeepSpeed sources (csrc/adam/cpu_adam_impl.cpp) in {where}: pass "
+             "--deepspeed-src with the deepspeed sdist (pip download deepspeed --no-deps "
+             "--no-binary :all:) or its unpacked directory")
     ds, ours = build_extensions(csrc, args.build_dir, args.verbose)
 
     n = args.params << 20

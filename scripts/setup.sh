@@ -16,6 +16,7 @@ packages=(
   iproute2  # ip and tc, for the network namespaces of the multi-node tests
   fortunes  # English text (/usr/share/games/fortunes) for zero-tokenize and the GPT-2's tests
   libtorch-dev  # LibTorch 1.13 (CPU) for the torch/ adapter: two translation units, ~30 s
+  pybind11-dev  # torch's C++ extensions include it: the report's DeepSpeed CPUAdam comparison
 )
 
 missing=()

@@ -7,8 +7,9 @@
 // also equal another run's: bit for bit (--tolerance 0) or within a relative tolerance per
 // parameter's L2 norm (stage parity across world sizes). With --same-metrics-as, every step's
 // loss, gradient norm and validation loss must equal another run's bit for bit, or within
-// --metrics-tolerance M relative. Without --final the weights are not checked (a run that
-// exports none).
+// --metrics-tolerance M relative. With --first-loss-tolerance F, the first step's loss (the
+// forward of the initial weights, before any update can amplify rounding) must also be within F
+// relative. Without --final the weights are not checked (a run that exports none).
 //
 // The reference is the float64 run, not PyTorch's float32 one (expected.json), because two
 // float32 runs round apart by more than R on one sum: the key third of c_attn.bias has no
@@ -21,6 +22,7 @@
 //   gpt2_golden_check --expected E.json --metrics run.jsonl [--final final.safetensors]
 //                     [--reference-tolerance R] [--same-as other.safetensors --tolerance X]
 //                     [--expect-val 1] [--same-metrics-as other.jsonl [--metrics-tolerance M]]
+//                     [--first-loss-tolerance F]
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -181,6 +183,11 @@ int check(const std::map<std::string, std::string>& args) {
     }
   }
 
+  if (args.count("--first-loss-tolerance") && !steps.empty()) {
+    const double first = expected["steps"][0]["loss"];
+    check_close("step 1 loss (first-loss tolerance)", steps[0]["loss"].get<double>(), first,
+                std::stod(args.at("--first-loss-tolerance")) * first);
+  }
   if (args.count("--same-metrics-as")) {
     check_same_metrics(
         steps, args.at("--same-metrics-as"),
