@@ -68,7 +68,7 @@ MemoryTimeline::MemoryTimeline(Allocator& allocator, std::string tier,
 void MemoryTimeline::add(Allocator& allocator, std::string tier) {
   for (const Source& s : sources_) {
     ZERO_CHECK(s.tier != tier && s.allocator != &allocator,
-               "memory timeline: tier '" << tier << "' is recorded already");
+               "memory timeline: tier '" << tier << "' or its allocator is recorded already");
   }
   const size_t index = sources_.size();
   sources_.push_back(Source{&allocator, std::move(tier)});
