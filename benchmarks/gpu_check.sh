@@ -70,7 +70,7 @@ PY
   fi
   # 2. The GPU tests, one program each.
   for test in cuda_kernels_test transformer_kernels_gpu_test cuda_stream_test nccl_communicator_test \
-              engine_gpu_test; do
+              engine_gpu_test memory_timeline_gpu_test; do
     start=$SECONDS
     if timeout 180 "$bin/$test" > "$out/$test.log" 2>&1; then
       note "$test: passed in $((SECONDS - start)) s ($(grep -E '^\[ +(PASSED|SKIPPED) +\] [0-9]+ tests?' "$out/$test.log" | tr -s ' ' | paste -sd ' '))"
@@ -80,6 +80,8 @@ PY
       status=1
     fi
   done
+  # What one query of the driver's memory costs: the memory timeline makes one per allocation.
+  grep -h "^driver_memory(): " "$out/memory_timeline_gpu_test.log" | tee -a "$summary"
   # The GPT-2 trained on the GPU at every stage against PyTorch (tests/models/gpt2_golden.sh),
   # as it is and with full recomputation from checkpoints in pinned host memory.
   for variant in plain cpu_checkpoints; do

@@ -146,10 +146,15 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
   const uint64_t data_seed = position.data_seed;
   std::optional<zero::examples::CommsLog> comms_log;
   if (tc.comms_logger.enabled) comms_log.emplace(tc.comms_logger, world);
-  // Every rank records (the trace's counter tracks); rank 0 writes the files.
+  // Every rank records (the trace's counter tracks); rank 0 writes the files. The host tiers are
+  // named for the engine's accounting (pinned_host_bytes): on the CPU path "pinned" memory is
+  // plain host memory, as there is no device to copy to.
   std::optional<zero::examples::MemoryTimeline> timeline;
   if (!f.memory_timeline.empty()) {
-    timeline.emplace(engine.allocator(), engine.allocator().memory().memory_name());
+    timeline.emplace(engine.allocator(), engine.allocator().memory().memory_name(),
+                     engine.device_context());
+    timeline->add(engine.pinned_host_allocator(), "pinned host memory");
+    timeline->add(engine.pageable_host_allocator(), "pageable host memory");
   }
   task.start(engine, data_seed);
   // The budget reserved the model's activations outside the engine (main); those the model now
@@ -301,6 +306,10 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
     }
     const uint64_t step_state = max_over_ranks(host, engine.model_state_bytes());
     const uint64_t peak = max_over_ranks(host, engine.allocator().stats().peak_total);
+    const uint64_t peak_pinned =
+        max_over_ranks(host, engine.pinned_host_allocator().stats().peak_total);
+    const uint64_t peak_pageable =
+        max_over_ranks(host, engine.pageable_host_allocator().stats().peak_total);
     // The peers' node-shared buffers this rank's collectives touched are in its VmHWM too; they
     // are theirs (and the sum over ranks would count them twice). They stay mapped once
     // touched, in the first step, so subtracting what is mapped now leaves this rank's own peak.
@@ -364,6 +373,8 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
                       {"tensor_parallel_comm_bytes", step_tensor_parallel_bytes},
                       {"model_state_bytes", step_state},
                       {"peak_bytes", peak},
+                      {"peak_pinned_host_bytes", peak_pinned},
+                      {"peak_pageable_host_bytes", peak_pageable},
                       {"peak_resident_bytes", peak_resident},
                       {"peak_resident_bytes_all_ranks", peak_resident_all},
                       {"peer_shared_mapped_bytes", peers_mapped_max},

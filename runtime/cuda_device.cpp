@@ -91,6 +91,13 @@ class CudaDeviceContext : public DeviceContext {
 
   Device device() const override { return Device::cuda(index_); }
   MemoryResource& pinned_memory() override { return pinned_; }
+  std::optional<DriverMemory> driver_memory() const override {
+    // cudaMemGetInfo asks about the current device, which another context may have changed.
+    ZERO_CUDA_CHECK(cudaSetDevice(index_));
+    size_t free_bytes = 0, total_bytes = 0;
+    ZERO_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    return DriverMemory{free_bytes, total_bytes};
+  }
   Event record() override { return compute_->record(); }
   void wait(const Event& event) override { compute_->wait(event); }
   void synchronize() override { compute_->synchronize(); }

@@ -29,6 +29,7 @@ class CpuDeviceContext : public DeviceContext {
 
   Device device() const override { return Device::cpu(); }
   MemoryResource& pinned_memory() override { return host_memory(); }
+  std::optional<DriverMemory> driver_memory() const override { return std::nullopt; }
   Event record() override { return Event(); }
   void wait(const Event& event) override { event.wait(); }
   void synchronize() override {}

@@ -425,6 +425,12 @@ const std::shared_ptr<DeviceContext>& Engine::device_context() const {
 Allocator& Engine::allocator() {
   return impl_->allocator;
 }
+Allocator& Engine::pinned_host_allocator() {
+  return impl_->host_allocator;
+}
+Allocator& Engine::pageable_host_allocator() {
+  return impl_->pageable_allocator;
+}
 Trace& Engine::trace() {
   return impl_->trace;
 }

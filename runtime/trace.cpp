@@ -103,6 +103,11 @@ std::vector<TraceSpan> Trace::spans() const {
   return spans_;
 }
 
+std::vector<TraceCounter> Trace::counters() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return counters_;
+}
+
 void Trace::add_counter(TraceCounter counter) {
   if (!enabled_) return;
   std::lock_guard<std::mutex> lock(mutex_);

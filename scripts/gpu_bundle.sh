@@ -31,7 +31,8 @@ bundle="$staging/zero-gpu-bundle"
 mkdir -p "$bundle"
 
 programs=(cuda_kernels_test transformer_kernels_gpu_test cuda_stream_test nccl_communicator_test
-          engine_gpu_test zero-train zero-checkpoint gpt2_golden_check zero-bench-optimizer-gpu)
+          engine_gpu_test memory_timeline_gpu_test zero-train zero-checkpoint gpt2_golden_check
+          zero-bench-optimizer-gpu)
 
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DZERO_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$arch" > /dev/null

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs every build and test dependency from Debian's packages (Debian 12, as root).
-# A no-op when everything is present: dpkg is asked first and apt only runs for what is missing.
+# Installs every build and test dependency from Debian's packages (Debian 12, as root), then
+# TensorBoard's own reader into a Python virtual environment (below). A no-op when everything is
+# present: dpkg and the environment are asked first, and apt and pip only run for what is missing.
 set -euo pipefail
 
 packages=(
@@ -11,7 +12,7 @@ packages=(
   libopenblas-dev nlohmann-json3-dev
   libdnnl-dev  # oneDNN: the bf16 products in bf16 on CPUs with bf16 arithmetic
   liburing-dev  # io_uring for NVMe offload
-  gnuplot-nox python3
+  gnuplot-nox python3 python3-venv
   clang libclang-rt-14-dev
   iproute2  # ip and tc, for the network namespaces of the multi-node tests
   fortunes  # English text (/usr/share/games/fortunes) for zero-tokenize and the GPT-2's tests
@@ -26,16 +27,28 @@ for p in "${packages[@]}"; do
   fi
 done
 
-if [ ${#missing[@]} -eq 0 ]; then
-  exit 0
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: missing packages: ${missing[*]}; run this script as root (or install them)" >&2
+    exit 1
+  fi
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-if [ "$(id -u)" -ne 0 ]; then
-  echo "setup: missing packages: ${missing[*]}; run this script as root (or install them)" >&2
-  exit 1
+# The `tensorboard` package from PyPI (Debian has none), for tensorboard_reads_monitors: TensorBoard's
+# own reader on a run's event files. In the user's cache rather than a build directory, so that
+# every build tree and fresh clone on the machine shares one copy (about 100 MB) and a clean build
+# does not download it again; tests/runtime/CMakeLists.txt looks in the same place, and
+# ZERO_TENSORBOARD_VENV moves both. Without PyPI (no network) the test skips, so a failure here
+# only warns.
+venv="${ZERO_TENSORBOARD_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/zero/tensorboard-venv}"
+if ! "$venv/bin/python" -c "import tensorboard" > /dev/null 2>&1; then
+  echo "setup: installing tensorboard into $venv"
+  if ! { python3 -m venv "$venv" && "$venv/bin/python" -m pip install -q "tensorboard>=2.14,<3"; }; then
+    echo "setup: WARNING: could not install tensorboard into $venv (see above); the test" \
+         "tensorboard_reads_monitors will skip" >&2
+  fi
 fi
-
-echo "setup: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -q
-apt-get install -y -q --no-install-recommends "${missing[@]}"

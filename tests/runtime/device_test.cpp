@@ -79,6 +79,11 @@ TEST(CpuDeviceContext, OperationsMatchTheCpuKernels) {
   EXPECT_EQ(x, std::vector<float>(x.size(), 0.0f));
 }
 
+// The memory timeline samples the driver only where there is one.
+TEST(CpuDeviceContext, HasNoDriverToReportItsMemory) {
+  EXPECT_FALSE(DeviceContext::create(Device::cpu())->driver_memory().has_value());
+}
+
 TEST(CpuDeviceContext, ACudaDeviceThisBuildOrMachineCannotGiveIsAnError) {
 #if ZERO_HAVE_CUDA
   const std::string expected = "cannot use cuda:" + std::to_string(cuda_device_count()) +

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,14 @@ std::string device_name(const Device& device);
 // or driver.
 int cuda_device_count();
 
+// A device's memory as its driver reports it (cudaMemGetInfo). Every process's allocations count
+// against `free_bytes`, and so does what no Allocator counts: the CUDA context, cuBLAS's
+// workspace, NCCL's buffers, the reserve of the memory pool the allocations come from.
+struct DriverMemory {
+  uint64_t free_bytes = 0;
+  uint64_t total_bytes = 0;
+};
+
 class DeviceContext : public MemoryResource {
  public:
   // The context of `device`. kernel_threads: threads per CPU kernel (CPU only). A CUDA device
@@ -68,6 +77,11 @@ class DeviceContext : public MemoryResource {
   // reads and writes it directly, at full speed, where pageable memory goes through a bounce
   // buffer. Plain host memory on the CPU.
   virtual MemoryResource& pinned_memory() = 0;
+
+  // The driver's figures for this device now, from a query that waits for no work. Nothing on
+  // the CPU, which has no driver to ask. Throws zero::Error naming the failed call when the
+  // driver fails.
+  virtual std::optional<DriverMemory> driver_memory() const = 0;
 
   // Copies between host memory and this device's memory, after the compute work issued so far;
   // the host memory may be used as soon as they return.

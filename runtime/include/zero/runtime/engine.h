@@ -303,6 +303,11 @@ class Engine {
   // The device's compute stream, memory and element operations; modules compute on it.
   const std::shared_ptr<DeviceContext>& device_context() const;
   Allocator& allocator();
+  // The engine's allocators of host memory, which pinned_host_bytes() and pageable_host_bytes()
+  // count: page-locked (the device's pinned_memory(), plain host memory on the CPU) for what
+  // crosses the bus, and pageable for an offloaded optimizer's state without pin_memory.
+  Allocator& pinned_host_allocator();
+  Allocator& pageable_host_allocator();
   Trace& trace();
 
   void prefetch(int unit);

@@ -41,6 +41,7 @@ class Trace {
   std::vector<TraceSpan> spans() const;
   // Thread-safe; ignored when disabled or after kMaxSpans counters.
   void add_counter(TraceCounter counter);
+  std::vector<TraceCounter> counters() const;
   void clear();
 
   // Collective: gathers every rank's spans and counters; rank 0 writes the Chrome trace JSON to
