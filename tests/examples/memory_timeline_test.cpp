@@ -48,8 +48,8 @@ TEST(MemoryTimeline, AHostOffloadRunRecordsTheHostTiersAndTheirPeaks) {
   const models::MlpConfig mlp{8, 24, 4, 3};
   EngineConfig config;
   config.stage = 2;
-  config.offload_optimizer.device = OffloadDevice::kCpu;
-  config.offload_optimizer.pin_memory = false;
+  config.offload.optimizer.device = OffloadDevice::kCpu;
+  config.offload.optimizer.pin_memory = false;
   ZeroModel model(*comm, models::make_mlp(mlp), config);
   Engine& engine = model.engine();
   MemoryTimeline timeline(engine.allocator(), "host memory", engine.device_context());
