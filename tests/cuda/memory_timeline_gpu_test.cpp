@@ -17,6 +17,7 @@
 
 #include "cuda_test_util.h"
 #include "examples/memory_timeline.h"
+#include "tests/examples/timeline_fields.h"
 #include "zero/runtime/device.h"
 #include "zero/runtime/gnuplot.h"
 
@@ -27,15 +28,6 @@ class MemoryTimelineOnGpu : public ::testing::Test {
  protected:
   void SetUp() override { ZERO_SKIP_WITHOUT_CUDA_DEVICE(); }
 };
-
-std::vector<std::string> split_tabs(const std::string& line) {
-  std::vector<std::string> fields;
-  std::stringstream in(line);
-  std::string field;
-  while (std::getline(in, field, '\t')) fields.push_back(field);
-  if (!line.empty() && line.back() == '\t') fields.emplace_back();
-  return fields;
-}
 
 TEST_F(MemoryTimelineOnGpu, TheDriverCountsAnAllocationOfTheEngine) {
   std::shared_ptr<DeviceContext> device = DeviceContext::create(Device::cuda(0));

@@ -21,20 +21,12 @@
 
 #include "examples/memory_timeline.h"
 #include "models/mlp.h"
+#include "tests/examples/timeline_fields.h"
 #include "zero/collectives/mpi_communicator.h"
 #include "zero/runtime/model.h"
 
 namespace zero::examples {
 namespace {
-
-std::vector<std::string> split_tabs(const std::string& line) {
-  std::vector<std::string> fields;
-  std::stringstream in(line);
-  std::string field;
-  while (std::getline(in, field, '\t')) fields.push_back(field);
-  if (!line.empty() && line.back() == '\t') fields.emplace_back();
-  return fields;
-}
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path);
