@@ -104,9 +104,9 @@ void parse_flags(int argc, char** argv, const std::string& usage, const FlagTabl
       *on->second = true;
       continue;
     }
-    if (i + 1 >= argc) usage_error("missing value after " + flag);
     const auto parser = flags.find(flag);
     if (parser == flags.end()) usage_error("unknown flag " + flag);
+    if (i + 1 >= argc) usage_error("missing value after " + flag);
     parser->second(flag, argv[++i]);
   }
 }

@@ -237,5 +237,38 @@ TEST(TrainFlags, PartitionActivationsNeedsTensorParallelismAndCheckpoints) {
   EXPECT_THROW(resolve({"--partition-activations"}), driver::UsageError);
 }
 
+// The flag loop the benchmarks share: values to their parsers, switches set, an unknown flag named
+// as unknown even when it comes last, a flag without its value named.
+TEST(DriverFlags, TableParsesValuesSwitchesAndNamesBadFlags) {
+  const auto parse = [](std::vector<std::string> args, int* steps, std::string* json, bool* quick) {
+    args.insert(args.begin(), "zero-bench");
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    driver::parse_flags(
+        static_cast<int>(argv.size()), argv.data(), "usage",
+        {{"--steps", driver::integer_flag(steps, 1, 100)}, {"--json", driver::text_flag(json)}},
+        {{"--quick", quick}});
+  };
+  int steps = 0;
+  std::string json;
+  bool quick = false;
+  parse({"--steps", "7", "--quick", "--json", "out.json"}, &steps, &json, &quick);
+  EXPECT_EQ(steps, 7);
+  EXPECT_EQ(json, "out.json");
+  EXPECT_TRUE(quick);
+  const auto message = [&](std::vector<std::string> args) {
+    try {
+      parse(std::move(args), &steps, &json, &quick);
+    } catch (const driver::UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message({"--bogus", "1"}), "unknown flag --bogus");
+  EXPECT_EQ(message({"--bogus"}), "unknown flag --bogus");
+  EXPECT_EQ(message({"--steps"}), "missing value after --steps");
+  EXPECT_NE(message({"--steps", "0"}).find("--steps"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace zero::examples
