@@ -3,6 +3,7 @@
 #include <mpi.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cmath>
@@ -131,6 +132,26 @@ std::vector<MonitorEvent> monitor_events(const driver::JsonRecord& r, long batch
   return events;
 }
 
+std::vector<std::string> parameter_names(const Engine& engine) {
+  std::vector<std::string> names;
+  for (const ParamPlacement& p : engine.layout().params()) names.push_back(p.name);
+  return names;
+}
+
+void check_saved_parameters_taken(const std::string& dir, const std::vector<std::string>& saved,
+                                  const std::vector<std::vector<std::string>>& stages) {
+  for (const std::string& name : saved) {
+    const bool taken = std::any_of(stages.begin(), stages.end(), [&](const auto& names) {
+      return std::find(names.begin(), names.end(), name) != names.end();
+    });
+    if (!taken) {
+      throw ConfigError("--resume " + dir + ": the saved parameter '" + name +
+                        "' is in no stage of this run's model: the checkpoint is of another "
+                        "model (--n-layer, --n-embd, ...)");
+    }
+  }
+}
+
 StartPosition resume_position(const Flags& f, const TrainingConfig& tc, Engine& engine,
                               bool leader) {
   // The checkpoint brings the engine's state; the data position and the seed come back
@@ -139,15 +160,17 @@ StartPosition resume_position(const Flags& f, const TrainingConfig& tc, Engine& 
   uint64_t data_seed = tc.engine.seed;
   if (!f.resume.empty()) {
     const std::string dir = f.resume == "latest" ? f.save_dir : f.resume;
-    const int stages = read_pipeline_record(dir);
-    if (stages > 0) {
-      throw ConfigError("--resume " + dir + ": saved by a pipeline of " + std::to_string(stages) +
-                        " stages, and this run has 1; a pipelined checkpoint loads at the same "
-                        "number of stages (--pp " +
-                        std::to_string(stages) + ")");
-    }
     TrainerState resumed;
-    load_checkpoint(engine, dir, &resumed, LoadOptions{tc.override_optimizer});
+    const int saved_stages = read_pipeline_record(dir);
+    if (saved_stages > 0) {
+      // A pipelined save: the one engine takes every stage's parameters, and must hold them all.
+      const std::vector<std::string> stage_dirs = saved_stage_dirs(dir);
+      load_checkpoint_from_stages(engine, stage_dirs, &resumed, LoadOptions{tc.override_optimizer});
+      check_saved_parameters_taken(dir, saved_parameter_names(stage_dirs),
+                                   {parameter_names(engine)});
+    } else {
+      load_checkpoint(engine, dir, &resumed, LoadOptions{tc.override_optimizer});
+    }
     first_step = resumed.step + 1;
     data_seed = resumed.seed;
     // Every rank read the same checkpoint: all stop here at once.
@@ -166,7 +189,11 @@ StartPosition resume_position(const Flags& f, const TrainingConfig& tc, Engine& 
                    static_cast<unsigned long long>(resumed.seed));
     }
     if (leader) {
-      std::printf("resumed from %s at step %ld\n", f.resume.c_str(), resumed.step);
+      std::printf("resumed from %s at step %ld", f.resume.c_str(), resumed.step);
+      if (saved_stages > 0) {
+        std::printf(" (saved by %d pipeline stage(s), resharded over 1)", saved_stages);
+      }
+      std::printf("\n");
       const std::optional<long> saved =
           f.save_dir.empty() ? std::nullopt : newest_saved_step(f.save_dir);
       if (saved && *saved > resumed.step) {

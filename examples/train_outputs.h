@@ -67,6 +67,15 @@ struct StartPosition {
 StartPosition resume_position(const Flags& f, const TrainingConfig& tc, Engine& engine,
                               bool leader);
 
+// A save loaded at another number of stages (a pipelined one without a pipeline, or at another
+// --pp): every parameter `saved` names must be one that some stage's engine holds (`stages`: each
+// stage's parameter names, parameter_names(engine)), or the checkpoint is of another model, whose
+// other parameters would be dropped unnoticed. Throws ConfigError naming the first such
+// parameter and --resume DIR.
+std::vector<std::string> parameter_names(const Engine& engine);
+void check_saved_parameters_taken(const std::string& dir, const std::vector<std::string>& saved,
+                                  const std::vector<std::vector<std::string>>& stages);
+
 // memory_summary at any step: the engine allocator's table (current, peak and allocations per
 // category, in its memory: the GPU's or the host's) and the host tiers of an offloaded
 // optimizer, headed "memory on rank R at step N".

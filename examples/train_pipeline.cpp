@@ -114,33 +114,53 @@ void save_stage(const Flags& f, const TrainingConfig& tc, Engine& engine, int st
   agree_over_stages(failure, "the checkpoint of step " + std::to_string(trainer.step));
 }
 
+// The names of `saved` that some rank's engine holds: each rank's bits, OR-ed over the world.
+std::vector<std::string> held_by_some_rank(const std::vector<std::string>& saved,
+                                           const std::vector<std::string>& mine) {
+  std::vector<std::string> held;
+  for (size_t first = 0; first < saved.size(); first += 64) {
+    uint64_t bits = 0;
+    for (size_t b = 0; b < 64 && first + b < saved.size(); ++b) {
+      if (std::find(mine.begin(), mine.end(), saved[first + b]) != mine.end()) bits |= 1ull << b;
+    }
+    uint64_t any = 0;
+    for (uint64_t rank_bits : all_ranks_u64(bits)) any |= rank_bits;
+    for (size_t b = 0; b < 64 && first + b < saved.size(); ++b) {
+      if ((any >> b) & 1) held.push_back(saved[first + b]);
+    }
+  }
+  return held;
+}
+
 // --resume: every stage loads its own checkpoint of a save of the same number of stages (at any
-// data- or tensor-parallel size), and all must be of one step.
+// data- or tensor-parallel size), and all must be of one step. A save of another number of
+// stages (or of a run without a pipeline) is resharded: each stage takes its parameters by name
+// from the saved stages that hold them, and every saved parameter must be taken by some stage.
 StartPosition resume_stage(const Flags& f, const TrainingConfig& tc, Engine& engine, int stage,
                            int stages, bool leader) {
   if (f.resume.empty()) return {1, tc.engine.seed};
   const std::string dir = f.resume == "latest" ? f.save_dir : f.resume;
   const int saved = read_pipeline_record(dir);
-  if (saved == 0) {
-    throw ConfigError("--resume " + dir +
-                      ": not the save directory of a pipelined run (it has no pipeline record); "
-                      "a pipelined run resumes from the --save-dir of one");
-  }
-  if (saved != stages) {
-    throw ConfigError("--resume " + dir + ": saved by a pipeline of " + std::to_string(saved) +
-                      " stages, and this run has " + std::to_string(stages) +
-                      "; a pipelined checkpoint loads at the same number of stages (at any "
-                      "data- or tensor-parallel size)");
-  }
   TrainerState resumed;
   std::exception_ptr failure;
+  std::vector<std::string> saved_names;
   try {
-    load_checkpoint(engine, pipeline_stage_dir(dir, stage), &resumed,
-                    LoadOptions{tc.override_optimizer});
+    if (saved == stages) {
+      load_checkpoint(engine, pipeline_stage_dir(dir, stage), &resumed,
+                      LoadOptions{tc.override_optimizer});
+    } else {
+      const std::vector<std::string> stage_dirs = saved_stage_dirs(dir);
+      load_checkpoint_from_stages(engine, stage_dirs, &resumed, LoadOptions{tc.override_optimizer});
+      saved_names = saved_parameter_names(stage_dirs);
+    }
   } catch (const std::exception&) {
     failure = std::current_exception();
   }
   agree_over_stages(failure, "--resume " + dir);
+  if (saved != stages) {
+    check_saved_parameters_taken(dir, saved_names,
+                                 {held_by_some_rank(saved_names, parameter_names(engine))});
+  }
   const std::vector<uint64_t> steps = all_ranks_u64(static_cast<uint64_t>(resumed.step));
   for (uint64_t s : steps) {
     if (s != steps.front()) {
@@ -154,7 +174,14 @@ StartPosition resume_stage(const Flags& f, const TrainingConfig& tc, Engine& eng
                       ": the resumed checkpoint is at step " + std::to_string(resumed.step) +
                       ", so no step is left to train");
   }
-  if (leader) std::printf("resumed from %s at step %ld\n", dir.c_str(), resumed.step);
+  if (leader) {
+    std::printf("resumed from %s at step %ld", dir.c_str(), resumed.step);
+    if (saved != stages) {
+      std::printf(" (saved by %d pipeline stage(s), resharded over %d)", std::max(saved, 1),
+                  stages);
+    }
+    std::printf("\n");
+  }
   return {resumed.step + 1, resumed.seed};
 }
 

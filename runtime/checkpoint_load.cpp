@@ -28,23 +28,44 @@ using checkpoint_files::join;
 using checkpoint_reports::agree;
 using checkpoint_reports::attempt;
 
-// Same parameter names and whole tensors on both sides; returns, per engine parameter, its saved
-// index. At the same tensor-parallel size the slices must match too; at another, a split
-// parameter must be cut the same way (or be whole in the checkpoint).
-std::vector<size_t> match_params(const Layout& layout, const std::vector<CheckpointInfo>& grid,
-                                 int tensor_parallel_size) {
-  const CheckpointInfo& info = grid.front();
-  const bool same_size = static_cast<int>(grid.size()) == tensor_parallel_size;
-  const std::string manifest = join(info.step_dir, checkpoint_files::kManifestName);
-  std::unordered_map<std::string, size_t> saved;
-  for (size_t i = 0; i < info.params.size(); ++i) saved[info.params[i].name] = i;
-  std::vector<size_t> index;
+// Where a parameter of the engine is saved: which source (one save's grid) and its index there.
+struct SavedParam {
+  size_t source = 0;
+  size_t index = 0;
+};
+
+// Each engine parameter found by name in the first source that has it, with the same whole
+// tensor; returns where. At the same tensor-parallel size the slices must match too; at another,
+// a split parameter must be cut the same way (or be whole in the checkpoint). With one source
+// (`whole_model`) the checkpoint must hold no parameter the model lacks; several sources (the
+// stages of a pipelined save) hold the parameters of other stages too.
+std::vector<SavedParam> match_params(const Layout& layout,
+                                     const std::vector<std::vector<CheckpointInfo>>& sources,
+                                     int tensor_parallel_size, bool whole_model) {
+  std::unordered_map<std::string, SavedParam> saved;
+  for (size_t k = 0; k < sources.size(); ++k) {
+    const CheckpointInfo& info = sources[k].front();
+    for (size_t i = 0; i < info.params.size(); ++i)
+      saved.emplace(info.params[i].name, SavedParam{k, i});
+  }
+  const auto manifest_of = [&](size_t k) {
+    return join(sources[k].front().step_dir, checkpoint_files::kManifestName);
+  };
+  std::string all_manifests;
+  for (size_t k = 0; k < sources.size(); ++k) {
+    all_manifests += (k == 0 ? "" : ", ") + manifest_of(k);
+  }
+  std::vector<SavedParam> index;
   for (const ParamPlacement& p : layout.params()) {
     auto found = saved.find(p.name);
     ZERO_CHECK(found != saved.end(), "parameter '" << p.name << "' " << shape_text(p.shape)
                                                    << " of the model is not in checkpoint "
-                                                   << manifest);
-    const ParamPlacement& s = info.params[found->second];
+                                                   << all_manifests);
+    const std::vector<CheckpointInfo>& grid = sources[found->second.source];
+    const CheckpointInfo& info = grid.front();
+    const bool same_size = static_cast<int>(grid.size()) == tensor_parallel_size;
+    const std::string manifest = manifest_of(found->second.source);
+    const ParamPlacement& s = info.params[found->second.index];
     const std::vector<int64_t> whole = full_shape(p.split, p.shape);
     const std::vector<int64_t> saved_whole = full_shape(s.split, s.shape);
     ZERO_CHECK(same_size ? s.shape == p.shape : saved_whole == whole,
@@ -64,7 +85,9 @@ std::vector<size_t> match_params(const Layout& layout, const std::vector<Checkpo
                              << manifest);
     index.push_back(found->second);
   }
-  if (info.params.size() != layout.params().size()) {
+  const CheckpointInfo& info = sources.front().front();
+  if (whole_model && info.params.size() != layout.params().size()) {
+    const std::string manifest = manifest_of(0);
     for (const ParamPlacement& s : info.params) {
       const bool in_model = std::any_of(layout.params().begin(), layout.params().end(),
                                         [&](const ParamPlacement& p) { return p.name == s.name; });
@@ -81,16 +104,17 @@ std::vector<size_t> match_params(const Layout& layout, const std::vector<Checkpo
 // replicated parameter from any); at another, each split parameter is merged from every rank's
 // slice and this rank's slice cut from the whole (tensor_split.h), so a run saved at t resumes
 // at t'. The first read of a shard file checks its size and CRC.
-void read_unit_state(const Engine& engine, checkpoint_files::GridReader& reader,
-                     const std::vector<CheckpointInfo>& grid,
-                     const std::vector<size_t>& saved_index, size_t u,
+// Each parameter comes from its source's grid (readers[k] reads sources[k]).
+void read_unit_state(const Engine& engine,
+                     std::vector<std::unique_ptr<checkpoint_files::GridReader>>& readers,
+                     const std::vector<std::vector<CheckpointInfo>>& sources,
+                     const std::vector<SavedParam>& saved_index, size_t u,
                      const Engine::StateView& view, std::vector<float>* out) {
   const Layout& layout = engine.layout();
   const Communicator* tp = engine.config().grid.tensor_parallel;
   const int tp_size = tp == nullptr ? 1 : tp->world_size();
   const int tp_rank = tp == nullptr ? 0 : tp->rank();
-  const bool same_size = static_cast<int>(grid.size()) == tp_size;
-  const int state_count = grid.front().state_count;
+  const int state_count = sources.front().front().state_count;
   const size_t n = view.end - view.begin;
   out->assign(n * (1 + static_cast<size_t>(state_count)), 0.0f);
   for (int p : layout.units()[u].params) {
@@ -98,7 +122,10 @@ void read_unit_state(const Engine& engine, checkpoint_files::GridReader& reader,
     const size_t lo = std::max(view.begin, placed.offset);
     const size_t hi = std::min(view.end, placed.offset + placed.numel);
     if (lo >= hi) continue;
-    const size_t saved = saved_index[p];
+    const std::vector<CheckpointInfo>& grid = sources[saved_index[p].source];
+    checkpoint_files::GridReader& reader = *readers[saved_index[p].source];
+    const size_t saved = saved_index[p].index;
+    const bool same_size = static_cast<int>(grid.size()) == tp_size;
     const bool resliced =
         !same_size && (placed.split.is_split() || grid.front().params[saved].split.is_split());
     for (int array = 0; array <= state_count; ++array) {
@@ -129,16 +156,27 @@ void apply_unit_state(Engine& engine, const Engine::StateView& view,
   engine.write_state_views();
 }
 
+// A reader of each source's grid, which must outlive them.
+std::vector<std::unique_ptr<checkpoint_files::GridReader>> readers_of(
+    const std::vector<std::vector<CheckpointInfo>>& sources) {
+  std::vector<std::unique_ptr<checkpoint_files::GridReader>> readers;
+  for (const std::vector<CheckpointInfo>& grid : sources) {
+    readers.push_back(std::make_unique<checkpoint_files::GridReader>(grid));
+  }
+  return readers;
+}
+
 // Every unit's state this rank holds (read_unit_state), all in memory.
-std::vector<std::vector<float>> stage_state(Engine& engine, const std::vector<CheckpointInfo>& grid,
-                                            const std::vector<size_t>& saved_index) {
-  checkpoint_files::GridReader reader(grid);
+std::vector<std::vector<float>> stage_state(Engine& engine,
+                                            const std::vector<std::vector<CheckpointInfo>>& sources,
+                                            const std::vector<SavedParam>& saved_index) {
+  std::vector<std::unique_ptr<checkpoint_files::GridReader>> readers = readers_of(sources);
   std::vector<std::vector<float>> staged(engine.layout().units().size());
   const StateViewsReleased released(engine);
   for (size_t u = 0; u < staged.size(); ++u) {
     engine.release_state_views();
     const Engine::StateView view = engine.state_view(static_cast<int>(u));
-    read_unit_state(engine, reader, grid, saved_index, u, view, &staged[u]);
+    read_unit_state(engine, readers, sources, saved_index, u, view, &staged[u]);
   }
   return staged;
 }
@@ -147,14 +185,14 @@ std::vector<std::vector<float>> stage_state(Engine& engine, const std::vector<Ch
 // would not fit in memory. Without `apply` it only reads (every shard file checked, every read
 // made), so a bad checkpoint is refused before anything changes; with it each unit's state goes
 // into its view and out to the engine (write_state_views) before the next is read.
-void stream_state(Engine& engine, const std::vector<CheckpointInfo>& grid,
-                  const std::vector<size_t>& saved_index, bool apply) {
-  checkpoint_files::GridReader reader(grid);
+void stream_state(Engine& engine, const std::vector<std::vector<CheckpointInfo>>& sources,
+                  const std::vector<SavedParam>& saved_index, bool apply) {
+  std::vector<std::unique_ptr<checkpoint_files::GridReader>> readers = readers_of(sources);
   std::vector<float> unit_state;
   try {
     for (size_t u = 0; u < engine.layout().units().size(); ++u) {
       const Engine::StateView view = engine.state_view(static_cast<int>(u));
-      read_unit_state(engine, reader, grid, saved_index, u, view, &unit_state);
+      read_unit_state(engine, readers, sources, saved_index, u, view, &unit_state);
       if (!apply) {
         engine.release_state_views();
         continue;
@@ -205,12 +243,17 @@ std::vector<std::string> optimizer_differences(const OptimizerConfig& saved,
   return out;
 }
 
-void load_checkpoint(Engine& engine, const std::string& path, TrainerState* trainer,
-                     const LoadOptions& options) {
+namespace {
+
+// load_checkpoint from one save (`whole_model`: paths holds one), or from the saves of a
+// pipelined run's stages, which hold one step of one run between them.
+void load_sources(Engine& engine, const std::vector<std::string>& paths, bool whole_model,
+                  TrainerState* trainer, const LoadOptions& options) {
   Communicator& comm = engine.host_communicator();
+  const std::string path = ::zero::join(paths, std::string(", "));
   CheckpointInfo info;
-  std::vector<CheckpointInfo> grid;
-  std::vector<size_t> saved_index;
+  std::vector<std::vector<CheckpointInfo>> sources;
+  std::vector<SavedParam> saved_index;
   // State on NVMe may be far larger than memory: it is checked in a first pass and loaded one
   // unit at a time in a second. Otherwise all of it is read into memory before any is applied.
   const bool streaming = engine.nvme_bytes() > 0;
@@ -220,8 +263,24 @@ void load_checkpoint(Engine& engine, const std::string& path, TrainerState* trai
   std::exception_ptr failure;
   try {
     agree(comm, "checkpoint load from " + path, attempt([&] {
-            grid = read_checkpoint_grid(path);
-            info = grid.front();
+            for (const std::string& source : paths) sources.push_back(read_checkpoint_grid(source));
+            info = sources.front().front();
+            for (const std::vector<CheckpointInfo>& grid : sources) {
+              const CheckpointInfo& other = grid.front();
+              ZERO_CHECK(other.trainer.step == info.trainer.step &&
+                             other.optimizer_step == info.optimizer_step,
+                         "checkpoints "
+                             << join(info.step_dir, checkpoint_files::kManifestName) << " and "
+                             << join(other.step_dir, checkpoint_files::kManifestName)
+                             << " are of different steps (" << info.trainer.step << " and "
+                             << other.trainer.step << "): a save was interrupted on some stages");
+              ZERO_CHECK(other.state_count == info.state_count,
+                         "checkpoints "
+                             << join(info.step_dir, checkpoint_files::kManifestName) << " and "
+                             << join(other.step_dir, checkpoint_files::kManifestName) << " hold "
+                             << info.state_count << " and " << other.state_count
+                             << " optimizer state arrays per element");
+            }
             const std::vector<std::string> differences =
                 optimizer_differences(info.optimizer, engine.config().optimizer);
             if (!differences.empty() && !options.override_optimizer) {
@@ -242,11 +301,12 @@ void load_checkpoint(Engine& engine, const std::string& path, TrainerState* trai
                                      << "the engine's optimizer keeps " << state_count
                                      << " (a different optimizer type or momentum setting)");
             const Communicator* tp = engine.config().grid.tensor_parallel;
-            saved_index = match_params(engine.layout(), grid, tp == nullptr ? 1 : tp->world_size());
+            saved_index = match_params(engine.layout(), sources,
+                                       tp == nullptr ? 1 : tp->world_size(), whole_model);
             if (streaming) {
-              stream_state(engine, grid, saved_index, /*apply=*/false);
+              stream_state(engine, sources, saved_index, /*apply=*/false);
             } else {
-              staged = stage_state(engine, grid, saved_index);
+              staged = stage_state(engine, sources, saved_index);
             }
           }));
   } catch (const ConfigError&) {
@@ -264,7 +324,8 @@ void load_checkpoint(Engine& engine, const std::string& path, TrainerState* trai
     const std::string what = "checkpoint load from " + path + " into the NVMe-resident state";
     std::exception_ptr applied;
     try {
-      agree(comm, what, attempt([&] { stream_state(engine, grid, saved_index, /*apply=*/true); }));
+      agree(comm, what,
+            attempt([&] { stream_state(engine, sources, saved_index, /*apply=*/true); }));
     } catch (...) {
       applied = std::current_exception();
     }
@@ -281,6 +342,19 @@ void load_checkpoint(Engine& engine, const std::string& path, TrainerState* trai
   }
   engine.state_loaded();
   if (trainer != nullptr) *trainer = info.trainer;
+}
+
+}  // namespace
+
+void load_checkpoint(Engine& engine, const std::string& path, TrainerState* trainer,
+                     const LoadOptions& options) {
+  load_sources(engine, {path}, /*whole_model=*/true, trainer, options);
+}
+
+void load_checkpoint_from_stages(Engine& engine, const std::vector<std::string>& stage_paths,
+                                 TrainerState* trainer, const LoadOptions& options) {
+  ZERO_CHECK(!stage_paths.empty(), "a pipelined checkpoint needs at least one stage's directory");
+  load_sources(engine, stage_paths, /*whole_model=*/false, trainer, options);
 }
 
 }  // namespace zero

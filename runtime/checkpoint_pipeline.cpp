@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <set>
 #include <sstream>
 #include <string>
 
@@ -67,6 +68,23 @@ int read_pipeline_record(const std::string& dir) {
                     << pipeline_stage_dir(dir, s) << " is missing");
   }
   return static_cast<int>(stages);
+}
+
+std::vector<std::string> saved_stage_dirs(const std::string& dir) {
+  const int stages = read_pipeline_record(dir);
+  if (stages == 0) return {dir};
+  std::vector<std::string> dirs;
+  for (int s = 0; s < stages; ++s) dirs.push_back(pipeline_stage_dir(dir, s));
+  return dirs;
+}
+
+std::vector<std::string> saved_parameter_names(const std::vector<std::string>& stage_dirs) {
+  std::set<std::string> names;
+  for (const std::string& stage_dir : stage_dirs) {
+    const std::vector<CheckpointInfo> grid = read_checkpoint_grid(stage_dir);
+    for (const ParamPlacement& p : grid.front().params) names.insert(p.name);
+  }
+  return {names.begin(), names.end()};
 }
 
 }  // namespace zero

@@ -3,8 +3,9 @@
 # and saved; the same run stopped after step 2 and resumed from its save is equal to it bit for
 # bit (every step's loss and norm, and the exported weights); the export merges the stages (wte
 # once) and holds PyTorch's weights after 3 steps within 1e-5; a resume on twice the ranks (the
-# save resharded over 2 data-parallel ranks per stage) continues within 1e-6; and a resume at
-# another number of stages is refused naming both.
+# save resharded over 2 data-parallel ranks per stage) continues within 1e-6, as do the save
+# resumed without a pipeline and a save without one resumed at pp 2; and a save of another model
+# is refused, naming a parameter no stage holds.
 #   gpt2_pipeline_resume.sh BIN_DIR STAGE -- MPIEXEC [MPIEXEC_FLAGS...]
 set -euo pipefail
 bin="$1"; stage="$2"; shift 2
@@ -29,9 +30,11 @@ echo "ZeRO stage $stage, pp 2, 3 steps, exported from both stages, against PyTor
   --final "$work/whole.safetensors" --reference-tolerance 1e-5
 
 train 2 first --steps 2 --save-dir "$work/split.ckpt" --metrics "$work/split.jsonl"
-# The save of step 2 and its metrics, kept for the resume on 4 ranks below.
-cp -r "$work/split.ckpt" "$work/wide.ckpt"
-cp "$work/split.jsonl" "$work/wide.jsonl"
+# The save of step 2 and its metrics, kept for the resumes on 4 ranks and without a pipeline.
+for copy in wide unpiped; do
+  cp -r "$work/split.ckpt" "$work/$copy.ckpt"
+  cp "$work/split.jsonl" "$work/$copy.jsonl"
+done
 # --init-from is the starting point of a fresh run only: the resume takes the checkpoint's.
 resume() {
   local np="$1" dir="$2" metrics="$3" log="$4"
@@ -54,12 +57,37 @@ echo "resumed on 4 ranks (2 data-parallel per stage), against the run on 2:"
 "$bin/gpt2_golden_check" --expected "$data/expected_fp64.json" --metrics "$work/wide.jsonl" \
   --same-metrics-as "$work/whole.jsonl" --metrics-tolerance 1e-6
 
-# Another number of stages: refused on every rank (exit 2), naming both.
+# Another number of stages: the save resharded by parameter name. The 2-stage save resumed
+# without a pipeline (one engine takes both stages' parameters, wte once), and a save without a
+# pipeline resumed at pp 2; each continues as the uninterrupted run does.
+run_logged "$work/unpiped.log" "the resume without a pipeline failed" "${mpiexec[@]}" -np 1 \
+  "$bin/zero-train" "${reference_model[@]}" --config "$data/adamw.json" --stage "$stage" \
+  --micro-batches 2 --steps 3 --resume "$work/unpiped.ckpt" --metrics "$work/unpiped.jsonl"
+grep -q "saved by 2 pipeline stage(s), resharded over 1" "$work/unpiped.log" ||
+  { cat "$work/unpiped.log"; echo "the resume did not say it resharded the stages"; exit 1; }
+echo "the pp 2 save resumed without a pipeline, against the pipelined run:"
+"$bin/gpt2_golden_check" --expected "$data/expected_fp64.json" --metrics "$work/unpiped.jsonl" \
+  --same-metrics-as "$work/whole.jsonl" --metrics-tolerance 1e-6
+
+run_logged "$work/plain.log" "zero-train failed: 1 rank without a pipeline" "${mpiexec[@]}" -np 1 \
+  "$bin/zero-train" "${reference_model[@]}" --config "$data/adamw.json" --stage "$stage" \
+  --micro-batches 2 --steps 2 --init-from "$data/model.safetensors" --save-dir "$work/plain.ckpt" \
+  --metrics "$work/piped.jsonl"
+resume 2 "$work/plain.ckpt" "$work/piped.jsonl" "$work/piped.log"
+grep -q "saved by 1 pipeline stage(s), resharded over 2" "$work/piped.log" ||
+  { cat "$work/piped.log"; echo "the resume did not say it resharded the save"; exit 1; }
+echo "a save without a pipeline resumed at pp 2, against the pipelined run:"
+"$bin/gpt2_golden_check" --expected "$data/expected_fp64.json" --metrics "$work/piped.jsonl" \
+  --same-metrics-as "$work/whole.jsonl" --metrics-tolerance 1e-6
+
+# A save of another model: a saved parameter that no stage holds is refused (exit 2), naming it.
 set +e
-"${mpiexec[@]}" -np 1 "$bin/zero-train" "${reference_model[@]}" --config "$data/adamw.json" \
-  --stage "$stage" --micro-batches 2 --steps 4 --resume "$work/whole.ckpt" > "$work/other.log" 2>&1
+"${mpiexec[@]}" -np 1 "$bin/zero-train" "${reference_model[@]}" --n-layer 1 \
+  --config "$data/adamw.json" --stage "$stage" --micro-batches 2 --steps 4 \
+  --resume "$work/whole.ckpt" > "$work/other.log" 2>&1
 rc=$?
 set -e
-[ "$rc" = 2 ] && grep -q "saved by a pipeline of 2 stages" "$work/other.log" ||
-  { cat "$work/other.log"; echo "a resume without the pipeline: exit $rc"; exit 1; }
-echo "a resume at another number of stages is refused (exit 2)"
+[ "$rc" = 2 ] && grep -q "the saved parameter 'h.1.* is in no stage of this run's model" \
+  "$work/other.log" ||
+  { cat "$work/other.log"; echo "a resume of another model: exit $rc"; exit 1; }
+echo "a save of another model is refused (exit 2)"

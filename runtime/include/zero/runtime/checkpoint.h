@@ -68,6 +68,16 @@ struct LoadOptions {
 void load_checkpoint(Engine& engine, const std::string& path, TrainerState* trainer,
                      const LoadOptions& options = {});
 
+// A pipelined run's save loaded at another number of stages: `stage_paths` are the saved
+// stages' directories (each read as `path` above, all of one step), and each parameter of this
+// engine is taken by name from the first that holds it (the stages' copies of a tied parameter
+// are equal), resharded over this run's data- and tensor-parallel ranks as above. The others'
+// parameters are left alone; whether every saved parameter is taken by some stage is the
+// caller's to check, over the stages. Errors as load_checkpoint's, and for saves of different
+// steps.
+void load_checkpoint_from_stages(Engine& engine, const std::vector<std::string>& stage_paths,
+                                 TrainerState* trainer, const LoadOptions& options = {});
+
 // The differences between a checkpoint's optimizer and a run's, lr aside (it is scheduled), one
 // per line: `weight_decay 0.01 in the checkpoint, 0 in this run`. Empty when they agree.
 std::vector<std::string> optimizer_differences(const OptimizerConfig& saved,

@@ -85,6 +85,12 @@ void write_pipeline_record(const std::string& dir, int stages);
 // The stages DIR/pipeline records, 0 when there is none (not a pipelined save). Throws
 // zero::Error naming the file when it is not a record or a stage's directory is missing.
 int read_pipeline_record(const std::string& dir);
+// The checkpoints a save at DIR consists of: each stage's directory for a pipelined save, else
+// DIR itself (a save of one stage); and the names of every parameter they hold, sorted, once each
+// (the stages' copies of a tied parameter are one). Throws zero::Error as read_pipeline_record
+// and read_checkpoint_grid do.
+std::vector<std::string> saved_stage_dirs(const std::string& dir);
+std::vector<std::string> saved_parameter_names(const std::vector<std::string>& stage_dirs);
 
 // The fp32 master of every parameter (registration order) as the whole tensor, of shape
 // full_shape(param.split, param.shape): a tensor-parallel save's slices (`grid`, every rank's
