@@ -14,7 +14,6 @@
 #include <fstream>
 #include <map>
 #include <set>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,18 +21,12 @@
 #include "examples/memory_timeline.h"
 #include "models/mlp.h"
 #include "tests/examples/timeline_fields.h"
+#include "tests/whole_file.h"
 #include "zero/collectives/mpi_communicator.h"
 #include "zero/runtime/model.h"
 
 namespace zero::examples {
 namespace {
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 TEST(MemoryTimeline, AHostOffloadRunRecordsTheHostTiersAndTheirPeaks) {
   std::unique_ptr<Communicator> comm = make_mpi_communicator();
@@ -105,7 +98,7 @@ TEST(MemoryTimeline, AHostOffloadRunRecordsTheHostTiersAndTheirPeaks) {
   EXPECT_EQ(timeline.peak_bytes("no such tier"), 0u);
 
   // The plot stacks the engine's categories and draws the host tiers' totals as lines.
-  const std::string script = read_file(path + ".gp");
+  const std::string script = read_whole_file(path + ".gp");
   EXPECT_NE(script.find("title 'pinned host memory (total)'"), std::string::npos) << script;
   EXPECT_NE(script.find("title 'pageable host memory (total)'"), std::string::npos) << script;
   EXPECT_EQ(script.find("driver: in use"), std::string::npos) << script;

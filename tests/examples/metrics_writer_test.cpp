@@ -5,22 +5,14 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include "driver/metrics_writer.h"
+#include "tests/whole_file.h"
 #include "zero/core/check.h"
 
 namespace zero::driver {
 namespace {
-
-std::string contents(const std::string& path) {
-  std::ifstream in(path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 // A file-size limit stands in for a full file system: past it write() writes what fits, then
 // fails (EFBIG; SIGXFSZ ignored), as it does with ENOSPC.
@@ -61,7 +53,7 @@ TEST(MetricsWriter, AFullDiskIsAnErrorAndTheFileKeepsWholeRecords) {
           << e.what();
     }
   }
-  EXPECT_EQ(contents(path), line) << "the half-written record is cut off";
+  EXPECT_EQ(read_whole_file(path), line) << "the half-written record is cut off";
   unlink(path.c_str());
 }
 

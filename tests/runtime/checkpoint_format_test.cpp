@@ -189,7 +189,7 @@ TEST_F(HandWrittenCheckpoint, CorruptOrMissingShardFilesNameTheFile) {
 }
 
 TEST_F(HandWrittenCheckpoint, BadManifestsAreRefusedWithTheReason) {
-  const std::string text = read_text(step_dir_ + "/manifest.pbtxt");
+  const std::string text = read_whole_file(step_dir_ + "/manifest.pbtxt");
   write_raw(text.substr(0, text.size() - 20));
   EXPECT_NE(manifest_error().find("is truncated"), std::string::npos) << manifest_error();
   std::string changed = text;
@@ -252,7 +252,7 @@ TEST(Safetensors, WriterOutputParsesFromTheSpec) {
       {"layer.weight", {2, 3}, &w}, {"scale", {}, &scalar}, {"nothing", {0, 4}, &empty}};
   for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
     write_safetensors(path, tensors, dtype, {{"format", "pt"}, {"step", "12"}});
-    const std::string bytes = read_text(path);
+    const std::string bytes = read_whole_file(path);
     uint64_t header_size = 0;
     std::memcpy(&header_size, bytes.data(), 8);
     EXPECT_EQ((8 + header_size) % 8, 0u) << "data starts 8-byte aligned";

@@ -44,7 +44,7 @@ class CheckpointTest : public ::testing::Test {
     return losses;
   }
 
-  std::string latest() { return read_text(dir_ + "/latest"); }
+  std::string latest() { return read_whole_file(dir_ + "/latest"); }
 
   std::unique_ptr<Communicator> comm_;
   std::string dir_;

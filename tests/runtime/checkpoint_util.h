@@ -11,12 +11,12 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "models/mlp.h"
+#include "tests/whole_file.h"
 #include "zero/core/check.h"
 #include "zero/runtime/checkpoint.h"
 #include "zero/runtime/model.h"
@@ -87,13 +87,6 @@ inline std::string shared_temp_dir(Communicator& comm) {
   return name;
 }
 
-inline std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 // Flips every bit of one byte of a file.
 inline void flip_byte(const std::string& path, long offset) {
   std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
@@ -122,7 +115,7 @@ struct SafetensorsFile {
 };
 
 inline SafetensorsFile read_safetensors(const std::string& path) {
-  const std::string bytes = read_text(path);
+  const std::string bytes = read_whole_file(path);
   auto fail = [&](const std::string& why) {
     throw std::runtime_error("safetensors " + path + ": " + why);
   };

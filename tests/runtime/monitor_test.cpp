@@ -10,10 +10,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
+#include "tests/whole_file.h"
 #include "zero/proto/tensorboard_event.pb.h"
 #include "zero/runtime/monitor.h"
 
@@ -35,11 +35,6 @@ uint32_t reference_crc32c(const unsigned char* data, size_t size) {
 uint32_t reference_masked(const unsigned char* data, size_t size) {
   const uint32_t crc = reference_crc32c(data, size);
   return ((crc >> 15) | (crc << 17)) + 0xa282ead8u;
-}
-
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
 fs::path fresh_dir(const std::string& name) {
@@ -84,7 +79,7 @@ TEST(Monitor, TensorBoardEventFileReadsBack) {
   EXPECT_EQ(fs::path(path).parent_path(), dir / "job");
   EXPECT_EQ(fs::path(path).filename().string().rfind("events.out.tfevents.", 0), 0u);
 
-  const std::vector<tensorboard::Event> events = events_of(read_file(path));
+  const std::vector<tensorboard::Event> events = events_of(read_whole_file(path));
   ASSERT_EQ(events.size(), 3u);
   EXPECT_EQ(events[0].file_version(), "brain.Event:2");
   EXPECT_GT(events[0].wall_time(), 1.6e9);
@@ -107,7 +102,7 @@ TEST(Monitor, CorruptedRecordIsRefusedByItsCrc) {
     path = writer.path();
     writer.write_scalar("Train/Samples/train_loss", 1.5, 4);
   }
-  std::string text = read_file(path);
+  std::string text = read_whole_file(path);
   const size_t first_record = 8 + 4 + read_tfrecords(path)[0].size() + 4;
   text[first_record + 12 + 5] ^= 0x01;  // a byte of the scalar's Event
   std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
@@ -135,12 +130,12 @@ TEST(Monitor, CsvFilesAreDeepSpeedsLayout) {
     csv.write({"Train/Samples/lr", 0.001, 8});
     csv.write({"Train/Samples/train_loss", static_cast<double>(0.1f), 8});
   }
-  EXPECT_EQ(read_file(dir / "Train_Samples_train_loss.csv"),
+  EXPECT_EQ(read_whole_file(dir / "Train_Samples_train_loss.csv"),
             "step,train_loss\r\n0,2.5\r\n8,0.10000000149011612\r\n");
-  EXPECT_EQ(read_file(dir / "Train_Samples_lr.csv"), "step,lr\r\n8,0.001\r\n");
+  EXPECT_EQ(read_whole_file(dir / "Train_Samples_lr.csv"), "step,lr\r\n8,0.001\r\n");
   // A second writer (a resumed run) appends, with a header of its own, as DeepSpeed's "a+" does.
   CsvMonitorWriter(dir.string()).write({"Train/Samples/lr", 1e-05, 16});
-  EXPECT_EQ(read_file(dir / "Train_Samples_lr.csv"),
+  EXPECT_EQ(read_whole_file(dir / "Train_Samples_lr.csv"),
             "step,lr\r\n8,0.001\r\nstep,lr\r\n16,1e-05\r\n");
   fs::remove_all(dir);
 }

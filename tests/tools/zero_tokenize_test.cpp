@@ -8,12 +8,12 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
 #include "models/token_data.h"
 #include "tests/run_program.h"
+#include "tests/whole_file.h"
 
 namespace {
 
@@ -23,11 +23,6 @@ using zero::testing::ProgramOutcome;
 
 ProgramOutcome run_tokenize(const Words& args) {
   return zero::testing::run_program(ZERO_TOKENIZE_PATH, args);
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
 // The bytes a token file holds, each token checked to be a byte.
@@ -109,7 +104,7 @@ TEST_F(ZeroTokenizeTest, ValidationFileGetsTheLastFraction) {
 TEST_F(ZeroTokenizeTest, FortunesRoundTrip) {
   const std::string fortunes = "/usr/share/games/fortunes/fortunes";
   if (!fs::exists(fortunes)) GTEST_SKIP() << fortunes << " is missing (package fortunes)";
-  const std::string text = read_file(fortunes);
+  const std::string text = zero::read_whole_file(fortunes);
   ASSERT_GT(text.size(), 1000u);
   const ProgramOutcome outcome =
       run_tokenize({fortunes, "--out", path("out.bin"), "--val-out", path("val.bin")});
@@ -175,8 +170,8 @@ TEST_F(ZeroTokenizeTest, OutputsNamingAnInputOrEachOtherAreRefused) {
   expect_usage_error({input, "--out", out, "--val-out",
                       dir_ + "/../" + fs::path(dir_).filename().string() + "/out.bin"},
                      "--out and --val-out name the same file " + out);
-  EXPECT_EQ(read_file(input), text);
-  EXPECT_EQ(read_file(other), text);
+  EXPECT_EQ(zero::read_whole_file(input), text);
+  EXPECT_EQ(zero::read_whole_file(other), text);
 }
 
 TEST_F(ZeroTokenizeTest, UnwritableOutputExitsOne) {
