@@ -49,6 +49,10 @@ struct RankFigures {
   uint64_t peak_activation_bytes = 0;
   uint64_t model_state_bytes = 0;
   uint64_t buffer_bytes = 0;
+  // The engine's collectives in the stage's data-parallel group this step, and the bytes they
+  // (and the engine's other communicators) sent.
+  uint64_t collectives = 0;
+  uint64_t data_parallel_bytes = 0;
 };
 
 // One 64-bit value per world rank, gathered on every rank.
@@ -248,8 +252,10 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
     config.grid.pipeline.ties = grid.pipeline_ties.get();
     config.grid.pipeline.counts_ties_in_norm = first;
   }
-  // Stage 3: gathered once per step, not once per micro-batch (unless --pp-regather).
+  // Stage 3: gathered once per step, not once per micro-batch; stages 2-3: gradients reduced
+  // once per step. --pp-regather does both per micro-batch, in less memory.
   config.grid.pipeline.hold_gathered = !f.pp_regather;
+  config.grid.pipeline.reduce_once = !f.pp_regather && tc.gradient_accumulation_steps > 1;
   ZeroModel model(*grid.data_parallel,
                   task.take_modules({place.tp_rank, grid.tensor_parallel.get()}), config);
   Engine& engine = model.engine();
@@ -318,8 +324,12 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
   }
 
   PipelineStepReport report;
+  const auto data_parallel_bytes = [&] {
+    return grid.data_parallel->counters().total_bytes() + engine.own_comm_bytes();
+  };
   for (long step = first_step; step <= f.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
+    const uint64_t bytes_before = data_parallel_bytes();
     // --inject-fault: the last rank (of the last stage) misbehaves in the step's last backward.
     const bool faulty = step == f.fault.step && world_rank == world_size - 1;
     work.begin_step(step, [&](int micro_batch, Tensor& grad) {
@@ -345,6 +355,8 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
     mine.peak_activation_bytes = stats.peak_activation_bytes;
     mine.model_state_bytes = engine.model_state_bytes();
     mine.buffer_bytes = engine.buffer_bytes();
+    mine.collectives = static_cast<uint64_t>(stats.collectives);
+    mine.data_parallel_bytes = data_parallel_bytes() - bytes_before;
     const std::vector<RankFigures> ranks = all_ranks(mine);
     if (!leader) continue;
     // Idle is a rank's step time less its compute, the bubble its share over the ranks.
@@ -357,6 +369,8 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
     std::vector<unsigned long long> stage_state(static_cast<size_t>(stages), 0);
     std::vector<unsigned long long> stage_buffers(static_cast<size_t>(stages), 0);
     std::vector<double> stage_busy(static_cast<size_t>(stages), 0.0);
+    std::vector<unsigned long long> stage_collectives(static_cast<size_t>(stages), 0);
+    std::vector<unsigned long long> stage_data_parallel_bytes(static_cast<size_t>(stages), 0);
     for (size_t r = 0; r < ranks.size(); ++r) {
       const RankFigures& rank = ranks[r];
       loss += static_cast<float>(rank.loss_sum);
@@ -370,6 +384,8 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
       stage_state[s] = std::max<unsigned long long>(stage_state[s], rank.model_state_bytes);
       stage_buffers[s] = std::max<unsigned long long>(stage_buffers[s], rank.buffer_bytes);
       stage_busy[s] = std::max(stage_busy[s], rank.busy_ms);
+      stage_collectives[s] = std::max<unsigned long long>(stage_collectives[s], rank.collectives);
+      stage_data_parallel_bytes[s] += rank.data_parallel_bytes;
     }
     loss /= static_cast<float>(place.dp_size * micro_batches);
     const double bubble = time_sum > 0.0 ? 1.0 - busy_sum / time_sum : 0.0;
@@ -396,6 +412,8 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
                              {"stage_peak_activation_bytes", stage_activations},
                              {"stage_model_state_bytes", stage_state},
                              {"stage_buffer_bytes", stage_buffers},
+                             {"stage_collectives", stage_collectives},
+                             {"stage_data_parallel_bytes", stage_data_parallel_bytes},
                              {"stage_busy_ms", stage_busy},
                              {"skipped", stats.skipped}});
   }

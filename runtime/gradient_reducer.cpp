@@ -80,7 +80,7 @@ void GradientReducer::ready(int u) {
     g.full_reused = !last;  // finish_step() zeroes it after the last
     return;
   }
-  if (config_.stage >= 2) {
+  if (reduces_every_micro_batch(config_)) {
     if (g.bucket.empty()) g.bucket = pool_.acquire(/*zeroed=*/true);
     const CommPoint bucket_read =
         reduce(u, g.bucket.data(), config_.precision.dtype, accumulate, last);
@@ -106,8 +106,9 @@ void GradientReducer::ready(int u) {
     device_.add(g.full.data(), accum_dtype_, g.bucket.data(), config_.precision.dtype, unit.numel);
     pool_.give_back(std::move(g.bucket), CommPoint{device_.record(), nullptr});
   }
-  // Stages 0-1 keep whole gradients through accumulation and reduce them in place (stage 1's
-  // reduced slice lands at the rank's own offset in the whole buffer).
+  // Stages 0-1 (and 2-3 reducing once) keep whole gradients through accumulation and reduce
+  // them after the last micro-batch: in place at stage 1, whose reduced slice lands at the
+  // rank's own offset in the whole buffer, into the shard at stages 2-3.
   if (last) reduce(u, g.full.data(), accum_dtype_, /*accumulate=*/false, last);
 }
 

@@ -69,8 +69,12 @@ DType accumulation_dtype(const EngineConfig& config) {
   return config.precision.dtype == DType::kBFloat16 ? DType::kFloat32 : config.precision.dtype;
 }
 
+bool reduces_every_micro_batch(const EngineConfig& config) {
+  return config.stage >= 2 && !config.grid.pipeline.reduce_once;
+}
+
 bool uses_grad_buckets(const EngineConfig& config) {
-  return config.stage >= 2 || accumulation_dtype(config) != config.precision.dtype;
+  return reduces_every_micro_batch(config) || accumulation_dtype(config) != config.precision.dtype;
 }
 
 size_t grad_bucket_count(const Layout& layout, const EngineConfig& config) {
@@ -180,7 +184,7 @@ UnitBytes unit_bytes(const Unit& unit, const EngineConfig& config, int state_arr
   // On the host, fp32 parameters need a master too: the working copy is on the device.
   const bool has_master = config.precision.dtype != DType::kFloat32 || b.optimizer_on_host;
   if (has_master && !on_nvme) b.master = owned * sizeof(float);
-  if (config.stage <= 1) b.grads_full = full * g;
+  if (!reduces_every_micro_batch(config)) b.grads_full = full * g;
   if (is_persistent(unit, config)) b.grads_full = full * w;  // backward adds into it directly
   if (config.stage >= 2) b.grads_shard = shard * g;
   b.state = on_nvme ? 0 : owned * sizeof(float);

@@ -58,9 +58,14 @@ struct UnitBytes {
 // DeepSpeed's bf16 optimizer accumulates in fp32, so bf16 does here unless told otherwise.
 DType accumulation_dtype(const EngineConfig& config);
 
+// Stages 2-3 reduce each micro-batch's gradient into the rank's shard, unless a pipeline has
+// them reduce once per step (EngineConfig::grid.pipeline.reduce_once); otherwise a whole
+// gradient is kept and reduced after the last micro-batch.
+bool reduces_every_micro_batch(const EngineConfig& config);
+
 // Backward writes a micro-batch's gradient into a pooled bucket of the working dtype when what
-// the rank keeps is a shard (stages 2-3) or is accumulated in another dtype; otherwise straight
-// into the kept full gradient.
+// the rank keeps is a shard reduced every micro-batch or is accumulated in another dtype;
+// otherwise straight into the kept full gradient.
 bool uses_grad_buckets(const EngineConfig& config);
 
 // Gradient buckets: two, so that backward fills one while the other's reduction reads it,

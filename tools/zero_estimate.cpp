@@ -72,9 +72,11 @@ void plan_layout(const Options& options, const std::vector<zero::ParamSpec>& spe
   // The layout is sharded over the shard group (layout_options); only stage 3 is planned then.
   config.grid.mics_shard_size = options.mics_shard_size;
   // The pipeline's end stages both hold wte and sum its gradient in a buffer of its size; at
-  // stage 3 a stage keeps its units gathered through the step (zero-train --pp's default).
+  // stage 3 a stage keeps its units gathered through the step, and at stages 2-3 whole
+  // gradients to reduce once per step (zero-train --pp's defaults).
   if (part.stage.stages > 1) {
     config.grid.pipeline.hold_gathered = true;
+    config.grid.pipeline.reduce_once = options.micro_batches > 1;
     if (part.stage.first() || part.stage.last())
       config.grid.pipeline.tied_parameters = {"wte.weight"};
   }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The reference GPT-2 (tests/data/gpt2) trained by zero-train cut into a pipeline: at every ZeRO
-# stage and each schedule GPT-2 runs (gpipe, 1f1b; at stage 3 also 1f1b gathering per
-# micro-batch, --pp-regather), each run checked against PyTorch's float64 run
+# stage and each schedule GPT-2 runs (gpipe, 1f1b; at stages 2-3 also 1f1b reducing, and at
+# stage 3 gathering, per micro-batch: --pp-regather), each run checked against PyTorch's float64 run
 # (every step's loss and gradient norm within 1e-5 relative) and against the same job without a
 # pipeline (the same micro-batches on the same data-parallel ranks): every step's loss and norm
 # within 1e-6 relative. Not bitwise: the pipeline sums the tied wte's two uses after reducing each
@@ -39,8 +39,9 @@ for stage in 0 1 2 3; do
   train "$stage" "plain$stage"
   np="$np_saved"
   variants=(gpipe 1f1b)
-  # Stage 3 keeps units gathered through the step; --pp-regather gathers per micro-batch.
-  if [ "$stage" = 3 ]; then variants+=(1f1b:--pp-regather); fi
+  # Stages 2-3 reduce once per step and stage 3 keeps units gathered through the step;
+  # --pp-regather reduces (and gathers) per micro-batch.
+  if [ "$stage" -ge 2 ]; then variants+=(1f1b:--pp-regather); fi
   for variant in "${variants[@]}"; do
     schedule="${variant%%:*}"
     extra=()
@@ -65,6 +66,25 @@ print("bytes between stages per step:", expected)' "$work/$run.jsonl" "$np" "$pp
       "$micro_batches" "$tp"
   done
 done
+
+# Reduced once per step, stages 2 and 3 send what stage 1 sends in its data-parallel groups (a
+# reduce-scatter and an all-gather of every unit per step, with stage 3's units held gathered),
+# in as many collectives; reducing per micro-batch sends more.
+python3 -c 'import json, sys
+def figures(run):
+    steps = [r for r in map(json.loads, open(sys.argv[1] + "/" + run + ".jsonl")) if r.get("event") == "step"]
+    # The first step also counts what the engine issued before it.
+    return [(r["stage_collectives"], r["stage_data_parallel_bytes"]) for r in steps[1:]]
+once = figures("pp11f1b0")
+for run in ("pp21f1b0", "pp31f1b0"):
+    assert figures(run) == once, (run, figures(run), once)
+for run in ("pp21f1b1", "pp31f1b1"):
+    more = figures(run)
+    for (calls_once, bytes_once), (calls_more, bytes_more) in zip(once, more):
+        assert all(m > o for o, m in zip(calls_once, calls_more)), (run, more, once)
+        # One rank per data-parallel group sends nothing.
+        assert all(m > o for o, m in zip(bytes_once, bytes_more) if o > 0), (run, more, once)
+print("data-parallel collectives and bytes per stage and step, reduced once:", once[-1])' "$work"
 
 # The same pipeline from DeepSpeed's config section instead of --pp (ZeRO stage 1, 1F1B).
 python3 -c 'import json, sys

@@ -211,6 +211,12 @@ struct EngineConfig {
       // use in a step until step() (ZeroModel's schedule holds them), instead of being gathered
       // for every micro-batch; the plan then keeps a gathered buffer for every unit.
       bool hold_gathered = false;
+      // Stages 2-3 with several micro-batches in flight: each unit's gradient accumulates whole,
+      // in the accumulation dtype, over the step's micro-batches and is reduced once after the
+      // last (as stages 0-1 do), instead of after every micro-batch: m times fewer
+      // reduce-scatters for a whole gradient per unit in memory, as PyTorch's pipelining with
+      // FSDP2 trades them. Stage 3's persistent unit still reduces per micro-batch.
+      bool reduce_once = false;
     } pipeline;
   } grid;
 
