@@ -208,8 +208,6 @@ void check_pipeline_settings(const Flags& f, const TrainingConfig& tc, int world
   refuse(tc.csv_monitor.enabled, "csv_monitor");
   refuse(tc.comms_logger.enabled, "comms_logger");
   refuse(tc.flops_profiler.enabled, "flops_profiler");
-  refuse(tc.engine.offload.optimizer.device != OffloadDevice::kNone, "offload_optimizer");
-  refuse(tc.engine.offload.param.device != OffloadDevice::kNone, "offload_param");
   refuse(tc.engine.grid.mics_shard_size > 0, "mics_shard_size (hybrid sharding)");
   const ActivationCheckpointingConfig& ac = tc.activation_checkpointing;
   // These keep one slot per block, which a second micro-batch in flight would overwrite.

@@ -2,7 +2,8 @@
 // the GPT-2's wte on the first stage (the embedding) and the last (the head). Each stage
 // accumulates and reduces its own uses over its data-parallel group; after the last micro-batch the
 // two stages' reduced gradients are added over the tie group, so both step with the gradient of
-// every use, as DeepSpeed's ReduceTiedGrads does.
+// every use, as DeepSpeed's ReduceTiedGrads does. With the optimizer on the host, the summed
+// shards are copied there again.
 #include "engine_internal.h"
 
 #include <algorithm>
@@ -20,11 +21,6 @@ void Engine::Impl::resolve_pipeline_ties() {
              "EngineConfig::pipeline.ties has " << pipeline.ties->world_size()
                                                 << " ranks; a tie joins two stages of " << world
                                                 << " data-parallel rank(s) each");
-  // The sum after the last reduction reads the reduced shards; the host optimizer has copied
-  // them by then, and a hybrid run's replicas sum them on their own stream.
-  ZERO_CHECK(!offloads_optimizer_to_host(config) && !offloads_optimizer_to_nvme(config),
-             "pipeline parallelism with parameters shared between stages does not support "
-             "offload_optimizer yet");
   for (const std::string& name : pipeline.tied_parameters) {
     int found = -1;
     for (size_t p = 0; p < layout.params().size(); ++p) {
@@ -72,6 +68,12 @@ void Engine::Impl::sum_pipeline_ties() {
       device->cast(byte_offset(whole, (begin - param.offset) * sizeof(float)), DType::kFloat32,
                    byte_offset(reducer.owned(u), (begin - owned.first) * accum), accum_dtype,
                    end - begin);
+    }
+    if (!units[u].host_grads.empty()) {
+      // The optimizer steps on the host, which copied the shard right behind its last
+      // reduction, before this sum: the summed shard goes over again.
+      comm.stream().wait(device->record());
+      timeline.wait(copy_grads_to_host(static_cast<int>(u), timeline.point(comm.stream())));
     }
     // The next tied parameter reuses the buffer: the compute stream must be past the cast.
     device->synchronize();

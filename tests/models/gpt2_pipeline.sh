@@ -86,6 +86,34 @@ for run in ("pp21f1b1", "pp31f1b1"):
         assert all(m > o for o, m in zip(bytes_once, bytes_more) if o > 0), (run, more, once)
 print("data-parallel collectives and bytes per stage and step, reduced once:", once[-1])' "$work"
 
+# The optimizer state on NVMe (and at stage 3 the parameters too) with 2 data-parallel ranks per
+# stage: bitwise the run that keeps them in memory (the tied wte's summed gradient is what the
+# offloaded update reads).
+if [ $((np / pp / tp)) -ge 2 ]; then
+  mkdir -p "$work/nvme"
+  for stage in 2 3; do
+    offload='"offload_optimizer": {"device": "nvme", "nvme_path": "'"$work/nvme"'"}'
+    if [ "$stage" = 3 ]; then
+      offload+=', "offload_param": {"device": "nvme", "nvme_path": "'"$work/nvme"'"}'
+    fi
+    python3 -c 'import json, sys
+c = json.load(open(sys.argv[1]))
+c["zero_optimization"] = dict(json.loads("{" + sys.argv[3] + "}"), stage=int(sys.argv[4]))
+json.dump(c, open(sys.argv[2], "w"))' "$data/adamw.json" "$work/offload$stage.json" "$offload" "$stage"
+    run_logged "$work/offload$stage.log" "zero-train failed with NVMe offload at stage $stage" \
+      "${mpiexec[@]}" -np "$np" "$bin/zero-train" "${reference_model[@]}" \
+      --config "$work/offload$stage.json" --init-from "$data/model.safetensors" --stage "$stage" \
+      --tp "$tp" --micro-batches "$micro_batches" --steps 3 --pp "$pp" --pp-schedule 1f1b \
+      --metrics "$work/offload$stage.jsonl"
+    python3 -c 'import json, sys
+def steps(path):
+    return [(r["loss"], r["grad_norm"]) for r in map(json.loads, open(path)) if r.get("event") == "step"]
+assert steps(sys.argv[1]) == steps(sys.argv[2]), (steps(sys.argv[1]), steps(sys.argv[2]))
+print("stage", sys.argv[3], "with NVMe offload: bitwise the run in memory")' \
+      "$work/offload$stage.jsonl" "$work/pp${stage}1f1b0.jsonl" "$stage"
+  done
+fi
+
 # The same pipeline from DeepSpeed's config section instead of --pp (ZeRO stage 1, 1F1B).
 python3 -c 'import json, sys
 c = json.load(open(sys.argv[1]))
