@@ -14,6 +14,7 @@
 #include "examples/train_outputs.h"
 #include "models/pipeline_step.h"
 #include "zero/collectives/mpi_check.h"
+#include "zero/collectives/mpi_communicator.h"
 #include "zero/collectives/peer_channel.h"
 #include "zero/core/check.h"
 #include "zero/runtime/checkpoint.h"
@@ -32,9 +33,12 @@ void refuse(bool given, const std::string& what) {
   if (given) throw ConfigError("--pp: " + what + " is not supported with pipeline parallelism yet");
 }
 
+double to_ms(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double, std::milli>(d).count();
+}
+
 double ms_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-      .count();
+  return to_ms(std::chrono::steady_clock::now() - start);
 }
 
 // What each rank contributes to a step's record, gathered on every rank in one MPI_Allgather.
@@ -53,6 +57,9 @@ struct RankFigures {
   // (and the engine's other communicators) sent.
   uint64_t collectives = 0;
   uint64_t data_parallel_bytes = 0;
+  uint64_t peak_bytes = 0;           // the engine's allocator
+  uint64_t peak_resident_bytes = 0;  // the process's, less the peers' node-shared buffers
+  double comm_wait_ms = 0.0;
 };
 
 // One 64-bit value per world rank, gathered on every rank.
@@ -201,11 +208,8 @@ void check_pipeline_settings(const Flags& f, const TrainingConfig& tc, int world
          "gradients)");
   refuse(f.cuda, "--device cuda");
   refuse(!f.val_data.empty(), "--val-data");
-  refuse(!f.trace.empty(), "--trace");
   refuse(!f.memory_timeline.empty(), "--memory-timeline");
   refuse(f.fault.kind == Fault::kSkipStep, "--inject-fault skip-step");
-  refuse(tc.tensorboard.enabled, "tensorboard");
-  refuse(tc.csv_monitor.enabled, "csv_monitor");
   refuse(tc.comms_logger.enabled, "comms_logger");
   refuse(tc.flops_profiler.enabled, "flops_profiler");
   refuse(tc.engine.grid.mics_shard_size > 0, "mics_shard_size (hybrid sharding)");
@@ -229,7 +233,8 @@ void check_pipeline_settings(const Flags& f, const TrainingConfig& tc, int world
 
 namespace {
 
-void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, ProcessGrid& grid) {
+void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, ProcessGrid& grid,
+                  Monitors& monitors) {
   const GridPlace& place = grid.place;
   const int stage = place.pp_rank;
   const int stages = place.pp_size;
@@ -334,7 +339,9 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
       if (faulty && micro_batch == micro_batches - 1) inject_fault(f.fault, grad);
     });
     report = executor.run(work);
+    const auto optimizer_start = std::chrono::steady_clock::now();
     const StepStats stats = model.step();
+    const double optimizer_ms = ms_since(optimizer_start);
     const double step_ms = ms_since(start);
     // The last step is always saved when there is a save directory.
     if (!f.save_dir.empty() &&
@@ -355,12 +362,16 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
     mine.buffer_bytes = engine.buffer_bytes();
     mine.collectives = static_cast<uint64_t>(stats.collectives);
     mine.data_parallel_bytes = data_parallel_bytes() - bytes_before;
+    mine.peak_bytes = engine.allocator().stats().peak_total;
+    mine.peak_resident_bytes =
+        peak_resident_bytes() - engine.communicator().peer_memory_mapped_bytes();
+    mine.comm_wait_ms = stats.comm_wait_ms;
     const std::vector<RankFigures> ranks = all_ranks(mine);
     if (!leader) continue;
     // Idle is a rank's step time less its compute, the bubble its share over the ranks.
     float loss = 0.0f;
-    double busy_sum = 0.0, time_sum = 0.0, wait_max = 0.0;
-    unsigned long long bytes = 0;
+    double busy_sum = 0.0, time_sum = 0.0, wait_max = 0.0, comm_wait_max = 0.0;
+    unsigned long long bytes = 0, peak = 0, peak_resident = 0;
     // Per stage, the largest of its ranks.
     const size_t stage_ranks = ranks.size() / static_cast<size_t>(stages);
     std::vector<unsigned long long> stage_activations(static_cast<size_t>(stages), 0);
@@ -376,6 +387,9 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
       time_sum += rank.step_ms;
       wait_max = std::max(wait_max, rank.wait_ms);
       bytes += rank.bytes_sent;
+      peak = std::max<unsigned long long>(peak, rank.peak_bytes);
+      peak_resident = std::max<unsigned long long>(peak_resident, rank.peak_resident_bytes);
+      comm_wait_max = std::max(comm_wait_max, rank.comm_wait_ms);
       const size_t s = r / stage_ranks;
       stage_activations[s] =
           std::max<unsigned long long>(stage_activations[s], rank.peak_activation_bytes);
@@ -396,24 +410,42 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
           step, f.steps, loss, stats.lr, stats.grad_norm, step_ms, tokens_per_s, bubble, wait_max);
       std::fflush(stdout);
     }
-    if (f.metrics.empty()) continue;
-    metrics.write(JsonRecord{{"event", "step"},
-                             {"step", step},
-                             {"loss", json_number(loss)},
-                             {"grad_norm", json_number(stats.grad_norm)},
-                             {"lr", json_number(stats.lr)},
-                             {"step_ms", json_number(step_ms)},
-                             {"tokens_per_s", json_number(tokens_per_s)},
-                             {"bubble_fraction", json_number(bubble)},
-                             {"pp_wait_ms", json_number(wait_max)},
-                             {"pp_comm_bytes", bytes},
-                             {"stage_peak_activation_bytes", stage_activations},
-                             {"stage_model_state_bytes", stage_state},
-                             {"stage_buffer_bytes", stage_buffers},
-                             {"stage_collectives", stage_collectives},
-                             {"stage_data_parallel_bytes", stage_data_parallel_bytes},
-                             {"stage_busy_ms", stage_busy},
-                             {"skipped", stats.skipped}});
+    const JsonRecord record{{"event", "step"},
+                            {"step", step},
+                            {"loss", json_number(loss)},
+                            {"grad_norm", json_number(stats.grad_norm)},
+                            {"lr", json_number(stats.lr)},
+                            {"step_ms", json_number(step_ms)},
+                            {"tokens_per_s", json_number(tokens_per_s)},
+                            {"bubble_fraction", json_number(bubble)},
+                            {"pp_wait_ms", json_number(wait_max)},
+                            {"pp_comm_bytes", bytes},
+                            {"stage_peak_activation_bytes", stage_activations},
+                            {"stage_model_state_bytes", stage_state},
+                            {"stage_buffer_bytes", stage_buffers},
+                            {"stage_collectives", stage_collectives},
+                            {"stage_data_parallel_bytes", stage_data_parallel_bytes},
+                            {"stage_busy_ms", stage_busy},
+                            {"skipped", stats.skipped},
+                            {"loss_scale", json_number(stats.loss_scale)},
+                            {"peak_bytes", peak},
+                            {"peak_resident_bytes", peak_resident},
+                            {"comm_wait_ms", json_number(comm_wait_max)},
+                            // The leader's: the first stage's first rank.
+                            {"forward_ms", json_number(to_ms(work.times().forward))},
+                            {"backward_ms", json_number(to_ms(work.times().backward))},
+                            {"optimizer_ms", json_number(optimizer_ms)}};
+    if (!f.metrics.empty()) metrics.write(record);
+    monitors.write_events(monitor_events(record, tc.train_batch_size,
+                                         config.precision.dtype == DType::kFloat16,
+                                         tc.wall_clock_breakdown));
+  }
+  if (!f.trace.empty()) {
+    // One file holds every rank of every stage (pid = world rank): the engine's group is one
+    // stage's data-parallel group of several.
+    const std::unique_ptr<Communicator> everyone = make_mpi_communicator();
+    engine.trace().write_chrome_trace(*everyone, f.trace);
+    if (leader) std::printf("trace written to %s\n", f.trace.c_str());
   }
   if (!f.pp_schedule_dump.empty()) {
     // The last step's timeline of the leader's pipeline, planned with its measured mean forward
@@ -449,9 +481,10 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
 
 }  // namespace
 
-void train_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, ProcessGrid& grid) {
+void train_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, ProcessGrid& grid,
+                    Monitors& monitors) {
   try {
-    run_pipeline(f, tc, task, grid);
+    run_pipeline(f, tc, task, grid, monitors);
   } catch (const ConfigError&) {
     throw;  // raised on every rank at once: the caller ends the run cleanly (exit 2)
   } catch (const std::exception& e) {

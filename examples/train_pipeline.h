@@ -12,13 +12,15 @@
 namespace zero::examples {
 
 // What a pipelined run does not do yet: a ConfigError naming the first such flag or config key
-// (validation, offload, hybrid sharding, traces and the memory timeline, monitors,
+// (validation, hybrid sharding, the memory timeline, the comms logger and flops profiler,
 // fault injection, CUDA, checkpoint layouts with a slot per block, a global batch that does not
 // cut into equal micro-batches on `world_size` ranks), or nothing.
 void check_pipeline_settings(const Flags& f, const TrainingConfig& tc, int world_size);
 
 // The training loop of a pipelined run; `grid` has the pipeline's communicators. The task is
-// already cut to this rank's stage (TrainTask::set_pipeline_stage).
-void train_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, ProcessGrid& grid);
+// already cut to this rank's stage (TrainTask::set_pipeline_stage). `monitors`: rank 0's, which
+// get each step record's events as without a pipeline.
+void train_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, ProcessGrid& grid,
+                    Monitors& monitors);
 
 }  // namespace zero::examples

@@ -566,7 +566,7 @@ int main(int argc, char** argv) {
     config.engine.device = device;
     config.engine.grid.tensor_parallel = grid.tensor_parallel.get();
     if (config.pipeline_stages > 1) {
-      zero::examples::train_pipeline(flags, config, *task, grid);
+      zero::examples::train_pipeline(flags, config, *task, grid, monitors);
     } else {
       train(flags, config, *task, grid, monitors);
     }

@@ -47,6 +47,8 @@ for stage in 0 1 2 3; do
     extra=()
     if [ "$variant" != "$schedule" ]; then extra=("${variant#*:}"); fi
     run="pp$stage$schedule${#extra[@]}"
+    # One run writes the trace: one file with every rank of every stage.
+    if [ "$stage$schedule" = 11f1b ]; then extra+=(--trace "$work/trace.json"); fi
     train "$stage" "$run" --pp "$pp" --pp-schedule "$schedule" "${extra[@]}"
     echo "ZeRO stage $stage, pipeline of $pp on $np rank(s) (tp $tp), $schedule ${extra[*]}, $micro_batches micro-batches:"
     grep -E "^pipeline stage|^step" "$work/$run.log"
@@ -66,6 +68,12 @@ print("bytes between stages per step:", expected)' "$work/$run.jsonl" "$np" "$pp
       "$micro_batches" "$tp"
   done
 done
+
+python3 -c 'import json, sys
+events = json.load(open(sys.argv[1]))["traceEvents"]
+ranks = {e["pid"] for e in events if e["ph"] == "X" and e["name"].startswith("forward")}
+assert ranks == set(range(int(sys.argv[2]))), (sorted(ranks), sys.argv[2])
+print("trace: forward spans from ranks", sorted(ranks))' "$work/trace.json" "$np"
 
 # Reduced once per step, stages 2 and 3 send what stage 1 sends in its data-parallel groups (a
 # reduce-scatter and an all-gather of every unit per step, with stage 3's units held gathered),
@@ -114,11 +122,15 @@ print("stage", sys.argv[3], "with NVMe offload: bitwise the run in memory")' \
   done
 fi
 
-# The same pipeline from DeepSpeed's config section instead of --pp (ZeRO stage 1, 1F1B).
+# The same pipeline from DeepSpeed's config section instead of --pp (ZeRO stage 1, 1F1B), with
+# DeepSpeed's monitors, which hold the metrics file's losses and lrs.
 python3 -c 'import json, sys
 c = json.load(open(sys.argv[1]))
 c["pipeline"] = {"stages": int(sys.argv[3]), "partition": "uniform"}
-json.dump(c, open(sys.argv[2], "w"))' "$data/adamw.json" "$work/pipeline.json" "$pp"
+for monitor in ("tensorboard", "csv_monitor"):
+    c[monitor] = {"enabled": True, "output_path": sys.argv[4] + "/" + monitor, "job_name": "run"}
+c["wall_clock_breakdown"] = True
+json.dump(c, open(sys.argv[2], "w"))' "$data/adamw.json" "$work/pipeline.json" "$pp" "$work"
 run_logged "$work/config.log" "zero-train failed with the pipeline section" \
   "${mpiexec[@]}" -np "$np" "$bin/zero-train" "${reference_model[@]}" \
   --config "$work/pipeline.json" --init-from "$data/model.safetensors" --stage 1 --tp "$tp" \
@@ -127,3 +139,4 @@ echo "ZeRO stage 1, pipeline.stages $pp from the config:"
 grep -E "^pipeline stage" "$work/config.log"
 "$bin/gpt2_golden_check" --expected "$data/expected_fp64.json" --metrics "$work/config.jsonl" \
   --reference-tolerance 1e-5 --same-metrics-as "$work/pp11f1b0.jsonl" --metrics-tolerance 0
+"$bin/monitor_check" "$work/config.jsonl" "$work/tensorboard/run" "$work/csv_monitor/run" 4
