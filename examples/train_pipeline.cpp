@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -79,6 +80,53 @@ std::vector<RankFigures> all_ranks(const RankFigures& mine) {
   ZERO_MPI_CHECK(MPI_Allgather(&mine, sizeof(RankFigures), MPI_BYTE, all.data(),
                                sizeof(RankFigures), MPI_BYTE, MPI_COMM_WORLD));
   return all;
+}
+
+// The mean validation loss through the pipeline: forward only, outside the step's time. Each
+// validation batch is cut as a step's is (batch_slice over the micro-batches and the stage's
+// data-parallel ranks); the first stage reads the tokens, each later stage receives its input
+// from the one before and waits for it (nothing else is in flight between steps), and the last
+// stage's losses, weighted by their slices, add up over the world.
+float pipeline_validation_loss(ZeroModel& model, TrainTask& task, PeerChannel& channel,
+                               const GridPlace& place, int64_t global_batch, int micro_batches,
+                               const std::vector<int64_t>& boundary_shape) {
+  const bool first = place.pp_rank == 0;
+  const bool last = place.pp_rank == place.pp_size - 1;
+  // Above the executor's tags, which count up from 0.
+  const int tag = channel.max_tag();
+  const std::shared_ptr<DeviceContext>& device = model.engine().device_context();
+  double sum = 0.0;
+  for (long b = 0; b < task.validation_batches(); ++b) {
+    for (int k = 0; k < micro_batches; ++k) {
+      const models::BatchSlice slice =
+          models::batch_slice(global_batch, micro_batches, place.dp_size, k, place.dp_rank);
+      Tensor input;
+      // The last stage's read keeps the targets its loss compares with.
+      if (first || last) input = task.validation_input(b, slice.first, slice.count);
+      if (!first) {
+        input = Tensor(boundary_shape);
+        PeerRequest received =
+            channel.receive(place.pp_rank - 1, tag, input.data(), input.numel() * sizeof(float));
+        channel.wait(received);
+      }
+      const Tensor output = model.forward(input.to(device));
+      (void)model.take_activations();  // no backward follows
+      if (last) {
+        // Every tensor-parallel rank holds the loss: the first counts it.
+        if (place.tp_rank == 0) {
+          sum += static_cast<double>(output.to_host()[0]) * static_cast<double>(slice.count);
+        }
+      } else {
+        const Tensor sent = output.to(nullptr);
+        PeerRequest request =
+            channel.send(place.pp_rank + 1, tag, sent.data(), sent.numel() * sizeof(float));
+        channel.wait(request);
+      }
+    }
+  }
+  double total = 0.0;
+  ZERO_MPI_CHECK(MPI_Allreduce(&sum, &total, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+  return static_cast<float>(total / static_cast<double>(global_batch * task.validation_batches()));
 }
 
 // The pipeline's ranks as an MPI communicator (rank = stage) for the point-to-point channel:
@@ -207,7 +255,6 @@ void check_pipeline_settings(const Flags& f, const TrainingConfig& tc, int world
          "--pp-schedule zb-h1 (the GPT-2's backward does not split the input and weight "
          "gradients)");
   refuse(f.cuda, "--device cuda");
-  refuse(!f.val_data.empty(), "--val-data");
   refuse(!f.memory_timeline.empty(), "--memory-timeline");
   refuse(f.fault.kind == Fault::kSkipStep, "--inject-fault skip-step");
   refuse(tc.comms_logger.enabled, "comms_logger");
@@ -343,6 +390,12 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
     const StepStats stats = model.step();
     const double optimizer_ms = ms_since(optimizer_start);
     const double step_ms = ms_since(start);
+    std::optional<float> val_loss;
+    if (task.validates(step)) {
+      val_loss =
+          pipeline_validation_loss(model, task, channel, place, tc.train_batch_size, micro_batches,
+                                   task.stage_boundary_shape(work.micro_batch_samples()));
+    }
     // The last step is always saved when there is a save directory.
     if (!f.save_dir.empty() &&
         ((f.save_every > 0 && step % f.save_every == 0) || step == f.steps)) {
@@ -408,33 +461,35 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
           "step %5ld/%ld  loss %.6f  lr %.3g  grad_norm %.4f  %.2f ms  %.0f tokens/s  bubble "
           "%.3f  pp_wait %.2f ms\n",
           step, f.steps, loss, stats.lr, stats.grad_norm, step_ms, tokens_per_s, bubble, wait_max);
-      std::fflush(stdout);
     }
-    const JsonRecord record{{"event", "step"},
-                            {"step", step},
-                            {"loss", json_number(loss)},
-                            {"grad_norm", json_number(stats.grad_norm)},
-                            {"lr", json_number(stats.lr)},
-                            {"step_ms", json_number(step_ms)},
-                            {"tokens_per_s", json_number(tokens_per_s)},
-                            {"bubble_fraction", json_number(bubble)},
-                            {"pp_wait_ms", json_number(wait_max)},
-                            {"pp_comm_bytes", bytes},
-                            {"stage_peak_activation_bytes", stage_activations},
-                            {"stage_model_state_bytes", stage_state},
-                            {"stage_buffer_bytes", stage_buffers},
-                            {"stage_collectives", stage_collectives},
-                            {"stage_data_parallel_bytes", stage_data_parallel_bytes},
-                            {"stage_busy_ms", stage_busy},
-                            {"skipped", stats.skipped},
-                            {"loss_scale", json_number(stats.loss_scale)},
-                            {"peak_bytes", peak},
-                            {"peak_resident_bytes", peak_resident},
-                            {"comm_wait_ms", json_number(comm_wait_max)},
-                            // The leader's: the first stage's first rank.
-                            {"forward_ms", json_number(to_ms(work.times().forward))},
-                            {"backward_ms", json_number(to_ms(work.times().backward))},
-                            {"optimizer_ms", json_number(optimizer_ms)}};
+    if (val_loss) std::printf("step %5ld/%ld  val_loss %.6f\n", step, f.steps, *val_loss);
+    std::fflush(stdout);
+    JsonRecord record{{"event", "step"},
+                      {"step", step},
+                      {"loss", json_number(loss)},
+                      {"grad_norm", json_number(stats.grad_norm)},
+                      {"lr", json_number(stats.lr)},
+                      {"step_ms", json_number(step_ms)},
+                      {"tokens_per_s", json_number(tokens_per_s)},
+                      {"bubble_fraction", json_number(bubble)},
+                      {"pp_wait_ms", json_number(wait_max)},
+                      {"pp_comm_bytes", bytes},
+                      {"stage_peak_activation_bytes", stage_activations},
+                      {"stage_model_state_bytes", stage_state},
+                      {"stage_buffer_bytes", stage_buffers},
+                      {"stage_collectives", stage_collectives},
+                      {"stage_data_parallel_bytes", stage_data_parallel_bytes},
+                      {"stage_busy_ms", stage_busy},
+                      {"skipped", stats.skipped},
+                      {"loss_scale", json_number(stats.loss_scale)},
+                      {"peak_bytes", peak},
+                      {"peak_resident_bytes", peak_resident},
+                      {"comm_wait_ms", json_number(comm_wait_max)},
+                      // The leader's: the first stage's first rank.
+                      {"forward_ms", json_number(to_ms(work.times().forward))},
+                      {"backward_ms", json_number(to_ms(work.times().backward))},
+                      {"optimizer_ms", json_number(optimizer_ms)}};
+    if (val_loss) record["val_loss"] = json_number(*val_loss);
     if (!f.metrics.empty()) metrics.write(record);
     monitors.write_events(monitor_events(record, tc.train_batch_size,
                                          config.precision.dtype == DType::kFloat16,

@@ -68,6 +68,10 @@ class MlpTask : public TrainTask {
   std::vector<std::string> notes() const override { return {}; }
   bool validates(long) const override { return false; }
   float validation_loss(ZeroModel&, Communicator&) override { return 0.0f; }
+  long validation_batches() const override { return 0; }
+  Tensor validation_input(long, int64_t, int64_t) override {
+    throw Error("the MLP has no validation data");
+  }
 
   // The batch (inputs and targets), each layer's output kept for backward, and the gradients
   // that flow back (about as large again), in fp32.
@@ -250,7 +254,7 @@ class Gpt2Task : public TrainTask {
       for (int k = 0; k < micro_batches_; ++k) {
         const models::BatchSlice slice =
             models::batch_slice(global_batch_, micro_batches_, host.world_size(), k, host.rank());
-        const Tensor tokens = read(*val_, b, slice.first, slice.count);
+        const Tensor tokens = validation_input(b, slice.first, slice.count);
         const Tensor out = model.forward(tokens.to(model.engine().device_context()));
         sum += static_cast<double>(out.to_host()[0]) * static_cast<double>(slice.count);
       }
@@ -260,6 +264,11 @@ class Gpt2Task : public TrainTask {
     float mine = static_cast<float>(sum), total = 0.0f;
     host.all_reduce_sync(&mine, &total, 1, DType::kFloat32);
     return total / static_cast<float>(global_batch_ * val_batches_);
+  }
+  long validation_batches() const override { return val_ ? val_batches_ : 0; }
+  Tensor validation_input(long batch, int64_t first, int64_t count) override {
+    ZERO_CHECK(val_, "validation_input without --val-data");
+    return read(*val_, batch, first, count);
   }
 
   // The activations the model holds (gpt2_memory.h's formula), and the tensors in flight

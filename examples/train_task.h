@@ -55,6 +55,11 @@ class TrainTask : public models::MicroBatchSource {
   virtual bool validates(long step) const = 0;
   // Collective over `host` (every rank calls it): this rank's slices of each validation batch.
   virtual float validation_loss(ZeroModel& model, Communicator& host) = 0;
+  // For a pipeline, which moves the forwards between stages itself: the validation batches, and
+  // the input of samples [first, first + count) of batch b (in host memory; the loss's targets
+  // are kept, as input() keeps them).
+  virtual long validation_batches() const = 0;
+  virtual Tensor validation_input(long batch, int64_t first, int64_t count) = 0;
 
   // Host memory of one micro-batch outside the engine's allocator (activations, batch data).
   virtual uint64_t activation_bytes(int64_t samples_per_micro_batch) const = 0;

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The reference GPT-2 (tests/data/gpt2) trained by zero-train cut into a pipeline: at every ZeRO
 # stage and each schedule GPT-2 runs (gpipe, 1f1b; at stages 2-3 also 1f1b reducing, and at
-# stage 3 gathering, per micro-batch: --pp-regather), each run checked against PyTorch's float64 run
-# (every step's loss and gradient norm within 1e-5 relative) and against the same job without a
-# pipeline (the same micro-batches on the same data-parallel ranks): every step's loss and norm
-# within 1e-6 relative. Not bitwise: the pipeline sums the tied wte's two uses after reducing each
-# over its stage, where one model adds them in one buffer before reducing, and adds the stages'
-# parts of the gradient norm in stage order.
+# stage 3 gathering, per micro-batch: --pp-regather), each run checked against PyTorch's float64
+# run (every step's loss and gradient norm within 1e-5 relative) and against the same job without
+# a pipeline (the same micro-batches on the same data-parallel ranks): every step's loss and norm
+# within 1e-6 relative, and so is the validation loss after every step (forward only through the
+# pipeline, on the training batch: the reference's next loss). Not bitwise: the pipeline sums the
+# tied wte's two uses after reducing each over its stage, where one model adds them in one buffer
+# before reducing, and adds the stages' parts of the gradient norm in stage order.
 #   gpt2_pipeline.sh BIN_DIR NP PP [--tp T] [--micro-batches M] -- MPIEXEC [MPIEXEC_FLAGS...]
 set -euo pipefail
 bin="$1"; np="$2"; pp="$3"; shift 3
@@ -29,7 +30,8 @@ train() {
   run_logged "$run.log" "zero-train failed: stage $stage, $np rank(s), $*" \
     "${mpiexec[@]}" -np "$np" "$bin/zero-train" "${reference_model[@]}" \
     --config "$data/adamw.json" --init-from "$data/model.safetensors" --stage "$stage" \
-    --tp "$tp" --micro-batches "$micro_batches" --steps 3 --metrics "$run.jsonl" "$@"
+    --tp "$tp" --micro-batches "$micro_batches" --steps 3 --metrics "$run.jsonl" \
+    --val-data "$data/tokens.bin" --val-every 1 "$@"
 }
 
 # The job without a pipeline: the ranks of one stage, the same micro-batches.
@@ -53,7 +55,7 @@ for stage in 0 1 2 3; do
     echo "ZeRO stage $stage, pipeline of $pp on $np rank(s) (tp $tp), $schedule ${extra[*]}, $micro_batches micro-batches:"
     grep -E "^pipeline stage|^step" "$work/$run.log"
     "$bin/gpt2_golden_check" --expected "$data/expected_fp64.json" --metrics "$work/$run.jsonl" \
-      --reference-tolerance 1e-5 --same-metrics-as "$work/plain$stage.jsonl" \
+      --reference-tolerance 1e-5 --expect-val 1 --same-metrics-as "$work/plain$stage.jsonl" \
       --metrics-tolerance 1e-6
     # Between the stages each step moves every micro-batch's activation forward and its
     # gradient back, [micro-batch, 32, 64] fp32 each, in each of the np / pp pipelines.
@@ -134,7 +136,8 @@ json.dump(c, open(sys.argv[2], "w"))' "$data/adamw.json" "$work/pipeline.json" "
 run_logged "$work/config.log" "zero-train failed with the pipeline section" \
   "${mpiexec[@]}" -np "$np" "$bin/zero-train" "${reference_model[@]}" \
   --config "$work/pipeline.json" --init-from "$data/model.safetensors" --stage 1 --tp "$tp" \
-  --micro-batches "$micro_batches" --steps 3 --metrics "$work/config.jsonl"
+  --micro-batches "$micro_batches" --steps 3 --metrics "$work/config.jsonl" \
+  --val-data "$data/tokens.bin" --val-every 1
 echo "ZeRO stage 1, pipeline.stages $pp from the config:"
 grep -E "^pipeline stage" "$work/config.log"
 "$bin/gpt2_golden_check" --expected "$data/expected_fp64.json" --metrics "$work/config.jsonl" \
