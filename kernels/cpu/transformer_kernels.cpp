@@ -85,19 +85,21 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         int N, int C, const KernelOptions& opt) {
   check_sizes("layernorm_backward", {N, C});
   const size_t n = product(N, C);
-  check_buffer(dinp, n, "layernorm_backward", "dinp");
+  ZERO_CHECK((dweight == nullptr) == (dbias == nullptr),
+             "layernorm_backward: dweight and dbias are computed together; one of them is null");
   check_buffer(dout, n, "layernorm_backward", "dout");
   check_buffer(inp, n, "layernorm_backward", "inp");
-  check_buffer(dweight, C, "layernorm_backward", "dweight");
-  check_buffer(dbias, C, "layernorm_backward", "dbias");
-  check_buffer(weight, C, "layernorm_backward", "weight");
   check_buffer(mean, N, "layernorm_backward", "mean");
   check_buffer(rstd, N, "layernorm_backward", "rstd");
-  const TransformerPath& path = active_transformer_path();
-  parallel_for(N, C, 1, opt, [&](size_t begin, size_t end) {
-    path.layernorm_backward_input(dinp + begin * C, dout + begin * C, inp + begin * C, weight,
-                                  mean + begin, rstd + begin, end - begin, C);
-  });
+  if (dinp != nullptr) {
+    check_buffer(weight, C, "layernorm_backward", "weight");
+    const TransformerPath& path = active_transformer_path();
+    parallel_for(N, C, 1, opt, [&](size_t begin, size_t end) {
+      path.layernorm_backward_input(dinp + begin * C, dout + begin * C, inp + begin * C, weight,
+                                    mean + begin, rstd + begin, end - begin, C);
+    });
+  }
+  if (dweight == nullptr) return;
   const size_t cols = C;
   add_column_sums(dweight, N, cols, opt, [&](size_t row, size_t c) {
     return dout[row * cols + c] * ((inp[row * cols + c] - mean[row]) * rstd[row]);

@@ -199,9 +199,8 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
                      const KernelOptions& opt) {
   check_sizes("matmul_backward", {N, C, OC});
   check_buffer(dout, product(N, OC), "matmul_backward", "dout");
-  check_buffer(inp, product(N, C), "matmul_backward", "inp");
-  check_buffer(weight, product(C, OC), "matmul_backward", "weight");
-  check_buffer(dweight, product(C, OC), "matmul_backward", "dweight");
+  if (dweight != nullptr) check_buffer(inp, product(N, C), "matmul_backward", "inp");
+  if (dinp != nullptr) check_buffer(weight, product(C, OC), "matmul_backward", "weight");
   const bool in_out = layout == WeightLayout::kInOut;
   const Operand x{inp, product(N, C)}, w{weight, product(C, OC)};
   // dout is an operand of both products: with bf16 products, rounded once for both.
@@ -210,10 +209,10 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
   if (products_in_bf16(opt)) d.bf16 = round_to_bf16(2, dout, d.size, opt);
 #endif
   // The weight's gradient first: it is the last reader of inp, which dinp may overwrite.
-  if (in_out) {
+  if (dweight != nullptr && in_out) {
     // dW [C, OC] += inp^T @ dout.
     matrix_product(CblasTrans, CblasNoTrans, C, OC, N, x, C, d, OC, 1.0f, dweight, OC, opt);
-  } else {
+  } else if (dweight != nullptr) {
     // dW [OC, C] += dout^T @ inp.
     matrix_product(CblasTrans, CblasNoTrans, OC, C, N, d, OC, x, C, 1.0f, dweight, C, opt);
   }

@@ -253,10 +253,15 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int N, int C, CUstream_st* stream) {
   check_dims("layernorm_backward", N, C, 0);
+  ZERO_CHECK((dweight == nullptr) == (dbias == nullptr),
+             "layernorm_backward: dweight and dbias are computed together; one of them is null");
   if (static_cast<size_t>(N) * C == 0) return;
-  layernorm_backward_dinp_kernel<<<grid_blocks(N, 1, "layernorm_backward"), kRowThreads, 0,
-                                   stream>>>(dinp, dout, inp, weight, mean, rstd, C);
-  ZERO_CUDA_CHECK_LAUNCH();
+  if (dinp != nullptr) {
+    layernorm_backward_dinp_kernel<<<grid_blocks(N, 1, "layernorm_backward"), kRowThreads, 0,
+                                     stream>>>(dinp, dout, inp, weight, mean, rstd, C);
+    ZERO_CUDA_CHECK_LAUNCH();
+  }
+  if (dweight == nullptr) return;
   layernorm_backward_params_kernel<<<grid_blocks(C, kColumnLanes, "layernorm_backward"),
                                      kColumnThreads, 0, stream>>>(dweight, dbias, dout, inp, mean,
                                                                   rstd, N, C);
@@ -289,9 +294,9 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
   const bool out_in = layout == WeightLayout::kOutIn;
   // dweight += inp^T @ dout [C, OC] for kInOut, or its transpose dout^T @ inp [OC, C]. First, on
   // the one stream: it is the last reader of inp, which dinp may overwrite.
-  if (out_in) {
+  if (dweight != nullptr && out_in) {
     row_major_sgemm(handle, stream, true, false, OC, C, N, dout, OC, inp, C, dweight, true);
-  } else {
+  } else if (dweight != nullptr) {
     row_major_sgemm(handle, stream, true, false, C, OC, N, inp, C, dout, OC, dweight, true);
   }
   if (dbias != nullptr) {

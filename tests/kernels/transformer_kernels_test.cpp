@@ -135,6 +135,19 @@ TEST_P(TransformerKernelTest, LayerNorm) {
       EXPECT_TRUE(close(dx, plus(to_doubles(dx_prior), dx_ref, 2.0)));
       EXPECT_TRUE(close(dw, plus(to_doubles(dw_prior), dw_ref, 2.0)));
       EXPECT_TRUE(close(db, plus(to_doubles(db_prior), db_ref, 2.0)));
+      // The two parts apart (a zero-bubble schedule's input and weight gradients), weight
+      // unread by the second: the bits of the call that computes both.
+      Floats dx_apart = dx_prior, dw_apart = dw_prior, db_apart = db_prior;
+      Floats dx_both = dx_prior, dw_both = dw_prior, db_both = db_prior;
+      layernorm_backward(dx_both.data(), dw_both.data(), db_both.data(), dout.data(), x.data(),
+                         w.data(), mean.data(), rstd.data(), s.N, s.C, threads(t));
+      layernorm_backward(dx_apart.data(), nullptr, nullptr, dout.data(), x.data(), w.data(),
+                         mean.data(), rstd.data(), s.N, s.C, threads(t));
+      layernorm_backward(nullptr, dw_apart.data(), db_apart.data(), dout.data(), x.data(), nullptr,
+                         mean.data(), rstd.data(), s.N, s.C, threads(t));
+      EXPECT_TRUE(same_bits(dx_apart, dx_both));
+      EXPECT_TRUE(same_bits(dw_apart, dw_both));
+      EXPECT_TRUE(same_bits(db_apart, db_both));
       std::vector<Floats> results = {out, mean, rstd, dx, dw, db};
       if (t == 1) first = results;
       for (size_t i = 0; i < results.size(); ++i) EXPECT_TRUE(same_bits(results[i], first[i]));
@@ -198,6 +211,16 @@ TEST_P(TransformerKernelTest, Matmul) {
         EXPECT_TRUE(same_bits(x_then_dx, dx));
         EXPECT_TRUE(same_bits(dw_in_place, dw_apart));
         EXPECT_TRUE(same_bits(db_in_place, db_apart));
+        // The input's gradient alone (weight gradients skipped, inp unread), then the weight's
+        // and bias's alone (weight unread): the bits of the call that computes all three.
+        Floats dx_alone(in, 1e30f), dw_alone = dw_prior, db_alone = db_prior;
+        matmul_backward(dx_alone.data(), nullptr, nullptr, dout.data(), nullptr, w.data(), s.N, s.C,
+                        s.OC, layout, threads(t));
+        matmul_backward(nullptr, dw_alone.data(), db_alone.data(), dout.data(), x.data(), nullptr,
+                        s.N, s.C, s.OC, layout, threads(t));
+        EXPECT_TRUE(same_bits(dx_alone, dx));
+        EXPECT_TRUE(same_bits(dw_alone, dw_apart));
+        EXPECT_TRUE(same_bits(db_alone, db_apart));
         std::vector<Floats> results = {out, out_nobias, dx, dw, db};
         if (t == 1) first = results;
         for (size_t i = 0; i < results.size(); ++i) EXPECT_TRUE(same_bits(results[i], first[i]));

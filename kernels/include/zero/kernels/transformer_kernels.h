@@ -36,7 +36,9 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const float
 // [N] are saved for the backward.
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int N, int C, float eps, const KernelOptions& opt = {});
-// dinp += d/dinp; dweight += ...; dbias += ....
+// dinp += d/dinp; dweight += ...; dbias += .... Either part may be skipped: dinp null (weight
+// is then not read), or dweight and dbias both null. Each part's numbers are those of the call
+// that computes both (a zero-bubble schedule runs them apart).
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int N, int C, const KernelOptions& opt = {});
@@ -54,9 +56,10 @@ enum class WeightLayout { kInOut, kOutIn };
 // out[N, OC] = inp[N, C] @ W + bias (bias may be null).
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
                     int C, int OC, WeightLayout layout, const KernelOptions& opt = {});
-// dinp = dout @ W^T (skipped when dinp is null); dweight += inp^T @ dout in the weight's layout;
-// dbias += the column sums of dout (skipped when dbias is null). dinp may be inp itself: the
-// gradients of the weight and bias are complete before dinp is written.
+// dinp = dout @ W^T (skipped when dinp is null; weight is then not read); dweight += inp^T @ dout
+// in the weight's layout (skipped when dweight is null; inp is then not read); dbias += the
+// column sums of dout (skipped when dbias is null). dinp may be inp itself: the gradients of the
+// weight and bias are complete before dinp is written.
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int N, int C, int OC, WeightLayout layout,
                      const KernelOptions& opt = {});
