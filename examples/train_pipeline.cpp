@@ -251,9 +251,10 @@ void check_pipeline_settings(const Flags& f, const TrainingConfig& tc, int world
   const PipelineScheduleKind kind = parse_pipeline_schedule(f.pp_schedule);
   refuse(kind == PipelineScheduleKind::kInterleaved,
          "--pp-schedule interleaved (the GPT-2's stages hold one chunk each)");
-  refuse(kind == PipelineScheduleKind::kZeroBubbleH1,
-         "--pp-schedule zb-h1 (the GPT-2's backward does not split the input and weight "
-         "gradients)");
+  // The weight half of a recomputing block would need the recomputed activations kept.
+  refuse(kind == PipelineScheduleKind::kZeroBubbleH1 && tc.activation_checkpointing.mode != "none",
+         "--pp-schedule zb-h1 with activation checkpointing (activation_checkpointing.mode \"" +
+             tc.activation_checkpointing.mode + "\")");
   refuse(f.cuda, "--device cuda");
   refuse(!f.memory_timeline.empty(), "--memory-timeline");
   refuse(f.fault.kind == Fault::kSkipStep, "--inject-fault skip-step");

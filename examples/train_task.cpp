@@ -179,8 +179,12 @@ class Gpt2Task : public TrainTask {
     }
     stage_ = models::gpt2_pipeline_stage(config_, bounds, stage);
     try {
-      in_flight_ = pipeline_micro_batches_in_flight(parse_pipeline_schedule(pipeline_schedule_),
-                                                    stages, stage, micro_batches_);
+      const PipelineScheduleKind kind = parse_pipeline_schedule(pipeline_schedule_);
+      in_flight_ = pipeline_micro_batches_in_flight(kind, stages, stage, micro_batches_);
+      split_loads_.clear();
+      if (kind == PipelineScheduleKind::kZeroBubbleH1) {
+        split_loads_ = pipeline_stage_loads(kind, stages, stage, micro_batches_);
+      }
     } catch (const Error& e) {
       throw ConfigError(std::string("--pp-schedule: ") + e.what());
     }
@@ -278,6 +282,7 @@ class Gpt2Task : public TrainTask {
   }
   std::string activation_remedy(int64_t samples, uint64_t room) const override {
     using models::Recompute;
+    if (!split_loads_.empty()) return "";  // a split backward runs without checkpointing
     for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
       if (r <= checkpointing_.recompute) continue;
       models::Gpt2Checkpointing heavier{r, checkpointing_.number_checkpoints};
@@ -291,6 +296,7 @@ class Gpt2Task : public TrainTask {
     return "";
   }
   uint64_t least_activation_bytes(int64_t samples) const override {
+    if (!split_loads_.empty()) return activation_bytes(checkpointing_, samples);
     models::Gpt2Checkpointing full = checkpointing_;
     full.recompute = models::Recompute::kFull;
     return std::min(activation_bytes(checkpointing_, samples), activation_bytes(full, samples));
@@ -329,7 +335,17 @@ class Gpt2Task : public TrainTask {
           << stage_.end_layer - 1 << "), " << stage.in_flight << " micro-batch"
           << (stage.in_flight == 1 ? "" : "es") << " in flight: " << human_bytes(stage.peak())
           << " = " << stage.in_flight << " x " << human_bytes(stage.per_micro_batch()) << " ("
-          << blocks.str() << " + " << ends << ") + " << recompute << "\n";
+          << blocks.str() << " + " << ends << ") + " << recompute;
+      if (!split_loads_.empty()) {
+        // ZB-H1's peak: those awaiting their weight gradients keep the output gradients too.
+        out << " + " << stage.awaiting_weight << " awaiting weight gradients x ("
+            << human_bytes(stage.per_micro_batch()) << " + " << human_bytes(stage.weight_inputs)
+            << ")"
+            << (stage.in_backward_input && stage.split_scratch > 0
+                    ? " + scratch " + human_bytes(stage.split_scratch)
+                    : "");
+      }
+      out << "\n";
     } else {
       out << ": " << human_bytes(bytes.total()) << " = " << blocks.str() << " + " << recompute
           << " + " << ends << "\n";
@@ -438,6 +454,10 @@ class Gpt2Task : public TrainTask {
   }
   models::Gpt2StageActivationBytes stage_formula(const models::Gpt2Checkpointing& checkpointing,
                                                  int64_t samples) const {
+    if (!split_loads_.empty()) {
+      return models::gpt2_split_stage_activation_formula(config_, checkpointing, stage_,
+                                                         split_loads_, samples, seq_len_);
+    }
     return models::gpt2_stage_activation_formula(config_, checkpointing, stage_, in_flight_,
                                                  samples, seq_len_);
   }
@@ -464,6 +484,8 @@ class Gpt2Task : public TrainTask {
   int micro_batches_;
   std::string pipeline_schedule_;  // --pp-schedule, for the micro-batches a stage holds
   int in_flight_ = 1;              // micro-batches this pipeline stage holds at once
+  // ZB-H1: the stage's loads, over which its activations' peak is planned (else empty).
+  std::vector<PipelineStageLoad> split_loads_;
   std::string init_from_;
   long val_every_;
   long val_batches_ = 0;

@@ -115,15 +115,34 @@ class Gpt2Embedding : public Module {
   // The gradient is a scatter of grad_out by token id: stage 3 need not gather wte and wpe again.
   bool backward_reads_params() const override { return false; }
 
+  // Split: the token ids have no gradient, so all of the work waits for the weight half.
+  bool splits_backward() const override { return true; }
+  void backward_input(const Tensor& grad_out, Tensor& grad_in,
+                      const std::vector<ParamRef>&) override {
+    backend_->keep_copy(grad_out_, grad_out);
+    grad_in = Tensor();
+  }
+  void backward_weight(const std::vector<ParamRef>& grads) override {
+    backward(grad_out_, grad_out_, {}, grads);
+    grad_out_ = Tensor();
+  }
+
+  // The token ids, and after backward_input the gradient its weight half reads.
   void take_activations(KeptActivations& kept) override {
     kept.clear();
     kept.push_back(std::move(tokens_));
     tokens_ = Tensor();
+    if (grad_out_.numel() == 0) return;
+    kept.push_back(std::move(grad_out_));
+    grad_out_ = Tensor();
   }
   void restore_activations(KeptActivations& kept) override {
-    ZERO_CHECK(kept.size() == 1,
-               "the GPT-2 embedding got " << kept.size() << " activations back; it gave out 1");
+    ZERO_CHECK(kept.size() == 1 || kept.size() == 2,
+               "the GPT-2 embedding got " << kept.size()
+                                          << " activations back; it gave out 1 (2 after "
+                                             "backward_input)");
     tokens_ = std::move(kept[0]);
+    if (kept.size() == 2) grad_out_ = std::move(kept[1]);
     kept.clear();
   }
 
@@ -134,6 +153,7 @@ class Gpt2Embedding : public Module {
   std::shared_ptr<gpt2_detail::Gpt2Backend> backend_;
   ParamSlots slots_{2};
   Tensor tokens_;
+  Tensor grad_out_;  // between backward_input and backward_weight
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -155,6 +175,12 @@ class Gpt2StageWte : public Module {
     grad_in = grad_out;
   }
   bool backward_reads_params() const override { return false; }
+  bool splits_backward() const override { return true; }
+  void backward_input(const Tensor& grad_out, Tensor& grad_in,
+                      const std::vector<ParamRef>&) override {
+    grad_in = grad_out;
+  }
+  void backward_weight(const std::vector<ParamRef>&) override {}
   void take_activations(KeptActivations& kept) override { kept.clear(); }
   void restore_activations(KeptActivations& kept) override { kept.clear(); }
 
@@ -226,22 +252,10 @@ class Gpt2Head : public Module {
     // This rank's columns of the logits: its rows of wte, padding included.
     const int V = gpt2_vocabulary_rows(config_.vocab_size, config_.tensor_parallel_size);
     const int N = static_cast<int>(rows_of(input_));
-    ZERO_CHECK(grad_out.numel() == 1, "the GPT-2's output is its loss: its gradient is one value");
-    // d(mean loss)/d(loss of one position) = 1 / N, times the gradient of the mean.
-    const float dloss = grad_out.to_host()[0] / static_cast<float>(N);
     Gpt2Ops& ops = backend_->ops_for(grad_out);
     ops.set_bf16_products(gpt2_detail::bf16_products(params));
     const std::shared_ptr<DeviceContext>& dev = grad_out.device();
-    // The targets forward put in the device's memory are still there.
-    if (config_.tensor_parallel_size == 1) {
-      ops.cross_entropy_backward(logits_.data(), logits_.data(), lse_.data(),
-                                 ops.targets(targets_->ids), dloss, N, V);
-    } else {
-      const VocabularyRows rows = vocabulary_rows(config_, backend_->tensor_parallel_rank());
-      ops.cross_entropy_backward_partial(logits_.data(), logits_.data(), lse_.data(),
-                                         ops.targets(targets_->ids), rows.first, dloss, N,
-                                         rows.count, V);
-    }
+    logits_gradient(ops, grad_out, N, V);
     // ln_f's output gradient over ln_f's output, its last reader (as the blocks do).
     float* const d_norm = norm_.data();
     ops.matmul_backward(d_norm, slots_.grad(grads, 2), nullptr, logits_.data(), norm_.data(),
@@ -253,6 +267,40 @@ class Gpt2Head : public Module {
                            input_.data(), slots_.value(params, 0), mean_.data(), rstd_.data(), N,
                            C);
     slots_.flush(grads);
+  }
+
+  // Split: the input half keeps the logits' gradient and ln_f's input and output gradient for
+  // the weight half (ln_f's output stays: it is the head's input).
+  bool splits_backward() const override { return true; }
+  void backward_input(const Tensor& grad_out, Tensor& grad_in,
+                      const std::vector<ParamRef>& params) override {
+    const int C = config_.n_embd;
+    const int V = gpt2_vocabulary_rows(config_.vocab_size, config_.tensor_parallel_size);
+    const int N = static_cast<int>(rows_of(input_));
+    Gpt2Ops& ops = backend_->ops_for(grad_out);
+    ops.set_bf16_products(gpt2_detail::bf16_products(params));
+    const std::shared_ptr<DeviceContext>& dev = grad_out.device();
+    logits_gradient(ops, grad_out, N, V);
+    backend_->activation(d_norm_, {N, C}, dev);
+    ops.matmul_backward(d_norm_.data(), nullptr, nullptr, logits_.data(), nullptr,
+                        slots_.value(params, 2), N, C, V, WeightLayout::kOutIn);
+    backend_->all_reduce_tensor_parallel(d_norm_.data(), d_norm_.numel(), dev);
+    grad_in = Tensor(input_.shape(), dev);
+    ops.layernorm_backward(grad_in.data(), nullptr, nullptr, d_norm_.data(), input_.data(),
+                           slots_.value(params, 0), mean_.data(), rstd_.data(), N, C);
+  }
+  void backward_weight(const std::vector<ParamRef>& grads) override {
+    const int C = config_.n_embd;
+    const int V = gpt2_vocabulary_rows(config_.vocab_size, config_.tensor_parallel_size);
+    const int N = static_cast<int>(rows_of(input_));
+    Gpt2Ops& ops = backend_->ops_for(input_);
+    ops.set_bf16_products(gpt2_detail::bf16_products(grads));
+    ops.matmul_backward(nullptr, slots_.grad(grads, 2), nullptr, logits_.data(), norm_.data(),
+                        nullptr, N, C, V, WeightLayout::kOutIn);
+    ops.layernorm_backward(nullptr, slots_.grad(grads, 0), slots_.grad(grads, 1), d_norm_.data(),
+                           input_.data(), nullptr, mean_.data(), rstd_.data(), N, C);
+    slots_.flush(grads);
+    d_norm_ = Tensor();
   }
 
   // The kept tensors and the micro-batch's targets (ids below 2^24 are exact as floats).
@@ -278,13 +326,29 @@ class Gpt2Head : public Module {
   }
 
   const Tensor& logits() const { return logits_; }
-  // What forward keeps for backward.
+  // What forward keeps for backward (and backward_input for backward_weight).
   uint64_t kept_bytes() const {
     return bytes_of(input_) + bytes_of(norm_) + bytes_of(mean_) + bytes_of(rstd_) +
-           bytes_of(logits_) + bytes_of(losses_) + bytes_of(lse_);
+           bytes_of(logits_) + bytes_of(losses_) + bytes_of(lse_) + bytes_of(d_norm_);
   }
 
  private:
+  // The logits' gradient over the logits: d(mean loss)/d(loss of one position) = 1 / N, times
+  // the gradient of the mean. The targets forward put in the device's memory are still there.
+  void logits_gradient(Gpt2Ops& ops, const Tensor& grad_out, int N, int V) {
+    ZERO_CHECK(grad_out.numel() == 1, "the GPT-2's output is its loss: its gradient is one value");
+    const float dloss = grad_out.to_host()[0] / static_cast<float>(N);
+    if (config_.tensor_parallel_size == 1) {
+      ops.cross_entropy_backward(logits_.data(), logits_.data(), lse_.data(),
+                                 ops.targets(targets_->ids), dloss, N, V);
+    } else {
+      const VocabularyRows rows = vocabulary_rows(config_, backend_->tensor_parallel_rank());
+      ops.cross_entropy_backward_partial(logits_.data(), logits_.data(), lse_.data(),
+                                         ops.targets(targets_->ids), rows.first, dloss, N,
+                                         rows.count, V);
+    }
+  }
+
   Gpt2Config config_;
   std::shared_ptr<gpt2_detail::Gpt2Backend> backend_;
   // The cross-entropy over the whole vocabulary from this rank's columns of the logits: each
@@ -319,12 +383,13 @@ class Gpt2Head : public Module {
   }
 
   std::vector<Tensor*> kept_tensors() {
-    return {&input_, &norm_, &mean_, &rstd_, &logits_, &losses_, &lse_};
+    return {&input_, &norm_, &mean_, &rstd_, &logits_, &losses_, &lse_, &d_norm_};
   }
 
   std::shared_ptr<Gpt2Targets> targets_;
   ParamSlots slots_{3};
   Tensor input_, norm_, mean_, rstd_, logits_, losses_, lse_;
+  Tensor d_norm_;  // ln_f's output gradient, between backward_input and backward_weight
 };
 
 bool gpt2_preset(const std::string& name, Gpt2Config* config) {

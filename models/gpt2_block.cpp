@@ -156,6 +156,7 @@ void Gpt2Block::keep_piece(const Tensor& in) {
 uint64_t Gpt2Block::kept_bytes() const {
   uint64_t sum = 0;
   for (const Tensor& t : kept_) sum += bytes_of(t);
+  for (const Tensor& t : weight_inputs_) sum += bytes_of(t);
   return sum + (in_shared_buffer() ? checkpoint_bytes() : 0);
 }
 
@@ -321,16 +322,21 @@ void Gpt2Block::take_activations(KeptActivations& kept) {
                     std::vector<float>{static_cast<float>(B_), static_cast<float>(T_)});
   for (Tensor& tensor : kept_) kept.push_back(std::move(tensor));
   for (Tensor& tensor : kept_) tensor = Tensor();
+  for (Tensor& tensor : weight_inputs_) kept.push_back(std::move(tensor));
+  for (Tensor& tensor : weight_inputs_) tensor = Tensor();
 }
 
 void Gpt2Block::restore_activations(KeptActivations& kept) {
-  ZERO_CHECK(kept.size() == 1 + kBlockActivations,
+  ZERO_CHECK(kept.size() == 1 + kBlockActivations + kWeightInputs,
              "a GPT-2 block got " << kept.size() << " activations back; it gave out "
-                                  << 1 + kBlockActivations);
+                                  << 1 + kBlockActivations + kWeightInputs);
   const std::vector<float> shape = kept[0].to_host();
   B_ = static_cast<int>(shape[0]);
   T_ = static_cast<int>(shape[1]);
   for (int a = 0; a < kBlockActivations; ++a) kept_[a] = std::move(kept[1 + a]);
+  for (int i = 0; i < kWeightInputs; ++i) {
+    weight_inputs_[i] = std::move(kept[1 + kBlockActivations + i]);
+  }
   kept.clear();
 }
 
@@ -419,6 +425,86 @@ void Gpt2Block::backward(const Tensor& grad_out, Tensor& grad_in,
   if (spills()) fetched_ = false;
   if (checkpointing_.profile) times_.backward_ms += elapsed_ms(start, grad_out);
   synchronize_at_boundary(grad_out);
+}
+
+// backward's operations in its order, each input gradient into a tensor of its own (backward
+// writes them over activations the weight half still reads), the weight gradients left out.
+void Gpt2Block::backward_input(const Tensor& grad_out, Tensor& grad_in,
+                               const std::vector<ParamRef>& params) {
+  ZERO_CHECK(recompute_ == Recompute::kNone && !in_shared_buffer() && !partitioned() &&
+                 !moves_checkpoint() && !spills(),
+             "a GPT-2 block splits its backward (ZB-H1) only without activation checkpointing");
+  const int C = config_.n_embd;
+  const int Cl = C / config_.tensor_parallel_size;
+  const int NHl = config_.n_head / config_.tensor_parallel_size;
+  const int N = B_ * T_;
+  const size_t rows = static_cast<size_t>(N);
+  auto w = [&](int i) { return shared_->params.value(params, i); };
+  auto p = [&](int a) { return data_of(a); };
+  Gpt2Ops& ops = backend_->ops_for(grad_out);
+  ops.set_bf16_products(gpt2_detail::bf16_products(params));
+  const std::shared_ptr<DeviceContext>& dev = grad_out.device();
+  auto kept = [&](WeightInput i, int64_t cols) -> float* {
+    backend_->activation(weight_inputs_[i], {N, cols}, dev);
+    return weight_inputs_[i].data();
+  };
+  backend_->keep_copy(weight_inputs_[kFcProjOut], grad_out);
+  float* const d_hidden = kept(kFcOut, 4 * Cl);
+  ops.matmul_backward(d_hidden, nullptr, nullptr, grad_out.data(), nullptr, w(kFcProjW), N, 4 * Cl,
+                      C, WeightLayout::kInOut);
+  ops.gelu_backward(d_hidden, p(kFc), d_hidden, rows * 4 * Cl);
+  float* const d_ln2 = kept(kLn2Out, C);
+  ops.matmul_backward(d_ln2, nullptr, nullptr, d_hidden, nullptr, w(kFcW), N, C, 4 * Cl,
+                      WeightLayout::kInOut);
+  backend_->all_reduce_tensor_parallel(d_ln2, rows * C, dev);
+  // The skip connection carries grad_out to x2; ln_2's input gradient is added to it.
+  backend_->keep_copy(weight_inputs_[kProjOut], grad_out);
+  float* const d_x2 = weight_inputs_[kProjOut].data();
+  ops.layernorm_backward(d_x2, nullptr, nullptr, d_ln2, p(kX2), w(kLn2W), p(kLn2Mean), p(kLn2Rstd),
+                         N, C);
+  Tensor d_att;
+  backend_->activation(d_att, {N, Cl}, dev);
+  ops.matmul_backward(d_att.data(), nullptr, nullptr, d_x2, nullptr, w(kProjW), N, Cl, C,
+                      WeightLayout::kInOut);
+  // qkv's output gradient over the GELU's input, which nothing reads any more.
+  float* const d_qkv = p(kFc);
+  ops.attention_backward(d_qkv, d_att.data(), p(kQkv), p(kAtt), p(kLse), B_, T_, Cl, NHl);
+  float* const d_ln1 = kept(kLn1Out, C);
+  ops.matmul_backward(d_ln1, nullptr, nullptr, d_qkv, nullptr, w(kQkvW), N, C, 3 * Cl,
+                      WeightLayout::kInOut);
+  backend_->all_reduce_tensor_parallel(d_ln1, rows * C, dev);
+  // A tensor of the caller's kind (grad_out's copy), not one counted among this block's.
+  grad_in = grad_out;
+  gpt2_detail::Gpt2Backend::copy_into(grad_in.data(), weight_inputs_[kProjOut]);
+  ops.layernorm_backward(grad_in.data(), nullptr, nullptr, d_ln1, p(kInput), w(kLn1W), p(kLn1Mean),
+                         p(kLn1Rstd), N, C);
+}
+
+// The weight gradients of backward, from the activations and the output gradients
+// backward_input kept; no parameter values.
+void Gpt2Block::backward_weight(const std::vector<ParamRef>& grads) {
+  const int C = config_.n_embd;
+  const int Cl = C / config_.tensor_parallel_size;
+  const int N = B_ * T_;
+  auto g = [&](int i) { return shared_->params.grad(grads, i); };
+  auto p = [&](int a) { return data_of(a); };
+  auto d = [&](WeightInput i) { return weight_inputs_[i].data(); };
+  Gpt2Ops& ops = backend_->ops_for(weight_inputs_[kFcProjOut]);
+  ops.set_bf16_products(gpt2_detail::bf16_products(grads));
+  ops.matmul_backward(nullptr, g(kFcProjW), g(kFcProjB), d(kFcProjOut), p(kGelu), nullptr, N,
+                      4 * Cl, C, WeightLayout::kInOut);
+  ops.matmul_backward(nullptr, g(kFcW), g(kFcB), d(kFcOut), p(kLn2), nullptr, N, C, 4 * Cl,
+                      WeightLayout::kInOut);
+  ops.layernorm_backward(nullptr, g(kLn2W), g(kLn2B), d(kLn2Out), p(kX2), nullptr, p(kLn2Mean),
+                         p(kLn2Rstd), N, C);
+  ops.matmul_backward(nullptr, g(kProjW), g(kProjB), d(kProjOut), p(kAtt), nullptr, N, Cl, C,
+                      WeightLayout::kInOut);
+  ops.matmul_backward(nullptr, g(kQkvW), g(kQkvB), p(kFc), p(kLn1), nullptr, N, C, 3 * Cl,
+                      WeightLayout::kInOut);
+  ops.layernorm_backward(nullptr, g(kLn1W), g(kLn1B), d(kLn1Out), p(kInput), nullptr, p(kLn1Mean),
+                         p(kLn1Rstd), N, C);
+  shared_->params.flush(grads);
+  for (Tensor& tensor : weight_inputs_) tensor = Tensor();
 }
 
 }  // namespace zero::models

@@ -112,9 +112,17 @@ class Gpt2Block : public Module {
   // an NVMe spill): those are one slot per block.
   void take_activations(KeptActivations& kept) override;
   void restore_activations(KeptActivations& kept) override;
+  // Split (ZB-H1), without recomputation only: backward_input writes each input gradient into
+  // memory of its own instead of over an activation (the weight half reads the activations), and
+  // keeps the output gradients of the four products and two LayerNorms for backward_weight.
+  bool splits_backward() const override { return true; }
+  void backward_input(const Tensor& grad_out, Tensor& grad_in,
+                      const std::vector<ParamRef>& params) override;
+  void backward_weight(const std::vector<ParamRef>& grads) override;
 
-  // Bytes of the activations this block keeps from forward to backward, and of those its
-  // checkpoint (its input, when it recomputes).
+  // Bytes of the activations this block keeps from forward to backward (and from
+  // backward_input to backward_weight), and of those its checkpoint (its input, when it
+  // recomputes).
   uint64_t kept_bytes() const;
   uint64_t checkpoint_bytes() const;
   bool recomputes() const { return recompute_ != Recompute::kNone; }
@@ -166,6 +174,10 @@ class Gpt2Block : public Module {
   std::shared_ptr<Gpt2BlockShared> shared_;
   int B_ = 0, T_ = 0;
   Tensor kept_[kBlockActivations];  // those this block keeps (the others stay empty)
+  // Between backward_input and backward_weight: the output gradients the weight half reads (of
+  // the MLP's projection, fc, ln_2, the attention's projection, ln_1; qkv's is over kFc).
+  enum WeightInput { kFcProjOut, kFcOut, kLn2Out, kProjOut, kLn1Out, kWeightInputs };
+  Tensor weight_inputs_[kWeightInputs];
   // cpu_checkpointing: the checkpoint in pinned host memory, its last copy to or from there,
   // whether it is on its way back, and the block whose checkpoint is fetched next.
   Buffer host_checkpoint_;

@@ -194,8 +194,13 @@ uint64_t Gpt2StageActivationBytes::per_micro_batch() const {
 
 uint64_t Gpt2StageActivationBytes::peak() const {
   const char* what = "a pipeline stage's activations";
-  return size_sum(size_product(static_cast<uint64_t>(in_flight), per_micro_batch(), what),
-                  micro_batch.recompute, what);
+  const uint64_t forwarded =
+      size_product(static_cast<uint64_t>(in_flight), per_micro_batch(), what);
+  const uint64_t awaiting = size_product(static_cast<uint64_t>(awaiting_weight),
+                                         size_sum(per_micro_batch(), weight_inputs, what), what);
+  return size_sum(size_sum(forwarded, awaiting, what),
+                  size_sum(in_backward_input ? split_scratch : 0, micro_batch.recompute, what),
+                  what);
 }
 
 uint64_t Gpt2StageActivationBytes::peak_checkpoints() const {
@@ -239,6 +244,45 @@ Gpt2StageActivationBytes gpt2_stage_activation_formula(const Gpt2Config& config,
       mine.checkpoints += checkpoint;
       mine.recompute = whole.recompute;
     }
+  }
+  return bytes;
+}
+
+Gpt2StageActivationBytes gpt2_split_stage_activation_formula(
+    const Gpt2Config& config, const Gpt2Checkpointing& checkpointing,
+    const Gpt2PipelineStage& stage, const std::vector<PipelineStageLoad>& loads, int64_t B,
+    int64_t T) {
+  ZERO_CHECK(checkpointing.recompute == Recompute::kNone,
+             "a split backward (ZB-H1) runs without activation checkpointing");
+  Gpt2StageActivationBytes bytes =
+      gpt2_stage_activation_formula(config, checkpointing, stage, 1, B, T);
+  const char* what = "a split backward's weight inputs";
+  const uint64_t N = size_product(static_cast<uint64_t>(B), static_cast<uint64_t>(T), what);
+  const uint64_t C = static_cast<uint64_t>(config.n_embd);
+  const uint64_t Cl = C / static_cast<uint64_t>(config.tensor_parallel_size);
+  const uint64_t f = sizeof(float);
+  // Per block (gpt2_block.cpp's backward_input): the output gradients of the MLP's projection,
+  // fc (4 Cl wide), ln_2, the attention's projection and ln_1; the head's of ln_f; the
+  // embedding's of its output.
+  const uint64_t blocks = bytes.micro_batch.blocks.size();
+  uint64_t floats = size_product(blocks, size_product(N, 4 * C + 4 * Cl, what), what);
+  if (stage.last() && stage.stages > 1) floats = size_sum(floats, N * C, what);
+  if (stage.first() && stage.stages > 1) floats = size_sum(floats, N * C, what);
+  bytes.weight_inputs = size_product(floats, f, what);
+  // Inside a block's backward_input, its attention output gradient (N x Cl) beside the rest; the
+  // embedding's own weight input (N x C, made after the blocks' scratch is gone) outweighs it on
+  // the first stage.
+  bytes.split_scratch = blocks > 0 && !stage.first() ? N * Cl * f : 0;
+  uint64_t most = 0;
+  bytes.in_flight = 0;
+  for (const PipelineStageLoad& load : loads) {
+    Gpt2StageActivationBytes at = bytes;
+    at.in_flight = load.forwarded;
+    at.awaiting_weight = load.awaiting_weight;
+    at.in_backward_input = load.in_backward_input;
+    if (at.peak() <= most) continue;
+    most = at.peak();
+    bytes = at;
   }
   return bytes;
 }

@@ -91,6 +91,7 @@
 #include <vector>
 
 #include "zero/runtime/engine.h"
+#include "zero/runtime/pipeline_schedule.h"
 
 namespace zero::models {
 
@@ -201,10 +202,19 @@ struct Gpt2StageActivationBytes {
   // of its blocks is checkpointed).
   Gpt2ActivationBytes micro_batch;
   int in_flight = 1;
+  // A split backward (ZB-H1), at the peak: the micro-batches whose backward_input ran and whose
+  // backward_weight waits (each keeps its activations and weight_inputs more: the output
+  // gradients the weight half reads), and whether the peak is inside a backward_input, which
+  // holds split_scratch more (a block's attention output gradient).
+  int awaiting_weight = 0;
+  uint64_t weight_inputs = 0;
+  uint64_t split_scratch = 0;
+  bool in_backward_input = false;
 
   // What one micro-batch in flight keeps: micro_batch.total() less the shared recompute buffers.
   uint64_t per_micro_batch() const;
-  // The stage's peak: in_flight x per_micro_batch() + the recompute buffers.
+  // The stage's peak: in_flight x per_micro_batch() + awaiting_weight x (per_micro_batch() +
+  // weight_inputs) + split_scratch inside a backward_input + the recompute buffers.
   uint64_t peak() const;
   // The peak's checkpoints: in_flight x micro_batch.checkpoints.
   uint64_t peak_checkpoints() const;
@@ -219,6 +229,14 @@ Gpt2StageActivationBytes gpt2_stage_activation_formula(const Gpt2Config& config,
                                                        const Gpt2Checkpointing& checkpointing,
                                                        const Gpt2PipelineStage& stage,
                                                        int in_flight, int64_t B, int64_t T);
+
+// The same under a schedule that splits backward (ZB-H1): the largest over `loads`, the stage's
+// points (pipeline_stage_loads). Throws zero::Error with activation checkpointing, which the split
+// backward does not run with.
+Gpt2StageActivationBytes gpt2_split_stage_activation_formula(
+    const Gpt2Config& config, const Gpt2Checkpointing& checkpointing,
+    const Gpt2PipelineStage& stage, const std::vector<PipelineStageLoad>& loads, int64_t B,
+    int64_t T);
 
 // What a training step of B sequences of T tokens holds beside the formula, outside the
 // model's counted activations: the residual-stream tensors in flight between modules (a

@@ -67,7 +67,38 @@ void ZeroModelStage::forward(int micro_batch, int, const Tensor& input, Tensor& 
 }
 
 void ZeroModelStage::backward(int micro_batch, int, const Tensor& grad_output, Tensor& grad_input) {
-  using Clock = std::chrono::steady_clock;
+  Tensor grad = backward_start(micro_batch, grad_output);
+  const auto start = std::chrono::steady_clock::now();
+  Tensor grad_in = model_.backward(grad);
+  times_.backward += std::chrono::steady_clock::now() - start;
+  if (!first_) grad_input = grad_in.device() ? grad_in.to(nullptr) : std::move(grad_in);
+}
+
+void ZeroModelStage::backward_input(int micro_batch, int, const Tensor& grad_output,
+                                    Tensor& grad_input) {
+  Tensor grad = backward_start(micro_batch, grad_output);
+  const auto start = std::chrono::steady_clock::now();
+  Tensor grad_in = model_.backward_input(grad);
+  times_.backward += std::chrono::steady_clock::now() - start;
+  // What the weight half reads waits with the micro-batch's activations.
+  kept_[micro_batch] = model_.take_activations();
+  if (!first_) grad_input = grad_in.device() ? grad_in.to(nullptr) : std::move(grad_in);
+}
+
+void ZeroModelStage::backward_weight(int micro_batch, int) {
+  const auto kept = kept_.find(micro_batch);
+  ZERO_CHECK(kept != kept_.end(), "backward_weight of micro-batch "
+                                      << micro_batch << " before its backward_input on this stage");
+  model_.restore_activations(std::move(kept->second));
+  kept_.erase(kept);
+  const auto start = std::chrono::steady_clock::now();
+  model_.backward_weight();
+  times_.backward += std::chrono::steady_clock::now() - start;
+}
+
+// The micro-batch's activations back into the modules, and the gradient its backward starts
+// from: the loss's on the last stage, the one received otherwise (after the fault hook).
+Tensor ZeroModelStage::backward_start(int micro_batch, const Tensor& grad_output) {
   const auto kept = kept_.find(micro_batch);
   ZERO_CHECK(kept != kept_.end(),
              "backward of micro-batch " << micro_batch << " before its forward on this stage");
@@ -81,10 +112,7 @@ void ZeroModelStage::backward(int micro_batch, int, const Tensor& grad_output, T
     grad = grad_output.to(model_.engine().device_context());
   }
   if (before_backward_) before_backward_(micro_batch, grad);
-  const auto start = Clock::now();
-  Tensor grad_in = model_.backward(grad);
-  times_.backward += Clock::now() - start;
-  if (!first_) grad_input = grad_in.device() ? grad_in.to(nullptr) : std::move(grad_in);
+  return grad;
 }
 
 }  // namespace zero::models

@@ -39,8 +39,16 @@ class ZeroModelStage : public PipelineStageWork {
 
   void forward(int micro_batch, int chunk, const Tensor& input, Tensor& output) override;
   void backward(int micro_batch, int chunk, const Tensor& grad_output, Tensor& grad_input) override;
+  // ZB-H1: when every module of the model splits its backward (ZeroModel::splits_backward);
+  // between the two halves the micro-batch's modules wait here as between forward and backward.
+  bool splits_backward() const override { return model_.splits_backward(); }
+  void backward_input(int micro_batch, int chunk, const Tensor& grad_output,
+                      Tensor& grad_input) override;
+  void backward_weight(int micro_batch, int chunk) override;
 
  private:
+  Tensor backward_start(int micro_batch, const Tensor& grad_output);
+
   ZeroModel& model_;
   MicroBatchSource& source_;
   bool first_, last_;

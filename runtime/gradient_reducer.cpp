@@ -267,7 +267,11 @@ void* GradientReducer::owned(size_t u) {
 }
 
 void* GradientReducer::shard(size_t u) {
-  if (config_.stage >= 2) return units_[u].shard.data();
+  // Stages 2-3 keep a shard of their own, except where a pipeline reduces once per step into
+  // the whole gradient (as stage 1 does).
+  if (reduces_every_micro_batch(config_) || !units_[u].shard.empty()) {
+    return units_[u].shard.data();
+  }
   const ElementRange mine = shard_range(layout_.units()[u].numel, rank_, world_);
   return byte_offset(units_[u].full.data(), mine.first * dtype_size(accum_dtype_));
 }

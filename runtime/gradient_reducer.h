@@ -75,7 +75,8 @@ class GradientReducer {
     Buffer full;        // stages 0-1: the reduced and accumulated gradient (accumulation dtype);
                         // stage 3's persistent unit: the micro-batch's gradient (working dtype)
     Buffer bucket;      // a pooled working-dtype gradient during backward (uses_grad_buckets)
-    Buffer shard;       // stages 2-3: the reduced and accumulated shard (accumulation dtype)
+    Buffer shard;       // stages 2-3: the reduced and accumulated shard (accumulation dtype;
+                        // reduced once per step, the slice of `full` serves instead)
     CommPoint reduced;  // the reduction (and accumulation) of the latest ready() is done
     // The persistent unit: when its reduction has read `full`, which the next micro-batch's
     // first gradient() zeroes after that (full_reused).

@@ -186,7 +186,11 @@ UnitBytes unit_bytes(const Unit& unit, const EngineConfig& config, int state_arr
   if (has_master && !on_nvme) b.master = owned * sizeof(float);
   if (!reduces_every_micro_batch(config)) b.grads_full = full * g;
   if (is_persistent(unit, config)) b.grads_full = full * w;  // backward adds into it directly
-  if (config.stage >= 2) b.grads_shard = shard * g;
+  // Reduced once per step, the whole gradient holds the rank's reduced slice in place (as at
+  // stage 1); the persistent unit reduces every micro-batch into a shard of its own.
+  if (reduces_every_micro_batch(config) || is_persistent(unit, config)) {
+    b.grads_shard = shard * g;
+  }
   b.state = on_nvme ? 0 : owned * sizeof(float);
   b.state_arrays = state_arrays;
   if (steps_on_host(config)) {

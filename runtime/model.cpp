@@ -314,6 +314,14 @@ void Module::restore_activations(KeptActivations&) {
   ZERO_FAIL("this module cannot restore activations it never gave out");
 }
 
+void Module::backward_input(const Tensor&, Tensor&, const std::vector<ParamRef>&) {
+  ZERO_FAIL("this module does not split its backward into input and weight gradients");
+}
+
+void Module::backward_weight(const std::vector<ParamRef>&) {
+  ZERO_FAIL("this module does not split its backward into input and weight gradients");
+}
+
 std::vector<KeptActivations> ZeroModel::take_activations() {
   std::vector<KeptActivations> kept(modules_.size());
   for (size_t m = 0; m < modules_.size(); ++m) {
@@ -370,6 +378,52 @@ Tensor ZeroModel::backward(const Tensor& grad_output) {
   const int n = static_cast<int>(layout.units().size());
   if (n > 0 && layout.units()[n - 1].persistent) engine_->grads_ready(n - 1);
   return current;
+}
+
+bool ZeroModel::splits_backward() const {
+  return std::all_of(modules_.begin(), modules_.end(),
+                     [](const NamedModule& m) { return m.module->splits_backward(); });
+}
+
+Tensor ZeroModel::backward_input(const Tensor& grad_output) {
+  check_on_engine_device(grad_output, "the gradient given to backward_input()");
+  const Layout& layout = engine_->layout();
+  Tensor current = grad_output;
+  const float scale = engine_->loss_scale();
+  if (scale != 1.0f) {
+    engine_->device_context()->scale(current.data(), DType::kFloat32, scale, current.numel());
+  }
+  for (int m = static_cast<int>(modules_.size()) - 1; m >= 0; --m) {
+    ZERO_CHECK(modules_[m].module->splits_backward(),
+               module_label(modules_[m], m) << " does not split its backward (ZB-H1 needs every "
+                                               "module to)");
+    const int u = layout.unit_of_module(m);
+    const bool own_values = schedule_->before_backward(m);
+    Tensor grad_in;
+    {
+      ScopedSpan span(engine_->trace(), "backward_input " + modules_[m].name);
+      modules_[m].module->backward_input(current, grad_in, params_of(m, own_values));
+    }
+    current = std::move(grad_in);
+    // The weight gradients need no parameter values: the unit goes as after backward.
+    if (u >= 0 && layout.units()[u].first_module == m) schedule_->unit_backward_done(u);
+    schedule_->after_backward(m);
+  }
+  return current;
+}
+
+void ZeroModel::backward_weight() {
+  const Layout& layout = engine_->layout();
+  for (int m = static_cast<int>(modules_.size()) - 1; m >= 0; --m) {
+    {
+      ScopedSpan span(engine_->trace(), "backward_weight " + modules_[m].name);
+      modules_[m].module->backward_weight(grads_of(m));
+    }
+    const int u = layout.unit_of_module(m);
+    if (u >= 0 && layout.units()[u].first_module == m) engine_->grads_ready(u);
+  }
+  const int n = static_cast<int>(layout.units().size());
+  if (n > 0 && layout.units()[n - 1].persistent) engine_->grads_ready(n - 1);
 }
 
 }  // namespace zero

@@ -558,4 +558,40 @@ int pipeline_micro_batches_in_flight(PipelineScheduleKind kind, int stages, int 
   return 0;
 }
 
+std::vector<PipelineStageLoad> pipeline_stage_loads(PipelineScheduleKind kind, int stages,
+                                                    int stage, int micro_batches,
+                                                    int virtual_stages) {
+  ZERO_CHECK(stage >= 0 && stage < stages,
+             "stage " << stage << " is outside the pipeline's 0.." << stages - 1);
+  const std::vector<std::vector<PipelineAction>> lists =
+      make_pipeline_schedule(kind, stages, micro_batches, virtual_stages);
+  std::vector<PipelineStageLoad> loads;
+  PipelineStageLoad now;
+  for (const PipelineAction& action : lists[static_cast<size_t>(stage)]) {
+    switch (action.kind) {
+      case PipelineAction::kForward:
+        ++now.forwarded;
+        break;
+      case PipelineAction::kBackward:
+        --now.forwarded;
+        break;
+      case PipelineAction::kBackwardInput: {
+        --now.forwarded;
+        ++now.awaiting_weight;
+        PipelineStageLoad inside = now;
+        inside.in_backward_input = true;
+        loads.push_back(inside);
+        break;
+      }
+      case PipelineAction::kBackwardWeight:
+        --now.awaiting_weight;
+        break;
+      default:
+        continue;  // a transfer
+    }
+    loads.push_back(now);
+  }
+  return loads;
+}
+
 }  // namespace zero

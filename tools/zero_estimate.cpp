@@ -10,7 +10,7 @@
 //                 [--partition-activations] [--checkpoint-nvme-path DIR] [--memory-limit BYTES]
 //                                              (activations too, for none/selective/full)
 //   zero-estimate --model gpt2 ... --pp P [--pp-partition parameters|uniform]
-//                 [--pp-schedule gpipe|1f1b] [--micro-batches M] --ranks P*D*T
+//                 [--pp-schedule gpipe|1f1b|zb-h1] [--micro-batches M] --ranks P*D*T
 //                                              (each pipeline stage apart)
 //
 // prints one row per stage (or only stage S): parameters, gradients, optimizer state (fp32
@@ -174,6 +174,9 @@ int plan_model(const Options& options) {
     StagePlan plan;
     plan.stage = zero::models::gpt2_pipeline_stage(options.gpt2, bounds, s);
     plan.in_flight = zero::pipeline_micro_batches_in_flight(kind, stages, s, options.micro_batches);
+    if (kind == zero::PipelineScheduleKind::kZeroBubbleH1) {
+      plan.split_loads = zero::pipeline_stage_loads(kind, stages, s, options.micro_batches);
+    }
     std::printf("\npipeline stage %d: layers %d-%d%s%s, %d micro-batch%s in flight\n", s,
                 plan.stage.first_layer, plan.stage.end_layer - 1,
                 plan.stage.first() ? " + embeddings" : "",

@@ -28,6 +28,11 @@ uint64_t uncounted_bytes(const Options& options, const StagePlan& plan, int B) {
 // The activations of `recompute` and B sequences: the whole model's, or the stage's peak.
 zero::models::Gpt2StageActivationBytes activations(const Options& options, const StagePlan& plan,
                                                    zero::models::Recompute recompute, int B) {
+  if (!plan.split_loads.empty()) {
+    return zero::models::gpt2_split_stage_activation_formula(
+        options.gpt2, checkpointing_of(options, recompute), plan.stage, plan.split_loads, B,
+        options.seq_len);
+  }
   return zero::models::gpt2_stage_activation_formula(
       options.gpt2, checkpointing_of(options, recompute), plan.stage, plan.in_flight, B,
       options.seq_len);
@@ -103,7 +108,9 @@ void print_activations(const Options& options, const StagePlan& plan,
   if (spilled) std::printf("  nvme bytes");
   for (const auto& stage : engine_bytes) std::printf("  stage %d total bytes", stage.first);
   std::printf("\n");
-  for (int r = 0; r < 3; ++r) {
+  // ZB-H1's split backward runs without checkpointing: its one setting is none.
+  const int settings = plan.split_loads.empty() ? 3 : 1;
+  for (int r = 0; r < settings; ++r) {
     const zero::models::Gpt2StageActivationBytes stage =
         activations(options, plan, kRecomputes[r], options.micro_batch);
     const zero::models::Gpt2ActivationBytes& bytes = stage.micro_batch;
@@ -128,10 +135,11 @@ void print_activations(const Options& options, const StagePlan& plan,
       static_cast<unsigned long long>(uncounted));
   for (const auto& [stage, bytes] : engine_bytes) {
     int fits = 0;
-    while (fits < 3 && !fits_limit(options, plan, kRecomputes[fits], options.micro_batch, bytes)) {
+    while (fits < settings &&
+           !fits_limit(options, plan, kRecomputes[fits], options.micro_batch, bytes)) {
       ++fits;
     }
-    if (fits == 3) {
+    if (fits == settings) {
       std::printf("stage %d in %llu bytes: does not fit with any activation checkpointing", stage,
                   static_cast<unsigned long long>(options.memory_limit));
     } else {
@@ -139,10 +147,12 @@ void print_activations(const Options& options, const StagePlan& plan,
                   static_cast<unsigned long long>(options.memory_limit),
                   zero::models::recompute_name(kRecomputes[fits]));
     }
-    std::printf("; the most sequences per rank: none %d, selective %d, full %d\n",
-                largest_micro_batch(options, plan, kRecomputes[0], bytes),
-                largest_micro_batch(options, plan, kRecomputes[1], bytes),
-                largest_micro_batch(options, plan, kRecomputes[2], bytes));
+    std::printf("; the most sequences per rank:");
+    for (int r = 0; r < settings; ++r) {
+      std::printf("%s %s %d", r == 0 ? "" : ",", zero::models::recompute_name(kRecomputes[r]),
+                  largest_micro_batch(options, plan, kRecomputes[r], bytes));
+    }
+    std::printf("\n");
   }
 }
 

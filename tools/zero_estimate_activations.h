@@ -16,6 +16,9 @@ namespace zero_estimate {
 struct StagePlan {
   zero::models::Gpt2PipelineStage stage;
   int in_flight = 1;
+  // ZB-H1 (a split backward, without activation checkpointing): the stage's loads, over which
+  // its peak is planned; empty for the other schedules.
+  std::vector<zero::PipelineStageLoad> split_loads;
 };
 
 // The GPT-2's activations per rank for each checkpointing setting (the stage's peak, with its

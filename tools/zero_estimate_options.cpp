@@ -248,10 +248,10 @@ Options parse_options(const std::vector<std::string>& args) {
       options.pipeline_partition = value;
       pipeline_flags = true;
     } else if (flag == "--pp-schedule") {
-      // zero-train's GPT-2 runs these two (its stages hold one chunk, its backward is whole).
-      if (value != "gpipe" && value != "1f1b") {
+      // zero-train's GPT-2 runs these three (its stages hold one chunk each).
+      if (value != "gpipe" && value != "1f1b" && value != "zb-h1") {
         usage_error(
-            "--pp-schedule must be gpipe or 1f1b (the schedules zero-train runs the "
+            "--pp-schedule must be gpipe, 1f1b or zb-h1 (the schedules zero-train runs the "
             "GPT-2 with), got '" +
             value + "'");
       }

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The reference GPT-2 (tests/data/gpt2) trained by zero-train cut into a pipeline: at every ZeRO
-# stage and each schedule GPT-2 runs (gpipe, 1f1b; at stages 2-3 also 1f1b reducing, and at
-# stage 3 gathering, per micro-batch: --pp-regather), each run checked against PyTorch's float64
-# run (every step's loss and gradient norm within 1e-5 relative) and against the same job without
-# a pipeline (the same micro-batches on the same data-parallel ranks): every step's loss and norm
-# within 1e-6 relative, and so is the validation loss after every step (forward only through the
-# pipeline, on the training batch: the reference's next loss). Not bitwise: the pipeline sums the
-# tied wte's two uses after reducing each over its stage, where one model adds them in one buffer
-# before reducing, and adds the stages' parts of the gradient norm in stage order.
+# stage and each schedule GPT-2 runs (gpipe, 1f1b, zb-h1; at stages 2-3 also 1f1b reducing, and
+# at stage 3 gathering, per micro-batch: --pp-regather), each run checked against PyTorch's
+# float64 run (every step's loss and gradient norm within 1e-5 relative) and against the same job
+# without a pipeline (the same micro-batches on the same data-parallel ranks): every step's loss
+# and norm within 1e-6 relative, and so is the validation loss after every step (forward only
+# through the pipeline, on the training batch: the reference's next loss); zb-h1 bitwise 1f1b.
+# Not bitwise against the job without a pipeline: the pipeline sums the tied wte's two uses after
+# reducing each over its stage, where one model adds them in one buffer before reducing, and adds
+# the stages' parts of the gradient norm in stage order.
 #   gpt2_pipeline.sh BIN_DIR NP PP [--tp T] [--micro-batches M] -- MPIEXEC [MPIEXEC_FLAGS...]
 set -euo pipefail
 bin="$1"; np="$2"; pp="$3"; shift 3
@@ -40,7 +41,7 @@ for stage in 0 1 2 3; do
   np_saved="$np"; np="$plain_np"
   train "$stage" "plain$stage"
   np="$np_saved"
-  variants=(gpipe 1f1b)
+  variants=(gpipe 1f1b zb-h1)
   # Stages 2-3 reduce once per step and stage 3 keeps units gathered through the step;
   # --pp-regather reduces (and gathers) per micro-batch.
   if [ "$stage" -ge 2 ]; then variants+=(1f1b:--pp-regather); fi
@@ -69,6 +70,14 @@ for r in map(json.loads, open(sys.argv[1])):
 print("bytes between stages per step:", expected)' "$work/$run.jsonl" "$np" "$pp" \
       "$micro_batches" "$tp"
   done
+done
+
+# ZB-H1 splits each backward into its input and weight halves and runs the weight halves later,
+# in micro-batch order: bitwise 1F1B's numbers at every stage.
+for stage in 0 1 2 3; do
+  "$bin/gpt2_golden_check" --expected "$data/expected_fp64.json" \
+    --metrics "$work/pp${stage}zb-h10.jsonl" --same-metrics-as "$work/pp${stage}1f1b0.jsonl" \
+    --metrics-tolerance 0
 done
 
 python3 -c 'import json, sys

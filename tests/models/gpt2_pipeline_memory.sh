@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The activations each pipeline stage holds, planned against measured: zero-train --pp at each
-# schedule the GPT-2 runs (gpipe, 1f1b) and each activation checkpointing (none, selective,
-# full, and full on one block only, which leaves a stage without a checkpointed block and so
-# without recompute buffers), 4 micro-batches a step. Every step's stage_peak_activation_bytes
+# schedule the GPT-2 runs (gpipe, 1f1b, and zb-h1 without checkpointing) and each activation
+# checkpointing (none, selective, full, and full on one block only, which leaves a stage without
+# a checkpointed block and so without recompute buffers), 4 micro-batches a step. Every step's stage_peak_activation_bytes
 # (the engine allocator's peak, the largest of each stage's ranks) must equal the init record's
 # stage_activation_bytes_planned (gpt2_stage_activation_formula), and that plan must be the
 # formula written out here: k micro-batches in flight on stage s (gpipe m, 1f1b min(p - s, m))
@@ -23,8 +23,11 @@ shift
 source "$(dirname "${BASH_SOURCE[0]}")/gpt2_reference.sh"
 layers=4 heads=4 embd=64 vocab=256 seq=16 micro_batches=4 global_batch=8
 
-for schedule in gpipe 1f1b; do
-  for checkpointing in none selective full full:1; do
+for schedule in gpipe 1f1b zb-h1; do
+  checkpointings=(none selective full full:1)
+  # ZB-H1's split backward runs without recomputation.
+  if [ "$schedule" = zb-h1 ]; then checkpointings=(none); fi
+  for checkpointing in "${checkpointings[@]}"; do
     recompute="${checkpointing%%:*}"
     number=0 number_flag=()
     if [ "$checkpointing" != "$recompute" ]; then
@@ -55,6 +58,34 @@ block = {"none": N * (4 * C + 12 * Cl + 4 + Hl), "selective": N * (C + 4 * Cl + 
          "full": N * C}
 recompute_buffers = {"none": 0, "selective": N * (3 * C + 8 * Cl + 4),
                      "full": N * (3 * C + 12 * Cl + 4 + Hl)}
+def zero_bubble_peak(s, kept, layers):
+    """ZB-H1 on stage s: 1F1B's forwards and input gradients, each weight gradient deferred
+    until more than s wait. A micro-batch awaiting its weight gradient keeps its activations and
+    the output gradients the weight half reads (per block those of the MLP's projection, fc
+    (4 Cl wide), ln_2, the attention's projection and ln_1; the head's of ln_f, the embedding's
+    of its output); inside a backward_input a block's attention output gradient (N x Cl) too,
+    outweighed on the first stage by the embedding's own, made after it."""
+    waiting = len(layers) * N * (4 * C + 4 * Cl) + (N * C if s == 0 else 0)
+    waiting += N * C if s == p - 1 else 0
+    scratch = N * Cl if layers and s > 0 else 0
+    forwarded = awaiting = backward = weight = peak = 0
+    def point(extra=0):
+        return forwarded * kept + awaiting * (kept + waiting) + extra
+    def backward_input():
+        nonlocal forwarded, awaiting, backward, weight, peak
+        forwarded, awaiting, backward = forwarded - 1, awaiting + 1, backward + 1
+        peak = max(peak, point(scratch))
+        if backward - weight > s:
+            awaiting, weight = awaiting - 1, weight + 1
+    for mb in range(m):
+        forwarded += 1
+        peak = max(peak, point())
+        if mb >= min(p - s - 1, m):
+            backward_input()
+    while backward < m:
+        backward_input()
+    return peak
+
 expected = []
 for s in range(p):
     layers = range(s * L // p, (s + 1) * L // p)
@@ -63,7 +94,10 @@ for s in range(p):
     kept += N if s == 0 else 0
     kept += N * (2 * C + -(-V // t) + 4) if s == p - 1 else 0
     shared = recompute_buffers[recompute] if checkpointed & set(layers) else 0
-    expected.append(4 * (k * kept + shared))
+    if schedule == "zb-h1":
+        expected.append(4 * zero_bubble_peak(s, kept, layers))
+    else:
+        expected.append(4 * (k * kept + shared))
 label = f"{schedule}, {recompute}" + (f" on {number} block(s)" if number else "")
 if planned != expected:
     sys.exit(f"{label}: planned per stage {planned} B, the formula gives {expected} B")

@@ -32,12 +32,12 @@ expect "--pp-partition uniform: 2 pipeline stages do not divide the 3 layers (n_
   "${run[@]}" "${model[@]}" --n-layer 3 --pp 2 --pp-partition uniform
 expect "a GPT-2 of 2 layers cannot be cut into 4 pipeline stages" \
   -np 4 "$bin/zero-train" "${model[@]}" --micro-batches 1 --pp 4
-expect "--pp: --val-data is not supported with pipeline parallelism yet" \
-  "${run[@]}" "${model[@]}" --pp 2 --val-data "$data/tokens.bin" --val-every 1
+expect "--pp: --memory-timeline is not supported with pipeline parallelism yet" \
+  "${run[@]}" "${model[@]}" --pp 2 --memory-timeline "$work/timeline"
 expect "--pp: --inject-fault skip-step is not supported with pipeline parallelism yet" \
   "${run[@]}" "${model[@]}" --pp 2 --inject-fault skip-step@1
-expect "--pp: --pp-schedule zb-h1 (the GPT-2's backward does not split" \
-  "${run[@]}" "${model[@]}" --pp 2 --pp-schedule zb-h1
+expect "--pp: --pp-schedule zb-h1 with activation checkpointing (activation_checkpointing.mode \"full\")" \
+  "${run[@]}" "${model[@]}" --pp 2 --pp-schedule zb-h1 --activation-checkpointing full
 expect "--pp: the global batch of 3 does not cut into 2 micro-batches x 1 data-parallel ranks" \
   "${run[@]}" "${model[@]}" --pp 2 --global-batch 3
 expect "--pp-schedule: unknown pipeline schedule 'fifo'" \

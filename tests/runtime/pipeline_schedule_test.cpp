@@ -148,6 +148,20 @@ TEST(PipelineSchedule, EveryListOfEveryKindIsRunnable) {
             EXPECT_EQ(in_flight(lists[static_cast<size_t>(s)]),
                       pipeline_micro_batches_in_flight(kind, p, s, m, v))
                 << "stage " << s;
+            // The loads: the forwarded peak is the in-flight figure, and only a split backward
+            // leaves micro-batches awaiting their weight gradients, at most s of them (ZB-H1
+            // defers each until s are pending) and none at the step's end.
+            const std::vector<PipelineStageLoad> loads = pipeline_stage_loads(kind, p, s, m, v);
+            int most_forwarded = 0, most_awaiting = 0;
+            for (const PipelineStageLoad& load : loads) {
+              most_forwarded = std::max(most_forwarded, load.forwarded);
+              most_awaiting = std::max(most_awaiting, load.awaiting_weight);
+            }
+            EXPECT_EQ(most_forwarded, pipeline_micro_batches_in_flight(kind, p, s, m, v));
+            const bool split = kind == PipelineScheduleKind::kZeroBubbleH1;
+            EXPECT_EQ(most_awaiting, split ? std::min(s + 1, m) : 0) << "stage " << s;
+            EXPECT_EQ(loads.back().forwarded, 0);
+            EXPECT_EQ(loads.back().awaiting_weight, 0);
           }
         }
       }

@@ -485,8 +485,8 @@ TEST(ZeroEstimate, Gpt2PipelineBadArguments) {
       "--pp 3: --pp-partition uniform: 3 pipeline stages do not divide the 4 "
       "layers (n_layer)");
   expect_usage_error(with(gpt2, {"--ranks", "2", "--pp", "2", "--pp-schedule", "interleaved"}),
-                     "--pp-schedule must be gpipe or 1f1b (the schedules zero-train runs the "
-                     "GPT-2 with), got 'interleaved'");
+                     "--pp-schedule must be gpipe, 1f1b or zb-h1 (the schedules zero-train runs "
+                     "the GPT-2 with), got 'interleaved'");
   expect_usage_error(with(gpt2, {"--ranks", "2", "--pp", "2", "--pp-partition", "type:Block"}),
                      "--pp-partition must be parameters or uniform, got 'type:Block'");
   expect_usage_error(with(gpt2, {"--ranks", "2", "--micro-batches", "4"}),

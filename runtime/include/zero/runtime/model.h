@@ -116,6 +116,14 @@ class Module {
   // default throws: a module keeps its activations inside unless it says otherwise.
   virtual void take_activations(KeptActivations& kept);
   virtual void restore_activations(KeptActivations& kept);
+  // A zero-bubble schedule (ZB-H1) runs backward in two halves: backward_input computes grad_in
+  // alone and keeps what the parameters' gradients need (take_activations then moves that too);
+  // backward_weight adds those gradients later, from what it kept (no parameter values). Both
+  // together give backward's numbers. The defaults throw: a module splits only if it says so.
+  virtual bool splits_backward() const { return false; }
+  virtual void backward_input(const Tensor& grad_out, Tensor& grad_in,
+                              const std::vector<ParamRef>& params);
+  virtual void backward_weight(const std::vector<ParamRef>& grads);
 };
 
 struct NamedModule {
@@ -141,6 +149,13 @@ class ZeroModel {
   // unit is done, so its reduction overlaps the backward of the units before it. grad_output is
   // d(loss)/d(output); with fp16 it is multiplied by the loss scale here.
   Tensor backward(const Tensor& grad_output);
+  // ZB-H1: backward in two halves, when every module splits (splits_backward()). backward_input
+  // runs the modules in reverse for the input's gradient only (at stage 3 gathering and
+  // releasing as backward does); backward_weight later adds every parameter's gradient and hands
+  // each unit to the engine, as backward does as it goes.
+  bool splits_backward() const;
+  Tensor backward_input(const Tensor& grad_output);
+  void backward_weight();
   // The optimizer step; at stage 3 it also starts gathering the first unit for the next forward.
   StepStats step();
 
@@ -149,7 +164,6 @@ class ZeroModel {
   // micro-batch's backward. A zero::Error naming the module if one cannot.
   std::vector<KeptActivations> take_activations();
   void restore_activations(std::vector<KeptActivations> kept);
-
 
   Engine& engine() { return *engine_; }
 

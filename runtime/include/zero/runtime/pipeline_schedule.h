@@ -115,4 +115,21 @@ double pipeline_bubble_formula(PipelineScheduleKind kind, int stages, int micro_
 int pipeline_micro_batches_in_flight(PipelineScheduleKind kind, int stages, int stage,
                                      int micro_batches, int virtual_stages = 1);
 
+// What stage `stage` holds at one point of its list: micro-batches (or, interleaved, (micro-batch,
+// chunk) pairs) whose forward ran and whose input gradient has not (`forwarded`), and those whose
+// backward_input ran and whose backward_weight has not (`awaiting_weight`); `in_backward_input`:
+// the point is inside a backward_input, whose micro-batch is counted as awaiting already. A model
+// whose weight half keeps more than W needs (the GPT-2 keeps a micro-batch's activations until
+// then) plans its peak over every point.
+struct PipelineStageLoad {
+  int forwarded = 0;
+  int awaiting_weight = 0;
+  bool in_backward_input = false;
+};
+// The load after every compute action of the stage's list, and inside every backward_input.
+// Arguments as make_pipeline_schedule, and stage as pipeline_micro_batches_in_flight.
+std::vector<PipelineStageLoad> pipeline_stage_loads(PipelineScheduleKind kind, int stages,
+                                                    int stage, int micro_batches,
+                                                    int virtual_stages = 1);
+
 }  // namespace zero
