@@ -1,7 +1,8 @@
 """The pipeline part of benchmarks/report: zero-bench-pipeline's schedules (GPipe, 1F1B,
 interleaved, ZB-H1) with sleeping stages, their measured bubble against the formulas; and the
-GPT-2 of zero-bench-gpt2 trained by zero-train cut into 2 pipeline stages (1F1B and GPipe) against
-the same model data-parallel at ZeRO stage 0 on the same 2 ranks; their sections of BENCHMARKS.md
+GPT-2 of zero-bench-gpt2 trained by zero-train cut into 2 pipeline stages (1F1B, GPipe and
+ZB-H1) against the same model data-parallel at ZeRO stage 0 on the same 2 ranks; their sections
+of BENCHMARKS.md
 and their rows of the Targets table.
 
 Like report_memory.py, it takes what it shares with the report (run(), mpirun_cmd(), table())
@@ -122,9 +123,9 @@ def balance_bubble(stage_busy_ms, micro_batches):
 
 
 def run_gpt2_pipeline(build_dir, quick, out, logs, run, mpirun_cmd):
-    """zero-train's GPT-2 data-parallel at ZeRO stage 0 and at --pp 2 with 1F1B and GPipe, in
-    GPT2_ROUNDS rounds of the three: load that changes during the report (the machine may be
-    shared) lands on every configuration alike."""
+    """zero-train's GPT-2 data-parallel at ZeRO stage 0 and at --pp 2 with 1F1B, GPipe and
+    ZB-H1, in GPT2_ROUNDS rounds of the four: load that changes during the report (the machine
+    may be shared) lands on every configuration alike."""
     config = GPT2_CONFIGS["quick" if quick else "full"]
     tokens_per_step = config["global_batch"] * config["seq_len"]
     data = os.path.join(out, "data", "pipeline_gpt2_tokens.bin")
@@ -132,7 +133,8 @@ def run_gpt2_pipeline(build_dir, quick, out, logs, run, mpirun_cmd):
     # A batch per step, none read twice.
     write_synthetic_tokens(data, config["steps"] * tokens_per_step + 1, config["vocab_size"])
     configurations = [("dp", []), ("1f1b", ["--pp", "2", "--pp-schedule", "1f1b"]),
-                      ("gpipe", ["--pp", "2", "--pp-schedule", "gpipe"])]
+                      ("gpipe", ["--pp", "2", "--pp-schedule", "gpipe"]),
+                      ("zb-h1", ["--pp", "2", "--pp-schedule", "zb-h1"])]
     steps = {name: [] for name, _ in configurations}
     load = [os.getloadavg()[0]]
     for round_ in range(1, GPT2_ROUNDS + 1):
@@ -145,7 +147,7 @@ def run_gpt2_pipeline(build_dir, quick, out, logs, run, mpirun_cmd):
     load.append(os.getloadavg()[0])
     dp = summarize_gpt2_runs("dp", steps["dp"], tokens_per_step)
     pipelines = []
-    for name in ["1f1b", "gpipe"]:
+    for name in ["1f1b", "gpipe", "zb-h1"]:
         s = summarize_gpt2_runs(name, steps[name], tokens_per_step)
         s["speed_ratio"] = s["tokens_per_s"] / dp["tokens_per_s"]
         s["state_ratio"] = s["model_state_bytes"] / dp["model_state_bytes"]
@@ -213,13 +215,13 @@ def gpt2_markdown(gpt2, table):
     md.append(f"zero-bench-gpt2's model ({c['n_layer']} layers x {c['n_embd']}, {c['n_head']} "
               f"heads, T {c['seq_len']}, vocab {c['vocab_size']}, fp32) trained by `zero-train` "
               f"on {GPT2_RANKS} ranks with a global batch of {c['global_batch']} sequences in "
-              f"{GPT2_MICRO_BATCHES} micro-batches: `--pp {GPT2_RANKS}` (1F1B and GPipe, the "
-              "default partition by parameters; a micro-batch of "
+              f"{GPT2_MICRO_BATCHES} micro-batches: `--pp {GPT2_RANKS}` (1F1B, GPipe and ZB-H1, "
+              "the default partition by parameters; a micro-batch of "
               f"{c['global_batch'] // GPT2_MICRO_BATCHES} sequences) against data parallelism "
               "at ZeRO stage 0 (a micro-batch of "
               f"{c['global_batch'] // (GPT2_MICRO_BATCHES * GPT2_RANKS)} sequence(s) per rank). "
               "Token ids are synthetic (uniform over the vocabulary, a hash of the position, "
-              f"written as a token file). {GPT2_ROUNDS} rounds of the three runs, "
+              f"written as a token file). {GPT2_ROUNDS} rounds of the four runs, "
               f"{c['steps'] - GPT2_WARMUP_STEPS} measured steps each after "
               f"{GPT2_WARMUP_STEPS} warm-up; step: the median over all measured steps (each "
               "round's median in brackets); load average "
