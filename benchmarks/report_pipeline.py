@@ -2,8 +2,7 @@
 interleaved, ZB-H1) with sleeping stages, their measured bubble against the formulas; and the
 GPT-2 of zero-bench-gpt2 trained by zero-train cut into 2 pipeline stages (1F1B, GPipe and
 ZB-H1) against the same model data-parallel at ZeRO stage 0 on the same 2 ranks; their sections
-of BENCHMARKS.md
-and their rows of the Targets table.
+of BENCHMARKS.md and their rows of the Targets table.
 
 Like report_memory.py, it takes what it shares with the report (run(), mpirun_cmd(), table())
 instead of importing the report, which is a script.
