@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "zero/core/dtype.h"
 #include "zero/kernels/optimizer_math.h"
@@ -42,6 +43,13 @@ constexpr size_t kCopyPieceBytes = size_t{64} << 10;
 // for a 16-bit copy), and the copy is next read by the following forward pass, long after it
 // would have left the cache anyway. Smaller copies stay cached for that next read.
 constexpr size_t kStreamingMinElements = size_t{1} << 18;
+
+// Blockwise int8 quantization of `blocks` whole blocks of `block` elements but the last, which
+// holds what is left of n (kernels_scalar.cpp; one definition for every path).
+void quantize_int8_scalar(const void* src, DType src_dtype, size_t n, size_t block, int8_t* values,
+                          float* scales);
+void dequantize_int8_scalar(const int8_t* values, const float* scales, size_t n, size_t block,
+                            void* dst, DType dst_dtype);
 
 extern const KernelPath kScalarPath;
 extern const KernelPath kAvx2Path;
