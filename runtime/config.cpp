@@ -322,7 +322,7 @@ void read_zero_plus_plus(const config::ZeroOptimization& zero, const Checker& ch
   };
   if (zero.zero_quantized_weights()) {
     needs_stage3("zero_quantized_weights", "true", "only stage 3 all-gathers parameters");
-    not_built("zero_quantized_weights", "true", "the quantized weight all-gather (qwZ)");
+    e->precision.quantized_weights = true;
   }
   if (zero.has_zero_hpz_partition_size()) {
     const int64_t v =

@@ -171,14 +171,21 @@ TEST(Config, MicsShardSizeReachesTheEngine) {
   EXPECT_EQ(c.engine.grid.mics_shard_size, 2);
 }
 
-// ZeRO++'s keys at their off values are accepted at any stage, as DeepSpeed's defaults.
-TEST(Config, ZeroPlusPlusKeysOffAreAccepted) {
+// ZeRO++'s keys at their off values are accepted at any stage, as DeepSpeed's defaults; qwZ
+// at stage 3 reaches the engine.
+TEST(Config, ZeroPlusPlusKeysReachTheEngine) {
   const TrainingConfig c = parse_training_config(
       R"({"train_batch_size": 8, "zero_optimization": {"stage": 1,
           "zero_quantized_weights": false, "zero_quantized_gradients": false,
           "zero_hpz_partition_size": 1}})",
       4, "ds.json");
   EXPECT_EQ(c.engine.stage, 1);
+  EXPECT_FALSE(c.engine.precision.quantized_weights);
+  const TrainingConfig qwz = parse_training_config(
+      R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
+          "zero_quantized_weights": true}})",
+      4, "ds.json");
+  EXPECT_TRUE(qwz.engine.precision.quantized_weights);
 }
 
 // tensor_parallel.tp_size (or DeepSpeed's training name autotp_size): the batch keys then count

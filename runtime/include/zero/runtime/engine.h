@@ -128,6 +128,14 @@ struct EngineConfig {
     // otherwise. Backward still writes the working dtype; each micro-batch is added into the
     // accumulator.
     std::optional<DType> grad_accum_dtype;
+    // ZeRO++'s qwZ (zero_quantized_weights; stage 3): what stage 3's parameter all-gathers put
+    // on the wire, as reduce_in_fp32 is what reductions put there. Each rank's shard of a
+    // trainable unit crosses as int8 values with one fp32 scale per block of
+    // kWeightQuantizationBlock elements (zero/kernels/quantize_math.h) and is dequantized into
+    // the working dtype on arrival. The master, the optimizer state and each rank's own working
+    // shard stay exact; the post-step all-gathers of the persistent unit, frozen units (DeepSpeed
+    // quantizes those only with zero_quantized_nontrainable_weights) and stages 0-2 too.
+    bool quantized_weights = false;
   } precision;
 
   // Units and the grouping of collectives, with DeepSpeed's names (counts in elements; 0 turns
