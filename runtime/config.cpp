@@ -338,7 +338,13 @@ void read_zero_plus_plus(const config::ZeroOptimization& zero, const Checker& ch
   if (zero.zero_quantized_gradients()) {
     needs_stage3("zero_quantized_gradients", "true",
                  "the quantized reduction replaces stage 3's reduce-scatter");
-    not_built("zero_quantized_gradients", "true", "the quantized gradient reduction (qgZ)");
+    if (e->grid.mics_shard_size != -1) {
+      config_error("\"zero_optimization.zero_quantized_gradients\" in " + check.origin() +
+                   " is true with zero_optimization.mics_shard_size " +
+                   std::to_string(e->grid.mics_shard_size) +
+                   ": quantized gradient reduction with hybrid sharding is not built yet");
+    }
+    e->precision.quantized_gradients = true;
   }
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <sstream>
 
+#include "quantized_reduction.h"
 #include "zero/collectives/mpi_communicator.h"
 #include "zero/core/checked_size.h"
 #include "zero/kernels/quantize_math.h"
@@ -182,6 +183,19 @@ size_t quantized_gather_bytes(const Layout& layout, const EngineConfig& config) 
                       static_cast<size_t>(layout.world_size()), "the quantized all-gather buffer");
 }
 
+bool quantizes_reductions(const EngineConfig& config) {
+  return config.precision.quantized_gradients && config.stage == 3 &&
+         config.schedule.reduce_scatter;
+}
+
+size_t quantized_reduction_scratch(const Layout& layout, const EngineConfig& config) {
+  if (!quantizes_reductions(config)) return 0;
+  const PackedCollectives packs(layout, config.schedule.reduce_bucket_elements, /*backward=*/true);
+  size_t largest = 0;
+  for (size_t region : packs.region) largest = std::max(largest, region);
+  return quantized_reduction_bytes(largest, layout.world_size());
+}
+
 bool is_persistent(const Unit& unit, const EngineConfig& config) {
   return config.stage == 3 && unit.persistent;
 }
@@ -271,6 +285,7 @@ MemoryPlan plan_memory(const Layout& layout, const EngineConfig& config) {
   }
   plan.buffers = size_sum(plan.buffers, fusion_bytes(layout, config), buffers);
   plan.buffers = size_sum(plan.buffers, quantized_gather_bytes(layout, config), buffers);
+  plan.buffers = size_sum(plan.buffers, quantized_reduction_scratch(layout, config), buffers);
   plan.buffers = size_sum(plan.buffers, pipeline_tie_bytes(layout, config), buffers);
   plan.buffers = size_sum(plan.buffers, planned_staging_bytes(layout, config), buffers);
   const NvmeRecords records = nvme_records(layout, config, state_arrays);

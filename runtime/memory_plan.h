@@ -126,6 +126,12 @@ bool quantizes_gather(const Unit& unit, const EngineConfig& config);
 // stream, each dequantized before the next is quantized.
 size_t quantized_gather_bytes(const Layout& layout, const EngineConfig& config);
 
+// Whether stage 3's gradient reduce-scatters may go quantized (precision.quantized_gradients),
+// and the scratch they need: a quantized reduction of the largest pack's region
+// (quantized_reduction_bytes; 0 without qgZ or when no region reaches one block).
+bool quantizes_reductions(const EngineConfig& config);
+size_t quantized_reduction_scratch(const Layout& layout, const EngineConfig& config);
+
 // Stage 3 keeps the persistent unit (the parameters under stage3_param_persistence_threshold)
 // whole on every rank, and its gradient whole until the step, where it is reduced.
 bool is_persistent(const Unit& unit, const EngineConfig& config);

@@ -250,10 +250,11 @@ const std::vector<BadConfig>& bad_configs() {
           "zero_hpz_partition_size": 2}})",
        R"("zero_optimization.zero_hpz_partition_size" in ds.json is 2, but the secondary )"
        R"(partition within a node (hpZ) is not built yet; leave the key out)"},
-      {R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
+      {R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "mics_shard_size": 1,
           "zero_quantized_gradients": true}})",
-       R"("zero_optimization.zero_quantized_gradients" in ds.json is true, but the quantized )"
-       R"(gradient reduction (qgZ) is not built yet; leave the key out)"},
+       R"("zero_optimization.zero_quantized_gradients" in ds.json is true with )"
+       R"(zero_optimization.mics_shard_size 1: quantized gradient reduction with hybrid )"
+       R"(sharding is not built yet)"},
       {R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
           "zero_quantized_nontrainable_weights": true}})",
        R"("zero_optimization.zero_quantized_nontrainable_weights" in ds.json is a DeepSpeed )"

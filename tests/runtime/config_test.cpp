@@ -172,7 +172,7 @@ TEST(Config, MicsShardSizeReachesTheEngine) {
 }
 
 // ZeRO++'s keys at their off values are accepted at any stage, as DeepSpeed's defaults; qwZ
-// at stage 3 reaches the engine.
+// and qgZ at stage 3 reach the engine.
 TEST(Config, ZeroPlusPlusKeysReachTheEngine) {
   const TrainingConfig c = parse_training_config(
       R"({"train_batch_size": 8, "zero_optimization": {"stage": 1,
@@ -186,6 +186,12 @@ TEST(Config, ZeroPlusPlusKeysReachTheEngine) {
           "zero_quantized_weights": true}})",
       4, "ds.json");
   EXPECT_TRUE(qwz.engine.precision.quantized_weights);
+  EXPECT_FALSE(qwz.engine.precision.quantized_gradients);
+  const TrainingConfig qgz = parse_training_config(
+      R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
+          "zero_quantized_gradients": true}})",
+      4, "ds.json");
+  EXPECT_TRUE(qgz.engine.precision.quantized_gradients);
 }
 
 // tensor_parallel.tp_size (or DeepSpeed's training name autotp_size): the batch keys then count

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -143,6 +144,97 @@ TEST(QuantizedWeights, TrainsCloseToExactStageThree) {
                    std::to_string(first));
     RecordProperty(std::string("last_half_loss_ratio_") + dtype_name(dtype), std::to_string(ratio));
   }
+}
+
+// qgZ: the same run with quantized gradient reductions stays close to exact stage 3 and learns,
+// and its scratch is planned.
+TEST(QuantizedGradients, TrainCloseToExactStageThree) {
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    RunOptions o;
+    o.stage = 3;
+    o.steps = 20;
+    o.mlp = kWideMlp;
+    o.dtype = dtype;
+    const TrainResult exact = train(o);
+    o.tweak = [](EngineConfig& c) { c.precision.quantized_gradients = true; };
+    const TrainResult quantized = train(o);
+    const std::string what = std::string("qgZ, ") + dtype_name(dtype);
+    for (size_t i = 0; i < quantized.losses.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(quantized.losses[i])) << what << ", step " << i + 1;
+    }
+    const size_t half = exact.losses.size() / 2;
+    const auto mean_of_last_half = [half](const std::vector<float>& losses) {
+      double sum = 0.0;
+      for (size_t i = losses.size() - half; i < losses.size(); ++i) sum += losses[i];
+      return sum / static_cast<double>(half);
+    };
+    const double ratio = mean_of_last_half(quantized.losses) / mean_of_last_half(exact.losses);
+    EXPECT_LE(ratio, 1.1) << what << ": the mean loss of the last " << half << " steps";
+    EXPECT_LT(quantized.losses.back(), 0.2 * quantized.losses.front()) << what << " learns";
+    // What qgZ adds is planned (across declared nodes the communicator's own staging may exceed
+    // the plan, with or without qgZ).
+    EXPECT_GT(quantized.plan.buffers, exact.plan.buffers) << what;
+    EXPECT_EQ(quantized.buffer_bytes - exact.buffer_bytes,
+              quantized.plan.buffers - exact.plan.buffers)
+        << what;
+    RecordProperty(std::string("qgz_last_half_loss_ratio_") + dtype_name(dtype),
+                   std::to_string(ratio));
+  }
+}
+
+// The bytes of qgZ's two hops in one step, on the engine's own communicators: the wide layer's
+// unit, the only one whose shard reaches a block, reduced once per micro-batch, sends inside
+// each node (L - 1) blocks of G quantized chunks and across nodes (G - 1) chunks, where the exact
+// reduce-scatter sends (N - 1) chunks in the working dtype.
+TEST(QuantizedGradients, HopsSendTheFormula) {
+  const int n = world_size();
+  const char* declared = std::getenv("ZERO_NODE_SIZE");
+  const int per_node = declared != nullptr ? std::atoi(declared) : n;
+  const int nodes = n / per_node;
+  std::unique_ptr<Communicator> comm = make_mpi_communicator();
+  EngineConfig config = qwz_config(DType::kFloat32);
+  config.precision.quantized_weights = false;
+  config.precision.quantized_gradients = true;
+  config.micro_batches = 2;
+  ZeroModel model(*comm, models::make_mlp(kWideMlp), config);
+  const Layout& layout = model.engine().layout();
+  uint64_t within = 0;
+  uint64_t across = 0;
+  size_t quantized_units = 0;
+  for (const Unit& unit : layout.units()) {
+    if (unit.shard < kWeightQuantizationBlock) continue;
+    ++quantized_units;
+    const uint64_t chunk = quantized_shard(unit.shard).region_bytes;
+    within += static_cast<uint64_t>(per_node - 1) * static_cast<uint64_t>(nodes) * chunk;
+    across += static_cast<uint64_t>(nodes - 1) * chunk;
+  }
+  ASSERT_EQ(quantized_units, 1u);
+  models::TeacherTask task(kWideMlp, 7);
+  for (int k = 0; k < config.micro_batches; ++k) {
+    models::Batch batch = task.batch(1, (k * n + comm->rank()) * 3, 3);
+    Tensor grad;
+    models::mse_loss(model.forward(batch.inputs), batch.targets, grad);
+    model.backward(grad);
+  }
+  model.step();
+  const uint64_t micro_batches = static_cast<uint64_t>(config.micro_batches);
+  EXPECT_EQ(model.engine().quantized_bytes_across_nodes(), micro_batches * across)
+      << nodes << " nodes x " << per_node << " ranks";
+  EXPECT_EQ(model.engine().own_comm_bytes(), micro_batches * (within + across))
+      << nodes << " nodes x " << per_node << " ranks";
+  RecordProperty("bytes_across_nodes_per_reduction", std::to_string(across));
+  RecordProperty("bytes_within_nodes_per_reduction", std::to_string(within));
+}
+
+TEST(QuantizedGradients, NeedStageThree) {
+  std::unique_ptr<Communicator> comm = make_mpi_communicator();
+  EngineConfig config = qwz_config(DType::kFloat32);
+  config.precision.quantized_weights = false;
+  config.precision.quantized_gradients = true;
+  config.stage = 2;
+  expect_error_naming([&] { ZeroModel model(*comm, models::make_mlp(kMlp), config); },
+                      "quantized gradient reduction (zero_quantized_gradients) needs ZeRO stage "
+                      "3, not stage 2");
 }
 
 TEST(QuantizedWeights, NeedsStageThree) {
