@@ -176,9 +176,10 @@ void quantize_int8(const void* src, DType src_dtype, size_t n, size_t block, int
   check_buffer(scales, n, "quantize_int8: scales");
   check_dtype(src_dtype, "quantize_int8: src");
   ZERO_CHECK(block > 0, "quantize_int8: the block size must be at least 1 element");
+  const KernelPath& path = active_path();
   run_chunks(n, opt, block, [&](size_t begin, size_t end) {
-    detail::quantize_int8_scalar(advance(src, src_dtype, begin), src_dtype, end - begin, block,
-                                 values + begin, scales + begin / block);
+    path.quantize_int8(advance(src, src_dtype, begin), src_dtype, end - begin, block,
+                       values + begin, scales + begin / block);
   });
 }
 
@@ -189,9 +190,10 @@ void dequantize_int8(const int8_t* values, const float* scales, size_t n, size_t
   check_buffer(dst, n, "dequantize_int8: dst");
   check_dtype(dst_dtype, "dequantize_int8: dst");
   ZERO_CHECK(block > 0, "dequantize_int8: the block size must be at least 1 element");
+  const KernelPath& path = active_path();
   run_chunks(n, opt, block, [&](size_t begin, size_t end) {
-    detail::dequantize_int8_scalar(values + begin, scales + begin / block, end - begin, block,
-                                   advance(dst, dst_dtype, begin), dst_dtype);
+    path.dequantize_int8(values + begin, scales + begin / block, end - begin, block,
+                         advance(dst, dst_dtype, begin), dst_dtype);
   });
 }
 

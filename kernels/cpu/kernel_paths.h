@@ -31,6 +31,11 @@ struct KernelPath {
   // `bytes` of src into each of `count` destinations, all at byte `offset`.
   void (*copy_to_all)(void* const* dsts, size_t count, const void* src, size_t offset,
                       size_t bytes);
+  // Blockwise int8 over n elements starting on a block boundary (quantize_math.h).
+  void (*quantize_int8)(const void* src, DType src_dtype, size_t n, size_t block, int8_t* values,
+                        float* scales);
+  void (*dequantize_int8)(const int8_t* values, const float* scales, size_t n, size_t block,
+                          void* dst, DType dst_dtype);
 };
 
 // copy_to_all's piece: small enough to stay in the L2 cache between its copies, so src is read
@@ -44,12 +49,12 @@ constexpr size_t kCopyPieceBytes = size_t{64} << 10;
 // would have left the cache anyway. Smaller copies stay cached for that next read.
 constexpr size_t kStreamingMinElements = size_t{1} << 18;
 
-// Blockwise int8 quantization of `blocks` whole blocks of `block` elements but the last, which
-// holds what is left of n (kernels_scalar.cpp; one definition for every path).
-void quantize_int8_scalar(const void* src, DType src_dtype, size_t n, size_t block, int8_t* values,
-                          float* scales);
-void dequantize_int8_scalar(const int8_t* values, const float* scales, size_t n, size_t block,
-                            void* dst, DType dst_dtype);
+// The AVX2 bodies of blockwise int8 (kernels_avx2.cpp), which the AVX-512 path uses too: a
+// block's work is one pass of loads and one of stores, which AVX2 already keeps at memory speed.
+void quantize_int8_avx2(const void* src, DType src_dtype, size_t n, size_t block, int8_t* values,
+                        float* scales);
+void dequantize_int8_avx2(const int8_t* values, const float* scales, size_t n, size_t block,
+                          void* dst, DType dst_dtype);
 
 extern const KernelPath kScalarPath;
 extern const KernelPath kAvx2Path;

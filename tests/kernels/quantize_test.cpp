@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/kernels/kernel_test_util.h"
@@ -149,6 +151,48 @@ TEST_P(QuantizeTest, SameBitsAsTheScalarPathOnOneThread) {
   EXPECT_EQ(here.scales, scalar.scales);
   for (size_t i = 0; i < x.size(); ++i) {
     ASSERT_EQ(float_bits(here.back[i]), float_bits(scalar.back[i])) << "element " << i;
+  }
+}
+
+// The same in every dtype, over every bit pattern (NaN and infinity among them, whose blocks
+// must come out alike on every path too), with short last blocks and vector tails.
+TEST_P(QuantizeTest, SameBitsAsTheScalarPathForEveryDtypeAndBitPattern) {
+  std::mt19937 rng(8);
+  for (DType dtype : kDTypes) {
+    for (bool random_bits : {false, true}) {
+      const size_t n = 3 * 4096 + 1003;
+      GuardedBuffer source(dtype, n, 1);
+      if (random_bits) {
+        fill_random_bits(source, rng);
+      } else {
+        fill_uniform(source, rng, 5.0f);
+      }
+      const auto run = [&](const KernelOptions& opt) {
+        std::pair<std::vector<int8_t>, std::vector<float>> q{std::vector<int8_t>(n),
+                                                             std::vector<float>(4)};
+        quantize_int8(source.data(), dtype, n, 4096, q.first.data(), q.second.data(), opt);
+        return q;
+      };
+      const auto here = run(options());
+      GuardedBuffer back(dtype, n, 2);
+      dequantize_int8(here.first.data(), here.second.data(), n, 4096, back.data(), dtype,
+                      options());
+      force_scalar_for_testing(true);
+      const auto scalar = run(KernelOptions{});
+      GuardedBuffer scalar_back(dtype, n, 2);
+      dequantize_int8(scalar.first.data(), scalar.second.data(), n, 4096, scalar_back.data(),
+                      dtype);
+      force_scalar_for_testing(false);
+      const std::string what =
+          std::string(dtype_name(dtype)) + (random_bits ? ", random bits" : ", uniform");
+      EXPECT_EQ(here.first, scalar.first) << what;
+      for (size_t b = 0; b < 4; ++b) {
+        EXPECT_EQ(float_bits(here.second[b]), float_bits(scalar.second[b]))
+            << what << ", block " << b;
+      }
+      EXPECT_EQ(first_difference(back, scalar_back), n) << what;
+      EXPECT_TRUE(back.guards_intact()) << what;
+    }
   }
 }
 
