@@ -357,6 +357,8 @@ class Bench {
         return comm.broadcast(send_, count, opt_.dtype, 0);
       case CollectiveOp::kBarrier:
         break;
+      case CollectiveOp::kAllToAll:
+        ZERO_FAIL("this benchmark does not run all_to_all (its flags cannot name it)");
     }
     return comm.barrier();
   }
@@ -396,6 +398,8 @@ class Bench {
         return;
       case CollectiveOp::kBarrier:
         break;
+      case CollectiveOp::kAllToAll:
+        ZERO_FAIL("this benchmark does not run all_to_all (its flags cannot name it)");
     }
     ZERO_MPI_CHECK(MPI_Barrier(raw_comm_));
   }
@@ -418,6 +422,8 @@ class Bench {
         break;
       case CollectiveOp::kBarrier:
         break;
+      case CollectiveOp::kAllToAll:
+        ZERO_FAIL("this benchmark does not run all_to_all (its flags cannot name it)");
     }
     return v;
   }

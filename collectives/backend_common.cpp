@@ -112,6 +112,14 @@ void check_broadcast(const void* buffer, size_t count, DType dtype, int root, in
                                             << ranks - 1 << ")");
 }
 
+void check_all_to_all(const void* send, const void* recv, size_t bytes, int ranks) {
+  check_size(bytes, 1, ranks, "all_to_all");
+  check_buffers(send, recv, bytes, "all_to_all");
+  const size_t total = bytes * static_cast<size_t>(ranks);
+  ZERO_CHECK(!overlap(send, total, recv, total),
+             "all_to_all: send and recv overlap; an all-to-all cannot run in place");
+}
+
 std::string not_finished_after(Clock::duration elapsed) {
   char text[64];
   std::snprintf(text, sizeof(text), "has not finished after %.1f s",

@@ -48,6 +48,7 @@ bool check_reduce_scatter(const void* send, const void* recv, size_t count, DTyp
                           int ranks);
 bool check_all_reduce(const void* send, const void* recv, size_t count, DType dtype, int ranks);
 void check_broadcast(const void* buffer, size_t count, DType dtype, int root, int ranks);
+void check_all_to_all(const void* send, const void* recv, size_t bytes, int ranks);
 
 // "has not finished after 12.3 s": what the watchdog reports of a collective past its timeout.
 std::string not_finished_after(Clock::duration elapsed);

@@ -17,7 +17,7 @@ struct CollectiveRow {
 // Indexed by CollectiveOp.
 constexpr CollectiveRow kCollectives[kNumCollectiveOps] = {
     {"all_gather", 1, true}, {"reduce_scatter", 1, true}, {"all_reduce", 2, true},
-    {"broadcast", 1, false}, {"barrier", 0, false},
+    {"broadcast", 1, false}, {"barrier", 0, false},       {"all_to_all", 1, true},
 };
 
 const CollectiveRow& row(CollectiveOp op) {

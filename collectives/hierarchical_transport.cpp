@@ -141,6 +141,7 @@ size_t HierarchicalTransport::staging_bytes(CollectiveOp op, size_t count) const
     case CollectiveOp::kAllGather:
     case CollectiveOp::kBroadcast:
     case CollectiveOp::kBarrier:
+    case CollectiveOp::kAllToAll:
       break;
   }
   return 0;

@@ -151,6 +151,7 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
                   CpuTransport transport, MPI_Comm parent = MPI_COMM_WORLD)
       : CommunicatorBase(timeout, parent), max_elements_per_call_(max_elements_per_call) {
     const backend::NodeGroups groups = backend::find_node_groups(mpi_comm_);
+    ranks_per_node_ = groups.regular() ? groups.ranks_per_node : 0;
     switch (backend::choose_cpu_path(transport, mpi_comm_, groups)) {
       case backend::CpuPath::kMpi:
         transport_name_ = "mpi";
@@ -250,6 +251,14 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
                   [this] { ZERO_MPI_CHECK(MPI_Barrier(mpi_comm_)); });
   }
 
+  // MPI on every transport: the shared-memory and hierarchical paths have no all-to-all of
+  // their own, and MPI's moves each block once.
+  Event all_to_all_bytes(const void* send, void* recv, size_t bytes) override {
+    backend::check_all_to_all(send, recv, bytes, size_);
+    return launch(CollectiveOp::kAllToAll, {bytes, DType::kFloat32, true}, bytes * size_,
+                  [=] { run_all_to_all(send, recv, bytes); });
+  }
+
   // The MPI figure also with shared memory, which stages in its window instead: a plan made
   // without MPI (mpi_staging_bytes) then still matches what a run allocates on one node. The
   // hierarchical path keeps its fp32 partial sums here too, so a run across nodes may stage
@@ -300,6 +309,8 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
   }
 
   uint64_t direct_collectives() const override { return shm_ ? shm_->direct_calls() : 0; }
+
+  int ranks_per_node() const { return ranks_per_node_; }
 
   uint64_t peer_memory_mapped_bytes() const override {
     return shm_ ? shm_->peer_bytes_mapped() : 0;
@@ -406,6 +417,28 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
     }
   }
 
+  // Split as all_gather's: one call moves bytes [offset, offset + n) of every block, each side
+  // typed as n bytes stretched to a whole block's extent.
+  void run_all_to_all(const void* send, void* recv, size_t bytes) {
+    if (bytes == 0) return;
+    if (bytes <= max_elements_per_call_) {
+      const int n = static_cast<int>(bytes);
+      ZERO_MPI_CHECK(MPI_Alltoall(send, n, MPI_BYTE, recv, n, MPI_BYTE, mpi_comm_));
+      return;
+    }
+    for (size_t offset = 0; offset < bytes;) {
+      const size_t n = piece(bytes - offset);
+      OwnedDatatype contiguous, block;
+      ZERO_MPI_CHECK(MPI_Type_contiguous(static_cast<int>(n), MPI_BYTE, &contiguous.type));
+      ZERO_MPI_CHECK(
+          MPI_Type_create_resized(contiguous.type, 0, static_cast<MPI_Aint>(bytes), &block.type));
+      ZERO_MPI_CHECK(MPI_Type_commit(&block.type));
+      ZERO_MPI_CHECK(MPI_Alltoall(bytes_at(send, offset), 1, block.type, bytes_at(recv, offset), 1,
+                                  block.type, mpi_comm_));
+      offset += n;
+    }
+  }
+
   void run_reduce_scatter(const void* send, void* recv, size_t count, DType dtype, bool in_place) {
     if (count == 0) return;
     if (dtype == DType::kFloat32 && count <= max_elements_per_call_) {
@@ -500,6 +533,7 @@ class MpiCommunicator final : public backend::CommunicatorBase<Communicator> {
   // Set instead when a job spans nodes of equal, consecutive ranks (node_groups.h).
   std::unique_ptr<backend::HierarchicalTransport> hier_;
   std::string transport_name_;
+  int ranks_per_node_ = 0;
 
   // Staging memory: the worker's, between collectives also the caller's (set_staging_buffer
   // drains the stream before it writes them).
@@ -540,6 +574,7 @@ size_t mpi_staging_bytes(CollectiveOp op, size_t count, DType dtype, int world_s
     case CollectiveOp::kAllGather:
     case CollectiveOp::kBroadcast:
     case CollectiveOp::kBarrier:
+    case CollectiveOp::kAllToAll:
       break;
   }
   return elements * sizeof(float);
@@ -555,6 +590,11 @@ std::unique_ptr<Communicator> make_mpi_communicator(size_t max_elements_per_call
              "max_elements_per_call must be 1 to INT_MAX, got " << max_elements_per_call);
   return std::make_unique<MpiCommunicator>(backend::timeout_from_environment(),
                                            max_elements_per_call, transport);
+}
+
+int ranks_per_node(const Communicator& comm) {
+  const auto* mpi = dynamic_cast<const MpiCommunicator*>(&comm);
+  return mpi == nullptr ? 0 : mpi->ranks_per_node();
 }
 
 std::unique_ptr<Communicator> make_mpi_communicator_split(int color, int key) {

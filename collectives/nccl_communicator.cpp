@@ -169,6 +169,29 @@ class NcclCommunicatorImpl final : public backend::CommunicatorBase<NcclCommunic
     return gather({bytes, DType::kFloat32, true}, send, recv, ncclUint8);
   }
 
+  // One send and one receive per peer in one NCCL group (NCCL has no all-to-all call); this
+  // rank's own block is a device copy on the same stream.
+  Event all_to_all_bytes(const void* send, void* recv, size_t bytes) override {
+    backend::check_all_to_all(send, recv, bytes, size_);
+    check_device_buffers(send, recv, bytes, "all_to_all");
+    return launch(CollectiveOp::kAllToAll, {bytes, DType::kFloat32, true},
+                  sent(CollectiveOp::kAllToAll, bytes * size_), [=] {
+                    const char* from = static_cast<const char*>(send);
+                    char* to = static_cast<char*>(recv);
+                    ZERO_CUDA_CHECK(cudaMemcpyAsync(to + rank_ * bytes, from + rank_ * bytes, bytes,
+                                                    cudaMemcpyDeviceToDevice, cuda_stream_));
+                    ZERO_NCCL_CHECK(ncclGroupStart());
+                    for (int peer = 0; peer < size_; ++peer) {
+                      if (peer == rank_) continue;
+                      ZERO_NCCL_CHECK(ncclSend(from + peer * bytes, bytes, ncclUint8, peer, comm_,
+                                               cuda_stream_));
+                      ZERO_NCCL_CHECK(
+                          ncclRecv(to + peer * bytes, bytes, ncclUint8, peer, comm_, cuda_stream_));
+                    }
+                    ZERO_NCCL_CHECK(ncclGroupEnd());
+                  });
+  }
+
   Event reduce_scatter(const void* send, void* recv, size_t count, DType dtype) override {
     backend::check_reduce_scatter(send, recv, count, dtype, rank_, size_);
     check_device_buffers(send, recv, count, "reduce_scatter");

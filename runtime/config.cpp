@@ -304,6 +304,50 @@ void read_zero_optimization(const config::ZeroOptimization& zero, const Checker&
   }
 }
 
+// ZeRO++'s keys, with DeepSpeed's meanings: each changes how stage 3 moves its parameters or
+// gradients, so each needs stage 3. What is not built yet is refused by name, never dropped.
+void read_zero_plus_plus(const config::ZeroOptimization& zero, const Checker& check,
+                         EngineConfig* e) {
+  const auto needs_stage3 = [&](const std::string& key, const std::string& value,
+                                const std::string& why) {
+    if (e->stage == 3) return;
+    config_error(in_quotes("zero_optimization." + key) + " in " + check.origin() + " is " + value +
+                 ", which needs zero_optimization.stage 3 (it is " + std::to_string(e->stage) +
+                 "): " + why);
+  };
+  const auto not_built = [&](const std::string& key, const std::string& value,
+                             const std::string& what) {
+    config_error(in_quotes("zero_optimization." + key) + " in " + check.origin() + " is " + value +
+                 ", but " + what + " is not built yet; leave the key out");
+  };
+  if (zero.zero_quantized_weights()) {
+    needs_stage3("zero_quantized_weights", "true", "only stage 3 all-gathers parameters");
+    e->precision.quantized_weights = true;
+  }
+  if (zero.has_zero_hpz_partition_size()) {
+    const int64_t v =
+        check.integer("zero_optimization.zero_hpz_partition_size", zero.zero_hpz_partition_size(),
+                      1, std::numeric_limits<int>::max());
+    if (v > 1) {
+      needs_stage3("zero_hpz_partition_size", std::to_string(v),
+                   "only stage 3 partitions the parameters");
+      not_built("zero_hpz_partition_size", std::to_string(v),
+                "the secondary partition within a node (hpZ)");
+    }
+  }
+  if (zero.zero_quantized_gradients()) {
+    needs_stage3("zero_quantized_gradients", "true",
+                 "the quantized reduction replaces stage 3's reduce-scatter");
+    if (e->grid.mics_shard_size != -1) {
+      config_error("\"zero_optimization.zero_quantized_gradients\" in " + check.origin() +
+                   " is true with zero_optimization.mics_shard_size " +
+                   std::to_string(e->grid.mics_shard_size) +
+                   ": quantized gradient reduction with hybrid sharding is not built yet");
+    }
+    e->precision.quantized_gradients = true;
+  }
+}
+
 // data_types.grad_accum_dtype, checked against the working dtype.
 void read_data_types(const config::DataTypes& types, const Checker& check, EngineConfig* e) {
   if (types.has_grad_accum_dtype()) {
@@ -435,6 +479,7 @@ TrainingConfig interpret(const config::TrainingConfig& c, int world_size, const 
   read_precision(c, check, &e);
   read_communication(c, check, &e);
   read_zero_optimization(c.zero_optimization(), check, &out);
+  read_zero_plus_plus(c.zero_optimization(), check, &e);
   read_data_types(c.data_types(), check, &e);
   read_offload(c, context.cuda, check, &out);
   out.wall_clock_breakdown = c.wall_clock_breakdown();

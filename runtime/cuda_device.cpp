@@ -143,6 +143,14 @@ class CudaDeviceContext : public DeviceContext {
   void scale(void* x, DType dtype, float alpha, size_t n, Stream* on) override {
     kernels::cuda::scale(x, dtype, alpha, n, stream_of(on));
   }
+  void quantize_int8(const void* source, DType source_dtype, size_t n, size_t block, int8_t* values,
+                     float* scales, Stream* on) override {
+    kernels::cuda::quantize_int8(source, source_dtype, n, block, values, scales, stream_of(on));
+  }
+  void dequantize_int8(const int8_t* values, const float* scales, size_t n, size_t block,
+                       void* dest, DType dest_dtype, Stream* on) override {
+    kernels::cuda::dequantize_int8(values, scales, n, block, dest, dest_dtype, stream_of(on));
+  }
   void sum_squares(const void* x, DType dtype, size_t n, float* out) override {
     const kernels::cuda::ConstTensor tensor{x, n};
     const size_t needed = kernels::cuda::sum_squares_workspace_bytes(&tensor, 1);

@@ -74,6 +74,14 @@ class CpuDeviceContext : public DeviceContext {
   void scale(void* x, DType dtype, float alpha, size_t n, Stream*) override {
     kernels::scale(x, dtype, alpha, n, options_);
   }
+  void quantize_int8(const void* source, DType source_dtype, size_t n, size_t block, int8_t* values,
+                     float* scales, Stream*) override {
+    kernels::quantize_int8(source, source_dtype, n, block, values, scales, options_);
+  }
+  void dequantize_int8(const int8_t* values, const float* scales, size_t n, size_t block,
+                       void* dest, DType dest_dtype, Stream*) override {
+    kernels::dequantize_int8(values, scales, n, block, dest, dest_dtype, options_);
+  }
   void sum_squares(const void* x, DType dtype, size_t n, float* out) override {
     *out = static_cast<float>(kernels::sum_squares(x, dtype, n, options_));
   }

@@ -182,6 +182,22 @@ EngineConfig Engine::Impl::validated(const EngineConfig& c, Communicator& comm) 
              "gradients accumulate in fp32 or in the working dtype ("
                  << dtype_name(c.precision.dtype) << "), not in "
                  << dtype_name(*c.precision.grad_accum_dtype));
+  if (c.precision.quantized_gradients) {
+    ZERO_CHECK(c.stage == 3,
+               "quantized gradient reduction (zero_quantized_gradients) needs ZeRO "
+               "stage 3, not stage "
+                   << c.stage);
+    ZERO_CHECK(!c.device.is_cuda(),
+               "quantized gradient reduction (zero_quantized_gradients) runs on the CPU path "
+               "only for now, not on "
+                   << device_name(c.device));
+    ZERO_CHECK(c.grid.mics_shard_size == -1,
+               "quantized gradient reduction (zero_quantized_gradients) with hybrid sharding "
+               "(mics_shard_size) is not supported yet");
+  }
+  ZERO_CHECK(!c.precision.quantized_weights || c.stage == 3,
+             "quantized weight all-gathers (zero_quantized_weights) need ZeRO stage 3, not stage "
+                 << c.stage << " (only stage 3 all-gathers parameters)");
   return c;
 }
 
@@ -273,6 +289,8 @@ void Engine::Impl::place_collective_buffers() {
   bytes += param_buffer_count(layout, config) * unit_buffer;
   bytes += grad_bucket_count(layout, config) * unit_buffer;
   bytes += rounded(fusion_bytes(layout, config));
+  bytes += rounded(quantized_gather_bytes(layout, config));
+  bytes += rounded(quantized_reduction_scratch(layout, config));
   bytes += rounded(pipeline_tie_bytes(layout, config));
   bytes +=
       rounded(max_staging_bytes(layout, config, [this](CollectiveOp op, size_t count, DType dtype) {
@@ -315,6 +333,8 @@ void Engine::Impl::allocate() {
   param_pool.reserve(param_buffer_count(layout, config));
   reducer.allocate_buckets();
   fusion = allocator.allocate(fusion_bytes(layout, config), MemoryCategory::kCommBuffer);
+  quantized_gather =
+      allocator.allocate(quantized_gather_bytes(layout, config), MemoryCategory::kCommBuffer);
   pipeline_tie_sum =
       allocator.allocate(pipeline_tie_bytes(layout, config), MemoryCategory::kCommBuffer);
   const size_t staging_bytes =

@@ -60,8 +60,14 @@ HybridGroups HybridGroups::split(Communicator& world, const EngineConfig& config
 
 uint64_t Engine::own_comm_bytes() const {
   const HybridGroups& groups = impl_->hybrid;
-  if (!groups.shard) return 0;
-  return groups.shard->counters().total_bytes() + groups.replica->counters().total_bytes();
+  uint64_t bytes =
+      impl_->reducer.quantized_bytes_within_nodes() + impl_->reducer.quantized_bytes_across_nodes();
+  if (!groups.shard) return bytes;
+  return bytes + groups.shard->counters().total_bytes() + groups.replica->counters().total_bytes();
+}
+
+uint64_t Engine::quantized_bytes_across_nodes() const {
+  return impl_->reducer.quantized_bytes_across_nodes();
 }
 
 }  // namespace zero

@@ -242,6 +242,9 @@ struct Engine::Impl {
 
   // Unit u's all-gather of this rank's `shard` into its params_full, issued at `issue_us`.
   CommPoint all_gather_unit(int u, const void* shard, double issue_us);
+  // The same quantized (qwZ): the shard quantized on the communication stream, the int8 values
+  // and scales all-gathered as bytes, every rank's region dequantized into params_full.
+  CommPoint all_gather_unit_quantized(int u, const void* shard, double issue_us);
 
   bool prefetch(int u);
 
@@ -424,6 +427,7 @@ struct Engine::Impl {
   CommTimeline timeline;
   BufferPool param_pool;
   Buffer fusion;            // packed collectives (see pack_units); one at a time, in stream order
+  Buffer quantized_gather;  // qwZ's int8 values and scales (quantized_gather_bytes)
   Buffer pipeline_tie_sum;  // fp32, the largest tied parameter's size (pipeline_tie_bytes)
   GradientReducer reducer;
   Buffer staging;  // the communicator's staging memory (set_staging_buffer)

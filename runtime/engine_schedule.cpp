@@ -22,7 +22,8 @@ bool Engine::Impl::start_gather(int u, bool required) {
   // The pooled buffer may have just been released by compute: order the gather after it.
   comm.stream().wait(device->record());
   const void* shard = working_shards->gather_source(u, comm.stream());
-  s.params_ready = all_gather_unit(u, shard, issue_us);
+  s.params_ready = quantizes_gather(unit, config) ? all_gather_unit_quantized(u, shard, issue_us)
+                                                  : all_gather_unit(u, shard, issue_us);
   working_shards->gathered(u, s.params_ready);
   transition(s.params, {ParamState::kSharded}, ParamState::kGathering, u, "the gather's start");
   live += unit.numel;
@@ -38,6 +39,38 @@ CommPoint Engine::Impl::all_gather_unit(int u, const void* shard, double issue_u
           comm.stream(), "all_gather", unit.numel * elem,
           [&] { return comm.all_gather(shard, full, unit.shard, config.precision.dtype); }),
       issue_us);
+}
+
+// Every step on the communication stream, in its order: the quantization reads the shard after
+// the compute the gather was ordered behind, and the staging buffer is free again once the
+// previous gather's dequantization, queued before it, has run.
+CommPoint Engine::Impl::all_gather_unit_quantized(int u, const void* shard, double issue_us) {
+  const Unit& unit = layout.units()[u];
+  const QuantizedShard wire = quantized_shard(unit.shard);
+  char* regions = static_cast<char*>(quantized_gather.data());
+  char* mine = regions + rank * wire.region_bytes;
+  char* full = static_cast<char*>(units[u].params_full.data());
+  DeviceContext* dev = device.get();
+  Stream* on = &comm.stream();
+  const size_t n = unit.shard;
+  const DType dtype = config.precision.dtype;
+  const size_t shard_bytes = n * elem;
+  const int ranks = world;
+  on->enqueue([=] {
+    dev->quantize_int8(shard, dtype, n, kWeightQuantizationBlock, reinterpret_cast<int8_t*>(mine),
+                       reinterpret_cast<float*>(mine + wire.values_bytes), on);
+  });
+  timeline.traced(*on, "all_gather", ranks * wire.region_bytes,
+                  [&] { return comm.all_gather_bytes(mine, regions, wire.region_bytes); });
+  on->enqueue([=] {
+    for (int r = 0; r < ranks; ++r) {
+      const char* region = regions + r * wire.region_bytes;
+      dev->dequantize_int8(reinterpret_cast<const int8_t*>(region),
+                           reinterpret_cast<const float*>(region + wire.values_bytes), n,
+                           kWeightQuantizationBlock, full + r * shard_bytes, dtype, on);
+    }
+  });
+  return timeline.issued(timeline.point(*on), issue_us);
 }
 
 bool Engine::Impl::prefetch(int u) {

@@ -22,7 +22,12 @@ GradientReducer::GradientReducer(const Layout& layout, const EngineConfig& confi
             [&timeline](const CommPoint& p) { timeline.wait(p); }),
       packs_(layout, config.schedule.reduce_bucket_elements, /*backward=*/true),
       units_(layout.units().size()),
-      after_last_([](int, const CommPoint& reduced) { return reduced; }) {}
+      after_last_([](int, const CommPoint& reduced) { return reduced; }) {
+  // Collective (the groups are split from the world): every rank's config asks alike.
+  if (quantized_reduction_scratch(layout, config) > 0) {
+    quantized_ = std::make_unique<QuantizedReduceScatter>(comm, device, timeline);
+  }
+}
 
 void GradientReducer::allocate_unit(size_t u, const UnitBytes& bytes) {
   UnitGrads& g = units_[u];
@@ -40,6 +45,19 @@ void GradientReducer::allocate_scratch() {
     fp32_scratch_ =
         allocator_.allocate(layout_.max_unit_numel() * sizeof(float), MemoryCategory::kCommBuffer);
   }
+  if (quantized_) {
+    quantized_scratch_ = allocator_.allocate(quantized_reduction_scratch(layout_, config_),
+                                             MemoryCategory::kCommBuffer);
+    quantized_->set_scratch(quantized_scratch_.data(), quantized_scratch_.bytes());
+  }
+}
+
+uint64_t GradientReducer::quantized_bytes_within_nodes() const {
+  return quantized_ ? quantized_->sent_within_nodes() : 0;
+}
+
+uint64_t GradientReducer::quantized_bytes_across_nodes() const {
+  return quantized_ ? quantized_->sent_across_nodes() : 0;
 }
 
 void* GradientReducer::gradient(int u, size_t offset) {
@@ -180,8 +198,10 @@ CommPoint GradientReducer::reduce(int u, void* source, DType dtype, bool accumul
   const CommPoint collected =
       whole ? timeline_.traced(stream, "all_reduce", bytes,
                                [&] { return comm_.all_reduce(send, send, ranks * region, wire_); })
-            : timeline_.traced(stream, "reduce_scatter", bytes,
-                               [&] { return comm_.reduce_scatter(send, mine, region, wire_); });
+      : quantized_ && reduces_quantized(region)
+          ? quantized_->reduce_scatter(send, mine, region, wire_)
+          : timeline_.traced(stream, "reduce_scatter", bytes,
+                             [&] { return comm_.reduce_scatter(send, mine, region, wire_); });
 
   // Each unit's part out to what the rank keeps.
   const bool sum_at_boundary = config_.micro_batches > 1;

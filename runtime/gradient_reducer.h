@@ -12,11 +12,13 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "buffer_pool.h"
 #include "comm_timeline.h"
 #include "memory_plan.h"
+#include "quantized_reduction.h"
 #include "unit_state.h"
 #include "zero/collectives/communicator.h"
 #include "zero/runtime/engine.h"
@@ -70,6 +72,10 @@ class GradientReducer {
   // Gradients start from zero for the next step.
   void finish_step();
 
+  // Bytes qgZ's hops sent (0 without qgZ).
+  uint64_t quantized_bytes_within_nodes() const;
+  uint64_t quantized_bytes_across_nodes() const;
+
  private:
   struct UnitGrads {
     Buffer full;        // stages 0-1: the reduced and accumulated gradient (accumulation dtype);
@@ -113,6 +119,9 @@ class GradientReducer {
   DType wire_;
   BufferPool pool_;
   Buffer fp32_scratch_;  // a unit alone reduced in fp32 from a 16-bit gradient (reduce_in_fp32)
+  // qgZ: the quantized reduce-scatter of regions of at least a block, and its scratch.
+  std::unique_ptr<QuantizedReduceScatter> quantized_;
+  Buffer quantized_scratch_;
   // Hybrid sharding: the replica stream's last read of the fusion buffer or the scratch (a sum
   // across replicas of a region of them, and the cast out). Complete without hybrid sharding.
   Event staging_read_by_replicas_;

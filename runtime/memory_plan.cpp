@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <sstream>
 
+#include "quantized_reduction.h"
 #include "zero/collectives/mpi_communicator.h"
 #include "zero/core/checked_size.h"
+#include "zero/kernels/quantize_math.h"
 
 namespace zero {
 
@@ -161,6 +163,43 @@ size_t max_staging_bytes(const Layout& layout, const EngineConfig& config,
   return most;
 }
 
+QuantizedShard quantized_shard(size_t shard) {
+  QuantizedShard q;
+  q.values_bytes = (shard + 3) / 4 * 4;
+  q.scales = int8_block_count(shard, kWeightQuantizationBlock);
+  q.region_bytes = size_sum(q.values_bytes, size_product(q.scales, sizeof(float), "scales"),
+                            "a quantized shard");
+  return q;
+}
+
+bool quantizes_gather(const Unit& unit, const EngineConfig& config) {
+  return config.precision.quantized_weights && config.stage == 3 && unit.trainable &&
+         !unit.persistent;
+}
+
+size_t quantized_gather_bytes(const Layout& layout, const EngineConfig& config) {
+  size_t largest = 0;
+  for (const Unit& unit : layout.units()) {
+    if (quantizes_gather(unit, config)) largest = std::max(largest, unit.shard);
+  }
+  if (largest == 0) return 0;
+  return size_product(quantized_shard(largest).region_bytes,
+                      static_cast<size_t>(layout.world_size()), "the quantized all-gather buffer");
+}
+
+bool quantizes_reductions(const EngineConfig& config) {
+  return config.precision.quantized_gradients && config.stage == 3 &&
+         config.schedule.reduce_scatter;
+}
+
+size_t quantized_reduction_scratch(const Layout& layout, const EngineConfig& config) {
+  if (!quantizes_reductions(config)) return 0;
+  const PackedCollectives packs(layout, config.schedule.reduce_bucket_elements, /*backward=*/true);
+  size_t largest = 0;
+  for (size_t region : packs.region) largest = std::max(largest, region);
+  return quantized_reduction_bytes(largest, layout.world_size());
+}
+
 bool is_persistent(const Unit& unit, const EngineConfig& config) {
   return config.stage == 3 && unit.persistent;
 }
@@ -253,6 +292,8 @@ MemoryPlan plan_memory(const Layout& layout, const EngineConfig& config) {
     plan.buffers = size_sum(plan.buffers, size_product(max_unit, sizeof(float), buffers), buffers);
   }
   plan.buffers = size_sum(plan.buffers, fusion_bytes(layout, config), buffers);
+  plan.buffers = size_sum(plan.buffers, quantized_gather_bytes(layout, config), buffers);
+  plan.buffers = size_sum(plan.buffers, quantized_reduction_scratch(layout, config), buffers);
   plan.buffers = size_sum(plan.buffers, pipeline_tie_bytes(layout, config), buffers);
   plan.buffers = size_sum(plan.buffers, planned_staging_bytes(layout, config), buffers);
   const NvmeRecords records = nvme_records(layout, config, state_arrays);

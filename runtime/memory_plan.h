@@ -105,6 +105,38 @@ size_t pipeline_tie_bytes(const Layout& layout, const EngineConfig& config);
 size_t max_staging_bytes(const Layout& layout, const EngineConfig& config,
                          const StagingBytes& staging);
 
+// qwZ's blocks: one fp32 scale per this many elements of a rank's shard, the first block at
+// the shard's start, so shards split at block boundaries and each rank quantizes its own. 4096
+// is at the low end of DeepSpeed's groups (about 4k-16k elements): the scales add 4 bytes per
+// 4096 int8 bytes (0.1%), and a smaller block keeps the error of a block with one large value
+// local; a power of two keeps every full block on cache-line and vector boundaries.
+constexpr size_t kWeightQuantizationBlock = 4096;
+
+// How a rank's shard of `shard` elements crosses a quantized all-gather: its int8 values
+// (rounded up to 4 bytes, so the scales that follow stay aligned), then one fp32 scale per
+// block; every rank's region has the same size, as an all-gather needs.
+struct QuantizedShard {
+  size_t values_bytes = 0;
+  size_t scales = 0;
+  size_t region_bytes = 0;
+};
+QuantizedShard quantized_shard(size_t shard);
+
+// Whether stage 3's all-gather of `unit` goes quantized (EngineConfig::precision.quantized_weights:
+// trainable, non-persistent units at stage 3).
+bool quantizes_gather(const Unit& unit, const EngineConfig& config);
+
+// The staging buffer quantized all-gathers go through: every rank's region of the largest unit
+// quantized (0 without qwZ). One serves every gather: they run in order on the communication
+// stream, each dequantized before the next is quantized.
+size_t quantized_gather_bytes(const Layout& layout, const EngineConfig& config);
+
+// Whether stage 3's gradient reduce-scatters may go quantized (precision.quantized_gradients),
+// and the scratch they need: a quantized reduction of the largest pack's region
+// (quantized_reduction_bytes; 0 without qgZ or when no region reaches one block).
+bool quantizes_reductions(const EngineConfig& config);
+size_t quantized_reduction_scratch(const Layout& layout, const EngineConfig& config);
+
 // Stage 3 keeps the persistent unit (the parameters under stage3_param_persistence_threshold)
 // whole on every rank, and its gradient whole until the step, where it is reduced.
 bool is_persistent(const Unit& unit, const EngineConfig& config);

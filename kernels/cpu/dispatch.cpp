@@ -167,6 +167,36 @@ void cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n
   });
 }
 
+// Threads take whole blocks: each chunk starts on a block boundary, so its blocks and scales
+// are the ones a single-threaded call makes.
+void quantize_int8(const void* src, DType src_dtype, size_t n, size_t block, int8_t* values,
+                   float* scales, const KernelOptions& opt) {
+  check_buffer(src, n, "quantize_int8: src");
+  check_buffer(values, n, "quantize_int8: values");
+  check_buffer(scales, n, "quantize_int8: scales");
+  check_dtype(src_dtype, "quantize_int8: src");
+  ZERO_CHECK(block > 0, "quantize_int8: the block size must be at least 1 element");
+  const KernelPath& path = active_path();
+  run_chunks(n, opt, block, [&](size_t begin, size_t end) {
+    path.quantize_int8(advance(src, src_dtype, begin), src_dtype, end - begin, block,
+                       values + begin, scales + begin / block);
+  });
+}
+
+void dequantize_int8(const int8_t* values, const float* scales, size_t n, size_t block, void* dst,
+                     DType dst_dtype, const KernelOptions& opt) {
+  check_buffer(values, n, "dequantize_int8: values");
+  check_buffer(scales, n, "dequantize_int8: scales");
+  check_buffer(dst, n, "dequantize_int8: dst");
+  check_dtype(dst_dtype, "dequantize_int8: dst");
+  ZERO_CHECK(block > 0, "dequantize_int8: the block size must be at least 1 element");
+  const KernelPath& path = active_path();
+  run_chunks(n, opt, block, [&](size_t begin, size_t end) {
+    path.dequantize_int8(values + begin, scales + begin / block, end - begin, block,
+                         advance(dst, dst_dtype, begin), dst_dtype);
+  });
+}
+
 // Block sums are kept per block and added in block order (see kernel_paths.h), so the result
 // does not depend on the path or on the number of threads.
 double sum_squares(const void* x, DType dtype, size_t n, const KernelOptions& opt) {

@@ -383,9 +383,10 @@ void copy_to_all_vector(void* const* dsts, size_t count, const void* src, size_t
 // The path of traits V.
 template <typename V>
 constexpr KernelPath vector_path() {
-  return {adamw_vector<V>,      sgd_vector<V>,        cast_vector<V>,  sum_squares_block_vector<V>,
-          all_finite_vector<V>, accumulate_vector<V>, scale_vector<V>, sum_in_order_vector<V>,
-          copy_to_all_vector<V>};
+  return {
+      adamw_vector<V>,       sgd_vector<V>,        cast_vector<V>,      sum_squares_block_vector<V>,
+      all_finite_vector<V>,  accumulate_vector<V>, scale_vector<V>,     sum_in_order_vector<V>,
+      copy_to_all_vector<V>, quantize_int8_avx2,   dequantize_int8_avx2};
 }
 
 }  // namespace

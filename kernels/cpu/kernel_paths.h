@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "zero/core/dtype.h"
 #include "zero/kernels/optimizer_math.h"
@@ -30,6 +31,11 @@ struct KernelPath {
   // `bytes` of src into each of `count` destinations, all at byte `offset`.
   void (*copy_to_all)(void* const* dsts, size_t count, const void* src, size_t offset,
                       size_t bytes);
+  // Blockwise int8 over n elements starting on a block boundary (quantize_math.h).
+  void (*quantize_int8)(const void* src, DType src_dtype, size_t n, size_t block, int8_t* values,
+                        float* scales);
+  void (*dequantize_int8)(const int8_t* values, const float* scales, size_t n, size_t block,
+                          void* dst, DType dst_dtype);
 };
 
 // copy_to_all's piece: small enough to stay in the L2 cache between its copies, so src is read
@@ -42,6 +48,13 @@ constexpr size_t kCopyPieceBytes = size_t{64} << 10;
 // for a 16-bit copy), and the copy is next read by the following forward pass, long after it
 // would have left the cache anyway. Smaller copies stay cached for that next read.
 constexpr size_t kStreamingMinElements = size_t{1} << 18;
+
+// The AVX2 bodies of blockwise int8 (kernels_avx2.cpp), which the AVX-512 path uses too: a
+// block's work is one pass of loads and one of stores, which AVX2 already keeps at memory speed.
+void quantize_int8_avx2(const void* src, DType src_dtype, size_t n, size_t block, int8_t* values,
+                        float* scales);
+void dequantize_int8_avx2(const int8_t* values, const float* scales, size_t n, size_t block,
+                          void* dst, DType dst_dtype);
 
 extern const KernelPath kScalarPath;
 extern const KernelPath kAvx2Path;

@@ -6,7 +6,9 @@
 // flags), which is the reference these loops match bit for bit.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "kernel_loops.h"
 
@@ -134,7 +136,106 @@ struct Avx2 {
   }
 };
 
+// Blockwise int8 (quantize_math.h's definitions, written with vectors; the tails of fewer than 8
+// elements go through zero-padded copies of 8, whose extra lanes are computed and dropped).
+constexpr size_t kQuantWidth = 8;
+
+template <DType T>
+__m256 load8_padded(const void* data, size_t i, size_t count) {
+  if (count == kQuantWidth) return Avx2::load<T>(data, i, AllLanes{});
+  alignas(32) unsigned char padded[kQuantWidth * 4] = {};
+  std::memcpy(padded, static_cast<const char*>(data) + i * bytes_of(T), count * bytes_of(T));
+  return Avx2::load<T>(padded, 0, AllLanes{});
+}
+
+template <DType T>
+void store8_partial(void* data, size_t i, __m256 x, size_t count) {
+  if (count == kQuantWidth) {
+    Avx2::store<T>(data, i, x, AllLanes{});
+    return;
+  }
+  alignas(32) unsigned char lanes[kQuantWidth * 4];
+  Avx2::store<T>(lanes, 0, x, AllLanes{});
+  std::memcpy(static_cast<char*>(data) + i * bytes_of(T), lanes, count * bytes_of(T));
+}
+
+// int8_absmax_step over the lanes: MAXPS returns its second operand when either is NaN, so a
+// NaN element leaves the running maximum as it was; the maximum of the lanes is exact in any
+// order.
+template <DType T>
+float block_absmax(const void* src, size_t begin, size_t end) {
+  const __m256 magnitude_bits = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 most = _mm256_setzero_ps();
+  for (size_t i = begin; i < end; i += kQuantWidth) {
+    const size_t count = std::min(kQuantWidth, end - i);
+    const __m256 magnitude = _mm256_and_ps(load8_padded<T>(src, i, count), magnitude_bits);
+    most = _mm256_max_ps(magnitude, most);
+  }
+  alignas(32) float lanes[kQuantWidth];
+  _mm256_store_ps(lanes, most);
+  float absmax = 0.0f;
+  for (float lane : lanes) absmax = lane > absmax ? lane : absmax;
+  return absmax;
+}
+
+// int8_quantize: clamp (MAXPS against -127 first, so a NaN becomes -127 as fmaxf makes it),
+// then CVTPS2DQ, which rounds to nearest even as rintf does; narrowed with saturating packs,
+// which leave values in [-127, 127] as they are.
+template <DType T>
+void quantize_block(const void* src, size_t begin, size_t end, float inverse, int8_t* values) {
+  const __m256 scale = _mm256_set1_ps(inverse);
+  const __m256 low = _mm256_set1_ps(-127.0f);
+  const __m256 high = _mm256_set1_ps(127.0f);
+  for (size_t i = begin; i < end; i += kQuantWidth) {
+    const size_t count = std::min(kQuantWidth, end - i);
+    const __m256 product = _mm256_mul_ps(load8_padded<T>(src, i, count), scale);
+    const __m256 clamped = _mm256_min_ps(_mm256_max_ps(product, low), high);
+    const __m256i q = _mm256_cvtps_epi32(clamped);
+    const __m128i halves =
+        _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+    const __m128i bytes = _mm_packs_epi16(halves, halves);
+    alignas(16) int8_t lanes[16];
+    _mm_store_si128(reinterpret_cast<__m128i*>(lanes), bytes);
+    std::memcpy(values + i, lanes, count);
+  }
+}
+
+template <DType T>
+void dequantize_block(const int8_t* values, size_t begin, size_t end, float scale, void* dst) {
+  const __m256 by = _mm256_set1_ps(scale);
+  for (size_t i = begin; i < end; i += kQuantWidth) {
+    const size_t count = std::min(kQuantWidth, end - i);
+    int64_t packed = 0;
+    std::memcpy(&packed, values + i, count);
+    const __m256i wide = _mm256_cvtepi8_epi32(_mm_cvtsi64_si128(packed));
+    store8_partial<T>(dst, i, _mm256_mul_ps(_mm256_cvtepi32_ps(wide), by), count);
+  }
+}
+
 }  // namespace
+
+void quantize_int8_avx2(const void* src, DType src_dtype, size_t n, size_t block, int8_t* values,
+                        float* scales) {
+  with_dtype(src_dtype, [&](auto t) {
+    constexpr DType T = decltype(t)::value;
+    for (size_t begin = 0, b = 0; begin < n; begin += block, ++b) {
+      const size_t end = std::min(n, begin + block);
+      const float absmax = block_absmax<T>(src, begin, end);
+      scales[b] = absmax / 127.0f;
+      quantize_block<T>(src, begin, end, absmax > 0.0f ? 127.0f / absmax : 0.0f, values);
+    }
+  });
+}
+
+void dequantize_int8_avx2(const int8_t* values, const float* scales, size_t n, size_t block,
+                          void* dst, DType dst_dtype) {
+  with_dtype(dst_dtype, [&](auto t) {
+    constexpr DType T = decltype(t)::value;
+    for (size_t begin = 0, b = 0; begin < n; begin += block, ++b) {
+      dequantize_block<T>(values, begin, std::min(n, begin + block), scales[b], dst);
+    }
+  });
+}
 
 const KernelPath kAvx2Path = vector_path<Avx2>();
 

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "kernel_paths.h"
+#include "zero/kernels/quantize_math.h"
 
 namespace zero::kernels::detail {
 namespace {
@@ -81,11 +82,38 @@ void copy_to_all_scalar(void* const* dsts, size_t count, const void* src, size_t
   }
 }
 
+// Per block: max|x| first, then every element against it.
+void quantize_int8_scalar(const void* src, DType src_dtype, size_t n, size_t block, int8_t* values,
+                          float* scales) {
+  for (size_t begin = 0, b = 0; begin < n; begin += block, ++b) {
+    const size_t end = std::min(n, begin + block);
+    float absmax = 0.0f;
+    for (size_t i = begin; i < end; ++i) {
+      absmax = int8_absmax_step(absmax, load_as_float(src, src_dtype, i));
+    }
+    scales[b] = int8_scale(absmax);
+    const float inverse = int8_inverse_scale(absmax);
+    for (size_t i = begin; i < end; ++i) {
+      values[i] = int8_quantize(load_as_float(src, src_dtype, i), inverse);
+    }
+  }
+}
+
+void dequantize_int8_scalar(const int8_t* values, const float* scales, size_t n, size_t block,
+                            void* dst, DType dst_dtype) {
+  for (size_t begin = 0, b = 0; begin < n; begin += block, ++b) {
+    const size_t end = std::min(n, begin + block);
+    for (size_t i = begin; i < end; ++i) {
+      store_from_float(dst, dst_dtype, i, int8_dequantize(values[i], scales[b]));
+    }
+  }
+}
+
 }  // namespace
 
 const KernelPath kScalarPath = {
-    adamw_scalar,      sgd_scalar,        cast_scalar,  sum_squares_block_scalar,
-    all_finite_scalar, accumulate_scalar, scale_scalar, sum_in_order_scalar,
-    copy_to_all_scalar};
+    adamw_scalar,       sgd_scalar,           cast_scalar,           sum_squares_block_scalar,
+    all_finite_scalar,  accumulate_scalar,    scale_scalar,          sum_in_order_scalar,
+    copy_to_all_scalar, quantize_int8_scalar, dequantize_int8_scalar};
 
 }  // namespace zero::kernels::detail

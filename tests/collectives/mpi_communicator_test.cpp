@@ -8,11 +8,13 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "tests/collectives/comm_test_buffers.h"
+#include "tests/expect_error.h"
 #include "zero/core/check.h"
 
 namespace zero {
@@ -252,6 +254,59 @@ TEST(Communicator, AllGatherBytesMovesAnyNumberOfBytes) {
               2 * (bytes * n * static_cast<uint64_t>(n - 1) / n));
     EXPECT_NE(comm->flight_record().find(" byte "), std::string::npos) << comm->flight_record();
   }
+}
+
+// Block r of each rank's send reaches rank r, in the sender's place, on every transport, through
+// one MPI call or split into pieces; counted as (N-1)/N of the send buffer and recorded as bytes.
+TEST(Communicator, AllToAllBytesDeliversEachBlockToItsRank) {
+  for (CpuTransport transport : {CpuTransport::kMpi, CpuTransport::kSharedMemory}) {
+    for (size_t limit : {static_cast<size_t>(INT_MAX), size_t{3}}) {
+      auto comm = make_mpi_communicator(limit, transport);
+      const int n = comm->world_size();
+      const int rank = comm->rank();
+      const size_t bytes = 7;
+      std::vector<unsigned char> send(bytes * n), recv(bytes * n, 0xEE);
+      for (int to = 0; to < n; ++to) {
+        for (size_t i = 0; i < bytes; ++i) {
+          send[to * bytes + i] = static_cast<unsigned char>(rank * 64 + to * 8 + i);
+        }
+      }
+      comm->all_to_all_bytes(send.data(), recv.data(), bytes).wait();
+      for (int from = 0; from < n; ++from) {
+        for (size_t i = 0; i < bytes; ++i) {
+          ASSERT_EQ(recv[from * bytes + i], from * 64 + rank * 8 + i)
+              << comm->transport() << ", limit " << limit << ", from " << from;
+        }
+      }
+      comm->all_to_all_bytes(send.data(), recv.data(), 0).wait();
+      const CommCounters& c = comm->counters();
+      EXPECT_EQ(c.calls[static_cast<size_t>(CollectiveOp::kAllToAll)], 2u);
+      EXPECT_EQ(c.bytes[static_cast<size_t>(CollectiveOp::kAllToAll)],
+                bytes * static_cast<uint64_t>(n - 1));
+      const std::string record = comm->flight_record();
+      EXPECT_NE(record.find("all_to_all"), std::string::npos) << record;
+      EXPECT_NE(record.find(" byte "), std::string::npos) << record;
+    }
+  }
+}
+
+TEST(Communicator, AllToAllBytesRefusesOverlappingBuffers) {
+  auto comm = make_mpi_communicator();
+  std::vector<unsigned char> buffer(8 * comm->world_size() + 1);
+  testing::expect_error_naming(
+      [&] { comm->all_to_all_bytes(buffer.data(), buffer.data() + 1, 8); },
+      "all_to_all: send and recv overlap; an all-to-all cannot run in place");
+  testing::expect_error_naming([&] { comm->all_to_all_bytes(nullptr, buffer.data(), 8); },
+                               "all_to_all: null buffer with count 8");
+}
+
+// Every rank of these tests runs on one machine: one node of all ranks, unless ZERO_NODE_SIZE
+// declares smaller ones.
+TEST(Communicator, RanksPerNodeIsTheNodesSize) {
+  auto comm = make_mpi_communicator();
+  const char* declared = std::getenv("ZERO_NODE_SIZE");
+  const int expected = declared != nullptr ? std::atoi(declared) : comm->world_size();
+  EXPECT_EQ(ranks_per_node(*comm), expected);
 }
 
 TEST(Communicator, AllGatherU64GathersOneValuePerRank) {

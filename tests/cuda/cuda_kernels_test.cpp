@@ -159,6 +159,35 @@ TEST_F(CudaKernels, CastMatchesCpuForAllDtypePairs) {
   }
 }
 
+// Blockwise int8 both ways, bit for bit as the CPU's, with a short last block and a zero block.
+TEST_F(CudaKernels, QuantizeInt8MatchesCpuForEveryDtype) {
+  const size_t n = 3 * 4096 + 77;
+  const size_t block = 4096;
+  const size_t blocks = (n + block - 1) / block;
+  std::mt19937 rng(9);
+  for (DType dtype : kDTypes) {
+    auto src = random_bytes(dtype, n, rng, -3, 3);
+    std::memset(src.data() + block * dtype_size(dtype), 0, block * dtype_size(dtype));
+    DeviceBuffer d_src(src.size()), d_values(n), d_scales(blocks * 4), d_back(src.size());
+    d_src.upload(src.data(), src.size());
+    quantize_int8(d_src.data(), dtype, n, block, static_cast<int8_t*>(d_values.data()),
+                  static_cast<float*>(d_scales.data()), nullptr);
+    dequantize_int8(static_cast<const int8_t*>(d_values.data()),
+                    static_cast<const float*>(d_scales.data()), n, block, d_back.data(), dtype,
+                    nullptr);
+    sync();
+    std::vector<uint8_t> values(n), scales(blocks * 4), back(src.size());
+    kernels::quantize_int8(src.data(), dtype, n, block, reinterpret_cast<int8_t*>(values.data()),
+                           reinterpret_cast<float*>(scales.data()));
+    kernels::dequantize_int8(reinterpret_cast<const int8_t*>(values.data()),
+                             reinterpret_cast<const float*>(scales.data()), n, block, back.data(),
+                             dtype);
+    EXPECT_EQ(d_values.download(n), values) << dtype_name(dtype);
+    EXPECT_EQ(d_scales.download(scales.size()), scales) << dtype_name(dtype);
+    EXPECT_EQ(d_back.download(back.size()), back) << dtype_name(dtype);
+  }
+}
+
 // The CPU's dst += src: kernels::accumulate for equal dtypes, else one rounding of the fp32 sum
 // (ParamRef::add_f32's store_from_float(load_as_float + value)).
 std::vector<uint8_t> cpu_add(std::vector<uint8_t> dst, DType d, const std::vector<uint8_t>& src,

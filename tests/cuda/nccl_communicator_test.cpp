@@ -123,6 +123,30 @@ TEST_F(Nccl, AllReduceAllGatherReduceScatterBroadcastInEveryDtype) {
 // NCCL sends every dtype natively, so its counters are the ring figures of the requested bytes;
 // the MPI backend sends 16-bit reductions as fp32 (4 bytes an element), and its barrier moves
 // no data where NCCL's is an all-reduce of one fp32 word.
+// Block r of each rank's send reaches rank r (sends and receives grouped, the own block copied),
+// counted as (N-1)/N of the send buffer.
+TEST_F(Nccl, AllToAllBytesDeliversEachBlockToItsRank) {
+  const size_t bytes = 1001;
+  std::vector<uint8_t> send(bytes * size);
+  for (int to = 0; to < size; ++to) {
+    for (size_t i = 0; i < bytes; ++i) {
+      send[to * bytes + i] = static_cast<uint8_t>(rank * 64 + to * 8 + i);
+    }
+  }
+  DeviceBuffer d_send(send.size()), d_recv(send.size());
+  d_send.upload(send.data(), send.size());
+  comm->all_to_all_bytes(d_send.data(), d_recv.data(), bytes).wait();
+  const std::vector<uint8_t> recv = d_recv.download(send.size());
+  for (int from = 0; from < size; ++from) {
+    for (size_t i = 0; i < bytes; ++i) {
+      ASSERT_EQ(recv[from * bytes + i], static_cast<uint8_t>(from * 64 + rank * 8 + i))
+          << "from " << from;
+    }
+  }
+  EXPECT_EQ(comm->counters().bytes[static_cast<size_t>(CollectiveOp::kAllToAll)],
+            bytes * static_cast<uint64_t>(size - 1));
+}
+
 TEST_F(Nccl, CountersCountWhatEachBackendSends) {
   auto mpi = make_mpi_communicator();
   const size_t count = 1001;

@@ -230,6 +230,35 @@ const std::vector<BadConfig>& bad_configs() {
           "zero_optimization": {"stage": 3, "mics_shard_size": 2}})",
        R"("zero_optimization.mics_shard_size" in ds.json must be a divisor of the 1 )"
        R"(data-parallel rank(s) (the world's 2 over tensor_parallel.tp_size 2), got 2)"},
+      // ZeRO++ needs stage 3; what is not built is refused by name.
+      {R"({"train_batch_size": 8, "zero_optimization": {"stage": 2,
+          "zero_quantized_weights": true}})",
+       R"("zero_optimization.zero_quantized_weights" in ds.json is true, which needs )"
+       R"(zero_optimization.stage 3 (it is 2): only stage 3 all-gathers parameters)"},
+      {R"({"train_batch_size": 8, "zero_optimization": {"zero_quantized_gradients": true}})",
+       R"("zero_optimization.zero_quantized_gradients" in ds.json is true, which needs )"
+       R"(zero_optimization.stage 3 (it is 0): the quantized reduction replaces stage 3's )"
+       R"(reduce-scatter)"},
+      {R"({"train_batch_size": 8, "zero_optimization": {"stage": 1,
+          "zero_hpz_partition_size": 2}})",
+       R"("zero_optimization.zero_hpz_partition_size" in ds.json is 2, which needs )"
+       R"(zero_optimization.stage 3 (it is 1): only stage 3 partitions the parameters)"},
+      {R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
+          "zero_hpz_partition_size": 0}})",
+       R"("zero_optimization.zero_hpz_partition_size" in ds.json must be at least 1, got 0)"},
+      {R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
+          "zero_hpz_partition_size": 2}})",
+       R"("zero_optimization.zero_hpz_partition_size" in ds.json is 2, but the secondary )"
+       R"(partition within a node (hpZ) is not built yet; leave the key out)"},
+      {R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "mics_shard_size": 1,
+          "zero_quantized_gradients": true}})",
+       R"("zero_optimization.zero_quantized_gradients" in ds.json is true with )"
+       R"(zero_optimization.mics_shard_size 1: quantized gradient reduction with hybrid )"
+       R"(sharding is not built yet)"},
+      {R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
+          "zero_quantized_nontrainable_weights": true}})",
+       R"("zero_optimization.zero_quantized_nontrainable_weights" in ds.json is a DeepSpeed )"
+       R"(option this runtime does not support yet)"},
       // Not a config at all.
       {" \n\t", "config ds.json is empty"},
       {"[1, 2]", "ds.json must hold a JSON object of config keys, got a list"},

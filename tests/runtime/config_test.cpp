@@ -171,6 +171,29 @@ TEST(Config, MicsShardSizeReachesTheEngine) {
   EXPECT_EQ(c.engine.grid.mics_shard_size, 2);
 }
 
+// ZeRO++'s keys at their off values are accepted at any stage, as DeepSpeed's defaults; qwZ
+// and qgZ at stage 3 reach the engine.
+TEST(Config, ZeroPlusPlusKeysReachTheEngine) {
+  const TrainingConfig c = parse_training_config(
+      R"({"train_batch_size": 8, "zero_optimization": {"stage": 1,
+          "zero_quantized_weights": false, "zero_quantized_gradients": false,
+          "zero_hpz_partition_size": 1}})",
+      4, "ds.json");
+  EXPECT_EQ(c.engine.stage, 1);
+  EXPECT_FALSE(c.engine.precision.quantized_weights);
+  const TrainingConfig qwz = parse_training_config(
+      R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
+          "zero_quantized_weights": true}})",
+      4, "ds.json");
+  EXPECT_TRUE(qwz.engine.precision.quantized_weights);
+  EXPECT_FALSE(qwz.engine.precision.quantized_gradients);
+  const TrainingConfig qgz = parse_training_config(
+      R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
+          "zero_quantized_gradients": true}})",
+      4, "ds.json");
+  EXPECT_TRUE(qgz.engine.precision.quantized_gradients);
+}
+
 // tensor_parallel.tp_size (or DeepSpeed's training name autotp_size): the batch keys then count
 // the data-parallel ranks, world / tp.
 TEST(Config, TensorParallelSizeCutsTheBatchOverDataParallelRanks) {

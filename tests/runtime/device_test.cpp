@@ -73,6 +73,16 @@ TEST(CpuDeviceContext, OperationsMatchTheCpuKernels) {
   EXPECT_EQ(squares, static_cast<float>(kernels::sum_squares(x.data(), DType::kFloat32, x.size())));
   EXPECT_EQ(squares, std::numeric_limits<float>::infinity()) << "1e60 does not fit a float";
 
+  std::vector<int8_t> values(x.size()), want_values(x.size());
+  float scale = 0.0f, want_scale = 0.0f;
+  cpu->quantize_int8(x.data(), DType::kFloat32, x.size(), 8, values.data(), &scale);
+  kernels::quantize_int8(x.data(), DType::kFloat32, x.size(), 8, want_values.data(), &want_scale);
+  EXPECT_EQ(values, want_values);
+  EXPECT_EQ(scale, 1e30f / 127.0f);
+  std::vector<float> back(x.size());
+  cpu->dequantize_int8(values.data(), &scale, x.size(), 8, back.data(), DType::kFloat32);
+  EXPECT_EQ(back[4], 1e30f / 127.0f * 127.0f);
+
   cpu->scale(x.data(), DType::kFloat32, 0.5f, x.size());
   EXPECT_EQ(x[0], 0.75f);
   cpu->zero(x.data(), x.size() * sizeof(float));

@@ -35,6 +35,9 @@ class ForwardingCommunicator : public Communicator {
     return inner_->broadcast(buffer, count, dtype, root);
   }
   Event barrier() override { return inner_->barrier(); }
+  Event all_to_all_bytes(const void* send, void* recv, size_t bytes) override {
+    return inner_->all_to_all_bytes(send, recv, bytes);
+  }
   Stream& stream() override { return inner_->stream(); }
   const CommCounters& counters() const override { return inner_->counters(); }
   void set_timeout(std::chrono::milliseconds timeout) override { inner_->set_timeout(timeout); }

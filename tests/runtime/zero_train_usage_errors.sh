@@ -98,6 +98,10 @@ expect "\"tensorboard.job_name\" in $work/tb_job.json must be one directory name
 echo '{"train_batch_size": 8, "tensorboard": {"enabled": true, "outpt_path": "runs"}}' \
   >"$work/tb_key.json"
 expect "unknown key \"tensorboard.outpt_path\" in $work/tb_key.json" --config "$work/tb_key.json"
+echo '{"train_batch_size": 8, "zero_optimization": {"stage": 2, "zero_quantized_weights": true}}' \
+  >"$work/qwz_stage2.json"
+expect "\"zero_optimization.zero_quantized_weights\" in $work/qwz_stage2.json is true, which needs \
+zero_optimization.stage 3 (it is 2): only stage 3 all-gathers parameters" --config "$work/qwz_stage2.json"
 echo '{"train_batch_size": 8, "wandb": {"enabled": true}}' >"$work/wandb.json"
 expect "\"wandb\" in $work/wandb.json is a DeepSpeed option this runtime does not support: \
 Weights & Biases logs to a network service" --config "$work/wandb.json"

@@ -7,10 +7,17 @@
 
 namespace zero {
 
-enum class CollectiveOp : uint8_t { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kBarrier };
-constexpr int kNumCollectiveOps = 5;
+enum class CollectiveOp : uint8_t {
+  kAllGather,
+  kReduceScatter,
+  kAllReduce,
+  kBroadcast,
+  kBarrier,
+  kAllToAll
+};
+constexpr int kNumCollectiveOps = 6;
 
-// all_gather, reduce_scatter, all_reduce, broadcast, barrier.
+// all_gather, reduce_scatter, all_reduce, broadcast, barrier, all_to_all.
 const char* collective_op_name(CollectiveOp op);
 
 // The share of a collective's buffer (S bytes) that each of N ranks sends: numerator /
@@ -18,6 +25,8 @@ const char* collective_op_name(CollectiveOp op);
 // algorithm's figures, which are also the least any algorithm can send per rank (a lower bound,
 // not what a given MPI library's algorithm sends). Broadcast 1 (pipelined from the root),
 // barrier 0. S is the whole buffer: all ranks' blocks for all-gather and reduce-scatter.
+// All-to-all (N-1)/N of its send buffer (S: the blocks for every rank), exactly: a rank keeps its
+// own block and sends each of the others once.
 struct RingShare {
   uint64_t numerator;
   uint64_t denominator;

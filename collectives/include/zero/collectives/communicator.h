@@ -58,6 +58,12 @@ class Communicator {
   // buffer (count) on every rank = root's buffer.
   virtual Event broadcast(void* buffer, size_t count, DType dtype, int root) = 0;
   virtual Event barrier() = 0;
+  // Raw bytes from every rank to every rank: send holds world_size blocks of `bytes`, block r
+  // for rank r; recv (the same size) receives in block r what rank r sent to this one. send and
+  // recv must not overlap. For encodings that are not an element type (ZeRO++'s quantized
+  // gradients: int8 values and their scales); moved as bytes (MPI_BYTE; ncclUint8 sends and
+  // receives in one group), counted and recorded as all_to_all.
+  virtual Event all_to_all_bytes(const void* send, void* recv, size_t bytes) = 0;
 
   // The communication stream the collectives run on; the engine makes it wait for compute
   // events (stream().wait(e)) before enqueuing a collective that reads what compute wrote.

@@ -72,6 +72,11 @@ std::unique_ptr<Communicator> make_mpi_communicator(
 // over each replica group. Collective over the whole world: every rank calls it together.
 std::unique_ptr<Communicator> make_mpi_communicator_split(int color, int key);
 
+// Ranks of `comm` (an MPI communicator of this file) on each node when every node holds the same
+// number of consecutive ones (node_groups.h; ZERO_NODE_SIZE declares nodes for tests), else 0:
+// the layout ZeRO++'s hierarchical gradient reduction splits into. 0 for another backend.
+int ranks_per_node(const Communicator& comm);
+
 // This process's rank in MPI_COMM_WORLD (MPI must be initialized): what names a rank across the
 // communicators split from the world.
 int mpi_world_rank();

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "zero/core/dtype.h"
 #include "zero/kernels/optimizer_math.h"
@@ -79,6 +80,15 @@ void sum_in_order(void* dst, const void* const* srcs, size_t sources, DType dtyp
 // through memory per byte of src where count separate memcpy calls move 2 x count.
 void copy_to_all(void* const* dsts, size_t count, const void* src, size_t bytes,
                  const KernelOptions& opt = {});
+
+// Blockwise symmetric int8 quantization (quantize_math.h): n elements of src in blocks of
+// `block` elements (the last may be shorter) to n int8 values and one fp32 scale per block
+// (int8_block_count(n, block) of them). ZeRO++'s wire format for parameter all-gathers.
+void quantize_int8(const void* src, DType src_dtype, size_t n, size_t block, int8_t* values,
+                   float* scales, const KernelOptions& opt = {});
+// Back: dst[i] = values[i] * scales[i / block], rounded to nearest even for a 16-bit dst.
+void dequantize_int8(const int8_t* values, const float* scales, size_t n, size_t block, void* dst,
+                     DType dst_dtype, const KernelOptions& opt = {});
 
 // x[i] *= alpha.
 void scale(void* x, DType dtype, float alpha, size_t n, const KernelOptions& opt = {});

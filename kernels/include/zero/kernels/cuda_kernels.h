@@ -80,6 +80,13 @@ void add(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n,
 // x[i] *= alpha for n elements, the product computed in fp32 and rounded once (kernels::scale).
 void scale(void* x, DType dtype, float alpha, size_t n, CUstream_st* stream);
 
+// Blockwise int8 quantization (quantize_math.h), the same bits as kernels::quantize_int8 and
+// kernels::dequantize_int8: n elements in blocks of `block`, one fp32 scale per block.
+void quantize_int8(const void* src, DType src_dtype, size_t n, size_t block, int8_t* values,
+                   float* scales, CUstream_st* stream);
+void dequantize_int8(const int8_t* values, const float* scales, size_t n, size_t block, void* dst,
+                     DType dst_dtype, CUstream_st* stream);
+
 // A read-only tensor of a multi-tensor reduction.
 struct ConstTensor {
   const void* data;

@@ -112,6 +112,12 @@ class DeviceContext : public MemoryResource {
                    Stream* on = nullptr) = 0;
   // x[i] *= alpha.
   virtual void scale(void* x, DType dtype, float alpha, size_t n, Stream* on = nullptr) = 0;
+  // Blockwise int8 (zero/kernels/quantize_math.h): n elements of `source` to n int8 `values` and
+  // one fp32 scale per `block` elements (the last block may be shorter), and back into `dest`.
+  virtual void quantize_int8(const void* source, DType source_dtype, size_t n, size_t block,
+                             int8_t* values, float* scales, Stream* on = nullptr) = 0;
+  virtual void dequantize_int8(const int8_t* values, const float* scales, size_t n, size_t block,
+                               void* dest, DType dest_dtype, Stream* on = nullptr) = 0;
   // *out (one float in this device's memory) = sum of x[i]^2 over n elements, accumulated in
   // double and rounded once; on the compute stream.
   virtual void sum_squares(const void* x, DType dtype, size_t n, float* out) = 0;

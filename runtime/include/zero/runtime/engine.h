@@ -128,6 +128,20 @@ struct EngineConfig {
     // otherwise. Backward still writes the working dtype; each micro-batch is added into the
     // accumulator.
     std::optional<DType> grad_accum_dtype;
+    // ZeRO++'s qwZ (zero_quantized_weights; stage 3): what stage 3's parameter all-gathers put
+    // on the wire, as reduce_in_fp32 is what reductions put there. Each rank's shard of a
+    // trainable unit crosses as int8 values with one fp32 scale per block of
+    // kWeightQuantizationBlock elements (zero/kernels/quantize_math.h) and is dequantized into
+    // the working dtype on arrival. The master, the optimizer state and each rank's own working
+    // shard stay exact; the post-step all-gathers of the persistent unit, frozen units (DeepSpeed
+    // quantizes those only with zero_quantized_nontrainable_weights) and stages 0-2 too.
+    bool quantized_weights = false;
+    // ZeRO++'s qgZ (zero_quantized_gradients; stage 3, CPU path): stage 3's gradient
+    // reduce-scatters of at least kWeightQuantizationBlock elements per rank cross the wire as
+    // int8 with an fp32 scale per block, reduced in two hops, inside each node and then across
+    // nodes, each summed in fp32 in rank order (runtime/quantized_reduction.h); smaller ones,
+    // and reduce_scatter false, stay exact. Accumulation and the optimizer stay exact.
+    bool quantized_gradients = false;
   } precision;
 
   // Units and the grouping of collectives, with DeepSpeed's names (counts in elements; 0 turns
@@ -349,9 +363,12 @@ class Engine {
   uint64_t pinned_host_bytes() const;
   uint64_t pageable_host_bytes() const;
   // Bytes this rank sent (CommCounters) on the communicators the engine made itself: hybrid
-  // sharding's shard and replica groups (0 without; then every collective of the engine counts
-  // on the communicator it was given). Read it from the thread that drives the engine.
+  // sharding's shard and replica groups, and qgZ's groups within and across nodes (0 without;
+  // then every collective of the engine counts on the communicator it was given). Read it from
+  // the thread that drives the engine.
   uint64_t own_comm_bytes() const;
+  // Of own_comm_bytes, what qgZ sent across nodes (its second hop; 0 without qgZ).
+  uint64_t quantized_bytes_across_nodes() const;
   // Bytes of this rank's NVMe files: optimizer state (offload_optimizer nvme) and parameter
   // shards (offload_param nvme); 0 without.
   uint64_t nvme_bytes() const;
