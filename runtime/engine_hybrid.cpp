@@ -1,6 +1,7 @@
 // Hybrid sharding (DeepSpeed MiCS's mics_shard_size): the engine's collectives run on a shard
 // group of k consecutive ranks, and each reduced gradient shard is summed across the replica
-// group (the ranks at the same position in every shard group) before anyone reads it.
+// group (the ranks at the same position in every shard group) before anyone reads it. And
+// hpZ's node group, over which the secondary shards are all-gathered.
 #include <cstdint>
 #include <string>
 
@@ -58,10 +59,36 @@ HybridGroups HybridGroups::split(Communicator& world, const EngineConfig& config
   return groups;
 }
 
+std::unique_ptr<Communicator> split_node_group(Communicator& group, const EngineConfig& config) {
+  const int k = config.grid.hpz_partition_size;
+  if (k == 1) return nullptr;
+  const int n = group.world_size();
+  ZERO_CHECK(k >= 1 && n % k == 0, "zero_hpz_partition_size "
+                                       << k << " must be 1 (off) or divide the " << n
+                                       << " data-parallel rank(s)");
+  const int per_node = ranks_per_node(group);
+  ZERO_CHECK(per_node == k, "zero_hpz_partition_size "
+                                << k << " must equal the ranks per node of the " << n
+                                << " data-parallel rank(s), " << per_node
+                                << (per_node == 0 ? " (nodes of unequal "
+                                                    "or unknown size)"
+                                                  : ""));
+  // As HybridGroups::split: a node group is named by the world rank of its first member.
+  const std::vector<uint64_t> members =
+      all_gather_u64(group, static_cast<uint64_t>(mpi_world_rank()));
+  const int rank = group.rank();
+  std::unique_ptr<Communicator> node = make_mpi_communicator_split(
+      static_cast<int>(members[static_cast<size_t>(rank / k * k)]), rank);
+  ZERO_CHECK(node->world_size() == k,
+             "the hpZ split gave node groups of " << node->world_size() << " ranks, not " << k);
+  return node;
+}
+
 uint64_t Engine::own_comm_bytes() const {
   const HybridGroups& groups = impl_->hybrid;
-  if (!groups.shard) return 0;
-  return groups.shard->counters().total_bytes() + groups.replica->counters().total_bytes();
+  const uint64_t node = impl_->hpz_node ? impl_->hpz_node->counters().total_bytes() : 0;
+  if (!groups.shard) return node;
+  return node + groups.shard->counters().total_bytes() + groups.replica->counters().total_bytes();
 }
 
 }  // namespace zero
