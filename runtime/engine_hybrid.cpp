@@ -8,6 +8,7 @@
 #include "engine_internal.h"
 #include "zero/collectives/mpi_communicator.h"
 #include "zero/core/check.h"
+#include "zero/runtime/config.h"
 
 namespace zero {
 
@@ -63,16 +64,20 @@ std::unique_ptr<Communicator> split_node_group(Communicator& group, const Engine
   const int k = config.grid.hpz_partition_size;
   if (k == 1) return nullptr;
   const int n = group.world_size();
-  ZERO_CHECK(k >= 1 && n % k == 0, "zero_hpz_partition_size "
-                                       << k << " must be 1 (off) or divide the " << n
-                                       << " data-parallel rank(s)");
+  // Every rank knows the same ranks and nodes, so every rank refuses at once: a ConfigError,
+  // which zero-train reports once and exits 2 for.
+  if (k < 1 || n % k != 0) {
+    throw ConfigError("zero_hpz_partition_size " + std::to_string(k) +
+                      " must be 1 (off) or divide the " + std::to_string(n) +
+                      " data-parallel rank(s)");
+  }
   const int per_node = ranks_per_node(group);
-  ZERO_CHECK(per_node == k, "zero_hpz_partition_size "
-                                << k << " must equal the ranks per node of the " << n
-                                << " data-parallel rank(s), " << per_node
-                                << (per_node == 0 ? " (nodes of unequal "
-                                                    "or unknown size)"
-                                                  : ""));
+  if (per_node != k) {
+    throw ConfigError("zero_hpz_partition_size " + std::to_string(k) +
+                      " must equal the ranks per node of the " + std::to_string(n) +
+                      " data-parallel rank(s), " + std::to_string(per_node) +
+                      (per_node == 0 ? " (nodes of unequal or unknown size)" : ""));
+  }
   // As HybridGroups::split: a node group is named by the world rank of its first member.
   const std::vector<uint64_t> members =
       all_gather_u64(group, static_cast<uint64_t>(mpi_world_rank()));
