@@ -13,6 +13,7 @@
 #include "runtime/memory_plan.h"
 #include "tests/expect_error.h"
 #include "tests/runtime/train_util.h"
+#include "zero/kernels/cpu_kernels.h"
 
 namespace zero {
 namespace {
@@ -181,6 +182,52 @@ TEST(HierarchicalPartition, TrainsBitwiseAsWithoutItAndMovesTheBackwardsGathersI
       RecordProperty("node_all_gather_bytes_hpz_" + key, std::to_string(node));
     }
   }
+}
+
+// A load replaces the parameters the secondary shards copied: the next gather runs over the
+// group again and gives the loaded values (the master plus one, rounded to bf16).
+TEST(HierarchicalPartition, LoadMakesTheSecondaryShardsStale) {
+  const int k = node_size();
+  if (k < 2) GTEST_SKIP() << "one rank per node: hpZ has nothing to split";
+  std::unique_ptr<Communicator> comm = make_mpi_communicator();
+  const int n = comm->world_size();
+  ZeroModel model(*comm, models::make_mlp(kMlp), hpz_config(DType::kBFloat16, k));
+  Engine& engine = model.engine();
+  const Layout& layout = engine.layout();
+  const int unit = 1;
+  ASSERT_FALSE(layout.units()[unit].persistent);
+  const std::vector<std::vector<float>> master = engine.gather_full_master();
+  // The unit's first gather: it keeps a secondary shard of the values before the load.
+  engine.gather(unit);
+  engine.release(unit);
+  for (size_t u = 0; u < layout.units().size(); ++u) {
+    const Engine::StateView view = engine.state_view(static_cast<int>(u));
+    for (size_t e = 0; e < view.end - view.begin; ++e) view.master[e] += 1.0f;
+  }
+  engine.state_loaded();
+  comm->stream().synchronize();
+  const uint64_t group_before = all_gather_bytes(*comm);
+  const uint64_t node_before = engine.own_comm_bytes();
+  engine.gather(unit);
+  for (size_t p = 0; p < layout.params().size(); ++p) {
+    const ParamPlacement& pl = layout.params()[p];
+    if (pl.unit != unit) continue;
+    std::vector<float> got(pl.numel);
+    kernels::cast(engine.param(static_cast<int>(p)), DType::kBFloat16, got.data(), DType::kFloat32,
+                  pl.numel);
+    for (size_t e = 0; e < pl.numel; ++e) {
+      uint16_t rounded = 0;
+      float expected = master[p][e] + 1.0f;
+      kernels::cast(&expected, DType::kFloat32, &rounded, DType::kBFloat16, 1);
+      kernels::cast(&rounded, DType::kBFloat16, &expected, DType::kFloat32, 1);
+      ASSERT_EQ(got[e], expected) << pl.name << "[" << e << "]";
+    }
+  }
+  engine.release(unit);
+  comm->stream().synchronize();
+  EXPECT_EQ(all_gather_bytes(*comm) - group_before,
+            static_cast<uint64_t>(n - 1) * layout.units()[unit].shard * 2);
+  EXPECT_EQ(engine.own_comm_bytes() - node_before, 0u);
 }
 
 TEST(HierarchicalPartition, RefusesWhatItCannotSplit) {
