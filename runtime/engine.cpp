@@ -422,6 +422,11 @@ Engine::~Engine() {
   } catch (const std::exception&) {
   }
   try {
+    // hpZ's gathers inside the node write our pooled buffers.
+    if (impl_->hpz_node) impl_->hpz_node->stream().synchronize();
+  } catch (const std::exception&) {
+  }
+  try {
     impl_->device->synchronize();
     // The communicator outlives the engine: it must not keep staging in memory freed next.
     if (!impl_->staging.empty()) impl_->comm.clear_staging_buffer();

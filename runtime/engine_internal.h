@@ -466,8 +466,8 @@ struct Engine::Impl {
   std::vector<Event> host_uploads;
   size_t live = 0;  // elements of non-persistent stage-3 units gathered now
   // hpZ's node group (split_node_group, engine_hybrid.cpp): the ranks of this rank's node in
-  // the data-parallel group; null without hpZ. After the units, so that it is destroyed first
-  // and its stream's queued gathers end before their buffers go.
+  // the data-parallel group; null without hpZ. ~Engine waits for its stream, whose gathers write
+  // pooled buffers.
   std::unique_ptr<Communicator> hpz_node;
 };
 
