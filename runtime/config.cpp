@@ -306,8 +306,8 @@ void read_zero_optimization(const config::ZeroOptimization& zero, const Checker&
 
 // ZeRO++'s keys, with DeepSpeed's meanings: each changes how stage 3 moves its parameters or
 // gradients, so each needs stage 3. What is not built yet is refused by name, never dropped.
-void read_zero_plus_plus(const config::ZeroOptimization& zero, const Checker& check,
-                         EngineConfig* e) {
+void read_zero_plus_plus(const config::ZeroOptimization& zero, int data_parallel_size,
+                         const Checker& check, EngineConfig* e) {
   const auto needs_stage3 = [&](const std::string& key, const std::string& value,
                                 const std::string& why) {
     if (e->stage == 3) return;
@@ -331,8 +331,15 @@ void read_zero_plus_plus(const config::ZeroOptimization& zero, const Checker& ch
     if (v > 1) {
       needs_stage3("zero_hpz_partition_size", std::to_string(v),
                    "only stage 3 partitions the parameters");
-      not_built("zero_hpz_partition_size", std::to_string(v),
-                "the secondary partition within a node (hpZ)");
+      // The secondary shards split each unit over the ranks of a node: a node's share of the
+      // data-parallel group. The engine checks it against the nodes the ranks are on.
+      if (data_parallel_size % v != 0) {
+        check.fail("zero_optimization.zero_hpz_partition_size",
+                   "1 (off) or a divisor of the " + std::to_string(data_parallel_size) +
+                       " data-parallel rank(s) (the ranks of one node)",
+                   std::to_string(v));
+      }
+      e->grid.hpz_partition_size = static_cast<int>(v);
     }
   }
   if (zero.zero_quantized_gradients()) {
@@ -479,7 +486,7 @@ TrainingConfig interpret(const config::TrainingConfig& c, int world_size, const 
   read_precision(c, check, &e);
   read_communication(c, check, &e);
   read_zero_optimization(c.zero_optimization(), check, &out);
-  read_zero_plus_plus(c.zero_optimization(), check, &e);
+  read_zero_plus_plus(c.zero_optimization(), data_parallel_size, check, &e);
   read_data_types(c.data_types(), check, &e);
   read_offload(c, context.cuda, check, &out);
   out.wall_clock_breakdown = c.wall_clock_breakdown();

@@ -61,6 +61,11 @@ Engine::Impl::Impl(Communicator& c, const std::vector<ParamDecl>& decls, const E
   }
   if (config.desync_check) comm.set_desync_check(true);
   check_same_model_on_all_ranks();
+  ZERO_CHECK(config.grid.hpz_partition_size == 1 || !hybrid.shard,
+             "zero_hpz_partition_size "
+                 << config.grid.hpz_partition_size << " (hpZ) with mics_shard_size "
+                 << config.grid.mics_shard_size << " (hybrid sharding) is not supported");
+  hpz_node = split_node_group(comm, config);
   resolve_pipeline_ties();
   allocator.set_limit(config.memory_limit_bytes);
   reducer.set_after_last_reduction(
@@ -195,6 +200,20 @@ EngineConfig Engine::Impl::validated(const EngineConfig& c, Communicator& comm) 
                "quantized gradient reduction (zero_quantized_gradients) with hybrid sharding "
                "(mics_shard_size) is not supported yet");
   }
+  if (c.grid.hpz_partition_size != 1) {
+    const int k = c.grid.hpz_partition_size;
+    ZERO_CHECK(k >= 1, "zero_hpz_partition_size must be 1 (off) or more, got " << k);
+    ZERO_CHECK(c.stage == 3, "zero_hpz_partition_size "
+                                 << k << " (hpZ) needs ZeRO stage 3, not stage " << c.stage
+                                 << " (only stage 3 partitions the parameters)");
+    ZERO_CHECK(!c.device.is_cuda(), "zero_hpz_partition_size "
+                                        << k << " (hpZ) runs on the CPU path only for now, not on "
+                                        << device_name(c.device));
+    ZERO_CHECK(c.offload.param.device != OffloadDevice::kNvme,
+               "zero_hpz_partition_size " << k
+                                          << " (hpZ) with parameter offload to nvme is not "
+                                             "supported yet");
+  }
   ZERO_CHECK(!c.precision.quantized_weights || c.stage == 3,
              "quantized weight all-gathers (zero_quantized_weights) need ZeRO stage 3, not stage "
                  << c.stage << " (only stage 3 all-gathers parameters)");
@@ -315,6 +334,7 @@ void Engine::Impl::allocate() {
     s.persistent = is_persistent(unit, config);
     s.params_full = allocator.allocate(b.params_full, MemoryCategory::kParamsFull);
     s.params_shard = allocator.allocate(b.params_shard, MemoryCategory::kParamsShard);
+    s.params_secondary = allocator.allocate(b.params_secondary, MemoryCategory::kParamsShard);
     reducer.allocate_unit(u, b);
     // offload_optimizer cpu: the optimizer's arrays in host memory, where the host kernels step
     // them; page-locked with pin_memory. What crosses the bus is always page-locked: a copy
@@ -413,6 +433,11 @@ Engine::~Engine() {
   try {
     // Hybrid sharding's sums across replicas and their tails read and write our buffers too.
     if (impl_->hybrid.replica) impl_->hybrid.replica->stream().synchronize();
+  } catch (const std::exception&) {
+  }
+  try {
+    // hpZ's gathers inside the node write our pooled buffers.
+    if (impl_->hpz_node) impl_->hpz_node->stream().synchronize();
   } catch (const std::exception&) {
   }
   try {

@@ -1,12 +1,14 @@
 // Hybrid sharding (DeepSpeed MiCS's mics_shard_size): the engine's collectives run on a shard
 // group of k consecutive ranks, and each reduced gradient shard is summed across the replica
-// group (the ranks at the same position in every shard group) before anyone reads it.
+// group (the ranks at the same position in every shard group) before anyone reads it. And
+// hpZ's node group, over which the secondary shards are all-gathered.
 #include <cstdint>
 #include <string>
 
 #include "engine_internal.h"
 #include "zero/collectives/mpi_communicator.h"
 #include "zero/core/check.h"
+#include "zero/runtime/config.h"
 
 namespace zero {
 
@@ -58,10 +60,40 @@ HybridGroups HybridGroups::split(Communicator& world, const EngineConfig& config
   return groups;
 }
 
+std::unique_ptr<Communicator> split_node_group(Communicator& group, const EngineConfig& config) {
+  const int k = config.grid.hpz_partition_size;
+  if (k == 1) return nullptr;
+  const int n = group.world_size();
+  // Every rank knows the same ranks and nodes, so every rank refuses at once: a ConfigError,
+  // which zero-train reports once and exits 2 for.
+  if (k < 1 || n % k != 0) {
+    throw ConfigError("zero_hpz_partition_size " + std::to_string(k) +
+                      " must be 1 (off) or divide the " + std::to_string(n) +
+                      " data-parallel rank(s)");
+  }
+  const int per_node = ranks_per_node(group);
+  if (per_node != k) {
+    throw ConfigError("zero_hpz_partition_size " + std::to_string(k) +
+                      " must equal the ranks per node of the " + std::to_string(n) +
+                      " data-parallel rank(s), " + std::to_string(per_node) +
+                      (per_node == 0 ? " (nodes of unequal or unknown size)" : ""));
+  }
+  // As HybridGroups::split: a node group is named by the world rank of its first member.
+  const std::vector<uint64_t> members =
+      all_gather_u64(group, static_cast<uint64_t>(mpi_world_rank()));
+  const int rank = group.rank();
+  std::unique_ptr<Communicator> node = make_mpi_communicator_split(
+      static_cast<int>(members[static_cast<size_t>(rank / k * k)]), rank);
+  ZERO_CHECK(node->world_size() == k,
+             "the hpZ split gave node groups of " << node->world_size() << " ranks, not " << k);
+  return node;
+}
+
 uint64_t Engine::own_comm_bytes() const {
   const HybridGroups& groups = impl_->hybrid;
   uint64_t bytes =
       impl_->reducer.quantized_bytes_within_nodes() + impl_->reducer.quantized_bytes_across_nodes();
+  if (impl_->hpz_node) bytes += impl_->hpz_node->counters().total_bytes();
   if (!groups.shard) return bytes;
   return bytes + groups.shard->counters().total_bytes() + groups.replica->counters().total_bytes();
 }

@@ -50,6 +50,11 @@ struct UnitState {
   Buffer host_grads;       // steps_on_host: the reduced gradient shard's copy on the host
   Buffer host_params;      // and the updated parameters on their way back to the device
   CommPoint params_ready;  // the all-gather that fills params_full has finished
+  // hpZ: this rank's 1/k of the gathered unit, which the node's gathers read; valid from the
+  // first gather after a step (once `secondary_ready` has passed) until the next step.
+  Buffer params_secondary;
+  CommPoint secondary_ready;
+  bool secondary_valid = false;
   ParamState params = ParamState::kSharded;
   bool persistent = false;
 };
@@ -245,6 +250,20 @@ struct Engine::Impl {
   // The same quantized (qwZ): the shard quantized on the communication stream, the int8 values
   // and scales all-gathered as bytes, every rank's region dequantized into params_full.
   CommPoint all_gather_unit_quantized(int u, const void* shard, double issue_us);
+
+  // hpZ: after unit u's all-gather over the group (queued on the communication stream), this
+  // rank's 1/k slice of it copied into its secondary shard, in the same stream's order; returns
+  // the point after the copy.
+  CommPoint keep_secondary_shard(int u, double issue_us);
+  // hpZ: unit u's all-gather of the node's k secondary shards into its params_full, over the
+  // node group (hpz_node), after compute and after the copy that made this rank's shard.
+  CommPoint all_gather_unit_in_node(int u, double issue_us);
+  // hpZ: elements of unit u's secondary shard (the unit's padding makes them equal).
+  size_t secondary_numel(int u) const {
+    return layout.units()[u].numel / static_cast<size_t>(config.grid.hpz_partition_size);
+  }
+  // hpZ: the secondary shards are stale once the parameters change (a step, a load).
+  void invalidate_secondary_shards();
 
   bool prefetch(int u);
 
@@ -446,6 +465,15 @@ struct Engine::Impl {
   // host waits for before it writes their host side again.
   std::vector<Event> host_uploads;
   size_t live = 0;  // elements of non-persistent stage-3 units gathered now
+  // hpZ's node group (split_node_group, engine_hybrid.cpp): the ranks of this rank's node in
+  // the data-parallel group; null without hpZ. ~Engine waits for its stream, whose gathers write
+  // pooled buffers.
+  std::unique_ptr<Communicator> hpz_node;
 };
+
+// hpZ (EngineConfig::grid.hpz_partition_size > 1): checks k against `group` (it must divide its
+// ranks and equal its ranks per node, ranks_per_node) and splits the group into nodes of k
+// consecutive ranks; null with k = 1. Collective: every rank of `group` calls it.
+std::unique_ptr<Communicator> split_node_group(Communicator& group, const EngineConfig& config);
 
 }  // namespace zero

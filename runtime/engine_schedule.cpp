@@ -19,12 +19,17 @@ bool Engine::Impl::start_gather(int u, bool required) {
   if (!working_shards->start_gather_read(u, required)) return false;
   const double issue_us = Trace::now_us();
   s.params_full = param_pool.acquire(/*zeroed=*/false);
-  // The pooled buffer may have just been released by compute: order the gather after it.
-  comm.stream().wait(device->record());
-  const void* shard = working_shards->gather_source(u, comm.stream());
-  s.params_ready = quantizes_gather(unit, config) ? all_gather_unit_quantized(u, shard, issue_us)
-                                                  : all_gather_unit(u, shard, issue_us);
-  working_shards->gathered(u, s.params_ready);
+  if (s.secondary_valid) {
+    s.params_ready = all_gather_unit_in_node(u, issue_us);
+  } else {
+    // The pooled buffer may have just been released by compute: order the gather after it.
+    comm.stream().wait(device->record());
+    const void* shard = working_shards->gather_source(u, comm.stream());
+    s.params_ready = quantizes_gather(unit, config) ? all_gather_unit_quantized(u, shard, issue_us)
+                                                    : all_gather_unit(u, shard, issue_us);
+    working_shards->gathered(u, s.params_ready);
+    if (keeps_secondary_shard(unit, config)) s.params_ready = keep_secondary_shard(u, issue_us);
+  }
   transition(s.params, {ParamState::kSharded}, ParamState::kGathering, u, "the gather's start");
   live += unit.numel;
   return true;
@@ -71,6 +76,46 @@ CommPoint Engine::Impl::all_gather_unit_quantized(int u, const void* shard, doub
     }
   });
   return timeline.issued(timeline.point(*on), issue_us);
+}
+
+// The slice is what the node gather puts back at this rank's place: with qwZ, the dequantized
+// values the forward computed with (as DeepSpeed's secondary copy), so both gathers agree.
+CommPoint Engine::Impl::keep_secondary_shard(int u, double issue_us) {
+  UnitState& s = units[u];
+  const size_t slice_bytes = secondary_numel(u) * elem;
+  const char* from = static_cast<const char*>(s.params_full.data()) +
+                     static_cast<size_t>(hpz_node->rank()) * slice_bytes;
+  void* to = s.params_secondary.data();
+  DeviceContext* dev = device.get();
+  Stream* on = &comm.stream();
+  on->enqueue([=] { dev->copy(to, from, slice_bytes, on); });
+  s.secondary_ready = timeline.issued(timeline.point(*on), issue_us);
+  s.secondary_valid = true;
+  return s.secondary_ready;
+}
+
+CommPoint Engine::Impl::all_gather_unit_in_node(int u, double issue_us) {
+  UnitState& s = units[u];
+  Stream& on = hpz_node->stream();
+  // The pooled buffer may have just been released by compute, and the secondary shard is
+  // written on the communication stream: order the gather after both.
+  on.wait(device->record());
+  on.wait(s.secondary_ready.event);
+  const void* mine = s.params_secondary.data();
+  void* full = s.params_full.data();
+  const size_t count = secondary_numel(u);
+  const DType dtype = config.precision.dtype;
+  return timeline.issued(
+      timeline.traced(on, "all_gather", layout.units()[u].numel * elem,
+                      [&] { return hpz_node->all_gather(mine, full, count, dtype); }),
+      issue_us);
+}
+
+void Engine::Impl::invalidate_secondary_shards() {
+  for (UnitState& s : units) {
+    s.secondary_valid = false;
+    s.secondary_ready = CommPoint{};
+  }
 }
 
 bool Engine::Impl::prefetch(int u) {

@@ -91,6 +91,7 @@ void Engine::Impl::state_loaded() {
 void Engine::Impl::write_state_views() {
   // What the views write may still be read by a queued collective (a prefetch's all-gather).
   device->wait(comm.stream().record());
+  invalidate_secondary_shards();  // hpZ's copies hold the values the views replace
   for (const auto& [data, copy] : host_state) {
     device->copy_from_host(data, copy.data(), copy.bytes());
   }

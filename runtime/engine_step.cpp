@@ -11,6 +11,8 @@ namespace zero {
 // the update of each rank's slice, the all-gathers that bring the slices back.
 StepStats Engine::Impl::step() {
   check_ready_for_step();
+  // Every unit is released by now; the update changes what hpZ's secondary shards copied.
+  invalidate_secondary_shards();
   reducer.wait_for_reductions();
   sum_pipeline_ties();
   const GradientCheck check = check_gradients();

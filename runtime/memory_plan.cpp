@@ -204,6 +204,10 @@ bool is_persistent(const Unit& unit, const EngineConfig& config) {
   return config.stage == 3 && unit.persistent;
 }
 
+bool keeps_secondary_shard(const Unit& unit, const EngineConfig& config) {
+  return config.stage == 3 && config.grid.hpz_partition_size > 1 && !unit.persistent;
+}
+
 UnitBytes unit_bytes(const Unit& unit, const EngineConfig& config, int state_arrays) {
   // Every figure below is one of these element counts times at most 4 bytes: checked once.
   size_product(unit.numel, sizeof(float), "a unit's bytes");
@@ -216,6 +220,10 @@ UnitBytes unit_bytes(const Unit& unit, const EngineConfig& config, int state_arr
   if (config.stage <= 2 || is_persistent(unit, config)) b.params_full = full * w;
   // A shard on NVMe (offload_param) is in the rank's parameter file, not in memory.
   if (config.stage == 3 && !swaps_unit(unit, config)) b.params_shard = shard * w;
+  // A unit is padded to a multiple of the group's ranks, so the node's k split it evenly.
+  if (keeps_secondary_shard(unit, config)) {
+    b.params_secondary = full / static_cast<size_t>(config.grid.hpz_partition_size) * w;
+  }
   if (!unit.trainable) return b;  // frozen: its working parameters are all it holds
   // Offloaded to NVMe, the master and optimizer state are in the rank's file, not in memory.
   const bool on_nvme = offloads_optimizer_to_nvme(config);
@@ -269,7 +277,8 @@ MemoryPlan plan_memory(const Layout& layout, const EngineConfig& config) {
     const char* what = "the model state per rank";
     const uint64_t optimizer =
         size_sum(b.master, size_product(b.state, static_cast<size_t>(b.state_arrays), what), what);
-    for (uint64_t bytes : {b.params_full, b.params_shard, b.grads_full, b.grads_shard}) {
+    for (uint64_t bytes :
+         {b.params_full, b.params_shard, b.params_secondary, b.grads_full, b.grads_shard}) {
       plan.model_state = size_sum(plan.model_state, bytes, what);
     }
     plan.host_pinned =

@@ -37,13 +37,14 @@ using StagingBytes = std::function<size_t(CollectiveOp, size_t, DType)>;
 // Bytes of each buffer one unit holds at a stage; the single source for plan_memory() and for
 // the engine's allocations, so the estimate and the measurement cannot drift apart.
 struct UnitBytes {
-  size_t params_full = 0;   // working dtype, whole unit (stages 0-2; persistent units at 3)
-  size_t params_shard = 0;  // working dtype, this rank's slice (stage 3)
-  size_t master = 0;        // fp32 master when the working dtype is not fp32
-  size_t grads_full = 0;    // accumulation dtype, whole unit (stages 0-1; working dtype for
-                            // stage 3's persistent unit)
-  size_t grads_shard = 0;   // accumulation dtype, slice (stages 2-3)
-  size_t state = 0;         // each optimizer state array (fp32)
+  size_t params_full = 0;       // working dtype, whole unit (stages 0-2; persistent units at 3)
+  size_t params_shard = 0;      // working dtype, this rank's slice (stage 3)
+  size_t params_secondary = 0;  // hpZ: working dtype, this rank's 1/k of the unit (stage 3)
+  size_t master = 0;            // fp32 master when the working dtype is not fp32
+  size_t grads_full = 0;        // accumulation dtype, whole unit (stages 0-1; working dtype for
+                                // stage 3's persistent unit)
+  size_t grads_shard = 0;       // accumulation dtype, slice (stages 2-3)
+  size_t state = 0;             // each optimizer state array (fp32)
   int state_arrays = 0;
   // offload_optimizer cpu: master and state are in host memory (the master of fp32 working
   // parameters too). Where the update runs on the host (steps_on_host: also nvme on a GPU),
@@ -136,6 +137,10 @@ size_t quantized_gather_bytes(const Layout& layout, const EngineConfig& config);
 // (quantized_reduction_bytes; 0 without qgZ or when no region reaches one block).
 bool quantizes_reductions(const EngineConfig& config);
 size_t quantized_reduction_scratch(const Layout& layout, const EngineConfig& config);
+
+// hpZ (EngineConfig::grid.hpz_partition_size > 1): every stage-3 unit but the persistent one,
+// which is never gathered, keeps a secondary shard for its gathers after the first of a step.
+bool keeps_secondary_shard(const Unit& unit, const EngineConfig& config);
 
 // Stage 3 keeps the persistent unit (the parameters under stage3_param_persistence_threshold)
 // whole on every rank, and its gradient whole until the step, where it is reduced.

@@ -6,6 +6,7 @@
 //   zero-estimate --model gpt2 [--preset gpt2-1.5B] [--n-layer N --n-head N --n-embd N
 //                 --vocab-size N --block-size N] --ranks 8 [--dtype D] [--stage S]
 //   zero-estimate --model mlp --ranks 8 --mics-shard-size 2    (hybrid sharding, stage 3)
+//   zero-estimate --model mlp --ranks 8 --hpz-partition-size 4 (ZeRO++'s hpZ, stage 3)
 //   zero-estimate --model gpt2 ... --micro-batch B [--seq-len T] [--number-checkpoints K]
 //                 [--partition-activations] [--checkpoint-nvme-path DIR] [--memory-limit BYTES]
 //                                              (activations too, for none/selective/full)
@@ -71,6 +72,7 @@ void plan_layout(const Options& options, const std::vector<zero::ParamSpec>& spe
   config.offload.param.buffer_size = options.param_buffer_size;
   // The layout is sharded over the shard group (layout_options); only stage 3 is planned then.
   config.grid.mics_shard_size = options.mics_shard_size;
+  config.grid.hpz_partition_size = options.hpz_partition_size;
   // The pipeline's end stages both hold wte and sum its gradient in a buffer of its size; at
   // stage 3 a stage keeps its units gathered through the step, and at stages 2-3 whole
   // gradients to reduce once per step (zero-train --pp's defaults).

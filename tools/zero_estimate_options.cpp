@@ -176,6 +176,7 @@ Options parse_options(const std::vector<std::string>& args) {
         flag == "--preset" || flag == "--n-layer" || flag == "--n-head" || flag == "--n-embd" ||
         flag == "--vocab-size" || flag == "--block-size" || flag == "--offload-optimizer" ||
         flag == "--sub-group-size" || flag == "--buffer-count" || flag == "--mics-shard-size" ||
+        flag == "--hpz-partition-size" ||
         flag == "--micro-batch" || flag == "--seq-len" || flag == "--number-checkpoints" ||
         flag == "--memory-limit" || flag == "--tp" || flag == "--offload-param" ||
         flag == "--param-buffer-count" || flag == "--param-buffer-size" ||
@@ -228,6 +229,8 @@ Options parse_options(const std::vector<std::string>& args) {
       options.sub_group_size = static_cast<size_t>(parse_whole(flag, value, 1, LONG_MAX));
     } else if (flag == "--mics-shard-size") {
       options.mics_shard_size = static_cast<int>(parse_whole(flag, value, 1, INT_MAX));
+    } else if (flag == "--hpz-partition-size") {
+      options.hpz_partition_size = static_cast<int>(parse_whole(flag, value, 1, INT_MAX));
     } else if (flag == "--buffer-count") {
       options.buffer_count = static_cast<int>(parse_whole(flag, value, 1, 1024));
     } else if (flag == "--memory-limit") {
@@ -361,6 +364,27 @@ Options parse_options(const std::vector<std::string>& args) {
     } catch (const zero::Error& e) {
       usage_error(e.what());
     }
+  }
+  if (options.hpz_partition_size != 1) {
+    const int k = options.hpz_partition_size;
+    if (options.model.empty()) usage_error("--hpz-partition-size plans a --model's layout");
+    if (options.stage && *options.stage != 3) {
+      usage_error("--hpz-partition-size is ZeRO++'s hpZ of stage 3, not stage " +
+                  std::to_string(*options.stage));
+    }
+    if (options.mics_shard_size != -1) {
+      usage_error("--hpz-partition-size with --mics-shard-size is not supported by the engine");
+    }
+    if (options.gpu || options.offload_param_nvme) {
+      usage_error(
+          "--hpz-partition-size with --gpu, --offload-optimizer cpu or --offload-param nvme "
+          "is not supported by the engine");
+    }
+    if (options.ranks % k != 0) {
+      usage_error("--hpz-partition-size " + std::to_string(k) + " must divide the " +
+                  std::to_string(options.ranks) + " data-parallel ranks");
+    }
+    options.stage = 3;
   }
   return options;
 }

@@ -39,6 +39,8 @@ inline constexpr const char* kUsage =
     "              data_types.grad_accum_dtype; default fp32 for bf16, else the dtype)\n"
     "  with --model: --mics-shard-size K: hybrid sharding (the config's mics_shard_size):\n"
     "              stage 3 sharded over groups of K of the N ranks, replicated across them\n"
+    "  with --model: --hpz-partition-size K: ZeRO++'s hpZ (the config's\n"
+    "              zero_hpz_partition_size): stage 3 with a secondary shard of 1/K of each unit\n"
     "  with --model gpt2: --tp T: tensor parallelism over T ranks (the config's\n"
     "              tensor_parallel.tp_size): each rank holds its slices; --ranks N is then\n"
     "              the data-parallel ranks (N x T in the job)\n"
@@ -76,7 +78,8 @@ struct Options {
   size_t param_buffer_size = 100000000;
   size_t sub_group_size = 1000000000;  // DeepSpeed's default, as the config takes it
   int buffer_count = 4;
-  int mics_shard_size = -1;  // off
+  int mics_shard_size = -1;    // off
+  int hpz_partition_size = 1;  // off
   // The GPT-2's activations: sequences per rank (0: not printed), their length (0: block_size),
   // checkpointed blocks (0: every one), whether checkpoints are partitioned over the
   // tensor-parallel ranks, and the per-rank budget (0: none).

@@ -246,10 +246,16 @@ const std::vector<BadConfig>& bad_configs() {
       {R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
           "zero_hpz_partition_size": 0}})",
        R"("zero_optimization.zero_hpz_partition_size" in ds.json must be at least 1, got 0)"},
+      // hpZ's secondary shards split a unit over a node's ranks: a divisor of the data-parallel
+      // group (2 ranks; 1 with tensor parallelism over 2).
       {R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
-          "zero_hpz_partition_size": 2}})",
-       R"("zero_optimization.zero_hpz_partition_size" in ds.json is 2, but the secondary )"
-       R"(partition within a node (hpZ) is not built yet; leave the key out)"},
+          "zero_hpz_partition_size": 3}})",
+       R"("zero_optimization.zero_hpz_partition_size" in ds.json must be 1 (off) or a divisor )"
+       R"(of the 2 data-parallel rank(s) (the ranks of one node), got 3)"},
+      {R"({"train_batch_size": 8, "tensor_parallel": {"tp_size": 2},
+          "zero_optimization": {"stage": 3, "zero_hpz_partition_size": 2}})",
+       R"("zero_optimization.zero_hpz_partition_size" in ds.json must be 1 (off) or a divisor )"
+       R"(of the 1 data-parallel rank(s) (the ranks of one node), got 2)"},
       {R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "mics_shard_size": 1,
           "zero_quantized_gradients": true}})",
        R"("zero_optimization.zero_quantized_gradients" in ds.json is true with )"

@@ -192,6 +192,12 @@ TEST(Config, ZeroPlusPlusKeysReachTheEngine) {
           "zero_quantized_gradients": true}})",
       4, "ds.json");
   EXPECT_TRUE(qgz.engine.precision.quantized_gradients);
+  EXPECT_EQ(c.engine.grid.hpz_partition_size, 1);
+  const TrainingConfig hpz = parse_training_config(
+      R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
+          "zero_hpz_partition_size": 2}})",
+      4, "ds.json");
+  EXPECT_EQ(hpz.engine.grid.hpz_partition_size, 2);
 }
 
 // tensor_parallel.tp_size (or DeepSpeed's training name autotp_size): the batch keys then count

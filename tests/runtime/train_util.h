@@ -30,7 +30,11 @@ struct TrainResult {
   uint64_t buffer_bytes = 0;
   MemoryPlan plan;
   std::vector<uint64_t> comm_bytes;  // per step, this rank
-  std::vector<int> collectives;      // per step, as the engine counts them
+  // Per step, this rank: the all-gathers on the communicator the engine was given, and what the
+  // engine's own communicators sent (Engine::own_comm_bytes).
+  std::vector<uint64_t> group_all_gather_bytes;
+  std::vector<uint64_t> own_comm_bytes;
+  std::vector<int> collectives;  // per step, as the engine counts them
   // Reductions and gathers of all steps (each step's loss all-reduce too) that did not run
   // straight on node-shared buffers: all but the communicator's direct_collectives().
   uint64_t staged_collectives = 0;
@@ -115,6 +119,9 @@ inline TrainResult train(const RunOptions& o) {
     const uint64_t staged_before = moved_collectives(*comm) - comm->direct_collectives();
     for (int step = 1; step <= o.steps; ++step) {
       const uint64_t before = comm->counters().total_bytes() + model.engine().own_comm_bytes();
+      const uint64_t gathered_before =
+          comm->counters().bytes[static_cast<size_t>(CollectiveOp::kAllGather)];
+      const uint64_t own_before = model.engine().own_comm_bytes();
       float loss_sum = 0.0f;
       for (int k = 0; k < o.micro_batches; ++k) {
         const int64_t first = (static_cast<int64_t>(k) * world + comm->rank()) * per_micro;
@@ -136,6 +143,9 @@ inline TrainResult train(const RunOptions& o) {
       if (o.record_params) run.params_after_step.push_back(model.engine().gather_full_params());
       run.comm_bytes.push_back(comm->counters().total_bytes() + model.engine().own_comm_bytes() -
                                before);
+      run.group_all_gather_bytes.push_back(
+          comm->counters().bytes[static_cast<size_t>(CollectiveOp::kAllGather)] - gathered_before);
+      run.own_comm_bytes.push_back(model.engine().own_comm_bytes() - own_before);
       float total = 0.0f;
       sums_losses.all_reduce_sync(&loss_sum, &total, 1, DType::kFloat32);
       run.losses.push_back(total / static_cast<float>(world * o.micro_batches));

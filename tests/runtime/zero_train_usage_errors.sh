@@ -102,6 +102,16 @@ echo '{"train_batch_size": 8, "zero_optimization": {"stage": 2, "zero_quantized_
   >"$work/qwz_stage2.json"
 expect "\"zero_optimization.zero_quantized_weights\" in $work/qwz_stage2.json is true, which needs \
 zero_optimization.stage 3 (it is 2): only stage 3 all-gathers parameters" --config "$work/qwz_stage2.json"
+echo '{"train_batch_size": 8, "zero_optimization": {"stage": 3, "zero_hpz_partition_size": 2}}' \
+  >"$work/hpz_one_rank.json"
+expect "\"zero_optimization.zero_hpz_partition_size\" in $work/hpz_one_rank.json must be 1 (off) \
+or a divisor of the 1 data-parallel rank(s) (the ranks of one node), got 2" \
+  --config "$work/hpz_one_rank.json"
+echo '{"train_batch_size": 8, "zero_optimization": {"stage": 2, "zero_hpz_partition_size": 2}}' \
+  >"$work/hpz_stage2.json"
+expect "\"zero_optimization.zero_hpz_partition_size\" in $work/hpz_stage2.json is 2, which needs \
+zero_optimization.stage 3 (it is 2): only stage 3 partitions the parameters" \
+  --config "$work/hpz_stage2.json"
 echo '{"train_batch_size": 8, "wandb": {"enabled": true}}' >"$work/wandb.json"
 expect "\"wandb\" in $work/wandb.json is a DeepSpeed option this runtime does not support: \
 Weights & Biases logs to a network service" --config "$work/wandb.json"

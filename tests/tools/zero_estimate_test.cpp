@@ -250,6 +250,20 @@ TEST(ZeroEstimate, BadShardSizesAreUsageErrors) {
                      "--mics-shard-size plans a --model's layout");
 }
 
+// hpZ's secondary shards split each unit over a node's ranks: a divisor of the ranks, stage 3.
+TEST(ZeroEstimate, BadHpzPartitionSizesAreUsageErrors) {
+  expect_usage_error({"--model", "mlp", "--ranks", "4", "--hpz-partition-size", "3"},
+                     "--hpz-partition-size 3 must divide the 4 data-parallel ranks");
+  expect_usage_error(
+      {"--model", "mlp", "--ranks", "4", "--hpz-partition-size", "2", "--stage", "2"},
+      "--hpz-partition-size is ZeRO++'s hpZ of stage 3, not stage 2");
+  expect_usage_error({"--params", "1B", "--ranks", "4", "--hpz-partition-size", "2"},
+                     "--hpz-partition-size plans a --model's layout");
+  expect_usage_error(
+      {"--model", "mlp", "--ranks", "4", "--hpz-partition-size", "2", "--mics-shard-size", "2"},
+      "--hpz-partition-size with --mics-shard-size is not supported by the engine");
+}
+
 // The GPT-2's activations beside its model state: the reference model (2 layers, 4 heads, 64
 // wide, vocabulary 256) with 2 sequences of 16 tokens per rank. The activation bytes are
 // gpt2_memory.h's formula worked by hand (N = 32 positions): none keeps 2 x 132096 in its blocks,

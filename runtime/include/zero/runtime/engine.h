@@ -187,6 +187,14 @@ struct EngineConfig {
     // position in every group); parameters are all-gathered inside the group only. Model state
     // per rank is 16Ψ/k at fp32. k = N is plain ZeRO-3.
     int mics_shard_size = -1;
+    // ZeRO++'s hpZ (zero_hpz_partition_size; 1: off). With k > 1 (stage 3, CPU path; k must
+    // divide the data-parallel ranks and equal the ranks per node that the communicator found,
+    // ranks_per_node), a unit's first all-gather after a step also leaves this rank its 1/k
+    // slice of the gathered unit (a secondary shard, working dtype, numel/k elements), and every
+    // later gather of the unit until the next step (backward's) all-gathers the k secondary
+    // shards over the node's ranks instead of the whole group: that traffic stays inside the
+    // node. The step makes the secondary shards stale; the next gathers make them again.
+    int hpz_partition_size = 1;
 
     // Tensor parallelism (Megatron's): the communicator of this rank's tensor-parallel group, on
     // the engine's memory (MPI on the CPU path, NCCL on a GPU; null: none), which the caller
@@ -363,9 +371,9 @@ class Engine {
   uint64_t pinned_host_bytes() const;
   uint64_t pageable_host_bytes() const;
   // Bytes this rank sent (CommCounters) on the communicators the engine made itself: hybrid
-  // sharding's shard and replica groups, and qgZ's groups within and across nodes (0 without;
-  // then every collective of the engine counts on the communicator it was given). Read it from
-  // the thread that drives the engine.
+  // sharding's shard and replica groups, hpZ's node group and qgZ's groups within and across
+  // nodes (0 without; then every collective of the engine counts on the communicator it was
+  // given). Read it from the thread that drives the engine.
   uint64_t own_comm_bytes() const;
   // Of own_comm_bytes, what qgZ sent across nodes (its second hop; 0 without qgZ).
   uint64_t quantized_bytes_across_nodes() const;
