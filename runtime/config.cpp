@@ -305,7 +305,7 @@ void read_zero_optimization(const config::ZeroOptimization& zero, const Checker&
 }
 
 // ZeRO++'s keys, with DeepSpeed's meanings: each changes how stage 3 moves its parameters or
-// gradients, so each needs stage 3. What is not built yet is refused by name, never dropped.
+// gradients, so each needs stage 3. A combination not built yet is refused by name.
 void read_zero_plus_plus(const config::ZeroOptimization& zero, int data_parallel_size,
                          const Checker& check, EngineConfig* e) {
   const auto needs_stage3 = [&](const std::string& key, const std::string& value,
@@ -314,11 +314,6 @@ void read_zero_plus_plus(const config::ZeroOptimization& zero, int data_parallel
     config_error(in_quotes("zero_optimization." + key) + " in " + check.origin() + " is " + value +
                  ", which needs zero_optimization.stage 3 (it is " + std::to_string(e->stage) +
                  "): " + why);
-  };
-  const auto not_built = [&](const std::string& key, const std::string& value,
-                             const std::string& what) {
-    config_error(in_quotes("zero_optimization." + key) + " in " + check.origin() + " is " + value +
-                 ", but " + what + " is not built yet; leave the key out");
   };
   if (zero.zero_quantized_weights()) {
     needs_stage3("zero_quantized_weights", "true", "only stage 3 all-gathers parameters");
