@@ -153,6 +153,16 @@ TEST_F(TransformerKernelsGpu, LayernormForwardAndBackward) {
     EXPECT_EQ(download(dinp, NC), got_dinp) << "dinp differs between two runs";
     EXPECT_EQ(download(dweight, C), got_dweight) << "dweight differs between two runs";
     EXPECT_EQ(download(dbias, C), got_dbias) << "dbias differs between two runs";
+    // The two halves apart (a zero-bubble schedule's), weight unread by the second: the bits of
+    // the call that computes both.
+    upload(dinp, dinp0);
+    upload(dweight, dweight0);
+    upload(dbias, dbias0);
+    layernorm_backward(dinp, nullptr, nullptr, d_dout, d_inp, d_weight, mean, rstd, N, C, stream_);
+    layernorm_backward(nullptr, dweight, dbias, d_dout, d_inp, nullptr, mean, rstd, N, C, stream_);
+    EXPECT_EQ(download(dinp, NC), got_dinp) << "dinp alone differs";
+    EXPECT_EQ(download(dweight, C), got_dweight) << "dweight alone differs";
+    EXPECT_EQ(download(dbias, C), got_dbias) << "dbias alone differs";
   }
 }
 
@@ -202,6 +212,18 @@ TEST_F(TransformerKernelsGpu, MatmulForwardAndBackwardInBothLayouts) {
               << what << "dweight with dinp in place";
           EXPECT_EQ(download(dbias_in_place, d.OC), download(dbias, d.OC))
               << what << "dbias with dinp in place";
+          // The input's gradient alone (inp unread), then the weight's and bias's alone (weight
+          // unread): the bits of the call that computes all three.
+          float *dinp_alone = poisoned(NC), *dweight_alone = device(dweight0);
+          float* dbias_alone = device(dbias0);
+          matmul_backward(dinp_alone, nullptr, nullptr, device(dout), nullptr, d_weight, d.N, d.C,
+                          d.OC, layout, handle_, stream_);
+          matmul_backward(nullptr, dweight_alone, dbias_alone, device(dout), d_inp, nullptr, d.N,
+                          d.C, d.OC, layout, handle_, stream_);
+          EXPECT_EQ(download(dinp_alone, NC), download(dinp, NC)) << what << "dinp alone";
+          EXPECT_EQ(download(dweight_alone, weight.size()), download(dweight, weight.size()))
+              << what << "dweight alone";
+          EXPECT_EQ(download(dbias_alone, d.OC), download(dbias, d.OC)) << what << "dbias alone";
         } else {
           const auto untouched = download(dinp, NC);
           EXPECT_TRUE(std::isnan(untouched[0]) && std::isnan(untouched[NC - 1]))
