@@ -100,23 +100,21 @@ CommPoint QuantizedReduceScatter::reduce_scatter(const void* send, void* recv, s
   float* term = partial + nodes * count;
   const char* source = static_cast<const char*>(send);
   const size_t elem = dtype_size(dtype);
-  const size_t block = kWeightQuantizationBlock;
   DeviceContext* dev = &device_;
   Stream& stream = comm_.stream();
   Stream* on = &stream;
 
   // Quantizes `from` (count fp32 or dtype elements) into `chunk`.
-  const auto quantize = [dev, on, count, block](const void* from, DType from_dtype, char* chunk) {
-    dev->quantize_int8(from, from_dtype, count, block, values_of(chunk), scales_of(chunk, count),
-                       on);
+  const auto quantize = [dev, on, count](const void* from, DType from_dtype, char* chunk) {
+    dev->quantize_int8(from, from_dtype, count, kWeightQuantizationBlock, values_of(chunk),
+                       scales_of(chunk, count), on);
   };
   // sum (fp32) = the chunks dequantized and added in order.
-  const auto dequantize_sum = [dev, on, count, block, term](const std::vector<char*>& chunks,
-                                                            float* sum) {
+  const auto dequantize_sum = [dev, on, count, term](const std::vector<char*>& chunks, float* sum) {
     for (size_t k = 0; k < chunks.size(); ++k) {
       float* into = k == 0 ? sum : term;
-      dev->dequantize_int8(values_of(chunks[k]), scales_of(chunks[k], count), count, block, into,
-                           DType::kFloat32, on);
+      dev->dequantize_int8(values_of(chunks[k]), scales_of(chunks[k], count), count,
+                           kWeightQuantizationBlock, into, DType::kFloat32, on);
       if (k > 0) dev->add(sum, DType::kFloat32, term, DType::kFloat32, count, on);
     }
   };
