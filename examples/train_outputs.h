@@ -3,6 +3,7 @@
 // csv_monitor) fed from the step records, and the memory summary.
 #pragma once
 
+#include <chrono>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -17,6 +18,14 @@
 #include "zero/runtime/monitor.h"
 
 namespace zero::examples {
+
+// Host-clock milliseconds of the step records: of a duration, and since `start`.
+inline double to_ms(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double, std::milli>(d).count();
+}
+inline double ms_since(std::chrono::steady_clock::time_point start) {
+  return to_ms(std::chrono::steady_clock::now() - start);
+}
 
 // A start-up problem of this process (an output path it cannot write): exit code 2, like a
 // usage or config error, and agreed with the other ranks the same way.

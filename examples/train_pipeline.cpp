@@ -34,14 +34,6 @@ void refuse(bool given, const std::string& what) {
   if (given) throw ConfigError("--pp: " + what + " is not supported with pipeline parallelism yet");
 }
 
-double to_ms(std::chrono::steady_clock::duration d) {
-  return std::chrono::duration<double, std::milli>(d).count();
-}
-
-double ms_since(std::chrono::steady_clock::time_point start) {
-  return to_ms(std::chrono::steady_clock::now() - start);
-}
-
 // What each rank contributes to a step's record, gathered on every rank in one MPI_Allgather.
 struct RankFigures {
   // The last stage's tensor-parallel rank 0s: their micro-batches' losses (a float, held in a

@@ -59,14 +59,8 @@ using zero::driver::json_number;
 using zero::driver::JsonRecord;
 using zero::examples::Fault;
 using zero::examples::Flags;
-
-double to_ms(std::chrono::steady_clock::duration d) {
-  return std::chrono::duration<double, std::milli>(d).count();
-}
-
-double ms_since(std::chrono::steady_clock::time_point start) {
-  return to_ms(std::chrono::steady_clock::now() - start);
-}
+using zero::examples::ms_since;
+using zero::examples::to_ms;
 
 uint64_t max_over_ranks(zero::Communicator& comm, uint64_t value) {
   uint64_t m = 0;

@@ -123,7 +123,8 @@ class Gpt2Embedding : public Module {
     grad_in = Tensor();
   }
   void backward_weight(const std::vector<ParamRef>& grads) override {
-    backward(grad_out_, grad_out_, {}, grads);
+    Tensor no_input_gradient;
+    backward(grad_out_, no_input_gradient, {}, grads);
     grad_out_ = Tensor();
   }
 

@@ -349,15 +349,27 @@ StepStats ZeroModel::step() {
   return stats;
 }
 
-Tensor ZeroModel::backward(const Tensor& grad_output) {
-  check_on_engine_device(grad_output, "the gradient given to backward()");
-  const Layout& layout = engine_->layout();
-  Tensor current = grad_output;
-  // fp16: scale the loss so small gradients survive the 16-bit storage; step() divides it out.
+// The gradient backward starts from, on the engine's device; with fp16 times the loss scale, so
+// small gradients survive the 16-bit storage (step() divides it out).
+Tensor ZeroModel::scaled_output_gradient(const Tensor& grad_output, const char* what) const {
+  check_on_engine_device(grad_output, what);
+  Tensor scaled = grad_output;
   const float scale = engine_->loss_scale();
   if (scale != 1.0f) {
-    engine_->device_context()->scale(current.data(), DType::kFloat32, scale, current.numel());
+    engine_->device_context()->scale(scaled.data(), DType::kFloat32, scale, scaled.numel());
   }
+  return scaled;
+}
+
+// The persistent unit's gradient is complete once every module's backward has added to it.
+void ZeroModel::persistent_grads_ready() {
+  const int n = static_cast<int>(engine_->layout().units().size());
+  if (n > 0 && engine_->layout().units()[n - 1].persistent) engine_->grads_ready(n - 1);
+}
+
+Tensor ZeroModel::backward(const Tensor& grad_output) {
+  const Layout& layout = engine_->layout();
+  Tensor current = scaled_output_gradient(grad_output, "the gradient given to backward()");
   for (int m = static_cast<int>(modules_.size()) - 1; m >= 0; --m) {
     const int u = layout.unit_of_module(m);
     const bool own_values = schedule_->before_backward(m);
@@ -374,9 +386,7 @@ Tensor ZeroModel::backward(const Tensor& grad_output) {
     }
     schedule_->after_backward(m);
   }
-  // The persistent unit's gradient is complete once every module's backward has added to it.
-  const int n = static_cast<int>(layout.units().size());
-  if (n > 0 && layout.units()[n - 1].persistent) engine_->grads_ready(n - 1);
+  persistent_grads_ready();
   return current;
 }
 
@@ -386,13 +396,8 @@ bool ZeroModel::splits_backward() const {
 }
 
 Tensor ZeroModel::backward_input(const Tensor& grad_output) {
-  check_on_engine_device(grad_output, "the gradient given to backward_input()");
   const Layout& layout = engine_->layout();
-  Tensor current = grad_output;
-  const float scale = engine_->loss_scale();
-  if (scale != 1.0f) {
-    engine_->device_context()->scale(current.data(), DType::kFloat32, scale, current.numel());
-  }
+  Tensor current = scaled_output_gradient(grad_output, "the gradient given to backward_input()");
   for (int m = static_cast<int>(modules_.size()) - 1; m >= 0; --m) {
     ZERO_CHECK(modules_[m].module->splits_backward(),
                module_label(modules_[m], m) << " does not split its backward (ZB-H1 needs every "
@@ -422,8 +427,7 @@ void ZeroModel::backward_weight() {
     const int u = layout.unit_of_module(m);
     if (u >= 0 && layout.units()[u].first_module == m) engine_->grads_ready(u);
   }
-  const int n = static_cast<int>(layout.units().size());
-  if (n > 0 && layout.units()[n - 1].persistent) engine_->grads_ready(n - 1);
+  persistent_grads_ready();
 }
 
 }  // namespace zero

@@ -169,6 +169,8 @@ class ZeroModel {
 
  private:
   void check_on_engine_device(const Tensor& tensor, const char* what) const;
+  Tensor scaled_output_gradient(const Tensor& grad_output, const char* what) const;
+  void persistent_grads_ready();
   // The module's parameters: its own (null data when `own_values` is false), then its tied ones.
   std::vector<ParamRef> params_of(int module, bool own_values = true);
   std::vector<ParamRef> grads_of(int module);
