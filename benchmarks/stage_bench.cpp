@@ -78,17 +78,26 @@ int nodes_of_job() {
   return nodes;
 }
 
-// Record::link_formula_bytes of a hierarchical run over `nodes` nodes, from the bytes the
-// engine's all-gathers sent per step on one rank (the ring's share of their buffers).
+// Record::link_formula_bytes of a hierarchical run over `nodes` nodes, from what one rank's
+// engine sent per step (CommCounters: the ring's share of each collective's buffer).
 double hierarchical_link_formula(const Record& r, int nodes, int micro_batches,
-                                 double gather_sent_per_step) {
+                                 const StageRun& run) {
+  const double steps = static_cast<double>(r.steps);
+  const auto buffer = [&r, steps](CollectiveOp op, uint64_t sent) {
+    return r.world > 1 ? static_cast<double>(sent) / steps / ring_share(op, r.world).factor() : 0.0;
+  };
   const int reductions = r.stage >= 2 ? micro_batches : 1;
-  const double reduced = 4.0 * static_cast<double>(r.padded_params) * reductions;
-  const double gathered =
-      r.world > 1 ? gather_sent_per_step / ring_share(CollectiveOp::kAllGather, r.world).factor()
-                  : 0.0;
+  double reduced = 4.0 * static_cast<double>(r.padded_params) * reductions;
+  double quantized_across = 0;
+  if (r.sharding.zeropp.quantized_gradients) {
+    // What qgZ leaves exact still goes the hierarchical way (fp32 partial sums: the benchmark's
+    // nodes run fp32); its quantized second hop crosses whole, from every rank.
+    reduced = buffer(CollectiveOp::kReduceScatter, run.reduce_scatter_bytes_sent);
+    quantized_across = r.world * (static_cast<double>(run.quantized_bytes_across_nodes) / steps);
+  }
+  const double gathered = buffer(CollectiveOp::kAllGather, run.gather_bytes_sent);
   const double per_node_pair = r.stage == 0 ? 2 * reduced : reduced + gathered;
-  return (nodes - 1) * per_node_pair;
+  return (nodes - 1) * per_node_pair + quantized_across;
 }
 
 // A --collectives entry as the communicator's transport: the ZERO_COLLECTIVES values.
@@ -114,13 +123,22 @@ void measure_block(StageRun& run, const TrainStep& train_step, const StageOption
   const auto gather_sent = [&engine] {
     return engine.communicator().counters().bytes[static_cast<size_t>(CollectiveOp::kAllGather)];
   };
-  // own_comm_bytes: the shard and replica groups' (hybrid sharding only; 0 otherwise).
-  const auto replica_sent = [&engine] {
-    const uint64_t own = engine.own_comm_bytes();
-    return own == 0 ? 0 : own - engine.communicator().counters().total_bytes();
+  // With hybrid sharding own_comm_bytes is the shard and replica groups' (engine.communicator()
+  // is the shard group).
+  const bool hybrid = run.sharding.mics_shard_size > 0;
+  const auto replica_sent = [&engine, hybrid]() -> uint64_t {
+    if (!hybrid) return 0;
+    return engine.own_comm_bytes() - engine.communicator().counters().total_bytes();
+  };
+  const auto reduce_scatter_sent = [&engine] {
+    return engine.communicator()
+        .counters()
+        .bytes[static_cast<size_t>(CollectiveOp::kReduceScatter)];
   };
   const uint64_t gather_before = gather_sent();
   const uint64_t replica_before = replica_sent();
+  const uint64_t reduce_scatter_before = reduce_scatter_sent();
+  const uint64_t quantized_across_before = engine.quantized_bytes_across_nodes();
   std::vector<double> starts{Trace::now_us()};
   for (int i = 0; i < steps; ++i) {
     run.data_step += 1;
@@ -136,6 +154,9 @@ void measure_block(StageRun& run, const TrainStep& train_step, const StageOption
   engine.communicator().stream().synchronize();
   run.gather_bytes_sent += gather_sent() - gather_before;
   run.replica_bytes_sent += replica_sent() - replica_before;
+  run.reduce_scatter_bytes_sent += reduce_scatter_sent() - reduce_scatter_before;
+  run.quantized_bytes_across_nodes +=
+      engine.quantized_bytes_across_nodes() - quantized_across_before;
   starts.push_back(Trace::now_us());
   for (size_t i = 0; i + 1 < starts.size(); ++i) {
     run.step_ms.push_back((starts[i + 1] - starts[i]) / 1000.0);
@@ -152,7 +173,7 @@ Record summarize(StageRun& run, int world, const StageOptions& opt) {
   Record r;
   r.transport = run.comm->transport();
   r.stage = run.stage;
-  r.mics_shard_size = run.mics_shard_size;
+  r.sharding = run.sharding;
   r.dtype = run.dtype;
   r.world = world;
   r.params = engine.layout().numel();
@@ -196,6 +217,19 @@ Record summarize(StageRun& run, int world, const StageOptions& opt) {
 
 }  // namespace
 
+std::string ZeroPlusPlus::name() const {
+  std::string out;
+  const auto add = [&out](bool set, const char* part) {
+    if (!set) return;
+    if (!out.empty()) out += "+";
+    out += part;
+  };
+  add(quantized_weights, "qwz");
+  add(hpz, "hpz");
+  add(quantized_gradients, "qgz");
+  return out;
+}
+
 const char* const kStageUsage =
     "  --dtype         comma-separated working dtypes: fp32, bf16, fp16 (default fp32)\n"
     "  --stages        comma-separated ZeRO stages (default 0,1,2,3)\n"
@@ -216,7 +250,10 @@ const char* const kStageUsage =
     "  --link-counters multi-node mode: add up the transmit counters of /sys/class/net/PREFIX*\n"
     "                  (zero-node: netns_cluster.sh's links) as the bytes across nodes\n"
     "  --mics-shard-size  also measure stage 3 with hybrid sharding over groups of K ranks\n"
-    "                  (MiCS), alternating with stage 3 over all ranks (default 0: off)\n";
+    "                  (MiCS), alternating with stage 3 over all ranks (default 0: off)\n"
+    "  --zeropp        also measure stage 3 with ZeRO++, one variant per comma-separated\n"
+    "                  set of qwz (int8 weight all-gathers), hpz (a secondary shard per node)\n"
+    "                  and qgz (int8 gradient reduction) joined by '+', e.g. qwz+hpz+qgz,hpz\n";
 
 driver::FlagTable stage_flags(StageOptions* opt) {
   using driver::integer_flag;
@@ -258,6 +295,29 @@ driver::FlagTable stage_flags(StageOptions* opt) {
     }
     opt->link_counters = value;
   };
+  const auto zeropp = [opt](const std::string& flag, const std::string& value) {
+    opt->zeropp.clear();
+    for (const std::string& set : split_commas(flag, value)) {
+      ZeroPlusPlus z;
+      size_t start = 0;
+      while (start <= set.size()) {
+        const size_t end = std::min(set.find('+', start), set.size());
+        const std::string part = set.substr(start, end - start);
+        bool* setting = part == "qwz"   ? &z.quantized_weights
+                        : part == "hpz" ? &z.hpz
+                        : part == "qgz" ? &z.quantized_gradients
+                                        : nullptr;
+        if (setting == nullptr) {
+          usage_error(flag + ": unknown ZeRO++ setting '" + part + "' in '" + set +
+                      "' (qwz, hpz, qgz, joined by '+')");
+        }
+        if (*setting) usage_error(flag + ": '" + set + "' names " + part + " twice");
+        *setting = true;
+        start = end + 1;
+      }
+      opt->zeropp.push_back(z);
+    }
+  };
   return {{"--dtype", dtypes},
           {"--stages", stages},
           {"--micro-batches", integer_flag(&opt->micro_batches, 1)},
@@ -272,6 +332,7 @@ driver::FlagTable stage_flags(StageOptions* opt) {
           {"--trace", text_flag(&opt->trace_prefix)},
           {"--collectives", collectives},
           {"--mics-shard-size", integer_flag(&opt->mics_shard_size, 1)},
+          {"--zeropp", zeropp},
           {"--link-counters", link_counters}};
 }
 
@@ -283,6 +344,10 @@ void check_stage_options(const StageOptions& opt) {
   if (opt.mics_shard_size > 0 &&
       std::find(opt.stages.begin(), opt.stages.end(), 3) == opt.stages.end()) {
     usage_error("--mics-shard-size shards stage 3, which --stages does not list");
+  }
+  if (!opt.zeropp.empty() &&
+      std::find(opt.stages.begin(), opt.stages.end(), 3) == opt.stages.end()) {
+    usage_error("--zeropp varies stage 3, which --stages does not list");
   }
 }
 
@@ -304,16 +369,29 @@ std::vector<Record> measure_stages(const StageOptions& opt, DType dtype, const C
   std::vector<StageRun> runs;
   for (Communicator* comm : comms) {
     for (int stage : opt.stages) {
-      std::vector<int> shardings = {-1};
-      if (stage == 3 && opt.mics_shard_size > 0) shardings.push_back(opt.mics_shard_size);
-      for (int mics_shard_size : shardings) {
+      std::vector<Sharding> shardings = {Sharding{}};
+      if (stage == 3 && opt.mics_shard_size > 0) {
+        shardings.push_back(Sharding{opt.mics_shard_size, {}});
+      }
+      if (stage == 3) {
+        for (const ZeroPlusPlus& zeropp : opt.zeropp) shardings.push_back(Sharding{-1, zeropp});
+      }
+      for (const Sharding& sharding : shardings) {
         StageRun run;
         run.comm = comm;
         run.stage = stage;
-        run.mics_shard_size = mics_shard_size;
+        run.sharding = sharding;
         run.dtype = dtype;
         EngineConfig config = engine_config(opt, stage, dtype, trace);
-        config.grid.mics_shard_size = mics_shard_size;
+        config.grid.mics_shard_size = sharding.mics_shard_size;
+        config.precision.quantized_weights = sharding.zeropp.quantized_weights;
+        config.precision.quantized_gradients = sharding.zeropp.quantized_gradients;
+        if (sharding.zeropp.hpz) {
+          config.grid.hpz_partition_size = ranks_per_node(*comm);
+          ZERO_CHECK(config.grid.hpz_partition_size > 0,
+                     "--zeropp hpz: the ranks do not form equal nodes of consecutive ranks, "
+                     "which hpZ's secondary shard spans");
+        }
         run.model = make_model(*comm, config);
         for (int w = 0; w < opt.warmup; ++w) {
           run.data_step += 1;
@@ -336,11 +414,11 @@ std::vector<Record> measure_stages(const StageOptions& opt, DType dtype, const C
     const StageRun& run = runs[i];
     const double steps = static_cast<double>(r.steps);
     const bool hierarchical = r.transport.rfind("hierarchical", 0) == 0;
-    if (hierarchical && r.mics_shard_size < 0) {
-      r.link_formula_bytes =
-          hierarchical_link_formula(r, nodes, opt.micro_batches, run.gather_bytes_sent / steps);
+    const int mics_shard_size = r.sharding.mics_shard_size;
+    if (hierarchical && mics_shard_size < 0) {
+      r.link_formula_bytes = hierarchical_link_formula(r, nodes, opt.micro_batches, run);
     }
-    const bool shard_group_per_node = r.mics_shard_size > 0 && r.mics_shard_size * nodes == r.world;
+    const bool shard_group_per_node = mics_shard_size > 0 && mics_shard_size * nodes == r.world;
     if (nodes > 1 && shard_group_per_node) {
       r.link_formula_bytes = r.world * (run.replica_bytes_sent / steps);
     }
@@ -354,8 +432,11 @@ std::vector<Record> measure_stages(const StageOptions& opt, DType dtype, const C
   }
   if (trace) {
     for (StageRun& run : runs) {
-      const std::string sharding =
-          run.mics_shard_size > 0 ? ".mics" + std::to_string(run.mics_shard_size) : "";
+      std::string sharding;
+      if (run.sharding.mics_shard_size > 0) {
+        sharding = ".mics" + std::to_string(run.sharding.mics_shard_size);
+      }
+      if (run.sharding.zeropp.any()) sharding = "." + run.sharding.zeropp.name();
       const std::string path = opt.trace_prefix + ".stage" + std::to_string(run.stage) + sharding +
                                "." + dtype_name(dtype) + ".json";
       run.model->engine().trace().write_chrome_trace(*run.comm, path);
@@ -372,8 +453,11 @@ driver::JsonRecord record_json(const Record& r, const StageOptions& opt) {
   driver::JsonRecord ratio;  // null: stage 0 was not measured
   if (r.ratio_to_stage0 >= 0) ratio = rounded(r.ratio_to_stage0, 4);
   return {{"stage", r.stage},
-          {"mics_shard_size",
-           r.mics_shard_size > 0 ? driver::JsonRecord(r.mics_shard_size) : driver::JsonRecord()},
+          {"mics_shard_size", r.sharding.mics_shard_size > 0
+                                  ? driver::JsonRecord(r.sharding.mics_shard_size)
+                                  : driver::JsonRecord()},
+          {"zeropp", r.sharding.zeropp.any() ? driver::JsonRecord(r.sharding.zeropp.name())
+                                             : driver::JsonRecord()},
           {"dtype", dtype_name(r.dtype)},
           {"world_size", r.world},
           {"params", r.params},
@@ -406,7 +490,8 @@ driver::JsonRecord record_json(const Record& r, const StageOptions& opt) {
 
 std::string stage_label(const Record& r) {
   std::string label = std::to_string(r.stage);
-  if (r.mics_shard_size > 0) label += "/m" + std::to_string(r.mics_shard_size);
+  if (r.sharding.mics_shard_size > 0) label += "/m" + std::to_string(r.sharding.mics_shard_size);
+  if (r.sharding.zeropp.any()) label += "/" + r.sharding.zeropp.name();
   return label;
 }
 

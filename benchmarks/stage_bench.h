@@ -19,6 +19,24 @@
 
 namespace zero::bench {
 
+// ZeRO++'s settings for one variant of stage 3 (DeepSpeed's zero_quantized_weights,
+// zero_hpz_partition_size, zero_quantized_gradients); hpZ's secondary shard spans the ranks of
+// one node.
+struct ZeroPlusPlus {
+  bool quantized_weights = false;    // qwZ
+  bool hpz = false;                  // hpZ
+  bool quantized_gradients = false;  // qgZ
+  bool any() const { return quantized_weights || hpz || quantized_gradients; }
+  // "qwz+hpz+qgz" (those set, in that order); "" when none is.
+  std::string name() const;
+};
+
+// How one run of stage 3 shards beyond the default (over every rank): hybrid sharding, or ZeRO++.
+struct Sharding {
+  int mics_shard_size = -1;  // -1: sharded over every rank
+  ZeroPlusPlus zeropp;
+};
+
 struct StageOptions {
   std::vector<DType> dtypes{DType::kFloat32};
   std::vector<int> stages{0, 1, 2, 3};
@@ -43,6 +61,9 @@ struct StageOptions {
   // each communicator, sharded over all ranks and over groups of k ranks (replicated across
   // groups), alternating in the same rounds. 0: off.
   int mics_shard_size = 0;
+  // ZeRO++: each entry one more variant of stage 3 over every rank, alternating in the same
+  // rounds (--zeropp qwz+hpz+qgz,hpz).
+  std::vector<ZeroPlusPlus> zeropp;
 };
 
 // The usage lines of StageOptions' flags, for a program's usage text.
@@ -60,7 +81,7 @@ EngineConfig engine_config(const StageOptions& opt, int stage, DType dtype, bool
 struct StageRun {
   Communicator* comm = nullptr;  // the communicator the model runs on
   int stage = 0;
-  int mics_shard_size = -1;  // the engine's (-1: sharded over every rank)
+  Sharding sharding;
   DType dtype = DType::kFloat32;
   std::unique_ptr<ZeroModel> model;
   long data_step = 0;           // which global batch the next step trains on
@@ -75,13 +96,17 @@ struct StageRun {
   // replica group's collectives.
   uint64_t gather_bytes_sent = 0;
   uint64_t replica_bytes_sent = 0;
+  // ZeRO++: what this rank's communicator's reduce-scatters sent (the reductions qgZ leaves
+  // exact), and what qgZ sent across nodes (its second hop).
+  uint64_t reduce_scatter_bytes_sent = 0;
+  uint64_t quantized_bytes_across_nodes = 0;
 };
 
 // One stage and dtype, combined over the ranks.
 struct Record {
   std::string transport;  // the communicator's transport()
   int stage = 0;
-  int mics_shard_size = -1;
+  Sharding sharding;
   DType dtype = DType::kFloat32;
   int world = 1;
   size_t params = 0;
@@ -106,7 +131,9 @@ struct Record {
   // micro-batch at stages 2-3; each parameter all-gather's whole buffer, as many as the engine
   // counted: stage 3 gathers a unit for its forward, its backward, and for every module tied
   // to it). Hybrid sharding with one shard group per node: only the sums across replicas
-  // cross, every rank's ring share of them.
+  // cross, every rank's ring share of them. ZeRO++: the all-gathers' buffers as above (qwZ's
+  // int8 regions; hpZ's gathers stay inside the node), with qgZ the exact reductions' fp32
+  // partial sums and what every rank's second hop sent across.
   double link_formula_bytes = -1;
 };
 
@@ -144,7 +171,8 @@ std::vector<Record> measure_dtypes(const StageOptions& opt, const Communicators&
 // The keys of a record every step benchmark writes; the program adds its model's.
 driver::JsonRecord record_json(const Record& r, const StageOptions& opt);
 
-// A record's stage as the tables print it: "3", or "3/m2" for stage 3 sharded over groups of 2.
+// A record's stage as the tables print it: "3", "3/m2" for stage 3 sharded over groups of 2,
+// "3/qwz+hpz+qgz" with ZeRO++.
 std::string stage_label(const Record& r);
 double mib(uint64_t bytes);
 std::string percent(double fraction);  // "-" for a negative fraction

@@ -26,6 +26,13 @@ execute_process(COMMAND ${BENCH} --steps 0 RESULT_VARIABLE rc OUTPUT_QUIET ERROR
 if(NOT rc EQUAL 2)
   message(FATAL_ERROR "zero-bench-step --steps 0 exited with '${rc}', expected 2:\n${err}")
 endif()
+# So is a ZeRO++ setting the flag does not know, named in the message.
+execute_process(COMMAND ${BENCH} --zeropp qwz+qgw RESULT_VARIABLE rc OUTPUT_QUIET
+                ERROR_VARIABLE err)
+if(NOT rc EQUAL 2 OR NOT err MATCHES "unknown ZeRO\\+\\+ setting 'qgw' in 'qwz\\+qgw'")
+  message(FATAL_ERROR "zero-bench-step --zeropp qwz+qgw exited with '${rc}', expected 2 naming "
+                      "qgw:\n${err}")
+endif()
 
 set(model --input-dim 8 --hidden 32 --output-dim 4 --layers 3)
 run_checked(${ZERORUN} -np 2 -- ${BENCH} ${model} --global-batch 8 --steps 2 --warmup 1
