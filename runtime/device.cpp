@@ -62,14 +62,7 @@ class CpuDeviceContext : public DeviceContext {
   }
   void add(void* dest, DType dest_dtype, const void* source, DType source_dtype, size_t n,
            Stream*) override {
-    if (dest_dtype == source_dtype) {
-      kernels::accumulate(dest, source, dest_dtype, n, options_);
-      return;
-    }
-    for (size_t i = 0; i < n; ++i) {
-      store_from_float(dest, dest_dtype, i,
-                       load_as_float(dest, dest_dtype, i) + load_as_float(source, source_dtype, i));
-    }
+    kernels::accumulate(dest, dest_dtype, source, source_dtype, n, options_);
   }
   void scale(void* x, DType dtype, float alpha, size_t n, Stream*) override {
     kernels::scale(x, dtype, alpha, n, options_);

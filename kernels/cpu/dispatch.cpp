@@ -228,30 +228,25 @@ bool all_finite(const void* x, DType dtype, size_t n, const KernelOptions& opt) 
   return finite.load();
 }
 
-void accumulate(float* dst, const float* src, size_t n, const KernelOptions& opt) {
+void accumulate(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n,
+                const KernelOptions& opt) {
   check_buffer(dst, n, "accumulate: dst");
   check_buffer(src, n, "accumulate: src");
+  check_dtype(dst_dtype, "accumulate: dst");
+  check_dtype(src_dtype, "accumulate: src");
   const KernelPath& path = active_path();
   run_chunks(n, opt, kChunkAlignment, [&](size_t begin, size_t end) {
-    path.accumulate(dst + begin, src + begin, end - begin);
+    path.accumulate(advance(dst, dst_dtype, begin), dst_dtype, advance(src, src_dtype, begin),
+                    src_dtype, end - begin);
   });
 }
 
+void accumulate(float* dst, const float* src, size_t n, const KernelOptions& opt) {
+  accumulate(dst, DType::kFloat32, src, DType::kFloat32, n, opt);
+}
+
 void accumulate(void* dst, const void* src, DType dtype, size_t n, const KernelOptions& opt) {
-  check_dtype(dtype, "accumulate: dst");
-  if (dtype == DType::kFloat32) {
-    accumulate(static_cast<float*>(dst), static_cast<const float*>(src), n, opt);
-    return;
-  }
-  check_buffer(dst, n, "accumulate: dst");
-  check_buffer(src, n, "accumulate: src");
-  // 16-bit sums happen once per micro-batch on a gradient shard: a scalar loop over the shared
-  // conversions is fast enough and rounds each sum exactly once.
-  run_chunks(n, opt, kChunkAlignment, [&](size_t begin, size_t end) {
-    for (size_t i = begin; i < end; ++i) {
-      store_from_float(dst, dtype, i, load_as_float(dst, dtype, i) + load_as_float(src, dtype, i));
-    }
-  });
+  accumulate(dst, dtype, src, dtype, n, opt);
 }
 
 void scale(void* x, DType dtype, float alpha, size_t n, const KernelOptions& opt) {

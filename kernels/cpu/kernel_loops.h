@@ -310,14 +310,23 @@ bool all_finite_vector(const void* x, DType dtype, size_t n) {
 }
 
 template <typename V>
-void accumulate_vector(float* dst, const float* src, size_t n) {
-  constexpr DType F = DType::kFloat32;
-  const size_t done = vector_steps<V>(0, n, [&](size_t i, auto lanes) {
-    V::template store<F>(
-        dst, i, V::add(V::template load<F>(dst, i, lanes), V::template load<F>(src, i, lanes)),
-        lanes);
+void accumulate_vector(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n) {
+  size_t done = 0;
+  with_dtype(dst_dtype, [&](auto d) {
+    constexpr DType D = decltype(d)::value;
+    with_dtype(src_dtype, [&](auto s) {
+      constexpr DType S = decltype(s)::value;
+      done = vector_steps<V>(0, n, [&](size_t i, auto lanes) {
+        V::template store<D>(
+            dst, i, V::add(V::template load<D>(dst, i, lanes), V::template load<S>(src, i, lanes)),
+            lanes);
+      });
+    });
   });
-  if (done < n) kScalarPath.accumulate(dst + done, src + done, n - done);
+  if (done < n) {
+    kScalarPath.accumulate(advance(dst, dst_dtype, done), dst_dtype, advance(src, src_dtype, done),
+                           src_dtype, n - done);
+  }
 }
 
 template <typename V>

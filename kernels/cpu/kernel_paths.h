@@ -24,7 +24,8 @@ struct KernelPath {
   // One block of at most kSumSquaresBlock elements; see sum_squares_lane below.
   double (*sum_squares_block)(const void* x, DType dtype, size_t n);
   bool (*all_finite)(const void* x, DType dtype, size_t n);
-  void (*accumulate)(float* dst, const float* src, size_t n);
+  // dst[i] = dst[i] + src[i], added in fp32 and rounded once to dst_dtype.
+  void (*accumulate)(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n);
   void (*scale)(void* x, DType dtype, float alpha, size_t n);
   void (*sum_in_order)(void* dst, const void* const* srcs, size_t sources, size_t offset,
                        DType dtype, size_t n);

@@ -54,8 +54,11 @@ bool all_finite_scalar(const void* x, DType dtype, size_t n) {
   return true;
 }
 
-void accumulate_scalar(float* dst, const float* src, size_t n) {
-  for (size_t i = 0; i < n; ++i) dst[i] += src[i];
+void accumulate_scalar(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    store_from_float(dst, dst_dtype, i,
+                     load_as_float(dst, dst_dtype, i) + load_as_float(src, src_dtype, i));
+  }
 }
 
 void scale_scalar(void* x, DType dtype, float alpha, size_t n) {

@@ -33,6 +33,44 @@ TEST(TypedAccumulate, SixteenBitSumsRoundOnce) {
   }
 }
 
+// A 16-bit gradient plus a module's fp32 one, and the reverse (fp32 accumulation of 16-bit
+// micro-batch gradients): every vector path's sums are the scalar definition's, odd sizes and
+// misaligned pointers included.
+TEST(TypedAccumulate, MixedDtypesAddInFp32AndRoundOnce) {
+  const DType dtypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
+  for (Path path : kAllPaths) {
+    if (!use_path(path)) continue;
+    for (DType dst_dtype : dtypes) {
+      for (DType src_dtype : dtypes) {
+        for (size_t n : {size_t{0}, size_t{1}, size_t{17}, size_t{70001}}) {
+          for (size_t misalign : {size_t{0}, size_t{1}}) {
+            const size_t d = dtype_size(dst_dtype), e = dtype_size(src_dtype);
+            std::vector<unsigned char> dst_bytes((n + 1) * d), src_bytes((n + 1) * e);
+            void* dst = dst_bytes.data() + misalign * d;
+            void* src = src_bytes.data() + misalign * e;
+            for (size_t i = 0; i < n; ++i) {
+              store_from_float(dst, dst_dtype, i, 0.37f * static_cast<float>(i % 101) - 9.0f);
+              store_from_float(src, src_dtype, i, 1.0f / static_cast<float>(1 + i % 13) - 0.02f);
+            }
+            std::vector<unsigned char> expected = dst_bytes;
+            void* want = expected.data() + misalign * d;
+            for (size_t i = 0; i < n; ++i) {
+              store_from_float(
+                  want, dst_dtype, i,
+                  load_as_float(want, dst_dtype, i) + load_as_float(src, src_dtype, i));
+            }
+            accumulate(dst, dst_dtype, src, src_dtype, n, KernelOptions{2});
+            EXPECT_EQ(dst_bytes, expected)
+                << dtype_name(dst_dtype) << " += " << dtype_name(src_dtype) << " n=" << n
+                << " misaligned " << misalign << " path=" << path_name(path);
+          }
+        }
+      }
+    }
+  }
+  reset_kernel_isa_for_testing();
+}
+
 TEST(TypedAccumulate, Fp32MatchesTheFp32Kernel) {
   std::vector<float> a(1001), b(1001);
   for (size_t i = 0; i < a.size(); ++i) {

@@ -61,9 +61,13 @@ double sum_squares(const void* x, DType dtype, size_t n, const KernelOptions& op
 // True when none of the n elements is NaN or infinite.
 bool all_finite(const void* x, DType dtype, size_t n, const KernelOptions& opt = {});
 
-// dst[i] += src[i] for n elements (fp32 accumulation of gradients across micro-batches).
+// dst[i] += src[i] for n elements, dst and src of any dtypes: each sum is computed in fp32 and
+// rounded once to dst's dtype (gradients added across micro-batches, a module's fp32 gradient
+// added into a 16-bit one).
+void accumulate(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n,
+                const KernelOptions& opt = {});
+// The same with both of one dtype.
 void accumulate(float* dst, const float* src, size_t n, const KernelOptions& opt = {});
-// The same for any dtype: each 16-bit sum is computed in fp32 and rounded once.
 void accumulate(void* dst, const void* src, DType dtype, size_t n, const KernelOptions& opt = {});
 
 // dst[i] = srcs[0][i] + srcs[1][i] + ... + srcs[sources - 1][i], added in that order in fp32
