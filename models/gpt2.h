@@ -104,7 +104,7 @@ struct Gpt2PipelineStage {
   // Whether chunk c holds the embeddings, or ln_f and the head.
   bool embeds(int chunk) const { return first() && chunk == 0; }
   bool heads(int chunk) const { return last() && chunk == chunk_count() - 1; }
-  // "3-5" or, interleaved, "1, 3" (each chunk's blocks), for messages.
+  // "3-5" or, interleaved, "1-1, 3-3" (each chunk's first and last block), for messages.
   std::string describe_layers(int n_layer) const;
 };
 

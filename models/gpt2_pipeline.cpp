@@ -151,8 +151,8 @@ std::string Gpt2PipelineStage::describe_layers(int n_layer) const {
   std::string text;
   for (int c = 0; c < chunk_count(); ++c) {
     const std::pair<int, int> layers = chunk_layers(c, n_layer);
-    text += (c == 0 ? "" : ", ") + std::to_string(layers.first);
-    if (layers.second - 1 != layers.first) text += "-" + std::to_string(layers.second - 1);
+    text += (c == 0 ? "" : ", ") + std::to_string(layers.first) + "-" +
+            std::to_string(layers.second - 1);
   }
   return text;
 }

@@ -106,7 +106,7 @@ TEST(Gpt2Pipeline, InterleavedStagesHoldTheirChunksInMegatronsLayout) {
   EXPECT_EQ(first.stages, 2);
   EXPECT_EQ(first.chunks, (std::vector<std::pair<int, int>>{{0, 1}, {2, 3}}));
   EXPECT_EQ(last.chunks, (std::vector<std::pair<int, int>>{{1, 2}, {3, 4}}));
-  EXPECT_EQ(first.describe_layers(4), "0, 2");
+  EXPECT_EQ(first.describe_layers(4), "0-0, 2-2");
   EXPECT_TRUE(first.embeds(0) && !first.embeds(1) && !first.heads(1));
   EXPECT_TRUE(last.heads(1) && !last.heads(0));
   std::vector<std::pair<std::string, int>> held;  // (name, chunk) of the last stage's
