@@ -10,9 +10,10 @@
 # tensors (its logits among them) on the last, plus the stage's one set of recompute buffers.
 # With --tp T each rank holds its slices (gpt2_memory.h's tensor-parallel figures).
 # With --interleaved also the interleaved schedule (2 model chunks per stage, 2 pp virtual stages
-# of L / 2 pp blocks): each chunk keeps a set of its tensors per (micro-batch, chunk) in flight,
-# and one more from a backward of the chunk until its next forward reuses it (its modules keep the
-# tensors of their last backward); the plan is the largest sum over the stage's list.
+# of L / 2 pp blocks; no checkpointing, and full on one block): each chunk keeps a set of its
+# tensors per (micro-batch, chunk) in flight, and one more from a backward of the chunk until its
+# next forward reuses it (its modules keep the tensors of their last backward); the plan is the
+# largest sum over the stage's list.
 #   gpt2_pipeline_memory.sh BIN_DIR NP PP [--tp T] [--interleaved] -- MPIEXEC [MPIEXEC_FLAGS...]
 set -euo pipefail
 bin="$1"; np="$2"; pp="$3"; shift 3
@@ -33,6 +34,8 @@ for schedule in "${schedules[@]}"; do
   checkpointings=(none selective full full:1)
   # ZB-H1's split backward runs without recomputation.
   if [ "$schedule" = zb-h1 ]; then checkpointings=(none); fi
+  # Interleaved: without recomputation, and with it on the first stage only (its chunk 0).
+  if [ "$schedule" = interleaved ]; then checkpointings=(none full:1); fi
   for checkpointing in "${checkpointings[@]}"; do
     recompute="${checkpointing%%:*}"
     number=0 number_flag=()
