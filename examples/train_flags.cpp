@@ -22,7 +22,9 @@ using driver::usage_error;
 const char* const kTrainUsage =
     "usage: zero-train [--config FILE] [--model mlp|gpt2] [--steps N] [--stage 0|1|2|3]\n"
     "                  [--tp T (gpt2: tensor-parallel size)]\n"
-    "                  [--pp P (gpt2: pipeline stages) [--pp-schedule gpipe|1f1b]\n"
+    "                  [--pp P (gpt2: pipeline stages)\n"
+    "                   [--pp-schedule gpipe|1f1b|interleaved|zb-h1]\n"
+    "                   [--pp-virtual-stages V (interleaved: model chunks per stage, 2)]\n"
     "                   [--pp-partition parameters|uniform|type:REGEX]\n"
     "                   [--pp-schedule-dump FILE]\n"
     "                   [--pp-regather]]\n"
@@ -177,6 +179,13 @@ void check_model_flags(Flags* f) {
 
 }  // namespace
 
+int pipeline_virtual_stages(const Flags& f) {
+  if (f.pp_virtual_stages) return *f.pp_virtual_stages;
+  return zero::parse_pipeline_schedule(f.pp_schedule) == zero::PipelineScheduleKind::kInterleaved
+             ? 2
+             : 1;
+}
+
 Flags parse_flags(int argc, char** argv) {
   Flags f;
   for (int i = 1; i < argc; ++i) {
@@ -225,6 +234,8 @@ Flags parse_flags(int argc, char** argv) {
         usage_error(std::string("--pp-schedule: ") + e.what());
       }
       f.pp_schedule = v;
+    } else if (flag == "--pp-virtual-stages") {
+      f.pp_virtual_stages = static_cast<int>(parse_at_least(flag, v, 1));
     } else if (flag == "--pp-partition") {
       if (v != "parameters" && v != "uniform" && (v.rfind("type:", 0) != 0 || v.size() <= 5)) {
         usage_error("--pp-partition must be parameters, uniform or type:REGEX, got '" + v + "'");

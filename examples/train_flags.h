@@ -41,9 +41,11 @@ struct Flags {
   std::optional<int> tp;  // --tp: tensor_parallel.tp_size
   // --pp P: pipeline stages; --pp-schedule (gpipe, 1f1b, interleaved, zb-h1: 1f1b when absent),
   // --pp-partition (parameters or uniform: how the GPT-2's blocks are cut into stages),
-  // --pp-schedule-dump FILE: each rank's timeline of the last step, measured and as planned.
+  // --pp-schedule-dump FILE: each rank's timeline of the last step, measured and as planned;
+  // --pp-virtual-stages V: interleaved's model chunks per stage (pipeline_virtual_stages).
   std::optional<int> pp;
   std::string pp_schedule = "1f1b";
+  std::optional<int> pp_virtual_stages;
   std::optional<std::string> pp_partition;  // over pipeline.partition
   std::string pp_schedule_dump;
   // --pp-regather: at ZeRO stage 3, gather each unit again for every micro-batch (less memory,
@@ -104,6 +106,10 @@ extern const char* const kTrainUsage;
 
 // The flags of argv; throws UsageError (driver/cli.h) for a bad command line.
 Flags parse_flags(int argc, char** argv);
+
+// The model chunks per pipeline stage: --pp-virtual-stages, or 2 for --pp-schedule interleaved
+// and 1 for the other schedules when it is not given.
+int pipeline_virtual_stages(const Flags& f);
 
 // The config file (or the built-in defaults), then every flag the user gave on top. Throws
 // zero::ConfigError for a config that cannot be read or does not fit the flags.

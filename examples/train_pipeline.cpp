@@ -76,14 +76,16 @@ std::vector<RankFigures> all_ranks(const RankFigures& mine) {
 
 // The mean validation loss through the pipeline: forward only, outside the step's time. Each
 // validation batch is cut as a step's is (batch_slice over the micro-batches and the stage's
-// data-parallel ranks); the first stage reads the tokens, each later stage receives its input
-// from the one before and waits for it (nothing else is in flight between steps), and the last
-// stage's losses, weighted by their slices, add up over the world.
+// data-parallel ranks); the first stage reads the tokens, each later virtual stage receives its
+// input from the one before and waits for it (nothing else is in flight between steps: with
+// model chunks the last stage hands chunk c's output to the first stage's chunk c + 1), and the
+// last stage's losses, weighted by their slices, add up over the world.
 float pipeline_validation_loss(ZeroModel& model, TrainTask& task, PeerChannel& channel,
                                const GridPlace& place, int64_t global_batch, int micro_batches,
                                const std::vector<int64_t>& boundary_shape) {
-  const bool first = place.pp_rank == 0;
-  const bool last = place.pp_rank == place.pp_size - 1;
+  const int stages = place.pp_size;
+  const int chunks = model.chunks();
+  const int last_virtual = stages * chunks - 1;
   // Above the executor's tags, which count up from 0.
   const int tag = channel.max_tag();
   const std::shared_ptr<DeviceContext>& device = model.engine().device_context();
@@ -92,27 +94,32 @@ float pipeline_validation_loss(ZeroModel& model, TrainTask& task, PeerChannel& c
     for (int k = 0; k < micro_batches; ++k) {
       const models::BatchSlice slice =
           models::batch_slice(global_batch, micro_batches, place.dp_size, k, place.dp_rank);
-      Tensor input;
-      // The last stage's read keeps the targets its loss compares with.
-      if (first || last) input = task.validation_input(b, slice.first, slice.count);
-      if (!first) {
-        input = Tensor(boundary_shape);
-        PeerRequest received =
-            channel.receive(place.pp_rank - 1, tag, input.data(), input.numel() * sizeof(float));
-        channel.wait(received);
-      }
-      const Tensor output = model.forward(input.to(device));
-      (void)model.take_activations();  // no backward follows
-      if (last) {
-        // Every tensor-parallel rank holds the loss: the first counts it.
-        if (place.tp_rank == 0) {
-          sum += static_cast<double>(output.to_host()[0]) * static_cast<double>(slice.count);
+      for (int chunk = 0; chunk < chunks; ++chunk) {
+        const int virtual_stage = chunk * stages + place.pp_rank;
+        const bool first = virtual_stage == 0;
+        const bool last = virtual_stage == last_virtual;
+        Tensor input;
+        // The last virtual stage's read keeps the targets its loss compares with.
+        if (first || last) input = task.validation_input(b, slice.first, slice.count);
+        if (!first) {
+          input = Tensor(boundary_shape);
+          PeerRequest received = channel.receive((place.pp_rank + stages - 1) % stages, tag,
+                                                 input.data(), input.numel() * sizeof(float));
+          channel.wait(received);
         }
-      } else {
-        const Tensor sent = output.to(nullptr);
-        PeerRequest request =
-            channel.send(place.pp_rank + 1, tag, sent.data(), sent.numel() * sizeof(float));
-        channel.wait(request);
+        const Tensor output = model.forward(input.to(device), chunk);
+        (void)model.take_activations(chunk);  // no backward follows
+        if (last) {
+          // Every tensor-parallel rank holds the loss: the first counts it.
+          if (place.tp_rank == 0) {
+            sum += static_cast<double>(output.to_host()[0]) * static_cast<double>(slice.count);
+          }
+        } else {
+          const Tensor sent = output.to(nullptr);
+          PeerRequest request = channel.send((place.pp_rank + 1) % stages, tag, sent.data(),
+                                             sent.numel() * sizeof(float));
+          channel.wait(request);
+        }
       }
     }
   }
@@ -241,8 +248,20 @@ StartPosition resume_stage(const Flags& f, const TrainingConfig& tc, Engine& eng
 void check_pipeline_settings(const Flags& f, const TrainingConfig& tc, int world_size) {
   if (tc.pipeline_stages == 1) return;
   const PipelineScheduleKind kind = parse_pipeline_schedule(f.pp_schedule);
-  refuse(kind == PipelineScheduleKind::kInterleaved,
-         "--pp-schedule interleaved (the GPT-2's stages hold one chunk each)");
+  const int virtual_stages = pipeline_virtual_stages(f);
+  if (kind != PipelineScheduleKind::kInterleaved && virtual_stages != 1) {
+    throw ConfigError("--pp-virtual-stages " + std::to_string(virtual_stages) +
+                      ": only --pp-schedule interleaved runs several model chunks per stage, not " +
+                      f.pp_schedule);
+  }
+  if (kind == PipelineScheduleKind::kInterleaved && virtual_stages < 2) {
+    throw ConfigError("--pp-virtual-stages " + std::to_string(virtual_stages) +
+                      ": --pp-schedule interleaved needs at least 2 model chunks per stage");
+  }
+  // Regathering would release and gather each chunk's units apart, which the unit schedule
+  // does not track across chunks.
+  refuse(kind == PipelineScheduleKind::kInterleaved && f.pp_regather,
+         "--pp-schedule interleaved with --pp-regather");
   // The weight half of a recomputing block would need the recomputed activations kept.
   refuse(kind == PipelineScheduleKind::kZeroBubbleH1 && tc.activation_checkpointing.mode != "none",
          "--pp-schedule zb-h1 with activation checkpointing (activation_checkpointing.mode \"" +
@@ -299,8 +318,8 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
   // once per step. --pp-regather does both per micro-batch, in less memory.
   config.grid.pipeline.hold_gathered = !f.pp_regather;
   config.grid.pipeline.reduce_once = !f.pp_regather && tc.gradient_accumulation_steps > 1;
-  ZeroModel model(*grid.data_parallel,
-                  task.take_modules({place.tp_rank, grid.tensor_parallel.get()}), config);
+  std::vector<NamedModule> modules = task.take_modules({place.tp_rank, grid.tensor_parallel.get()});
+  ZeroModel model(*grid.data_parallel, std::move(modules), config, task.chunk_first_modules());
   Engine& engine = model.engine();
   const StartPosition position = resume_stage(f, tc, engine, stage, stages, leader);
   const long first_step = position.first_step;
@@ -322,15 +341,16 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
     const size_t s = r / (planned_by_rank.size() / static_cast<size_t>(stages));
     stage_planned[s] = std::max(stage_planned[s], planned_by_rank[r]);
   }
+  const int virtual_stages = pipeline_virtual_stages(f);
   const std::vector<std::vector<PipelineAction>> schedules =
-      make_pipeline_schedule(kind, stages, micro_batches);
+      make_pipeline_schedule(kind, stages, micro_batches, virtual_stages);
   models::ZeroModelStage work(model, task, stage, stages, tc.train_batch_size, micro_batches,
                               place.dp_rank, place.dp_size);
   MPI_Comm pipeline_comm = pipeline_mpi_comm(place);
   PeerChannel channel(pipeline_comm);  // works on a duplicate of its own
   ZERO_MPI_CHECK(MPI_Comm_free(&pipeline_comm));
   PipelineExecutor executor(channel, stage, stages, schedules,
-                            task.stage_boundary_shape(work.micro_batch_samples()));
+                            task.stage_boundary_shape(work.micro_batch_samples()), virtual_stages);
 
   driver::MetricsWriter metrics;
   if (leader && !f.metrics.empty()) {
@@ -342,6 +362,7 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
                     {"world_size", place.pp_size * place.dp_size * place.tp_size},
                     {"pipeline_stages", stages},
                     {"pipeline_schedule", pipeline_schedule_name(kind)},
+                    {"pipeline_virtual_stages", virtual_stages},
                     {"tensor_parallel_size", place.tp_size},
                     {"data_parallel_size", place.dp_size},
                     {"stage", config.stage},
@@ -351,12 +372,14 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
     metrics.write(init);
   }
   if (leader) {
+    const std::string chunks =
+        virtual_stages > 1 ? ", " + std::to_string(virtual_stages) + " model chunks per stage" : "";
     std::printf(
-        "zero-train: %s in %s, pipeline of %d stages (%s schedule) x data-parallel %d x "
+        "zero-train: %s in %s, pipeline of %d stages (%s schedule%s) x data-parallel %d x "
         "tensor-parallel %d, ZeRO stage %d, global batch %ld = %ld per micro-batch x %d "
         "micro-batches x %d ranks\n",
         task.description().c_str(), dtype_name(config.precision.dtype), stages,
-        pipeline_schedule_name(kind), place.dp_size, place.tp_size, config.stage,
+        pipeline_schedule_name(kind), chunks.c_str(), place.dp_size, place.tp_size, config.stage,
         tc.train_batch_size, static_cast<long>(work.micro_batch_samples()), micro_batches,
         place.dp_size);
     // Rank 0 is the first stage's: its engine and the activations it holds in flight.

@@ -48,9 +48,10 @@ class MlpTask : public TrainTask {
                "the MLP does not split over tensor-parallel ranks");
     return models::make_mlp(config_);
   }
-  std::string set_pipeline_stage(int, int, const std::string&) override {
+  std::string set_pipeline_stage(int, int, const std::string&, int) override {
     throw ConfigError("--pp: only --model gpt2 is cut into pipeline stages");
   }
+  std::vector<int> chunk_first_modules() const override { return {}; }
   std::vector<int64_t> stage_boundary_shape(int64_t) const override {
     throw ConfigError("--pp: only --model gpt2 is cut into pipeline stages");
   }
@@ -167,23 +168,34 @@ class Gpt2Task : public TrainTask {
     tensor_parallel_rank_ = tensor_parallel.rank;
     return std::move(model_.modules);
   }
+  std::vector<int> chunk_first_modules() const override { return model_.chunk_first_modules; }
   std::vector<int64_t> stage_boundary_shape(int64_t samples) const override {
     return {samples, seq_len_, config_.n_embd};
   }
-  std::string set_pipeline_stage(int stage, int stages, const std::string& partition) override {
+  std::string set_pipeline_stage(int stage, int stages, const std::string& partition,
+                                 int virtual_stages) override {
     std::vector<int> bounds;
     try {
-      bounds = models::gpt2_pipeline_partition(config_, stages, partition);
+      bounds = models::gpt2_pipeline_partition(config_, stages * virtual_stages, partition);
     } catch (const Error& e) {
-      throw ConfigError(e.what());
+      if (virtual_stages == 1) throw ConfigError(e.what());
+      throw ConfigError("--pp " + std::to_string(stages) + " x --pp-virtual-stages " +
+                        std::to_string(virtual_stages) + " = " +
+                        std::to_string(stages * virtual_stages) + " virtual stages: " + e.what());
     }
-    stage_ = models::gpt2_pipeline_stage(config_, bounds, stage);
+    stage_ = models::gpt2_pipeline_stage(config_, bounds, stage, virtual_stages);
     try {
       const PipelineScheduleKind kind = parse_pipeline_schedule(pipeline_schedule_);
-      in_flight_ = pipeline_micro_batches_in_flight(kind, stages, stage, micro_batches_);
+      in_flight_ =
+          pipeline_micro_batches_in_flight(kind, stages, stage, micro_batches_, virtual_stages);
       split_loads_.clear();
       if (kind == PipelineScheduleKind::kZeroBubbleH1) {
         split_loads_ = pipeline_stage_loads(kind, stages, stage, micro_batches_);
+      }
+      chunk_actions_.clear();
+      if (virtual_stages > 1) {
+        chunk_actions_ =
+            make_pipeline_schedule(kind, stages, micro_batches_, virtual_stages)[stage];
       }
     } catch (const Error& e) {
       throw ConfigError(std::string("--pp-schedule: ") + e.what());
@@ -199,13 +211,23 @@ class Gpt2Task : public TrainTask {
         held_elsewhere_.push_back(spec.name);
       }
     }
-    uint64_t params = 0;
-    for (const ParamSpec& spec : models::gpt2_param_specs(config_, stage_)) params += numel(spec);
-    std::ostringstream line;
-    line << "pipeline stage " << stage << ": layers " << stage_.first_layer << "-"
-         << stage_.end_layer - 1 << (stage_.first() ? " + embeddings" : "")
-         << (stage_.last() ? " + ln_f, head (wte)" : "") << ", " << params << " parameters";
-    return line.str();
+    // One line per virtual stage, each with its parameters.
+    std::vector<uint64_t> params(static_cast<size_t>(stage_.chunk_count()), 0);
+    for (const ParamSpec& spec : models::gpt2_param_specs(config_, stage_)) {
+      params[static_cast<size_t>(spec.chunk)] += numel(spec);
+    }
+    std::ostringstream lines;
+    for (int c = 0; c < stage_.chunk_count(); ++c) {
+      const std::pair<int, int> layers = stage_.chunk_layers(c, config_.n_layer);
+      lines << (c == 0 ? "" : "\n") << "pipeline stage " << stage;
+      if (virtual_stages > 1) {
+        lines << " chunk " << c << " (virtual stage " << c * stages + stage << ")";
+      }
+      lines << ": layers " << layers.first << "-" << layers.second - 1
+            << (stage_.embeds(c) ? " + embeddings" : "")
+            << (stage_.heads(c) ? " + ln_f, head (wte)" : "") << ", " << params[c] << " parameters";
+    }
+    return lines.str();
   }
   void start(Engine& engine, uint64_t) override {
     models::count_gpt2_activations(model_, engine.allocator());
@@ -329,10 +351,21 @@ class Gpt2Task : public TrainTask {
     out << "activations of " << samples << " x " << seq_len_ << " tokens ("
         << models::recompute_name(checkpointing_.recompute) << " recomputation, "
         << checkpointed_blocks() << " of " << config_.n_layer << " blocks checkpointed)";
-    if (stage_.stages > 1) {
+    if (!stage.chunk_sets.empty()) {
+      // Each (micro-batch, chunk) in flight keeps its chunk's tensors; the recompute buffers
+      // are shared.
+      out << " on pipeline stage " << stage_.stage << " (layers "
+          << stage_.describe_layers(config_.n_layer) << "), " << stage.in_flight
+          << " (micro-batch, chunk) sets at the peak: " << human_bytes(stage.peak()) << " = ";
+      for (size_t c = 0; c < stage.chunk_sets.size(); ++c) {
+        out << (c == 0 ? "" : " + ") << stage.chunk_sets[c] << " x "
+            << human_bytes(stage.chunk_bytes[c]) << " (chunk " << c << ")";
+      }
+      out << " + " << recompute << "\n";
+    } else if (stage_.stages > 1) {
       // Each micro-batch in flight keeps its own; the recompute buffers are shared.
-      out << " on pipeline stage " << stage_.stage << " (layers " << stage_.first_layer << "-"
-          << stage_.end_layer - 1 << "), " << stage.in_flight << " micro-batch"
+      out << " on pipeline stage " << stage_.stage << " (layers "
+          << stage_.describe_layers(config_.n_layer) << "), " << stage.in_flight << " micro-batch"
           << (stage.in_flight == 1 ? "" : "es") << " in flight: " << human_bytes(stage.peak())
           << " = " << stage.in_flight << " x " << human_bytes(stage.per_micro_batch()) << " ("
           << blocks.str() << " + " << ends << ") + " << recompute;
@@ -458,6 +491,10 @@ class Gpt2Task : public TrainTask {
       return models::gpt2_split_stage_activation_formula(config_, checkpointing, stage_,
                                                          split_loads_, samples, seq_len_);
     }
+    if (!chunk_actions_.empty()) {
+      return models::gpt2_chunked_stage_activation_formula(config_, checkpointing, stage_,
+                                                           chunk_actions_, samples, seq_len_);
+    }
     return models::gpt2_stage_activation_formula(config_, checkpointing, stage_, in_flight_,
                                                  samples, seq_len_);
   }
@@ -486,6 +523,8 @@ class Gpt2Task : public TrainTask {
   int in_flight_ = 1;              // micro-batches this pipeline stage holds at once
   // ZB-H1: the stage's loads, over which its activations' peak is planned (else empty).
   std::vector<PipelineStageLoad> split_loads_;
+  // Interleaved: the stage's actions of a step, over which its chunks' peak is planned.
+  std::vector<PipelineAction> chunk_actions_;
   std::string init_from_;
   long val_every_;
   long val_batches_ = 0;

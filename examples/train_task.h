@@ -31,10 +31,16 @@ class TrainTask : public models::MicroBatchSource {
   virtual std::vector<NamedModule> take_modules(
       const models::Gpt2TensorParallel& tensor_parallel) = 0;
   // Pipeline parallelism (--pp): from now on the modules, parameters and weights are those of
-  // pipeline stage `stage` of `stages`, cut by `partition` (gpt2_pipeline_partition's methods).
-  // Returns the stage's line for the start-up print (its layers and parameters). A ConfigError
-  // for a model that is not cut into stages or a cut that is impossible.
-  virtual std::string set_pipeline_stage(int stage, int stages, const std::string& partition) = 0;
+  // pipeline stage `stage` of `stages`, cut by `partition` (gpt2_pipeline_partition's methods);
+  // with virtual_stages v > 1 (interleaved) the model is cut into v * stages virtual stages and
+  // the stage holds v chunks of it. Returns the stage's lines for the start-up print (its layers
+  // and parameters; one per chunk). A ConfigError for a model that is not cut into stages or a
+  // cut that is impossible.
+  virtual std::string set_pipeline_stage(int stage, int stages, const std::string& partition,
+                                         int virtual_stages = 1) = 0;
+  // The first module of each model chunk of the modules take_modules gave (ZeroModel's
+  // chunk_first_modules; empty: one chunk).
+  virtual std::vector<int> chunk_first_modules() const = 0;
   // The tensor one stage hands the next for a micro-batch of `samples` (the GPT-2's residual
   // stream [samples, seq, n_embd]), and its gradient back.
   virtual std::vector<int64_t> stage_boundary_shape(int64_t samples) const = 0;

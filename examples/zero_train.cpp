@@ -455,13 +455,15 @@ int main(int argc, char** argv) {
       if (config.pipeline_stages > 1) {
         zero::examples::check_pipeline_settings(flags, config, mpi.world_size());
         // Rank 0 says where every stage's layers went; each rank keeps its own stage.
+        const int virtual_stages = zero::examples::pipeline_virtual_stages(flags);
         for (int s = 0; rank == 0 && s < config.pipeline_stages; ++s) {
-          pipeline_lines.push_back(
-              task->set_pipeline_stage(s, config.pipeline_stages, config.pipeline_partition));
+          pipeline_lines.push_back(task->set_pipeline_stage(
+              s, config.pipeline_stages, config.pipeline_partition, virtual_stages));
         }
         const zero::GridPlace place = zero::grid_place(
             rank, mpi.world_size(), config.tensor_parallel_size, config.pipeline_stages);
-        task->set_pipeline_stage(place.pp_rank, config.pipeline_stages, config.pipeline_partition);
+        task->set_pipeline_stage(place.pp_rank, config.pipeline_stages, config.pipeline_partition,
+                                 virtual_stages);
       }
     }
   } catch (const zero::driver::UsageError& e) {

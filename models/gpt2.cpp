@@ -462,59 +462,66 @@ Gpt2 build_gpt2(const Gpt2Config& config, int kernel_threads,
                 const Gpt2Checkpointing& checkpointing, const Gpt2PipelineStage& stage) {
   check_gpt2_config(config);
   check_gpt2_checkpointing(checkpointing, config.n_layer);
-  const int first_layer = stage.first_layer;
-  const int end_layer = stage.end_layer < 0 ? config.n_layer : stage.end_layer;
-  ZERO_CHECK(0 <= first_layer && first_layer <= end_layer && end_layer <= config.n_layer,
-             "GPT-2 pipeline stage " << stage.stage << " holds layers " << first_layer << " to "
-                                     << end_layer << " of " << config.n_layer);
+  const int chunks = stage.chunk_count();
+  std::vector<int> layers;  // the stage's blocks, chunk after chunk
+  for (int c = 0; c < chunks; ++c) {
+    const std::pair<int, int> range = stage.chunk_layers(c, config.n_layer);
+    ZERO_CHECK(0 <= range.first && range.first <= range.second && range.second <= config.n_layer,
+               "GPT-2 pipeline stage " << stage.stage << " holds layers " << range.first << " to "
+                                       << range.second << " of " << config.n_layer);
+    for (int i = range.first; i < range.second; ++i) layers.push_back(i);
+  }
   auto backend = std::make_shared<gpt2_detail::Gpt2Backend>(kernel_threads);
   Gpt2 model;
   model.targets = std::make_shared<Gpt2Targets>();
-  if (stage.first()) {
-    auto embedding = std::make_unique<Gpt2Embedding>(config, backend);
-    model.embedding = embedding.get();
-    model.modules.push_back({"", std::move(embedding)});
-  } else if (stage.last()) {
-    model.modules.push_back({"", std::make_unique<Gpt2StageWte>(config)});
-  }
   model.backend = backend;
   auto shared = std::make_shared<Gpt2BlockShared>();
   model.shared = shared.get();
   int slots = 0;
-  for (int i = first_layer; i < end_layer; ++i) {
-    slots += gpt2_block_checkpointed(checkpointing, i, config.n_layer) ? 1 : 0;
-  }
+  for (int i : layers) slots += gpt2_block_checkpointed(checkpointing, i, config.n_layer) ? 1 : 0;
   if (!checkpointing.nvme_path.empty()) {
     shared->spill = std::make_unique<Gpt2CheckpointSpill>(
         checkpointing.nvme_path, checkpointing.spill_aio, checkpointing.spill_rank, slots);
   }
   int slot = 0;
-  Gpt2Block* previous_checkpointed = nullptr;  // backward fetches its checkpoint next
-  for (int i = first_layer; i < end_layer; ++i) {
-    Gpt2BlockCheckpointing block_checkpointing;
-    block_checkpointing.contiguous_memory = checkpointing.contiguous_memory;
-    block_checkpointing.slots = slots;
-    block_checkpointing.profile = checkpointing.profile;
-    block_checkpointing.synchronize = checkpointing.synchronize_boundary;
-    block_checkpointing.cpu_checkpointing = checkpointing.cpu_checkpointing;
-    block_checkpointing.partition = gpt2_partitions_checkpoints(config, checkpointing);
-    block_checkpointing.spill = !checkpointing.nvme_path.empty();
-    if (gpt2_block_checkpointed(checkpointing, i, config.n_layer)) {
-      block_checkpointing.recompute = checkpointing.recompute;
-      block_checkpointing.slot = slot++;
+  for (int c = 0; c < chunks; ++c) {
+    model.chunk_first_modules.push_back(static_cast<int>(model.modules.size()));
+    if (stage.embeds(c)) {
+      auto embedding = std::make_unique<Gpt2Embedding>(config, backend);
+      model.embedding = embedding.get();
+      model.modules.push_back({"", std::move(embedding)});
+    } else if (stage.heads(c)) {
+      model.modules.push_back({"", std::make_unique<Gpt2StageWte>(config)});
     }
-    auto block = std::make_unique<Gpt2Block>(config, block_checkpointing, backend, shared);
-    if (block->recomputes()) {
-      block->set_previous_checkpointed(previous_checkpointed);
-      previous_checkpointed = block.get();
+    // Backward fetches the checkpoint of the chunk's previous checkpointed block next.
+    Gpt2Block* previous_checkpointed = nullptr;
+    const std::pair<int, int> range = stage.chunk_layers(c, config.n_layer);
+    for (int i = range.first; i < range.second; ++i) {
+      Gpt2BlockCheckpointing block_checkpointing;
+      block_checkpointing.contiguous_memory = checkpointing.contiguous_memory;
+      block_checkpointing.slots = slots;
+      block_checkpointing.profile = checkpointing.profile;
+      block_checkpointing.synchronize = checkpointing.synchronize_boundary;
+      block_checkpointing.cpu_checkpointing = checkpointing.cpu_checkpointing;
+      block_checkpointing.partition = gpt2_partitions_checkpoints(config, checkpointing);
+      block_checkpointing.spill = !checkpointing.nvme_path.empty();
+      if (gpt2_block_checkpointed(checkpointing, i, config.n_layer)) {
+        block_checkpointing.recompute = checkpointing.recompute;
+        block_checkpointing.slot = slot++;
+      }
+      auto block = std::make_unique<Gpt2Block>(config, block_checkpointing, backend, shared);
+      if (block->recomputes()) {
+        block->set_previous_checkpointed(previous_checkpointed);
+        previous_checkpointed = block.get();
+      }
+      model.blocks.push_back(block.get());
+      model.modules.push_back({"h." + std::to_string(i), std::move(block)});
     }
-    model.blocks.push_back(block.get());
-    model.modules.push_back({"h." + std::to_string(i), std::move(block)});
-  }
-  if (stage.last()) {
-    auto head = std::make_unique<Gpt2Head>(config, backend, model.targets);
-    model.head = head.get();
-    model.modules.push_back({"ln_f", std::move(head)});
+    if (stage.heads(c)) {
+      auto head = std::make_unique<Gpt2Head>(config, backend, model.targets);
+      model.head = head.get();
+      model.modules.push_back({"ln_f", std::move(head)});
+    }
   }
   return model;
 }
@@ -565,11 +572,17 @@ std::vector<ParamSpec> gpt2_param_specs(const Gpt2Config& config,
   // The shapes only: the modules are never run, so no tensor-parallel group is needed.
   Gpt2 model = build_gpt2(config, 1, {}, pipeline_stage);
   std::vector<ParamSpec> specs;
+  int chunk = 0;
   for (size_t m = 0; m < model.modules.size(); ++m) {
     const std::string& prefix = model.modules[m].name;
+    while (chunk + 1 < static_cast<int>(model.chunk_first_modules.size()) &&
+           static_cast<int>(m) >= model.chunk_first_modules[static_cast<size_t>(chunk) + 1]) {
+      ++chunk;
+    }
     for (ParamDecl d : model.modules[m].module->parameters()) {
       if (!prefix.empty()) d.spec.name = prefix + "." + d.spec.name;
       d.spec.module = static_cast<int>(m);
+      d.spec.chunk = chunk;
       specs.push_back(std::move(d.spec));
     }
   }

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "models/gpt2_memory.h"
@@ -76,19 +77,35 @@ struct Gpt2 {
   Gpt2Head* head = nullptr;
   Gpt2BlockShared* shared = nullptr;                  // the buffers the blocks use in turn
   std::shared_ptr<gpt2_detail::Gpt2Backend> backend;  // the modules' operations and allocator
+  // The index in modules of each model chunk's first module (one chunk: {0}), for ZeroModel.
+  std::vector<int> chunk_first_modules;
 };
 
 // One stage of a GPT-2 cut into a pipeline: blocks [first_layer, end_layer); the first stage
 // also has the embeddings, the last the final LayerNorm, the head and the loss. The last stage
 // (when it is not also the first) holds its own wte, which the head reads and whose gradient
 // EngineConfig::pipeline's tie sums with the first stage's. The whole model: the default.
+// Interleaved (Megatron's layout): the stage holds several model chunks, chunk c being virtual
+// stage c * stages + stage with blocks [chunks[c].first, chunks[c].second); the embeddings go
+// with chunk 0 of the first stage, ln_f, the head (and the last stage's wte) with the last
+// chunk of the last stage. first_layer and end_layer are then chunk 0's first and the last
+// chunk's end.
 struct Gpt2PipelineStage {
   int stage = 0;
   int stages = 1;
   int first_layer = 0;
-  int end_layer = -1;  // -1: n_layer
+  int end_layer = -1;                       // -1: n_layer
+  std::vector<std::pair<int, int>> chunks;  // empty: one chunk, [first_layer, end_layer)
   bool first() const { return stage == 0; }
   bool last() const { return stage == stages - 1; }
+  int chunk_count() const { return chunks.empty() ? 1 : static_cast<int>(chunks.size()); }
+  // Chunk c's blocks, [first, end), with end_layer's -1 resolved against n_layer.
+  std::pair<int, int> chunk_layers(int chunk, int n_layer) const;
+  // Whether chunk c holds the embeddings, or ln_f and the head.
+  bool embeds(int chunk) const { return first() && chunk == 0; }
+  bool heads(int chunk) const { return last() && chunk == chunk_count() - 1; }
+  // "3-5" or, interleaved, "1-1, 3-3" (each chunk's first and last block), for messages.
+  std::string describe_layers(int n_layer) const;
 };
 
 // The block boundaries of a GPT-2 cut into `stages` pipeline stages of at least one block each
@@ -104,9 +121,12 @@ std::vector<int> gpt2_pipeline_partition(const Gpt2Config& config, int stages,
 
 // The stage of `stages` that holds layer range `partition[stage]`..`partition[stage + 1]`, the
 // blocks cut at the given boundaries (stages + 1 values from 0 to n_layer, non-decreasing).
-// Throws zero::Error naming the values when they are not.
+// Interleaved, with virtual_stages v > 1: `partition` cuts v * stages virtual stages (as
+// gpt2_pipeline_partition(config, v * stages, method)) and the stage holds v chunks, chunk c
+// being virtual stage c * stages + stage. Throws zero::Error naming the values when they are
+// not.
 Gpt2PipelineStage gpt2_pipeline_stage(const Gpt2Config& config, const std::vector<int>& partition,
-                                      int stage);
+                                      int stage, int virtual_stages = 1);
 
 // The modules of a GPT-2; kernel_threads: threads of every CPU kernel and GEMM; checkpointing:
 // which blocks recompute what in backward (gpt2_memory.h). Throws zero::Error for a bad config
@@ -149,7 +169,7 @@ Gpt2SpillTraffic take_gpt2_spill_traffic(Gpt2& model);
 Gpt2ActivationBytes gpt2_held_activations(const Gpt2& model);
 
 // The parameters make_gpt2(config) registers, for planning memory without building a model.
-// pipeline_stage: those of one stage.
+// pipeline_stage: those of one stage (with their chunks, as ZeroModel marks them).
 std::vector<ParamSpec> gpt2_param_specs(const Gpt2Config& config,
                                         const Gpt2PipelineStage& pipeline_stage = {});
 

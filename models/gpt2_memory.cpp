@@ -1,6 +1,7 @@
 #include "models/gpt2_memory.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "models/gpt2.h"
 #include "zero/core/check.h"
@@ -194,6 +195,14 @@ uint64_t Gpt2StageActivationBytes::per_micro_batch() const {
 
 uint64_t Gpt2StageActivationBytes::peak() const {
   const char* what = "a pipeline stage's activations";
+  if (!chunk_sets.empty()) {
+    uint64_t held = micro_batch.recompute;
+    for (size_t c = 0; c < chunk_sets.size(); ++c) {
+      held = size_sum(
+          held, size_product(static_cast<uint64_t>(chunk_sets[c]), chunk_bytes[c], what), what);
+    }
+    return held;
+  }
   const uint64_t forwarded =
       size_product(static_cast<uint64_t>(in_flight), per_micro_batch(), what);
   const uint64_t awaiting = size_product(static_cast<uint64_t>(awaiting_weight),
@@ -204,8 +213,17 @@ uint64_t Gpt2StageActivationBytes::peak() const {
 }
 
 uint64_t Gpt2StageActivationBytes::peak_checkpoints() const {
-  return size_product(static_cast<uint64_t>(in_flight), micro_batch.checkpoints,
-                      "a pipeline stage's checkpoints");
+  const char* what = "a pipeline stage's checkpoints";
+  if (!chunk_sets.empty()) {
+    uint64_t held = 0;
+    for (size_t c = 0; c < chunk_sets.size(); ++c) {
+      held = size_sum(
+          held, size_product(static_cast<uint64_t>(chunk_sets[c]), chunk_checkpoints[c], what),
+          what);
+    }
+    return held;
+  }
+  return size_product(static_cast<uint64_t>(in_flight), micro_batch.checkpoints, what);
 }
 
 Gpt2StageActivationBytes gpt2_stage_activation_formula(const Gpt2Config& config,
@@ -229,22 +247,84 @@ Gpt2StageActivationBytes gpt2_stage_activation_formula(const Gpt2Config& config,
       "contiguous_memory_optimization, cpu_checkpointing, partition_activations and the "
       "checkpoint spill to NVMe keep one slot per block: a pipeline stage cannot hold "
       "micro-batches in flight with them");
-  const int end_layer = stage.end_layer < 0 ? config.n_layer : stage.end_layer;
-  ZERO_CHECK(
-      0 <= stage.first_layer && stage.first_layer <= end_layer && end_layer <= config.n_layer,
-      "GPT-2 pipeline stage " << stage.stage << " holds layers " << stage.first_layer << " to "
-                              << end_layer << " of " << config.n_layer);
   Gpt2ActivationBytes& mine = bytes.micro_batch;
-  mine.embedding = stage.first() ? whole.embedding : 0;
-  mine.head = stage.last() ? whole.head : 0;
   const uint64_t checkpoint = checkpoint_bytes(config, B, T);
-  for (int layer = stage.first_layer; layer < end_layer; ++layer) {
-    mine.blocks.push_back(whole.blocks[static_cast<size_t>(layer)]);
-    if (gpt2_block_checkpointed(checkpointing, layer, config.n_layer)) {
-      mine.checkpoints += checkpoint;
-      mine.recompute = whole.recompute;
+  for (int c = 0; c < stage.chunk_count(); ++c) {
+    const std::pair<int, int> layers = stage.chunk_layers(c, config.n_layer);
+    ZERO_CHECK(
+        0 <= layers.first && layers.first <= layers.second && layers.second <= config.n_layer,
+        "GPT-2 pipeline stage " << stage.stage << " holds layers " << layers.first << " to "
+                                << layers.second << " of " << config.n_layer);
+    // One set of the chunk's tensors.
+    uint64_t chunk = 0, checkpoints = 0;
+    if (stage.embeds(c)) {
+      mine.embedding = whole.embedding;
+      chunk += whole.embedding;
+    }
+    if (stage.heads(c)) {
+      mine.head = whole.head;
+      chunk += whole.head;
+    }
+    for (int layer = layers.first; layer < layers.second; ++layer) {
+      mine.blocks.push_back(whole.blocks[static_cast<size_t>(layer)]);
+      chunk += whole.blocks[static_cast<size_t>(layer)];
+      if (gpt2_block_checkpointed(checkpointing, layer, config.n_layer)) {
+        mine.checkpoints += checkpoint;
+        checkpoints += checkpoint;
+        mine.recompute = whole.recompute;
+      }
+    }
+    bytes.chunk_bytes.push_back(chunk);
+    bytes.chunk_checkpoints.push_back(checkpoints);
+  }
+  if (stage.chunk_count() == 1) {
+    bytes.chunk_bytes.clear();
+    bytes.chunk_checkpoints.clear();
+  }
+  return bytes;
+}
+
+Gpt2StageActivationBytes gpt2_chunked_stage_activation_formula(
+    const Gpt2Config& config, const Gpt2Checkpointing& checkpointing,
+    const Gpt2PipelineStage& stage, const std::vector<PipelineAction>& actions, int64_t B,
+    int64_t T) {
+  Gpt2StageActivationBytes bytes =
+      gpt2_stage_activation_formula(config, checkpointing, stage, 1, B, T);
+  const size_t chunks = static_cast<size_t>(stage.chunk_count());
+  if (chunks == 1) return bytes;
+  // Per chunk: (micro-batch, chunk) pairs forwarded and not yet backward, and whether its
+  // modules keep the tensors of their last backward (one more set, until its next forward).
+  std::vector<int> forwarded(chunks, 0), left(chunks, 0);
+  uint64_t most = 0;
+  bytes.chunk_sets.assign(chunks, 0);
+  for (const PipelineAction& action : actions) {
+    if (!is_pipeline_compute(action.kind)) continue;
+    ZERO_CHECK(action.kind == PipelineAction::kForward || action.kind == PipelineAction::kBackward,
+               "a pipeline stage of model chunks runs forward and backward, not "
+                   << pipeline_action_name(action.kind));
+    ZERO_CHECK(
+        action.chunk >= 0 && static_cast<size_t>(action.chunk) < chunks,
+        "a pipeline action of chunk " << action.chunk << " on a stage of " << chunks << " chunks");
+    const size_t c = static_cast<size_t>(action.chunk);
+    if (action.kind == PipelineAction::kForward) {
+      left[c] = 0;  // reused
+      ++forwarded[c];
+    } else {
+      left[c] = 0;  // the micro-batch's own tensors come back in its place
+    }
+    Gpt2StageActivationBytes at = bytes;
+    for (size_t k = 0; k < chunks; ++k) at.chunk_sets[k] = forwarded[k] + left[k];
+    if (at.peak() > most) {
+      most = at.peak();
+      bytes.chunk_sets = at.chunk_sets;
+    }
+    if (action.kind == PipelineAction::kBackward) {
+      --forwarded[c];
+      left[c] = 1;
     }
   }
+  bytes.in_flight = 0;
+  for (int sets : bytes.chunk_sets) bytes.in_flight += sets;
   return bytes;
 }
 

@@ -84,6 +84,12 @@
 // comes at the first backward after its k-th forward: k micro-batches kept, plus those buffers.
 // A finished backward leaves its micro-batch's tensors in the modules, where the next forward
 // reuses them (Gpt2Backend::activation), so nothing else adds up.
+//
+// A stage of model chunks (interleaved) holds, per (micro-batch, chunk) in flight, that chunk's
+// part (the embedding's with chunk 0 of the first stage, the head's with the last chunk of the
+// last stage); each chunk's modules keep the tensors of their last backward until the chunk's
+// next forward reuses them, so a chunk holds one set more from a backward to its next forward.
+// Its peak is the largest sum over the points of the stage's list, plus the recompute buffers.
 #pragma once
 
 #include <cstdint>
@@ -211,12 +217,21 @@ struct Gpt2StageActivationBytes {
   uint64_t split_scratch = 0;
   bool in_backward_input = false;
 
+  // Model chunks (interleaved): per chunk one set's bytes (its part of per_micro_batch()) and
+  // checkpoints, and how many sets it holds at the peak; in_flight is then their sum. Empty for
+  // a stage of one chunk.
+  std::vector<uint64_t> chunk_bytes;
+  std::vector<uint64_t> chunk_checkpoints;
+  std::vector<int> chunk_sets;
+
   // What one micro-batch in flight keeps: micro_batch.total() less the shared recompute buffers.
   uint64_t per_micro_batch() const;
   // The stage's peak: in_flight x per_micro_batch() + awaiting_weight x (per_micro_batch() +
-  // weight_inputs) + split_scratch inside a backward_input + the recompute buffers.
+  // weight_inputs) + split_scratch inside a backward_input + the recompute buffers; with model
+  // chunks, the sum of chunk_sets x chunk_bytes + the recompute buffers.
   uint64_t peak() const;
-  // The peak's checkpoints: in_flight x micro_batch.checkpoints.
+  // The peak's checkpoints: in_flight x micro_batch.checkpoints (with model chunks, the sum of
+  // chunk_sets x chunk_checkpoints).
   uint64_t peak_checkpoints() const;
 };
 
@@ -229,6 +244,15 @@ Gpt2StageActivationBytes gpt2_stage_activation_formula(const Gpt2Config& config,
                                                        const Gpt2Checkpointing& checkpointing,
                                                        const Gpt2PipelineStage& stage,
                                                        int in_flight, int64_t B, int64_t T);
+
+// The same for a stage of model chunks (stage.chunks, interleaved) running `actions`, the
+// stage's list of one step (make_pipeline_schedule's): the largest over its points (the comment
+// at the top). Throws zero::Error as gpt2_stage_activation_formula, and for actions of a chunk
+// the stage does not have.
+Gpt2StageActivationBytes gpt2_chunked_stage_activation_formula(
+    const Gpt2Config& config, const Gpt2Checkpointing& checkpointing,
+    const Gpt2PipelineStage& stage, const std::vector<PipelineAction>& actions, int64_t B,
+    int64_t T);
 
 // The same under a schedule that splits backward (ZB-H1): the largest over `loads`, the stage's
 // points (pipeline_stage_loads). Throws zero::Error with activation checkpointing, which the split

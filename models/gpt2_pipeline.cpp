@@ -6,6 +6,7 @@
 #include <limits>
 #include <regex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "models/gpt2.h"
@@ -107,20 +108,53 @@ std::vector<int> gpt2_pipeline_partition(const Gpt2Config& config, int stages,
 }
 
 Gpt2PipelineStage gpt2_pipeline_stage(const Gpt2Config& config, const std::vector<int>& partition,
-                                      int stage) {
-  const int stages = static_cast<int>(partition.size()) - 1;
-  ZERO_CHECK(stages >= 1 && partition.front() == 0 && partition.back() == config.n_layer,
+                                      int stage, int virtual_stages) {
+  ZERO_CHECK(virtual_stages >= 1,
+             "virtual stages (model chunks per pipeline stage) must be at least 1, got "
+                 << virtual_stages);
+  const int cuts = static_cast<int>(partition.size()) - 1;
+  ZERO_CHECK(cuts >= 1 && partition.front() == 0 && partition.back() == config.n_layer,
              "a GPT-2 pipeline partition runs from layer 0 to n_layer ("
                  << config.n_layer << "), got "
                  << "[" << join(partition, ", ") << "]");
-  for (int s = 0; s < stages; ++s) {
+  for (int s = 0; s < cuts; ++s) {
     ZERO_CHECK(partition[s] <= partition[s + 1],
                "a GPT-2 pipeline partition must not decrease, got "
                    << "[" << join(partition, ", ") << "]");
   }
+  ZERO_CHECK(cuts % virtual_stages == 0, "a GPT-2 pipeline partition into "
+                                             << cuts << " parts is not " << virtual_stages
+                                             << " chunks per stage");
+  const int stages = cuts / virtual_stages;
   ZERO_CHECK(stage >= 0 && stage < stages,
              "pipeline stage " << stage << " of a partition into " << stages << " stages");
-  return {stage, stages, partition[stage], partition[stage + 1]};
+  Gpt2PipelineStage result{stage, stages, partition[stage], partition[stage + 1], {}};
+  if (virtual_stages > 1) {
+    for (int c = 0; c < virtual_stages; ++c) {
+      const int v = c * stages + stage;
+      result.chunks.emplace_back(partition[v], partition[v + 1]);
+    }
+    result.first_layer = result.chunks.front().first;
+    result.end_layer = result.chunks.back().second;
+  }
+  return result;
+}
+
+std::pair<int, int> Gpt2PipelineStage::chunk_layers(int chunk, int n_layer) const {
+  ZERO_CHECK(chunk >= 0 && chunk < chunk_count(),
+             "chunk " << chunk << " of a pipeline stage of " << chunk_count() << " chunk(s)");
+  if (!chunks.empty()) return chunks[static_cast<size_t>(chunk)];
+  return {first_layer, end_layer < 0 ? n_layer : end_layer};
+}
+
+std::string Gpt2PipelineStage::describe_layers(int n_layer) const {
+  std::string text;
+  for (int c = 0; c < chunk_count(); ++c) {
+    const std::pair<int, int> layers = chunk_layers(c, n_layer);
+    text += (c == 0 ? "" : ", ") + std::to_string(layers.first) + "-" +
+            std::to_string(layers.second - 1);
+  }
+  return text;
 }
 
 }  // namespace zero::models

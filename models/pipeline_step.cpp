@@ -37,24 +37,24 @@ void ZeroModelStage::begin_step(long step, std::function<void(int, Tensor&)> bef
   times_ = MicroBatchTimes{};
 }
 
-void ZeroModelStage::forward(int micro_batch, int, const Tensor& input, Tensor& output) {
+void ZeroModelStage::forward(int micro_batch, int chunk, const Tensor& input, Tensor& output) {
   using Clock = std::chrono::steady_clock;
   const std::shared_ptr<DeviceContext>& device = model_.engine().device_context();
   const BatchSlice slice = batch_slice(global_batch_, micro_batches_, ranks_, micro_batch, rank_);
   Tensor x;
-  if (first_ || last_) {
-    // The first stage's input; the last stage's read sets the micro-batch's targets.
+  if (reads_input(chunk) || computes_loss(chunk)) {
+    // The first chunk's input; the loss chunk's read sets the micro-batch's targets.
     ScopedSpan span(model_.engine().trace(), "data");
     const auto start = Clock::now();
     Tensor tokens = source_.input(step_, slice.first, slice.count);
-    if (first_) x = tokens.to(device);
+    if (reads_input(chunk)) x = tokens.to(device);
     times_.data += Clock::now() - start;
   }
-  if (!first_) x = input.to(device);
+  if (!reads_input(chunk)) x = input.to(device);
   const auto start = Clock::now();
-  Tensor out = model_.forward(x);
+  Tensor out = model_.forward(x, chunk);
   times_.forward += Clock::now() - start;
-  if (last_) {
+  if (computes_loss(chunk)) {
     ScopedSpan span(model_.engine().trace(), "loss");
     Tensor grad;
     loss_sum_ += source_.loss(out, grad);
@@ -63,55 +63,59 @@ void ZeroModelStage::forward(int micro_batch, int, const Tensor& input, Tensor& 
     // The executor sends from host memory.
     output = out.device() ? out.to(nullptr) : std::move(out);
   }
-  kept_[micro_batch] = model_.take_activations();
+  kept_[{micro_batch, chunk}] = model_.take_activations(chunk);
 }
 
-void ZeroModelStage::backward(int micro_batch, int, const Tensor& grad_output, Tensor& grad_input) {
-  Tensor grad = backward_start(micro_batch, grad_output);
+void ZeroModelStage::backward(int micro_batch, int chunk, const Tensor& grad_output,
+                              Tensor& grad_input) {
+  Tensor grad = backward_start(micro_batch, chunk, grad_output);
   const auto start = std::chrono::steady_clock::now();
-  Tensor grad_in = model_.backward(grad);
+  Tensor grad_in = model_.backward(grad, chunk);
   times_.backward += std::chrono::steady_clock::now() - start;
-  if (!first_) grad_input = grad_in.device() ? grad_in.to(nullptr) : std::move(grad_in);
+  if (!reads_input(chunk)) grad_input = grad_in.device() ? grad_in.to(nullptr) : std::move(grad_in);
 }
 
-void ZeroModelStage::backward_input(int micro_batch, int, const Tensor& grad_output,
+void ZeroModelStage::backward_input(int micro_batch, int chunk, const Tensor& grad_output,
                                     Tensor& grad_input) {
-  Tensor grad = backward_start(micro_batch, grad_output);
+  Tensor grad = backward_start(micro_batch, chunk, grad_output);
   const auto start = std::chrono::steady_clock::now();
-  Tensor grad_in = model_.backward_input(grad);
+  Tensor grad_in = model_.backward_input(grad, chunk);
   times_.backward += std::chrono::steady_clock::now() - start;
   // What the weight half reads waits with the micro-batch's activations.
-  kept_[micro_batch] = model_.take_activations();
-  if (!first_) grad_input = grad_in.device() ? grad_in.to(nullptr) : std::move(grad_in);
+  kept_[{micro_batch, chunk}] = model_.take_activations(chunk);
+  if (!reads_input(chunk)) grad_input = grad_in.device() ? grad_in.to(nullptr) : std::move(grad_in);
 }
 
-void ZeroModelStage::backward_weight(int micro_batch, int) {
-  const auto kept = kept_.find(micro_batch);
+void ZeroModelStage::backward_weight(int micro_batch, int chunk) {
+  const auto kept = kept_.find({micro_batch, chunk});
   ZERO_CHECK(kept != kept_.end(), "backward_weight of micro-batch "
-                                      << micro_batch << " before its backward_input on this stage");
-  model_.restore_activations(std::move(kept->second));
+                                      << micro_batch << " (chunk " << chunk
+                                      << ") before its backward_input on this stage");
+  model_.restore_activations(std::move(kept->second), chunk);
   kept_.erase(kept);
   const auto start = std::chrono::steady_clock::now();
-  model_.backward_weight();
+  model_.backward_weight(chunk);
   times_.backward += std::chrono::steady_clock::now() - start;
 }
 
-// The micro-batch's activations back into the modules, and the gradient its backward starts
-// from: the loss's on the last stage, the one received otherwise (after the fault hook).
-Tensor ZeroModelStage::backward_start(int micro_batch, const Tensor& grad_output) {
-  const auto kept = kept_.find(micro_batch);
-  ZERO_CHECK(kept != kept_.end(),
-             "backward of micro-batch " << micro_batch << " before its forward on this stage");
-  model_.restore_activations(std::move(kept->second));
+// The activations of the micro-batch's chunk back into its modules, and the gradient its
+// backward starts from: the loss's on the loss chunk, the one received otherwise.
+Tensor ZeroModelStage::backward_start(int micro_batch, int chunk, const Tensor& grad_output) {
+  const auto kept = kept_.find({micro_batch, chunk});
+  ZERO_CHECK(kept != kept_.end(), "backward of micro-batch " << micro_batch << " (chunk " << chunk
+                                                             << ") before its forward on this "
+                                                                "stage");
+  model_.restore_activations(std::move(kept->second), chunk);
   kept_.erase(kept);
   Tensor grad;
-  if (last_) {
+  if (computes_loss(chunk)) {
     grad = std::move(loss_grads_.at(micro_batch));
     loss_grads_.erase(micro_batch);
   } else {
     grad = grad_output.to(model_.engine().device_context());
   }
-  if (before_backward_) before_backward_(micro_batch, grad);
+  // Once per micro-batch: at its first backward on this stage (the last chunk's).
+  if (before_backward_ && chunk == model_.chunks() - 1) before_backward_(micro_batch, grad);
   return grad;
 }
 

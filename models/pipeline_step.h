@@ -3,12 +3,17 @@
 // data-parallel ranks), its forward on this stage, and later its backward. The first stage reads
 // the input from the source; the last one the targets and, from the model's output, the loss and
 // its gradient. Between a micro-batch's forward and its backward the modules' kept activations
-// wait here (ZeroModel::take_activations), so several micro-batches can be in flight.
+// wait here (ZeroModel::take_activations), so several micro-batches can be in flight. With model
+// chunks (an interleaved schedule; ZeroModel::chunks) each call runs one chunk's modules and
+// the activations wait per (micro-batch, chunk): the first stage's chunk 0 reads the input, the
+// last stage's last chunk computes the loss, and the other chunks receive and send the hidden
+// state.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <utility>
 #include <vector>
 
 #include "models/train_step.h"
@@ -27,8 +32,8 @@ class ZeroModelStage : public PipelineStageWork {
                  int data_parallel_size);
 
   // The step whose batch the next micro-batches read; resets the loss sum. `before_backward`,
-  // when given, sees each micro-batch's gradient before its backward here (the loss gradient on
-  // the last stage; zero-train's fault injection).
+  // when given, sees each micro-batch's gradient before its (last chunk's) backward here (the
+  // loss gradient on the last stage; zero-train's fault injection).
   void begin_step(long step, std::function<void(int, Tensor&)> before_backward = {});
   // The last stage: this rank's sum of the step's micro-batch losses (0 on other stages).
   float loss_sum() const { return loss_sum_; }
@@ -47,7 +52,9 @@ class ZeroModelStage : public PipelineStageWork {
   void backward_weight(int micro_batch, int chunk) override;
 
  private:
-  Tensor backward_start(int micro_batch, const Tensor& grad_output);
+  Tensor backward_start(int micro_batch, int chunk, const Tensor& grad_output);
+  bool reads_input(int chunk) const { return first_ && chunk == 0; }
+  bool computes_loss(int chunk) const { return last_ && chunk == model_.chunks() - 1; }
 
   ZeroModel& model_;
   MicroBatchSource& source_;
@@ -60,8 +67,9 @@ class ZeroModelStage : public PipelineStageWork {
   std::function<void(int, Tensor&)> before_backward_;
   float loss_sum_ = 0.0f;
   MicroBatchTimes times_;
-  // Per micro-batch in flight: what the modules kept, and on the last stage the loss gradient.
-  std::map<int, std::vector<KeptActivations>> kept_;
+  // Per (micro-batch, chunk) in flight: what the modules kept; per micro-batch on the last
+  // stage the loss gradient.
+  std::map<std::pair<int, int>, std::vector<KeptActivations>> kept_;
   std::map<int, Tensor> loss_grads_;
 };
 

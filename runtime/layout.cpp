@@ -51,6 +51,7 @@ Layout Layout::build(const std::vector<ParamSpec>& specs, const LayoutOptions& o
   layout.options_ = options;
   std::set<std::string> names;
   int previous_module = 0;
+  int previous_chunk = 0;
   for (size_t i = 0; i < specs.size(); ++i) {
     const ParamSpec& spec = specs[i];
     ZERO_CHECK(!spec.name.empty(), "layout: parameter #" << i << " has an empty name");
@@ -61,6 +62,11 @@ Layout Layout::build(const std::vector<ParamSpec>& specs, const LayoutOptions& o
                                      << " after a parameter of module " << previous_module
                                      << "; modules must be registered in order");
     previous_module = spec.module;
+    ZERO_CHECK(spec.chunk >= previous_chunk, "layout: parameter '"
+                                                 << spec.name << "' belongs to chunk " << spec.chunk
+                                                 << " after a parameter of chunk " << previous_chunk
+                                                 << "; chunks must be registered in order");
+    previous_chunk = spec.chunk;
     size_t numel = 1;
     for (int64_t d : spec.shape) {
       ZERO_CHECK(d >= 0, "layout: parameter '" << spec.name << "' has negative dimension " << d);
@@ -96,8 +102,11 @@ Layout Layout::build(const std::vector<ParamSpec>& specs, const LayoutOptions& o
   int num_modules = specs.empty() ? 0 : specs.back().module + 1;
   std::vector<size_t> module_elems(num_modules, 0);
   std::vector<bool> module_trainable(num_modules, true);
-  for (const ParamPlacement& p : layout.params_) {
+  std::vector<int> module_chunk(num_modules, 0);
+  for (size_t i = 0; i < layout.params_.size(); ++i) {
+    const ParamPlacement& p = layout.params_[i];
     module_trainable[p.module] = p.trainable;
+    module_chunk[p.module] = specs[i].chunk;
     if (is_persistent(p)) continue;
     module_elems[p.module] =
         size_sum(round_up(module_elems[p.module], align), p.numel, "a module's elements");
@@ -114,7 +123,8 @@ Layout Layout::build(const std::vector<ParamSpec>& specs, const LayoutOptions& o
       continue;  // a module with nothing outside the persistent unit has no unit
     size_t merged = size_sum(round_up(unit_elems, align), module_elems[m], "a unit's elements");
     bool fits = !layout.units_.empty() && merged <= options.merge_bytes / elem &&
-                layout.units_.back().trainable == module_trainable[m];
+                layout.units_.back().trainable == module_trainable[m] &&
+                module_chunk[layout.units_.back().first_module] == module_chunk[m];
     if (!fits) {
       layout.units_.emplace_back();
       layout.units_.back().first_module = m;

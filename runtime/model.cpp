@@ -188,8 +188,26 @@ std::string close_names(const std::string& name, const std::map<std::string, int
 }  // namespace
 
 ZeroModel::ZeroModel(Communicator& comm, std::vector<NamedModule> modules,
-                     const EngineConfig& config)
-    : modules_(std::move(modules)) {
+                     const EngineConfig& config, std::vector<int> chunk_first_modules)
+    : modules_(std::move(modules)), chunk_first_modules_(std::move(chunk_first_modules)) {
+  if (chunk_first_modules_.empty()) chunk_first_modules_ = {0};
+  ZERO_CHECK(chunk_first_modules_.front() == 0,
+             "the first model chunk starts at module 0, not " << chunk_first_modules_.front());
+  for (size_t c = 1; c < chunk_first_modules_.size(); ++c) {
+    ZERO_CHECK(chunk_first_modules_[c] > chunk_first_modules_[c - 1] &&
+                   chunk_first_modules_[c] < static_cast<int>(modules_.size()),
+               "model chunk " << c << " starts at module " << chunk_first_modules_[c]
+                              << ": each chunk starts after the one before, at one of the "
+                              << modules_.size() << " modules");
+  }
+  std::vector<int> chunk_of(modules_.size(), 0);
+  for (size_t m = 0, c = 0; m < modules_.size(); ++m) {
+    while (c + 1 < chunk_first_modules_.size() &&
+           static_cast<int>(m) >= chunk_first_modules_[c + 1]) {
+      ++c;
+    }
+    chunk_of[m] = static_cast<int>(c);
+  }
   std::vector<ParamDecl> decls;
   std::map<std::string, int> index_of;  // full name -> registration index
   module_params_.resize(modules_.size());
@@ -200,6 +218,7 @@ ZeroModel::ZeroModel(Communicator& comm, std::vector<NamedModule> modules,
     for (ParamDecl d : modules_[m].module->parameters()) {
       d.spec.name = prefix.empty() ? d.spec.name : prefix + "." + d.spec.name;
       d.spec.module = static_cast<int>(m);
+      d.spec.chunk = chunk_of[m];
       if (!module_params_[m].empty()) {
         const ParamDecl& first = decls[module_params_[m].front()];
         ZERO_CHECK(first.trainable == d.trainable,
@@ -228,6 +247,13 @@ ZeroModel::ZeroModel(Communicator& comm, std::vector<NamedModule> modules,
                                 << (owner == m ? "itself" : module_label(modules_[owner], owner))
                                 << "; a module ties only to parameters of earlier modules, "
                                    "which declare them");
+      // A chunk's forward and backward run apart from the others' (other micro-batches'
+      // in between), so a tie's gradient must be complete within one chunk's backward.
+      ZERO_CHECK(chunk_of[owner] == chunk_of[m],
+                 module_label(modules_[m], m)
+                     << " of model chunk " << chunk_of[m] << " ties to '" << name << "' of "
+                     << module_label(modules_[owner], owner) << " in chunk " << chunk_of[owner]
+                     << "; a module ties only to parameters of its own chunk");
       std::vector<int>& params = module_params_[m];
       ZERO_CHECK(std::find(params.begin(), params.end(), found->second) == params.end(),
                  module_label(modules_[m], m) << " ties to '" << name << "' twice");
@@ -287,11 +313,29 @@ void ZeroModel::check_on_engine_device(const Tensor& tensor, const char* what) c
                  << "; move it there with Tensor::to(engine().device_context())");
 }
 
+std::pair<int, int> ZeroModel::chunk_modules(int chunk) const {
+  ZERO_CHECK(chunk >= 0 && chunk < chunks(),
+             "model chunk " << chunk << " of a model of " << chunks() << " chunk(s)");
+  const size_t c = static_cast<size_t>(chunk);
+  const int end = c + 1 < chunk_first_modules_.size() ? chunk_first_modules_[c + 1]
+                                                      : static_cast<int>(modules_.size());
+  return {chunk_first_modules_[c], end};
+}
+
 Tensor ZeroModel::forward(const Tensor& input) {
+  return forward_modules(input, 0, static_cast<int>(modules_.size()));
+}
+
+Tensor ZeroModel::forward(const Tensor& input, int chunk) {
+  const std::pair<int, int> range = chunk_modules(chunk);
+  return forward_modules(input, range.first, range.second);
+}
+
+Tensor ZeroModel::forward_modules(const Tensor& input, int first, int end) {
   check_on_engine_device(input, "the input of forward()");
   schedule_->release_left_over();
   Tensor current = input;
-  for (int m = 0; m < static_cast<int>(modules_.size()); ++m) {
+  for (int m = first; m < end; ++m) {
     schedule_->before_forward(m);
     Tensor out;
     {
@@ -323,12 +367,22 @@ void Module::backward_weight(const std::vector<ParamRef>&) {
 }
 
 std::vector<KeptActivations> ZeroModel::take_activations() {
-  std::vector<KeptActivations> kept(modules_.size());
-  for (size_t m = 0; m < modules_.size(); ++m) {
+  std::vector<KeptActivations> kept;
+  for (int c = 0; c < chunks(); ++c) {
+    std::vector<KeptActivations> chunk = take_activations(c);
+    for (KeptActivations& module : chunk) kept.push_back(std::move(module));
+  }
+  return kept;
+}
+
+std::vector<KeptActivations> ZeroModel::take_activations(int chunk) {
+  const std::pair<int, int> range = chunk_modules(chunk);
+  std::vector<KeptActivations> kept(static_cast<size_t>(range.second - range.first));
+  for (int m = range.first; m < range.second; ++m) {
     try {
-      modules_[m].module->take_activations(kept[m]);
+      modules_[m].module->take_activations(kept[static_cast<size_t>(m - range.first)]);
     } catch (const Error& e) {
-      ZERO_FAIL(module_label(modules_[m], m) << ": " << e.what());
+      ZERO_FAIL(module_label(modules_[m], static_cast<size_t>(m)) << ": " << e.what());
     }
   }
   return kept;
@@ -339,6 +393,17 @@ void ZeroModel::restore_activations(std::vector<KeptActivations> kept) {
                                                  << kept.size() << " modules; the model has "
                                                  << modules_.size());
   for (size_t m = 0; m < modules_.size(); ++m) modules_[m].module->restore_activations(kept[m]);
+}
+
+void ZeroModel::restore_activations(std::vector<KeptActivations> kept, int chunk) {
+  const std::pair<int, int> range = chunk_modules(chunk);
+  ZERO_CHECK(kept.size() == static_cast<size_t>(range.second - range.first),
+             "restore_activations() got the activations of "
+                 << kept.size() << " modules; model chunk " << chunk << " has "
+                 << range.second - range.first);
+  for (int m = range.first; m < range.second; ++m) {
+    modules_[m].module->restore_activations(kept[static_cast<size_t>(m - range.first)]);
+  }
 }
 
 StepStats ZeroModel::step() {
@@ -368,9 +433,21 @@ void ZeroModel::persistent_grads_ready() {
 }
 
 Tensor ZeroModel::backward(const Tensor& grad_output) {
+  return backward_modules(grad_output, 0, static_cast<int>(modules_.size()), true);
+}
+
+Tensor ZeroModel::backward(const Tensor& grad_output, int chunk) {
+  const std::pair<int, int> range = chunk_modules(chunk);
+  return backward_modules(grad_output, range.first, range.second, chunk == 0);
+}
+
+// micro_batch_done: the micro-batch's last backward on this model (chunk 0's), after which the
+// persistent unit's gradient, which every module adds to, is complete.
+Tensor ZeroModel::backward_modules(const Tensor& grad_output, int first, int end,
+                                   bool micro_batch_done) {
   const Layout& layout = engine_->layout();
   Tensor current = scaled_output_gradient(grad_output, "the gradient given to backward()");
-  for (int m = static_cast<int>(modules_.size()) - 1; m >= 0; --m) {
+  for (int m = end - 1; m >= first; --m) {
     const int u = layout.unit_of_module(m);
     const bool own_values = schedule_->before_backward(m);
     Tensor grad_in;
@@ -386,7 +463,7 @@ Tensor ZeroModel::backward(const Tensor& grad_output) {
     }
     schedule_->after_backward(m);
   }
-  persistent_grads_ready();
+  if (micro_batch_done) persistent_grads_ready();
   return current;
 }
 
@@ -396,9 +473,18 @@ bool ZeroModel::splits_backward() const {
 }
 
 Tensor ZeroModel::backward_input(const Tensor& grad_output) {
+  return backward_input_modules(grad_output, 0, static_cast<int>(modules_.size()));
+}
+
+Tensor ZeroModel::backward_input(const Tensor& grad_output, int chunk) {
+  const std::pair<int, int> range = chunk_modules(chunk);
+  return backward_input_modules(grad_output, range.first, range.second);
+}
+
+Tensor ZeroModel::backward_input_modules(const Tensor& grad_output, int first, int end) {
   const Layout& layout = engine_->layout();
   Tensor current = scaled_output_gradient(grad_output, "the gradient given to backward_input()");
-  for (int m = static_cast<int>(modules_.size()) - 1; m >= 0; --m) {
+  for (int m = end - 1; m >= first; --m) {
     ZERO_CHECK(modules_[m].module->splits_backward(),
                module_label(modules_[m], m) << " does not split its backward (ZB-H1 needs every "
                                                "module to)");
@@ -418,8 +504,17 @@ Tensor ZeroModel::backward_input(const Tensor& grad_output) {
 }
 
 void ZeroModel::backward_weight() {
+  backward_weight_modules(0, static_cast<int>(modules_.size()), true);
+}
+
+void ZeroModel::backward_weight(int chunk) {
+  const std::pair<int, int> range = chunk_modules(chunk);
+  backward_weight_modules(range.first, range.second, chunk == 0);
+}
+
+void ZeroModel::backward_weight_modules(int first, int end, bool micro_batch_done) {
   const Layout& layout = engine_->layout();
-  for (int m = static_cast<int>(modules_.size()) - 1; m >= 0; --m) {
+  for (int m = end - 1; m >= first; --m) {
     {
       ScopedSpan span(engine_->trace(), "backward_weight " + modules_[m].name);
       modules_[m].module->backward_weight(grads_of(m));
@@ -427,7 +522,7 @@ void ZeroModel::backward_weight() {
     const int u = layout.unit_of_module(m);
     if (u >= 0 && layout.units()[u].first_module == m) engine_->grads_ready(u);
   }
-  persistent_grads_ready();
+  if (micro_batch_done) persistent_grads_ready();
 }
 
 }  // namespace zero

@@ -11,8 +11,8 @@
 //                 [--partition-activations] [--checkpoint-nvme-path DIR] [--memory-limit BYTES]
 //                                              (activations too, for none/selective/full)
 //   zero-estimate --model gpt2 ... --pp P [--pp-partition parameters|uniform]
-//                 [--pp-schedule gpipe|1f1b|zb-h1] [--micro-batches M] --ranks P*D*T
-//                                              (each pipeline stage apart)
+//                 [--pp-schedule gpipe|1f1b|interleaved|zb-h1] [--pp-virtual-stages V]
+//                 [--micro-batches M] --ranks P*D*T   (each pipeline stage apart)
 //
 // prints one row per stage (or only stage S): parameters, gradients, optimizer state (fp32
 // master and Adam moments) and their total per rank, in GB (1e9 bytes) and in bytes. With the
@@ -163,27 +163,37 @@ int plan_model(const Options& options) {
                 StagePlan{});
     return 0;
   }
-  const std::vector<int> bounds =
-      zero::models::gpt2_pipeline_partition(options.gpt2, stages, options.pipeline_partition);
+  const int virtual_stages = options.pipeline_virtual_stages;
+  const std::vector<int> bounds = zero::models::gpt2_pipeline_partition(
+      options.gpt2, stages * virtual_stages, options.pipeline_partition);
   const zero::PipelineScheduleKind kind = zero::parse_pipeline_schedule(options.pipeline_schedule);
+  const std::string chunks =
+      virtual_stages > 1 ? ", " + std::to_string(virtual_stages) + " model chunks per stage" : "";
   std::printf(
-      "pipeline of %d stages (%s partition, %s schedule, %d micro-batches per step): each stage "
-      "on %d data-parallel x %d tensor-parallel ranks, %d ranks in all\n",
-      stages, options.pipeline_partition.c_str(), options.pipeline_schedule.c_str(),
+      "pipeline of %d stages (%s partition, %s schedule%s, %d micro-batches per step): each "
+      "stage on %d data-parallel x %d tensor-parallel ranks, %d ranks in all\n",
+      stages, options.pipeline_partition.c_str(), options.pipeline_schedule.c_str(), chunks.c_str(),
       options.micro_batches, options.data_parallel_ranks, options.gpt2.tensor_parallel_size,
       options.ranks);
   for (int s = 0; s < stages; ++s) {
     StagePlan plan;
-    plan.stage = zero::models::gpt2_pipeline_stage(options.gpt2, bounds, s);
-    plan.in_flight = zero::pipeline_micro_batches_in_flight(kind, stages, s, options.micro_batches);
+    plan.stage = zero::models::gpt2_pipeline_stage(options.gpt2, bounds, s, virtual_stages);
+    plan.in_flight = zero::pipeline_micro_batches_in_flight(kind, stages, s, options.micro_batches,
+                                                            virtual_stages);
     if (kind == zero::PipelineScheduleKind::kZeroBubbleH1) {
       plan.split_loads = zero::pipeline_stage_loads(kind, stages, s, options.micro_batches);
     }
-    std::printf("\npipeline stage %d: layers %d-%d%s%s, %d micro-batch%s in flight\n", s,
-                plan.stage.first_layer, plan.stage.end_layer - 1,
+    if (virtual_stages > 1) {
+      plan.chunk_actions =
+          zero::make_pipeline_schedule(kind, stages, options.micro_batches, virtual_stages)[s];
+    }
+    std::printf("\npipeline stage %d: layers %s%s%s, %d %s in flight\n", s,
+                plan.stage.describe_layers(options.gpt2.n_layer).c_str(),
                 plan.stage.first() ? " + embeddings" : "",
                 plan.stage.last() ? " + ln_f, head (its own wte)" : "", plan.in_flight,
-                plan.in_flight == 1 ? "" : "es");
+                virtual_stages > 1    ? "(micro-batch, chunk) pairs"
+                : plan.in_flight == 1 ? "micro-batch"
+                                      : "micro-batches");
     plan_layout(options, zero::models::gpt2_param_specs(options.gpt2, plan.stage), plan);
   }
   return 0;

@@ -33,6 +33,11 @@ zero::models::Gpt2StageActivationBytes activations(const Options& options, const
         options.gpt2, checkpointing_of(options, recompute), plan.stage, plan.split_loads, B,
         options.seq_len);
   }
+  if (!plan.chunk_actions.empty()) {
+    return zero::models::gpt2_chunked_stage_activation_formula(
+        options.gpt2, checkpointing_of(options, recompute), plan.stage, plan.chunk_actions, B,
+        options.seq_len);
+  }
   return zero::models::gpt2_stage_activation_formula(
       options.gpt2, checkpointing_of(options, recompute), plan.stage, plan.in_flight, B,
       options.seq_len);
@@ -98,7 +103,10 @@ void print_activations(const Options& options, const StagePlan& plan,
   std::string where;
   if (plan.stage.stages > 1) {
     where = " on pipeline stage " + std::to_string(plan.stage.stage) + ", " +
-            std::to_string(plan.in_flight) + " micro-batch" + (plan.in_flight == 1 ? "" : "es") +
+            std::to_string(plan.in_flight) +
+            (plan.chunk_actions.empty()
+                 ? std::string(" micro-batch") + (plan.in_flight == 1 ? "" : "es")
+                 : std::string(" (micro-batch, chunk) pair") + (plan.in_flight == 1 ? "" : "s")) +
             " in flight";
   }
   std::printf(

@@ -19,6 +19,9 @@ struct StagePlan {
   // ZB-H1 (a split backward, without activation checkpointing): the stage's loads, over which
   // its peak is planned; empty for the other schedules.
   std::vector<zero::PipelineStageLoad> split_loads;
+  // Interleaved (model chunks): the stage's actions of a step, over which its chunks' peak is
+  // planned; empty for the other schedules.
+  std::vector<zero::PipelineAction> chunk_actions;
 };
 
 // The GPT-2's activations per rank for each checkpointing setting (the stage's peak, with its

@@ -3,11 +3,13 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <utility>
 
 #include "driver/cli.h"
 #include "zero/core/check.h"
 #include "zero/runtime/engine.h"
+#include "zero/runtime/pipeline_schedule.h"
 
 namespace zero_estimate {
 
@@ -101,10 +103,24 @@ long parse_whole(const std::string& flag, const std::string& text, long min_valu
   return value;
 }
 
-// --pp P and its flags: a GPT-2 that P stages can cut (layers) on ranks they divide.
-void check_pipeline(bool pipeline_flags, Options* options) {
+// --pp P and its flags: a GPT-2 that P stages (P x V virtual stages, interleaved) can cut
+// (layers) on ranks they divide, with a schedule zero-train runs.
+void check_pipeline(bool pipeline_flags, std::optional<int> virtual_stages, Options* options) {
   const int p = options->pipeline_stages;
   const int t = options->gpt2.tensor_parallel_size;
+  const bool interleaved = zero::parse_pipeline_schedule(options->pipeline_schedule) ==
+                           zero::PipelineScheduleKind::kInterleaved;
+  const int v = virtual_stages.value_or(interleaved ? 2 : 1);
+  options->pipeline_virtual_stages = v;
+  if (!interleaved && v != 1) {
+    usage_error("--pp-virtual-stages " + std::to_string(v) +
+                ": only --pp-schedule interleaved runs several model chunks per stage, not " +
+                options->pipeline_schedule);
+  }
+  if (interleaved && v < 2) {
+    usage_error("--pp-virtual-stages " + std::to_string(v) +
+                ": --pp-schedule interleaved needs at least 2 model chunks per stage");
+  }
   if (p > 1 && options->model != "gpt2") {
     usage_error("--pp cuts --model gpt2 into pipeline stages; the " +
                 (options->model.empty() ? std::string("--params formulas have")
@@ -139,9 +155,19 @@ void check_pipeline(bool pipeline_flags, Options* options) {
     }
   }
   try {
-    zero::models::gpt2_pipeline_partition(options->gpt2, p, options->pipeline_partition);
+    zero::models::gpt2_pipeline_partition(options->gpt2, p * v, options->pipeline_partition);
   } catch (const zero::Error& e) {
-    usage_error(std::string("--pp ") + std::to_string(p) + ": " + e.what());
+    usage_error(std::string("--pp ") + std::to_string(p) +
+                (v > 1 ? " x --pp-virtual-stages " + std::to_string(v) + " = " +
+                             std::to_string(p * v) + " virtual stages"
+                       : std::string()) +
+                ": " + e.what());
+  }
+  try {
+    zero::make_pipeline_schedule(zero::parse_pipeline_schedule(options->pipeline_schedule), p,
+                                 options->micro_batches, v);
+  } catch (const zero::Error& e) {
+    usage_error(std::string("--pp-schedule: ") + e.what());
   }
 }
 
@@ -151,7 +177,8 @@ Options parse_options(const std::vector<std::string>& args) {
   Options options;
   bool have_params = false;
   bool have_ranks = false;
-  bool pipeline_flags = false;  // --pp-partition, --pp-schedule or --micro-batches
+  bool pipeline_flags = false;        // --pp-partition, --pp-schedule, --micro-batches, ...
+  std::optional<int> virtual_stages;  // --pp-virtual-stages
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& flag = args[i];
     if (flag == "-h" || flag == "--help") {
@@ -176,12 +203,12 @@ Options parse_options(const std::vector<std::string>& args) {
         flag == "--preset" || flag == "--n-layer" || flag == "--n-head" || flag == "--n-embd" ||
         flag == "--vocab-size" || flag == "--block-size" || flag == "--offload-optimizer" ||
         flag == "--sub-group-size" || flag == "--buffer-count" || flag == "--mics-shard-size" ||
-        flag == "--hpz-partition-size" ||
-        flag == "--micro-batch" || flag == "--seq-len" || flag == "--number-checkpoints" ||
-        flag == "--memory-limit" || flag == "--tp" || flag == "--offload-param" ||
-        flag == "--param-buffer-count" || flag == "--param-buffer-size" ||
-        flag == "--checkpoint-nvme-path" || flag == "--grad-accum-dtype" || flag == "--pp" ||
-        flag == "--pp-partition" || flag == "--pp-schedule" || flag == "--micro-batches";
+        flag == "--hpz-partition-size" || flag == "--micro-batch" || flag == "--seq-len" ||
+        flag == "--number-checkpoints" || flag == "--memory-limit" || flag == "--tp" ||
+        flag == "--offload-param" || flag == "--param-buffer-count" ||
+        flag == "--param-buffer-size" || flag == "--checkpoint-nvme-path" ||
+        flag == "--grad-accum-dtype" || flag == "--pp" || flag == "--pp-partition" ||
+        flag == "--pp-schedule" || flag == "--micro-batches" || flag == "--pp-virtual-stages";
     if (flag != "--params" && flag != "--ranks" && flag != "--dtype" && flag != "--stage" &&
         !model_flag) {
       usage_error(flag.compare(0, 1, "-") == 0 ? "unknown option '" + flag + "'"
@@ -251,12 +278,10 @@ Options parse_options(const std::vector<std::string>& args) {
       options.pipeline_partition = value;
       pipeline_flags = true;
     } else if (flag == "--pp-schedule") {
-      // zero-train's GPT-2 runs these three (its stages hold one chunk each).
-      if (value != "gpipe" && value != "1f1b" && value != "zb-h1") {
-        usage_error(
-            "--pp-schedule must be gpipe, 1f1b or zb-h1 (the schedules zero-train runs the "
-            "GPT-2 with), got '" +
-            value + "'");
+      try {
+        zero::parse_pipeline_schedule(value);
+      } catch (const zero::Error& e) {
+        usage_error(std::string("--pp-schedule: ") + e.what());
       }
       options.pipeline_schedule = value;
       pipeline_flags = true;
@@ -278,6 +303,10 @@ Options parse_options(const std::vector<std::string>& args) {
       if (flag == "--seq-len") options.seq_len = v;
       if (flag == "--number-checkpoints") options.number_checkpoints = v;
       if (flag == "--pp") options.pipeline_stages = v;
+      if (flag == "--pp-virtual-stages") {
+        virtual_stages = v;
+        pipeline_flags = true;
+      }
       if (flag == "--micro-batches") {
         options.micro_batches = v;
         pipeline_flags = true;
@@ -325,7 +354,7 @@ Options parse_options(const std::vector<std::string>& args) {
   }
   if (!have_params) usage_error("missing --params P (the number of parameters)");
   if (!have_ranks) usage_error("missing --ranks N (the number of data-parallel ranks)");
-  check_pipeline(pipeline_flags, &options);
+  check_pipeline(pipeline_flags, virtual_stages, &options);
   if (options.gpu && options.model.empty()) usage_error("--gpu plans a --model's layout");
   if (options.offload_cpu) {
     options.gpu = true;  // ZeRO-Offload moves the optimizer off a GPU

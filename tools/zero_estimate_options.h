@@ -57,8 +57,9 @@ inline constexpr const char* kUsage =
     "              default parameters; wte on the first and the last stage), its model state\n"
     "              over its data-parallel ranks (--ranks N is then the job's P x D x T ranks)\n"
     "              and, with --micro-batch, its activations with the micro-batches the\n"
-    "              schedule holds in flight on it (--pp-schedule gpipe|1f1b, default 1f1b,\n"
-    "              --micro-batches M, default 1)\n";
+    "              schedule holds in flight on it (--pp-schedule gpipe|1f1b|interleaved|zb-h1,\n"
+    "              default 1f1b, --micro-batches M, default 1; interleaved's model chunks per\n"
+    "              stage: --pp-virtual-stages V, default 2)\n";
 
 struct Options {
   uint64_t params = 0;
@@ -99,6 +100,7 @@ struct Options {
   int pipeline_stages = 1;
   std::string pipeline_partition = "parameters";
   std::string pipeline_schedule = "1f1b";
+  int pipeline_virtual_stages = 1;  // interleaved: model chunks per stage (--pp-virtual-stages)
   int micro_batches = 1;
   int data_parallel_ranks = 0;
 };

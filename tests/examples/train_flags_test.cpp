@@ -11,6 +11,7 @@
 
 #include "driver/cli.h"
 #include "examples/train_flags.h"
+#include "examples/train_pipeline.h"
 
 namespace zero::examples {
 namespace {
@@ -235,6 +236,42 @@ TEST(TrainFlags, PartitionActivationsNeedsTensorParallelismAndCheckpoints) {
   ASSERT_EQ(mlp.ignored_keys.size(), 1u);
   EXPECT_EQ(mlp.ignored_keys[0], nothing_checkpointed);
   EXPECT_THROW(resolve({"--partition-activations"}), driver::UsageError);
+}
+
+// --pp-virtual-stages: 2 model chunks per stage by default with --pp-schedule interleaved, 1
+// with the others; chunks with another schedule, fewer than 2 with interleaved, and regathering
+// per micro-batch with interleaved are refused by name (exit 2 on every rank).
+TEST(TrainFlags, VirtualStagesOnlyWithTheInterleavedSchedule) {
+  const auto flags = [](std::vector<std::string> args) {
+    args.insert(args.begin(), {"zero-train", "--model", "gpt2", "--data", "tokens.bin", "--pp", "2",
+                               "--micro-batches", "2", "--global-batch", "4"});
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    return parse_flags(static_cast<int>(argv.size()), argv.data());
+  };
+  const auto refusal = [](const Flags& f) {
+    try {
+      check_pipeline_settings(f, resolve_config(f, 2), 2);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no refusal");
+  };
+  EXPECT_EQ(pipeline_virtual_stages(flags({"--pp-schedule", "interleaved"})), 2);
+  EXPECT_EQ(pipeline_virtual_stages(flags({})), 1);
+  EXPECT_EQ(
+      pipeline_virtual_stages(flags({"--pp-schedule", "interleaved", "--pp-virtual-stages", "3"})),
+      3);
+  EXPECT_EQ(refusal(flags({"--pp-schedule", "interleaved"})), "no refusal");
+  EXPECT_EQ(refusal(flags({"--pp-virtual-stages", "2"})),
+            "--pp-virtual-stages 2: only --pp-schedule interleaved runs several model chunks per "
+            "stage, not 1f1b");
+  EXPECT_EQ(refusal(flags({"--pp-schedule", "interleaved", "--pp-virtual-stages", "1"})),
+            "--pp-virtual-stages 1: --pp-schedule interleaved needs at least 2 model chunks per "
+            "stage");
+  EXPECT_EQ(refusal(flags({"--pp-schedule", "interleaved", "--pp-regather"})),
+            "--pp: --pp-schedule interleaved with --pp-regather is not supported with pipeline "
+            "parallelism yet");
 }
 
 // The flag loop the benchmarks share: values to their parsers, switches set, an unknown flag named

@@ -9,17 +9,22 @@
 # Not bitwise against the job without a pipeline: the pipeline sums the tied wte's two uses after
 # reducing each over its stage, where one model adds them in one buffer before reducing, and adds
 # the stages' parts of the gradient norm in stage order.
-#   gpt2_pipeline.sh BIN_DIR NP PP [--tp T] [--micro-batches M] -- MPIEXEC [MPIEXEC_FLAGS...]
+# With --interleaved: Megatron's interleaved schedule (2 model chunks per stage) at every ZeRO
+# stage, bitwise 1F1B on the same 4-layer GPT-2 (the reference's blocks twice over: its 2 layers
+# cannot fill 4 virtual stages).
+#   gpt2_pipeline.sh BIN_DIR NP PP [--tp T] [--micro-batches M] [--interleaved]
+#                    -- MPIEXEC [MPIEXEC_FLAGS...]
 set -euo pipefail
 bin="$1"; np="$2"; pp="$3"; shift 3
-tp=1; micro_batches=2
+tp=1; micro_batches=2; interleaved=0
 while [ "$1" != "--" ]; do
   case "$1" in
-    --tp) tp="$2" ;;
-    --micro-batches) micro_batches="$2" ;;
+    --tp) tp="$2"; shift ;;
+    --micro-batches) micro_batches="$2"; shift ;;
+    --interleaved) interleaved=1 ;;
     *) echo "gpt2_pipeline.sh: unknown option $1"; exit 2 ;;
   esac
-  shift 2
+  shift
 done
 shift
 source "$(dirname "${BASH_SOURCE[0]}")/gpt2_reference.sh"
@@ -104,6 +109,61 @@ for run in ("pp21f1b1", "pp31f1b1"):
         # One rank per data-parallel group sends nothing.
         assert all(m > o for o, m in zip(bytes_once, bytes_more) if o > 0), (run, more, once)
 print("data-parallel collectives and bytes per stage and step, reduced once:", once[-1])' "$work"
+
+# Interleaved runs each micro-batch through the same computations as 1F1B, chunk after chunk:
+# every block's gradient sums the micro-batches in the same order (each chunk's backwards run in
+# micro-batch order, and a unit never spans two chunks), and so does each stage's tied wte (on
+# the first stage in chunk 0, on the last in its last chunk): every step's loss, gradient norm
+# and validation loss bitwise 1F1B's at every ZeRO stage. Stage 3 keeps its units gathered
+# through the step and stages 2-3 reduce once; --pp-regather is refused with interleaved.
+if [ "$interleaved" = 1 ]; then
+  python3 - "$data/model.safetensors" "$work/model4.safetensors" <<'PY'
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+size = struct.unpack("<Q", raw[:8])[0]
+header, body = json.loads(raw[8:8 + size]), raw[8 + size:]
+tensors, data = {}, bytearray()
+for name, info in header.items():
+    if name == "__metadata__":
+        continue
+    names = [name]
+    if name.startswith("h."):
+        layer, rest = name[2:].split(".", 1)
+        names.append(f"h.{int(layer) + 2}.{rest}")
+    begin, end = info["data_offsets"]
+    for n in names:
+        tensors[n] = dict(info, data_offsets=[len(data), len(data) + end - begin])
+        data += body[begin:end]
+text = json.dumps(tensors).encode()
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(text)) + text + bytes(data))
+PY
+  deep_model=("${reference_model[@]}" --n-layer 4)
+  for stage in 0 1 2 3; do
+    for schedule in 1f1b interleaved; do
+      run="$work/deep$stage$schedule"
+      run_logged "$run.log" "zero-train failed: 4 layers, stage $stage, $schedule" \
+        "${mpiexec[@]}" -np "$np" "$bin/zero-train" "${deep_model[@]}" \
+        --config "$data/adamw.json" --init-from "$work/model4.safetensors" --stage "$stage" \
+        --tp "$tp" --micro-batches "$micro_batches" --steps 3 --metrics "$run.jsonl" \
+        --val-data "$data/tokens.bin" --val-every 1 --pp "$pp" --pp-schedule "$schedule"
+    done
+    echo "ZeRO stage $stage, 4 layers, pipeline of $pp, interleaved (2 chunks per stage):"
+    grep -E "^pipeline stage" "$work/deep${stage}interleaved.log"
+    # Each micro-batch's activation and its gradient cross the 2 pp - 1 boundaries between the
+    # virtual stages, where 1F1B's cross pp - 1.
+    python3 - "$work/deep${stage}1f1b.jsonl" "$work/deep${stage}interleaved.jsonl" "$pp" <<'PY'
+import json, sys
+def steps(path):
+    return [r for r in map(json.loads, open(path)) if r.get("event") == "step"]
+one, inter, pp = steps(sys.argv[1]), steps(sys.argv[2]), int(sys.argv[3])
+figures = lambda runs: [(r["loss"], r["grad_norm"], r["val_loss"]) for r in runs]
+assert figures(inter) == figures(one), (figures(inter), figures(one))
+for a, b in zip(inter, one):
+    assert a["pp_comm_bytes"] * (pp - 1) == b["pp_comm_bytes"] * (2 * pp - 1), (a, b)
+print("interleaved: every step bitwise 1f1b's:", figures(inter)[-1])
+PY
+  done
+fi
 
 # The optimizer state on NVMe (and at stage 3 the parameters too) with 2 data-parallel ranks per
 # stage: bitwise the run that keeps them in memory (the tied wte's summed gradient is what the

@@ -9,13 +9,20 @@
 # each keeping the stage's blocks, the embedding's token ids on the first stage and the head's
 # tensors (its logits among them) on the last, plus the stage's one set of recompute buffers.
 # With --tp T each rank holds its slices (gpt2_memory.h's tensor-parallel figures).
-#   gpt2_pipeline_memory.sh BIN_DIR NP PP [--tp T] -- MPIEXEC [MPIEXEC_FLAGS...]
+# With --interleaved also the interleaved schedule (2 model chunks per stage, 2 pp virtual stages
+# of L / 2 pp blocks; no checkpointing, and full on one block): each chunk keeps a set of its
+# tensors per (micro-batch, chunk) in flight, and one more from a backward of the chunk until its
+# next forward reuses it (its modules keep the tensors of their last backward); the plan is the
+# largest sum over the stage's list.
+#   gpt2_pipeline_memory.sh BIN_DIR NP PP [--tp T] [--interleaved] -- MPIEXEC [MPIEXEC_FLAGS...]
 set -euo pipefail
 bin="$1"; np="$2"; pp="$3"; shift 3
 tp=1
+schedules=(gpipe 1f1b zb-h1)
 while [ "$1" != "--" ]; do
   case "$1" in
     --tp) tp="$2"; shift 2 ;;
+    --interleaved) schedules+=(interleaved); shift ;;
     *) echo "gpt2_pipeline_memory.sh: unknown option $1"; exit 2 ;;
   esac
 done
@@ -23,10 +30,12 @@ shift
 source "$(dirname "${BASH_SOURCE[0]}")/gpt2_reference.sh"
 layers=4 heads=4 embd=64 vocab=256 seq=16 micro_batches=4 global_batch=8
 
-for schedule in gpipe 1f1b zb-h1; do
+for schedule in "${schedules[@]}"; do
   checkpointings=(none selective full full:1)
   # ZB-H1's split backward runs without recomputation.
   if [ "$schedule" = zb-h1 ]; then checkpointings=(none); fi
+  # Interleaved: without recomputation, and with it on the first stage only (its chunk 0).
+  if [ "$schedule" = interleaved ]; then checkpointings=(none full:1); fi
   for checkpointing in "${checkpointings[@]}"; do
     recompute="${checkpointing%%:*}"
     number=0 number_flag=()
@@ -86,8 +95,42 @@ def zero_bubble_peak(s, kept, layers):
         backward_input()
     return peak
 
+def interleaved_peak(s, kept, shared, v=2):
+    """Megatron's interleaved list on stage s (its k-th forward runs chunk (k mod pv) div p of
+    micro-batch (k div pv) p + k mod p, its k-th backward the same micro-batch on chunk
+    v - 1 - that; 2(p - s - 1) + (v - 1) p warm-up forwards, all of them when m = p), walked:
+    per chunk its sets in flight, plus the one its modules keep from a backward to its next
+    forward."""
+    total, group = m * v, p * v
+    forward_chunk = lambda k: (k % group) // p
+    backward_chunk = lambda k: v - 1 - (k % group) // p
+    warmup = total if m == p else min(2 * (p - s - 1) + (v - 1) * p, total)
+    actions = [("F", forward_chunk(k)) for k in range(warmup)]
+    for k in range(warmup, total):
+        actions += [("F", forward_chunk(k)), ("B", backward_chunk(k - warmup))]
+    actions += [("B", backward_chunk(k)) for k in range(total - warmup, total)]
+    forwarded, left, peak = [0] * v, [0] * v, 0
+    for kind, c in actions:
+        left[c] = 0  # reused by the forward; replaced by the micro-batch's own in the backward
+        forwarded[c] += kind == "F"
+        peak = max(peak, sum(kept[c] * (forwarded[c] + left[c]) for c in range(v)))
+        if kind == "B":
+            forwarded[c], left[c] = forwarded[c] - 1, 1
+    return peak + shared
+
 expected = []
 for s in range(p):
+    if schedule == "interleaved":
+        # Virtual stage c p + s of 2 p, uniform: chunk c of stage s.
+        chunks = [range((c * p + s) * L // (2 * p), (c * p + s + 1) * L // (2 * p)) for c in (0, 1)]
+        kept = [sum(block[recompute] if l in checkpointed else block["none"] for l in layers)
+                for layers in chunks]
+        kept[0] += N if s == 0 else 0
+        kept[1] += N * (2 * C + -(-V // t) + 4) if s == p - 1 else 0
+        layers = set(chunks[0]) | set(chunks[1])
+        shared = recompute_buffers[recompute] if checkpointed & layers else 0
+        expected.append(4 * interleaved_peak(s, kept, shared))
+        continue
     layers = range(s * L // p, (s + 1) * L // p)
     k = m if schedule == "gpipe" else min(p - s, m)
     kept = sum(block[recompute] if l in checkpointed else block["none"] for l in layers)

@@ -42,8 +42,12 @@ expect "--pp: the global batch of 3 does not cut into 2 micro-batches x 1 data-p
   "${run[@]}" "${model[@]}" --pp 2 --global-batch 3
 expect "--pp-schedule: unknown pipeline schedule 'fifo'" \
   "${run[@]}" "${model[@]}" --pp 2 --pp-schedule fifo
+# Interleaved: every virtual stage (pp x chunks per stage) needs a block of its own. (Its other
+# refusals are tests/examples/train_flags_test.cpp's.)
+expect "--pp 2 x --pp-virtual-stages 2 = 4 virtual stages: a GPT-2 of 2 layers cannot be cut into 4 pipeline stages" \
+  "${run[@]}" "${model[@]}" --pp 2 --pp-schedule interleaved
 # Ranks started with different pipelines (MPMD: one rank each) name both settings.
-expect "the pipeline (--pp, --pp-schedule, --pp-partition)" \
+expect "the pipeline (--pp, --pp-schedule, --pp-virtual-stages, --pp-partition)" \
   -np 1 "$bin/zero-train" "${model[@]}" --pp 2 --pp-schedule 1f1b : \
   -np 1 "$bin/zero-train" "${model[@]}" --pp 2 --pp-schedule gpipe
 if [[ $failures -gt 0 ]]; then

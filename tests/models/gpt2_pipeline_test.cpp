@@ -4,7 +4,9 @@
 // micro-batches in flight.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "models/gpt2.h"
@@ -93,6 +95,39 @@ TEST(Gpt2Pipeline, StagesSplitTheBlocksAndKeepEmbeddingsFirstAndTheHeadLast) {
   EXPECT_EQ(last.back(), "ln_f.bias");
 }
 
+// Megatron's layout: with p stages of v chunks, virtual stage c * p + s is stage s's chunk c;
+// the embeddings go with virtual stage 0, ln_f and the head (and the stage's wte) with the last.
+TEST(Gpt2Pipeline, InterleavedStagesHoldTheirChunksInMegatronsLayout) {
+  Gpt2Config config = reference_config();
+  config.n_layer = 4;
+  const std::vector<int> bounds = gpt2_pipeline_partition(config, 4, "uniform");
+  const Gpt2PipelineStage first = gpt2_pipeline_stage(config, bounds, 0, 2);
+  const Gpt2PipelineStage last = gpt2_pipeline_stage(config, bounds, 1, 2);
+  EXPECT_EQ(first.stages, 2);
+  EXPECT_EQ(first.chunks, (std::vector<std::pair<int, int>>{{0, 1}, {2, 3}}));
+  EXPECT_EQ(last.chunks, (std::vector<std::pair<int, int>>{{1, 2}, {3, 4}}));
+  EXPECT_EQ(first.describe_layers(4), "0-0, 2-2");
+  EXPECT_TRUE(first.embeds(0) && !first.embeds(1) && !first.heads(1));
+  EXPECT_TRUE(last.heads(1) && !last.heads(0));
+  std::vector<std::pair<std::string, int>> held;  // (name, chunk) of the last stage's
+  for (const ParamSpec& s : gpt2_param_specs(config, last)) held.emplace_back(s.name, s.chunk);
+  EXPECT_EQ(held.front(), std::make_pair(std::string("h.1.ln_1.weight"), 0));
+  const auto wte =
+      std::find(held.begin(), held.end(), std::make_pair(std::string("wte.weight"), 1));
+  ASSERT_NE(wte, held.end());
+  EXPECT_EQ((wte - 1)->first, "h.1.mlp.c_proj.bias");
+  EXPECT_EQ((wte + 1)->first, "h.3.ln_1.weight");
+  EXPECT_EQ(held.back(), std::make_pair(std::string("ln_f.bias"), 1));
+  // The modules ZeroModel runs per chunk: chunk 1 starts with the stage's wte.
+  const Gpt2 model = make_gpt2(config, 1, {}, {}, last);
+  EXPECT_EQ(model.chunk_first_modules, (std::vector<int>{0, 1}));
+  testing::expect_error_naming(
+      [&] {
+        gpt2_pipeline_stage(config, {0, 1, 2, 4}, 0, 2);
+      },
+      "a GPT-2 pipeline partition into 3 parts is not 2 chunks per stage");
+}
+
 TEST(Gpt2Pipeline, PartitionByParametersBalancesTheEmbeddingsAndTheHead) {
   Gpt2Config config;
   ASSERT_TRUE(gpt2_preset("gpt2-124M", &config));
@@ -161,6 +196,22 @@ TEST(Gpt2Pipeline, StageFormulasShareTheWholeModelsActivations) {
     const Gpt2StageActivationBytes alone =
         gpt2_stage_activation_formula(config, c, Gpt2PipelineStage{}, 1, 2, kT);
     EXPECT_EQ(alone.peak(), whole.total());
+    // Interleaved (2 stages x 2 chunks, 2 micro-batches: all forwards first): every set of
+    // each chunk in flight at the first backward, beside the recompute buffers.
+    const std::vector<int> virtual_bounds = gpt2_pipeline_partition(config, 4, "uniform");
+    const std::vector<std::vector<PipelineAction>> lists =
+        make_pipeline_schedule(PipelineScheduleKind::kInterleaved, 2, 2, 2);
+    for (int s = 0; s < 2; ++s) {
+      const Gpt2PipelineStage stage = gpt2_pipeline_stage(config, virtual_bounds, s, 2);
+      const Gpt2StageActivationBytes chunked =
+          gpt2_chunked_stage_activation_formula(config, c, stage, lists[s], 2, kT);
+      ASSERT_EQ(chunked.chunk_bytes.size(), 2u);
+      EXPECT_EQ(chunked.chunk_sets, (std::vector<int>{2, 2})) << s;
+      EXPECT_EQ(chunked.in_flight, 4) << s;
+      EXPECT_EQ(chunked.chunk_bytes[0] + chunked.chunk_bytes[1], chunked.per_micro_batch()) << s;
+      EXPECT_EQ(chunked.peak(), 2 * chunked.per_micro_batch() + chunked.micro_batch.recompute) << s;
+      EXPECT_EQ(chunked.peak_checkpoints(), 2 * chunked.micro_batch.checkpoints) << s;
+    }
   }
   Gpt2Checkpointing contiguous{Recompute::kFull};
   contiguous.contiguous_memory = true;

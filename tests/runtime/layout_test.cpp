@@ -98,6 +98,17 @@ TEST(Layout, SmallNeighboursMergeUpToTheThreshold) {
   EXPECT_EQ(none.units().size(), 3u);
 }
 
+TEST(Layout, ModulesOfDifferentChunksNeverShareAUnit) {
+  // The three modules fit one unit of 1024 B (above); b starts an interleaved stage's chunk 1.
+  std::vector<ParamSpec> specs = three_modules();
+  for (ParamSpec& spec : specs) spec.chunk = spec.module >= 1 ? 1 : 0;
+  Layout layout = Layout::build(specs, LayoutOptions{1, DType::kFloat32, 64, 1024});
+  ASSERT_EQ(layout.units().size(), 2u);
+  EXPECT_EQ(layout.units()[0].last_module, 0);
+  EXPECT_EQ(layout.units()[1].first_module, 1);
+  EXPECT_EQ(layout.units()[1].last_module, 2);
+}
+
 TEST(Layout, ParameterLargerThanTheThresholdIsAUnitOfItsOwn) {
   std::vector<ParamSpec> specs = {{"x", {4}, 0}, {"big", {1000}, 1}, {"y", {4}, 2}};
   Layout layout = Layout::build(specs, LayoutOptions{2, DType::kFloat32, 64, 256});
@@ -153,6 +164,12 @@ TEST(Layout, RejectsBadSpecsWithClearErrors) {
             std::string::npos);
   EXPECT_NE(message_of({{"w", {2, -1}, 0}}, ok).find("negative dimension -1"), std::string::npos);
   EXPECT_NE(message_of({{"", {2}, 0}}, ok).find("empty name"), std::string::npos);
+  std::vector<ParamSpec> chunks_backwards = {{"w", {2}, 0}, {"v", {2}, 1}};
+  chunks_backwards[0].chunk = 1;
+  EXPECT_NE(message_of(chunks_backwards, ok)
+                .find("'v' belongs to chunk 0 after a parameter of "
+                      "chunk 1; chunks must be registered in order"),
+            std::string::npos);
   EXPECT_NE(message_of({{"w", {2}, 0}}, LayoutOptions{0, DType::kFloat32, 64, 0})
                 .find("world size must be at least 1"),
             std::string::npos);

@@ -392,14 +392,16 @@ ParamDecl param(const std::string& name, bool trainable = true) {
   return d;
 }
 
-void expect_model_error(std::vector<std::pair<std::string, Plain>> specs,
-                        const std::string& needle) {
+void expect_model_error(std::vector<std::pair<std::string, Plain>> specs, const std::string& needle,
+                        std::vector<int> chunk_first_modules = {}) {
   std::unique_ptr<Communicator> comm = make_mpi_communicator();
   std::vector<NamedModule> modules;
   for (auto& [name, module] : specs) {
     modules.push_back({name, std::make_unique<Plain>(std::move(module))});
   }
-  expect_error_naming([&] { ZeroModel model(*comm, std::move(modules), EngineConfig{}); }, needle);
+  expect_error_naming(
+      [&] { ZeroModel model(*comm, std::move(modules), EngineConfig{}, chunk_first_modules); },
+      needle);
 }
 
 TEST(ModelFeatures, BadDeclarationsAreNamedErrors) {
@@ -425,6 +427,18 @@ TEST(ModelFeatures, BadDeclarationsAreNamedErrors) {
                      "'head.a' trainable");
   expect_model_error(specs(Plain({param("head.b")}, {}), Plain({param("b")}, {})),
                      "parameter name 'head.b' is registered twice");
+  // Model chunks (an interleaved pipeline stage's): each starts at a module, after the one
+  // before, and a tie stays within its chunk, whose backward completes the tied gradient.
+  expect_model_error(specs(Plain({param("w")}, {}), Plain({param("b")}, {})),
+                     "the first model chunk starts at module 0, not 1", {1});
+  expect_model_error(specs(Plain({param("w")}, {}), Plain({param("b")}, {})),
+                     "model chunk 1 starts at module 2: each chunk starts after the one before, "
+                     "at one of the 2 modules",
+                     {0, 2});
+  expect_model_error(specs(Plain({param("wte.weight")}, {}), Plain({}, {"wte.weight"})),
+                     "module #1 ('head') of model chunk 1 ties to 'wte.weight' of module #0 ('') "
+                     "in chunk 0; a module ties only to parameters of its own chunk",
+                     {0, 1});
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # zero-estimate --pp plans each pipeline stage as zero-train --pp then holds it: a 4-layer GPT-2
 # cut into 2 stages on 4 ranks (2 data-parallel ranks per stage), at ZeRO stages 1-3, with gpipe,
-# 1f1b and zb-h1 and no, selective and full activation checkpointing. Per pipeline stage, the
+# 1f1b, zb-h1 and interleaved (2 model chunks per stage) and no, selective and full activation
+# checkpointing. Per pipeline stage, the
 # estimate's model state and buffer bytes must equal the run's stage_model_state_bytes and
 # stage_buffer_bytes, and its activation
 # bytes (the row of the run's checkpointing) the run's stage_activation_bytes_planned and every
@@ -17,7 +18,8 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 size=(--model gpt2 --n-layer 4 --n-head 4 --n-embd 64 --vocab-size 256 --block-size 64)
 
-for run in "1 1f1b none" "3 gpipe full" "3 1f1b selective" "2 zb-h1 none" "3 zb-h1 none"; do
+for run in "1 1f1b none" "3 gpipe full" "3 1f1b selective" "2 zb-h1 none" "3 zb-h1 none" \
+  "3 interleaved selective"; do
   read -r stage schedule recompute <<<"$run"
   name="$work/$stage-$schedule-$recompute"
   "${mpiexec[@]}" -np 4 "$bin/zero-train" "${size[@]}" --seq-len 16 --global-batch 8 \

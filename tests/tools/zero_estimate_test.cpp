@@ -473,6 +473,25 @@ TEST(ZeroEstimate, Gpt2PipelinePlansEachStage) {
       << b;
   EXPECT_NE(b.find("\nnone                 528640  "), std::string::npos) << b;  // 2 x 66080 x 4
   EXPECT_NE(b.find("\nnone                 313856  "), std::string::npos) << b;  // 78464 x 4
+
+  // Interleaved: stage s holds virtual stages s and 2 + s, a block each, with 2(p - s - 1) + p + 1
+  // (micro-batch, chunk) pairs in flight (estimate_pipeline_matches_engine.sh holds its
+  // activations to zero-train's).
+  const ProgramOutcome interleaved =
+      run_estimate(with(kGpt2Pipeline, {"--pp-schedule", "interleaved"}));
+  ASSERT_EQ(interleaved.exit_code, 0) << interleaved.err;
+  const std::string& i = interleaved.out;
+  EXPECT_NE(i.find("interleaved schedule, 2 model chunks per stage, 4 micro-batches per step"),
+            std::string::npos)
+      << i;
+  EXPECT_NE(i.find("pipeline stage 0: layers 0-0, 2-2 + embeddings, 5 (micro-batch, chunk) pairs "
+                   "in flight\n"),
+            std::string::npos)
+      << i;
+  EXPECT_NE(i.find("pipeline stage 1: layers 1-1, 3-3 + ln_f, head (its own wte), 3 (micro-batch, "
+                   "chunk) pairs in flight\n"),
+            std::string::npos)
+      << i;
 }
 
 // As expect_usage_error, for a message the model's check gives (its source location follows).
@@ -498,9 +517,25 @@ TEST(ZeroEstimate, Gpt2PipelineBadArguments) {
       with(gpt2, {"--ranks", "3", "--pp", "3", "--pp-partition", "uniform"}),
       "--pp 3: --pp-partition uniform: 3 pipeline stages do not divide the 4 "
       "layers (n_layer)");
-  expect_usage_error(with(gpt2, {"--ranks", "2", "--pp", "2", "--pp-schedule", "interleaved"}),
-                     "--pp-schedule must be gpipe, 1f1b or zb-h1 (the schedules zero-train runs "
-                     "the GPT-2 with), got 'interleaved'");
+  expect_usage_error_from_model(
+      with(gpt2, {"--ranks", "2", "--pp", "2", "--pp-schedule", "fifo"}),
+      "--pp-schedule: unknown pipeline schedule 'fifo': expected gpipe, 1f1b, interleaved or "
+      "zb-h1");
+  // Interleaved: 2 model chunks per stage unless --pp-virtual-stages says otherwise, each
+  // virtual stage a block at least, the micro-batches a multiple of the stages.
+  expect_usage_error_from_model(
+      with(gpt2,
+           {"--ranks", "4", "--pp", "4", "--pp-schedule", "interleaved", "--micro-batches", "4"}),
+      "--pp 4 x --pp-virtual-stages 2 = 8 virtual stages: a GPT-2 of 4 layers cannot be cut into "
+      "8 pipeline stages of at least one block each");
+  expect_usage_error_from_model(
+      with(gpt2,
+           {"--ranks", "2", "--pp", "2", "--pp-schedule", "interleaved", "--micro-batches", "3"}),
+      "--pp-schedule: the interleaved schedule needs the micro-batches to be a multiple of the "
+      "stages (as Megatron's), got 3 micro-batches for 2 stages");
+  expect_usage_error(with(gpt2, {"--ranks", "2", "--pp", "2", "--pp-virtual-stages", "2"}),
+                     "--pp-virtual-stages 2: only --pp-schedule interleaved runs several model "
+                     "chunks per stage, not 1f1b");
   expect_usage_error(with(gpt2, {"--ranks", "2", "--pp", "2", "--pp-partition", "type:Block"}),
                      "--pp-partition must be parameters or uniform, got 'type:Block'");
   expect_usage_error(with(gpt2, {"--ranks", "2", "--micro-batches", "4"}),

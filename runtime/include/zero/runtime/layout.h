@@ -31,6 +31,10 @@ struct ParamSpec {
   // gradient from that later module on, so its unit holds a gradient bucket through most of
   // backward; the engine plans one more bucket per such unit.
   bool tied = false;
+  // An interleaved pipeline stage's model chunk (ZeroModel's chunks; non-decreasing in
+  // registration order): modules of different chunks never merge into one unit, since each
+  // chunk's forward and backward run apart.
+  int chunk = 0;
 };
 
 struct LayoutOptions {
@@ -39,7 +43,7 @@ struct LayoutOptions {
   size_t alignment_bytes = 64;    // every parameter (and every shard) starts at this alignment
   // Neighbouring modules merge into one unit while the unit stays at or below this many bytes;
   // 0 keeps one unit per module. A module larger than the threshold is a unit of its own, and
-  // frozen and trainable modules never share a unit.
+  // frozen and trainable modules, or modules of different chunks, never share a unit.
   size_t merge_bytes = 0;
   // Parameters with fewer elements than this go to one persistent unit after the others, which
   // stage 3 keeps whole on every rank (stage3_param_persistence_threshold); 0: none. Frozen

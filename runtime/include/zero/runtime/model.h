@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "zero/runtime/engine.h"
@@ -136,7 +137,12 @@ class ZeroModel {
   // Throws zero::Error for a null module, a duplicate full parameter name, a module with both
   // frozen and trainable parameters, and a tied name that is unknown (close names are listed)
   // or not of an earlier module.
-  ZeroModel(Communicator& comm, std::vector<NamedModule> modules, const EngineConfig& config);
+  // chunk_first_modules: an interleaved pipeline stage's model chunks, each given by the index
+  // of its first module (0 first, increasing; empty: one chunk, the whole model). One engine
+  // holds them all (one optimizer step, gradient norm and ZeRO state); no unit spans two
+  // chunks, and the chunk versions of forward and backward below run one chunk's modules.
+  ZeroModel(Communicator& comm, std::vector<NamedModule> modules, const EngineConfig& config,
+            std::vector<int> chunk_first_modules = {});
 
   // Runs every module in order, scheduled by a UnitSchedule: at stage 3 each unit is gathered
   // before its first module and released after its last (or, with the config's
@@ -165,9 +171,26 @@ class ZeroModel {
   std::vector<KeptActivations> take_activations();
   void restore_activations(std::vector<KeptActivations> kept);
 
+  // The same for one model chunk (chunk_first_modules; chunk 0 of a model of one chunk is the
+  // whole model). A micro-batch's backwards run from its last chunk to chunk 0, as the
+  // gradient flows: the persistent unit's gradient is handed to the engine after chunk 0's.
+  int chunks() const { return static_cast<int>(chunk_first_modules_.size()); }
+  Tensor forward(const Tensor& input, int chunk);
+  Tensor backward(const Tensor& grad_output, int chunk);
+  Tensor backward_input(const Tensor& grad_output, int chunk);
+  void backward_weight(int chunk);
+  std::vector<KeptActivations> take_activations(int chunk);
+  void restore_activations(std::vector<KeptActivations> kept, int chunk);
+
   Engine& engine() { return *engine_; }
 
  private:
+  // Chunk c's modules, [first, end).
+  std::pair<int, int> chunk_modules(int chunk) const;
+  Tensor forward_modules(const Tensor& input, int first, int end);
+  Tensor backward_modules(const Tensor& grad_output, int first, int end, bool micro_batch_done);
+  Tensor backward_input_modules(const Tensor& grad_output, int first, int end);
+  void backward_weight_modules(int first, int end, bool micro_batch_done);
   void check_on_engine_device(const Tensor& tensor, const char* what) const;
   Tensor scaled_output_gradient(const Tensor& grad_output, const char* what) const;
   void persistent_grads_ready();
@@ -183,6 +206,7 @@ class ZeroModel {
   std::vector<std::vector<int>> module_params_;  // registration indices per module: its own,
                                                  // then those it ties to
   std::vector<size_t> own_params_;               // per module: how many are its own
+  std::vector<int> chunk_first_modules_;         // {0} for a model of one chunk
 };
 
 }  // namespace zero
