@@ -116,6 +116,8 @@ Tensor ZeroModelStage::backward_start(int micro_batch, int chunk, const Tensor& 
   }
   // Once per micro-batch: at its first backward on this stage (the last chunk's).
   if (before_backward_ && chunk == model_.chunks() - 1) before_backward_(micro_batch, grad);
+  // The loss scale goes on once, here; what the next chunk or stage sends carries it already.
+  if (computes_loss(chunk)) grad = model_.scaled_loss_gradient(grad);
   return grad;
 }
 

@@ -414,10 +414,8 @@ StepStats ZeroModel::step() {
   return stats;
 }
 
-// The gradient backward starts from, on the engine's device; with fp16 times the loss scale, so
-// small gradients survive the 16-bit storage (step() divides it out).
-Tensor ZeroModel::scaled_output_gradient(const Tensor& grad_output, const char* what) const {
-  check_on_engine_device(grad_output, what);
+Tensor ZeroModel::scaled_loss_gradient(const Tensor& grad_output) const {
+  check_on_engine_device(grad_output, "the loss's gradient");
   Tensor scaled = grad_output;
   const float scale = engine_->loss_scale();
   if (scale != 1.0f) {
@@ -433,10 +431,12 @@ void ZeroModel::persistent_grads_ready() {
 }
 
 Tensor ZeroModel::backward(const Tensor& grad_output) {
-  return backward_modules(grad_output, 0, static_cast<int>(modules_.size()), true);
+  return backward_modules(scaled_loss_gradient(grad_output), 0, static_cast<int>(modules_.size()),
+                          true);
 }
 
 Tensor ZeroModel::backward(const Tensor& grad_output, int chunk) {
+  check_on_engine_device(grad_output, "the gradient given to backward()");
   const std::pair<int, int> range = chunk_modules(chunk);
   return backward_modules(grad_output, range.first, range.second, chunk == 0);
 }
@@ -446,7 +446,7 @@ Tensor ZeroModel::backward(const Tensor& grad_output, int chunk) {
 Tensor ZeroModel::backward_modules(const Tensor& grad_output, int first, int end,
                                    bool micro_batch_done) {
   const Layout& layout = engine_->layout();
-  Tensor current = scaled_output_gradient(grad_output, "the gradient given to backward()");
+  Tensor current = grad_output;
   for (int m = end - 1; m >= first; --m) {
     const int u = layout.unit_of_module(m);
     const bool own_values = schedule_->before_backward(m);
@@ -473,17 +473,19 @@ bool ZeroModel::splits_backward() const {
 }
 
 Tensor ZeroModel::backward_input(const Tensor& grad_output) {
-  return backward_input_modules(grad_output, 0, static_cast<int>(modules_.size()));
+  return backward_input_modules(scaled_loss_gradient(grad_output), 0,
+                                static_cast<int>(modules_.size()));
 }
 
 Tensor ZeroModel::backward_input(const Tensor& grad_output, int chunk) {
+  check_on_engine_device(grad_output, "the gradient given to backward_input()");
   const std::pair<int, int> range = chunk_modules(chunk);
   return backward_input_modules(grad_output, range.first, range.second);
 }
 
 Tensor ZeroModel::backward_input_modules(const Tensor& grad_output, int first, int end) {
   const Layout& layout = engine_->layout();
-  Tensor current = scaled_output_gradient(grad_output, "the gradient given to backward_input()");
+  Tensor current = grad_output;
   for (int m = end - 1; m >= first; --m) {
     ZERO_CHECK(modules_[m].module->splits_backward(),
                module_label(modules_[m], m) << " does not split its backward (ZB-H1 needs every "

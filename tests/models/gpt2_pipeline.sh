@@ -165,6 +165,23 @@ PY
   done
 fi
 
+# fp16 with its dynamic loss scale (on the pipeline of one rank per stage): the loss's gradient
+# is scaled once, on the last stage, and every stage's backward carries that scale on; each step
+# within the fp16 golden run's tolerance of float64 PyTorch, and of the same job without a
+# pipeline, with no step skipped for an overflow that was not there.
+if [ "$np" = "$pp" ]; then
+  np_saved="$np"; np=1
+  train 1 plain_fp16 --dtype fp16
+  np="$np_saved"
+  train 1 pp_fp16 --dtype fp16 --pp "$pp" --pp-schedule 1f1b
+  "$bin/gpt2_golden_check" --expected "$data/expected_fp64.json" --metrics "$work/pp_fp16.jsonl" \
+    --reference-tolerance 1e-3 --same-metrics-as "$work/plain_fp16.jsonl" --metrics-tolerance 1e-3
+  python3 -c 'import json, sys
+skipped = [r["step"] for r in map(json.loads, open(sys.argv[1])) if r.get("skipped")]
+assert not skipped, ("fp16 steps skipped", skipped)
+print("fp16 through the pipeline: no step skipped")' "$work/pp_fp16.jsonl"
+fi
+
 # The optimizer state on NVMe (and at stage 3 the parameters too) with 2 data-parallel ranks per
 # stage: bitwise the run that keeps them in memory (the tied wte's summed gradient is what the
 # offloaded update reads).

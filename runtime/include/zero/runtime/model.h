@@ -172,8 +172,11 @@ class ZeroModel {
   void restore_activations(std::vector<KeptActivations> kept);
 
   // The same for one model chunk (chunk_first_modules; chunk 0 of a model of one chunk is the
-  // whole model). A micro-batch's backwards run from its last chunk to chunk 0, as the
-  // gradient flows: the persistent unit's gradient is handed to the engine after chunk 0's.
+  // whole model), a pipeline stage's. A micro-batch's backwards run from its last chunk to chunk
+  // 0, as the gradient flows: the persistent unit's gradient is handed to the engine after chunk
+  // 0's. The chunks' backward and backward_input do not scale grad_output: with fp16 it carries
+  // the loss scale already, put on once where the loss is (scaled_loss_gradient) and carried
+  // through every later chunk and stage.
   int chunks() const { return static_cast<int>(chunk_first_modules_.size()); }
   Tensor forward(const Tensor& input, int chunk);
   Tensor backward(const Tensor& grad_output, int chunk);
@@ -181,6 +184,11 @@ class ZeroModel {
   void backward_weight(int chunk);
   std::vector<KeptActivations> take_activations(int chunk);
   void restore_activations(std::vector<KeptActivations> kept, int chunk);
+
+  // d(loss)/d(output) times the loss scale (fp16; 1 otherwise), on the engine's device: what
+  // backward starts from, so that small gradients survive the 16-bit storage (step() divides
+  // the scale out).
+  Tensor scaled_loss_gradient(const Tensor& grad_output) const;
 
   Engine& engine() { return *engine_; }
 
@@ -192,7 +200,6 @@ class ZeroModel {
   Tensor backward_input_modules(const Tensor& grad_output, int first, int end);
   void backward_weight_modules(int first, int end, bool micro_batch_done);
   void check_on_engine_device(const Tensor& tensor, const char* what) const;
-  Tensor scaled_output_gradient(const Tensor& grad_output, const char* what) const;
   void persistent_grads_ready();
   // The module's parameters: its own (null data when `own_values` is false), then its tied ones.
   std::vector<ParamRef> params_of(int module, bool own_values = true);
