@@ -199,11 +199,27 @@ StartPosition resume_stage(const Flags& f, const TrainingConfig& tc, Engine& eng
   if (f.resume.empty()) return {1, tc.engine.seed};
   const std::string dir = f.resume == "latest" ? f.save_dir : f.resume;
   const int saved = read_pipeline_record(dir);
+  // A save of as many stages is each stage's own only when every stage holds the parameters its
+  // saved namesake held: another partition or schedule (interleaved's chunks) cuts them
+  // otherwise, and is resharded by parameter name as another number of stages is.
+  bool same_cut = saved == stages;
+  if (same_cut) {
+    std::vector<std::string> mine = parameter_names(engine);
+    std::vector<std::string> theirs;
+    try {
+      theirs = saved_parameter_names({pipeline_stage_dir(dir, stage)});
+    } catch (const std::exception&) {
+      theirs.clear();  // the load below names what is wrong with the save
+    }
+    std::sort(mine.begin(), mine.end());
+    std::sort(theirs.begin(), theirs.end());
+    for (uint64_t same : all_ranks_u64(mine == theirs ? 1 : 0)) same_cut = same_cut && same == 1;
+  }
   TrainerState resumed;
   std::exception_ptr failure;
   std::vector<std::string> saved_names;
   try {
-    if (saved == stages) {
+    if (same_cut) {
       load_checkpoint(engine, pipeline_stage_dir(dir, stage), &resumed,
                       LoadOptions{tc.override_optimizer});
     } else {
@@ -215,7 +231,7 @@ StartPosition resume_stage(const Flags& f, const TrainingConfig& tc, Engine& eng
     failure = std::current_exception();
   }
   agree_over_stages(failure, "--resume " + dir);
-  if (saved != stages) {
+  if (!same_cut) {
     check_saved_parameters_taken(dir, saved_names,
                                  {held_by_some_rank(saved_names, parameter_names(engine))});
   }
@@ -237,6 +253,8 @@ StartPosition resume_stage(const Flags& f, const TrainingConfig& tc, Engine& eng
     if (saved != stages) {
       std::printf(" (saved by %d pipeline stage(s), resharded over %d)", std::max(saved, 1),
                   stages);
+    } else if (!same_cut) {
+      std::printf(" (saved by %d pipeline stages cut otherwise, resharded)", saved);
     }
     std::printf("\n");
   }

@@ -4,8 +4,9 @@
 # bit (every step's loss and norm, and the exported weights); the export merges the stages (wte
 # once) and holds PyTorch's weights after 3 steps within 1e-5; a resume on twice the ranks (the
 # save resharded over 2 data-parallel ranks per stage) continues within 1e-6, as do the save
-# resumed without a pipeline and a save without one resumed at pp 2; and a save of another model
-# is refused, naming a parameter no stage holds.
+# resumed without a pipeline and a save without one resumed at pp 2, and at ZeRO stage 3 a save
+# resumed at the same pp cut otherwise; and a save of another model is refused, naming a
+# parameter no stage holds.
 #   gpt2_pipeline_resume.sh BIN_DIR STAGE -- MPIEXEC [MPIEXEC_FLAGS...]
 set -euo pipefail
 bin="$1"; stage="$2"; shift 2
@@ -79,6 +80,34 @@ grep -q "saved by 1 pipeline stage(s), resharded over 2" "$work/piped.log" ||
 echo "a save without a pipeline resumed at pp 2, against the pipelined run:"
 "$bin/gpt2_golden_check" --expected "$data/expected_fp64.json" --metrics "$work/piped.jsonl" \
   --same-metrics-as "$work/whole.jsonl" --metrics-tolerance 1e-6
+
+# The same number of stages cut otherwise (at ZeRO stage 3 only, the script's other run): a
+# 4-layer GPT-2 saved at pp 2 by 1F1B (blocks 0-1 on the first stage) resumed by the interleaved
+# schedule (blocks 0 and 2 on the first stage) is resharded by parameter name, and continues as
+# the uninterrupted 1F1B run does (interleaved is bitwise 1F1B).
+if [ "$stage" = 3 ]; then
+  deep=("${reference_model[@]}" --n-layer 4 --config "$data/adamw.json" --stage 3 --pp 2
+    --micro-batches 2)
+  run_logged "$work/deep_whole.log" "zero-train failed: 4 layers, pp 2" "${mpiexec[@]}" -np 2 \
+    "$bin/zero-train" "${deep[@]}" --steps 3 --metrics "$work/deep_whole.jsonl"
+  run_logged "$work/deep_first.log" "zero-train failed: 4 layers, pp 2, 2 steps" \
+    "${mpiexec[@]}" -np 2 "$bin/zero-train" "${deep[@]}" --steps 2 \
+    --save-dir "$work/deep.ckpt" --metrics "$work/deep.jsonl"
+  run_logged "$work/deep_resumed.log" "the interleaved resume of a 1F1B save failed" \
+    "${mpiexec[@]}" -np 2 "$bin/zero-train" "${deep[@]}" --steps 3 --resume "$work/deep.ckpt" \
+    --pp-schedule interleaved --metrics "$work/deep.jsonl"
+  grep -q "saved by 2 pipeline stages cut otherwise, resharded" "$work/deep_resumed.log" ||
+    { cat "$work/deep_resumed.log"; echo "the resume did not say it resharded the cut"; exit 1; }
+  python3 -c 'import json, sys
+def steps(path):
+    return [(r["loss"], r["grad_norm"]) for r in map(json.loads, open(path)) if r.get("event") == "step"]
+whole, resumed = steps(sys.argv[1]), steps(sys.argv[2])
+assert len(whole) == len(resumed) == 3, (whole, resumed)
+for w, r in zip(whole, resumed):
+    assert all(abs(a - b) <= 1e-6 * abs(b) for a, b in zip(r, w)), (resumed, whole)
+print("a 1F1B save resumed by interleaved (another cut): within 1e-6 of the run without a stop")' \
+    "$work/deep_whole.jsonl" "$work/deep.jsonl"
+fi
 
 # A save of another model: a saved parameter that no stage holds is refused (exit 2), naming it.
 set +e
