@@ -79,7 +79,8 @@ int nodes_of_job() {
 }
 
 // Record::link_formula_bytes of a hierarchical run over `nodes` nodes, from what one rank's
-// engine sent per step (CommCounters: the ring's share of each collective's buffer).
+// engine sent per step (CommCounters: the ring's share of each collective's buffer); -1 where
+// there is none.
 double hierarchical_link_formula(const Record& r, int nodes, int micro_batches,
                                  const StageRun& run) {
   const double steps = static_cast<double>(r.steps);
@@ -90,8 +91,10 @@ double hierarchical_link_formula(const Record& r, int nodes, int micro_batches,
   double reduced = 4.0 * static_cast<double>(r.padded_params) * reductions;
   double quantized_across = 0;
   if (r.sharding.zeropp.quantized_gradients) {
-    // What qgZ leaves exact still goes the hierarchical way (fp32 partial sums: the benchmark's
-    // nodes run fp32); its quantized second hop crosses whole, from every rank.
+    // What qgZ leaves exact still goes the hierarchical way, as fp32 partial sums: the counters'
+    // bytes are the wire dtype's, which is fp32 only in an fp32 run (no formula otherwise). Its
+    // quantized second hop crosses whole, from every rank.
+    if (r.dtype != DType::kFloat32) return -1;
     reduced = buffer(CollectiveOp::kReduceScatter, run.reduce_scatter_bytes_sent);
     quantized_across = r.world * (static_cast<double>(run.quantized_bytes_across_nodes) / steps);
   }
