@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "driver/metrics_writer.h"
+#include "examples/comms_log.h"
 #include "examples/train_outputs.h"
 #include "models/pipeline_step.h"
 #include "zero/collectives/mpi_check.h"
@@ -126,6 +127,19 @@ float pipeline_validation_loss(ZeroModel& model, TrainTask& task, PeerChannel& c
   double total = 0.0;
   ZERO_MPI_CHECK(MPI_Allreduce(&sum, &total, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
   return static_cast<float>(total / static_cast<double>(global_batch * task.validation_batches()));
+}
+
+// What the engine's collectives sent: over the stage's data-parallel group and, on the first and
+// last stages, the tied wte's all-reduce over the tie group (`ties`, or null).
+CommCounters engine_counters(const Communicator& data_parallel, const Communicator* ties) {
+  CommCounters counters = data_parallel.counters();
+  if (ties == nullptr) return counters;
+  const CommCounters tied = ties->counters();
+  for (int i = 0; i < kNumCollectiveOps; ++i) {
+    counters.calls[i] += tied.calls[i];
+    counters.bytes[i] += tied.bytes[i];
+  }
+  return counters;
 }
 
 // The pipeline's ranks as an MPI communicator (rank = stage) for the point-to-point channel:
@@ -269,7 +283,6 @@ void check_pipeline_settings(const Flags& f, const TrainingConfig& tc, int world
   refuse(f.cuda, "--device cuda");
   refuse(!f.memory_timeline.empty(), "--memory-timeline");
   refuse(f.fault.kind == Fault::kSkipStep, "--inject-fault skip-step");
-  refuse(tc.comms_logger.enabled, "comms_logger");
   refuse(tc.flops_profiler.enabled, "flops_profiler");
   refuse(tc.engine.grid.mics_shard_size > 0, "mics_shard_size (hybrid sharding)");
   const ActivationCheckpointingConfig& ac = tc.activation_checkpointing;
@@ -389,6 +402,11 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
     std::fflush(stdout);
   }
 
+  // The leader's engine: its stage's data-parallel group and the tie with the last stage. The
+  // transfers between stages are not collectives: pp_comm_bytes and pp_wait_ms hold them.
+  std::optional<CommsLog> comms_log;
+  if (leader && tc.comms_logger.enabled) comms_log.emplace(tc.comms_logger, place.dp_size);
+  const Communicator* ties = config.grid.pipeline.ties;
   PipelineStepReport report;
   const auto data_parallel_bytes = [&] {
     return grid.data_parallel->counters().total_bytes() + engine.own_comm_bytes();
@@ -396,6 +414,7 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
   for (long step = first_step; step <= f.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     const uint64_t bytes_before = data_parallel_bytes();
+    const CommCounters counters_before = engine_counters(*grid.data_parallel, ties);
     // --inject-fault: the last rank (of the last stage) misbehaves in the step's last backward.
     const bool faulty = step == f.fault.step && world_rank == world_size - 1;
     work.begin_step(step, [&](int micro_batch, Tensor& grad) {
@@ -437,6 +456,11 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
     mine.comm_wait_ms = stats.comm_wait_ms;
     const std::vector<RankFigures> ranks = all_ranks(mine);
     if (!leader) continue;
+    std::vector<std::string> comm_lines;
+    const JsonRecord comm_ops =
+        comms_log ? comms_log->add_step(counters_before, engine_counters(*grid.data_parallel, ties),
+                                        engine.trace().spans(), &comm_lines)
+                  : JsonRecord();
     // Idle is a rank's step time less its compute, the bubble its share over the ranks.
     float loss = 0.0f;
     double busy_sum = 0.0, time_sum = 0.0, wait_max = 0.0, comm_wait_max = 0.0;
@@ -479,6 +503,7 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
           step, f.steps, loss, stats.lr, stats.grad_norm, step_ms, tokens_per_s, bubble, wait_max);
     }
     if (val_loss) std::printf("step %5ld/%ld  val_loss %.6f\n", step, f.steps, *val_loss);
+    for (const std::string& line : comm_lines) std::printf("%s\n", line.c_str());
     std::fflush(stdout);
     JsonRecord record{{"event", "step"},
                       {"step", step},
@@ -506,10 +531,22 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
                       {"backward_ms", json_number(to_ms(work.times().backward))},
                       {"optimizer_ms", json_number(optimizer_ms)}};
     if (val_loss) record["val_loss"] = json_number(*val_loss);
+    if (comms_log) record["comm_ops"] = comm_ops;
     if (!f.metrics.empty()) metrics.write(record);
     monitors.write_events(monitor_events(record, tc.train_batch_size,
                                          config.precision.dtype == DType::kFloat16,
                                          tc.wall_clock_breakdown));
+  }
+  if (comms_log) {
+    // The collectives still in flight (a stage 1-2 step's all-gathers) belong to the table too.
+    engine.communicator().stream().synchronize();
+    const CommCounters counters = engine_counters(*grid.data_parallel, ties);
+    std::vector<std::string> late;
+    comms_log->add_step(counters, counters, engine.trace().spans(), &late);
+    for (const std::string& line : late) std::printf("%s\n", line.c_str());
+    std::printf("comms_logger: the collectives of rank 0's engine (pipeline stage 0)\n%s",
+                comms_log->summary().c_str());
+    std::fflush(stdout);
   }
   if (!f.trace.empty()) {
     // One file holds every rank of every stage (pid = world rank): the engine's group is one

@@ -194,13 +194,16 @@ print("stage", sys.argv[3], "with NVMe offload: bitwise the run in memory")' \
 fi
 
 # The same pipeline from DeepSpeed's config section instead of --pp (ZeRO stage 1, 1F1B), with
-# DeepSpeed's monitors, which hold the metrics file's losses and lrs.
+# DeepSpeed's monitors, which hold the metrics file's losses and lrs, and its comms logger: the
+# collectives of rank 0's engine (its data-parallel group's and the tied wte's all-reduce) in
+# every step record, as many as the step's collectives, and the table at the end.
 python3 -c 'import json, sys
 c = json.load(open(sys.argv[1]))
 c["pipeline"] = {"stages": int(sys.argv[3]), "partition": "uniform"}
 for monitor in ("tensorboard", "csv_monitor"):
     c[monitor] = {"enabled": True, "output_path": sys.argv[4] + "/" + monitor, "job_name": "run"}
 c["wall_clock_breakdown"] = True
+c["comms_logger"] = {"enabled": True, "verbose": True}
 json.dump(c, open(sys.argv[2], "w"))' "$data/adamw.json" "$work/pipeline.json" "$pp" "$work"
 run_logged "$work/config.log" "zero-train failed with the pipeline section" \
   "${mpiexec[@]}" -np "$np" "$bin/zero-train" "${reference_model[@]}" \
@@ -212,3 +215,15 @@ grep -E "^pipeline stage" "$work/config.log"
 "$bin/gpt2_golden_check" --expected "$data/expected_fp64.json" --metrics "$work/config.jsonl" \
   --reference-tolerance 1e-5 --same-metrics-as "$work/pp11f1b0.jsonl" --metrics-tolerance 0
 "$bin/monitor_check" "$work/config.jsonl" "$work/tensorboard/run" "$work/csv_monitor/run" 4
+[ "$(grep -c "^Comm. Op  " "$work/config.log")" = 1 ] && grep -q "^comm op: all_reduce | " "$work/config.log" ||
+  { cat "$work/config.log"; echo "comms_logger: no table, or no line per collective"; exit 1; }
+python3 -c 'import json, sys
+steps = [r for r in map(json.loads, open(sys.argv[1])) if r.get("event") == "step"]
+# The first step also counts what the engine issued before it.
+for r in steps[1:]:
+    ops = r["comm_ops"]
+    calls = sum(op["count"] for op in ops.values())
+    assert calls == r["stage_collectives"][0], (r["step"], ops, r["stage_collectives"])
+    # The gradient norm and the tied wte, summed over its two stages.
+    assert ops["all_reduce"]["count"] == 2 and ops["all_reduce"]["sent_bytes"] > 0, (r["step"], ops)
+print("comm_ops of rank 0 per step:", steps[-1]["comm_ops"])' "$work/config.jsonl"
