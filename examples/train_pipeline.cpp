@@ -13,6 +13,7 @@
 
 #include "driver/metrics_writer.h"
 #include "examples/comms_log.h"
+#include "examples/flops_profile.h"
 #include "examples/train_outputs.h"
 #include "models/pipeline_step.h"
 #include "zero/collectives/mpi_check.h"
@@ -140,6 +141,64 @@ CommCounters engine_counters(const Communicator& data_parallel, const Communicat
     counters.bytes[i] += tied.bytes[i];
   }
   return counters;
+}
+
+// flops_profiler with a pipeline: the whole model's profile on the leader (world rank 0). The
+// first rank of every stage profiles its stage's modules over the step (`spans`, its own); the
+// leader gathers them in the model's order, virtual stage by virtual stage, with its own step
+// time: the pipeline's. The tied wte counts on the first stage only (`tied` on the others), as
+// the model without a pipeline counts the head's with its embedding.
+std::optional<FlopsProfile> gather_flops_profile(const Engine& engine, TrainTask& task,
+                                                 const GridPlace& place,
+                                                 const std::vector<std::string>& tied,
+                                                 const std::vector<TraceSpan>& spans, long step,
+                                                 double step_ms, double tokens) {
+  std::string mine;
+  if (place.dp_rank == 0 && place.tp_rank == 0) {
+    const FlopsProfile stage =
+        profile_step(engine.layout(), task.model_record(), spans, step, step_ms, tokens,
+                     place.pp_rank == 0 ? std::vector<std::string>{} : tied);
+    JsonRecord modules = module_profiles_record(stage.modules);
+    const std::vector<int> chunk_first = task.chunk_first_modules();
+    for (size_t k = 0; k < stage.modules.size(); ++k) {
+      const long chunk =
+          std::upper_bound(chunk_first.begin(), chunk_first.end(), static_cast<int>(k)) -
+          chunk_first.begin();
+      modules[k]["virtual_stage"] = std::max(chunk - 1, 0L) * place.pp_size + place.pp_rank;
+    }
+    mine = modules.dump();
+  }
+  int world_rank = 0, world_size = 1;
+  ZERO_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
+  ZERO_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_size));
+  const int length = static_cast<int>(mine.size());
+  std::vector<int> lengths(static_cast<size_t>(world_size), 0);
+  ZERO_MPI_CHECK(MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, MPI_COMM_WORLD));
+  std::vector<int> offsets(static_cast<size_t>(world_size), 0);
+  for (size_t r = 1; r < offsets.size(); ++r) offsets[r] = offsets[r - 1] + lengths[r - 1];
+  std::string all(world_rank == 0 ? static_cast<size_t>(offsets.back() + lengths.back()) : 0, '\0');
+  ZERO_MPI_CHECK(MPI_Gatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(),
+                             offsets.data(), MPI_CHAR, 0, MPI_COMM_WORLD));
+  if (world_rank != 0) return std::nullopt;
+  std::vector<std::pair<long, ModuleProfile>> placed;
+  for (size_t r = 0; r < lengths.size(); ++r) {
+    if (lengths[r] == 0) continue;
+    const JsonRecord modules = JsonRecord::parse(
+        all.substr(static_cast<size_t>(offsets[r]), static_cast<size_t>(lengths[r])));
+    const std::vector<ModuleProfile> profiles = module_profiles_from_record(modules);
+    for (size_t k = 0; k < profiles.size(); ++k) {
+      placed.emplace_back(modules[k].at("virtual_stage").get<long>(), profiles[k]);
+    }
+  }
+  std::stable_sort(placed.begin(), placed.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  FlopsProfile profile;
+  profile.step = step;
+  profile.step_ms = step_ms;
+  profile.tokens = tokens;
+  profile.latency_of = "every pipeline stage's first rank, added";
+  for (auto& [virtual_stage, module] : placed) profile.modules.push_back(std::move(module));
+  return profile;
 }
 
 // The pipeline's ranks as an MPI communicator (rank = stage) for the point-to-point channel:
@@ -283,7 +342,6 @@ void check_pipeline_settings(const Flags& f, const TrainingConfig& tc, int world
   refuse(f.cuda, "--device cuda");
   refuse(!f.memory_timeline.empty(), "--memory-timeline");
   refuse(f.fault.kind == Fault::kSkipStep, "--inject-fault skip-step");
-  refuse(tc.flops_profiler.enabled, "flops_profiler");
   refuse(tc.engine.grid.mics_shard_size > 0, "mics_shard_size (hybrid sharding)");
   const ActivationCheckpointingConfig& ac = tc.activation_checkpointing;
   // These keep one slot per block, which a second micro-batch in flight would overwrite.
@@ -414,6 +472,8 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
   for (long step = first_step; step <= f.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     const uint64_t bytes_before = data_parallel_bytes();
+    const bool profiled = tc.flops_profiler.enabled && step == tc.flops_profiler.profile_step;
+    const size_t spans_before = profiled ? engine.trace().spans().size() : 0;
     const CommCounters counters_before = engine_counters(*grid.data_parallel, ties);
     // --inject-fault: the last rank (of the last stage) misbehaves in the step's last backward.
     const bool faulty = step == f.fault.step && world_rank == world_size - 1;
@@ -425,6 +485,14 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
     const StepStats stats = model.step();
     const double optimizer_ms = ms_since(optimizer_start);
     const double step_ms = ms_since(start);
+    std::optional<FlopsProfile> flops;
+    if (profiled) {
+      const std::vector<TraceSpan> spans = engine.trace().spans();
+      flops = gather_flops_profile(
+          engine, task, place, config.grid.pipeline.tied_parameters,
+          {spans.begin() + static_cast<long>(spans_before), spans.end()}, step, step_ms,
+          static_cast<double>(tc.train_batch_size * task.tokens_per_sample()));
+    }
     std::optional<float> val_loss;
     if (task.validates(step)) {
       val_loss =
@@ -532,6 +600,7 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
                       {"optimizer_ms", json_number(optimizer_ms)}};
     if (val_loss) record["val_loss"] = json_number(*val_loss);
     if (comms_log) record["comm_ops"] = comm_ops;
+    if (flops) report_flops_profile(*flops, tc.flops_profiler, &metrics);
     if (!f.metrics.empty()) metrics.write(record);
     monitors.write_events(monitor_events(record, tc.train_batch_size,
                                          config.precision.dtype == DType::kFloat16,
