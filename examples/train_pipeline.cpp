@@ -14,6 +14,7 @@
 #include "driver/metrics_writer.h"
 #include "examples/comms_log.h"
 #include "examples/flops_profile.h"
+#include "examples/memory_timeline.h"
 #include "examples/train_outputs.h"
 #include "models/pipeline_step.h"
 #include "zero/collectives/mpi_check.h"
@@ -340,7 +341,6 @@ void check_pipeline_settings(const Flags& f, const TrainingConfig& tc, int world
          "--pp-schedule zb-h1 with activation checkpointing (activation_checkpointing.mode \"" +
              tc.activation_checkpointing.mode + "\")");
   refuse(f.cuda, "--device cuda");
-  refuse(!f.memory_timeline.empty(), "--memory-timeline");
   refuse(f.fault.kind == Fault::kSkipStep, "--inject-fault skip-step");
   refuse(tc.engine.grid.mics_shard_size > 0, "mics_shard_size (hybrid sharding)");
   const ActivationCheckpointingConfig& ac = tc.activation_checkpointing;
@@ -396,6 +396,16 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
   const long first_step = position.first_step;
   const uint64_t data_seed = position.data_seed;
   if (!f.save_dir.empty()) record_pipeline(f.save_dir, stages, leader);
+  // Every rank records (the trace's counter tracks); the leader writes its own, the first stage's.
+  std::optional<MemoryTimeline> timeline;
+  if (!f.memory_timeline.empty()) {
+    timeline.emplace(engine.allocator(), engine.allocator().memory().memory_name(),
+                     engine.device_context());
+    timeline->add(engine.pinned_host_allocator(), "pinned host memory");
+    timeline->add(engine.pageable_host_allocator(), "pageable host memory");
+    timeline->set_owner("rank " + std::to_string(world_rank) + ", pipeline stage " +
+                        std::to_string(stage) + " of " + std::to_string(stages));
+  }
   task.start(engine, data_seed);
 
   const PipelineScheduleKind kind = parse_pipeline_schedule(f.pp_schedule);
@@ -470,6 +480,7 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
     return grid.data_parallel->counters().total_bytes() + engine.own_comm_bytes();
   };
   for (long step = first_step; step <= f.steps; ++step) {
+    if (timeline) timeline->set_step(step);
     const auto start = std::chrono::steady_clock::now();
     const uint64_t bytes_before = data_parallel_bytes();
     const bool profiled = tc.flops_profiler.enabled && step == tc.flops_profiler.profile_step;
@@ -616,6 +627,15 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
     std::printf("comms_logger: the collectives of rank 0's engine (pipeline stage 0)\n%s",
                 comms_log->summary().c_str());
     std::fflush(stdout);
+  }
+  if (timeline && !f.trace.empty()) timeline->add_counters(engine.trace());
+  if (timeline && leader) {
+    // The run's first step: where the model's buffers are made, so the plot shows them grow.
+    timeline->write(f.memory_timeline, engine.trace().spans(), first_step);
+    std::printf(
+        "memory timeline of pipeline stage 0 (rank 0) written to %s, its plot of step %ld to "
+        "%s.png\n",
+        f.memory_timeline.c_str(), first_step, f.memory_timeline.c_str());
   }
   if (!f.trace.empty()) {
     // One file holds every rank of every stage (pid = world rank): the engine's group is one
