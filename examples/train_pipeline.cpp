@@ -341,7 +341,6 @@ void check_pipeline_settings(const Flags& f, const TrainingConfig& tc, int world
          "--pp-schedule zb-h1 with activation checkpointing (activation_checkpointing.mode \"" +
              tc.activation_checkpointing.mode + "\")");
   refuse(f.cuda, "--device cuda");
-  refuse(f.fault.kind == Fault::kSkipStep, "--inject-fault skip-step");
   refuse(tc.engine.grid.mics_shard_size > 0, "mics_shard_size (hybrid sharding)");
   const ActivationCheckpointingConfig& ac = tc.activation_checkpointing;
   // These keep one slot per block, which a second micro-batch in flight would overwrite.
@@ -492,6 +491,14 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
       if (faulty && micro_batch == micro_batches - 1) inject_fault(f.fault, grad);
     });
     report = executor.run(work);
+    if (faulty && f.fault.kind == Fault::kSkipStep) {
+      // As without a pipeline: the others wait in the step's collectives (its stage's, and the
+      // ties and gradient norm between stages) until the watchdog ends the job.
+      std::fprintf(stderr, "zero-train: rank %d skips the optimizer step of step %ld\n", world_rank,
+                   step);
+      std::fflush(stderr);
+      continue;
+    }
     const auto optimizer_start = std::chrono::steady_clock::now();
     const StepStats stats = model.step();
     const double optimizer_ms = ms_since(optimizer_start);
