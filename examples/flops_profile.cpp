@@ -34,6 +34,11 @@ std::string percent(double part, double whole) {
   return text;
 }
 
+std::string module_label(const FlopsProfile& profile, size_t k) {
+  const std::string& name = profile.modules[k].name;
+  return name.empty() ? "(module " + std::to_string(k) + ")" : name;
+}
+
 }  // namespace
 
 double FlopsProfile::total_flops() const {
@@ -44,8 +49,11 @@ double FlopsProfile::total_flops() const {
 
 FlopsProfile profile_step(const Layout& layout, const driver::JsonRecord& model_record,
                           const std::vector<TraceSpan>& spans, long step, double step_ms,
-                          double tokens) {
-  FlopsProfile profile{step, step_ms, tokens, {}};
+                          double tokens, const std::vector<std::string>& counted_elsewhere) {
+  FlopsProfile profile;
+  profile.step = step;
+  profile.step_ms = step_ms;
+  profile.tokens = tokens;
   profile.modules.resize(static_cast<size_t>(layout.num_modules()));
   // Modules run forward in their order: the k-th name forward spans give is module k's.
   std::map<std::string, size_t> index;
@@ -55,7 +63,7 @@ FlopsProfile profile_step(const Layout& layout, const driver::JsonRecord& model_
     if (index.count(name) == 0 && index.size() < profile.modules.size()) {
       const size_t k = index.size();
       index[name] = k;
-      profile.modules[k].name = name.empty() ? "(module " + std::to_string(k) + ")" : name;
+      profile.modules[k].name = name;
     }
   }
   for (const TraceSpan& span : spans) {
@@ -69,6 +77,10 @@ FlopsProfile profile_step(const Layout& layout, const driver::JsonRecord& model_
         (span.end_us - span.begin_us) / 1000.0;
   }
   for (const ParamPlacement& p : layout.params()) {
+    if (std::find(counted_elsewhere.begin(), counted_elsewhere.end(), p.name) !=
+        counted_elsewhere.end()) {
+      continue;
+    }
     profile.modules[static_cast<size_t>(p.module)].params += p.numel;
   }
   // The GPT-2's blocks (h.N) add their attention: 12 * n_layer * n_embd * seq_len per token over
@@ -109,8 +121,8 @@ std::string flops_profile_text(const FlopsProfile& p, const FlopsProfilerConfig&
   row("fwd flops of the step:", scaled(forward, ""));
   row("bwd flops of the step:", scaled(total - forward, ""));
   row("fwd+bwd flops of the step:", scaled(total, ""));
-  row("fwd latency (rank 0):", scaled(forward_ms, "ms"));
-  row("bwd latency (rank 0):", scaled(backward_ms, "ms"));
+  row(("fwd latency (" + p.latency_of + "):").c_str(), scaled(forward_ms, "ms"));
+  row(("bwd latency (" + p.latency_of + "):").c_str(), scaled(backward_ms, "ms"));
   row("step latency (rank 0):", scaled(p.step_ms, "ms"));
   row("fwd+bwd FLOPS of the step:", scaled(total / (p.step_ms / 1000.0), "FLOPS"));
   if (config.module_depth == 0) return out;
@@ -126,7 +138,8 @@ std::string flops_profile_text(const FlopsProfile& p, const FlopsProfilerConfig&
         [&](const ModuleProfile* a, const ModuleProfile* b) { return key(*a) > key(*b); });
     out += std::string("    ") + what + " - {";
     for (size_t k = 0; k < sorted.size() && k < static_cast<size_t>(config.top_modules); ++k) {
-      out += (k ? ", '" : "'") + sorted[k]->name + "': '" + text(key(*sorted[k])) + "'";
+      const size_t place = static_cast<size_t>(sorted[k] - p.modules.data());
+      out += (k ? ", '" : "'") + module_label(p, place) + "': '" + text(key(*sorted[k])) + "'";
     }
     out += "}\n";
   };
@@ -145,8 +158,9 @@ std::string flops_profile_text(const FlopsProfile& p, const FlopsProfilerConfig&
       "\n------------------------------ Detailed Profile ------------------------------\n"
       "Each module: params, share of params, fwd flops, bwd flops, share of flops, fwd latency, "
       "bwd latency, share of the step's latency\n";
-  for (const ModuleProfile& m : p.modules) {
-    out += "  " + m.name + ": " + scaled(static_cast<double>(m.params), "") + ", " +
+  for (size_t k = 0; k < p.modules.size(); ++k) {
+    const ModuleProfile& m = p.modules[k];
+    out += "  " + module_label(p, k) + ": " + scaled(static_cast<double>(m.params), "") + ", " +
            percent(static_cast<double>(m.params), static_cast<double>(params)) + ", " +
            scaled(m.forward_flops, "") + ", " + scaled(m.backward_flops, "") + ", " +
            percent(m.forward_flops + m.backward_flops, total) + ", " + scaled(m.forward_ms, "ms") +
@@ -156,16 +170,32 @@ std::string flops_profile_text(const FlopsProfile& p, const FlopsProfilerConfig&
   return out;
 }
 
-driver::JsonRecord flops_profile_record(const FlopsProfile& p) {
-  driver::JsonRecord modules = driver::JsonRecord::array();
-  for (const ModuleProfile& m : p.modules) {
-    modules.push_back({{"name", m.name},
-                       {"params", m.params},
-                       {"forward_flops", m.forward_flops},
-                       {"backward_flops", m.backward_flops},
-                       {"forward_ms", m.forward_ms},
-                       {"backward_ms", m.backward_ms}});
+driver::JsonRecord module_profiles_record(const std::vector<ModuleProfile>& modules) {
+  driver::JsonRecord record = driver::JsonRecord::array();
+  for (const ModuleProfile& m : modules) {
+    record.push_back({{"name", m.name},
+                      {"params", m.params},
+                      {"forward_flops", m.forward_flops},
+                      {"backward_flops", m.backward_flops},
+                      {"forward_ms", m.forward_ms},
+                      {"backward_ms", m.backward_ms}});
   }
+  return record;
+}
+
+std::vector<ModuleProfile> module_profiles_from_record(const driver::JsonRecord& record) {
+  std::vector<ModuleProfile> modules;
+  for (const driver::JsonRecord& m : record) {
+    modules.push_back({m.at("name").get<std::string>(), m.at("params").get<uint64_t>(),
+                       m.at("forward_flops").get<double>(), m.at("backward_flops").get<double>(),
+                       m.at("forward_ms").get<double>(), m.at("backward_ms").get<double>()});
+  }
+  return modules;
+}
+
+driver::JsonRecord flops_profile_record(const FlopsProfile& p) {
+  driver::JsonRecord modules = module_profiles_record(p.modules);
+  for (size_t k = 0; k < p.modules.size(); ++k) modules[k]["name"] = module_label(p, k);
   return {{"event", "flops_profile"},       {"step", p.step},       {"tokens", p.tokens},
           {"total_flops", p.total_flops()}, {"step_ms", p.step_ms}, {"modules", modules}};
 }

@@ -166,6 +166,7 @@ void MemoryTimeline::write_events(const std::string& path,
       table << '\t';
     table << '\n';
   }
+  if (!owner_.empty()) table << "# the memory of " << owner_ << "\n";
   if (truncated_) table << "# truncated: more than " << kMaxEvents << " events\n";
   if (!driver_error_.empty()) {
     table << "# the driver's memory was not sampled after a failed query: " << driver_error_
@@ -258,8 +259,8 @@ void MemoryTimeline::write_plot_script(const std::string& path, const std::vecto
   std::ostringstream gp;
   gp << "set terminal pngcairo size 1400,600 font 'sans,11' noenhanced\n"
      << "set output '" << path << ".png'\n"
-     << "set title 'zero-train: memory of rank 0 in step " << plot_step << " (" << sources_[0].tier
-     << "), stacked by category'\n"
+     << "set title 'zero-train: memory of " << (owner_.empty() ? "rank 0" : owner_) << " in step "
+     << plot_step << " (" << sources_[0].tier << "), stacked by category'\n"
      << "set xlabel 'time in the step (ms)'\nset ylabel 'MiB'\n"
      << "set grid\nset key outside right top box\nset style fill solid 0.8 noborder\n"
      << "set yrange [0:*]\n$data << EOD\n";

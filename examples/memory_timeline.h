@@ -39,6 +39,10 @@ class MemoryTimeline {
   // The step the events from now on belong to.
   void set_step(long step);
 
+  // Whose memory this is, for the plot's title and a note in the events file: "rank 0" unless
+  // named ("rank 0, pipeline stage 0 of 2").
+  void set_owner(std::string owner) { owner_ = std::move(owner); }
+
   // Counter tracks in `trace` (bytes): "memory <category>" and "memory total" for the first
   // tier, "memory <category> (<tier>)" and "memory total (<tier>)" for the others, and with the
   // driver's samples "device free (driver)" and "device total (driver)".
@@ -82,6 +86,7 @@ class MemoryTimeline {
 
   std::vector<Source> sources_;
   std::shared_ptr<DeviceContext> device_;
+  std::string owner_;  // empty: "rank 0", and no note in the events file
   long step_ = 0;
   std::vector<StepStart> step_starts_;
   std::vector<Event> events_;

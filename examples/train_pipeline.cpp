@@ -12,6 +12,9 @@
 #include <vector>
 
 #include "driver/metrics_writer.h"
+#include "examples/comms_log.h"
+#include "examples/flops_profile.h"
+#include "examples/memory_timeline.h"
 #include "examples/train_outputs.h"
 #include "models/pipeline_step.h"
 #include "zero/collectives/mpi_check.h"
@@ -126,6 +129,77 @@ float pipeline_validation_loss(ZeroModel& model, TrainTask& task, PeerChannel& c
   double total = 0.0;
   ZERO_MPI_CHECK(MPI_Allreduce(&sum, &total, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
   return static_cast<float>(total / static_cast<double>(global_batch * task.validation_batches()));
+}
+
+// What the engine's collectives sent: over the stage's data-parallel group and, on the first and
+// last stages, the tied wte's all-reduce over the tie group (`ties`, or null).
+CommCounters engine_counters(const Communicator& data_parallel, const Communicator* ties) {
+  CommCounters counters = data_parallel.counters();
+  if (ties == nullptr) return counters;
+  const CommCounters tied = ties->counters();
+  for (int i = 0; i < kNumCollectiveOps; ++i) {
+    counters.calls[i] += tied.calls[i];
+    counters.bytes[i] += tied.bytes[i];
+  }
+  return counters;
+}
+
+// flops_profiler with a pipeline: the whole model's profile on the leader (world rank 0). The
+// first rank of every stage profiles its stage's modules over the step (`spans`, its own); the
+// leader gathers them in the model's order, virtual stage by virtual stage, with its own step
+// time: the pipeline's. The tied wte counts on the first stage only (`tied` on the others), as
+// the model without a pipeline counts the head's with its embedding.
+std::optional<FlopsProfile> gather_flops_profile(const Engine& engine, TrainTask& task,
+                                                 const GridPlace& place,
+                                                 const std::vector<std::string>& tied,
+                                                 const std::vector<TraceSpan>& spans, long step,
+                                                 double step_ms, double tokens) {
+  std::string mine;
+  if (place.dp_rank == 0 && place.tp_rank == 0) {
+    const FlopsProfile stage =
+        profile_step(engine.layout(), task.model_record(), spans, step, step_ms, tokens,
+                     place.pp_rank == 0 ? std::vector<std::string>{} : tied);
+    JsonRecord modules = module_profiles_record(stage.modules);
+    const std::vector<int> chunk_first = task.chunk_first_modules();
+    for (size_t k = 0; k < stage.modules.size(); ++k) {
+      const long chunk =
+          std::upper_bound(chunk_first.begin(), chunk_first.end(), static_cast<int>(k)) -
+          chunk_first.begin();
+      modules[k]["virtual_stage"] = std::max(chunk - 1, 0L) * place.pp_size + place.pp_rank;
+    }
+    mine = modules.dump();
+  }
+  int world_rank = 0, world_size = 1;
+  ZERO_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
+  ZERO_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_size));
+  const int length = static_cast<int>(mine.size());
+  std::vector<int> lengths(static_cast<size_t>(world_size), 0);
+  ZERO_MPI_CHECK(MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, MPI_COMM_WORLD));
+  std::vector<int> offsets(static_cast<size_t>(world_size), 0);
+  for (size_t r = 1; r < offsets.size(); ++r) offsets[r] = offsets[r - 1] + lengths[r - 1];
+  std::string all(world_rank == 0 ? static_cast<size_t>(offsets.back() + lengths.back()) : 0, '\0');
+  ZERO_MPI_CHECK(MPI_Gatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(),
+                             offsets.data(), MPI_CHAR, 0, MPI_COMM_WORLD));
+  if (world_rank != 0) return std::nullopt;
+  std::vector<std::pair<long, ModuleProfile>> placed;
+  for (size_t r = 0; r < lengths.size(); ++r) {
+    if (lengths[r] == 0) continue;
+    const JsonRecord modules = JsonRecord::parse(
+        all.substr(static_cast<size_t>(offsets[r]), static_cast<size_t>(lengths[r])));
+    const std::vector<ModuleProfile> profiles = module_profiles_from_record(modules);
+    for (size_t k = 0; k < profiles.size(); ++k) {
+      placed.emplace_back(modules[k].at("virtual_stage").get<long>(), profiles[k]);
+    }
+  }
+  std::stable_sort(placed.begin(), placed.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  FlopsProfile profile;
+  profile.step = step;
+  profile.step_ms = step_ms;
+  profile.tokens = tokens;
+  profile.latency_of = "every pipeline stage's first rank, added";
+  for (auto& [virtual_stage, module] : placed) profile.modules.push_back(std::move(module));
+  return profile;
 }
 
 // The pipeline's ranks as an MPI communicator (rank = stage) for the point-to-point channel:
@@ -285,10 +359,6 @@ void check_pipeline_settings(const Flags& f, const TrainingConfig& tc, int world
          "--pp-schedule zb-h1 with activation checkpointing (activation_checkpointing.mode \"" +
              tc.activation_checkpointing.mode + "\")");
   refuse(f.cuda, "--device cuda");
-  refuse(!f.memory_timeline.empty(), "--memory-timeline");
-  refuse(f.fault.kind == Fault::kSkipStep, "--inject-fault skip-step");
-  refuse(tc.comms_logger.enabled, "comms_logger");
-  refuse(tc.flops_profiler.enabled, "flops_profiler");
   refuse(tc.engine.grid.mics_shard_size > 0, "mics_shard_size (hybrid sharding)");
   const ActivationCheckpointingConfig& ac = tc.activation_checkpointing;
   // These keep one slot per block, which a second micro-batch in flight would overwrite.
@@ -343,6 +413,16 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
   const long first_step = position.first_step;
   const uint64_t data_seed = position.data_seed;
   if (!f.save_dir.empty()) record_pipeline(f.save_dir, stages, leader);
+  // Every rank records (the trace's counter tracks); the leader writes its own, the first stage's.
+  std::optional<MemoryTimeline> timeline;
+  if (!f.memory_timeline.empty()) {
+    timeline.emplace(engine.allocator(), engine.allocator().memory().memory_name(),
+                     engine.device_context());
+    timeline->add(engine.pinned_host_allocator(), "pinned host memory");
+    timeline->add(engine.pageable_host_allocator(), "pageable host memory");
+    timeline->set_owner("rank " + std::to_string(world_rank) + ", pipeline stage " +
+                        std::to_string(stage) + " of " + std::to_string(stages));
+  }
   task.start(engine, data_seed);
 
   const PipelineScheduleKind kind = parse_pipeline_schedule(f.pp_schedule);
@@ -407,23 +487,48 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
     std::fflush(stdout);
   }
 
+  // The leader's engine: its stage's data-parallel group and the tie with the last stage. The
+  // transfers between stages are not collectives: pp_comm_bytes and pp_wait_ms hold them.
+  std::optional<CommsLog> comms_log;
+  if (leader && tc.comms_logger.enabled) comms_log.emplace(tc.comms_logger, place.dp_size);
+  const Communicator* ties = config.grid.pipeline.ties;
   PipelineStepReport report;
   const auto data_parallel_bytes = [&] {
     return grid.data_parallel->counters().total_bytes() + engine.own_comm_bytes();
   };
   for (long step = first_step; step <= f.steps; ++step) {
+    if (timeline) timeline->set_step(step);
     const auto start = std::chrono::steady_clock::now();
     const uint64_t bytes_before = data_parallel_bytes();
+    const bool profiled = tc.flops_profiler.enabled && step == tc.flops_profiler.profile_step;
+    const size_t spans_before = profiled ? engine.trace().spans().size() : 0;
+    const CommCounters counters_before = engine_counters(*grid.data_parallel, ties);
     // --inject-fault: the last rank (of the last stage) misbehaves in the step's last backward.
     const bool faulty = step == f.fault.step && world_rank == world_size - 1;
     work.begin_step(step, [&](int micro_batch, Tensor& grad) {
       if (faulty && micro_batch == micro_batches - 1) inject_fault(f.fault, grad);
     });
     report = executor.run(work);
+    if (faulty && f.fault.kind == Fault::kSkipStep) {
+      // As without a pipeline: the others wait in the step's collectives (its stage's, and the
+      // ties and gradient norm between stages) until the watchdog ends the job.
+      std::fprintf(stderr, "zero-train: rank %d skips the optimizer step of step %ld\n", world_rank,
+                   step);
+      std::fflush(stderr);
+      continue;
+    }
     const auto optimizer_start = std::chrono::steady_clock::now();
     const StepStats stats = model.step();
     const double optimizer_ms = ms_since(optimizer_start);
     const double step_ms = ms_since(start);
+    std::optional<FlopsProfile> flops;
+    if (profiled) {
+      const std::vector<TraceSpan> spans = engine.trace().spans();
+      flops = gather_flops_profile(
+          engine, task, place, config.grid.pipeline.tied_parameters,
+          {spans.begin() + static_cast<long>(spans_before), spans.end()}, step, step_ms,
+          static_cast<double>(tc.train_batch_size * task.tokens_per_sample()));
+    }
     std::optional<float> val_loss;
     if (task.validates(step)) {
       val_loss =
@@ -455,6 +560,11 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
     mine.comm_wait_ms = stats.comm_wait_ms;
     const std::vector<RankFigures> ranks = all_ranks(mine);
     if (!leader) continue;
+    std::vector<std::string> comm_lines;
+    const JsonRecord comm_ops =
+        comms_log ? comms_log->add_step(counters_before, engine_counters(*grid.data_parallel, ties),
+                                        engine.trace().spans(), &comm_lines)
+                  : JsonRecord();
     // Idle is a rank's step time less its compute, the bubble its share over the ranks.
     float loss = 0.0f;
     double busy_sum = 0.0, time_sum = 0.0, wait_max = 0.0, comm_wait_max = 0.0;
@@ -497,6 +607,7 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
           step, f.steps, loss, stats.lr, stats.grad_norm, step_ms, tokens_per_s, bubble, wait_max);
     }
     if (val_loss) std::printf("step %5ld/%ld  val_loss %.6f\n", step, f.steps, *val_loss);
+    for (const std::string& line : comm_lines) std::printf("%s\n", line.c_str());
     std::fflush(stdout);
     JsonRecord record{{"event", "step"},
                       {"step", step},
@@ -524,10 +635,32 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
                       {"backward_ms", json_number(to_ms(work.times().backward))},
                       {"optimizer_ms", json_number(optimizer_ms)}};
     if (val_loss) record["val_loss"] = json_number(*val_loss);
+    if (comms_log) record["comm_ops"] = comm_ops;
+    if (flops) report_flops_profile(*flops, tc.flops_profiler, &metrics);
     if (!f.metrics.empty()) metrics.write(record);
     monitors.write_events(monitor_events(record, tc.train_batch_size,
                                          config.precision.dtype == DType::kFloat16,
                                          tc.wall_clock_breakdown));
+  }
+  if (comms_log) {
+    // The collectives still in flight (a stage 1-2 step's all-gathers) belong to the table too.
+    engine.communicator().stream().synchronize();
+    const CommCounters counters = engine_counters(*grid.data_parallel, ties);
+    std::vector<std::string> late;
+    comms_log->add_step(counters, counters, engine.trace().spans(), &late);
+    for (const std::string& line : late) std::printf("%s\n", line.c_str());
+    std::printf("comms_logger: the collectives of rank 0's engine (pipeline stage 0)\n%s",
+                comms_log->summary().c_str());
+    std::fflush(stdout);
+  }
+  if (timeline && !f.trace.empty()) timeline->add_counters(engine.trace());
+  if (timeline && leader) {
+    // The run's first step: where the model's buffers are made, so the plot shows them grow.
+    timeline->write(f.memory_timeline, engine.trace().spans(), first_step);
+    std::printf(
+        "memory timeline of pipeline stage 0 (rank 0) written to %s, its plot of step %ld to "
+        "%s.png\n",
+        f.memory_timeline.c_str(), first_step, f.memory_timeline.c_str());
   }
   if (!f.trace.empty()) {
     // One file holds every rank of every stage (pid = world rank): the engine's group is one

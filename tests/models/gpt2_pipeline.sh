@@ -29,6 +29,29 @@ done
 shift
 source "$(dirname "${BASH_SOURCE[0]}")/gpt2_reference.sh"
 
+# check_flops_profile METRICS LAYERS: flops_profiler's one record is the whole model's, gathered
+# from every stage: its FLOPs flops_per_token times the step's 4 x 32 tokens, its parameters the
+# model's (wte counted once), its blocks h.0 to h.LAYERS-1 in order.
+check_flops_profile() {
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+records = [json.loads(line) for line in open(sys.argv[1])]
+init = next(r for r in records if r["event"] == "init")
+profiles = [r for r in records if r["event"] == "flops_profile"]
+assert len(profiles) == 1, len(profiles)
+profile, layers = profiles[0], int(sys.argv[2])
+assert profile["total_flops"] == init["flops_per_token"] * 4 * 32, (profile, init)
+params = sum(m["params"] for m in profile["modules"])
+c = {k: init[k] for k in ("n_embd", "vocab_size", "block_size")}
+# wte, wpe, each block's 12 C^2 + 13 C, ln_f.
+expected = (c["vocab_size"] + c["block_size"]) * c["n_embd"] + layers * (12 * c["n_embd"] ** 2 + 13 * c["n_embd"]) + 2 * c["n_embd"]
+assert params == expected, (params, expected)
+blocks = [m["name"] for m in profile["modules"] if m["name"].startswith("h.")]
+assert blocks == ["h.%d" % i for i in range(layers)], blocks
+print("flops profile of step", profile["step"], "over every stage:", profile["total_flops"], "FLOPs,", params, "parameters")
+PY
+}
+
 # train STAGE NAME [FLAGS...]: one zero-train run of the reference.
 train() {
   local stage="$1" run="$work/$2"
@@ -138,12 +161,19 @@ text = json.dumps(tensors).encode()
 open(sys.argv[2], "wb").write(struct.pack("<Q", len(text)) + text + bytes(data))
 PY
   deep_model=("${reference_model[@]}" --n-layer 4)
+  # One run profiles its FLOPs: the stages' chunks gathered in the model's order.
+  python3 -c 'import json, sys
+c = json.load(open(sys.argv[1]))
+c["flops_profiler"] = {"enabled": True, "profile_step": 3}
+json.dump(c, open(sys.argv[2], "w"))' "$data/adamw.json" "$work/flops.json"
   for stage in 0 1 2 3; do
     for schedule in 1f1b interleaved; do
       run="$work/deep$stage$schedule"
+      config="$data/adamw.json"
+      if [ "$stage$schedule" = 0interleaved ] && [ "$tp" = 1 ]; then config="$work/flops.json"; fi
       run_logged "$run.log" "zero-train failed: 4 layers, stage $stage, $schedule" \
         "${mpiexec[@]}" -np "$np" "$bin/zero-train" "${deep_model[@]}" \
-        --config "$data/adamw.json" --init-from "$work/model4.safetensors" --stage "$stage" \
+        --config "$config" --init-from "$work/model4.safetensors" --stage "$stage" \
         --tp "$tp" --micro-batches "$micro_batches" --steps 3 --metrics "$run.jsonl" \
         --val-data "$data/tokens.bin" --val-every 1 --pp "$pp" --pp-schedule "$schedule"
     done
@@ -163,6 +193,7 @@ for a, b in zip(inter, one):
 print("interleaved: every step bitwise 1f1b's:", figures(inter)[-1])
 PY
   done
+  if [ "$tp" = 1 ]; then check_flops_profile "$work/deep0interleaved.jsonl" 4; fi
 fi
 
 # fp16 with its dynamic loss scale (on the pipeline of one rank per stage): the loss's gradient
@@ -211,14 +242,20 @@ print("stage", sys.argv[3], "with NVMe offload: bitwise the run in memory")' \
 fi
 
 # The same pipeline from DeepSpeed's config section instead of --pp (ZeRO stage 1, 1F1B), with
-# DeepSpeed's monitors, which hold the metrics file's losses and lrs.
+# DeepSpeed's monitors, which hold the metrics file's losses and lrs, its comms logger (the
+# collectives of rank 0's engine, its data-parallel group's and the tied wte's all-reduce, in
+# every step record, as many as the step's collectives, and the table at the end) and, without
+# tensor parallelism, its flops profiler.
 python3 -c 'import json, sys
 c = json.load(open(sys.argv[1]))
 c["pipeline"] = {"stages": int(sys.argv[3]), "partition": "uniform"}
 for monitor in ("tensorboard", "csv_monitor"):
     c[monitor] = {"enabled": True, "output_path": sys.argv[4] + "/" + monitor, "job_name": "run"}
 c["wall_clock_breakdown"] = True
-json.dump(c, open(sys.argv[2], "w"))' "$data/adamw.json" "$work/pipeline.json" "$pp" "$work"
+c["comms_logger"] = {"enabled": True, "verbose": True}
+if sys.argv[5] == "1":
+    c["flops_profiler"] = {"enabled": True, "profile_step": 2, "detailed": True}
+json.dump(c, open(sys.argv[2], "w"))' "$data/adamw.json" "$work/pipeline.json" "$pp" "$work" "$tp"
 run_logged "$work/config.log" "zero-train failed with the pipeline section" \
   "${mpiexec[@]}" -np "$np" "$bin/zero-train" "${reference_model[@]}" \
   --config "$work/pipeline.json" --init-from "$data/model.safetensors" --stage 1 --tp "$tp" \
@@ -229,3 +266,21 @@ grep -E "^pipeline stage" "$work/config.log"
 "$bin/gpt2_golden_check" --expected "$data/expected_fp64.json" --metrics "$work/config.jsonl" \
   --reference-tolerance 1e-5 --same-metrics-as "$work/pp11f1b0.jsonl" --metrics-tolerance 0
 "$bin/monitor_check" "$work/config.jsonl" "$work/tensorboard/run" "$work/csv_monitor/run" 4
+[ "$(grep -c "^Comm. Op  " "$work/config.log")" = 1 ] && grep -q "^comm op: all_reduce | " "$work/config.log" ||
+  { cat "$work/config.log"; echo "comms_logger: no table, or no line per collective"; exit 1; }
+python3 -c 'import json, sys
+steps = [r for r in map(json.loads, open(sys.argv[1])) if r.get("event") == "step"]
+# The first step also counts what the engine issued before it.
+for r in steps[1:]:
+    ops = r["comm_ops"]
+    calls = sum(op["count"] for op in ops.values())
+    assert calls == r["stage_collectives"][0], (r["step"], ops, r["stage_collectives"])
+    # The gradient norm and the tied wte, summed over its two stages.
+    assert ops["all_reduce"]["count"] == 2 and ops["all_reduce"]["sent_bytes"] > 0, (r["step"], ops)
+print("comm_ops of rank 0 per step:", steps[-1]["comm_ops"])' "$work/config.jsonl"
+if [ "$tp" = 1 ]; then
+  [ "$(grep -c "^Profile Summary at step 2:" "$work/config.log")" = 1 ] &&
+    grep -q "^fwd latency (every pipeline stage's first rank, added): " "$work/config.log" ||
+    { cat "$work/config.log"; echo "flops_profiler: no profile of every stage"; exit 1; }
+  check_flops_profile "$work/config.jsonl" 2
+fi

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # zero-train --pp's bad settings on 2 ranks: each exits 2 with its message before step 1, within
 # 60 seconds (every rank stops; none is left waiting for a peer), including ranks started with
-# different pipeline settings.
+# different pipeline settings; and what was refused once and now runs.
 #   gpt2_pipeline_refusals.sh BIN_DIR MPIEXEC [MPIEXEC_FLAGS...]
 set -uo pipefail
 bin="$1"; shift
@@ -32,10 +32,25 @@ expect "--pp-partition uniform: 2 pipeline stages do not divide the 3 layers (n_
   "${run[@]}" "${model[@]}" --n-layer 3 --pp 2 --pp-partition uniform
 expect "a GPT-2 of 2 layers cannot be cut into 4 pipeline stages" \
   -np 4 "$bin/zero-train" "${model[@]}" --micro-batches 1 --pp 4
-expect "--pp: --memory-timeline is not supported with pipeline parallelism yet" \
-  "${run[@]}" "${model[@]}" --pp 2 --memory-timeline "$work/timeline"
-expect "--pp: --inject-fault skip-step is not supported with pipeline parallelism yet" \
-  "${run[@]}" "${model[@]}" --pp 2 --inject-fault skip-step@1
+# Once refused, now run: --memory-timeline writes the first stage's timeline (rank 0's: the
+# embeddings and h.0, not h.1's or the head's phases), saying so in the file, the plot and the
+# message.
+output="$(timeout 60 "${mpiexec[@]}" "${run[@]}" "${model[@]}" --pp 2 --memory-timeline \
+  "$work/timeline" 2>&1)"
+rc=$?
+phases="$(awk -F'\t' 'NR > 1 && !/^#/ { print $8 }' "$work/timeline" 2>/dev/null | sort -u)"
+if [[ $rc -ne 0 ]] ||
+  ! grep -qF "memory timeline of pipeline stage 0 (rank 0) written to $work/timeline," <<<"$output" ||
+  ! grep -qx "# the memory of rank 0, pipeline stage 0 of 2" "$work/timeline" ||
+  ! grep -qF "memory of rank 0, pipeline stage 0 of 2 in step 1" "$work/timeline.gp" ||
+  [[ ! -s "$work/timeline.png" ]] || ! grep -qx "forward h.0" <<<"$phases" ||
+  grep -q "h[.]1\|ln_f" <<<"$phases"; then
+  echo "FAIL: --pp 2 --memory-timeline -> exit $rc, phases $(echo $phases); got:"
+  echo "$output" | tail -5
+  failures=$((failures + 1))
+fi
+# --inject-fault skip-step, refused once, now fails as without a pipeline:
+# tests/faults' faults_pipeline_rank_skips_step_np2.
 expect "--pp: --pp-schedule zb-h1 with activation checkpointing (activation_checkpointing.mode \"full\")" \
   "${run[@]}" "${model[@]}" --pp 2 --pp-schedule zb-h1 --activation-checkpointing full
 expect "--pp: the global batch of 3 does not cut into 2 micro-batches x 1 data-parallel ranks" \
