@@ -187,6 +187,17 @@ uint64_t checkpoint_bytes(const Gpt2Config& config, int64_t B, int64_t T) {
          static_cast<uint64_t>(config.n_embd) * sizeof(float);
 }
 
+// Each chunk's sets held (Gpt2StageActivationBytes::chunk_sets) times its bytes of one set,
+// added onto `base`.
+uint64_t chunk_sets_bytes(const std::vector<int>& sets, const std::vector<uint64_t>& bytes,
+                          uint64_t base, const char* what) {
+  uint64_t held = base;
+  for (size_t c = 0; c < sets.size(); ++c) {
+    held = size_sum(held, size_product(static_cast<uint64_t>(sets[c]), bytes[c], what), what);
+  }
+  return held;
+}
+
 }  // namespace
 
 uint64_t Gpt2StageActivationBytes::per_micro_batch() const {
@@ -196,12 +207,7 @@ uint64_t Gpt2StageActivationBytes::per_micro_batch() const {
 uint64_t Gpt2StageActivationBytes::peak() const {
   const char* what = "a pipeline stage's activations";
   if (!chunk_sets.empty()) {
-    uint64_t held = micro_batch.recompute;
-    for (size_t c = 0; c < chunk_sets.size(); ++c) {
-      held = size_sum(
-          held, size_product(static_cast<uint64_t>(chunk_sets[c]), chunk_bytes[c], what), what);
-    }
-    return held;
+    return chunk_sets_bytes(chunk_sets, chunk_bytes, micro_batch.recompute, what);
   }
   const uint64_t forwarded =
       size_product(static_cast<uint64_t>(in_flight), per_micro_batch(), what);
@@ -214,15 +220,7 @@ uint64_t Gpt2StageActivationBytes::peak() const {
 
 uint64_t Gpt2StageActivationBytes::peak_checkpoints() const {
   const char* what = "a pipeline stage's checkpoints";
-  if (!chunk_sets.empty()) {
-    uint64_t held = 0;
-    for (size_t c = 0; c < chunk_sets.size(); ++c) {
-      held = size_sum(
-          held, size_product(static_cast<uint64_t>(chunk_sets[c]), chunk_checkpoints[c], what),
-          what);
-    }
-    return held;
-  }
+  if (!chunk_sets.empty()) return chunk_sets_bytes(chunk_sets, chunk_checkpoints, 0, what);
   return size_product(static_cast<uint64_t>(in_flight), micro_batch.checkpoints, what);
 }
 
@@ -306,12 +304,10 @@ Gpt2StageActivationBytes gpt2_chunked_stage_activation_formula(
         action.chunk >= 0 && static_cast<size_t>(action.chunk) < chunks,
         "a pipeline action of chunk " << action.chunk << " on a stage of " << chunks << " chunks");
     const size_t c = static_cast<size_t>(action.chunk);
-    if (action.kind == PipelineAction::kForward) {
-      left[c] = 0;  // reused
-      ++forwarded[c];
-    } else {
-      left[c] = 0;  // the micro-batch's own tensors come back in its place
-    }
+    // The set a backward left behind is reused by the chunk's next forward, and a backward's
+    // micro-batch brings its own tensors back in its place.
+    left[c] = 0;
+    if (action.kind == PipelineAction::kForward) ++forwarded[c];
     Gpt2StageActivationBytes at = bytes;
     for (size_t k = 0; k < chunks; ++k) at.chunk_sets[k] = forwarded[k] + left[k];
     if (at.peak() > most) {
