@@ -99,7 +99,8 @@ struct Gpt2PipelineStage {
   bool first() const { return stage == 0; }
   bool last() const { return stage == stages - 1; }
   int chunk_count() const { return chunks.empty() ? 1 : static_cast<int>(chunks.size()); }
-  // Chunk c's blocks, [first, end), with end_layer's -1 resolved against n_layer.
+  // Chunk c's blocks, [first, end), with end_layer's -1 resolved against n_layer; a zero::Error
+  // naming the stage when they are not layers of a model of n_layer.
   std::pair<int, int> chunk_layers(int chunk, int n_layer) const;
   // Whether chunk c holds the embeddings, or ln_f and the head.
   bool embeds(int chunk) const { return first() && chunk == 0; }

@@ -249,10 +249,6 @@ Gpt2StageActivationBytes gpt2_stage_activation_formula(const Gpt2Config& config,
   const uint64_t checkpoint = checkpoint_bytes(config, B, T);
   for (int c = 0; c < stage.chunk_count(); ++c) {
     const std::pair<int, int> layers = stage.chunk_layers(c, config.n_layer);
-    ZERO_CHECK(
-        0 <= layers.first && layers.first <= layers.second && layers.second <= config.n_layer,
-        "GPT-2 pipeline stage " << stage.stage << " holds layers " << layers.first << " to "
-                                << layers.second << " of " << config.n_layer);
     // One set of the chunk's tensors.
     uint64_t chunk = 0, checkpoints = 0;
     if (stage.embeds(c)) {

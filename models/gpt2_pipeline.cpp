@@ -143,8 +143,13 @@ Gpt2PipelineStage gpt2_pipeline_stage(const Gpt2Config& config, const std::vecto
 std::pair<int, int> Gpt2PipelineStage::chunk_layers(int chunk, int n_layer) const {
   ZERO_CHECK(chunk >= 0 && chunk < chunk_count(),
              "chunk " << chunk << " of a pipeline stage of " << chunk_count() << " chunk(s)");
-  if (!chunks.empty()) return chunks[static_cast<size_t>(chunk)];
-  return {first_layer, end_layer < 0 ? n_layer : end_layer};
+  const std::pair<int, int> layers =
+      !chunks.empty() ? chunks[static_cast<size_t>(chunk)]
+                      : std::make_pair(first_layer, end_layer < 0 ? n_layer : end_layer);
+  ZERO_CHECK(0 <= layers.first && layers.first <= layers.second && layers.second <= n_layer,
+             "GPT-2 pipeline stage " << stage << " holds layers " << layers.first << " to "
+                                     << layers.second << " of " << n_layer);
+  return layers;
 }
 
 std::string Gpt2PipelineStage::describe_layers(int n_layer) const {
