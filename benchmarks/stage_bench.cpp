@@ -123,8 +123,8 @@ void measure_block(StageRun& run, const TrainStep& train_step, const StageOption
   ZERO_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
   const uint64_t links_before = count_links ? link_tx_bytes(opt.link_counters) : 0;
   engine.trace().clear();
-  const auto gather_sent = [&engine] {
-    return engine.communicator().counters().bytes[static_cast<size_t>(CollectiveOp::kAllGather)];
+  const auto sent = [&engine](CollectiveOp op) {
+    return engine.communicator().counters().bytes[static_cast<size_t>(op)];
   };
   // With hybrid sharding own_comm_bytes is the shard and replica groups' (engine.communicator()
   // is the shard group).
@@ -133,14 +133,9 @@ void measure_block(StageRun& run, const TrainStep& train_step, const StageOption
     if (!hybrid) return 0;
     return engine.own_comm_bytes() - engine.communicator().counters().total_bytes();
   };
-  const auto reduce_scatter_sent = [&engine] {
-    return engine.communicator()
-        .counters()
-        .bytes[static_cast<size_t>(CollectiveOp::kReduceScatter)];
-  };
-  const uint64_t gather_before = gather_sent();
+  const uint64_t gather_before = sent(CollectiveOp::kAllGather);
   const uint64_t replica_before = replica_sent();
-  const uint64_t reduce_scatter_before = reduce_scatter_sent();
+  const uint64_t reduce_scatter_before = sent(CollectiveOp::kReduceScatter);
   const uint64_t quantized_across_before = engine.quantized_bytes_across_nodes();
   std::vector<double> starts{Trace::now_us()};
   for (int i = 0; i < steps; ++i) {
@@ -155,9 +150,9 @@ void measure_block(StageRun& run, const TrainStep& train_step, const StageOption
   // 3's prefetch of the first unit) is done, on the engine's communicator (hybrid sharding's
   // shard group: not the world's).
   engine.communicator().stream().synchronize();
-  run.gather_bytes_sent += gather_sent() - gather_before;
+  run.gather_bytes_sent += sent(CollectiveOp::kAllGather) - gather_before;
   run.replica_bytes_sent += replica_sent() - replica_before;
-  run.reduce_scatter_bytes_sent += reduce_scatter_sent() - reduce_scatter_before;
+  run.reduce_scatter_bytes_sent += sent(CollectiveOp::kReduceScatter) - reduce_scatter_before;
   run.quantized_bytes_across_nodes +=
       engine.quantized_bytes_across_nodes() - quantized_across_before;
   starts.push_back(Trace::now_us());
