@@ -359,7 +359,6 @@ void check_pipeline_settings(const Flags& f, const TrainingConfig& tc, int world
          "--pp-schedule zb-h1 with activation checkpointing (activation_checkpointing.mode \"" +
              tc.activation_checkpointing.mode + "\")");
   refuse(f.cuda, "--device cuda");
-  refuse(tc.engine.grid.mics_shard_size > 0, "mics_shard_size (hybrid sharding)");
   const ActivationCheckpointingConfig& ac = tc.activation_checkpointing;
   // These keep one slot per block, which a second micro-batch in flight would overwrite.
   refuse(ac.contiguous_memory_optimization, "contiguous_memory_optimization");

@@ -12,15 +12,13 @@ namespace zero {
 
 void Engine::Impl::resolve_pipeline_ties() {
   const EngineConfig::Grid::Pipeline& pipeline = config.grid.pipeline;
-  ZERO_CHECK(pipeline.stages == nullptr || replicas == 1,
-             "pipeline parallelism does not support hybrid sharding (mics_shard_size) yet");
   if (pipeline.tied_parameters.empty()) return;
   ZERO_CHECK(pipeline.ties != nullptr,
              "EngineConfig::pipeline names tied parameters but no communicator to sum them over");
-  ZERO_CHECK(pipeline.ties->world_size() == 2 * world,
-             "EngineConfig::pipeline.ties has " << pipeline.ties->world_size()
-                                                << " ranks; a tie joins two stages of " << world
-                                                << " data-parallel rank(s) each");
+  ZERO_CHECK(pipeline.ties->world_size() == 2 * world * replicas,
+             "EngineConfig::pipeline.ties has "
+                 << pipeline.ties->world_size() << " ranks; a tie joins two stages of "
+                 << world * replicas << " data-parallel rank(s) each");
   for (const std::string& name : pipeline.tied_parameters) {
     int found = -1;
     for (size_t p = 0; p < layout.params().size(); ++p) {
@@ -37,7 +35,9 @@ void Engine::Impl::resolve_pipeline_ties() {
 // Each tied parameter's reduced gradient, whole, in fp32: this rank's shard of it (a stage-0
 // rank holds it all but adds only its shard), summed over the tie group, and the elements this
 // rank owns taken back. The shards of a stage's ranks cover the parameter once, whatever units
-// each stage cut it into, so every element is the sum of the two stages' gradients.
+// each stage cut it into, so every element is the sum of the two stages' gradients. With hybrid
+// sharding every replica holds the same summed shards: the first replica's alone are added, and
+// every replica takes the sum back.
 void Engine::Impl::sum_pipeline_ties() {
   if (pipeline_tied_params.empty()) return;
   ScopedSpan span(trace, "pipeline tied gradients");
@@ -50,7 +50,8 @@ void Engine::Impl::sum_pipeline_ties() {
     const ElementRange shard = shard_range(unit.numel, rank, world);
     const size_t first = std::max(shard.first, param.offset);
     const size_t last = std::min(shard.end(), param.offset + param.numel);
-    if (first < last) {
+    const bool adds = hybrid.replica == nullptr || hybrid.replica->rank() == 0;
+    if (adds && first < last) {
       device->cast(byte_offset(reducer.shard(u), (first - shard.first) * accum), accum_dtype,
                    byte_offset(whole, (first - param.offset) * sizeof(float)), DType::kFloat32,
                    last - first);

@@ -143,9 +143,6 @@ void check_pipeline(bool pipeline_flags, std::optional<int> virtual_stages, Opti
   options->data_parallel_ranks = options->ranks / (p * t);
   // What zero-train --pp refuses, so no plan is printed for a run that cannot be.
   const std::pair<bool, const char*> refused[] = {
-      {options->offload_nvme || options->offload_cpu, "--offload-optimizer"},
-      {options->offload_param_nvme, "--offload-param"},
-      {options->mics_shard_size != -1, "--mics-shard-size"},
       {options->partition_activations, "--partition-activations"},
       {!options->checkpoint_nvme_path.empty(), "--checkpoint-nvme-path"}};
   for (const auto& [given, flag] : refused) {
@@ -389,7 +386,7 @@ Options parse_options(const std::vector<std::string>& args) {
     config.grid.mics_shard_size = options.mics_shard_size;
     if (options.offload_nvme) config.offload.optimizer.device = zero::OffloadDevice::kNvme;
     try {
-      zero::sharding_group_size(config, options.ranks);
+      zero::sharding_group_size(config, options.data_parallel_ranks);
     } catch (const zero::Error& e) {
       usage_error(e.what());
     }
@@ -409,9 +406,9 @@ Options parse_options(const std::vector<std::string>& args) {
           "--hpz-partition-size with --gpu, --offload-optimizer cpu or --offload-param nvme "
           "is not supported by the engine");
     }
-    if (options.ranks % k != 0) {
+    if (options.data_parallel_ranks % k != 0) {
       usage_error("--hpz-partition-size " + std::to_string(k) + " must divide the " +
-                  std::to_string(options.ranks) + " data-parallel ranks");
+                  std::to_string(options.data_parallel_ranks) + " data-parallel ranks");
     }
     options.stage = 3;
   }

@@ -6,6 +6,7 @@
 # without a pipeline (the same micro-batches on the same data-parallel ranks): every step's loss
 # and norm within 1e-6 relative, and so is the validation loss after every step (forward only
 # through the pipeline, on the training batch: the reference's next loss); zb-h1 bitwise 1f1b.
+# With 2 data-parallel ranks per stage, stage 3 also with hybrid sharding, bitwise without.
 # Not bitwise against the job without a pipeline: the pipeline sums the tied wte's two uses after
 # reducing each over its stage, where one model adds them in one buffer before reducing, and adds
 # the stages' parts of the gradient norm in stage order.
@@ -52,14 +53,15 @@ print("flops profile of step", profile["step"], "over every stage:", profile["to
 PY
 }
 
-# train STAGE NAME [FLAGS...]: one zero-train run of the reference.
+# train STAGE NAME [FLAGS...]: one zero-train run of the reference (its config: $train_config, else
+# the reference's).
 train() {
   local stage="$1" run="$work/$2"
   shift 2
   run_logged "$run.log" "zero-train failed: stage $stage, $np rank(s), $*" \
     "${mpiexec[@]}" -np "$np" "$bin/zero-train" "${reference_model[@]}" \
-    --config "$data/adamw.json" --init-from "$data/model.safetensors" --stage "$stage" \
-    --tp "$tp" --micro-batches "$micro_batches" --steps 3 --metrics "$run.jsonl" \
+    --config "${train_config:-$data/adamw.json}" --init-from "$data/model.safetensors" \
+    --stage "$stage" --tp "$tp" --micro-batches "$micro_batches" --steps 3 --metrics "$run.jsonl" \
     --val-data "$data/tokens.bin" --val-every 1 "$@"
 }
 
@@ -239,6 +241,36 @@ assert steps(sys.argv[1]) == steps(sys.argv[2]), (steps(sys.argv[1]), steps(sys.
 print("stage", sys.argv[3], "with NVMe offload: bitwise the run in memory")' \
       "$work/offload$stage.jsonl" "$work/pp${stage}1f1b0.jsonl" "$stage"
   done
+fi
+
+# Hybrid sharding inside each stage (mics_shard_size 1: every data-parallel rank its own shard
+# group, 2 replicas) at stage 3: the replicas' all-reduce adds the same two gradients in the
+# same order as the reduce-scatter over 2 ranks, and the tied wte is summed over the stages from
+# one replica's shards: bitwise the pipeline without hybrid sharding, every step's loss, norm and
+# validation loss.
+if [ $((np / pp / tp)) = 2 ]; then
+  python3 -c 'import json, sys
+c = json.load(open(sys.argv[1]))
+c["zero_optimization"] = {"stage": 3, "mics_shard_size": 1}
+json.dump(c, open(sys.argv[2], "w"))' "$data/adamw.json" "$work/hybrid.json"
+  train_config="$work/hybrid.json" train 3 hybrid --pp "$pp" --pp-schedule 1f1b
+  "$bin/gpt2_golden_check" --expected "$data/expected_fp64.json" --metrics "$work/hybrid.jsonl" \
+    --reference-tolerance 1e-5 --expect-val 1 --same-metrics-as "$work/pp31f1b0.jsonl" \
+    --metrics-tolerance 0
+  echo "stage 3 with hybrid sharding (2 replicas) in each pipeline stage: bitwise without"
+  # Saved after step 2 (each shard once) and resumed: step 3 bitwise the run without a stop.
+  hybrid=("${mpiexec[@]}" -np "$np" "$bin/zero-train" "${reference_model[@]}" --config
+    "$work/hybrid.json" --stage 3 --micro-batches "$micro_batches" --pp "$pp" --pp-schedule 1f1b)
+  run_logged "$work/hybrid_saved.log" "zero-train failed: hybrid sharding, saving" \
+    "${hybrid[@]}" --init-from "$data/model.safetensors" --steps 2 --save-dir "$work/hybrid.ckpt"
+  run_logged "$work/hybrid_resumed.log" "zero-train failed: hybrid sharding, resuming" \
+    "${hybrid[@]}" --resume "$work/hybrid.ckpt" --steps 3 --metrics "$work/hybrid_resumed.jsonl"
+  python3 -c 'import json, sys
+steps = lambda path: [(r["step"], r["loss"], r["grad_norm"]) for r in map(json.loads, open(path)) if r.get("event") == "step"]
+whole, resumed = steps(sys.argv[1]), steps(sys.argv[2])
+assert resumed == whole[2:], (resumed, whole)
+print("hybrid sharding in a pipeline, saved and resumed: step 3 bitwise")' \
+    "$work/hybrid.jsonl" "$work/hybrid_resumed.jsonl"
 fi
 
 # The same pipeline from DeepSpeed's config section instead of --pp (ZeRO stage 1, 1F1B), with

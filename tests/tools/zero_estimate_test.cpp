@@ -546,9 +546,19 @@ TEST(ZeroEstimate, Gpt2PipelineBadArguments) {
   expect_usage_error({"--params", "1B", "--ranks", "2", "--pp", "2"},
                      "--pp cuts --model gpt2 into pipeline stages; the --params formulas have no "
                      "stages");
-  expect_usage_error(with(gpt2, {"--ranks", "2", "--pp", "2", "--offload-optimizer", "cpu"}),
-                     "--offload-optimizer with --pp: zero-train does not run pipeline "
-                     "parallelism with it yet");
+  expect_usage_error(
+      with(gpt2, {"--ranks", "2", "--pp", "2", "--micro-batch", "1", "--partition-activations"}),
+      "--partition-activations with --pp: zero-train does not run pipeline "
+      "parallelism with it yet");
+  // Hybrid sharding divides each stage's data-parallel ranks, not the job's (the engine's
+  // message ends with where it was raised).
+  const ProgramOutcome hybrid =
+      run_estimate(with(gpt2, {"--ranks", "4", "--pp", "2", "--mics-shard-size", "4"}));
+  EXPECT_EQ(hybrid.exit_code, 2) << hybrid.out;
+  EXPECT_NE(hybrid.err.find("zero-estimate: mics_shard_size must be -1 (off) or a shard group "
+                            "size from 1 to the 2 ranks that divides them, got 4"),
+            std::string::npos)
+      << hybrid.err;
   expect_usage_error(with(gpt2, {"--ranks", "2", "--pp", "2", "--micro-batches", "0"}),
                      "--micro-batches must be from 1 to 1048576, got 0");
 }
