@@ -84,7 +84,8 @@ std::vector<RankFigures> all_ranks(const RankFigures& mine) {
 // model chunks the last stage hands chunk c's output to the first stage's chunk c + 1), and the
 // last stage's losses, weighted by their slices, add up over the world.
 float pipeline_validation_loss(ZeroModel& model, TrainTask& task, PeerChannel& channel,
-                               const GridPlace& place, int64_t global_batch, int micro_batches,
+                               const PipelineSlicing& slicing, const GridPlace& place,
+                               int64_t global_batch, int micro_batches,
                                const std::vector<int64_t>& boundary_shape) {
   const int stages = place.pp_size;
   const int chunks = model.chunks();
@@ -106,9 +107,12 @@ float pipeline_validation_loss(ZeroModel& model, TrainTask& task, PeerChannel& c
         if (first || last) input = task.validation_input(b, slice.first, slice.count);
         if (!first) {
           input = Tensor(boundary_shape);
-          PeerRequest received = channel.receive((place.pp_rank + stages - 1) % stages, tag,
-                                                 input.data(), input.numel() * sizeof(float));
+          const ElementRange part = slicing.range(false, input.numel());
+          PeerRequest received =
+              channel.receive((place.pp_rank + stages - 1) % stages, tag, input.data() + part.first,
+                              part.count * sizeof(float));
           channel.wait(received);
+          slicing.gather(false, input);
         }
         const Tensor output = model.forward(input.to(device), chunk);
         (void)model.take_activations(chunk);  // no backward follows
@@ -119,8 +123,9 @@ float pipeline_validation_loss(ZeroModel& model, TrainTask& task, PeerChannel& c
           }
         } else {
           const Tensor sent = output.to(nullptr);
-          PeerRequest request = channel.send((place.pp_rank + 1) % stages, tag, sent.data(),
-                                             sent.numel() * sizeof(float));
+          const ElementRange part = slicing.range(false, sent.numel());
+          PeerRequest request = channel.send((place.pp_rank + 1) % stages, tag,
+                                             sent.data() + part.first, part.count * sizeof(float));
           channel.wait(request);
         }
       }
@@ -446,8 +451,11 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
   MPI_Comm pipeline_comm = pipeline_mpi_comm(place);
   PeerChannel channel(pipeline_comm);  // works on a duplicate of its own
   ZERO_MPI_CHECK(MPI_Comm_free(&pipeline_comm));
+  const PipelineSlicing slicing{grid.tensor_parallel.get(), tc.pipeline_partition_activations,
+                                tc.pipeline_partition_gradients};
   PipelineExecutor executor(channel, stage, stages, schedules,
-                            task.stage_boundary_shape(work.micro_batch_samples()), virtual_stages);
+                            task.stage_boundary_shape(work.micro_batch_samples()), virtual_stages,
+                            slicing);
 
   driver::MetricsWriter metrics;
   if (leader && !f.metrics.empty()) {
@@ -530,9 +538,9 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
     }
     std::optional<float> val_loss;
     if (task.validates(step)) {
-      val_loss =
-          pipeline_validation_loss(model, task, channel, place, tc.train_batch_size, micro_batches,
-                                   task.stage_boundary_shape(work.micro_batch_samples()));
+      val_loss = pipeline_validation_loss(model, task, channel, slicing, place, tc.train_batch_size,
+                                          micro_batches,
+                                          task.stage_boundary_shape(work.micro_batch_samples()));
     }
     // The last step is always saved when there is a save directory.
     if (!f.save_dir.empty() &&

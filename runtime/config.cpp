@@ -94,12 +94,8 @@ int read_pipeline(const config::TrainingConfig& c, int world_size, const ConfigC
     }
     ac.mode = "full";
   }
-  if (p.pipe_partitioned() || p.grad_partitioned()) {
-    out->ignored_keys.push_back(
-        "pipeline.pipe_partitioned and grad_partitioned are ignored: the tensors between stages "
-        "go whole from every tensor-parallel rank (the same numbers, more bytes with tensor "
-        "parallelism)");
-  }
+  if (p.has_pipe_partitioned()) out->pipeline_partition_activations = p.pipe_partitioned();
+  if (p.has_grad_partitioned()) out->pipeline_partition_gradients = p.grad_partitioned();
   if (p.seed_layers()) {
     out->ignored_keys.push_back(
         "pipeline.seed_layers is ignored: every parameter's initial values are a function of "

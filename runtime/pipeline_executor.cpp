@@ -49,6 +49,30 @@ using TensorKey = std::tuple<bool, int, int>;
 
 }  // namespace
 
+bool PipelineSlicing::slices(bool gradient) const {
+  const bool asked = gradient ? gradients : activations;
+  return asked && tensor_parallel != nullptr && tensor_parallel->world_size() > 1;
+}
+
+ElementRange PipelineSlicing::range(bool gradient, size_t numel) const {
+  if (!slices(gradient)) return {0, numel};
+  ZERO_CHECK(numel % static_cast<size_t>(tensor_parallel->world_size()) == 0,
+             "the " << (gradient ? "gradients" : "activations") << " between pipeline stages ("
+                    << numel << " floats) do not cut into " << tensor_parallel->world_size()
+                    << " equal slices for the tensor-parallel group ("
+                    << (gradient ? "grad_partitioned" : "pipe_partitioned") << ")");
+  return shard_range(numel, tensor_parallel->rank(), tensor_parallel->world_size());
+}
+
+void PipelineSlicing::gather(bool gradient, Tensor& tensor) const {
+  if (!slices(gradient)) return;
+  const ElementRange mine = range(gradient, tensor.numel());
+  // In place: this rank's slice is already where the whole tensor has it.
+  tensor_parallel
+      ->all_gather(tensor.data() + mine.first, tensor.data(), mine.count, DType::kFloat32)
+      .wait();
+}
+
 void PipelineStageWork::backward_input(int, int, const Tensor&, Tensor&) {
   ZERO_FAIL(
       "this PipelineStageWork does not split backward into backward_input and "
@@ -63,13 +87,15 @@ void PipelineStageWork::backward_weight(int, int) {
 
 PipelineExecutor::PipelineExecutor(PeerChannel& channel, int stage, int stages,
                                    std::vector<std::vector<PipelineAction>> schedules,
-                                   std::vector<int64_t> activation_shape, int virtual_stages)
+                                   std::vector<int64_t> activation_shape, int virtual_stages,
+                                   PipelineSlicing slicing)
     : channel_(channel),
       stage_(stage),
       stages_(stages),
       virtual_stages_(virtual_stages),
       schedules_(std::move(schedules)),
-      activation_shape_(std::move(activation_shape)) {
+      activation_shape_(std::move(activation_shape)),
+      slicing_(slicing) {
   ZERO_CHECK(stages >= 1, "a pipeline needs at least 1 stage, got " << stages);
   ZERO_CHECK(channel.size() == stages, "the pipeline has " << stages
                                                            << " stages but its peer channel "
@@ -92,7 +118,9 @@ PipelineExecutor::PipelineExecutor(PeerChannel& channel, int stage, int stages,
   exchange_shapes();
   size_t elements = 1;
   for (int64_t dim : activation_shape_) elements *= static_cast<size_t>(dim);
-  activation_bytes_ = elements * sizeof(float);
+  for (int gradient = 0; gradient < 2; ++gradient) {
+    transferred_[gradient] = slicing_.range(gradient == 1, elements);
+  }
 }
 
 // Every rank sends its shape to every other, so that every rank checks every neighbouring pair
@@ -195,8 +223,9 @@ PipelineStepReport PipelineExecutor::run(PipelineStageWork& work) {
       if (!is_receive(a.kind) || carries_gradient(a.kind) != (gradient == 1)) continue;
       if (static_cast<long>(i) > until && ahead[gradient] >= kReceivesAhead) break;
       Posted p{take_buffer(), PeerRequest()};
-      p.request = channel_.receive(pipeline_peer(a, stage_, stages_), tag_of(a), p.buffer.data(),
-                                   activation_bytes_);
+      const ElementRange& part = transferred_[gradient];
+      p.request = channel_.receive(pipeline_peer(a, stage_, stages_), tag_of(a),
+                                   p.buffer.data() + part.first, part.count * sizeof(float));
       posted.emplace(i, std::move(p));
       ++ahead[gradient];
     }
@@ -232,6 +261,7 @@ PipelineStepReport PipelineExecutor::run(PipelineStageWork& work) {
         Posted& p = posted.at(i);
         channel_.wait(p.request);
         --ahead[gradient];
+        slicing_.gather(gradient == 1, p.buffer);
         received[TensorKey{gradient == 1, a.micro_batch, a.chunk}] = std::move(p.buffer);
         posted.erase(i);
         break;
@@ -245,8 +275,9 @@ PipelineStepReport PipelineExecutor::run(PipelineStageWork& work) {
                                                               << " before it was computed");
         Posted p{std::move(found->second), PeerRequest()};
         produced.erase(found);
-        p.request = channel_.send(pipeline_peer(a, stage_, stages_), tag_of(a), p.buffer.data(),
-                                  activation_bytes_);
+        const ElementRange& part = transferred_[carries_gradient(a.kind) ? 1 : 0];
+        p.request = channel_.send(pipeline_peer(a, stage_, stages_), tag_of(a),
+                                  p.buffer.data() + part.first, part.count * sizeof(float));
         sending.push_back(std::move(p));
         break;
       }

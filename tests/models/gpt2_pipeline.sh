@@ -53,6 +53,21 @@ print("flops profile of step", profile["step"], "over every stage:", profile["to
 PY
 }
 
+# check_pp_bytes METRICS SLICES: every step moved each micro-batch's activation forward and its
+# gradient back between the stages, [micro-batch, 32, 64] fp32 each, in each of the np / pp
+# pipelines, each of those tensors in SLICES slices.
+check_pp_bytes() {
+  python3 -c 'import json, sys
+np, pp, m, tp, slices = map(int, sys.argv[2:7])
+dp = np // pp // tp
+expected = (np // pp) * 2 * m * (4 // (m * dp)) * 32 * 64 * 4 // slices
+for r in map(json.loads, open(sys.argv[1])):
+    if r.get("event") == "step":
+        assert r["pp_comm_bytes"] == expected, (r["step"], r["pp_comm_bytes"], expected)
+print("bytes between stages per step:", expected, "(tensors in %d slices)" % slices)' \
+    "$1" "$np" "$pp" "$micro_batches" "$tp" "$2"
+}
+
 # train STAGE NAME [FLAGS...]: one zero-train run of the reference (its config: $train_config, else
 # the reference's).
 train() {
@@ -89,16 +104,10 @@ for stage in 0 1 2 3; do
       --reference-tolerance 1e-5 --expect-val 1 --same-metrics-as "$work/plain$stage.jsonl" \
       --metrics-tolerance 1e-6
     # Between the stages each step moves every micro-batch's activation forward and its
-    # gradient back, [micro-batch, 32, 64] fp32 each, in each of the np / pp pipelines.
-    python3 -c 'import json, sys
-np, pp, m = map(int, sys.argv[2:5])
-dp = np // pp // int(sys.argv[5])
-expected = (np // pp) * 2 * m * (4 // (m * dp)) * 32 * 64 * 4
-for r in map(json.loads, open(sys.argv[1])):
-    if r.get("event") == "step":
-        assert r["pp_comm_bytes"] == expected, (r["step"], r["pp_comm_bytes"], expected)
-print("bytes between stages per step:", expected)' "$work/$run.jsonl" "$np" "$pp" \
-      "$micro_batches" "$tp"
+    # gradient back, [micro-batch, 32, 64] fp32 each, in each of the np / pp pipelines; with
+    # tensor parallelism each of a group's tp pipelines carries a 1/tp slice (pipe_partitioned
+    # and grad_partitioned, DeepSpeed's defaults).
+    check_pp_bytes "$work/$run.jsonl" "$tp"
   done
 done
 
@@ -273,14 +282,16 @@ print("hybrid sharding in a pipeline, saved and resumed: step 3 bitwise")' \
     "$work/hybrid.jsonl" "$work/hybrid_resumed.jsonl"
 fi
 
-# The same pipeline from DeepSpeed's config section instead of --pp (ZeRO stage 1, 1F1B), with
-# DeepSpeed's monitors, which hold the metrics file's losses and lrs, its comms logger (the
+# The same pipeline from DeepSpeed's config section instead of --pp (ZeRO stage 1, 1F1B), its
+# tensors between stages whole (pipe_partitioned and grad_partitioned false: bitwise the sliced
+# run's numbers, tp times its bytes with tensor parallelism), with DeepSpeed's monitors, which hold the metrics file's losses and lrs, its comms logger (the
 # collectives of rank 0's engine, its data-parallel group's and the tied wte's all-reduce, in
 # every step record, as many as the step's collectives, and the table at the end) and, without
 # tensor parallelism, its flops profiler.
 python3 -c 'import json, sys
 c = json.load(open(sys.argv[1]))
-c["pipeline"] = {"stages": int(sys.argv[3]), "partition": "uniform"}
+c["pipeline"] = {"stages": int(sys.argv[3]), "partition": "uniform", "pipe_partitioned": False,
+                 "grad_partitioned": False}
 for monitor in ("tensorboard", "csv_monitor"):
     c[monitor] = {"enabled": True, "output_path": sys.argv[4] + "/" + monitor, "job_name": "run"}
 c["wall_clock_breakdown"] = True
@@ -297,6 +308,7 @@ echo "ZeRO stage 1, pipeline.stages $pp from the config:"
 grep -E "^pipeline stage" "$work/config.log"
 "$bin/gpt2_golden_check" --expected "$data/expected_fp64.json" --metrics "$work/config.jsonl" \
   --reference-tolerance 1e-5 --same-metrics-as "$work/pp11f1b0.jsonl" --metrics-tolerance 0
+check_pp_bytes "$work/config.jsonl" 1
 "$bin/monitor_check" "$work/config.jsonl" "$work/tensorboard/run" "$work/csv_monitor/run" 4
 [ "$(grep -c "^Comm. Op  " "$work/config.log")" = 1 ] && grep -q "^comm op: all_reduce | " "$work/config.log" ||
   { cat "$work/config.log"; echo "comms_logger: no table, or no line per collective"; exit 1; }

@@ -240,17 +240,19 @@ TEST(Config, PipelineStagesCutTheBatchOverOneStagesRanks) {
   const TrainingConfig no_flag = parse_training_config(
       R"({"train_batch_size": 8, "pipeline": {"stages": "auto"}})", 4, "ds.json");
   EXPECT_EQ(no_flag.pipeline_stages, 1);
-  // activation_checkpoint_interval 1: every block recomputes; the partitioned-tensor keys and
-  // seed_layers change nothing here, and say so.
+  // activation_checkpoint_interval 1: every block recomputes; seed_layers changes nothing here,
+  // and says so. The partitioned-tensor keys are DeepSpeed's, true unless given false.
   const TrainingConfig interval = parse_training_config(
       R"({"train_batch_size": 8, "pipeline": {"stages": 2, "activation_checkpoint_interval": 1,
-          "pipe_partitioned": true, "grad_partitioned": true, "seed_layers": true}})",
+          "pipe_partitioned": false, "seed_layers": true}})",
       4, "ds.json");
   EXPECT_EQ(interval.activation_checkpointing.mode, "full");
-  ASSERT_EQ(interval.ignored_keys.size(), 2u);
-  EXPECT_NE(interval.ignored_keys[0].find("pipe_partitioned and grad_partitioned are ignored"),
-            std::string::npos);
-  EXPECT_NE(interval.ignored_keys[1].find("seed_layers is ignored"), std::string::npos);
+  EXPECT_FALSE(interval.pipeline_partition_activations);
+  EXPECT_TRUE(interval.pipeline_partition_gradients);
+  ASSERT_EQ(interval.ignored_keys.size(), 1u);
+  EXPECT_NE(interval.ignored_keys[0].find("seed_layers is ignored"), std::string::npos);
+  EXPECT_TRUE(automatic.pipeline_partition_activations);
+  EXPECT_TRUE(automatic.pipeline_partition_gradients);
 }
 
 TEST(Config, PipelineValuesThatCannotBeAreErrors) {

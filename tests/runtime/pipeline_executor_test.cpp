@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/expect_error.h"
+#include "zero/collectives/mpi_communicator.h"
 #include "zero/core/check.h"
 
 namespace zero {
@@ -162,6 +164,78 @@ TEST(PipelineExecutor, ZeroBubbleRefusesWorkThatDoesNotSplitBackward) {
                       "splits backward into backward_input and backward_weight (zb-h1), and the "
                       "stage's work does not");
   EXPECT_TRUE(work.forward_seen.empty());
+}
+
+// Two stages, each a tensor-parallel group of 2, whose every rank holds the same tensors between
+// the stages (as the GPT-2's do): the forward output and the input gradient of micro-batch mb are
+// 100 mb + i (+ 1000 for the gradient) at element i, so a slice out of place shows.
+class GroupWork : public PipelineStageWork {
+ public:
+  explicit GroupWork(int stage) : stage_(stage) {}
+  void forward(int mb, int, const Tensor& input, Tensor& output) override {
+    if (stage_ == 1) inputs[mb] = input.to_host();
+    for (size_t i = 0; i < output.numel(); ++i) output.data()[i] = value(mb, i, 0);
+  }
+  void backward(int mb, int, const Tensor& grad_output, Tensor& grad_input) override {
+    if (stage_ == 0) grad_outputs[mb] = grad_output.to_host();
+    for (size_t i = 0; i < grad_input.numel(); ++i) grad_input.data()[i] = value(mb, i, 1000);
+  }
+  static float value(int mb, size_t i, int plus) {
+    return static_cast<float>(plus + 100 * mb) + static_cast<float>(i);
+  }
+  std::map<int, std::vector<float>> inputs;        // stage 1: what each forward received
+  std::map<int, std::vector<float>> grad_outputs;  // stage 0: what each backward received
+
+ private:
+  int stage_;
+};
+
+// pipe_partitioned and grad_partitioned: each rank of a tensor-parallel group sends its half,
+// and the receiving group gathers the whole tensor; with either off, that kind goes whole.
+TEST(PipelineExecutor, TensorParallelGroupsSendSlicesAndGatherTheWhole) {
+  const World world;
+  if (world.size != 4) GTEST_SKIP() << "needs 4 ranks: 2 stages of tensor-parallel groups of 2";
+  const int stage = world.rank / 2;
+  const int tp_rank = world.rank % 2;
+  const std::unique_ptr<Communicator> group = make_mpi_communicator_split(stage, tp_rank);
+  MPI_Comm pipeline = MPI_COMM_NULL;
+  ASSERT_EQ(MPI_Comm_split(MPI_COMM_WORLD, tp_rank, stage, &pipeline), MPI_SUCCESS);
+  const int m = 3;
+  const std::vector<int64_t> shape = {4, 6};  // 24 floats, 12 per slice
+  for (const auto& [activations, gradients] :
+       std::vector<std::pair<bool, bool>>{{true, true}, {true, false}, {false, false}}) {
+    SCOPED_TRACE("pipe_partitioned " + std::to_string(activations) + ", grad_partitioned " +
+                 std::to_string(gradients));
+    PeerChannel channel(pipeline);
+    PipelineExecutor executor(channel, stage, 2,
+                              make_pipeline_schedule(PipelineScheduleKind::kOneFOneB, 2, m), shape,
+                              1, PipelineSlicing{group.get(), activations, gradients});
+    GroupWork work(stage);
+    const PipelineStepReport report = executor.run(work);
+    for (int mb = 0; mb < m; ++mb) {
+      const std::vector<float>& got = stage == 1 ? work.inputs.at(mb) : work.grad_outputs.at(mb);
+      ASSERT_EQ(got.size(), 24u);
+      for (size_t i = 0; i < got.size(); ++i) {
+        EXPECT_EQ(got[i], GroupWork::value(mb, i, stage == 1 ? 0 : 1000)) << "mb " << mb;
+      }
+    }
+    // Stage 0 sends the activations and receives the gradients; stage 1 the other way round.
+    const uint64_t activation_bytes = m * (activations ? 12 : 24) * sizeof(float);
+    const uint64_t gradient_bytes = m * (gradients ? 12 : 24) * sizeof(float);
+    EXPECT_EQ(report.bytes_sent, stage == 0 ? activation_bytes : gradient_bytes);
+    EXPECT_EQ(report.bytes_received, stage == 0 ? gradient_bytes : activation_bytes);
+  }
+  MPI_Comm_free(&pipeline);
+  // A tensor the group cannot cut evenly is refused before anything is sent.
+  PeerChannel channel(MPI_COMM_WORLD);
+  expect_error_naming(
+      [&] {
+        PipelineExecutor(channel, world.rank, world.size,
+                         make_pipeline_schedule(PipelineScheduleKind::kOneFOneB, world.size, 2),
+                         {3, 3}, 1, PipelineSlicing{group.get(), true, true});
+      },
+      "the activations between pipeline stages (9 floats) do not cut into 2 equal slices for the "
+      "tensor-parallel group (pipe_partitioned)");
 }
 
 // Work that fails in the forward of micro-batch 1.

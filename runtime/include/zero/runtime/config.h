@@ -171,6 +171,11 @@ struct TrainingConfig {
   int pipeline_stages = 1;
   // pipeline.partition (--pp-partition): "parameters", "uniform" or "type:REGEX".
   std::string pipeline_partition = "parameters";
+  // pipeline.pipe_partitioned and grad_partitioned (DeepSpeed's defaults: true): with tensor
+  // parallelism the activations, and their gradients, cross between stages as 1/t slices from
+  // each tensor-parallel rank, gathered again in the receiving group (PipelineSlicing).
+  bool pipeline_partition_activations = true;
+  bool pipeline_partition_gradients = true;
   ActivationCheckpointingConfig activation_checkpointing;
   long train_batch_size = 0;            // samples per optimizer step, all ranks together
   long micro_batch_per_rank = 0;        // samples per micro-batch on one rank

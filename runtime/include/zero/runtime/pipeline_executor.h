@@ -9,7 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "zero/collectives/communicator.h"
 #include "zero/collectives/peer_channel.h"
+#include "zero/runtime/layout.h"
 #include "zero/runtime/model.h"
 #include "zero/runtime/pipeline_schedule.h"
 
@@ -36,6 +38,26 @@ class PipelineStageWork {
   virtual void backward_weight(int micro_batch, int chunk);
 };
 
+// DeepSpeed's pipe_partitioned and grad_partitioned. Under tensor parallelism every rank of a
+// tensor-parallel group holds the same activation (and gradient) between stages. Partitioned,
+// each rank sends only its 1/t slice to its peer in the neighbouring stage, and the receiving
+// group all-gathers the whole tensor back: the same numbers, 1/t of the bytes between stages,
+// and an all-gather inside the group per received tensor.
+struct PipelineSlicing {
+  Communicator* tensor_parallel = nullptr;  // the rank's group; null or of 1 rank: whole tensors
+  bool activations = true;                  // pipe_partitioned
+  bool gradients = true;                    // grad_partitioned
+
+  // Whether tensors of this kind travel as slices.
+  bool slices(bool gradient) const;
+  // The floats of a tensor of `numel` this rank sends and receives: [first, first + count).
+  // A numel the group does not divide is a zero::Error naming both.
+  ElementRange range(bool gradient, size_t numel) const;
+  // After the receive of range(): the whole tensor, all-gathered over the group (collective over
+  // it: every rank of the group calls it for the same tensor in the same order).
+  void gather(bool gradient, Tensor& tensor) const;
+};
+
 struct PipelineActionTiming {
   PipelineAction action;
   double start_ms;  // since the step's start
@@ -58,10 +80,12 @@ class PipelineExecutor {
   // their shapes, and every rank fails alike naming both shapes when neighbours disagree. The
   // lists (all ranks', as make_pipeline_schedule gives them) must pass check_pipeline_schedule;
   // the channel's size must be `stages` and its rank `stage`. The executor uses the channel's
-  // tags from 0 up: give it a channel of its own.
+  // tags from 0 up: give it a channel of its own. `slicing`: which tensors go as slices of the
+  // tensor-parallel group (every rank of a group must give the same).
   PipelineExecutor(PeerChannel& channel, int stage, int stages,
                    std::vector<std::vector<PipelineAction>> schedules,
-                   std::vector<int64_t> activation_shape, int virtual_stages = 1);
+                   std::vector<int64_t> activation_shape, int virtual_stages = 1,
+                   PipelineSlicing slicing = {});
 
   // One step's actions, in order. A list that splits backward (ZB-H1) with work that does not
   // (splits_backward() false) is refused before any action, on every rank alike.
@@ -81,7 +105,9 @@ class PipelineExecutor {
   int micro_batches_ = 0;
   std::vector<std::vector<PipelineAction>> schedules_;
   std::vector<int64_t> activation_shape_;
-  size_t activation_bytes_ = 0;
+  PipelineSlicing slicing_;
+  // What crosses to a neighbour of each kind (activation, gradient): its floats in the tensor.
+  ElementRange transferred_[2];
   std::vector<Tensor> free_buffers_;  // activation-shaped tensors to reuse
 };
 
