@@ -146,8 +146,7 @@ void check_pipeline(bool pipeline_flags, std::optional<int> virtual_stages, Opti
       {options->offload_nvme || options->offload_cpu, "--offload-optimizer"},
       {options->offload_param_nvme, "--offload-param"},
       {options->mics_shard_size != -1, "--mics-shard-size"},
-      {options->partition_activations, "--partition-activations"},
-      {!options->checkpoint_nvme_path.empty(), "--checkpoint-nvme-path"}};
+      {options->partition_activations, "--partition-activations"}};
   for (const auto& [given, flag] : refused) {
     if (given) {
       usage_error(std::string(flag) +
