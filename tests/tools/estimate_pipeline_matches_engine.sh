@@ -6,11 +6,16 @@
 # estimate's model state and buffer bytes must equal the run's stage_model_state_bytes and
 # stage_buffer_bytes, and its activation
 # bytes (the row of the run's checkpointing) the run's stage_activation_bytes_planned and every
-# step's measured stage_peak_activation_bytes.
-#   estimate_pipeline_matches_engine.sh BIN_DIR TOKENS -- MPIEXEC [MPIEXEC_FLAGS...]
+# step's measured stage_peak_activation_bytes. With SPILL_DIR (a directory on a disk: O_DIRECT)
+# also interleaved full with the checkpoints spilled to NVMe there.
+#   estimate_pipeline_matches_engine.sh BIN_DIR TOKENS [SPILL_DIR] -- MPIEXEC [MPIEXEC_FLAGS...]
 set -euo pipefail
 bin="$1" tokens="$2"
 shift 2
+runs=("1 1f1b none" "3 gpipe full" "3 1f1b selective" "2 zb-h1 none" "3 zb-h1 none"
+  "3 interleaved selective")
+spill_dir=
+if [ "$1" != "--" ]; then spill_dir="$1"; runs+=("3 interleaved full spill"); shift; fi
 [ "$1" = "--" ] || { echo "estimate_pipeline_matches_engine.sh: expected -- before the launcher"; exit 2; }
 shift
 mpiexec=("$@")
@@ -18,19 +23,21 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 size=(--model gpt2 --n-layer 4 --n-head 4 --n-embd 64 --vocab-size 256 --block-size 64)
 
-for run in "1 1f1b none" "3 gpipe full" "3 1f1b selective" "2 zb-h1 none" "3 zb-h1 none" \
-  "3 interleaved selective"; do
-  read -r stage schedule recompute <<<"$run"
-  name="$work/$stage-$schedule-$recompute"
+for run in "${runs[@]}"; do
+  read -r stage schedule recompute spill <<<"$run"
+  name="$work/$stage-$schedule-$recompute${spill:+-spill}"
+  spill_flag=()
+  if [ -n "$spill" ]; then spill_flag=(--checkpoint-nvme-path "$(mktemp -d "$spill_dir/XXXXXX")"); fi
   "${mpiexec[@]}" -np 4 "$bin/zero-train" "${size[@]}" --seq-len 16 --global-batch 8 \
     --micro-batches 4 --steps 2 --data "$tokens" --stage "$stage" --dtype fp32 --pp 2 \
-    --pp-schedule "$schedule" --activation-checkpointing "$recompute" \
+    --pp-schedule "$schedule" --activation-checkpointing "$recompute" "${spill_flag[@]}" \
     --metrics "$name.jsonl" > "$name.log" 2>&1 || {
     cat "$name.log"; echo "zero-train failed: $run"; exit 1; }
   # 8 sequences over 4 micro-batches and 2 data-parallel ranks: 1 per rank and micro-batch.
   "$bin/zero-estimate" "${size[@]}" --ranks 4 --stage "$stage" --dtype fp32 --micro-batch 1 \
-    --seq-len 16 --pp 2 --pp-schedule "$schedule" --micro-batches 4 > "$name.estimate" || {
-    cat "$name.estimate"; echo "zero-estimate failed: $run"; exit 1; }
+    --seq-len 16 --pp 2 --pp-schedule "$schedule" --micro-batches 4 "${spill_flag[@]}" \
+    > "$name.estimate" || { cat "$name.estimate"; echo "zero-estimate failed: $run"; exit 1; }
+  if [ -n "$spill" ]; then rmdir "${spill_flag[1]}"; fi
   python3 - "$name.jsonl" "$name.estimate" "$stage" "$recompute" "$run" <<'PY'
 import json, sys
 metrics, estimate, zero_stage, recompute, run = sys.argv[1:6]
