@@ -17,8 +17,8 @@
 # With --spill-dir DIR (a directory on a disk: O_DIRECT) also checkpoints spilled to NVMe (gpipe
 # selective, 1f1b and interleaved full): a checkpointed block keeps no checkpoint, and the stage
 # holds the spill's buffer once beside its recompute buffers, min(2, its checkpointed blocks)
-# regions (a checkpoint rounded up to 4096 bytes) and 4032 bytes to align them; interleaved also
-# every step bitwise the run that keeps its checkpoints.
+# regions (a checkpoint rounded up to 4096 bytes) and 4032 bytes to align them; every step
+# bitwise the run that keeps its checkpoints.
 #   gpt2_pipeline_memory.sh BIN_DIR NP PP [--tp T] [--interleaved] [--spill-dir DIR]
 #                           -- MPIEXEC [MPIEXEC_FLAGS...]
 set -euo pipefail
@@ -180,15 +180,17 @@ print(f"{label}: every step's peak activations per stage equal the plan, {planne
 PY
   done
 done
-# Interleaved, the checkpoints spilled across the chunks of a stage (each chunk's micro-batches
-# in flight with regions of their own): every step bitwise the run keeping them.
-if [ -n "$spill_dir" ] && [[ " ${schedules[*]} " == *" interleaved "* ]]; then
-  python3 - "$work/interleaved-full-0.jsonl" "$work/interleaved-full-0spill.jsonl" <<'PY'
-import json, sys
+# The checkpoints spilled (2 checkpointed blocks per stage: the backward of one reads the
+# other's ahead; interleaved, one per chunk, across the chunks of a stage): every step bitwise
+# the run keeping them.
+for spilled in "$work"/*spill.jsonl; do
+  [ -e "$spilled" ] || continue
+  python3 - "${spilled%spill.jsonl}.jsonl" "$spilled" <<'PY'
+import json, os, sys
 kept, spilled = ([(r["loss"], r["grad_norm"]) for r in map(json.loads, open(path))
                   if r["event"] == "step"] for path in sys.argv[1:])
-assert spilled == kept, (spilled, kept)
-print("interleaved, full spilled to NVMe: every step bitwise the run keeping its checkpoints:",
-      spilled[-1])
+assert spilled == kept, (sys.argv[2], spilled, kept)
+print(os.path.basename(sys.argv[2]), "spilled to NVMe: every step bitwise the run keeping its "
+      "checkpoints:", spilled[-1])
 PY
-fi
+done
