@@ -226,8 +226,9 @@ void Gpt2Block::forward(const Tensor& in, Tensor& out, const std::vector<ParamRe
     backend_->activation(shared_->spill_buffer, {static_cast<int64_t>(spill.buffer_floats())},
                          in.device(), MemoryCategory::kCheckpoint);
     gpt2_detail::Gpt2Backend::copy_into(checkpoint_data(), in);
-    // Written while the block computes on it; a forward without backward (validation) replaces
-    // the region a fetch would have read.
+    // Written while the block computes on it, to this forward's generation of the block's
+    // regions (gpt2_spill.h); a forward that no backward follows (validation) leaves nothing to
+    // hand back.
     spill_forward_ = spill_forwards_++;
     spill_transfer_ = spill.write(checkpoint_data(), checkpointing_.slot, spill_forward_);
     fetched_ = false;

@@ -213,8 +213,8 @@ Gpt2ActivationBytes gpt2_activation_formula(const Gpt2Config& config,
 // held at once (the comment at the top).
 struct Gpt2StageActivationBytes {
   // One micro-batch's, on this stage only: the embedding (first stage), the stage's blocks and
-  // their checkpoints, the head (last stage), and the stage's recomputation buffers (0 when none
-  // of its blocks is checkpointed).
+  // their checkpoints, the head (last stage), and the stage's recomputation buffers and spill
+  // buffer (0 when none of its blocks is checkpointed); with the spill, its file's bytes.
   Gpt2ActivationBytes micro_batch;
   int in_flight = 1;
   // A split backward (ZB-H1), at the peak: the micro-batches whose backward_input ran and whose

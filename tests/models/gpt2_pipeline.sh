@@ -31,6 +31,11 @@ while [ "$1" != "--" ]; do
 done
 shift
 source "$(dirname "${BASH_SOURCE[0]}")/gpt2_reference.sh"
+if [ -n "$spill_dir" ]; then
+  # This run's own folder there, removed with the work folder whatever happens.
+  spill_dir="$(mktemp -d "$spill_dir/run.XXXXXX")"
+  trap 'rm -rf "$work" "$spill_dir"' EXIT
+fi
 
 # check_flops_profile METRICS LAYERS: flops_profiler's one record is the whole model's, gathered
 # from every stage: its FLOPs flops_per_token times the step's 4 x 32 tokens, its parameters the

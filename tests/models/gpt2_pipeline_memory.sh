@@ -35,6 +35,11 @@ while [ "$1" != "--" ]; do
 done
 shift
 source "$(dirname "${BASH_SOURCE[0]}")/gpt2_reference.sh"
+if [ -n "$spill_dir" ]; then
+  # This run's own folder there, removed with the work folder whatever happens.
+  spill_dir="$(mktemp -d "$spill_dir/run.XXXXXX")"
+  trap 'rm -rf "$work" "$spill_dir"' EXIT
+fi
 layers=4 heads=4 embd=64 vocab=256 seq=16 micro_batches=4 global_batch=8
 
 for schedule in "${schedules[@]}"; do

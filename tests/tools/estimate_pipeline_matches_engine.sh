@@ -21,6 +21,11 @@ shift
 mpiexec=("$@")
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
+if [ -n "$spill_dir" ]; then
+  # This run's own folder there, removed with the work folder whatever happens.
+  spill_dir="$(mktemp -d "$spill_dir/run.XXXXXX")"
+  trap 'rm -rf "$work" "$spill_dir"' EXIT
+fi
 size=(--model gpt2 --n-layer 4 --n-head 4 --n-embd 64 --vocab-size 256 --block-size 64)
 
 for run in "${runs[@]}"; do
