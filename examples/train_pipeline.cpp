@@ -369,7 +369,6 @@ void check_pipeline_settings(const Flags& f, const TrainingConfig& tc, int world
   refuse(ac.contiguous_memory_optimization, "contiguous_memory_optimization");
   refuse(ac.cpu_checkpointing, "activation_checkpointing.cpu_checkpointing");
   refuse(ac.partition_activations, "activation_checkpointing.partition_activations");
-  refuse(!ac.nvme_path.empty(), "--checkpoint-nvme-path (activation_checkpointing.nvme_path)");
   // The tensors between stages have one shape, agreed at start: every slice the same size.
   const long data_parallel = world_size / (tc.tensor_parallel_size * tc.pipeline_stages);
   const long slices = static_cast<long>(tc.gradient_accumulation_steps) * data_parallel;

@@ -197,6 +197,8 @@ class Gpt2Task : public TrainTask {
         chunk_actions_ =
             make_pipeline_schedule(kind, stages, micro_batches_, virtual_stages)[stage];
       }
+      // The spill's file gives each micro-batch in flight on a chunk regions of its own.
+      checkpointing_.spill_generations = models::gpt2_spill_generations(in_flight_, chunk_actions_);
     } catch (const Error& e) {
       throw ConfigError(std::string("--pp-schedule: ") + e.what());
     }
@@ -328,7 +330,9 @@ class Gpt2Task : public TrainTask {
   }
   std::vector<NvmeFileNeed> nvme_files(int64_t samples) const override {
     if (checkpointing_.nvme_path.empty()) return {};
-    return {{checkpointing_.nvme_path, formula(samples).nvme_checkpoints,
+    // The stage's file (the whole model's without a pipeline).
+    return {{checkpointing_.nvme_path,
+             stage_formula(checkpointing_, samples).micro_batch.nvme_checkpoints,
              "rank " + std::to_string(checkpointing_.spill_rank) + "'s activation checkpoints"}};
   }
   // What the modules hold (the formula; a pipeline stage's with its micro-batches in flight) is
@@ -346,7 +350,9 @@ class Gpt2Task : public TrainTask {
              << human_bytes(bytes.blocks.back()) << ")";
     }
     const std::string ends = "embedding and head " + human_bytes(bytes.embedding + bytes.head);
-    const std::string recompute = "recompute " + human_bytes(bytes.recompute);
+    // The stage's buffers shared by its micro-batches: the recomputed tensors, the spill's.
+    std::string recompute = "recompute " + human_bytes(bytes.recompute);
+    if (bytes.spill_buffer > 0) recompute += " + spill buffer " + human_bytes(bytes.spill_buffer);
     std::ostringstream out;
     out << "activations of " << samples << " x " << seq_len_ << " tokens ("
         << models::recompute_name(checkpointing_.recompute) << " recomputation, "

@@ -478,7 +478,8 @@ Gpt2 build_gpt2(const Gpt2Config& config, int kernel_threads,
   for (int i : layers) slots += gpt2_block_checkpointed(checkpointing, i, config.n_layer) ? 1 : 0;
   if (!checkpointing.nvme_path.empty()) {
     shared->spill = std::make_unique<Gpt2CheckpointSpill>(
-        checkpointing.nvme_path, checkpointing.spill_aio, checkpointing.spill_rank, slots);
+        checkpointing.nvme_path, checkpointing.spill_aio, checkpointing.spill_rank, slots,
+        checkpointing.spill_generations);
   }
   int slot = 0;
   for (int c = 0; c < chunks; ++c) {

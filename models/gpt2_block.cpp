@@ -13,6 +13,10 @@ using kernels::WeightLayout;
 
 namespace {
 
+// Floats hold integers below 2^24 exactly: take_activations keeps the spill's forward number in
+// two such halves.
+constexpr uint64_t kFloatExact = uint64_t{1} << 24;
+
 // Whether a block with `recompute` keeps tensor `a` from forward to backward (gpt2_memory.h's
 // table). The outputs of one operation (a LayerNorm's output, mean and rstd; the attention's
 // output and lse) are kept or recomputed together.
@@ -182,7 +186,7 @@ bool Gpt2Block::spills() const {
 }
 
 void Gpt2Block::fetch_spilled() {
-  spill_transfer_ = shared_->spill->read(checkpoint_data(), checkpointing_.slot);
+  spill_transfer_ = shared_->spill->read(checkpoint_data(), checkpointing_.slot, spill_forward_);
   fetched_ = true;
 }
 
@@ -222,9 +226,11 @@ void Gpt2Block::forward(const Tensor& in, Tensor& out, const std::vector<ParamRe
     backend_->activation(shared_->spill_buffer, {static_cast<int64_t>(spill.buffer_floats())},
                          in.device(), MemoryCategory::kCheckpoint);
     gpt2_detail::Gpt2Backend::copy_into(checkpoint_data(), in);
-    // Written while the block computes on it; a forward without backward (validation) replaces
-    // the region a fetch would have read.
-    spill_transfer_ = spill.write(checkpoint_data(), checkpointing_.slot);
+    // Written while the block computes on it, to this forward's generation of the block's
+    // regions (gpt2_spill.h); a forward that no backward follows (validation) leaves nothing to
+    // hand back.
+    spill_forward_ = spill_forwards_++;
+    spill_transfer_ = spill.write(checkpoint_data(), checkpointing_.slot, spill_forward_);
     fetched_ = false;
   } else if (in_shared_buffer()) {
     // The first checkpointed block of a micro-batch of another size reallocates the buffer.
@@ -313,13 +319,16 @@ void Gpt2Block::run_forward(const std::vector<ParamRef>& params, Tensor* out) {
 }
 
 void Gpt2Block::take_activations(KeptActivations& kept) {
-  ZERO_CHECK(!in_shared_buffer() && !partitioned() && !moves_checkpoint() && !spills(),
+  ZERO_CHECK(!in_shared_buffer() && !partitioned() && !moves_checkpoint(),
              "a GPT-2 block keeps its checkpoint in a slot of its own with contiguous_memory_"
-             "optimization, partition_activations, cpu_checkpointing or an NVMe spill, so it "
-             "cannot have several micro-batches in flight (a pipeline); turn those off");
+             "optimization, partition_activations or cpu_checkpointing, so it cannot have several "
+             "micro-batches in flight (a pipeline); turn those off");
   kept.clear();
-  kept.emplace_back(std::vector<int64_t>{2},
-                    std::vector<float>{static_cast<float>(B_), static_cast<float>(T_)});
+  // The batch's shape, and with the spill which forward's regions hold the checkpoint.
+  kept.emplace_back(std::vector<int64_t>{4},
+                    std::vector<float>{static_cast<float>(B_), static_cast<float>(T_),
+                                       static_cast<float>(spill_forward_ / kFloatExact),
+                                       static_cast<float>(spill_forward_ % kFloatExact)});
   for (Tensor& tensor : kept_) kept.push_back(std::move(tensor));
   for (Tensor& tensor : kept_) tensor = Tensor();
   for (Tensor& tensor : weight_inputs_) kept.push_back(std::move(tensor));
@@ -330,9 +339,11 @@ void Gpt2Block::restore_activations(KeptActivations& kept) {
   ZERO_CHECK(kept.size() == 1 + kBlockActivations + kWeightInputs,
              "a GPT-2 block got " << kept.size() << " activations back; it gave out "
                                   << 1 + kBlockActivations + kWeightInputs);
-  const std::vector<float> shape = kept[0].to_host();
-  B_ = static_cast<int>(shape[0]);
-  T_ = static_cast<int>(shape[1]);
+  const std::vector<float> header = kept[0].to_host();
+  B_ = static_cast<int>(header[0]);
+  T_ = static_cast<int>(header[1]);
+  spill_forward_ =
+      static_cast<uint64_t>(header[2]) * kFloatExact + static_cast<uint64_t>(header[3]);
   for (int a = 0; a < kBlockActivations; ++a) kept_[a] = std::move(kept[1 + a]);
   for (int i = 0; i < kWeightInputs; ++i) {
     weight_inputs_[i] = std::move(kept[1 + kBlockActivations + i]);

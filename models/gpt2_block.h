@@ -43,7 +43,7 @@ struct Gpt2BlockCheckpointing {
   // partition_activations over more than one tensor-parallel rank: this block keeps its rank's
   // piece of its checkpoint and computes on the whole input in Gpt2BlockShared::recomputed.
   bool partition = false;
-  // nvme_path: this block's checkpoint goes to Gpt2BlockShared::spill's file, region `slot`.
+  // nvme_path: this block's checkpoint goes to Gpt2BlockShared::spill's file, regions `slot`.
   bool spill = false;
 };
 
@@ -107,9 +107,9 @@ class Gpt2Block : public Module {
   void forward(const Tensor& in, Tensor& out, const std::vector<ParamRef>& params) override;
   void backward(const Tensor& grad_out, Tensor& grad_in, const std::vector<ParamRef>& params,
                 const std::vector<ParamRef>& grads) override;
-  // Several micro-batches in flight: the kept tensors and the batch's shape. Not with a
-  // checkpoint held outside kept_ (contiguous_memory, partition_activations, cpu_checkpointing,
-  // an NVMe spill): those are one slot per block.
+  // Several micro-batches in flight: the kept tensors, the batch's shape and, with the NVMe
+  // spill, which forward's regions of the file hold the checkpoint. Not with a checkpoint held in
+  // one slot per block (contiguous_memory, partition_activations, cpu_checkpointing).
   void take_activations(KeptActivations& kept) override;
   void restore_activations(KeptActivations& kept) override;
   // Split (ZB-H1), without recomputation only: backward_input writes each input gradient into
@@ -184,8 +184,11 @@ class Gpt2Block : public Module {
   Event checkpoint_copy_;
   bool fetched_ = false;
   Gpt2Block* previous_checkpointed_ = nullptr;
-  // nvme_path: the checkpoint's last transfer to or from the file (fetched_ as above).
+  // nvme_path: the checkpoint's last transfer to or from the file (fetched_ as above), the
+  // forwards this block ran, and the one whose checkpoint it holds (which regions have it).
   NvmeFile::Ticket spill_transfer_;
+  uint64_t spill_forwards_ = 0;
+  uint64_t spill_forward_ = 0;
 };
 
 }  // namespace zero::models

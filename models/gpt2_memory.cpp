@@ -1,6 +1,7 @@
 #include "models/gpt2_memory.h"
 
 #include <algorithm>
+#include <map>
 #include <utility>
 
 #include "models/gpt2.h"
@@ -161,7 +162,9 @@ Gpt2ActivationBytes gpt2_activation_formula(const Gpt2Config& config,
       bytes.blocks[layer] -= one;
       ++checkpointed;
     }
-    bytes.nvme_checkpoints = checkpointed * region;
+    bytes.nvme_checkpoints =
+        size_product(checkpointed * region, static_cast<uint64_t>(checkpointing.spill_generations),
+                     "the checkpoint spill's file");
     bytes.spill_buffer = std::min<uint64_t>(2, checkpointed) * region + kNvmeBufferSlack;
     bytes.checkpoints = bytes.spill_buffer;
   }
@@ -201,27 +204,43 @@ uint64_t chunk_sets_bytes(const std::vector<int>& sets, const std::vector<uint64
 }  // namespace
 
 uint64_t Gpt2StageActivationBytes::per_micro_batch() const {
-  return micro_batch.total() - micro_batch.recompute;
+  return micro_batch.total() - shared();
+}
+
+uint64_t Gpt2StageActivationBytes::shared() const {
+  return micro_batch.recompute + micro_batch.spill_buffer;
 }
 
 uint64_t Gpt2StageActivationBytes::peak() const {
   const char* what = "a pipeline stage's activations";
-  if (!chunk_sets.empty()) {
-    return chunk_sets_bytes(chunk_sets, chunk_bytes, micro_batch.recompute, what);
-  }
+  if (!chunk_sets.empty()) return chunk_sets_bytes(chunk_sets, chunk_bytes, shared(), what);
   const uint64_t forwarded =
       size_product(static_cast<uint64_t>(in_flight), per_micro_batch(), what);
   const uint64_t awaiting = size_product(static_cast<uint64_t>(awaiting_weight),
                                          size_sum(per_micro_batch(), weight_inputs, what), what);
   return size_sum(size_sum(forwarded, awaiting, what),
-                  size_sum(in_backward_input ? split_scratch : 0, micro_batch.recompute, what),
-                  what);
+                  size_sum(in_backward_input ? split_scratch : 0, shared(), what), what);
 }
 
 uint64_t Gpt2StageActivationBytes::peak_checkpoints() const {
   const char* what = "a pipeline stage's checkpoints";
-  if (!chunk_sets.empty()) return chunk_sets_bytes(chunk_sets, chunk_checkpoints, 0, what);
-  return size_product(static_cast<uint64_t>(in_flight), micro_batch.checkpoints, what);
+  // The spill's buffer is the only checkpoint memory there is with it, and the stage's one.
+  const uint64_t buffer = micro_batch.spill_buffer;
+  if (!chunk_sets.empty()) return chunk_sets_bytes(chunk_sets, chunk_checkpoints, buffer, what);
+  return size_sum(
+      size_product(static_cast<uint64_t>(in_flight), micro_batch.checkpoints - buffer, what),
+      buffer, what);
+}
+
+int gpt2_spill_generations(int in_flight, const std::vector<PipelineAction>& chunk_actions) {
+  if (chunk_actions.empty()) return in_flight;
+  std::map<int, int> forwarded;  // per chunk, forwards whose backward has not run
+  int most = 1;
+  for (const PipelineAction& action : chunk_actions) {
+    if (action.kind == PipelineAction::kForward) most = std::max(most, ++forwarded[action.chunk]);
+    if (action.kind == PipelineAction::kBackward) --forwarded[action.chunk];
+  }
+  return most;
 }
 
 Gpt2StageActivationBytes gpt2_stage_activation_formula(const Gpt2Config& config,
@@ -239,14 +258,15 @@ Gpt2StageActivationBytes gpt2_stage_activation_formula(const Gpt2Config& config,
   }
   // Each keeps a block's checkpoint in a slot of its own (gpt2_block.cpp's take_activations),
   // which a second micro-batch in flight would overwrite; zero-train refuses them with --pp.
-  ZERO_CHECK(
-      !(checkpointing.contiguous_memory || checkpointing.cpu_checkpointing ||
-        gpt2_partitions_checkpoints(config, checkpointing) || !checkpointing.nvme_path.empty()),
-      "contiguous_memory_optimization, cpu_checkpointing, partition_activations and the "
-      "checkpoint spill to NVMe keep one slot per block: a pipeline stage cannot hold "
-      "micro-batches in flight with them");
+  ZERO_CHECK(!(checkpointing.contiguous_memory || checkpointing.cpu_checkpointing ||
+               gpt2_partitions_checkpoints(config, checkpointing)),
+             "contiguous_memory_optimization, cpu_checkpointing and partition_activations keep "
+             "one slot per block: a pipeline stage cannot hold micro-batches in flight with them");
   Gpt2ActivationBytes& mine = bytes.micro_batch;
   const uint64_t checkpoint = checkpoint_bytes(config, B, T);
+  // With the spill a checkpointed block keeps none (whole.blocks has it out already).
+  const bool spilled = whole.spill_buffer > 0;
+  uint64_t checkpointed = 0;
   for (int c = 0; c < stage.chunk_count(); ++c) {
     const std::pair<int, int> layers = stage.chunk_layers(c, config.n_layer);
     // One set of the chunk's tensors.
@@ -263,13 +283,26 @@ Gpt2StageActivationBytes gpt2_stage_activation_formula(const Gpt2Config& config,
       mine.blocks.push_back(whole.blocks[static_cast<size_t>(layer)]);
       chunk += whole.blocks[static_cast<size_t>(layer)];
       if (gpt2_block_checkpointed(checkpointing, layer, config.n_layer)) {
-        mine.checkpoints += checkpoint;
-        checkpoints += checkpoint;
+        ++checkpointed;
         mine.recompute = whole.recompute;
+        if (!spilled) {
+          mine.checkpoints += checkpoint;
+          checkpoints += checkpoint;
+        }
       }
     }
     bytes.chunk_bytes.push_back(chunk);
     bytes.chunk_checkpoints.push_back(checkpoints);
+  }
+  if (spilled && checkpointed > 0) {
+    // The stage's checkpointed blocks spill to a file of their own (spill_generations regions
+    // each) through one buffer, which its micro-batches and chunks share (gpt2_spill.h).
+    const uint64_t region = nvme_align_up(checkpoint);
+    mine.spill_buffer = std::min<uint64_t>(2, checkpointed) * region + kNvmeBufferSlack;
+    mine.checkpoints = mine.spill_buffer;
+    mine.nvme_checkpoints =
+        size_product(checkpointed * region, static_cast<uint64_t>(checkpointing.spill_generations),
+                     "the checkpoint spill's file");
   }
   if (stage.chunk_count() == 1) {
     bytes.chunk_bytes.clear();

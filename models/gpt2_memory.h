@@ -72,7 +72,9 @@
 // O_DIRECT transfers whole aligned regions from aligned memory, so the checkpoints pass through
 // one buffer of b R + kNvmeBufferSlack bytes (b = 2 regions, or 1 with one checkpointed block;
 // the slack aligns them, zero/runtime/nvme_file.h) instead of being kept: a checkpointed block
-// keeps N C floats fewer, and the file holds L R bytes for L checkpointed blocks.
+// keeps N C floats fewer, and the file holds L R G bytes for L checkpointed blocks and G
+// generations (Gpt2Checkpointing::spill_generations: 1, or on a pipeline stage the micro-batches
+// one of its chunks holds in flight, each with regions of its own).
 //
 // A pipeline stage (Gpt2PipelineStage, gpt2.h) holds, per micro-batch, its own part of that:
 // the embedding's on the first stage, its blocks', the head's on the last (the logits among
@@ -80,8 +82,11 @@
 // moves a micro-batch's tensors out after its forward and back before its backward, so a stage
 // holding k micro-batches in flight (pipeline_micro_batches_in_flight) keeps k times that. The
 // recomputation buffers are the stage's, shared by its blocks and its micro-batches (one
-// backward runs at a time), and allocated only when one of its blocks is checkpointed. Its peak
-// comes at the first backward after its k-th forward: k micro-batches kept, plus those buffers.
+// backward runs at a time), and allocated only when one of its blocks is checkpointed; so is the
+// spill's buffer (nothing is in flight between one block's forward or one chunk's backward and
+// the next), while its file holds a region per checkpointed block of the stage and micro-batch in
+// flight. Its peak comes at the first backward after its k-th forward: k micro-batches kept,
+// plus those buffers.
 // A finished backward leaves its micro-batch's tensors in the modules, where the next forward
 // reuses them (Gpt2Backend::activation), so nothing else adds up.
 //
@@ -143,6 +148,10 @@ struct Gpt2Checkpointing {
   std::string nvme_path{};
   AioConfig spill_aio{};
   int spill_rank = 0;
+  // The micro-batches whose checkpoints the spill's file holds at once, G regions per
+  // checkpointed block: on a pipeline stage the most one of its chunks holds in flight
+  // (gpt2_spill_generations), 1 without a pipeline.
+  int spill_generations = 1;
   // DeepSpeed's synchronize_checkpoint_boundary: each checkpointed block's forward and backward
   // begin and end with the host waiting until the device has run all the work issued so far, on
   // every stream (DeviceContext::synchronize_device, torch.cuda.synchronize()'s meaning; on the
@@ -204,8 +213,8 @@ Gpt2ActivationBytes gpt2_activation_formula(const Gpt2Config& config,
 // held at once (the comment at the top).
 struct Gpt2StageActivationBytes {
   // One micro-batch's, on this stage only: the embedding (first stage), the stage's blocks and
-  // their checkpoints, the head (last stage), and the stage's recomputation buffers (0 when none
-  // of its blocks is checkpointed).
+  // their checkpoints, the head (last stage), and the stage's recomputation buffers and spill
+  // buffer (0 when none of its blocks is checkpointed); with the spill, its file's bytes.
   Gpt2ActivationBytes micro_batch;
   int in_flight = 1;
   // A split backward (ZB-H1), at the peak: the micro-batches whose backward_input ran and whose
@@ -224,26 +233,36 @@ struct Gpt2StageActivationBytes {
   std::vector<uint64_t> chunk_checkpoints;
   std::vector<int> chunk_sets;
 
-  // What one micro-batch in flight keeps: micro_batch.total() less the shared recompute buffers.
+  // What one micro-batch in flight keeps: micro_batch.total() less shared().
   uint64_t per_micro_batch() const;
+  // What the stage holds once for all its micro-batches: the recompute buffers and the spill's
+  // buffer.
+  uint64_t shared() const;
   // The stage's peak: in_flight x per_micro_batch() + awaiting_weight x (per_micro_batch() +
-  // weight_inputs) + split_scratch inside a backward_input + the recompute buffers; with model
-  // chunks, the sum of chunk_sets x chunk_bytes + the recompute buffers.
+  // weight_inputs) + split_scratch inside a backward_input + shared(); with model chunks, the
+  // sum of chunk_sets x chunk_bytes + shared().
   uint64_t peak() const;
   // The peak's checkpoints: in_flight x micro_batch.checkpoints (with model chunks, the sum of
-  // chunk_sets x chunk_checkpoints).
+  // chunk_sets x chunk_checkpoints); with the spill, its buffer.
   uint64_t peak_checkpoints() const;
 };
 
 // The formula for one pipeline stage (the whole model's, gpt2_activation_formula, when it is the
-// only stage). Throws zero::Error for in_flight below 1, for layers outside the model and, in a
-// pipeline of several stages, for the settings that keep a block's checkpoint in one slot of its
-// own (contiguous_memory, cpu_checkpointing, partition_activations, nvme_path), which a second
-// micro-batch in flight would overwrite.
+// only stage); with nvme_path, the stage's file holds checkpointing.spill_generations regions
+// per checkpointed block of the stage. Throws zero::Error for in_flight below 1, for layers
+// outside the model and, in a pipeline of several stages, for the settings that keep a block's
+// checkpoint in one slot of its own (contiguous_memory, cpu_checkpointing,
+// partition_activations), which a second micro-batch in flight would overwrite.
 Gpt2StageActivationBytes gpt2_stage_activation_formula(const Gpt2Config& config,
                                                        const Gpt2Checkpointing& checkpointing,
                                                        const Gpt2PipelineStage& stage,
                                                        int in_flight, int64_t B, int64_t T);
+
+// The generations the NVMe spill of a pipeline stage needs (Gpt2Checkpointing::
+// spill_generations): the most micro-batches one chunk of it holds in flight, `in_flight` for a
+// stage of one chunk (pipeline_micro_batches_in_flight), and for model chunks the most forwards
+// of one chunk whose backward has not run over `chunk_actions`, the stage's list of one step.
+int gpt2_spill_generations(int in_flight, const std::vector<PipelineAction>& chunk_actions);
 
 // The same for a stage of model chunks (stage.chunks, interleaved) running `actions`, the
 // stage's list of one step (make_pipeline_schedule's): the largest over its points (the comment

@@ -28,19 +28,20 @@ uint64_t uncounted_bytes(const Options& options, const StagePlan& plan, int B) {
 // The activations of `recompute` and B sequences: the whole model's, or the stage's peak.
 zero::models::Gpt2StageActivationBytes activations(const Options& options, const StagePlan& plan,
                                                    zero::models::Recompute recompute, int B) {
+  zero::models::Gpt2Checkpointing checkpointing = checkpointing_of(options, recompute);
+  // As zero-train: the spill's file holds a region per micro-batch a chunk holds in flight.
+  checkpointing.spill_generations =
+      zero::models::gpt2_spill_generations(plan.in_flight, plan.chunk_actions);
   if (!plan.split_loads.empty()) {
     return zero::models::gpt2_split_stage_activation_formula(
-        options.gpt2, checkpointing_of(options, recompute), plan.stage, plan.split_loads, B,
-        options.seq_len);
+        options.gpt2, checkpointing, plan.stage, plan.split_loads, B, options.seq_len);
   }
   if (!plan.chunk_actions.empty()) {
     return zero::models::gpt2_chunked_stage_activation_formula(
-        options.gpt2, checkpointing_of(options, recompute), plan.stage, plan.chunk_actions, B,
-        options.seq_len);
+        options.gpt2, checkpointing, plan.stage, plan.chunk_actions, B, options.seq_len);
   }
-  return zero::models::gpt2_stage_activation_formula(
-      options.gpt2, checkpointing_of(options, recompute), plan.stage, plan.in_flight, B,
-      options.seq_len);
+  return zero::models::gpt2_stage_activation_formula(options.gpt2, checkpointing, plan.stage,
+                                                     plan.in_flight, B, options.seq_len);
 }
 
 // What zero-train's budget per rank holds for B sequences besides the engine: the activations
@@ -123,7 +124,7 @@ void print_activations(const Options& options, const StagePlan& plan,
         activations(options, plan, kRecomputes[r], options.micro_batch);
     const zero::models::Gpt2ActivationBytes& bytes = stage.micro_batch;
     // With the spill, the checkpoints in memory are the buffer they pass through.
-    const uint64_t held = spilled && r > 0 ? bytes.spill_buffer : stage.peak_checkpoints();
+    const uint64_t held = stage.peak_checkpoints();
     std::printf("%-9s  %16llu  %16llu", zero::models::recompute_name(kRecomputes[r]),
                 static_cast<unsigned long long>(stage.peak()),
                 static_cast<unsigned long long>(held));

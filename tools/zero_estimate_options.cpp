@@ -142,14 +142,10 @@ void check_pipeline(bool pipeline_flags, std::optional<int> virtual_stages, Opti
   }
   options->data_parallel_ranks = options->ranks / (p * t);
   // What zero-train --pp refuses, so no plan is printed for a run that cannot be.
-  const std::pair<bool, const char*> refused[] = {
-      {options->partition_activations, "--partition-activations"},
-      {!options->checkpoint_nvme_path.empty(), "--checkpoint-nvme-path"}};
-  for (const auto& [given, flag] : refused) {
-    if (given) {
-      usage_error(std::string(flag) +
-                  " with --pp: zero-train does not run pipeline parallelism with it yet");
-    }
+  if (options->partition_activations) {
+    usage_error(
+        "--partition-activations with --pp: zero-train does not run pipeline parallelism with "
+        "it yet");
   }
   try {
     zero::models::gpt2_pipeline_partition(options->gpt2, p * v, options->pipeline_partition);

@@ -7,8 +7,10 @@
 #include <cstdlib>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "models/gpt2.h"
+#include "models/token_data.h"
 #include "tests/models/gpt2_harness.h"
 #include "zero/runtime/nvme_file.h"
 
@@ -82,6 +84,69 @@ TEST(Gpt2Checkpointing, NvmeSpillHoldsTwoCheckpointsAndMovesEachOnce) {
   const Gpt2SpillTraffic forward_only = take_gpt2_spill_traffic(h.model);
   EXPECT_EQ(forward_only.write_bytes, kLayers * region);
   EXPECT_EQ(forward_only.read_bytes, 0u);
+}
+
+// Sequence `index` of the reference batch's first two, T tokens, with its targets set in h.
+Tensor sequence(Harness& h, int index, int T) {
+  const TokenData data(gpt2_test::kData + "tokens.bin");
+  Tensor tokens({1, T});
+  h.model.targets->ids.resize(static_cast<size_t>(T));
+  data.read_sequences(0, 2, T, index, 1, tokens.data(), h.model.targets->ids.data());
+  return tokens;
+}
+
+// Two micro-batches in flight as on a pipeline stage (forward of the first, of the second, each
+// module's activations taken out after each; then the first's backward, the second's): with two
+// generations every block's checkpoint of each has regions of its own, so the gradients are bit
+// for bit those of the model keeping its checkpoints in memory, and the file holds two regions
+// per block (as the formula has it); with one, the second forward overwrote the first's
+// checkpoints and the first backward is refused, naming the cause.
+TEST(Gpt2Checkpointing, NvmeSpillGivesEachMicroBatchInFlightItsRegions) {
+  constexpr int kLayers = 4, T = 20;
+  constexpr uint64_t region = 8192;
+  auto two_in_flight = [&](const Gpt2Checkpointing& c, uint64_t* file_bytes) {
+    Harness h(c, nullptr, kLayers);
+    std::vector<std::vector<KeptActivations>> kept(2);
+    for (int micro_batch = 0; micro_batch < 2; ++micro_batch) {
+      h.forward(sequence(h, micro_batch, T));
+      for (NamedModule& m : h.model.modules) {
+        kept[micro_batch].emplace_back();
+        m.module->take_activations(kept[micro_batch].back());
+      }
+    }
+    if (file_bytes != nullptr) *file_bytes = gpt2_held_activations(h.model).nvme_checkpoints;
+    for (int micro_batch = 0; micro_batch < 2; ++micro_batch) {
+      for (size_t m = 0; m < h.model.modules.size(); ++m) {
+        h.model.modules[m].module->restore_activations(kept[micro_batch][m]);
+      }
+      h.backward();
+    }
+    return h.grads;
+  };
+  for (const Recompute recompute : {Recompute::kSelective, Recompute::kFull}) {
+    const Gpt2Checkpointing kept{recompute, 0};
+    Gpt2Checkpointing spill = spilled(kept);
+    spill.spill_generations = 2;
+    SCOPED_TRACE(label(spill));
+    uint64_t file_bytes = 0;
+    const auto expected = two_in_flight(kept, nullptr);
+    const auto got = two_in_flight(spill, &file_bytes);
+    for (const auto& [name, grad] : expected) EXPECT_EQ(got.at(name), grad) << name;
+    EXPECT_EQ(file_bytes, kLayers * 2 * region);
+    EXPECT_EQ(gpt2_activation_formula(Harness(spill, nullptr, kLayers).config, spill, 1, T)
+                  .nvme_checkpoints,
+              file_bytes);
+    try {
+      two_in_flight(spilled(kept), nullptr);
+      ADD_FAILURE() << "one generation for two micro-batches in flight was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(
+                    "was overwritten before its backward: more micro-batches in flight than its 1 "
+                    "generation(s), or backward out of forward order"),
+                std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 // A failing disk (ZERO_TEST_NVME_FAULT, as the offloads' tests inject it) ends forward or

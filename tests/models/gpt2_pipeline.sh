@@ -13,22 +13,30 @@
 # With --interleaved: Megatron's interleaved schedule (2 model chunks per stage) at every ZeRO
 # stage, bitwise 1F1B on the same 4-layer GPT-2 (the reference's blocks twice over: its 2 layers
 # cannot fill 4 virtual stages).
+# With --spill-dir DIR (a directory on a disk: O_DIRECT): activation checkpoints spilled to NVMe
+# through the pipeline, bitwise the same pipeline keeping them in memory.
 #   gpt2_pipeline.sh BIN_DIR NP PP [--tp T] [--micro-batches M] [--interleaved]
-#                    -- MPIEXEC [MPIEXEC_FLAGS...]
+#                    [--spill-dir DIR] -- MPIEXEC [MPIEXEC_FLAGS...]
 set -euo pipefail
 bin="$1"; np="$2"; pp="$3"; shift 3
-tp=1; micro_batches=2; interleaved=0
+tp=1; micro_batches=2; interleaved=0; spill_dir=
 while [ "$1" != "--" ]; do
   case "$1" in
     --tp) tp="$2"; shift ;;
     --micro-batches) micro_batches="$2"; shift ;;
     --interleaved) interleaved=1 ;;
+    --spill-dir) spill_dir="$2"; shift ;;
     *) echo "gpt2_pipeline.sh: unknown option $1"; exit 2 ;;
   esac
   shift
 done
 shift
 source "$(dirname "${BASH_SOURCE[0]}")/gpt2_reference.sh"
+if [ -n "$spill_dir" ]; then
+  # This run's own folder there, removed with the work folder whatever happens.
+  spill_dir="$(mktemp -d "$spill_dir/run.XXXXXX")"
+  trap 'rm -rf "$work" "$spill_dir"' EXIT
+fi
 
 # check_flops_profile METRICS LAYERS: flops_profiler's one record is the whole model's, gathered
 # from every stage: its FLOPs flops_per_token times the step's 4 x 32 tokens, its parameters the
@@ -110,6 +118,30 @@ for stage in 0 1 2 3; do
     check_pp_bytes "$work/$run.jsonl" "$tp"
   done
 done
+
+# The activation checkpoints spilled to NVMe: each micro-batch a stage holds in flight (1F1B
+# p - s, GPipe all m) has regions of its own in the stage's file, so every step's loss, gradient
+# norm and validation loss (a forward that no backward follows) are bitwise those of the same
+# pipeline keeping its checkpoints in memory: full and selective, 1F1B and GPipe, ZeRO stages 1
+# to 3, fp32 and bf16. The file is unlinked once open: nothing stays behind.
+if [ -n "$spill_dir" ]; then
+  for variant in 1:1f1b:full 1:gpipe:selective 3:1f1b:full 2:gpipe:selective:bf16; do
+    IFS=: read -r stage schedule mode dtype <<<"$variant"
+    flags=(--pp "$pp" --pp-schedule "$schedule" --activation-checkpointing "$mode")
+    tolerance=1e-5
+    if [ -n "$dtype" ]; then flags+=(--dtype "$dtype"); tolerance=4e-3; fi
+    run="${variant//:/_}"
+    train "$stage" "kept_$run" "${flags[@]}"
+    nvme="$(mktemp -d "$spill_dir/$run.XXXXXX")"
+    train "$stage" "spilled_$run" "${flags[@]}" --checkpoint-nvme-path "$nvme"
+    echo "ZeRO stage $stage, pipeline of $pp, $schedule, $mode ${dtype:-fp32} checkpoints spilled to NVMe against kept, bitwise:"
+    "$bin/gpt2_golden_check" --expected "$data/expected_fp64.json" \
+      --metrics "$work/spilled_$run.jsonl" --reference-tolerance "$tolerance" --expect-val 1 \
+      --same-metrics-as "$work/kept_$run.jsonl" --metrics-tolerance 0
+    [ -z "$(ls -A "$nvme")" ] || { ls -la "$nvme"; exit 1; }
+    rmdir "$nvme"
+  done
+fi
 
 # ZB-H1 splits each backward into its input and weight halves and runs the weight halves later,
 # in micro-batch order: bitwise 1F1B's numbers at every stage.

@@ -14,47 +14,67 @@
 # tensors per (micro-batch, chunk) in flight, and one more from a backward of the chunk until its
 # next forward reuses it (its modules keep the tensors of their last backward); the plan is the
 # largest sum over the stage's list.
-#   gpt2_pipeline_memory.sh BIN_DIR NP PP [--tp T] [--interleaved] -- MPIEXEC [MPIEXEC_FLAGS...]
+# With --spill-dir DIR (a directory on a disk: O_DIRECT) also checkpoints spilled to NVMe (gpipe
+# selective, 1f1b and interleaved full): a checkpointed block keeps no checkpoint, and the stage
+# holds the spill's buffer once beside its recompute buffers, min(2, its checkpointed blocks)
+# regions (a checkpoint rounded up to 4096 bytes) and 4032 bytes to align them; every step
+# bitwise the run that keeps its checkpoints.
+#   gpt2_pipeline_memory.sh BIN_DIR NP PP [--tp T] [--interleaved] [--spill-dir DIR]
+#                           -- MPIEXEC [MPIEXEC_FLAGS...]
 set -euo pipefail
 bin="$1"; np="$2"; pp="$3"; shift 3
-tp=1
+tp=1 spill_dir=
 schedules=(gpipe 1f1b zb-h1)
 while [ "$1" != "--" ]; do
   case "$1" in
     --tp) tp="$2"; shift 2 ;;
     --interleaved) schedules+=(interleaved); shift ;;
+    --spill-dir) spill_dir="$2"; shift 2 ;;
     *) echo "gpt2_pipeline_memory.sh: unknown option $1"; exit 2 ;;
   esac
 done
 shift
 source "$(dirname "${BASH_SOURCE[0]}")/gpt2_reference.sh"
+if [ -n "$spill_dir" ]; then
+  # This run's own folder there, removed with the work folder whatever happens.
+  spill_dir="$(mktemp -d "$spill_dir/run.XXXXXX")"
+  trap 'rm -rf "$work" "$spill_dir"' EXIT
+fi
 layers=4 heads=4 embd=64 vocab=256 seq=16 micro_batches=4 global_batch=8
 
 for schedule in "${schedules[@]}"; do
+  # RECOMPUTE[:NUMBER_CHECKPOINTS[:spill]]
   checkpointings=(none selective full full:1)
+  if [ -n "$spill_dir" ] && [ "$schedule" = gpipe ]; then checkpointings+=(selective:0:spill); fi
+  if [ -n "$spill_dir" ] && [ "$schedule" = 1f1b ]; then checkpointings+=(full:0:spill); fi
   # ZB-H1's split backward runs without recomputation.
   if [ "$schedule" = zb-h1 ]; then checkpointings=(none); fi
   # Interleaved: without recomputation, and with it on the first stage only (its chunk 0).
-  if [ "$schedule" = interleaved ]; then checkpointings=(none full:1); fi
+  if [ "$schedule" = interleaved ]; then
+    checkpointings=(none full:1)
+    if [ -n "$spill_dir" ]; then checkpointings+=(full full:0:spill); fi
+  fi
   for checkpointing in "${checkpointings[@]}"; do
-    recompute="${checkpointing%%:*}"
-    number=0 number_flag=()
-    if [ "$checkpointing" != "$recompute" ]; then
-      number="${checkpointing#*:}"
-      number_flag=(--number-checkpoints "$number")
+    IFS=: read -r recompute number spill <<<"$checkpointing"
+    number="${number:-0}" number_flag=() spill_flag=()
+    if [ "$number" != 0 ]; then number_flag=(--number-checkpoints "$number"); fi
+    if [ -n "$spill" ]; then
+      spill_flag=(--checkpoint-nvme-path "$(mktemp -d "$spill_dir/$schedule.XXXXXX")")
     fi
-    run="$work/$schedule-$recompute-$number"
+    run="$work/$schedule-$recompute-$number$spill"
     run_logged "$run.log" "zero-train failed: $schedule, $checkpointing" \
       "${mpiexec[@]}" -np "$np" "$bin/zero-train" --model gpt2 --n-layer "$layers" \
       --n-head "$heads" --n-embd "$embd" --vocab-size "$vocab" --block-size 64 --seq-len "$seq" \
       --global-batch "$global_batch" --micro-batches "$micro_batches" --steps 2 \
       --data "$data/tokens.bin" --pp "$pp" --tp "$tp" --pp-schedule "$schedule" --pp-partition uniform \
-      --activation-checkpointing "$recompute" "${number_flag[@]}" --metrics "$run.jsonl"
-    python3 - "$run.jsonl" "$np" "$pp" "$tp" "$schedule" "$recompute" "$number" \
+      --activation-checkpointing "$recompute" "${number_flag[@]}" "${spill_flag[@]}" \
+      --metrics "$run.jsonl"
+    if [ -n "$spill" ]; then rmdir "${spill_flag[1]}"; fi
+    python3 - "$run.jsonl" "$np" "$pp" "$tp" "$schedule" "$recompute" "${spill:-kept}" "$number" \
       "$layers" "$heads" "$embd" "$vocab" "$seq" "$micro_batches" "$global_batch" <<'PY'
 import json, sys
-path, schedule, recompute = sys.argv[1], sys.argv[5], sys.argv[6]
-np, p, t, number, L, H, C, V, T, m, batch = map(int, sys.argv[2:5] + sys.argv[7:])
+path, schedule, recompute, spill = sys.argv[1], sys.argv[5], sys.argv[6], sys.argv[7] == "spill"
+np, p, t, number, L, H, C, V, T, m, batch = map(int, sys.argv[2:5] + sys.argv[8:])
 records = [json.loads(line) for line in open(path)]
 init = next(r for r in records if r["event"] == "init")
 planned = init["stage_activation_bytes_planned"]
@@ -65,6 +85,15 @@ n = number or L
 checkpointed = {j * L // n for j in range(n)} if recompute != "none" else set()
 block = {"none": N * (4 * C + 12 * Cl + 4 + Hl), "selective": N * (C + 4 * Cl + Hl),
          "full": N * C}
+if spill:
+    block[recompute] -= N * C  # the checkpoint goes to the file
+def spill_buffer(layers):
+    """Bytes of the stage's spill buffer: two regions (one with one checkpointed block) of a
+    checkpoint rounded up to 4096 bytes, and the slack that aligns them."""
+    checkpointed_here = len(checkpointed & set(layers))
+    if not spill or not checkpointed_here:
+        return 0
+    return min(2, checkpointed_here) * -(-4 * N * C // 4096) * 4096 + 4096 - 64
 recompute_buffers = {"none": 0, "selective": N * (3 * C + 8 * Cl + 4),
                      "full": N * (3 * C + 12 * Cl + 4 + Hl)}
 def zero_bubble_peak(s, kept, layers):
@@ -129,7 +158,7 @@ for s in range(p):
         kept[1] += N * (2 * C + -(-V // t) + 4) if s == p - 1 else 0
         layers = set(chunks[0]) | set(chunks[1])
         shared = recompute_buffers[recompute] if checkpointed & layers else 0
-        expected.append(4 * interleaved_peak(s, kept, shared))
+        expected.append(4 * interleaved_peak(s, kept, shared) + spill_buffer(layers))
         continue
     layers = range(s * L // p, (s + 1) * L // p)
     k = m if schedule == "gpipe" else min(p - s, m)
@@ -140,8 +169,9 @@ for s in range(p):
     if schedule == "zb-h1":
         expected.append(4 * zero_bubble_peak(s, kept, layers))
     else:
-        expected.append(4 * (k * kept + shared))
+        expected.append(4 * (k * kept + shared) + spill_buffer(layers))
 label = f"{schedule}, {recompute}" + (f" on {number} block(s)" if number else "")
+label += ", spilled to NVMe" if spill else ""
 if planned != expected:
     sys.exit(f"{label}: planned per stage {planned} B, the formula gives {expected} B")
 steps = [r for r in records if r["event"] == "step"]
@@ -154,4 +184,18 @@ for r in steps:
 print(f"{label}: every step's peak activations per stage equal the plan, {planned} B")
 PY
   done
+done
+# The checkpoints spilled (2 checkpointed blocks per stage: the backward of one reads the
+# other's ahead; interleaved, one per chunk, across the chunks of a stage): every step bitwise
+# the run keeping them.
+for spilled in "$work"/*spill.jsonl; do
+  [ -e "$spilled" ] || continue
+  python3 - "${spilled%spill.jsonl}.jsonl" "$spilled" <<'PY'
+import json, os, sys
+kept, spilled = ([(r["loss"], r["grad_norm"]) for r in map(json.loads, open(path))
+                  if r["event"] == "step"] for path in sys.argv[1:])
+assert spilled == kept, (sys.argv[2], spilled, kept)
+print(os.path.basename(sys.argv[2]), "spilled to NVMe: every step bitwise the run keeping its "
+      "checkpoints:", spilled[-1])
+PY
 done

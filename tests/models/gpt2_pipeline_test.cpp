@@ -13,6 +13,7 @@
 #include "models/token_data.h"
 #include "tests/expect_error.h"
 #include "tests/models/gpt2_harness.h"
+#include "zero/runtime/nvme_file.h"
 
 namespace zero::models::gpt2_test {
 namespace {
@@ -227,6 +228,40 @@ TEST(Gpt2Pipeline, StageFormulasShareTheWholeModelsActivations) {
                                       gpt2_pipeline_stage(config, bounds, 0), 0, 2, kT);
       },
       "at least 1 micro-batch in flight, not 0");
+}
+
+// The checkpoint spill on a pipeline stage (4 layers, 2 stages, B = 2 x 16 tokens: a checkpoint
+// of 8192 bytes, its own region): the generations are the most micro-batches one chunk holds in
+// flight (1F1B p - s; interleaved walked per chunk); a stage's file holds its checkpointed
+// blocks x generations regions, and its checkpoints in memory are the spill's buffer (two
+// regions and the alignment slack), held once beside the recompute buffers, not per micro-batch.
+TEST(Gpt2Pipeline, SpillPlansRegionsPerMicroBatchInFlightAndOneBuffer) {
+  Gpt2Config config = reference_config();
+  config.n_layer = 4;
+  constexpr uint64_t region = 2 * kT * 64 * sizeof(float);
+  const uint64_t buffer = 2 * region + kNvmeBufferSlack;
+  const std::vector<int> bounds = gpt2_pipeline_partition(config, 2, "uniform");
+  for (int s = 0; s < 2; ++s) {
+    const int in_flight =
+        pipeline_micro_batches_in_flight(PipelineScheduleKind::kOneFOneB, 2, s, 4, 1);
+    EXPECT_EQ(gpt2_spill_generations(in_flight, {}), 2 - s);
+    Gpt2Checkpointing c = spilled({Recompute::kFull, 0});
+    c.spill_generations = in_flight;
+    const Gpt2StageActivationBytes kept = gpt2_stage_activation_formula(
+        config, {Recompute::kFull, 0}, gpt2_pipeline_stage(config, bounds, s), in_flight, 2, kT);
+    const Gpt2StageActivationBytes spill = gpt2_stage_activation_formula(
+        config, c, gpt2_pipeline_stage(config, bounds, s), in_flight, 2, kT);
+    EXPECT_EQ(spill.micro_batch.nvme_checkpoints, 2 * region * static_cast<uint64_t>(2 - s)) << s;
+    EXPECT_EQ(spill.micro_batch.spill_buffer, buffer) << s;
+    EXPECT_EQ(spill.peak_checkpoints(), buffer) << s;
+    EXPECT_EQ(spill.per_micro_batch(), kept.per_micro_batch() - 2 * region) << s;
+    EXPECT_EQ(spill.peak(), kept.peak() - in_flight * 2 * region + buffer) << s;
+  }
+  // Interleaved, 4 micro-batches: stage 0's chunk 0 holds 4 in flight at most, stage 1's 3.
+  const std::vector<std::vector<PipelineAction>> interleaved =
+      make_pipeline_schedule(PipelineScheduleKind::kInterleaved, 2, 4, 2);
+  EXPECT_EQ(gpt2_spill_generations(5, interleaved[0]), 4);
+  EXPECT_EQ(gpt2_spill_generations(3, interleaved[1]), 3);
 }
 
 }  // namespace

@@ -2,48 +2,66 @@
 # zero-estimate --pp plans each pipeline stage as zero-train --pp then holds it: a 4-layer GPT-2
 # cut into 2 stages on 4 ranks (2 data-parallel ranks per stage), at ZeRO stages 1-3, with gpipe,
 # 1f1b, zb-h1 and interleaved (2 model chunks per stage) and no, selective and full activation
-# checkpointing; and at stage 3 with hybrid sharding (shard groups of 1, 2 replicas) and at
-# stage 2 with the optimizer state on NVMe. Per pipeline stage, the
+# checkpointing; and at stage 3 with hybrid sharding (shard groups of 1, 2 replicas). Per pipeline
+# stage, the
 # estimate's model state and buffer bytes must equal the run's stage_model_state_bytes and
 # stage_buffer_bytes, and its activation
 # bytes (the row of the run's checkpointing) the run's stage_activation_bytes_planned and every
-# step's measured stage_peak_activation_bytes.
-#   estimate_pipeline_matches_engine.sh BIN_DIR TOKENS -- MPIEXEC [MPIEXEC_FLAGS...]
+# step's measured stage_peak_activation_bytes. With SPILL_DIR (a directory on a disk: O_DIRECT)
+# also interleaved full with the checkpoints spilled to NVMe there, and stage 2 with the
+# optimizer state on NVMe there.
+#   estimate_pipeline_matches_engine.sh BIN_DIR TOKENS [SPILL_DIR] -- MPIEXEC [MPIEXEC_FLAGS...]
 set -euo pipefail
 bin="$1" tokens="$2"
 shift 2
+# STAGE SCHEDULE RECOMPUTE [SETTING]: SETTING is spill, hybrid or nvme (the optimizer state).
+runs=("1 1f1b none" "3 gpipe full" "3 1f1b selective" "2 zb-h1 none" "3 zb-h1 none"
+  "3 interleaved selective" "3 1f1b none hybrid")
+spill_dir=
+if [ "$1" != "--" ]; then
+  spill_dir="$1"
+  runs+=("3 interleaved full spill" "2 1f1b none nvme")
+  shift
+fi
 [ "$1" = "--" ] || { echo "estimate_pipeline_matches_engine.sh: expected -- before the launcher"; exit 2; }
 shift
 mpiexec=("$@")
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
+if [ -n "$spill_dir" ]; then
+  # This run's own folder there, removed with the work folder whatever happens.
+  spill_dir="$(mktemp -d "$spill_dir/run.XXXXXX")"
+  trap 'rm -rf "$work" "$spill_dir"' EXIT
+fi
 size=(--model gpt2 --n-layer 4 --n-head 4 --n-embd 64 --vocab-size 256 --block-size 64)
 
-mkdir -p "$work/nvme"
 echo '{"zero_optimization": {"mics_shard_size": 1}}' > "$work/hybrid.json"
-echo '{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "'"$work/nvme"'"}}}' \
-  > "$work/nvme.json"
-# STAGE SCHEDULE RECOMPUTE [SETTING]: SETTING is hybrid or nvme, each a config for zero-train and
-# the flag that plans it for zero-estimate.
-for run in "1 1f1b none" "3 gpipe full" "3 1f1b selective" "2 zb-h1 none" "3 zb-h1 none" \
-  "3 interleaved selective" "3 1f1b none hybrid" "2 1f1b none nvme"; do
+for run in "${runs[@]}"; do
   read -r stage schedule recompute setting <<<"$run"
-  name="$work/$stage-$schedule-$recompute-$setting"
-  config=() plan=()
+  name="$work/$stage-$schedule-$recompute${setting:+-$setting}"
+  # What zero-train is given (flags or a config) and the flags that plan it for zero-estimate.
+  given=() plan=() folder=
   case "$setting" in
-    hybrid) config=(--config "$work/hybrid.json"); plan=(--mics-shard-size 1) ;;
-    nvme) config=(--config "$work/nvme.json"); plan=(--offload-optimizer nvme) ;;
+    spill)
+      folder="$(mktemp -d "$spill_dir/XXXXXX")"
+      given=(--checkpoint-nvme-path "$folder") plan=("${given[@]}") ;;
+    hybrid) given=(--config "$work/hybrid.json") plan=(--mics-shard-size 1) ;;
+    nvme)
+      folder="$(mktemp -d "$spill_dir/XXXXXX")"
+      echo '{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme",
+        "nvme_path": "'"$folder"'"}}}' > "$work/nvme.json"
+      given=(--config "$work/nvme.json") plan=(--offload-optimizer nvme) ;;
   esac
   "${mpiexec[@]}" -np 4 "$bin/zero-train" "${size[@]}" --seq-len 16 --global-batch 8 \
     --micro-batches 4 --steps 2 --data "$tokens" --stage "$stage" --dtype fp32 --pp 2 \
-    --pp-schedule "$schedule" --activation-checkpointing "$recompute" "${config[@]}" \
+    --pp-schedule "$schedule" --activation-checkpointing "$recompute" "${given[@]}" \
     --metrics "$name.jsonl" > "$name.log" 2>&1 || {
     cat "$name.log"; echo "zero-train failed: $run"; exit 1; }
   # 8 sequences over 4 micro-batches and 2 data-parallel ranks: 1 per rank and micro-batch.
   "$bin/zero-estimate" "${size[@]}" --ranks 4 --stage "$stage" --dtype fp32 --micro-batch 1 \
     --seq-len 16 --pp 2 --pp-schedule "$schedule" --micro-batches 4 "${plan[@]}" \
-    > "$name.estimate" || {
-    cat "$name.estimate"; echo "zero-estimate failed: $run"; exit 1; }
+    > "$name.estimate" || { cat "$name.estimate"; echo "zero-estimate failed: $run"; exit 1; }
+  if [ -n "$folder" ]; then rm -rf "$folder"; fi
   python3 - "$name.jsonl" "$name.estimate" "$stage" "$recompute" "$run" <<'PY'
 import json, sys
 metrics, estimate, zero_stage, recompute, run = sys.argv[1:6]

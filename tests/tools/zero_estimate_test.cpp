@@ -494,6 +494,34 @@ TEST(ZeroEstimate, Gpt2PipelinePlansEachStage) {
       << i;
 }
 
+// --pp with the checkpoint spill (as zero-train --pp): per stage, its checkpointed blocks' file
+// holds a region (a checkpoint, 2 N C = 8192 bytes, rounded up to 4096) per micro-batch one
+// chunk of the stage holds in flight, and the checkpoints in memory are the spill's buffer, two
+// regions and 4032 bytes of slack, once for all of them: gpipe's full on stage 0 keeps 4 x N of
+// the embedding's + N (15 C + 4 + H) of recompute buffers + the buffer, 4 x 2 regions on NVMe.
+// Interleaved: stage 0's chunk 0 holds 4 micro-batches in flight at most, stage 1's chunks 3.
+TEST(ZeroEstimate, Gpt2PipelinePlansTheSpillPerMicroBatchInFlight) {
+  const Words spilled = with(kGpt2Pipeline, {"--checkpoint-nvme-path", "/tmp"});
+  const ProgramOutcome gpipe = run_estimate(with(spilled, {"--pp-schedule", "gpipe"}));
+  ASSERT_EQ(gpipe.exit_code, 0) << gpipe.err;
+  const unsigned long long buffer = 2 * 8192 + 4032;
+  EXPECT_EQ(4 * 4 * 32 + 4 * 32 * (15 * 64 + 4 + 4) + buffer, 144832u);
+  EXPECT_NE(gpipe.out.find("\nfull                 144832             20416       65536  "),
+            std::string::npos)
+      << gpipe.out;
+  const ProgramOutcome interleaved = run_estimate(with(spilled, {"--pp-schedule", "interleaved"}));
+  ASSERT_EQ(interleaved.exit_code, 0) << interleaved.err;
+  const std::string& i = interleaved.out;
+  const size_t last = i.find("\npipeline stage 1:");
+  ASSERT_NE(last, std::string::npos) << i;
+  EXPECT_NE(i.substr(0, last).find("\nfull                 144832             20416       65536  "),
+            std::string::npos)
+      << i;
+  EXPECT_NE(i.substr(last).find("\nfull                 193984             20416       49152  "),
+            std::string::npos)
+      << i;
+}
+
 // As expect_usage_error, for a message the model's check gives (its source location follows).
 void expect_usage_error_from_model(const Words& args, const std::string& message) {
   const ProgramOutcome outcome = run_estimate(args);
