@@ -25,7 +25,7 @@ const char* const kTrainUsage =
     "                  [--pp P (gpt2: pipeline stages)\n"
     "                   [--pp-schedule gpipe|1f1b|interleaved|zb-h1]\n"
     "                   [--pp-virtual-stages V (interleaved: model chunks per stage, 2)]\n"
-    "                   [--pp-partition parameters|uniform|type:REGEX]\n"
+    "                   [--pp-partition parameters|uniform|flops|type:REGEX]\n"
     "                   [--pp-schedule-dump FILE]\n"
     "                   [--pp-regather]]\n"
     "                  [--dtype fp32|bf16|fp16] [--seed S] [--global-batch B]\n"
@@ -237,8 +237,10 @@ Flags parse_flags(int argc, char** argv) {
     } else if (flag == "--pp-virtual-stages") {
       f.pp_virtual_stages = static_cast<int>(parse_at_least(flag, v, 1));
     } else if (flag == "--pp-partition") {
-      if (v != "parameters" && v != "uniform" && (v.rfind("type:", 0) != 0 || v.size() <= 5)) {
-        usage_error("--pp-partition must be parameters, uniform or type:REGEX, got '" + v + "'");
+      if (v != "parameters" && v != "uniform" && v != "flops" &&
+          (v.rfind("type:", 0) != 0 || v.size() <= 5)) {
+        usage_error("--pp-partition must be parameters, uniform, flops or type:REGEX, got '" + v +
+                    "'");
       }
       f.pp_partition = v;
     } else if (flag == "--pp-schedule-dump") {

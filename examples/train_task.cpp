@@ -176,7 +176,8 @@ class Gpt2Task : public TrainTask {
                                  int virtual_stages) override {
     std::vector<int> bounds;
     try {
-      bounds = models::gpt2_pipeline_partition(config_, stages * virtual_stages, partition);
+      bounds = models::gpt2_pipeline_partition(config_, stages * virtual_stages, partition,
+                                               static_cast<int>(seq_len_));
     } catch (const Error& e) {
       if (virtual_stages == 1) throw ConfigError(e.what());
       throw ConfigError("--pp " + std::to_string(stages) + " x --pp-virtual-stages " +

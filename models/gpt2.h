@@ -115,10 +115,14 @@ struct Gpt2PipelineStage {
 // contiguous cut whose largest stage holds the fewest parameters, counting the embeddings on the
 // first stage and the final LayerNorm and a copy of wte on the last; "type:REGEX", the same
 // balance counting each layer whose type name (Gpt2Embedding, Gpt2Block, Gpt2Head) the regular
-// expression matches, ignoring case. Among cuts with the same largest stage, the most even.
-// Throws zero::Error naming the values when it cannot.
+// expression matches, ignoring case; and ours, "flops", the same balance counting each layer's
+// training FLOPs per token as llm.c does (a block's 6 per weight of its products and its
+// attention's 12 n_embd T, T being seq_len or, when 0, the block size; the head's product with
+// wte, 6 vocab n_embd, on the last stage; the embeddings' lookups nothing), for a head over a
+// large vocabulary that outweighs blocks. Among cuts with the same largest stage, the most
+// even. Throws zero::Error naming the values when it cannot.
 std::vector<int> gpt2_pipeline_partition(const Gpt2Config& config, int stages,
-                                         const std::string& method);
+                                         const std::string& method, int seq_len = 0);
 
 // The stage of `stages` that holds layer range `partition[stage]`..`partition[stage + 1]`, the
 // blocks cut at the given boundaries (stages + 1 values from 0 to n_layer, non-decreasing).

@@ -16,7 +16,7 @@
 namespace zero::models {
 
 std::vector<int> gpt2_pipeline_partition(const Gpt2Config& config, int stages,
-                                         const std::string& method) {
+                                         const std::string& method, int seq_len) {
   const int L = config.n_layer;
   ZERO_CHECK(stages >= 1 && stages <= L, "a GPT-2 of " << L << " layers cannot be cut into "
                                                        << stages
@@ -31,13 +31,15 @@ std::vector<int> gpt2_pipeline_partition(const Gpt2Config& config, int stages,
     return bounds;
   }
   const bool by_type = method.rfind("type:", 0) == 0 && method.size() > 5;
-  ZERO_CHECK(method == "parameters" || by_type, "unknown pipeline partition method '"
-                                                    << method
-                                                    << "' (parameters, uniform or type:REGEX)");
+  ZERO_CHECK(method == "parameters" || method == "flops" || by_type,
+             "unknown pipeline partition method '" << method
+                                                   << "' (parameters, uniform, flops or "
+                                                      "type:REGEX)");
   // What each layer weighs: with "parameters" its parameters (one rank's slices: blocks alike,
   // the embeddings before the first, ln_f and wte after the last); with "type:REGEX" 1 when its
   // type name (Gpt2Embedding, Gpt2Block, Gpt2Head) matches, ignoring case, as DeepSpeed counts
-  // the layers whose class matches.
+  // the layers whose class matches; with "flops" its FLOPs per token (every rank's share alike
+  // under tensor parallelism, so the whole model's).
   uint64_t embedding = 0, block = 0, head = 0;
   if (by_type) {
     std::regex pattern;
@@ -55,7 +57,16 @@ std::vector<int> gpt2_pipeline_partition(const Gpt2Config& config, int stages,
                                       << "' matches no layer type (Gpt2Embedding, Gpt2Block, "
                                          "Gpt2Head)");
   }
-  for (const ParamSpec& spec : by_type ? std::vector<ParamSpec>{} : gpt2_param_specs(config)) {
+  if (method == "flops") {
+    // Per token, forward and backward: 2 + 4 FLOPs per weight of a product.
+    const uint64_t C = static_cast<uint64_t>(config.n_embd);
+    const uint64_t T = static_cast<uint64_t>(seq_len > 0 ? seq_len : config.block_size);
+    block = 6 * 12 * C * C + 12 * C * T;
+    head = 6 * static_cast<uint64_t>(config.vocab_size) * C;
+  }
+  const bool by_parameters = method == "parameters";
+  for (const ParamSpec& spec :
+       by_parameters ? gpt2_param_specs(config) : std::vector<ParamSpec>{}) {
     uint64_t n = 1;
     for (int64_t d : spec.shape) n *= static_cast<uint64_t>(d);
     if (spec.name.compare(0, 2, "h.") == 0) {

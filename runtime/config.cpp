@@ -74,8 +74,8 @@ int read_pipeline(const config::TrainingConfig& c, int world_size, const ConfigC
   if (p.has_partition()) {
     const std::string& partition = p.partition();
     const bool by_type = partition.rfind("type:", 0) == 0 && partition.size() > 5;
-    if (partition != "parameters" && partition != "uniform" && !by_type) {
-      check.fail("pipeline.partition", "\"parameters\", \"uniform\" or \"type:REGEX\"",
+    if (partition != "parameters" && partition != "uniform" && partition != "flops" && !by_type) {
+      check.fail("pipeline.partition", "\"parameters\", \"uniform\", \"flops\" or \"type:REGEX\"",
                  "\"" + partition + "\"");
     }
     out->pipeline_partition = partition;

@@ -10,7 +10,7 @@
 //   zero-estimate --model gpt2 ... --micro-batch B [--seq-len T] [--number-checkpoints K]
 //                 [--partition-activations] [--checkpoint-nvme-path DIR] [--memory-limit BYTES]
 //                                              (activations too, for none/selective/full)
-//   zero-estimate --model gpt2 ... --pp P [--pp-partition parameters|uniform]
+//   zero-estimate --model gpt2 ... --pp P [--pp-partition parameters|uniform|flops|type:REGEX]
 //                 [--pp-schedule gpipe|1f1b|interleaved|zb-h1] [--pp-virtual-stages V]
 //                 [--micro-batches M] --ranks P*D*T   (each pipeline stage apart)
 //
@@ -165,7 +165,8 @@ int plan_model(const Options& options) {
   }
   const int virtual_stages = options.pipeline_virtual_stages;
   const std::vector<int> bounds = zero::models::gpt2_pipeline_partition(
-      options.gpt2, stages * virtual_stages, options.pipeline_partition);
+      options.gpt2, stages * virtual_stages, options.pipeline_partition,
+      static_cast<int>(options.seq_len));
   const zero::PipelineScheduleKind kind = zero::parse_pipeline_schedule(options.pipeline_schedule);
   const std::string chunks =
       virtual_stages > 1 ? ", " + std::to_string(virtual_stages) + " model chunks per stage" : "";

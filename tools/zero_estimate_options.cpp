@@ -148,7 +148,8 @@ void check_pipeline(bool pipeline_flags, std::optional<int> virtual_stages, Opti
         "it yet");
   }
   try {
-    zero::models::gpt2_pipeline_partition(options->gpt2, p * v, options->pipeline_partition);
+    zero::models::gpt2_pipeline_partition(options->gpt2, p * v, options->pipeline_partition,
+                                          static_cast<int>(options->seq_len));
   } catch (const zero::Error& e) {
     usage_error(std::string("--pp ") + std::to_string(p) +
                 (v > 1 ? " x --pp-virtual-stages " + std::to_string(v) + " = " +
@@ -265,8 +266,10 @@ Options parse_options(const std::vector<std::string>& args) {
       if (value.empty()) usage_error("--checkpoint-nvme-path needs a directory, got ''");
       options.checkpoint_nvme_path = value;
     } else if (flag == "--pp-partition") {
-      if (value != "parameters" && value != "uniform") {
-        usage_error("--pp-partition must be parameters or uniform, got '" + value + "'");
+      if (value != "parameters" && value != "uniform" && value != "flops" &&
+          (value.rfind("type:", 0) != 0 || value.size() <= 5)) {
+        usage_error("--pp-partition must be parameters, uniform, flops or type:REGEX, got '" +
+                    value + "'");
       }
       options.pipeline_partition = value;
       pipeline_flags = true;

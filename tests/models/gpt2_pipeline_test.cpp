@@ -143,6 +143,23 @@ TEST(Gpt2Pipeline, PartitionByParametersBalancesTheEmbeddingsAndTheHead) {
   EXPECT_EQ(gpt2_pipeline_partition(config, 4, "type:gpt2"), (std::vector<int>{0, 2, 5, 9, 12}));
 }
 
+TEST(Gpt2Pipeline, PartitionByFlopsWeighsTheHeadsProductOverTheVocabulary) {
+  Gpt2Config config;
+  ASSERT_TRUE(gpt2_preset("gpt2-124M", &config));
+  // Per token a block does 72 C^2 + 12 C T = 51.9M FLOPs at T 1024, the head 6 V C = 231.6M,
+  // 4.5 blocks, and the embeddings nothing: the last stage gets one block, the others the rest.
+  EXPECT_EQ(gpt2_pipeline_partition(config, 4, "flops"), (std::vector<int>{0, 3, 7, 11, 12}));
+  // The benchmark's 6 x 384 at T 256: the head weighs 9.8 blocks, so 5 go first.
+  Gpt2Config small = config;
+  small.n_layer = 6;
+  small.n_embd = 384;
+  small.n_head = 6;
+  EXPECT_EQ(gpt2_pipeline_partition(small, 2, "flops", 256), (std::vector<int>{0, 5, 6}));
+  // Over a vocabulary of 256 the head weighs a fifth of a block: the blocks split evenly.
+  small.vocab_size = 256;
+  EXPECT_EQ(gpt2_pipeline_partition(small, 2, "flops", 256), (std::vector<int>{0, 3, 6}));
+}
+
 TEST(Gpt2Pipeline, CutsThatCannotBeAreErrors) {
   const Gpt2Config config = reference_config();
   testing::expect_error_naming([&] { gpt2_pipeline_partition(config, 3, "parameters"); },

@@ -38,7 +38,7 @@ expect "unknown model 'gpt' (available: mlp, gpt2)" --model gpt
 expect "--pp must be at least 1" --pp 0
 expect "--pp is 2 and the job has 1 rank(s): they must divide into pipeline stages of equal size" \
   --pp 2
-expect "--pp-partition must be parameters, uniform or type:REGEX, got 'blocks'" --pp-partition blocks
+expect "--pp-partition must be parameters, uniform, flops or type:REGEX, got 'blocks'" --pp-partition blocks
 expect "--pp-schedule: unknown pipeline schedule 'fifo'" --pp-schedule fifo
 expect "--tp must be at least 1" --tp 0
 expect "--tp is 2 and the job has 1 rank(s): they must divide into tensor-parallel groups of \

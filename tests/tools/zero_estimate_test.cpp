@@ -564,8 +564,9 @@ TEST(ZeroEstimate, Gpt2PipelineBadArguments) {
   expect_usage_error(with(gpt2, {"--ranks", "2", "--pp", "2", "--pp-virtual-stages", "2"}),
                      "--pp-virtual-stages 2: only --pp-schedule interleaved runs several model "
                      "chunks per stage, not 1f1b");
-  expect_usage_error(with(gpt2, {"--ranks", "2", "--pp", "2", "--pp-partition", "type:Block"}),
-                     "--pp-partition must be parameters or uniform, got 'type:Block'");
+  expect_usage_error(with(gpt2, {"--ranks", "2", "--pp", "2", "--pp-partition", "blocks"}),
+                     "--pp-partition must be parameters, uniform, flops or type:REGEX, got "
+                     "'blocks'");
   expect_usage_error(with(gpt2, {"--ranks", "2", "--micro-batches", "4"}),
                      "--pp-partition, --pp-schedule and --micro-batches plan a pipeline: they "
                      "need --pp P (2 or more stages)");

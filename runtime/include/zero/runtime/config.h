@@ -169,7 +169,7 @@ struct TrainingConfig {
   // then count world size / (tensor_parallel_size x pipeline_stages) data-parallel ranks, and
   // gradient_accumulation_steps is the pipeline's micro-batches, as in DeepSpeed.
   int pipeline_stages = 1;
-  // pipeline.partition (--pp-partition): "parameters", "uniform" or "type:REGEX".
+  // pipeline.partition (--pp-partition): "parameters", "uniform", "flops" or "type:REGEX".
   std::string pipeline_partition = "parameters";
   // pipeline.pipe_partitioned and grad_partitioned (DeepSpeed's defaults: true): with tensor
   // parallelism the activations, and their gradients, cross between stages as 1/t slices from
