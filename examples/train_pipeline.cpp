@@ -677,26 +677,29 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
   }
   if (!f.pp_schedule_dump.empty()) {
     // The last step's timeline of the leader's pipeline, planned with its measured mean forward
-    // and backward times.
+    // and backward times (under ZB-H1 those of the input and the weight halves).
     const std::vector<PipelineStepReport> reports = gather_pipeline_reports(channel, report);
     if (leader) {
-      double forward_ms = 0.0, backward_ms = 0.0;
-      int forwards = 0, backwards = 0;
-      for (const PipelineStepReport& r : reports) {
-        for (const PipelineActionTiming& t : r.timeline) {
-          if (t.action.kind == PipelineAction::kForward) {
-            forward_ms += t.end_ms - t.start_ms;
-            ++forwards;
-          } else if (t.action.kind == PipelineAction::kBackward) {
-            backward_ms += t.end_ms - t.start_ms;
-            ++backwards;
+      // The mean measured time of each kind of compute action; a whole backward is planned as
+      // its input half with no weight half after it.
+      const auto mean_ms = [&reports](PipelineAction::Kind of) {
+        double sum = 0.0;
+        int count = 0;
+        for (const PipelineStepReport& r : reports) {
+          for (const PipelineActionTiming& t : r.timeline) {
+            if (t.action.kind != of) continue;
+            sum += t.end_ms - t.start_ms;
+            ++count;
           }
         }
-      }
+        return sum / std::max(count, 1);
+      };
       PipelineDurations planned;
-      planned.forward = forward_ms / std::max(forwards, 1);
-      planned.backward = backward_ms / std::max(backwards, 1);
-      planned.weight = 0.0;
+      planned.forward = mean_ms(PipelineAction::kForward);
+      const bool split = kind == PipelineScheduleKind::kZeroBubbleH1;
+      planned.backward =
+          mean_ms(split ? PipelineAction::kBackwardInput : PipelineAction::kBackward);
+      planned.weight = split ? mean_ms(PipelineAction::kBackwardWeight) : 0.0;
       const std::string note =
           write_pipeline_timeline(f.pp_schedule_dump, reports, schedules, planned);
       std::printf(

@@ -147,6 +147,10 @@ void check_pipeline(bool pipeline_flags, std::optional<int> virtual_stages, Opti
         "--partition-activations with --pp: zero-train does not run pipeline parallelism with "
         "it yet");
   }
+  if (options->gpu || options->offload_cpu) {
+    usage_error(std::string(options->gpu ? "--gpu" : "--offload-optimizer cpu (a GPU run)") +
+                " with --pp: zero-train runs pipeline parallelism on the CPU only");
+  }
   try {
     zero::models::gpt2_pipeline_partition(options->gpt2, p * v, options->pipeline_partition,
                                           static_cast<int>(options->seq_len));

@@ -579,6 +579,11 @@ TEST(ZeroEstimate, Gpt2PipelineBadArguments) {
       with(gpt2, {"--ranks", "2", "--pp", "2", "--micro-batch", "1", "--partition-activations"}),
       "--partition-activations with --pp: zero-train does not run pipeline "
       "parallelism with it yet");
+  expect_usage_error(with(gpt2, {"--ranks", "2", "--pp", "2", "--gpu"}),
+                     "--gpu with --pp: zero-train runs pipeline parallelism on the CPU only");
+  expect_usage_error(with(gpt2, {"--ranks", "2", "--pp", "2", "--offload-optimizer", "cpu"}),
+                     "--offload-optimizer cpu (a GPU run) with --pp: zero-train runs pipeline "
+                     "parallelism on the CPU only");
   // Hybrid sharding divides each stage's data-parallel ranks, not the job's (the engine's
   // message ends with where it was raised).
   const ProgramOutcome hybrid =
