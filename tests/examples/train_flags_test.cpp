@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -249,9 +250,13 @@ TEST(TrainFlags, VirtualStagesOnlyWithTheInterleavedSchedule) {
     for (std::string& a : args) argv.push_back(a.data());
     return parse_flags(static_cast<int>(argv.size()), argv.data());
   };
-  const auto refusal = [](const Flags& f) {
+  // The settings' refusal on a world of `world` ranks, after `change` edits the config.
+  const auto refusal = [](const Flags& f, int world = 2,
+                          const std::function<void(TrainingConfig&)>& change = {}) {
     try {
-      check_pipeline_settings(f, resolve_config(f, 2), 2);
+      TrainingConfig config = resolve_config(f, world);
+      if (change) change(config);
+      check_pipeline_settings(f, config, world);
     } catch (const ConfigError& e) {
       return std::string(e.what());
     }
@@ -272,6 +277,21 @@ TEST(TrainFlags, VirtualStagesOnlyWithTheInterleavedSchedule) {
   EXPECT_EQ(refusal(flags({"--pp-schedule", "interleaved", "--pp-regather"})),
             "--pp: --pp-schedule interleaved with --pp-regather is not supported with pipeline "
             "parallelism yet");
+  // What keeps one slot per block (a second micro-batch in flight would overwrite it), and a GPU.
+  // (--device cuda itself is refused before this in a tree built without CUDA.)
+  Flags gpu = flags({});
+  gpu.cuda = true;
+  EXPECT_EQ(refusal(gpu), "--pp: --device cuda is not supported with pipeline parallelism yet");
+  EXPECT_EQ(
+      refusal(flags({"--activation-checkpointing", "full", "--tp", "2", "--partition-activations"}),
+              4),
+      "--pp: activation_checkpointing.partition_activations is not supported with pipeline "
+      "parallelism yet");
+  EXPECT_EQ(refusal(flags({"--activation-checkpointing", "full"}), 2,
+                    [](TrainingConfig& c) {
+                      c.activation_checkpointing.contiguous_memory_optimization = true;
+                    }),
+            "--pp: contiguous_memory_optimization is not supported with pipeline parallelism yet");
 }
 
 // The flag loop the benchmarks share: values to their parsers, switches set, an unknown flag named

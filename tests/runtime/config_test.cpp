@@ -253,6 +253,11 @@ TEST(Config, PipelineStagesCutTheBatchOverOneStagesRanks) {
   EXPECT_NE(interval.ignored_keys[0].find("seed_layers is ignored"), std::string::npos);
   EXPECT_TRUE(automatic.pipeline_partition_activations);
   EXPECT_TRUE(automatic.pipeline_partition_gradients);
+  const TrainingConfig gradients_whole = parse_training_config(
+      R"({"train_batch_size": 8, "pipeline": {"stages": 2, "grad_partitioned": false}})", 4,
+      "ds.json");
+  EXPECT_TRUE(gradients_whole.pipeline_partition_activations);
+  EXPECT_FALSE(gradients_whole.pipeline_partition_gradients);
 }
 
 TEST(Config, PipelineValuesThatCannotBeAreErrors) {

@@ -202,8 +202,8 @@ TEST(PipelineExecutor, TensorParallelGroupsSendSlicesAndGatherTheWhole) {
   ASSERT_EQ(MPI_Comm_split(MPI_COMM_WORLD, tp_rank, stage, &pipeline), MPI_SUCCESS);
   const int m = 3;
   const std::vector<int64_t> shape = {4, 6};  // 24 floats, 12 per slice
-  for (const auto& [activations, gradients] :
-       std::vector<std::pair<bool, bool>>{{true, true}, {true, false}, {false, false}}) {
+  for (const auto& [activations, gradients] : std::vector<std::pair<bool, bool>>{
+           {true, true}, {true, false}, {false, true}, {false, false}}) {
     SCOPED_TRACE("pipe_partitioned " + std::to_string(activations) + ", grad_partitioned " +
                  std::to_string(gradients));
     PeerChannel channel(pipeline);
