@@ -75,6 +75,23 @@ TEST(Engine, CommunicationVolumeMatchesTheStageTable) {
   EXPECT_NEAR(per_step[3] / per_step[0], 1.5, 0.015);
 }
 
+// With two micro-batches per step stage 1 still reduce-scatters each unit once, after its last
+// micro-batch, while stage 2 reduce-scatters during every backward: one more reduce-scatter of
+// the model, half of stage 0's all-reduce.
+TEST(Engine, StageOneReducesOncePerStepAndStageTwoPerMicroBatch) {
+  if (world_size() < 2) GTEST_SKIP() << "one rank communicates nothing";
+  const auto bytes_per_step = [](int stage, int micro_batches) {
+    RunOptions o;
+    o.stage = stage;
+    o.steps = 3;
+    o.micro_batches = micro_batches;
+    return static_cast<double>(train(o).comm_bytes[2]);
+  };
+  const double all_reduce = bytes_per_step(0, 1);
+  EXPECT_NEAR(bytes_per_step(1, 2) / all_reduce, 1.0, 0.01);
+  EXPECT_NEAR(bytes_per_step(2, 2) / all_reduce, 1.5, 0.015);
+}
+
 // On one node the engine's buffers live in node-shared memory, so its reductions and gathers
 // run straight on them: per step only two small all-reduces of private buffers stage, the
 // engine's of the per-unit gradient norms and train()'s of the loss.
