@@ -172,11 +172,13 @@ TEST(PipelineSchedule, EveryListOfEveryKindIsRunnable) {
 TEST(PipelineSchedule, SimulatedBubbleMatchesTheFormula) {
   const PipelineDurations equal{1.0, 1.0, 1.0};
   const PipelineDurations uneven{2.0, 3.0, 1.0};  // W <= F: the zero-bubble paper's case
+  // W > F: ZB-H1's weight gradients no longer fit the warm-up's gaps, (p-1)B idle.
+  const PipelineDurations heavy_weights{1.0, 2.0, 3.0};
   for (PipelineScheduleKind kind : kKinds) {
     for (int p = 1; p <= 8; ++p) {
       for (int m = p; m <= 16; ++m) {
         for (int v : chunk_counts(kind, p, m)) {
-          for (const PipelineDurations& d : {equal, uneven}) {
+          for (const PipelineDurations& d : {equal, uneven, heavy_weights}) {
             SCOPED_TRACE(std::string(pipeline_schedule_name(kind)) + " p " + std::to_string(p) +
                          " m " + std::to_string(m) + " v " + std::to_string(v) + " F " +
                          std::to_string(d.forward));
