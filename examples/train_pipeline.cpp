@@ -606,6 +606,12 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
     const double bubble = time_sum > 0.0 ? 1.0 - busy_sum / time_sum : 0.0;
     const double tokens_per_s = static_cast<double>(tc.train_batch_size) *
                                 static_cast<double>(task.tokens_per_sample()) / (step_ms / 1000.0);
+    if (stats.skipped) {
+      // Every stage skipped it: the overflow (or a non-finite gradient with
+      // nonfinite_gradients "skip") is agreed over the pipeline.
+      std::printf("step %ld: gradient overflow, step skipped; loss scale now %g\n", step,
+                  stats.loss_scale);
+    }
     if (step % tc.steps_per_print == 0 || step == f.steps || stats.skipped) {
       std::printf(
           "step %5ld/%ld  loss %.6f  lr %.3g  grad_norm %.4f  %.2f ms  %.0f tokens/s  bubble "
