@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -329,6 +330,19 @@ TEST(PipelineExecutor, TimelineFilesHoldMeasuredAndPlannedActions) {
   } else {
     EXPECT_NE(note.find("wrote " + prefix + ".json without its picture"), std::string::npos);
   }
+  // Without gnuplot on PATH: the JSON alone, and the note says so.
+  const char* path = std::getenv("PATH");
+  const std::string saved_path = path != nullptr ? path : "";
+  ASSERT_EQ(::setenv("PATH", "", 1), 0);
+  const std::string bare = prefix + "_without_gnuplot";
+  std::remove((bare + ".png").c_str());
+  const std::string without = write_pipeline_timeline(bare, reports, lists, {1.0, 1.0, 1.0});
+  ASSERT_EQ(::setenv("PATH", saved_path.c_str(), 1), 0);
+  EXPECT_NE(without.find("gnuplot is not on PATH"), std::string::npos) << without;
+  EXPECT_NE(without.find("wrote " + bare + ".json without its picture"), std::string::npos)
+      << without;
+  EXPECT_TRUE(std::ifstream(bare + ".json").good());
+  EXPECT_FALSE(std::ifstream(bare + ".png").good());
 }
 
 }  // namespace
