@@ -5,8 +5,9 @@
 # once) and holds PyTorch's weights after 3 steps within 1e-5; a resume on twice the ranks (the
 # save resharded over 2 data-parallel ranks per stage) continues within 1e-6, as do the save
 # resumed without a pipeline and a save without one resumed at pp 2, and at ZeRO stage 3 a save
-# resumed at the same pp cut otherwise; and a save of another model is refused, naming a
-# parameter no stage holds.
+# resumed at the same pp cut otherwise and a pp 2 x tp 2 save resumed at tp 1; a save of another
+# model is refused, naming a parameter no stage holds, and one whose stages are of different
+# steps is refused by the resume and by the export.
 #   gpt2_pipeline_resume.sh BIN_DIR STAGE -- MPIEXEC [MPIEXEC_FLAGS...]
 set -euo pipefail
 bin="$1"; stage="$2"; shift 2
@@ -107,7 +108,39 @@ for w, r in zip(whole, resumed):
     assert all(abs(a - b) <= 1e-6 * abs(b) for a, b in zip(r, w)), (resumed, whole)
 print("a 1F1B save resumed by interleaved (another cut): within 1e-6 of the run without a stop")' \
     "$work/deep_whole.jsonl" "$work/deep.jsonl"
+
+  # Another tensor-parallel size within the stages: a save at pp 2 x tp 2 (4 ranks) resumed at
+  # pp 2 alone, each stage's slices merged, continues as the uninterrupted run does.
+  train 4 tp_first --tp 2 --steps 2 --save-dir "$work/tp.ckpt" --metrics "$work/tp.jsonl"
+  run_logged "$work/tp_resumed.log" "the tp 2 save resumed at tp 1 failed" "${mpiexec[@]}" \
+    -np 2 "$bin/zero-train" "${pipelined[@]}" --steps 3 --resume "$work/tp.ckpt" \
+    --metrics "$work/tp.jsonl"
+  echo "a pp 2 x tp 2 save resumed at pp 2 x tp 1, against the run without a stop:"
+  "$bin/gpt2_golden_check" --expected "$data/expected_fp64.json" --metrics "$work/tp.jsonl" \
+    --same-metrics-as "$work/whole.jsonl" --metrics-tolerance 1e-6
 fi
+
+# A save whose stages are of different steps (the first stage's latest moved back a step, as a
+# save interrupted on some stages leaves it): the resume refuses it (exit 2) and the export too,
+# each naming both steps.
+cp -r "$work/split.ckpt" "$work/mixed.ckpt"
+echo step_00000002 > "$work/mixed.ckpt/pp_stage_00/latest"
+set +e
+"${mpiexec[@]}" -np 2 "$bin/zero-train" "${pipelined[@]}" --steps 4 --resume "$work/mixed.ckpt" \
+  > "$work/mixed.log" 2>&1
+rc=$?
+"$bin/zero-checkpoint" export "$work/mixed.ckpt" --to "$work/mixed.safetensors" \
+  > "$work/mixed_export.log" 2>&1
+export_rc=$?
+set -e
+[ "$rc" = 2 ] && grep -q "the stages' checkpoints are of different steps (2 and 3)" \
+  "$work/mixed.log" ||
+  { cat "$work/mixed.log"; echo "a resume of stages at different steps: exit $rc"; exit 1; }
+[ "$export_rc" != 0 ] && grep -q "the pipeline stages' checkpoints are of different steps" \
+  "$work/mixed_export.log" && [ ! -e "$work/mixed.safetensors" ] ||
+  { cat "$work/mixed_export.log"; echo "an export of stages at different steps: exit $export_rc"
+    exit 1; }
+echo "stages saved at different steps: the resume and the export refuse them"
 
 # A save of another model: a saved parameter that no stage holds is refused (exit 2), naming it.
 set +e
