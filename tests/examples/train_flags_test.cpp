@@ -108,6 +108,21 @@ TEST(TrainFlags, EveryFlagOverridesTheConfig) {
 
 // --lr alone moves the schedule's peak with it: a WarmupLR from the file warms up to the flag's
 // rate, not the file's.
+// --threads sets every CPU kernel's threads (1 by default: a rank per core); --decay-all decays
+// the GPT-2's 1-D tensors too (gpt2_test holds what each setting decays).
+TEST(TrainFlags, ThreadsAndDecayAll) {
+  EXPECT_EQ(resolve({}).engine.kernel_threads, 1);
+  EXPECT_EQ(resolve({"--threads", "3"}).engine.kernel_threads, 3);
+  const auto gpt2_flags = [](std::vector<std::string> args) {
+    args.insert(args.begin(), {"zero-train", "--model", "gpt2", "--data", "tokens.bin"});
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    return parse_flags(static_cast<int>(argv.size()), argv.data());
+  };
+  EXPECT_TRUE(gpt2_flags({}).gpt2.decay_matrices_only);
+  EXPECT_FALSE(gpt2_flags({"--decay-all"}).gpt2.decay_matrices_only);
+}
+
 TEST(TrainFlags, LrFlagMovesTheConfigSchedulePeak) {
   const TrainingConfig tc = resolve({"--config", write_config(), "--lr", "0.003"});
   EXPECT_EQ(tc.engine.lr_schedule.type, LrScheduleType::kWarmup);

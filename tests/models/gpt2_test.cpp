@@ -58,6 +58,26 @@ TEST(Gpt2, ForwardAndBackwardMatchPyTorch) {
   EXPECT_NEAR(std::sqrt(sum_squares), grad_norm, 1e-5 * grad_norm);
 }
 
+// Weight decay: GPT-2 recipes (and the PyTorch reference) leave 1-D tensors, LayerNorm gains and
+// biases, undecayed; decay_matrices_only false (zero-train --decay-all) decays every tensor.
+TEST(Gpt2, WeightDecayOnMatricesOnlyUnlessEveryTensor) {
+  Gpt2Config config = gpt2_test::reference_config();
+  for (bool matrices_only : {true, false}) {
+    config.decay_matrices_only = matrices_only;
+    const Gpt2 model = make_gpt2(config, 1);
+    int undecayed = 0, decayed = 0;
+    for (const NamedModule& named : model.modules) {
+      for (const ParamDecl& decl : named.module->parameters()) {
+        const bool none = decl.weight_decay && *decl.weight_decay == 0.0f;
+        EXPECT_EQ(none, matrices_only && decl.spec.shape.size() < 2) << decl.spec.name;
+        (none ? undecayed : decayed) += 1;
+      }
+    }
+    EXPECT_GT(decayed, 0);
+    EXPECT_EQ(undecayed > 0, matrices_only);
+  }
+}
+
 TEST(Gpt2, PresetsAndConfigChecks) {
   Gpt2Config c;
   ASSERT_TRUE(gpt2_preset("gpt2-124M", &c));
