@@ -6,7 +6,7 @@
 # products in another order, so the runs are not bit for bit). At stages 1 and 2 also with full
 # and selective recomputation and partition_activations (each checkpoint split over the TP ranks,
 # all-gathered before its block recomputes): bit for bit the split run without checkpointing,
-# with 1/TP of the checkpoint bytes.
+# with 1/TP of the checkpoint bytes. And flops_profiler with tensor parallelism is refused.
 #   gpt2_tensor_parallel.sh BIN_DIR NP TP TOLERANCE [zero-train flags...] -- MPIEXEC [FLAGS...]
 set -euo pipefail
 bin="$1"; np="$2"; tp="$3"; tolerance="$4"; shift 4
@@ -96,3 +96,17 @@ for stage in 0 1 2 3; do
     --metrics "$work/partitioned$stage.jsonl" --reference-tolerance "$tolerance" --expect-val 1 \
     --same-metrics-as "$work/split$stage.jsonl"
 done
+
+# flops_profiler counts the whole model's parameters on one rank, which tensor parallelism
+# splits: refused before step 1 (exit 2), naming the config, on every rank at once.
+echo '{"train_batch_size": 4, "flops_profiler": {"enabled": true, "profile_step": 2}}' \
+  > "$work/flops.json"
+set +e
+"${mpiexec[@]}" -np "$np" "$bin/zero-train" "${reference_model[@]}" --config "$work/flops.json" \
+  --tp "$tp" --steps 3 > "$work/flops.log" 2>&1
+rc=$?
+set -e
+[ "$rc" = 2 ] && grep -q "flops_profiler in $work/flops.json with tensor parallelism is not built" \
+  "$work/flops.log" ||
+  { cat "$work/flops.log"; echo "flops_profiler with --tp $tp: exit $rc"; exit 1; }
+echo "flops_profiler with tensor parallelism is refused (exit 2)"
