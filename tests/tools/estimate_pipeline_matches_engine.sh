@@ -15,7 +15,7 @@ set -euo pipefail
 bin="$1" tokens="$2"
 shift 2
 # STAGE SCHEDULE RECOMPUTE [SETTING]: SETTING is spill, hybrid or nvme (the optimizer state).
-runs=("1 1f1b none" "3 gpipe full" "3 1f1b selective" "2 zb-h1 none" "3 zb-h1 none"
+runs=("1 1f1b none" "3 gpipe full" "3 1f1b selective" "2 zb-h1 none" "3 zb-h1 none" "3 zb-h1 full"
   "3 interleaved selective" "3 1f1b none hybrid")
 spill_dir=
 if [ "$1" != "--" ]; then
