@@ -359,15 +359,6 @@ void check_pipeline_settings(const Flags& f, const TrainingConfig& tc, int world
   // does not track across chunks.
   refuse(kind == PipelineScheduleKind::kInterleaved && f.pp_regather,
          "--pp-schedule interleaved with --pp-regather");
-  // The weight half of a recomputing block would read its checkpoint from the spill's buffer,
-  // which holds other blocks' by then.
-  if (kind == PipelineScheduleKind::kZeroBubbleH1 &&
-      !tc.activation_checkpointing.nvme_path.empty()) {
-    throw ConfigError(
-        "--pp-schedule zb-h1 with the activation checkpoints spilled to NVMe "
-        "(--checkpoint-nvme-path, activation_checkpointing.nvme_path) is not built yet: keep "
-        "the checkpoints in memory, or spill them under --pp-schedule 1f1b or gpipe");
-  }
   refuse(f.cuda, "--device cuda");
   const ActivationCheckpointingConfig& ac = tc.activation_checkpointing;
   // These keep one slot per block, which a second micro-batch in flight would overwrite.

@@ -142,6 +142,8 @@ float* Gpt2Block::checkpoint_data() {
 }
 
 float* Gpt2Block::data_of(int a) {
+  // From backward_input to backward_weight a spilled checkpoint is the block's own copy.
+  if (a == kInput && spills() && kept_[kInput].numel() > 0) return kept_[kInput].data();
   return a == kInput && !partitioned() ? checkpoint_data() : at(a).data();
 }
 
@@ -452,13 +454,15 @@ void Gpt2Block::backward(const Tensor& grad_out, Tensor& grad_in,
 // writes them over activations the weight half still reads), the weight gradients left out. A
 // recomputing block recomputes here, once, the tensors backward_weight reads into memory of its
 // own (they travel with the micro-batch until backward_weight frees them); qkv and the
-// log-sum-exp, which only this half reads, stay in the shared buffers.
+// log-sum-exp, which only this half reads, stay in the shared buffers. A spilled checkpoint is
+// read back as for backward and copied out of the spill's buffer, which holds other blocks' by
+// the weight half.
 void Gpt2Block::backward_input(const Tensor& grad_out, Tensor& grad_in,
                                const std::vector<ParamRef>& params) {
-  ZERO_CHECK(!in_shared_buffer() && !partitioned() && !moves_checkpoint() && !spills(),
-             "a GPT-2 block splits its backward (ZB-H1) only with its checkpoint kept by itself: "
-             "not with contiguous_memory_optimization, partition_activations, cpu_checkpointing "
-             "or the checkpoint spill to NVMe");
+  ZERO_CHECK(!in_shared_buffer() && !partitioned() && !moves_checkpoint(),
+             "a GPT-2 block splits its backward (ZB-H1) only with its checkpoint kept by itself "
+             "or spilled: not with contiguous_memory_optimization, partition_activations or "
+             "cpu_checkpointing");
   const int C = config_.n_embd;
   const int Cl = C / config_.tensor_parallel_size;
   const int NHl = config_.n_head / config_.tensor_parallel_size;
@@ -471,6 +475,12 @@ void Gpt2Block::backward_input(const Tensor& grad_out, Tensor& grad_in,
     backend_->activation(kept_[a], shape_of(a, B_, T_, C, Cl, NHl), dev);
   }
   const auto start = recompute(grad_out, params);
+  if (spills()) {
+    backend_->activation(kept_[kInput], {B_, T_, C}, dev);
+    gpt2_detail::Gpt2Backend::copy_floats(kept_[kInput].data(), checkpoint_data(),
+                                          kept_[kInput].numel(), dev);
+    fetched_ = false;
+  }
   auto w = [&](int i) { return shared_->params.value(params, i); };
   auto p = [&](int a) { return data_of(a); };
   Gpt2Ops& ops = backend_->ops_for(grad_out);
@@ -538,9 +548,10 @@ void Gpt2Block::backward_weight(const std::vector<ParamRef>& grads) {
                          p(kLn1Rstd), N, C);
   shared_->params.flush(grads);
   for (Tensor& tensor : weight_inputs_) tensor = Tensor();
-  // The recomputed tensors go back to the shared buffers for the next forward.
-  for (int a = kInput + 1; a < kBlockActivations; ++a) {
-    if (!keeps(recompute_, a)) kept_[a] = Tensor();
+  // The recomputed tensors go back to the shared buffers for the next forward, a spilled
+  // checkpoint to the spill's buffer.
+  for (int a = kInput; a < kBlockActivations; ++a) {
+    if (!keeps(recompute_, a) || (a == kInput && spills())) kept_[a] = Tensor();
   }
 }
 

@@ -116,8 +116,9 @@ class Gpt2Block : public Module {
   // over an activation (the weight half reads the activations), and keeps the output gradients
   // of the four products and two LayerNorms for backward_weight; a recomputing block recomputes
   // in backward_input and keeps the recomputed tensors backward_weight reads (all but qkv and the
-  // log-sum-exp) until then, in memory of its own. Not with a checkpoint held in one slot per
-  // block, nor with the spill (backward_weight would read the checkpoint from its buffer).
+  // log-sum-exp) until then, in memory of its own, and with the spill a copy of its checkpoint
+  // (the spill's buffer holds other blocks' by then). Not with a checkpoint held in one slot per
+  // block.
   bool splits_backward() const override { return true; }
   void backward_input(const Tensor& grad_out, Tensor& grad_in,
                       const std::vector<ParamRef>& params) override;
@@ -181,7 +182,7 @@ class Gpt2Block : public Module {
   std::shared_ptr<Gpt2BlockShared> shared_;
   int B_ = 0, T_ = 0;
   // Those this block keeps (the others stay empty), and from backward_input to backward_weight
-  // the recomputed ones the weight half reads.
+  // the recomputed ones the weight half reads (and a spilled checkpoint's copy).
   Tensor kept_[kBlockActivations];
   // Between backward_input and backward_weight: the output gradients the weight half reads (of
   // the MLP's projection, fc, ln_2, the attention's projection, ln_1; qkv's is over kFc).

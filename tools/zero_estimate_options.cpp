@@ -147,13 +147,6 @@ void check_pipeline(bool pipeline_flags, std::optional<int> virtual_stages, Opti
         "--partition-activations with --pp: zero-train does not run pipeline parallelism with "
         "it yet");
   }
-  if (zero::parse_pipeline_schedule(options->pipeline_schedule) ==
-          zero::PipelineScheduleKind::kZeroBubbleH1 &&
-      !options->checkpoint_nvme_path.empty()) {
-    usage_error(
-        "--checkpoint-nvme-path with --pp-schedule zb-h1: zero-train does not run the split "
-        "backward with the checkpoints spilled to NVMe yet");
-  }
   try {
     zero::models::gpt2_pipeline_partition(options->gpt2, p * v, options->pipeline_partition);
   } catch (const zero::Error& e) {

@@ -164,6 +164,19 @@ for stage in 1 3; do
       --same-metrics-as "$work/pp${stage}zb-h10.jsonl" --metrics-tolerance 0
   done
 done
+# And with the checkpoints spilled to NVMe (the input half reads a block's back and copies it
+# out of the spill's buffer for the weight half): bitwise the run keeping them.
+if [ -n "$spill_dir" ]; then
+  nvme="$(mktemp -d "$spill_dir/zb-h1.XXXXXX")"
+  train 1 zb1full_spilled --pp "$pp" --pp-schedule zb-h1 --activation-checkpointing full \
+    --checkpoint-nvme-path "$nvme"
+  echo "ZeRO stage 1, pipeline of $pp, zb-h1, full checkpoints spilled to NVMe against kept, bitwise:"
+  "$bin/gpt2_golden_check" --expected "$data/expected_fp64.json" \
+    --metrics "$work/zb1full_spilled.jsonl" --reference-tolerance 1e-5 --expect-val 1 \
+    --same-metrics-as "$work/zb1full.jsonl" --metrics-tolerance 0
+  [ -z "$(ls -A "$nvme")" ] || { ls -la "$nvme"; exit 1; }
+  rmdir "$nvme"
+fi
 
 python3 -c 'import json, sys
 events = json.load(open(sys.argv[1]))["traceEvents"]

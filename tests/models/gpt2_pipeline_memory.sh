@@ -15,10 +15,11 @@
 # next forward reuses it (its modules keep the tensors of their last backward); the plan is the
 # largest sum over the stage's list.
 # With --spill-dir DIR (a directory on a disk: O_DIRECT) also checkpoints spilled to NVMe (gpipe
-# selective, 1f1b and interleaved full): a checkpointed block keeps no checkpoint, and the stage
-# holds the spill's buffer once beside its recompute buffers, min(2, its checkpointed blocks)
-# regions (a checkpoint rounded up to 4096 bytes) and 4032 bytes to align them; every step
-# bitwise the run that keeps its checkpoints.
+# and zb-h1 selective, 1f1b and interleaved full): a checkpointed block keeps no checkpoint
+# (zb-h1's input half copies it back out of the spill's buffer for its weight half), and the
+# stage holds the spill's buffer once beside its recompute buffers, min(2, its checkpointed
+# blocks) regions (a checkpoint rounded up to 4096 bytes) and 4032 bytes to align them; every
+# step bitwise the run that keeps its checkpoints.
 #   gpt2_pipeline_memory.sh BIN_DIR NP PP [--tp T] [--interleaved] [--spill-dir DIR]
 #                           -- MPIEXEC [MPIEXEC_FLAGS...]
 set -euo pipefail
@@ -47,6 +48,7 @@ for schedule in "${schedules[@]}"; do
   checkpointings=(none selective full full:1)
   if [ -n "$spill_dir" ] && [ "$schedule" = gpipe ]; then checkpointings+=(selective:0:spill); fi
   if [ -n "$spill_dir" ] && [ "$schedule" = 1f1b ]; then checkpointings+=(full:0:spill); fi
+  if [ -n "$spill_dir" ] && [ "$schedule" = zb-h1 ]; then checkpointings+=(selective:0:spill); fi
   # Interleaved: without recomputation, and with it on the first stage only (its chunk 0).
   if [ "$schedule" = interleaved ]; then
     checkpointings=(none full:1)
@@ -105,11 +107,12 @@ def zero_bubble_peak(s, kept, layers):
     the output gradients the weight half reads (per block those of the MLP's projection, fc
     (4 Cl wide), ln_2, the attention's projection and ln_1; the head's of ln_f, the embedding's
     of its output) and, per checkpointed block, the tensors it recomputed that the weight half
-    reads; inside a backward_input a block's attention output gradient (N x Cl) too, outweighed
+    reads (with the spill also a copy of its checkpoint, N C); inside a backward_input a block's attention output gradient (N x Cl) too, outweighed
     on the first stage by the embedding's own, made after it."""
     waiting = len(layers) * N * (4 * C + 4 * Cl) + (N * C if s == 0 else 0)
     waiting += N * C if s == p - 1 else 0
-    waiting += len(checkpointed & set(layers)) * rebuilt_for_weights[recompute]
+    waiting += len(checkpointed & set(layers)) * (rebuilt_for_weights[recompute] +
+                                                  (N * C if spill else 0))
     scratch = N * Cl if layers and s > 0 else 0
     forwarded = awaiting = backward = weight = peak = 0
     def point(extra=0):
@@ -172,7 +175,7 @@ for s in range(p):
     kept += N * (2 * C + -(-V // t) + 4) if s == p - 1 else 0
     shared = recompute_buffers[recompute] if checkpointed & set(layers) else 0
     if schedule == "zb-h1":
-        expected.append(4 * (zero_bubble_peak(s, kept, layers) + shared))
+        expected.append(4 * (zero_bubble_peak(s, kept, layers) + shared) + spill_buffer(layers))
     else:
         expected.append(4 * (k * kept + shared) + spill_buffer(layers))
 label = f"{schedule}, {recompute}" + (f" on {number} block(s)" if number else "")

@@ -69,10 +69,13 @@ TEST(Gpt2Pipeline, MicroBatchesInFlightGiveTheGradientsOfOneAtATime) {
 // ZB-H1's order on one stage: both forwards, both input halves, then both weight halves, each
 // micro-batch's tensors moved out between its halves. A recomputing block recomputes in
 // backward_input and keeps what backward_weight reads (the shared buffers hold the next block's
-// and the next micro-batch's by then), so the gradients are bitwise the fused backward's.
+// and the next micro-batch's by then; with the spill, its buffer other checkpoints), so the
+// gradients are bitwise the fused backward's.
 TEST(Gpt2Pipeline, SplitBackwardWithRecomputationGivesTheFusedGradients) {
+  Gpt2Checkpointing spilled_full = spilled(Gpt2Checkpointing{Recompute::kFull});
+  spilled_full.spill_generations = 2;  // both micro-batches' checkpoints in the file at once
   for (const Gpt2Checkpointing& c : {Gpt2Checkpointing{}, Gpt2Checkpointing{Recompute::kSelective},
-                                     Gpt2Checkpointing{Recompute::kFull}}) {
+                                     Gpt2Checkpointing{Recompute::kFull}, spilled_full}) {
     SCOPED_TRACE(label(c));
     Harness fused(c), split(c);
     std::vector<float> expected_losses;
