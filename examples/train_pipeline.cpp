@@ -359,10 +359,6 @@ void check_pipeline_settings(const Flags& f, const TrainingConfig& tc, int world
   // does not track across chunks.
   refuse(kind == PipelineScheduleKind::kInterleaved && f.pp_regather,
          "--pp-schedule interleaved with --pp-regather");
-  // The weight half of a recomputing block would need the recomputed activations kept.
-  refuse(kind == PipelineScheduleKind::kZeroBubbleH1 && tc.activation_checkpointing.mode != "none",
-         "--pp-schedule zb-h1 with activation checkpointing (activation_checkpointing.mode \"" +
-             tc.activation_checkpointing.mode + "\")");
   refuse(f.cuda, "--device cuda");
   const ActivationCheckpointingConfig& ac = tc.activation_checkpointing;
   // These keep one slot per block, which a second micro-batch in flight would overwrite.

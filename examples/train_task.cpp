@@ -307,7 +307,6 @@ class Gpt2Task : public TrainTask {
   }
   std::string activation_remedy(int64_t samples, uint64_t room) const override {
     using models::Recompute;
-    if (!split_loads_.empty()) return "";  // a split backward runs without checkpointing
     for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
       if (r <= checkpointing_.recompute) continue;
       models::Gpt2Checkpointing heavier{r, checkpointing_.number_checkpoints};
@@ -321,7 +320,6 @@ class Gpt2Task : public TrainTask {
     return "";
   }
   uint64_t least_activation_bytes(int64_t samples) const override {
-    if (!split_loads_.empty()) return activation_bytes(checkpointing_, samples);
     models::Gpt2Checkpointing full = checkpointing_;
     full.recompute = models::Recompute::kFull;
     return std::min(activation_bytes(checkpointing_, samples), activation_bytes(full, samples));
@@ -377,7 +375,8 @@ class Gpt2Task : public TrainTask {
           << " = " << stage.in_flight << " x " << human_bytes(stage.per_micro_batch()) << " ("
           << blocks.str() << " + " << ends << ") + " << recompute;
       if (!split_loads_.empty()) {
-        // ZB-H1's peak: those awaiting their weight gradients keep the output gradients too.
+        // ZB-H1's peak: those awaiting their weight gradients keep the output gradients (and
+        // a checkpointed block's recomputed tensors the weight half reads) too.
         out << " + " << stage.awaiting_weight << " awaiting weight gradients x ("
             << human_bytes(stage.per_micro_batch()) << " + " << human_bytes(stage.weight_inputs)
             << ")"

@@ -32,6 +32,12 @@ bool keeps(Recompute recompute, int a) {
   return true;
 }
 
+// Whether backward_weight reads tensor `a` (or, for fc, backward_input's qkv output gradient
+// written over it): all but qkv and the log-sum-exp, which only the input half reads.
+bool weight_half_reads(int a) {
+  return a != kQkv && a != kLse;
+}
+
 // Shapes on one tensor-parallel rank: C wide, its slice Cl = C / t of the heads' width and NHl of
 // the heads (Cl = C and NHl = NH without tensor parallelism).
 std::vector<int64_t> shape_of(int a, int B, int T, int C, int Cl, int NHl) {
@@ -109,7 +115,9 @@ std::vector<ParamDecl> Gpt2Block::parameters() const {
 
 Tensor& Gpt2Block::at(int a) {
   if (a == kInput && partitioned()) return shared_->recomputed[kInput];
-  return keeps(recompute_, a) ? kept_[a] : shared_->recomputed[a];
+  // From backward_input to backward_weight a recomputed tensor the weight half reads is the
+  // block's own.
+  return keeps(recompute_, a) || kept_[a].numel() > 0 ? kept_[a] : shared_->recomputed[a];
 }
 
 bool Gpt2Block::partitioned() const {
@@ -134,6 +142,8 @@ float* Gpt2Block::checkpoint_data() {
 }
 
 float* Gpt2Block::data_of(int a) {
+  // From backward_input to backward_weight a spilled checkpoint is the block's own copy.
+  if (a == kInput && spills() && kept_[kInput].numel() > 0) return kept_[kInput].data();
   return a == kInput && !partitioned() ? checkpoint_data() : at(a).data();
 }
 
@@ -351,13 +361,8 @@ void Gpt2Block::restore_activations(KeptActivations& kept) {
   kept.clear();
 }
 
-void Gpt2Block::backward(const Tensor& grad_out, Tensor& grad_in,
-                         const std::vector<ParamRef>& params, const std::vector<ParamRef>& grads) {
-  const int C = config_.n_embd;
-  const int Cl = C / config_.tensor_parallel_size;
-  const int NHl = config_.n_head / config_.tensor_parallel_size;
-  const int N = B_ * T_;
-  synchronize_at_boundary(grad_out);
+std::chrono::steady_clock::time_point Gpt2Block::recompute(const Tensor& grad_out,
+                                                           const std::vector<ParamRef>& params) {
   if (moves_checkpoint()) {
     // This block's checkpoint back (fetched one block ahead, except for the first), then the
     // next one's on its way while this block computes.
@@ -373,22 +378,29 @@ void Gpt2Block::backward(const Tensor& grad_out, Tensor& grad_in,
     shared_->spill->wait(spill_transfer_);
     if (previous_checkpointed_ != nullptr) previous_checkpointed_->fetch_spilled();
   }
-  auto start = std::chrono::steady_clock::now();
+  const auto start = std::chrono::steady_clock::now();
+  if (recompute_ == Recompute::kNone) return start;
   // The recomputed tensors of this block: the shared buffers hold another block's by now.
-  if (recompute_ != Recompute::kNone) {
-    if (partitioned()) {
-      // The whole input from every rank's piece, in rank order: a copy, so the recomputation
-      // starts from exactly the input forward had.
-      backend_->all_gather_tensor_parallel(checkpoint_data(), data_of(kInput),
-                                           gpt2_checkpoint_piece(config_, B_, T_),
-                                           grad_out.device());
-    }
-    run_forward(params, nullptr);
-    if (checkpointing_.profile) {
-      times_.recompute_ms += elapsed_ms(start, grad_out);
-      start = std::chrono::steady_clock::now();
-    }
+  if (partitioned()) {
+    // The whole input from every rank's piece, in rank order: a copy, so the recomputation
+    // starts from exactly the input forward had.
+    backend_->all_gather_tensor_parallel(checkpoint_data(), data_of(kInput),
+                                         gpt2_checkpoint_piece(config_, B_, T_), grad_out.device());
   }
+  run_forward(params, nullptr);
+  if (!checkpointing_.profile) return start;
+  times_.recompute_ms += elapsed_ms(start, grad_out);
+  return std::chrono::steady_clock::now();
+}
+
+void Gpt2Block::backward(const Tensor& grad_out, Tensor& grad_in,
+                         const std::vector<ParamRef>& params, const std::vector<ParamRef>& grads) {
+  const int C = config_.n_embd;
+  const int Cl = C / config_.tensor_parallel_size;
+  const int NHl = config_.n_head / config_.tensor_parallel_size;
+  const int N = B_ * T_;
+  synchronize_at_boundary(grad_out);
+  const auto start = recompute(grad_out, params);
   auto w = [&](int i) { return shared_->params.value(params, i); };
   auto g = [&](int i) { return shared_->params.grad(grads, i); };
   auto p = [&](int a) { return data_of(a); };
@@ -439,22 +451,40 @@ void Gpt2Block::backward(const Tensor& grad_out, Tensor& grad_in,
 }
 
 // backward's operations in its order, each input gradient into a tensor of its own (backward
-// writes them over activations the weight half still reads), the weight gradients left out.
+// writes them over activations the weight half still reads), the weight gradients left out. A
+// recomputing block recomputes here, once, the tensors backward_weight reads into memory of its
+// own (they travel with the micro-batch until backward_weight frees them); qkv and the
+// log-sum-exp, which only this half reads, stay in the shared buffers. A spilled checkpoint is
+// read back as for backward and copied out of the spill's buffer, which holds other blocks' by
+// the weight half.
 void Gpt2Block::backward_input(const Tensor& grad_out, Tensor& grad_in,
                                const std::vector<ParamRef>& params) {
-  ZERO_CHECK(recompute_ == Recompute::kNone && !in_shared_buffer() && !partitioned() &&
-                 !moves_checkpoint() && !spills(),
-             "a GPT-2 block splits its backward (ZB-H1) only without activation checkpointing");
+  ZERO_CHECK(!in_shared_buffer() && !partitioned() && !moves_checkpoint(),
+             "a GPT-2 block splits its backward (ZB-H1) only with its checkpoint kept by itself "
+             "or spilled: not with contiguous_memory_optimization, partition_activations or "
+             "cpu_checkpointing");
   const int C = config_.n_embd;
   const int Cl = C / config_.tensor_parallel_size;
   const int NHl = config_.n_head / config_.tensor_parallel_size;
   const int N = B_ * T_;
   const size_t rows = static_cast<size_t>(N);
+  const std::shared_ptr<DeviceContext>& dev = grad_out.device();
+  synchronize_at_boundary(grad_out);
+  for (int a = kInput + 1; a < kBlockActivations; ++a) {
+    if (keeps(recompute_, a) || !weight_half_reads(a)) continue;
+    backend_->activation(kept_[a], shape_of(a, B_, T_, C, Cl, NHl), dev);
+  }
+  const auto start = recompute(grad_out, params);
+  if (spills()) {
+    backend_->activation(kept_[kInput], {B_, T_, C}, dev);
+    gpt2_detail::Gpt2Backend::copy_floats(kept_[kInput].data(), checkpoint_data(),
+                                          kept_[kInput].numel(), dev);
+    fetched_ = false;
+  }
   auto w = [&](int i) { return shared_->params.value(params, i); };
   auto p = [&](int a) { return data_of(a); };
   Gpt2Ops& ops = backend_->ops_for(grad_out);
   ops.set_bf16_products(gpt2_detail::bf16_products(params));
-  const std::shared_ptr<DeviceContext>& dev = grad_out.device();
   auto kept = [&](WeightInput i, int64_t cols) -> float* {
     backend_->activation(weight_inputs_[i], {N, cols}, dev);
     return weight_inputs_[i].data();
@@ -489,6 +519,8 @@ void Gpt2Block::backward_input(const Tensor& grad_out, Tensor& grad_in,
   gpt2_detail::Gpt2Backend::copy_into(grad_in.data(), weight_inputs_[kProjOut]);
   ops.layernorm_backward(grad_in.data(), nullptr, nullptr, d_ln1, p(kInput), w(kLn1W), p(kLn1Mean),
                          p(kLn1Rstd), N, C);
+  if (checkpointing_.profile) times_.backward_ms += elapsed_ms(start, grad_out);
+  synchronize_at_boundary(grad_out);
 }
 
 // The weight gradients of backward, from the activations and the output gradients
@@ -516,6 +548,11 @@ void Gpt2Block::backward_weight(const std::vector<ParamRef>& grads) {
                          p(kLn1Rstd), N, C);
   shared_->params.flush(grads);
   for (Tensor& tensor : weight_inputs_) tensor = Tensor();
+  // The recomputed tensors go back to the shared buffers for the next forward, a spilled
+  // checkpoint to the spill's buffer.
+  for (int a = kInput; a < kBlockActivations; ++a) {
+    if (!keeps(recompute_, a) || (a == kInput && spills())) kept_[a] = Tensor();
+  }
 }
 
 }  // namespace zero::models

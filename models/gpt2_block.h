@@ -112,9 +112,13 @@ class Gpt2Block : public Module {
   // one slot per block (contiguous_memory, partition_activations, cpu_checkpointing).
   void take_activations(KeptActivations& kept) override;
   void restore_activations(KeptActivations& kept) override;
-  // Split (ZB-H1), without recomputation only: backward_input writes each input gradient into
-  // memory of its own instead of over an activation (the weight half reads the activations), and
-  // keeps the output gradients of the four products and two LayerNorms for backward_weight.
+  // Split (ZB-H1): backward_input writes each input gradient into memory of its own instead of
+  // over an activation (the weight half reads the activations), and keeps the output gradients
+  // of the four products and two LayerNorms for backward_weight; a recomputing block recomputes
+  // in backward_input and keeps the recomputed tensors backward_weight reads (all but qkv and the
+  // log-sum-exp) until then, in memory of its own, and with the spill a copy of its checkpoint
+  // (the spill's buffer holds other blocks' by then). Not with a checkpoint held in one slot per
+  // block.
   bool splits_backward() const override { return true; }
   void backward_input(const Tensor& grad_out, Tensor& grad_in,
                       const std::vector<ParamRef>& params) override;
@@ -162,6 +166,10 @@ class Gpt2Block : public Module {
   void synchronize_at_boundary(const Tensor& on);
   // Milliseconds since `start`, after the device ran the work issued (when profiling).
   double elapsed_ms(std::chrono::steady_clock::time_point start, const Tensor& on) const;
+  // In backward: this block's checkpoint brought back (cpu_checkpointing, the spill) and, when
+  // it recomputes, the tensors it does not keep rebuilt; the time the backward proper starts.
+  std::chrono::steady_clock::time_point recompute(const Tensor& grad_out,
+                                                  const std::vector<ParamRef>& params);
   // The forward's operations: all of them (and the output) when out is given; otherwise, in
   // backward, only those making tensors this block does not keep.
   void run_forward(const std::vector<ParamRef>& params, Tensor* out);
@@ -173,7 +181,9 @@ class Gpt2Block : public Module {
   std::shared_ptr<gpt2_detail::Gpt2Backend> backend_;
   std::shared_ptr<Gpt2BlockShared> shared_;
   int B_ = 0, T_ = 0;
-  Tensor kept_[kBlockActivations];  // those this block keeps (the others stay empty)
+  // Those this block keeps (the others stay empty), and from backward_input to backward_weight
+  // the recomputed ones the weight half reads (and a spilled checkpoint's copy).
+  Tensor kept_[kBlockActivations];
   // Between backward_input and backward_weight: the output gradients the weight half reads (of
   // the MLP's projection, fc, ln_2, the attention's projection, ln_1; qkv's is over kFc).
   enum WeightInput { kFcProjOut, kFcOut, kLn2Out, kProjOut, kLn1Out, kWeightInputs };

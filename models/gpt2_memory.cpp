@@ -357,8 +357,6 @@ Gpt2StageActivationBytes gpt2_split_stage_activation_formula(
     const Gpt2Config& config, const Gpt2Checkpointing& checkpointing,
     const Gpt2PipelineStage& stage, const std::vector<PipelineStageLoad>& loads, int64_t B,
     int64_t T) {
-  ZERO_CHECK(checkpointing.recompute == Recompute::kNone,
-             "a split backward (ZB-H1) runs without activation checkpointing");
   Gpt2StageActivationBytes bytes =
       gpt2_stage_activation_formula(config, checkpointing, stage, 1, B, T);
   const char* what = "a split backward's weight inputs";
@@ -371,6 +369,19 @@ Gpt2StageActivationBytes gpt2_split_stage_activation_formula(
   // embedding's of its output.
   const uint64_t blocks = bytes.micro_batch.blocks.size();
   uint64_t floats = size_product(blocks, size_product(N, 4 * C + 4 * Cl, what), what);
+  // And per checkpointed block the tensors it recomputed that the weight half reads: all but qkv
+  // and the log-sum-exp (selective keeps those), N (3 C + 8 Cl + 4) with selective and
+  // N (3 C + 9 Cl + 4) with full (the attention's output too); with the spill also its
+  // checkpoint's copy (N C), read back out of the spill's buffer.
+  const uint64_t spilled_copy = checkpointing.nvme_path.empty() ? 0 : C;
+  const uint64_t recomputed =
+      (checkpointing.recompute == Recompute::kFull ? 3 * C + 9 * Cl + 4 : 3 * C + 8 * Cl + 4) +
+      spilled_copy;
+  const std::pair<int, int> layers = stage.chunk_layers(0, config.n_layer);
+  for (int layer = layers.first; layer < layers.second; ++layer) {
+    if (!gpt2_block_checkpointed(checkpointing, layer, config.n_layer)) continue;
+    floats = size_sum(floats, size_product(N, recomputed, what), what);
+  }
   if (stage.last() && stage.stages > 1) floats = size_sum(floats, N * C, what);
   if (stage.first() && stage.stages > 1) floats = size_sum(floats, N * C, what);
   bytes.weight_inputs = size_product(floats, f, what);

@@ -219,8 +219,9 @@ struct Gpt2StageActivationBytes {
   int in_flight = 1;
   // A split backward (ZB-H1), at the peak: the micro-batches whose backward_input ran and whose
   // backward_weight waits (each keeps its activations and weight_inputs more: the output
-  // gradients the weight half reads), and whether the peak is inside a backward_input, which
-  // holds split_scratch more (a block's attention output gradient).
+  // gradients the weight half reads and, of each checkpointed block, the tensors it recomputed
+  // that the weight half reads, with the spill its checkpoint's copy), and whether the peak is
+  // inside a backward_input, which holds split_scratch more (a block's attention output gradient).
   int awaiting_weight = 0;
   uint64_t weight_inputs = 0;
   uint64_t split_scratch = 0;
@@ -274,8 +275,9 @@ Gpt2StageActivationBytes gpt2_chunked_stage_activation_formula(
     int64_t T);
 
 // The same under a schedule that splits backward (ZB-H1): the largest over `loads`, the stage's
-// points (pipeline_stage_loads). Throws zero::Error with activation checkpointing, which the split
-// backward does not run with.
+// points (pipeline_stage_loads). A checkpointed block recomputes once, in backward_input, and
+// keeps what backward_weight reads of it until then (weight_inputs), with the spill its
+// checkpoint's copy too.
 Gpt2StageActivationBytes gpt2_split_stage_activation_formula(
     const Gpt2Config& config, const Gpt2Checkpointing& checkpointing,
     const Gpt2PipelineStage& stage, const std::vector<PipelineStageLoad>& loads, int64_t B,

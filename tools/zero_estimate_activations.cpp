@@ -1,6 +1,7 @@
 #include "tools/zero_estimate_activations.h"
 
 #include <cstdio>
+#include <iterator>
 #include <string>
 
 #include "zero/core/check.h"
@@ -117,8 +118,7 @@ void print_activations(const Options& options, const StagePlan& plan,
   if (spilled) std::printf("  nvme bytes");
   for (const auto& stage : engine_bytes) std::printf("  stage %d total bytes", stage.first);
   std::printf("\n");
-  // ZB-H1's split backward runs without checkpointing: its one setting is none.
-  const int settings = plan.split_loads.empty() ? 3 : 1;
+  const int settings = static_cast<int>(std::size(kRecomputes));
   for (int r = 0; r < settings; ++r) {
     const zero::models::Gpt2StageActivationBytes stage =
         activations(options, plan, kRecomputes[r], options.micro_batch);

@@ -5,7 +5,8 @@
 # float64 run (every step's loss and gradient norm within 1e-5 relative) and against the same job
 # without a pipeline (the same micro-batches on the same data-parallel ranks): every step's loss
 # and norm within 1e-6 relative, and so is the validation loss after every step (forward only
-# through the pipeline, on the training batch: the reference's next loss); zb-h1 bitwise 1f1b.
+# through the pipeline, on the training batch: the reference's next loss); zb-h1 bitwise 1f1b,
+# and at stages 1 and 3 zb-h1 with selective and full activation checkpointing bitwise without.
 # With 2 data-parallel ranks per stage, stage 3 also with hybrid sharding, bitwise without.
 # Not bitwise against the job without a pipeline: the pipeline sums the tied wte's two uses after
 # reducing each over its stage, where one model adds them in one buffer before reducing, and adds
@@ -150,6 +151,32 @@ for stage in 0 1 2 3; do
     --metrics "$work/pp${stage}zb-h10.jsonl" --same-metrics-as "$work/pp${stage}1f1b0.jsonl" \
     --metrics-tolerance 0
 done
+# With activation checkpointing a block recomputes once, in its input half, and keeps what its
+# weight half reads until then: bitwise ZB-H1 without checkpointing (and so 1F1B), every step's
+# loss, gradient norm and validation loss, at ZeRO stages 1 and 3 (gathering for the
+# recomputation).
+for stage in 1 3; do
+  for mode in selective full; do
+    train "$stage" "zb$stage$mode" --pp "$pp" --pp-schedule zb-h1 --activation-checkpointing "$mode"
+    echo "ZeRO stage $stage, pipeline of $pp, zb-h1 with $mode checkpointing against without, bitwise:"
+    "$bin/gpt2_golden_check" --expected "$data/expected_fp64.json" \
+      --metrics "$work/zb$stage$mode.jsonl" --reference-tolerance 1e-5 --expect-val 1 \
+      --same-metrics-as "$work/pp${stage}zb-h10.jsonl" --metrics-tolerance 0
+  done
+done
+# And with the checkpoints spilled to NVMe (the input half reads a block's back and copies it
+# out of the spill's buffer for the weight half): bitwise the run keeping them.
+if [ -n "$spill_dir" ]; then
+  nvme="$(mktemp -d "$spill_dir/zb-h1.XXXXXX")"
+  train 1 zb1full_spilled --pp "$pp" --pp-schedule zb-h1 --activation-checkpointing full \
+    --checkpoint-nvme-path "$nvme"
+  echo "ZeRO stage 1, pipeline of $pp, zb-h1, full checkpoints spilled to NVMe against kept, bitwise:"
+  "$bin/gpt2_golden_check" --expected "$data/expected_fp64.json" \
+    --metrics "$work/zb1full_spilled.jsonl" --reference-tolerance 1e-5 --expect-val 1 \
+    --same-metrics-as "$work/zb1full.jsonl" --metrics-tolerance 0
+  [ -z "$(ls -A "$nvme")" ] || { ls -la "$nvme"; exit 1; }
+  rmdir "$nvme"
+fi
 
 python3 -c 'import json, sys
 events = json.load(open(sys.argv[1]))["traceEvents"]

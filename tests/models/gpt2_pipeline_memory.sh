@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The activations each pipeline stage holds, planned against measured: zero-train --pp at each
-# schedule the GPT-2 runs (gpipe, 1f1b, and zb-h1 without checkpointing) and each activation
-# checkpointing (none, selective, full, and full on one block only, which leaves a stage without
-# a checkpointed block and so without recompute buffers), 4 micro-batches a step. Every step's stage_peak_activation_bytes
+# schedule the GPT-2 runs (gpipe, 1f1b, zb-h1) and each activation checkpointing (none,
+# selective, full, and full on one block only, which leaves a stage without a checkpointed block
+# and so without recompute buffers), 4 micro-batches a step. Every step's stage_peak_activation_bytes
 # (the engine allocator's peak, the largest of each stage's ranks) must equal the init record's
 # stage_activation_bytes_planned (gpt2_stage_activation_formula), and that plan must be the
 # formula written out here: k micro-batches in flight on stage s (gpipe m, 1f1b min(p - s, m))
@@ -15,10 +15,11 @@
 # next forward reuses it (its modules keep the tensors of their last backward); the plan is the
 # largest sum over the stage's list.
 # With --spill-dir DIR (a directory on a disk: O_DIRECT) also checkpoints spilled to NVMe (gpipe
-# selective, 1f1b and interleaved full): a checkpointed block keeps no checkpoint, and the stage
-# holds the spill's buffer once beside its recompute buffers, min(2, its checkpointed blocks)
-# regions (a checkpoint rounded up to 4096 bytes) and 4032 bytes to align them; every step
-# bitwise the run that keeps its checkpoints.
+# and zb-h1 selective, 1f1b and interleaved full): a checkpointed block keeps no checkpoint
+# (zb-h1's input half copies it back out of the spill's buffer for its weight half), and the
+# stage holds the spill's buffer once beside its recompute buffers, min(2, its checkpointed
+# blocks) regions (a checkpoint rounded up to 4096 bytes) and 4032 bytes to align them; every
+# step bitwise the run that keeps its checkpoints.
 #   gpt2_pipeline_memory.sh BIN_DIR NP PP [--tp T] [--interleaved] [--spill-dir DIR]
 #                           -- MPIEXEC [MPIEXEC_FLAGS...]
 set -euo pipefail
@@ -47,8 +48,7 @@ for schedule in "${schedules[@]}"; do
   checkpointings=(none selective full full:1)
   if [ -n "$spill_dir" ] && [ "$schedule" = gpipe ]; then checkpointings+=(selective:0:spill); fi
   if [ -n "$spill_dir" ] && [ "$schedule" = 1f1b ]; then checkpointings+=(full:0:spill); fi
-  # ZB-H1's split backward runs without recomputation.
-  if [ "$schedule" = zb-h1 ]; then checkpointings=(none); fi
+  if [ -n "$spill_dir" ] && [ "$schedule" = zb-h1 ]; then checkpointings+=(selective:0:spill); fi
   # Interleaved: without recomputation, and with it on the first stage only (its chunk 0).
   if [ "$schedule" = interleaved ]; then
     checkpointings=(none full:1)
@@ -96,15 +96,23 @@ def spill_buffer(layers):
     return min(2, checkpointed_here) * -(-4 * N * C // 4096) * 4096 + 4096 - 64
 recompute_buffers = {"none": 0, "selective": N * (3 * C + 8 * Cl + 4),
                      "full": N * (3 * C + 12 * Cl + 4 + Hl)}
+# What a checkpointed block recomputes in its backward_input and keeps for its weight half: all
+# it recomputes but qkv and the log-sum-exp (which selective keeps, and full rebuilds in the
+# recompute buffers).
+rebuilt_for_weights = {"none": 0, "selective": N * (3 * C + 8 * Cl + 4),
+                       "full": N * (3 * C + 9 * Cl + 4)}
 def zero_bubble_peak(s, kept, layers):
     """ZB-H1 on stage s: 1F1B's forwards and input gradients, each weight gradient deferred
     until more than s wait. A micro-batch awaiting its weight gradient keeps its activations and
     the output gradients the weight half reads (per block those of the MLP's projection, fc
     (4 Cl wide), ln_2, the attention's projection and ln_1; the head's of ln_f, the embedding's
-    of its output); inside a backward_input a block's attention output gradient (N x Cl) too,
-    outweighed on the first stage by the embedding's own, made after it."""
+    of its output) and, per checkpointed block, the tensors it recomputed that the weight half
+    reads (with the spill also a copy of its checkpoint, N C); inside a backward_input a block's attention output gradient (N x Cl) too, outweighed
+    on the first stage by the embedding's own, made after it."""
     waiting = len(layers) * N * (4 * C + 4 * Cl) + (N * C if s == 0 else 0)
     waiting += N * C if s == p - 1 else 0
+    waiting += len(checkpointed & set(layers)) * (rebuilt_for_weights[recompute] +
+                                                  (N * C if spill else 0))
     scratch = N * Cl if layers and s > 0 else 0
     forwarded = awaiting = backward = weight = peak = 0
     def point(extra=0):
@@ -167,7 +175,7 @@ for s in range(p):
     kept += N * (2 * C + -(-V // t) + 4) if s == p - 1 else 0
     shared = recompute_buffers[recompute] if checkpointed & set(layers) else 0
     if schedule == "zb-h1":
-        expected.append(4 * zero_bubble_peak(s, kept, layers))
+        expected.append(4 * (zero_bubble_peak(s, kept, layers) + shared) + spill_buffer(layers))
     else:
         expected.append(4 * (k * kept + shared) + spill_buffer(layers))
 label = f"{schedule}, {recompute}" + (f" on {number} block(s)" if number else "")

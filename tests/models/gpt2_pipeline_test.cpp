@@ -66,6 +66,57 @@ TEST(Gpt2Pipeline, MicroBatchesInFlightGiveTheGradientsOfOneAtATime) {
   }
 }
 
+// ZB-H1's order on one stage: both forwards, both input halves, then both weight halves, each
+// micro-batch's tensors moved out between its halves. A recomputing block recomputes in
+// backward_input and keeps what backward_weight reads (the shared buffers hold the next block's
+// and the next micro-batch's by then; with the spill, its buffer other checkpoints), so the
+// gradients are bitwise the fused backward's.
+TEST(Gpt2Pipeline, SplitBackwardWithRecomputationGivesTheFusedGradients) {
+  Gpt2Checkpointing spilled_full = spilled(Gpt2Checkpointing{Recompute::kFull});
+  spilled_full.spill_generations = 2;  // both micro-batches' checkpoints in the file at once
+  for (const Gpt2Checkpointing& c : {Gpt2Checkpointing{}, Gpt2Checkpointing{Recompute::kSelective},
+                                     Gpt2Checkpointing{Recompute::kFull}, spilled_full}) {
+    SCOPED_TRACE(label(c));
+    Harness fused(c), split(c);
+    std::vector<float> expected_losses;
+    for (int first : {0, 2}) {
+      expected_losses.push_back(fused.forward(micro_batch(fused, first)));
+      fused.backward();
+    }
+    auto backward_input = [&split] {
+      Tensor current({1}, {1.0f});
+      for (size_t m = split.model.modules.size(); m-- > 0;) {
+        Tensor grad_in;
+        split.model.modules[m].module->backward_input(current, grad_in,
+                                                      split.refs(m, split.values));
+        current = std::move(grad_in);
+      }
+    };
+    auto backward_weight = [&split] {
+      for (size_t m = split.model.modules.size(); m-- > 0;) {
+        split.model.modules[m].module->backward_weight(split.refs(m, split.grads));
+      }
+    };
+    std::vector<float> losses;
+    losses.push_back(split.forward(micro_batch(split, 0)));
+    std::vector<KeptActivations> first = take(split);
+    losses.push_back(split.forward(micro_batch(split, 2)));
+    std::vector<KeptActivations> second = take(split);
+    restore(split, first);
+    backward_input();
+    first = take(split);
+    restore(split, second);
+    backward_input();
+    second = take(split);
+    restore(split, first);
+    backward_weight();
+    restore(split, second);
+    backward_weight();
+    EXPECT_EQ(losses, expected_losses);
+    for (const auto& [name, grad] : fused.grads) EXPECT_EQ(split.grads.at(name), grad) << name;
+  }
+}
+
 TEST(Gpt2Pipeline, ACheckpointInASharedSlotCannotBeInFlightTwice) {
   Gpt2Checkpointing c{Recompute::kFull};
   c.contiguous_memory = true;

@@ -8,19 +8,19 @@
 # stage_buffer_bytes, and its activation
 # bytes (the row of the run's checkpointing) the run's stage_activation_bytes_planned and every
 # step's measured stage_peak_activation_bytes. With SPILL_DIR (a directory on a disk: O_DIRECT)
-# also interleaved full with the checkpoints spilled to NVMe there, and stage 2 with the
-# optimizer state on NVMe there.
+# also interleaved full and zb-h1 selective with the checkpoints spilled to NVMe there, and
+# stage 2 with the optimizer state on NVMe there.
 #   estimate_pipeline_matches_engine.sh BIN_DIR TOKENS [SPILL_DIR] -- MPIEXEC [MPIEXEC_FLAGS...]
 set -euo pipefail
 bin="$1" tokens="$2"
 shift 2
 # STAGE SCHEDULE RECOMPUTE [SETTING]: SETTING is spill, hybrid or nvme (the optimizer state).
-runs=("1 1f1b none" "3 gpipe full" "3 1f1b selective" "2 zb-h1 none" "3 zb-h1 none"
+runs=("1 1f1b none" "3 gpipe full" "3 1f1b selective" "2 zb-h1 none" "3 zb-h1 none" "3 zb-h1 full"
   "3 interleaved selective" "3 1f1b none hybrid")
 spill_dir=
 if [ "$1" != "--" ]; then
   spill_dir="$1"
-  runs+=("3 interleaved full spill" "2 1f1b none nvme")
+  runs+=("3 interleaved full spill" "2 zb-h1 selective spill" "2 1f1b none nvme")
   shift
 fi
 [ "$1" = "--" ] || { echo "estimate_pipeline_matches_engine.sh: expected -- before the launcher"; exit 2; }
