@@ -233,8 +233,8 @@ class Gpt2Head : public Module {
     ops.layernorm_forward(norm_.data(), mean_.data(), rstd_.data(), in.data(),
                           slots_.value(params, 0), slots_.value(params, 1), N, C,
                           config_.layer_norm_eps);
-    ops.matmul_forward(logits_.data(), norm_.data(), slots_.value(params, 2), nullptr, N, C, V,
-                       WeightLayout::kOutIn);
+    ops.matmul_forward(logits_.data(), norm_.data(), slots_.matrix(params, 2, ops), nullptr, N, C,
+                       V, WeightLayout::kOutIn);
     if (config_.tensor_parallel_size == 1) {
       ops.cross_entropy_forward(losses_.data(), lse_.data(), logits_.data(), ops.targets(ids), N,
                                 V);
@@ -260,7 +260,7 @@ class Gpt2Head : public Module {
     // ln_f's output gradient over ln_f's output, its last reader (as the blocks do).
     float* const d_norm = norm_.data();
     ops.matmul_backward(d_norm, slots_.grad(grads, 2), nullptr, logits_.data(), norm_.data(),
-                        slots_.value(params, 2), N, C, V, WeightLayout::kOutIn);
+                        slots_.matrix(params, 2, ops), N, C, V, WeightLayout::kOutIn);
     // Each rank's columns give a share of ln_f's output gradient: the sum is whole.
     backend_->all_reduce_tensor_parallel(d_norm, norm_.numel(), dev);
     grad_in = Tensor(input_.shape(), dev);
@@ -284,7 +284,7 @@ class Gpt2Head : public Module {
     logits_gradient(ops, grad_out, N, V);
     backend_->activation(d_norm_, {N, C}, dev);
     ops.matmul_backward(d_norm_.data(), nullptr, nullptr, logits_.data(), nullptr,
-                        slots_.value(params, 2), N, C, V, WeightLayout::kOutIn);
+                        slots_.matrix(params, 2, ops), N, C, V, WeightLayout::kOutIn);
     backend_->all_reduce_tensor_parallel(d_norm_.data(), d_norm_.numel(), dev);
     grad_in = Tensor(input_.shape(), dev);
     ops.layernorm_backward(grad_in.data(), nullptr, nullptr, d_norm_.data(), input_.data(),

@@ -299,17 +299,19 @@ void Gpt2Block::run_forward(const std::vector<ParamRef>& params, Tensor* out) {
   auto makes = [&](int a) { return out != nullptr || !keeps(recompute_, a); };
   Gpt2Ops& ops = backend_->ops_for(input_holder());
   ops.set_bf16_products(gpt2_detail::bf16_products(params));
+  // The products' weight matrices: a bf16 run's working copy as it is where the products take it.
+  auto m = [&](int i) { return shared_->params.matrix(params, i, ops); };
   const std::shared_ptr<DeviceContext>& on = input_holder().device();
   if (makes(kLn1)) {
     ops.layernorm_forward(p(kLn1), p(kLn1Mean), p(kLn1Rstd), p(kInput), w(kLn1W), w(kLn1B), N, C,
                           eps);
   }
   if (makes(kQkv)) {
-    ops.matmul_forward(p(kQkv), p(kLn1), w(kQkvW), w(kQkvB), N, C, 3 * Cl, WeightLayout::kInOut);
+    ops.matmul_forward(p(kQkv), p(kLn1), m(kQkvW), w(kQkvB), N, C, 3 * Cl, WeightLayout::kInOut);
   }
   if (makes(kAtt)) ops.attention_forward(p(kAtt), p(kLse), p(kQkv), B_, T_, Cl, NHl);
   if (makes(kX2)) {
-    ops.matmul_forward(p(kX2), p(kAtt), w(kProjW), bias ? w(kProjB) : nullptr, N, Cl, C,
+    ops.matmul_forward(p(kX2), p(kAtt), m(kProjW), bias ? w(kProjB) : nullptr, N, Cl, C,
                        WeightLayout::kInOut);
     backend_->all_reduce_tensor_parallel(p(kX2), static_cast<size_t>(N) * C, on);
     ops.add(p(kX2), p(kInput), static_cast<size_t>(N) * C);  // the residual
@@ -318,11 +320,11 @@ void Gpt2Block::run_forward(const std::vector<ParamRef>& params, Tensor* out) {
     ops.layernorm_forward(p(kLn2), p(kLn2Mean), p(kLn2Rstd), p(kX2), w(kLn2W), w(kLn2B), N, C, eps);
   }
   if (makes(kFc)) {
-    ops.matmul_forward(p(kFc), p(kLn2), w(kFcW), w(kFcB), N, C, 4 * Cl, WeightLayout::kInOut);
+    ops.matmul_forward(p(kFc), p(kLn2), m(kFcW), w(kFcB), N, C, 4 * Cl, WeightLayout::kInOut);
   }
   if (makes(kGelu)) ops.gelu_forward(p(kGelu), p(kFc), static_cast<size_t>(N) * 4 * Cl);
   if (out == nullptr) return;
-  ops.matmul_forward(out->data(), p(kGelu), w(kFcProjW), bias ? w(kFcProjB) : nullptr, N, 4 * Cl, C,
+  ops.matmul_forward(out->data(), p(kGelu), m(kFcProjW), bias ? w(kFcProjB) : nullptr, N, 4 * Cl, C,
                      WeightLayout::kInOut);
   backend_->all_reduce_tensor_parallel(out->data(), out->numel(), on);
   ops.add(out->data(), p(kX2), out->numel());
@@ -406,6 +408,8 @@ void Gpt2Block::backward(const Tensor& grad_out, Tensor& grad_in,
   auto p = [&](int a) { return data_of(a); };
   Gpt2Ops& ops = backend_->ops_for(grad_out);
   ops.set_bf16_products(gpt2_detail::bf16_products(params));
+  // The products' weight matrices: a bf16 run's working copy as it is where the products take it.
+  auto m = [&](int i) { return shared_->params.matrix(params, i, ops); };
   const std::shared_ptr<DeviceContext>& dev = grad_out.device();
 
   // Each gradient is written into the memory of an activation nothing reads any more, so
@@ -421,20 +425,20 @@ void Gpt2Block::backward(const Tensor& grad_out, Tensor& grad_in,
   // The skip connection carries grad_out to x2 unchanged; the MLP's gradient is added to it.
   Tensor d_x2 = grad_out;
   // Row-parallel: the output gradient is whole on every rank, so is the bias's gradient.
-  ops.matmul_backward(d_hidden, g(kFcProjW), g(kFcProjB), grad_out.data(), p(kGelu), w(kFcProjW), N,
+  ops.matmul_backward(d_hidden, g(kFcProjW), g(kFcProjB), grad_out.data(), p(kGelu), m(kFcProjW), N,
                       4 * Cl, C, WeightLayout::kInOut);
   ops.gelu_backward(d_hidden, p(kFc), d_hidden, static_cast<size_t>(N) * 4 * Cl);
   // Column-parallel: each rank has its columns' share of the input gradient; the sum is whole.
-  ops.matmul_backward(d_ln2, g(kFcW), g(kFcB), d_hidden, p(kLn2), w(kFcW), N, C, 4 * Cl,
+  ops.matmul_backward(d_ln2, g(kFcW), g(kFcB), d_hidden, p(kLn2), m(kFcW), N, C, 4 * Cl,
                       WeightLayout::kInOut);
   backend_->all_reduce_tensor_parallel(d_ln2, static_cast<size_t>(N) * C, dev);
   ops.layernorm_backward(d_x2.data(), g(kLn2W), g(kLn2B), d_ln2, p(kX2), w(kLn2W), p(kLn2Mean),
                          p(kLn2Rstd), N, C);
   // The same for the attention half: x's gradient is x2's plus the attention path's.
-  ops.matmul_backward(d_att, g(kProjW), g(kProjB), d_x2.data(), p(kAtt), w(kProjW), N, Cl, C,
+  ops.matmul_backward(d_att, g(kProjW), g(kProjB), d_x2.data(), p(kAtt), m(kProjW), N, Cl, C,
                       WeightLayout::kInOut);
   ops.attention_backward(d_qkv, d_att, p(kQkv), p(kAtt), p(kLse), B_, T_, Cl, NHl);
-  ops.matmul_backward(d_ln1, g(kQkvW), g(kQkvB), d_qkv, p(kLn1), w(kQkvW), N, C, 3 * Cl,
+  ops.matmul_backward(d_ln1, g(kQkvW), g(kQkvB), d_qkv, p(kLn1), m(kQkvW), N, C, 3 * Cl,
                       WeightLayout::kInOut);
   backend_->all_reduce_tensor_parallel(d_ln1, static_cast<size_t>(N) * C, dev);
   grad_in = std::move(d_x2);
@@ -485,17 +489,19 @@ void Gpt2Block::backward_input(const Tensor& grad_out, Tensor& grad_in,
   auto p = [&](int a) { return data_of(a); };
   Gpt2Ops& ops = backend_->ops_for(grad_out);
   ops.set_bf16_products(gpt2_detail::bf16_products(params));
+  // The products' weight matrices: a bf16 run's working copy as it is where the products take it.
+  auto m = [&](int i) { return shared_->params.matrix(params, i, ops); };
   auto kept = [&](WeightInput i, int64_t cols) -> float* {
     backend_->activation(weight_inputs_[i], {N, cols}, dev);
     return weight_inputs_[i].data();
   };
   backend_->keep_copy(weight_inputs_[kFcProjOut], grad_out);
   float* const d_hidden = kept(kFcOut, 4 * Cl);
-  ops.matmul_backward(d_hidden, nullptr, nullptr, grad_out.data(), nullptr, w(kFcProjW), N, 4 * Cl,
+  ops.matmul_backward(d_hidden, nullptr, nullptr, grad_out.data(), nullptr, m(kFcProjW), N, 4 * Cl,
                       C, WeightLayout::kInOut);
   ops.gelu_backward(d_hidden, p(kFc), d_hidden, rows * 4 * Cl);
   float* const d_ln2 = kept(kLn2Out, C);
-  ops.matmul_backward(d_ln2, nullptr, nullptr, d_hidden, nullptr, w(kFcW), N, C, 4 * Cl,
+  ops.matmul_backward(d_ln2, nullptr, nullptr, d_hidden, nullptr, m(kFcW), N, C, 4 * Cl,
                       WeightLayout::kInOut);
   backend_->all_reduce_tensor_parallel(d_ln2, rows * C, dev);
   // The skip connection carries grad_out to x2; ln_2's input gradient is added to it.
@@ -505,13 +511,13 @@ void Gpt2Block::backward_input(const Tensor& grad_out, Tensor& grad_in,
                          N, C);
   Tensor d_att;
   backend_->activation(d_att, {N, Cl}, dev);
-  ops.matmul_backward(d_att.data(), nullptr, nullptr, d_x2, nullptr, w(kProjW), N, Cl, C,
+  ops.matmul_backward(d_att.data(), nullptr, nullptr, d_x2, nullptr, m(kProjW), N, Cl, C,
                       WeightLayout::kInOut);
   // qkv's output gradient over the GELU's input, which nothing reads any more.
   float* const d_qkv = p(kFc);
   ops.attention_backward(d_qkv, d_att.data(), p(kQkv), p(kAtt), p(kLse), B_, T_, Cl, NHl);
   float* const d_ln1 = kept(kLn1Out, C);
-  ops.matmul_backward(d_ln1, nullptr, nullptr, d_qkv, nullptr, w(kQkvW), N, C, 3 * Cl,
+  ops.matmul_backward(d_ln1, nullptr, nullptr, d_qkv, nullptr, m(kQkvW), N, C, 3 * Cl,
                       WeightLayout::kInOut);
   backend_->all_reduce_tensor_parallel(d_ln1, rows * C, dev);
   // A tensor of the caller's kind (grad_out's copy), not one counted among this block's.

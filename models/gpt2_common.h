@@ -87,6 +87,14 @@ struct ParamSlots {
   const float* value(const std::vector<ParamRef>& params, size_t i) {
     return params[i].as_f32(values[i]);
   }
+  // A weight matrix for the products: its bf16 working copy as it is where `ops` take bf16
+  // weights (after set_bf16_products), with no fp32 copy made; else its fp32 values.
+  kernels::MatrixWeight matrix(const std::vector<ParamRef>& params, size_t i, const Gpt2Ops& ops) {
+    if (ops.takes_bf16_weights() && params[i].dtype == DType::kBFloat16) {
+      return kernels::MatrixWeight::bf16(static_cast<const uint16_t*>(params[i].data));
+    }
+    return value(params, i);
+  }
   float* grad(const std::vector<ParamRef>& grads_in, size_t i) {
     return grad_target(grads_in[i], grads[i]);
   }

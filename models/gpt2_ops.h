@@ -29,10 +29,12 @@ class Gpt2Ops {
   virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                                   const float* inp, const float* weight, const float* mean,
                                   const float* rstd, int N, int C) = 0;
-  virtual void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
-                              int N, int C, int OC, kernels::WeightLayout layout) = 0;
+  // A bf16 weight only where takes_bf16_weights().
+  virtual void matmul_forward(float* out, const float* inp, kernels::MatrixWeight weight,
+                              const float* bias, int N, int C, int OC,
+                              kernels::WeightLayout layout) = 0;
   virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                               const float* inp, const float* weight, int N, int C, int OC,
+                               const float* inp, kernels::MatrixWeight weight, int N, int C, int OC,
                                kernels::WeightLayout layout) = 0;
   virtual void gelu_forward(float* out, const float* inp, size_t n) = 0;
   virtual void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) = 0;
@@ -74,6 +76,9 @@ class Gpt2Ops {
   // CPU has bf16 arithmetic (transformer_kernels.h); elsewhere, and on a GPU, the products stay
   // fp32.
   virtual void set_bf16_products(bool bf16) { (void)bf16; }
+  // Whether the products that follow take bf16 weights as they are (kernels::MatrixWeight::bf16):
+  // they run in bf16. A module's bf16 working copy then goes to them without an fp32 copy.
+  virtual bool takes_bf16_weights() const { return false; }
 
   // dst[i] += src[i]: the residual connections.
   virtual void add(float* dst, const float* src, size_t n) = 0;

@@ -32,12 +32,12 @@ class CpuGpt2Ops : public Gpt2Ops {
                           const float* rstd, int N, int C) override {
     kernels::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, opt_);
   }
-  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
-                      int C, int OC, kernels::WeightLayout layout) override {
+  void matmul_forward(float* out, const float* inp, kernels::MatrixWeight weight, const float* bias,
+                      int N, int C, int OC, kernels::WeightLayout layout) override {
     kernels::matmul_forward(out, inp, weight, bias, N, C, OC, layout, opt_);
   }
   void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                       const float* inp, const float* weight, int N, int C, int OC,
+                       const float* inp, kernels::MatrixWeight weight, int N, int C, int OC,
                        kernels::WeightLayout layout) override {
     kernels::matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, layout, opt_);
   }
@@ -127,6 +127,9 @@ class CpuGpt2Ops : public Gpt2Ops {
   }
   const int32_t* targets(const std::vector<int32_t>& ids) override { return ids.data(); }
   void set_bf16_products(bool bf16) override { opt_.bf16_products = bf16; }
+  bool takes_bf16_weights() const override {
+    return opt_.bf16_products && kernels::bf16_products_in_bf16();
+  }
 
  private:
   kernels::KernelOptions opt_;

@@ -46,14 +46,17 @@ class CudaGpt2Ops : public Gpt2Ops {
                           const float* rstd, int N, int C) override {
     cuda::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, stream_);
   }
-  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
-                      int C, int OC, kernels::WeightLayout layout) override {
-    cuda::matmul_forward(out, inp, weight, bias, N, C, OC, layout, blas_, stream_);
+  // Its products are fp32 (takes_bf16_weights() is false): every weight comes as fp32.
+  void matmul_forward(float* out, const float* inp, kernels::MatrixWeight weight, const float* bias,
+                      int N, int C, int OC, kernels::WeightLayout layout) override {
+    check_fp32(weight, "matmul_forward");
+    cuda::matmul_forward(out, inp, weight.values, bias, N, C, OC, layout, blas_, stream_);
   }
   void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                       const float* inp, const float* weight, int N, int C, int OC,
+                       const float* inp, kernels::MatrixWeight weight, int N, int C, int OC,
                        kernels::WeightLayout layout) override {
-    cuda::matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, layout, blas_,
+    check_fp32(weight, "matmul_backward");
+    cuda::matmul_backward(dinp, dweight, dbias, dout, inp, weight.values, N, C, OC, layout, blas_,
                           stream_);
   }
   void gelu_forward(float* out, const float* inp, size_t n) override {
@@ -115,6 +118,11 @@ class CudaGpt2Ops : public Gpt2Ops {
   }
 
  private:
+  static void check_fp32(const kernels::MatrixWeight& weight, const char* kernel) {
+    ZERO_CHECK(weight.bf16_bits == nullptr,
+               kernel << " on a GPU got a bf16 weight; its products take fp32 weights only");
+  }
+
   std::shared_ptr<DeviceContext> device_;
   CUstream_st* stream_;
   cublasHandle_t blas_ = nullptr;

@@ -124,12 +124,23 @@ bool environment_keeps_fp32_products() {
 }
 
 // An operand of matmul_forward's and matmul_backward's products: `size` fp32 values, and their
-// bf16 copy when the caller rounded them already (else null).
+// bf16 copy when the caller rounded them already (else null). A bf16 weight comes without fp32
+// values.
 struct Operand {
   const float* values;
   size_t size;
   const uint16_t* bf16 = nullptr;
 };
+
+// An operand's fp32 values: its own, or its bf16 values widened into a buffer of this thread's
+// (a bf16 weight where the products run in fp32).
+const float* fp32_values(const Operand& x, const KernelOptions& opt) {
+  if (x.values != nullptr) return x.values;
+  thread_local std::vector<float> widened;
+  if (widened.size() < x.size) widened.resize(x.size);
+  cast(x.bf16, DType::kBFloat16, widened.data(), DType::kFloat32, x.size, opt);
+  return widened.data();
+}
 
 #if ZERO_HAVE_DNNL
 // Whether opt's products run in bf16 here.
@@ -163,7 +174,17 @@ void matrix_product(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int
     return;
   }
 #endif
-  blocked_gemm(trans_a, trans_b, M, N, K, A.values, lda, B.values, ldb, beta, C, ldc, opt);
+  blocked_gemm(trans_a, trans_b, M, N, K, fp32_values(A, opt), lda, fp32_values(B, opt), ldb, beta,
+               C, ldc, opt);
+}
+
+// A weight of n values in one dtype or the other, not both and not neither.
+void check_weight(const MatrixWeight& weight, size_t n, const char* kernel) {
+  ZERO_CHECK(weight.values == nullptr || weight.bf16_bits == nullptr,
+             kernel << ": weight has both fp32 and bf16 values; give one");
+  check_buffer(weight.values != nullptr ? static_cast<const void*>(weight.values)
+                                        : static_cast<const void*>(weight.bf16_bits),
+               n, kernel, "weight");
 }
 
 }  // namespace
@@ -186,12 +207,12 @@ std::string bf16_products_description() {
 #endif
 }
 
-void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
+void matmul_forward(float* out, const float* inp, MatrixWeight weight, const float* bias, int N,
                     int C, int OC, WeightLayout layout, const KernelOptions& opt) {
   check_sizes("matmul_forward", {N, C, OC});
   check_buffer(out, product(N, OC), "matmul_forward", "out");
   check_buffer(inp, product(N, C), "matmul_forward", "inp");
-  check_buffer(weight, product(C, OC), "matmul_forward", "weight");
+  check_weight(weight, product(C, OC), "matmul_forward");
   // The bias is written first and the GEMM adds onto it (beta = 1).
   if (bias) {
     parallel_for(N, OC, 1, opt, [&](size_t begin, size_t end) {
@@ -202,19 +223,20 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
   }
   const bool in_out = layout == WeightLayout::kInOut;
   matrix_product(CblasNoTrans, in_out ? CblasNoTrans : CblasTrans, N, OC, C,
-                 Operand{inp, product(N, C)}, C, Operand{weight, product(C, OC)}, in_out ? OC : C,
+                 Operand{inp, product(N, C)}, C,
+                 Operand{weight.values, product(C, OC), weight.bf16_bits}, in_out ? OC : C,
                  bias ? 1.0f : 0.0f, out, OC, opt);
 }
 
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int N, int C, int OC, WeightLayout layout,
+                     MatrixWeight weight, int N, int C, int OC, WeightLayout layout,
                      const KernelOptions& opt) {
   check_sizes("matmul_backward", {N, C, OC});
   check_buffer(dout, product(N, OC), "matmul_backward", "dout");
   if (dweight != nullptr) check_buffer(inp, product(N, C), "matmul_backward", "inp");
-  if (dinp != nullptr) check_buffer(weight, product(C, OC), "matmul_backward", "weight");
+  if (dinp != nullptr) check_weight(weight, product(C, OC), "matmul_backward");
   const bool in_out = layout == WeightLayout::kInOut;
-  const Operand x{inp, product(N, C)}, w{weight, product(C, OC)};
+  const Operand x{inp, product(N, C)}, w{weight.values, product(C, OC), weight.bf16_bits};
   // dout is an operand of both products: with bf16 products, rounded once for both.
   Operand d{dout, product(N, OC)};
 #if ZERO_HAVE_DNNL

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kernel_test_util.h"
+#include "tests/expect_error.h"
 #include "transformer_test_reference.h"
 #include "zero/core/check.h"
 #include "zero/kernels/transformer_kernels.h"
@@ -580,6 +581,51 @@ TEST(Bf16Products, MatmulMatchesBf16InputsWithFp32Accumulation) {
       EXPECT_FALSE(same_bits(out, out_fp32));
     }
   }
+}
+
+// A weight given as bf16 (MatrixWeight::bf16, a bf16 run's working copy) gives the bits of the
+// same values given as fp32: in bf16 products they are the rounded operand as they are; in fp32
+// products (bf16_products off, or a CPU without bf16 arithmetic) they are widened exactly.
+TEST(Bf16Products, Bf16WeightsGiveTheBitsOfTheirFp32Values) {
+  std::mt19937 rng(29);
+  for (WeightLayout layout : {WeightLayout::kInOut, WeightLayout::kOutIn}) {
+    const int N = 67, C = 384, OC = 301;
+    const Floats x = random_floats(static_cast<size_t>(N) * C, rng, -1, 1);
+    const Floats dout = random_floats(static_cast<size_t>(N) * OC, rng, -1, 1);
+    const Floats bias = random_floats(OC, rng, -1, 1);
+    std::vector<uint16_t> w_bf16(static_cast<size_t>(C) * OC);
+    Floats w(w_bf16.size());
+    for (size_t i = 0; i < w.size(); ++i) {
+      w_bf16[i] = float_to_bf16(static_cast<float>(rng() % 2001) / 1000.0f - 1.0f);
+      w[i] = bf16_to_float(w_bf16[i]);
+    }
+    for (bool bf16 : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << (layout == WeightLayout::kInOut ? "in-out" : "out-in")
+                                        << (bf16 ? ", bf16 products" : ", fp32 products"));
+      KernelOptions opt = threads(2);
+      opt.bf16_products = bf16;
+      Floats out(static_cast<size_t>(N) * OC), out_raw(out.size());
+      matmul_forward(out.data(), x.data(), w.data(), bias.data(), N, C, OC, layout, opt);
+      matmul_forward(out_raw.data(), x.data(), MatrixWeight::bf16(w_bf16.data()), bias.data(), N, C,
+                     OC, layout, opt);
+      EXPECT_TRUE(same_bits(out, out_raw));
+      Floats dx(x.size()), dx_raw(x.size());
+      matmul_backward(dx.data(), nullptr, nullptr, dout.data(), nullptr, w.data(), N, C, OC, layout,
+                      opt);
+      matmul_backward(dx_raw.data(), nullptr, nullptr, dout.data(), nullptr,
+                      MatrixWeight::bf16(w_bf16.data()), N, C, OC, layout, opt);
+      EXPECT_TRUE(same_bits(dx, dx_raw));
+    }
+  }
+  // One dtype or the other.
+  const float one = 1.0f;
+  const uint16_t one_bf16 = float_to_bf16(1.0f);
+  MatrixWeight both(&one);
+  both.bf16_bits = &one_bf16;
+  float out = 0.0f;
+  ::zero::testing::expect_error_naming(
+      [&] { matmul_forward(&out, &one, both, nullptr, 1, 1, 1, WeightLayout::kInOut); },
+      "matmul_forward: weight has both fp32 and bf16 values; give one");
 }
 
 }  // namespace

@@ -53,15 +53,28 @@ std::string bf16_products_description();
 // How a weight matrix is stored: [in, out] (Hugging Face GPT-2's Conv1D: out = inp @ W) or
 // [out, in] (a tied LM head reading the token embedding: out = inp @ W^T).
 enum class WeightLayout { kInOut, kOutIn };
+// A weight matrix's values: fp32 (a pointer converts), or bf16 (raw bits) where a bf16 run's
+// working copy holds them so. bf16 products then take them as they are, with no fp32 copy to
+// round again; fp32 products widen them first.
+struct MatrixWeight {
+  MatrixWeight(const float* fp32) : values(fp32) {}  // NOLINT(google-explicit-constructor)
+  static MatrixWeight bf16(const uint16_t* bits) {
+    MatrixWeight weight(nullptr);
+    weight.bf16_bits = bits;
+    return weight;
+  }
+  const float* values = nullptr;
+  const uint16_t* bf16_bits = nullptr;
+};
 // out[N, OC] = inp[N, C] @ W + bias (bias may be null).
-void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
+void matmul_forward(float* out, const float* inp, MatrixWeight weight, const float* bias, int N,
                     int C, int OC, WeightLayout layout, const KernelOptions& opt = {});
 // dinp = dout @ W^T (skipped when dinp is null; weight is then not read); dweight += inp^T @ dout
 // in the weight's layout (skipped when dweight is null; inp is then not read); dbias += the
 // column sums of dout (skipped when dbias is null). dinp may be inp itself: the gradients of the
 // weight and bias are complete before dinp is written.
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int N, int C, int OC, WeightLayout layout,
+                     MatrixWeight weight, int N, int C, int OC, WeightLayout layout,
                      const KernelOptions& opt = {});
 
 // GELU with GPT-2's tanh approximation, element-wise over n values; dinp = gelu'(inp) * dout,
