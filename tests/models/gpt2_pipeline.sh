@@ -104,8 +104,12 @@ for stage in 0 1 2 3; do
     extra=()
     if [ "$variant" != "$schedule" ]; then extra=("${variant#*:}"); fi
     run="pp$stage$schedule${#extra[@]}"
-    # One run writes the trace: one file with every rank of every stage.
+    # One run writes the trace: one file with every rank of every stage. At stage 2 the whole
+    # backward's and the split one's schedules dump their timelines.
     if [ "$stage$schedule" = 11f1b ]; then extra+=(--trace "$work/trace.json"); fi
+    if [ "$stage" = 2 ] && [ "${#extra[@]}" = 0 ] && [ "$schedule" != gpipe ]; then
+      extra+=(--pp-schedule-dump "$work/dump-$schedule")
+    fi
     train "$stage" "$run" --pp "$pp" --pp-schedule "$schedule" "${extra[@]}"
     echo "ZeRO stage $stage, pipeline of $pp on $np rank(s) (tp $tp), $schedule ${extra[*]}, $micro_batches micro-batches:"
     grep -E "^pipeline stage|^step" "$work/$run.log"
@@ -177,6 +181,31 @@ if [ -n "$spill_dir" ]; then
   [ -z "$(ls -A "$nvme")" ] || { ls -la "$nvme"; exit 1; }
   rmdir "$nvme"
 fi
+
+# --pp-schedule-dump: the last step of the leader's pipeline, every rank's actions measured and
+# every compute action planned (F and B, or F, B and W under zb-h1) with the measured mean times,
+# none zero; the step records' bubble fractions are fractions.
+for schedule in 1f1b zb-h1; do
+  python3 - "$work/dump-$schedule.json" "$schedule" "$pp" "$micro_batches" "$work/pp2${schedule}0.jsonl" <<'PY'
+import json, sys
+from collections import Counter
+dump, schedule, pp, m = json.load(open(sys.argv[1])), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+kinds = ["forward", "backward_input", "backward_weight"] if schedule == "zb-h1" else ["forward", "backward"]
+planned = Counter((a["rank"], a["action"]) for a in dump["actions"] if a["timeline"] == "planned")
+measured = Counter((a["rank"], a["action"]) for a in dump["actions"] if a["timeline"] == "measured")
+for rank in range(pp):
+    for kind in kinds:
+        assert planned[(rank, kind)] == m and measured[(rank, kind)] == m, (schedule, rank, kind, planned, measured)
+durations = dump["planned_durations"]
+used = ["forward", "backward"] + (["weight"] if schedule == "zb-h1" else [])
+assert all(durations[k] > 0 for k in used), (schedule, durations)
+assert 0 <= dump["planned_bubble_fraction"] < 1, dump["planned_bubble_fraction"]
+for r in map(json.loads, open(sys.argv[5])):
+    if r.get("event") == "step":
+        assert 0 <= r["bubble_fraction"] < 1 and r["pp_wait_ms"] >= 0, r
+print(schedule, "timeline dump: every rank's actions measured and planned, planned times", durations)
+PY
+done
 
 python3 -c 'import json, sys
 events = json.load(open(sys.argv[1]))["traceEvents"]
