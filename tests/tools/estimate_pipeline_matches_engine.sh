@@ -9,18 +9,20 @@
 # bytes (the row of the run's checkpointing) the run's stage_activation_bytes_planned and every
 # step's measured stage_peak_activation_bytes. With SPILL_DIR (a directory on a disk: O_DIRECT)
 # also interleaved full and zb-h1 selective with the checkpoints spilled to NVMe there, and
-# stage 2 with the optimizer state on NVMe there.
+# stage 2 with the optimizer state on NVMe there, and stage 3 with its parameters there too.
 #   estimate_pipeline_matches_engine.sh BIN_DIR TOKENS [SPILL_DIR] -- MPIEXEC [MPIEXEC_FLAGS...]
 set -euo pipefail
 bin="$1" tokens="$2"
 shift 2
-# STAGE SCHEDULE RECOMPUTE [SETTING]: SETTING is spill, hybrid or nvme (the optimizer state).
+# STAGE SCHEDULE RECOMPUTE [SETTING]: SETTING is spill, hybrid, nvme (the optimizer state) or
+# params (the optimizer state and stage 3's parameters on NVMe).
 runs=("1 1f1b none" "3 gpipe full" "3 1f1b selective" "2 zb-h1 none" "3 zb-h1 none" "3 zb-h1 full"
   "3 interleaved selective" "3 1f1b none hybrid")
 spill_dir=
 if [ "$1" != "--" ]; then
   spill_dir="$1"
-  runs+=("3 interleaved full spill" "2 zb-h1 selective spill" "2 1f1b none nvme")
+  runs+=("3 interleaved full spill" "2 zb-h1 selective spill" "2 1f1b none nvme"
+    "3 1f1b none params")
   shift
 fi
 [ "$1" = "--" ] || { echo "estimate_pipeline_matches_engine.sh: expected -- before the launcher"; exit 2; }
@@ -51,6 +53,12 @@ for run in "${runs[@]}"; do
       echo '{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme",
         "nvme_path": "'"$folder"'"}}}' > "$work/nvme.json"
       given=(--config "$work/nvme.json") plan=(--offload-optimizer nvme) ;;
+    params)
+      folder="$(mktemp -d "$spill_dir/XXXXXX")"
+      echo '{"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme",
+        "nvme_path": "'"$folder"'"}, "offload_param": {"device": "nvme",
+        "nvme_path": "'"$folder"'"}}}' > "$work/params.json"
+      given=(--config "$work/params.json") plan=(--offload-optimizer nvme --offload-param nvme) ;;
   esac
   "${mpiexec[@]}" -np 4 "$bin/zero-train" "${size[@]}" --seq-len 16 --global-batch 8 \
     --micro-batches 4 --steps 2 --data "$tokens" --stage "$stage" --dtype fp32 --pp 2 \
