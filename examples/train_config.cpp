@@ -296,10 +296,13 @@ std::vector<zero::examples::Setting> run_description(const Flags& f,
       {"the ZeRO stage (--stage, zero_optimization.stage)", std::to_string(e.stage)},
       {"the tensor-parallel size (--tp, tensor_parallel.tp_size)",
        std::to_string(tc.tensor_parallel_size)},
-      {"the pipeline (--pp, --pp-schedule, --pp-virtual-stages, --pp-partition)",
+      {"the pipeline (--pp, --pp-schedule, --pp-virtual-stages, --pp-partition, "
+       "pipeline.pipe_partitioned and grad_partitioned)",
        std::to_string(tc.pipeline_stages) + " " + f.pp_schedule + " x" +
            std::to_string(pipeline_virtual_stages(f)) + " " + tc.pipeline_partition + " regather " +
-           std::to_string(f.pp_regather)},
+           std::to_string(f.pp_regather) + " slices " +
+           std::to_string(tc.pipeline_partition_activations) +
+           std::to_string(tc.pipeline_partition_gradients)},
       {"the dtype (--dtype, bf16/fp16.enabled)", zero::dtype_name(e.precision.dtype)},
       {"--steps", std::to_string(f.steps)},
       {"the global batch (--global-batch, train_batch_size)", std::to_string(tc.train_batch_size)},

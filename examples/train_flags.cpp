@@ -237,10 +237,9 @@ Flags parse_flags(int argc, char** argv) {
     } else if (flag == "--pp-virtual-stages") {
       f.pp_virtual_stages = static_cast<int>(parse_at_least(flag, v, 1));
     } else if (flag == "--pp-partition") {
-      if (v != "parameters" && v != "uniform" && v != "flops" &&
-          (v.rfind("type:", 0) != 0 || v.size() <= 5)) {
-        usage_error("--pp-partition must be parameters, uniform, flops or type:REGEX, got '" + v +
-                    "'");
+      if (!is_pipeline_partition_method(v)) {
+        usage_error(std::string("--pp-partition must be ") + kPipelinePartitionMethods + ", got '" +
+                    v + "'");
       }
       f.pp_partition = v;
     } else if (flag == "--pp-schedule-dump") {

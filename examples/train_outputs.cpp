@@ -103,6 +103,10 @@ double number(const driver::JsonRecord& record, const char* key) {
 
 }  // namespace
 
+void print_skipped_step(long step, float loss_scale) {
+  std::printf("step %ld: gradient overflow, step skipped; loss scale now %g\n", step, loss_scale);
+}
+
 std::vector<MonitorEvent> monitor_events(const driver::JsonRecord& r, long batch, bool fp16,
                                          bool wall_clock_breakdown) {
   const long step = r.at("step").get<long>();

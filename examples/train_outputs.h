@@ -41,6 +41,10 @@ class SetupError : public std::runtime_error {
 void check_outputs(const Flags& f, const TrainingConfig& tc, int rank,
                    std::optional<SaveDirLock>* lock, Monitors* monitors);
 
+// The line a step skipped for a gradient overflow (or, with nonfinite_gradients "skip", a
+// non-finite gradient) prints on rank 0, with or without a pipeline.
+void print_skipped_step(long step, float loss_scale);
+
 // DeepSpeed's events of one step, from its step record (the values the metrics file holds), at
 // the samples seen as DeepSpeed counts them: train_loss is written in backward, before the step
 // counts its samples, so at (step - 1) * batch; the others after it, at step * batch.

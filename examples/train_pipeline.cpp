@@ -107,12 +107,10 @@ float pipeline_validation_loss(ZeroModel& model, TrainTask& task, PeerChannel& c
         if (first || last) input = task.validation_input(b, slice.first, slice.count);
         if (!first) {
           input = Tensor(boundary_shape);
-          const ElementRange part = slicing.range(false, input.numel());
-          PeerRequest received =
-              channel.receive((place.pp_rank + stages - 1) % stages, tag, input.data() + part.first,
-                              part.count * sizeof(float));
+          PeerRequest received = slicing.receive(channel, (place.pp_rank + stages - 1) % stages,
+                                                 tag, input, PipelineSlicing::kActivation);
           channel.wait(received);
-          slicing.gather(false, input);
+          slicing.gather(PipelineSlicing::kActivation, input);
         }
         const Tensor output = model.forward(input.to(device), chunk);
         (void)model.take_activations(chunk);  // no backward follows
@@ -123,9 +121,8 @@ float pipeline_validation_loss(ZeroModel& model, TrainTask& task, PeerChannel& c
           }
         } else {
           const Tensor sent = output.to(nullptr);
-          const ElementRange part = slicing.range(false, sent.numel());
-          PeerRequest request = channel.send((place.pp_rank + 1) % stages, tag,
-                                             sent.data() + part.first, part.count * sizeof(float));
+          PeerRequest request = slicing.send(channel, (place.pp_rank + 1) % stages, tag, sent,
+                                             PipelineSlicing::kActivation);
           channel.wait(request);
         }
       }
@@ -602,12 +599,8 @@ void run_pipeline(const Flags& f, const TrainingConfig& tc, TrainTask& task, Pro
     const double bubble = time_sum > 0.0 ? 1.0 - busy_sum / time_sum : 0.0;
     const double tokens_per_s = static_cast<double>(tc.train_batch_size) *
                                 static_cast<double>(task.tokens_per_sample()) / (step_ms / 1000.0);
-    if (stats.skipped) {
-      // Every stage skipped it: the overflow (or a non-finite gradient with
-      // nonfinite_gradients "skip") is agreed over the pipeline.
-      std::printf("step %ld: gradient overflow, step skipped; loss scale now %g\n", step,
-                  stats.loss_scale);
-    }
+    // Every stage skipped it: the overflow (or a non-finite gradient) is agreed over the pipeline.
+    if (stats.skipped) print_skipped_step(step, stats.loss_scale);
     if (step % tc.steps_per_print == 0 || step == f.steps || stats.skipped) {
       std::printf(
           "step %5ld/%ld  loss %.6f  lr %.3g  grad_norm %.4f  %.2f ms  %.0f tokens/s  bubble "

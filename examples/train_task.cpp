@@ -652,7 +652,7 @@ std::unique_ptr<TrainTask> make_train_task(const Flags& flags, const TrainingCon
   checkpointing.nvme_path = config.activation_checkpointing.nvme_path;
   checkpointing.spill_aio = config.engine.offload.aio;
   // The spill's file is named by the world rank: unique across tensor- and data-parallel groups.
-  MPI_Comm_rank(MPI_COMM_WORLD, &checkpointing.spill_rank);
+  ZERO_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &checkpointing.spill_rank));
   return std::make_unique<Gpt2Task>(flags, config.train_batch_size,
                                     config.gradient_accumulation_steps,
                                     config.engine.kernel_threads, checkpointing,

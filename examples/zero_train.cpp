@@ -326,10 +326,7 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
       std::fflush(stdout);
     }
     if (!leader) continue;
-    if (stats.skipped) {
-      std::printf("step %ld: gradient overflow, step skipped; loss scale now %g\n", step,
-                  stats.loss_scale);
-    }
+    if (stats.skipped) zero::examples::print_skipped_step(step, stats.loss_scale);
     const double tokens_per_s = static_cast<double>(tc.train_batch_size) *
                                 static_cast<double>(task.tokens_per_sample()) / (step_ms / 1000.0);
     if (val_loss) std::printf("step %5ld/%ld  val_loss %.6f\n", step, f.steps, *val_loss);

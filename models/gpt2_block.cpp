@@ -363,8 +363,8 @@ void Gpt2Block::restore_activations(KeptActivations& kept) {
   kept.clear();
 }
 
-std::chrono::steady_clock::time_point Gpt2Block::recompute(const Tensor& grad_out,
-                                                           const std::vector<ParamRef>& params) {
+std::chrono::steady_clock::time_point Gpt2Block::prepare_backward(
+    const Tensor& grad_out, const std::vector<ParamRef>& params) {
   if (moves_checkpoint()) {
     // This block's checkpoint back (fetched one block ahead, except for the first), then the
     // next one's on its way while this block computes.
@@ -402,7 +402,7 @@ void Gpt2Block::backward(const Tensor& grad_out, Tensor& grad_in,
   const int NHl = config_.n_head / config_.tensor_parallel_size;
   const int N = B_ * T_;
   synchronize_at_boundary(grad_out);
-  const auto start = recompute(grad_out, params);
+  const auto start = prepare_backward(grad_out, params);
   auto w = [&](int i) { return shared_->params.value(params, i); };
   auto g = [&](int i) { return shared_->params.grad(grads, i); };
   auto p = [&](int a) { return data_of(a); };
@@ -478,7 +478,7 @@ void Gpt2Block::backward_input(const Tensor& grad_out, Tensor& grad_in,
     if (keeps(recompute_, a) || !weight_half_reads(a)) continue;
     backend_->activation(kept_[a], shape_of(a, B_, T_, C, Cl, NHl), dev);
   }
-  const auto start = recompute(grad_out, params);
+  const auto start = prepare_backward(grad_out, params);
   if (spills()) {
     backend_->activation(kept_[kInput], {B_, T_, C}, dev);
     gpt2_detail::Gpt2Backend::copy_floats(kept_[kInput].data(), checkpoint_data(),
@@ -538,7 +538,9 @@ void Gpt2Block::backward_weight(const std::vector<ParamRef>& grads) {
   auto g = [&](int i) { return shared_->params.grad(grads, i); };
   auto p = [&](int a) { return data_of(a); };
   auto d = [&](WeightInput i) { return weight_inputs_[i].data(); };
-  Gpt2Ops& ops = backend_->ops_for(weight_inputs_[kFcProjOut]);
+  const Tensor& on = weight_inputs_[kFcProjOut];
+  const auto start = std::chrono::steady_clock::now();
+  Gpt2Ops& ops = backend_->ops_for(on);
   ops.set_bf16_products(gpt2_detail::bf16_products(grads));
   ops.matmul_backward(nullptr, g(kFcProjW), g(kFcProjB), d(kFcProjOut), p(kGelu), nullptr, N,
                       4 * Cl, C, WeightLayout::kInOut);
@@ -553,6 +555,8 @@ void Gpt2Block::backward_weight(const std::vector<ParamRef>& grads) {
   ops.layernorm_backward(nullptr, g(kLn1W), g(kLn1B), d(kLn1Out), p(kInput), nullptr, p(kLn1Mean),
                          p(kLn1Rstd), N, C);
   shared_->params.flush(grads);
+  // The weight half is backward's too (take_gpt2_profile's backward_ms).
+  if (checkpointing_.profile) times_.backward_ms += elapsed_ms(start, on);
   for (Tensor& tensor : weight_inputs_) tensor = Tensor();
   // The recomputed tensors go back to the shared buffers for the next forward, a spilled
   // checkpoint to the spill's buffer.

@@ -168,8 +168,8 @@ class Gpt2Block : public Module {
   double elapsed_ms(std::chrono::steady_clock::time_point start, const Tensor& on) const;
   // In backward: this block's checkpoint brought back (cpu_checkpointing, the spill) and, when
   // it recomputes, the tensors it does not keep rebuilt; the time the backward proper starts.
-  std::chrono::steady_clock::time_point recompute(const Tensor& grad_out,
-                                                  const std::vector<ParamRef>& params);
+  std::chrono::steady_clock::time_point prepare_backward(const Tensor& grad_out,
+                                                         const std::vector<ParamRef>& params);
   // The forward's operations: all of them (and the output) when out is given; otherwise, in
   // backward, only those making tensors this block does not keep.
   void run_forward(const std::vector<ParamRef>& params, Tensor* out);

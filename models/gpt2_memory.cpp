@@ -11,6 +11,20 @@
 
 namespace zero::models {
 
+namespace {
+
+// The NVMe spill of `checkpointed` blocks' checkpoints of `region` bytes each (gpt2_spill.h): the
+// buffer they pass through, two regions (one where one block is checkpointed) and slack, and the
+// file, `generations` regions per block.
+void spill_sizes(uint64_t checkpointed, uint64_t region, int generations, uint64_t* buffer,
+                 uint64_t* file) {
+  *buffer = std::min<uint64_t>(2, checkpointed) * region + kNvmeBufferSlack;
+  *file = size_product(checkpointed * region, static_cast<uint64_t>(generations),
+                       "the checkpoint spill's file");
+}
+
+}  // namespace
+
 const char* recompute_name(Recompute recompute) {
   switch (recompute) {
     case Recompute::kNone:
@@ -162,10 +176,8 @@ Gpt2ActivationBytes gpt2_activation_formula(const Gpt2Config& config,
       bytes.blocks[layer] -= one;
       ++checkpointed;
     }
-    bytes.nvme_checkpoints =
-        size_product(checkpointed * region, static_cast<uint64_t>(checkpointing.spill_generations),
-                     "the checkpoint spill's file");
-    bytes.spill_buffer = std::min<uint64_t>(2, checkpointed) * region + kNvmeBufferSlack;
+    spill_sizes(checkpointed, region, checkpointing.spill_generations, &bytes.spill_buffer,
+                &bytes.nvme_checkpoints);
     bytes.checkpoints = bytes.spill_buffer;
   }
   bytes.recompute = recomputed * f;
@@ -234,11 +246,15 @@ uint64_t Gpt2StageActivationBytes::peak_checkpoints() const {
 
 int gpt2_spill_generations(int in_flight, const std::vector<PipelineAction>& chunk_actions) {
   if (chunk_actions.empty()) return in_flight;
-  std::map<int, int> forwarded;  // per chunk, forwards whose backward has not run
+  // Per chunk, forwards whose checkpoint is still to be read: by the backward, or by the input
+  // half of a split one.
+  std::map<int, int> forwarded;
   int most = 1;
   for (const PipelineAction& action : chunk_actions) {
     if (action.kind == PipelineAction::kForward) most = std::max(most, ++forwarded[action.chunk]);
-    if (action.kind == PipelineAction::kBackward) --forwarded[action.chunk];
+    if (action.kind == PipelineAction::kBackward || action.kind == PipelineAction::kBackwardInput) {
+      --forwarded[action.chunk];
+    }
   }
   return most;
 }
@@ -297,12 +313,9 @@ Gpt2StageActivationBytes gpt2_stage_activation_formula(const Gpt2Config& config,
   if (spilled && checkpointed > 0) {
     // The stage's checkpointed blocks spill to a file of their own (spill_generations regions
     // each) through one buffer, which its micro-batches and chunks share (gpt2_spill.h).
-    const uint64_t region = nvme_align_up(checkpoint);
-    mine.spill_buffer = std::min<uint64_t>(2, checkpointed) * region + kNvmeBufferSlack;
+    spill_sizes(checkpointed, nvme_align_up(checkpoint), checkpointing.spill_generations,
+                &mine.spill_buffer, &mine.nvme_checkpoints);
     mine.checkpoints = mine.spill_buffer;
-    mine.nvme_checkpoints =
-        size_product(checkpointed * region, static_cast<uint64_t>(checkpointing.spill_generations),
-                     "the checkpoint spill's file");
   }
   if (stage.chunk_count() == 1) {
     bytes.chunk_bytes.clear();

@@ -261,8 +261,9 @@ Gpt2StageActivationBytes gpt2_stage_activation_formula(const Gpt2Config& config,
 
 // The generations the NVMe spill of a pipeline stage needs (Gpt2Checkpointing::
 // spill_generations): the most micro-batches one chunk of it holds in flight, `in_flight` for a
-// stage of one chunk (pipeline_micro_batches_in_flight), and for model chunks the most forwards
-// of one chunk whose backward has not run over `chunk_actions`, the stage's list of one step.
+// stage of one chunk (pipeline_micro_batches_in_flight), and for model chunks (`in_flight` then
+// unused) the most forwards of one chunk whose backward, or its input half, has not run over
+// `chunk_actions`, the stage's list of one step.
 int gpt2_spill_generations(int in_flight, const std::vector<PipelineAction>& chunk_actions);
 
 // The same for a stage of model chunks (stage.chunks, interleaved) running `actions`, the

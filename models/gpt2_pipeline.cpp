@@ -12,6 +12,7 @@
 #include "models/gpt2.h"
 #include "zero/core/check.h"
 #include "zero/core/text.h"
+#include "zero/runtime/pipeline_schedule.h"
 
 namespace zero::models {
 
@@ -30,11 +31,10 @@ std::vector<int> gpt2_pipeline_partition(const Gpt2Config& config, int stages,
     for (int s = 0; s <= stages; ++s) bounds[static_cast<size_t>(s)] = s * (L / stages);
     return bounds;
   }
-  const bool by_type = method.rfind("type:", 0) == 0 && method.size() > 5;
-  ZERO_CHECK(method == "parameters" || method == "flops" || by_type,
-             "unknown pipeline partition method '" << method
-                                                   << "' (parameters, uniform, flops or "
-                                                      "type:REGEX)");
+  ZERO_CHECK(is_pipeline_partition_method(method), "unknown pipeline partition method '"
+                                                       << method << "' ("
+                                                       << kPipelinePartitionMethods << ")");
+  const bool by_type = method.rfind("type:", 0) == 0;
   // What each layer weighs: with "parameters" its parameters (one rank's slices: blocks alike,
   // the embeddings before the first, ln_f and wte after the last); with "type:REGEX" 1 when its
   // type name (Gpt2Embedding, Gpt2Block, Gpt2Head) matches, ignoring case, as DeepSpeed counts

@@ -23,6 +23,7 @@
 
 #include "config_parse.h"
 #include "zero/proto/config.pb.h"
+#include "zero/runtime/pipeline_schedule.h"
 
 namespace zero {
 using namespace config_internal;
@@ -73,10 +74,8 @@ int read_pipeline(const config::TrainingConfig& c, int world_size, const ConfigC
   out->pipeline_stages = static_cast<int>(stages);
   if (p.has_partition()) {
     const std::string& partition = p.partition();
-    const bool by_type = partition.rfind("type:", 0) == 0 && partition.size() > 5;
-    if (partition != "parameters" && partition != "uniform" && partition != "flops" && !by_type) {
-      check.fail("pipeline.partition", "\"parameters\", \"uniform\", \"flops\" or \"type:REGEX\"",
-                 "\"" + partition + "\"");
+    if (!is_pipeline_partition_method(partition)) {
+      check.fail("pipeline.partition", kPipelinePartitionMethods, "\"" + partition + "\"");
     }
     out->pipeline_partition = partition;
   }

@@ -41,6 +41,7 @@ void Engine::Impl::resolve_pipeline_ties() {
 void Engine::Impl::sum_pipeline_ties() {
   if (pipeline_tied_params.empty()) return;
   ScopedSpan span(trace, "pipeline tied gradients");
+  const bool adds = hybrid.replica == nullptr || hybrid.replica->rank() == 0;
   for (int p : pipeline_tied_params) {
     const ParamPlacement& param = layout.params()[static_cast<size_t>(p)];
     const size_t u = static_cast<size_t>(param.unit);
@@ -50,7 +51,6 @@ void Engine::Impl::sum_pipeline_ties() {
     const ElementRange shard = shard_range(unit.numel, rank, world);
     const size_t first = std::max(shard.first, param.offset);
     const size_t last = std::min(shard.end(), param.offset + param.numel);
-    const bool adds = hybrid.replica == nullptr || hybrid.replica->rank() == 0;
     if (adds && first < last) {
       device->cast(byte_offset(reducer.shard(u), (first - shard.first) * accum), accum_dtype,
                    byte_offset(whole, (first - param.offset) * sizeof(float)), DType::kFloat32,

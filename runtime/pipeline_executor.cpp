@@ -44,18 +44,23 @@ bool carries_gradient(Kind kind) {
   return kind == PipelineAction::kReceiveGradient || kind == PipelineAction::kSendGradient;
 }
 
+PipelineSlicing::Boundary boundary_of(Kind kind) {
+  return carries_gradient(kind) ? PipelineSlicing::kGradient : PipelineSlicing::kActivation;
+}
+
 // (gradient, micro-batch, chunk): what a received or produced tensor is for on this rank.
 using TensorKey = std::tuple<bool, int, int>;
 
 }  // namespace
 
-bool PipelineSlicing::slices(bool gradient) const {
-  const bool asked = gradient ? gradients : activations;
+bool PipelineSlicing::slices(Boundary kind) const {
+  const bool asked = kind == kGradient ? gradients : activations;
   return asked && tensor_parallel != nullptr && tensor_parallel->world_size() > 1;
 }
 
-ElementRange PipelineSlicing::range(bool gradient, size_t numel) const {
-  if (!slices(gradient)) return {0, numel};
+ElementRange PipelineSlicing::range(Boundary kind, size_t numel) const {
+  if (!slices(kind)) return {0, numel};
+  const bool gradient = kind == kGradient;
   ZERO_CHECK(numel % static_cast<size_t>(tensor_parallel->world_size()) == 0,
              "the " << (gradient ? "gradients" : "activations") << " between pipeline stages ("
                     << numel << " floats) do not cut into " << tensor_parallel->world_size()
@@ -64,12 +69,23 @@ ElementRange PipelineSlicing::range(bool gradient, size_t numel) const {
   return shard_range(numel, tensor_parallel->rank(), tensor_parallel->world_size());
 }
 
-void PipelineSlicing::gather(bool gradient, Tensor& tensor) const {
-  if (!slices(gradient)) return;
-  const ElementRange mine = range(gradient, tensor.numel());
+PeerRequest PipelineSlicing::send(PeerChannel& channel, int peer, int tag, const Tensor& whole,
+                                  Boundary kind) const {
+  const ElementRange part = range(kind, whole.numel());
+  return channel.send(peer, tag, whole.data() + part.first, part.count * sizeof(float));
+}
+
+PeerRequest PipelineSlicing::receive(PeerChannel& channel, int peer, int tag, Tensor& whole,
+                                     Boundary kind) const {
+  const ElementRange part = range(kind, whole.numel());
+  return channel.receive(peer, tag, whole.data() + part.first, part.count * sizeof(float));
+}
+
+void PipelineSlicing::gather(Boundary kind, Tensor& whole) const {
+  if (!slices(kind)) return;
+  const ElementRange mine = range(kind, whole.numel());
   // In place: this rank's slice is already where the whole tensor has it.
-  tensor_parallel
-      ->all_gather(tensor.data() + mine.first, tensor.data(), mine.count, DType::kFloat32)
+  tensor_parallel->all_gather(whole.data() + mine.first, whole.data(), mine.count, DType::kFloat32)
       .wait();
 }
 
@@ -116,11 +132,11 @@ PipelineExecutor::PipelineExecutor(PeerChannel& channel, int stage, int stages,
                                    << " virtual stages needs tags up to " << last_tag
                                    << ", more than the channel's " << channel.max_tag());
   exchange_shapes();
+  // A shape the tensor-parallel group cannot slice is refused before anything is sent.
   size_t elements = 1;
   for (int64_t dim : activation_shape_) elements *= static_cast<size_t>(dim);
-  for (int gradient = 0; gradient < 2; ++gradient) {
-    transferred_[gradient] = slicing_.range(gradient == 1, elements);
-  }
+  slicing_.range(PipelineSlicing::kActivation, elements);
+  slicing_.range(PipelineSlicing::kGradient, elements);
 }
 
 // Every rank sends its shape to every other, so that every rank checks every neighbouring pair
@@ -223,9 +239,8 @@ PipelineStepReport PipelineExecutor::run(PipelineStageWork& work) {
       if (!is_receive(a.kind) || carries_gradient(a.kind) != (gradient == 1)) continue;
       if (static_cast<long>(i) > until && ahead[gradient] >= kReceivesAhead) break;
       Posted p{take_buffer(), PeerRequest()};
-      const ElementRange& part = transferred_[gradient];
-      p.request = channel_.receive(pipeline_peer(a, stage_, stages_), tag_of(a),
-                                   p.buffer.data() + part.first, part.count * sizeof(float));
+      p.request = slicing_.receive(channel_, pipeline_peer(a, stage_, stages_), tag_of(a), p.buffer,
+                                   boundary_of(a.kind));
       posted.emplace(i, std::move(p));
       ++ahead[gradient];
     }
@@ -261,7 +276,7 @@ PipelineStepReport PipelineExecutor::run(PipelineStageWork& work) {
         Posted& p = posted.at(i);
         channel_.wait(p.request);
         --ahead[gradient];
-        slicing_.gather(gradient == 1, p.buffer);
+        slicing_.gather(boundary_of(a.kind), p.buffer);
         received[TensorKey{gradient == 1, a.micro_batch, a.chunk}] = std::move(p.buffer);
         posted.erase(i);
         break;
@@ -275,9 +290,8 @@ PipelineStepReport PipelineExecutor::run(PipelineStageWork& work) {
                                                               << " before it was computed");
         Posted p{std::move(found->second), PeerRequest()};
         produced.erase(found);
-        const ElementRange& part = transferred_[carries_gradient(a.kind) ? 1 : 0];
-        p.request = channel_.send(pipeline_peer(a, stage_, stages_), tag_of(a),
-                                  p.buffer.data() + part.first, part.count * sizeof(float));
+        p.request = slicing_.send(channel_, pipeline_peer(a, stage_, stages_), tag_of(a), p.buffer,
+                                  boundary_of(a.kind));
         sending.push_back(std::move(p));
         break;
       }

@@ -318,6 +318,11 @@ PipelineScheduleKind parse_pipeline_schedule(const std::string& name) {
                                           << "': expected gpipe, 1f1b, interleaved or zb-h1");
 }
 
+bool is_pipeline_partition_method(const std::string& method) {
+  const bool by_type = method.rfind("type:", 0) == 0 && method.size() > 5;
+  return method == "parameters" || method == "uniform" || method == "flops" || by_type;
+}
+
 const char* pipeline_schedule_name(PipelineScheduleKind kind) {
   switch (kind) {
     case PipelineScheduleKind::kGpipe:

@@ -270,10 +270,9 @@ Options parse_options(const std::vector<std::string>& args) {
       if (value.empty()) usage_error("--checkpoint-nvme-path needs a directory, got ''");
       options.checkpoint_nvme_path = value;
     } else if (flag == "--pp-partition") {
-      if (value != "parameters" && value != "uniform" && value != "flops" &&
-          (value.rfind("type:", 0) != 0 || value.size() <= 5)) {
-        usage_error("--pp-partition must be parameters, uniform, flops or type:REGEX, got '" +
-                    value + "'");
+      if (!zero::is_pipeline_partition_method(value)) {
+        usage_error(std::string("--pp-partition must be ") + zero::kPipelinePartitionMethods +
+                    ", got '" + value + "'");
       }
       options.pipeline_partition = value;
       pipeline_flags = true;

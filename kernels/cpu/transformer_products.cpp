@@ -132,14 +132,13 @@ struct Operand {
   const uint16_t* bf16 = nullptr;
 };
 
-// An operand's fp32 values: its own, or its bf16 values widened into a buffer of this thread's
-// (a bf16 weight where the products run in fp32).
-const float* fp32_values(const Operand& x, const KernelOptions& opt) {
-  if (x.values != nullptr) return x.values;
-  thread_local std::vector<float> widened;
-  if (widened.size() < x.size) widened.resize(x.size);
-  cast(x.bf16, DType::kBFloat16, widened.data(), DType::kFloat32, x.size, opt);
-  return widened.data();
+// An operand's fp32 values, which fp32 products need: a bf16 weight alone goes to bf16 products
+// only (its caller asks takes_bf16_weights-style first).
+const float* fp32_values(const Operand& x) {
+  ZERO_CHECK(x.values != nullptr,
+             "a bf16 weight (MatrixWeight::bf16) needs bf16 products: KernelOptions.bf16_products "
+             "on a CPU where bf16_products_in_bf16(); these run in fp32");
+  return x.values;
 }
 
 #if ZERO_HAVE_DNNL
@@ -174,8 +173,8 @@ void matrix_product(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int
     return;
   }
 #endif
-  blocked_gemm(trans_a, trans_b, M, N, K, fp32_values(A, opt), lda, fp32_values(B, opt), ldb, beta,
-               C, ldc, opt);
+  blocked_gemm(trans_a, trans_b, M, N, K, fp32_values(A), lda, fp32_values(B), ldb, beta, C, ldc,
+               opt);
 }
 
 // A weight of n values in one dtype or the other, not both and not neither.

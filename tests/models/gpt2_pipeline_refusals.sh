@@ -73,9 +73,13 @@ expect "--pp-schedule: unknown pipeline schedule 'fifo'" \
 expect "--pp 2 x --pp-virtual-stages 2 = 4 virtual stages: a GPT-2 of 2 layers cannot be cut into 4 pipeline stages" \
   "${run[@]}" "${model[@]}" --pp 2 --pp-schedule interleaved
 # Ranks started with different pipelines (MPMD: one rank each) name both settings.
-expect "the pipeline (--pp, --pp-schedule, --pp-virtual-stages, --pp-partition)" \
+expect "the pipeline (--pp, --pp-schedule, --pp-virtual-stages, --pp-partition, pipeline.pipe_partitioned and grad_partitioned)" \
   -np 1 "$bin/zero-train" "${model[@]}" --pp 2 --pp-schedule 1f1b : \
   -np 1 "$bin/zero-train" "${model[@]}" --pp 2 --pp-schedule gpipe
+echo '{"pipeline": {"pipe_partitioned": false}}' > "$work/whole.json"
+expect "the pipeline (--pp, --pp-schedule, --pp-virtual-stages, --pp-partition, pipeline.pipe_partitioned and grad_partitioned)" \
+  -np 1 "$bin/zero-train" "${model[@]}" --pp 2 --stage 1 : \
+  -np 1 "$bin/zero-train" "${model[@]}" --pp 2 --stage 1 --config "$work/whole.json"
 if [[ $failures -gt 0 ]]; then
   echo "$failures case(s) failed"
   exit 1

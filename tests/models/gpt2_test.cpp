@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "models/gpt2.h"
+#include "models/gpt2_common.h"
 #include "tests/models/gpt2_harness.h"
 
 namespace zero::models {
@@ -75,6 +76,37 @@ TEST(Gpt2, WeightDecayOnMatricesOnlyUnlessEveryTensor) {
     }
     EXPECT_GT(decayed, 0);
     EXPECT_EQ(undecayed > 0, matrices_only);
+  }
+}
+
+// A module's weight matrix for the products (ParamSlots::matrix): in a bf16 run whose products
+// take bf16 weights, its working copy as it is, with no fp32 copy made; otherwise its fp32 values
+// (the working copy widened into the slot).
+TEST(Gpt2, Bf16WeightMatricesGoToTheProductsWithoutAnFp32Copy) {
+  const std::vector<int64_t> shape = {2, 3};
+  std::vector<uint16_t> bits(6);
+  for (size_t i = 0; i < bits.size(); ++i) bits[i] = float_to_bf16(0.5f * static_cast<float>(i));
+  const std::vector<ParamRef> params = {ParamRef{bits.data(), DType::kBFloat16, &shape, bits.size(),
+                                                 DeviceContext::create(Device::cpu())}};
+  const std::unique_ptr<Gpt2Ops> ops = make_cpu_gpt2_ops(1);
+  for (bool bf16_products : {true, false}) {
+    ops->set_bf16_products(bf16_products);
+    gpt2_detail::ParamSlots slots(1);
+    const kernels::MatrixWeight weight = slots.matrix(params, 0, *ops);
+    if (ops->takes_bf16_weights()) {
+      EXPECT_EQ(weight.bf16_bits, bits.data());
+      EXPECT_EQ(weight.values, nullptr);
+      EXPECT_EQ(slots.values[0].numel(), 0u) << "an fp32 copy was made";
+    } else {
+      ASSERT_NE(weight.values, nullptr);
+      EXPECT_EQ(weight.bf16_bits, nullptr);
+      EXPECT_EQ(slots.values[0].numel(), bits.size());
+      for (size_t i = 0; i < bits.size(); ++i)
+        EXPECT_EQ(weight.values[i], 0.5f * static_cast<float>(i));
+    }
+    // Without bf16 products the weight is never taken as bf16; with them, where the CPU has the
+    // arithmetic (bf16_products_in_bf16).
+    EXPECT_EQ(ops->takes_bf16_weights(), bf16_products && kernels::bf16_products_in_bf16());
   }
 }
 

@@ -215,7 +215,8 @@ TEST(PipelineExecutor, TensorParallelGroupsSendSlicesAndGatherTheWhole) {
     const PipelineStepReport report = executor.run(work);
     for (int mb = 0; mb < m; ++mb) {
       const std::vector<float>& got = stage == 1 ? work.inputs.at(mb) : work.grad_outputs.at(mb);
-      ASSERT_EQ(got.size(), 24u);
+      // EXPECT, not ASSERT: a rank that left the loop would leave the others in the executor.
+      EXPECT_EQ(got.size(), 24u);
       for (size_t i = 0; i < got.size(); ++i) {
         EXPECT_EQ(got[i], GroupWork::value(mb, i, stage == 1 ? 0 : 1000)) << "mb " << mb;
       }
@@ -226,7 +227,7 @@ TEST(PipelineExecutor, TensorParallelGroupsSendSlicesAndGatherTheWhole) {
     EXPECT_EQ(report.bytes_sent, stage == 0 ? activation_bytes : gradient_bytes);
     EXPECT_EQ(report.bytes_received, stage == 0 ? gradient_bytes : activation_bytes);
   }
-  MPI_Comm_free(&pipeline);
+  EXPECT_EQ(MPI_Comm_free(&pipeline), MPI_SUCCESS);
   // A tensor the group cannot cut evenly is refused before anything is sent.
   PeerChannel channel(MPI_COMM_WORLD);
   expect_error_naming(
@@ -287,6 +288,22 @@ TEST(PipelineExecutor, BadPlacesAreRefused) {
       "the stage is the channel's rank");
 }
 
+// PATH empty while it lives, as it was after.
+class EmptyPath {
+ public:
+  EmptyPath() {
+    const char* path = std::getenv("PATH");
+    saved_ = path != nullptr ? path : "";
+    EXPECT_EQ(::setenv("PATH", "", 1), 0);
+  }
+  ~EmptyPath() { EXPECT_EQ(::setenv("PATH", saved_.c_str(), 1), 0); }
+  EmptyPath(const EmptyPath&) = delete;
+  EmptyPath& operator=(const EmptyPath&) = delete;
+
+ private:
+  std::string saved_;
+};
+
 TEST(PipelineExecutor, TimelineFilesHoldMeasuredAndPlannedActions) {
   const World world;
   const int p = world.size;
@@ -330,14 +347,15 @@ TEST(PipelineExecutor, TimelineFilesHoldMeasuredAndPlannedActions) {
   } else {
     EXPECT_NE(note.find("wrote " + prefix + ".json without its picture"), std::string::npos);
   }
-  // Without gnuplot on PATH: the JSON alone, and the note says so.
-  const char* path = std::getenv("PATH");
-  const std::string saved_path = path != nullptr ? path : "";
-  ASSERT_EQ(::setenv("PATH", "", 1), 0);
+  // Without gnuplot on PATH: the JSON alone, and the note says so. PATH comes back however the
+  // call ends.
   const std::string bare = prefix + "_without_gnuplot";
   std::remove((bare + ".png").c_str());
-  const std::string without = write_pipeline_timeline(bare, reports, lists, {1.0, 1.0, 1.0});
-  ASSERT_EQ(::setenv("PATH", saved_path.c_str(), 1), 0);
+  std::string without;
+  {
+    const EmptyPath empty_path;
+    without = write_pipeline_timeline(bare, reports, lists, {1.0, 1.0, 1.0});
+  }
   EXPECT_NE(without.find("gnuplot is not on PATH"), std::string::npos) << without;
   EXPECT_NE(without.find("wrote " + bare + ".json without its picture"), std::string::npos)
       << without;

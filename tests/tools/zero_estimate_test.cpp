@@ -495,7 +495,7 @@ TEST(ZeroEstimate, Gpt2PipelinePlansEachStage) {
 }
 
 // --pp with the checkpoint spill (as zero-train --pp): per stage, its checkpointed blocks' file
-// holds a region (a checkpoint, 2 N C = 8192 bytes, rounded up to 4096) per micro-batch one
+// holds a region (a checkpoint, 2 N C = 8192 bytes, a multiple of 4096 already) per micro-batch one
 // chunk of the stage holds in flight, and the checkpoints in memory are the spill's buffer, two
 // regions and 4032 bytes of slack, once for all of them: gpipe's full on stage 0 keeps 4 x N of
 // the embedding's + N (15 C + 4 + H) of recompute buffers + the buffer, 4 x 2 regions on NVMe.

@@ -54,8 +54,9 @@ std::string bf16_products_description();
 // [out, in] (a tied LM head reading the token embedding: out = inp @ W^T).
 enum class WeightLayout { kInOut, kOutIn };
 // A weight matrix's values: fp32 (a pointer converts), or bf16 (raw bits) where a bf16 run's
-// working copy holds them so. bf16 products then take them as they are, with no fp32 copy to
-// round again; fp32 products widen them first.
+// working copy holds them so and the products run in bf16 (opt.bf16_products where
+// bf16_products_in_bf16()): they take them as they are, with no fp32 copy to round again. A bf16
+// weight for fp32 products is a zero::Error.
 struct MatrixWeight {
   MatrixWeight(const float* fp32) : values(fp32) {}  // NOLINT(google-explicit-constructor)
   static MatrixWeight bf16(const uint16_t* bits) {

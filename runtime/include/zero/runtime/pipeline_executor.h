@@ -44,18 +44,25 @@ class PipelineStageWork {
 // group all-gathers the whole tensor back: the same numbers, 1/t of the bytes between stages,
 // and an all-gather inside the group per received tensor.
 struct PipelineSlicing {
+  // What crosses a stage boundary: an activation forward or its gradient back.
+  enum Boundary { kActivation, kGradient };
+
   Communicator* tensor_parallel = nullptr;  // the rank's group; null or of 1 rank: whole tensors
   bool activations = true;                  // pipe_partitioned
   bool gradients = true;                    // grad_partitioned
 
   // Whether tensors of this kind travel as slices.
-  bool slices(bool gradient) const;
+  bool slices(Boundary kind) const;
   // The floats of a tensor of `numel` this rank sends and receives: [first, first + count).
   // A numel the group does not divide is a zero::Error naming both.
-  ElementRange range(bool gradient, size_t numel) const;
-  // After the receive of range(): the whole tensor, all-gathered over the group (collective over
-  // it: every rank of the group calls it for the same tensor in the same order).
-  void gather(bool gradient, Tensor& tensor) const;
+  ElementRange range(Boundary kind, size_t numel) const;
+  // The transfers of a tensor of this kind: this rank's range() of `whole`.
+  PeerRequest send(PeerChannel& channel, int peer, int tag, const Tensor& whole,
+                   Boundary kind) const;
+  PeerRequest receive(PeerChannel& channel, int peer, int tag, Tensor& whole, Boundary kind) const;
+  // After the receive's wait: the whole tensor, all-gathered over the group (collective over it:
+  // every rank of the group calls it for the same tensor in the same order).
+  void gather(Boundary kind, Tensor& whole) const;
 };
 
 struct PipelineActionTiming {
@@ -106,8 +113,6 @@ class PipelineExecutor {
   std::vector<std::vector<PipelineAction>> schedules_;
   std::vector<int64_t> activation_shape_;
   PipelineSlicing slicing_;
-  // What crosses to a neighbour of each kind (activation, gradient): its floats in the tensor.
-  ElementRange transferred_[2];
   std::vector<Tensor> free_buffers_;  // activation-shaped tensors to reuse
 };
 

@@ -16,6 +16,12 @@ enum class PipelineScheduleKind { kGpipe, kOneFOneB, kInterleaved, kZeroBubbleH1
 PipelineScheduleKind parse_pipeline_schedule(const std::string& name);
 const char* pipeline_schedule_name(PipelineScheduleKind kind);
 
+// The ways a model is cut into pipeline stages (pipeline.partition, --pp-partition), as the
+// GPT-2 implements them (models/gpt2.h): "parameters", "uniform", "flops" or "type:REGEX" (a
+// regular expression after the colon). Their names for messages: kPipelinePartitionMethods.
+bool is_pipeline_partition_method(const std::string& method);
+constexpr const char* kPipelinePartitionMethods = "parameters, uniform, flops or type:REGEX";
+
 struct PipelineAction {
   enum Kind {
     kForward,
