@@ -83,7 +83,10 @@ configure_and_build "$tsan_build" thread --target collectives_stream_test collec
   thread_pool_test
 echo "sanitize: TSan build took $(seconds_since "$start") s"
 start=$(date +%s)
+# The engine's threads meet alike at any rank count: its test runs on 1 and 2 ranks here, not on
+# 3 and 4 (half a minute under TSan).
 TSAN_OPTIONS="suppressions=$root/tests/sanitizers/tsan.supp:halt_on_error=1:second_deadlock_stack=1" \
   ctest --test-dir "$tsan_build" --output-on-failure -j 2 --timeout 900 \
+  -E "^runtime_engine_test_np[34]\$" \
   -R "stream|flight_recorder|collectives_shm|collectives_hierarchical|engine|runtime_hybrid|host_offload|runtime_offload_test|thread_pool" "$@"
 echo "sanitize: TSan tests took $(seconds_since "$start") s"
