@@ -14,10 +14,9 @@ Gpt2CheckpointSpill::Gpt2CheckpointSpill(std::string dir, const AioConfig& aio, 
       rank_(rank),
       checkpoints_(checkpoints),
       generations_(generations) {
-  ZERO_CHECK(generations >= 1,
-             "the checkpoint spill keeps at least 1 generation of checkpoints, "
-             "not "
-                 << generations);
+  ZERO_CHECK(
+      generations >= 1,
+      "the checkpoint spill keeps at least 1 generation of checkpoints, not " << generations);
 }
 
 void Gpt2CheckpointSpill::prepare(uint64_t bytes) {
