@@ -67,10 +67,11 @@ start=$(date +%s)
 # no to it, on the path the plain suite takes), the overlap test, whose 45 s are sleeps timing
 # the schedule (the engine tests run the same streams under ASan), and the pipeline benchmark's
 # bubble check, whose time is sleeping stages (the executor's tests run every schedule here).
+#
 # -j 4, two MPI tests at once on two cores: an instrumented job waits on process start-up and
-# its ranks' messages for a third of its time, which the other job fills (562 s against 762 s at
-# -j 2 for the 284 tests). The tests that time a schedule are left out above, and the fault
-# tests run alone (RUN_SERIAL).
+# its ranks' messages for a third of its time, which the other job fills (the 283 tests in 577 s,
+# against 762 s at -j 2). The tests that time a schedule are left out above, and the fault tests
+# run alone (RUN_SERIAL).
 asan_skipped="gpt2_pipeline_pp2_(dp2|tp2)_np4|gpt2_pipeline_memory_(pp2_dp2|pp2_tp2|pp4)_np4"
 asan_skipped+="|gpt2_pipeline_resume_stage1|zero_estimate_test|gpt2_tensor_parallel_tp4_np4"
 asan_skipped+="|bench_report_quick|zero_train_model_too_large|runtime_overlap_test_np2"
