@@ -16,8 +16,8 @@ namespace zero_estimate {
 struct StagePlan {
   zero::models::Gpt2PipelineStage stage;
   int in_flight = 1;
-  // ZB-H1 (a split backward): the stage's loads, over which
-  // its peak is planned; empty for the other schedules.
+  // ZB-H1 (a split backward): the stage's loads, over which its peak is planned; empty for the
+  // other schedules.
   std::vector<zero::PipelineStageLoad> split_loads;
   // Interleaved (model chunks): the stage's actions of a step, over which its chunks' peak is
   // planned; empty for the other schedules.
