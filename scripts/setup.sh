@@ -11,6 +11,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev nlohmann-json3-dev
   libdnnl-dev  # oneDNN: the bf16 products in bf16 on CPUs with bf16 arithmetic
+  ocl-icd-opencl-dev  # only recommended by libdnnl-dev, but its dnnl-config.cmake requires OpenCL
   liburing-dev  # io_uring for NVMe offload
   gnuplot-nox python3 python3-venv
   clang libclang-rt-14-dev
