@@ -196,10 +196,30 @@ bool bf16_products_in_bf16() {
 #endif
 }
 
+bool bf16_attention_in_bf16() {
+#if ZERO_HAVE_DNNL
+  static const bool in_bf16 = [] {
+    const char* value = std::getenv("ZERO_BF16_ATTENTION");
+    if (value == nullptr || value[0] == '\0') {
+      return detail::bf16_gemm_isa() == "avx512_core_bf16";
+    }
+    ZERO_CHECK(std::strcmp(value, "bf16") == 0 || std::strcmp(value, "fp32") == 0,
+               "ZERO_BF16_ATTENTION='" << value << "' is neither bf16 nor fp32");
+    return std::strcmp(value, "bf16") == 0;
+  }();
+  return in_bf16 && bf16_products_in_bf16();
+#else
+  return false;
+#endif
+}
+
 std::string bf16_products_description() {
   if (environment_keeps_fp32_products()) return "fp32 (ZERO_BF16_PRODUCTS=fp32)";
 #if ZERO_HAVE_DNNL
-  if (bf16_products_in_bf16()) return "oneDNN bf16 (" + detail::bf16_gemm_isa() + ")";
+  if (bf16_products_in_bf16()) {
+    return "oneDNN bf16 (" + detail::bf16_gemm_isa() + "); attention products " +
+           (bf16_attention_in_bf16() ? "bf16" : "fp32");
+  }
   return "fp32 (this CPU has neither avx512_bf16 nor amx_bf16)";
 #else
   return "fp32 (built without oneDNN)";

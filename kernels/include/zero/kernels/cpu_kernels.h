@@ -21,7 +21,7 @@ namespace zero::kernels {
 // fixed blocks, see kernels/cpu/kernel_paths.h).
 // bf16_products: matmul_forward's and matmul_backward's products round their inputs to bf16 and
 // accumulate in fp32 where the CPU has bf16 arithmetic (transformer_kernels.h); fp32 otherwise.
-// Attention's products stay fp32: its tiles' small GEMMs ran at 0.47x of fp32 through oneDNN.
+// Attention's products too where bf16_attention_in_bf16() (transformer_kernels.h).
 struct KernelOptions {
   int threads = 1;
   bool bf16_products = false;

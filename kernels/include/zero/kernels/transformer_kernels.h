@@ -47,7 +47,16 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 // CPU bf16 arithmetic (cpu_features.h), and ZERO_BF16_PRODUCTS is not "fp32" (read once).
 // Where it does not, bf16_products is ignored and the products run in fp32 as without it.
 bool bf16_products_in_bf16();
-// What bf16 products run on, for kernel_summary(): "oneDNN bf16 (avx512_bf16)", or why fp32.
+// Whether opt.bf16_products runs attention's products in bf16 too (attention_forward and
+// attention_backward: q, k, v, the output's gradient, the probabilities and the scores'
+// gradient rounded to bf16, fp32 accumulation; the softmax stays fp32). Where bf16 products run
+// in bf16 and oneDNN runs on avx512_core_bf16; not on AMX, whose oneDNN ran the attention tiles'
+// small GEMMs at 0.47x of OpenBLAS's fp32 (Intel Xeon), where avx512_core_bf16 runs them at
+// 2.5-3x (AMD EPYC). ZERO_BF16_ATTENTION=bf16 or fp32 in the environment (read once) decides
+// instead, for bf16 products that run in bf16.
+bool bf16_attention_in_bf16();
+// What bf16 products run on, for kernel_summary(): "oneDNN bf16 (avx512_core_bf16); attention
+// products bf16", or why fp32.
 std::string bf16_products_description();
 
 // How a weight matrix is stored: [in, out] (Hugging Face GPT-2's Conv1D: out = inp @ W) or
