@@ -436,10 +436,13 @@ int main(int argc, char** argv) {
   zero::Monitors monitors;  // rank 0's
   std::unique_ptr<zero::examples::TrainTask> task;
   std::vector<std::string> pipeline_lines;  // rank 0's: each stage's layers
+  std::string kernels;                      // the CPU kernels' summary
   std::string error;
   try {
     flags = zero::examples::parse_flags(argc, argv);
     if (!flags.help) {
+      // Here, so that a bad ZERO_BF16_* value in the environment is a setup error of every rank.
+      if (!flags.cuda) kernels = zero::kernels::kernel_summary();
       config = zero::examples::resolve_config(flags, mpi.world_size());
       // A GPU run's host work (the host AdamW of an offloaded optimizer) gets this rank's share
       // of the node's cores, where the CPU path runs a rank per core.
@@ -530,7 +533,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "zero-train: %s\n", blas_warning.c_str());
   }
   if (rank == 0 && !flags.cuda) {
-    std::printf("kernels: %s\n", zero::kernels::kernel_summary().c_str());
+    std::printf("kernels: %s\n", kernels.c_str());
     std::fflush(stdout);
   }
   try {

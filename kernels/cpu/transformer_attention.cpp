@@ -235,7 +235,6 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
   const TransformerPath& path = active_transformer_path();
   single_threaded_blas();
   const uint16_t* qkv_bf16 = bf16_copy(0, qkv, product(B, T) * 3 * C, opt);
-
   parallel_for(product(B, NH), product(T, T) * (C / NH), 1, opt, [&](size_t begin, size_t end) {
     TileScratch scratch(T, qkv_bf16 != nullptr);
     for (size_t pair = begin; pair < end; ++pair) {

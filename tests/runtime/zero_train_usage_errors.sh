@@ -131,6 +131,20 @@ echo '{"train_batch_size": 8, "flops_profiler": {"enabled": true, "top_modules":
   >"$work/flops_top.json"
 expect "\"flops_profiler.top_modules\" in $work/flops_top.json must be at least 1, got 0" \
   --config "$work/flops_top.json"
+# The kernels' environment variables, read when zero-train first asks for the kernel summary.
+expect_env() {
+  local variable="$1" value="$2" message="$3"
+  local output
+  output="$(env "$variable=$value" timeout 30 "$zero_train" --steps 1 2>&1)"
+  local rc=$?
+  if [[ $rc -ne 2 ]] || ! grep -qF -- "zero-train: $message" <<<"$output"; then
+    echo "FAIL: $variable=$value zero-train -> exit $rc, expected 2 and 'zero-train: $message'"
+    echo "$output" | head -3
+    failures=$((failures + 1))
+  fi
+}
+expect_env ZERO_BF16_PRODUCTS fp8 "ZERO_BF16_PRODUCTS='fp8' is neither bf16 nor fp32"
+expect_env ZERO_BF16_ATTENTION yes "ZERO_BF16_ATTENTION='yes' is neither bf16 nor fp32"
 if [[ $failures -ne 0 ]]; then
   echo "$failures usage error(s) not reported as expected"
   exit 1
