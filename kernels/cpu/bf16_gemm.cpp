@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <tuple>
+#include <vector>
 
 #include "oneapi/dnnl/dnnl.hpp"
 #include "zero/core/check.h"
@@ -83,6 +84,14 @@ void bf16_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, con
     ZERO_FAIL("oneDNN bf16 matmul of [" << M << ", " << K << "] x [" << K << ", " << N
                                         << "] failed: " << e.what());
   }
+}
+
+const uint16_t* round_to_bf16(int slot, const float* x, size_t n, const KernelOptions& opt) {
+  thread_local std::vector<uint16_t> buffers[3];
+  std::vector<uint16_t>& buffer = buffers[slot];
+  if (buffer.size() < n) buffer.resize(n);
+  cast(x, DType::kFloat32, buffer.data(), DType::kBFloat16, n, opt);
+  return buffer.data();
 }
 
 std::string bf16_gemm_isa() {

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "zero/kernels/cpu_kernels.h"
+
 namespace zero::kernels::detail {
 
 // C [M, N] = alpha op(A) [M, K] op(B) [K, N] + beta C, row-major, A and B bf16 (raw bits), C
@@ -15,6 +17,13 @@ namespace zero::kernels::detail {
 // reused; creating one costs far more than running a small one.
 void bf16_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A,
                int lda, const uint16_t* B, int ldb, float beta, float* C, int ldc);
+
+// n values of x rounded to bf16 (opt's threads) into operand buffer `slot` (0-2) of the calling
+// thread, which holds them until its next call with that slot: the products' operands (0 and 1,
+// and 2 for matmul_backward's dout) and attention's q, k, v (0) and output gradient (1). The
+// buffers are kept between calls (the largest is the LM head's gradient, N x V), so that no call
+// pays for fresh pages; they are not in the memory plan.
+const uint16_t* round_to_bf16(int slot, const float* x, size_t n, const KernelOptions& opt);
 
 // What oneDNN runs the bf16 primitives on ("avx512_core_amx", "avx512_core_bf16", ...).
 std::string bf16_gemm_isa();

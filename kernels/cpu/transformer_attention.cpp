@@ -210,15 +210,13 @@ HeadPair head_pair(const float* qkv, const uint16_t* qkv_bf16, size_t pair, int 
                   1.0f / std::sqrt(static_cast<float>(head_size))};
 }
 
-// x's n values rounded to bf16 into this thread's buffer `slot` (kept between calls, so that
-// no call pays for fresh pages) where opt's attention products run in bf16; else null.
+// x's n values rounded to bf16 (detail::round_to_bf16's `slot`) where opt's attention products
+// run in bf16; else null.
 const uint16_t* bf16_copy(int slot, const float* x, size_t n, const KernelOptions& opt) {
-  if (!opt.bf16_products || !bf16_attention_in_bf16()) return nullptr;
-  thread_local std::vector<uint16_t> buffers[2];
-  std::vector<uint16_t>& buffer = buffers[slot];
-  if (buffer.size() < n) buffer.resize(n);
-  cast(x, DType::kFloat32, buffer.data(), DType::kBFloat16, n, opt);
-  return buffer.data();
+#if ZERO_HAVE_DNNL
+  if (opt.bf16_products && bf16_attention_in_bf16()) return detail::round_to_bf16(slot, x, n, opt);
+#endif
+  return nullptr;
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -110,16 +111,20 @@ void blocked_gemm(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N
   });
 }
 
+// A ZERO_BF16_* choice in the environment: "bf16" (true), "fp32" (false), or unset or empty
+// (none); anything else is an error naming the variable.
+std::optional<bool> environment_bf16_choice(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || value[0] == '\0') return std::nullopt;
+  ZERO_CHECK(std::strcmp(value, "bf16") == 0 || std::strcmp(value, "fp32") == 0,
+             name << "='" << value << "' is neither bf16 nor fp32");
+  return std::strcmp(value, "bf16") == 0;
+}
+
 // ZERO_BF16_PRODUCTS=fp32 keeps bf16 products in fp32 (to compare the two); unset or "bf16":
 // bf16 where the CPU has the arithmetic. Read once.
 bool environment_keeps_fp32_products() {
-  static const bool keeps = [] {
-    const char* value = std::getenv("ZERO_BF16_PRODUCTS");
-    if (value == nullptr || value[0] == '\0' || std::strcmp(value, "bf16") == 0) return false;
-    ZERO_CHECK(std::strcmp(value, "fp32") == 0,
-               "ZERO_BF16_PRODUCTS='" << value << "' is neither bf16 nor fp32");
-    return true;
-  }();
+  static const bool keeps = environment_bf16_choice("ZERO_BF16_PRODUCTS") == false;
   return keeps;
 }
 
@@ -146,17 +151,6 @@ const float* fp32_values(const Operand& x) {
 bool products_in_bf16(const KernelOptions& opt) {
   return opt.bf16_products && bf16_products_in_bf16();
 }
-
-// n values of x rounded to bf16 into operand `slot` (0-2) of this thread. The buffers are kept
-// between calls (the largest is the LM head's gradient, N x V), so that no product pays for
-// fresh pages.
-const uint16_t* round_to_bf16(int slot, const float* x, size_t n, const KernelOptions& opt) {
-  thread_local std::vector<uint16_t> buffers[3];
-  std::vector<uint16_t>& buffer = buffers[slot];
-  if (buffer.size() < n) buffer.resize(n);
-  cast(x, DType::kFloat32, buffer.data(), DType::kBFloat16, n, opt);
-  return buffer.data();
-}
 #endif
 
 // The products of matmul_forward and matmul_backward in the precision opt asks for: A and B
@@ -167,8 +161,8 @@ void matrix_product(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int
                     const KernelOptions& opt) {
 #if ZERO_HAVE_DNNL
   if (products_in_bf16(opt)) {
-    const uint16_t* a = A.bf16 ? A.bf16 : round_to_bf16(0, A.values, A.size, opt);
-    const uint16_t* b = B.bf16 ? B.bf16 : round_to_bf16(1, B.values, B.size, opt);
+    const uint16_t* a = A.bf16 ? A.bf16 : detail::round_to_bf16(0, A.values, A.size, opt);
+    const uint16_t* b = B.bf16 ? B.bf16 : detail::round_to_bf16(1, B.values, B.size, opt);
     blocked_gemm(trans_a, trans_b, M, N, K, a, lda, b, ldb, beta, C, ldc, opt);
     return;
   }
@@ -198,15 +192,8 @@ bool bf16_products_in_bf16() {
 
 bool bf16_attention_in_bf16() {
 #if ZERO_HAVE_DNNL
-  static const bool in_bf16 = [] {
-    const char* value = std::getenv("ZERO_BF16_ATTENTION");
-    if (value == nullptr || value[0] == '\0') {
-      return detail::bf16_gemm_isa() == "avx512_core_bf16";
-    }
-    ZERO_CHECK(std::strcmp(value, "bf16") == 0 || std::strcmp(value, "fp32") == 0,
-               "ZERO_BF16_ATTENTION='" << value << "' is neither bf16 nor fp32");
-    return std::strcmp(value, "bf16") == 0;
-  }();
+  static const bool in_bf16 = environment_bf16_choice("ZERO_BF16_ATTENTION")
+                                  .value_or(detail::bf16_gemm_isa() == "avx512_core_bf16");
   return in_bf16 && bf16_products_in_bf16();
 #else
   return false;
@@ -259,7 +246,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
   // dout is an operand of both products: with bf16 products, rounded once for both.
   Operand d{dout, product(N, OC)};
 #if ZERO_HAVE_DNNL
-  if (products_in_bf16(opt)) d.bf16 = round_to_bf16(2, dout, d.size, opt);
+  if (products_in_bf16(opt)) d.bf16 = detail::round_to_bf16(2, dout, d.size, opt);
 #endif
   // The weight's gradient first: it is the last reader of inp, which dinp may overwrite.
   if (dweight != nullptr && in_out) {
