@@ -35,6 +35,8 @@ struct Request {
   size_t bytes = 0;
   size_t done = 0;
   bool inject_eio = false;
+  // The injected slow disk (tests): the request completes no sooner than this.
+  std::chrono::steady_clock::time_point complete_after{};
 };
 
 std::string errno_text(int error) {
@@ -263,6 +265,7 @@ struct NvmeFile::Worker {
     }
     r->done += static_cast<size_t>(result);
     if (r->done == r->bytes) {
+      std::this_thread::sleep_until(r->complete_after);
       complete(r, "");
       return;
     }
@@ -321,14 +324,17 @@ NvmeFile::NvmeFile(const std::string& path, uint64_t bytes, const AioConfig& aio
       const size_t at = text.find('@');
       const size_t hash = text.find('#');
       const std::string kind = text.substr(0, at);
-      ZERO_CHECK(at != std::string::npos && (kind == "read" || kind == "write" ||
-                                             kind == "submit" || kind == "short-submit"),
-                 "ZERO_TEST_NVME_FAULT must be read@RANK[#N], write@RANK[#N], submit@RANK[#N] or "
-                 "short-submit@RANK[#N], got '"
+      ZERO_CHECK(at != std::string::npos &&
+                     (kind == "read" || kind == "write" || kind == "submit" ||
+                      kind == "short-submit" || (kind == "slow-read" && hash != std::string::npos)),
+                 "ZERO_TEST_NVME_FAULT must be read@RANK[#N], write@RANK[#N], submit@RANK[#N], "
+                 "short-submit@RANK[#N] or slow-read@RANK#MS, got '"
                      << text << "'");
       if (std::atoi(text.c_str() + at + 1) == rank) {
         const long countdown = hash == std::string::npos ? 1 : std::atol(text.c_str() + hash + 1);
-        if (kind == "read" || kind == "write") {
+        if (kind == "slow-read") {
+          read_delay_ = std::chrono::milliseconds(countdown);
+        } else if (kind == "read" || kind == "write") {
           fault_kind_ = kind == "write" ? 1 : 0;
           fault_countdown_ = countdown;
         } else {
@@ -373,6 +379,8 @@ NvmeFile::Ticket NvmeFile::start(bool write, char* buffer, uint64_t offset, size
   if (bytes == 0) return ticket;
   bool inject = false;
   if (fault_kind_ == (write ? 1 : 0) && fault_countdown_ > 0) inject = --fault_countdown_ == 0;
+  const auto complete_after =
+      std::chrono::steady_clock::now() + (write ? std::chrono::milliseconds(0) : read_delay_);
   const size_t block = aio_.block_size;
   const size_t requests = (bytes + block - 1) / block;
   ticket->remaining = static_cast<int>(requests);
@@ -391,6 +399,7 @@ NvmeFile::Ticket NvmeFile::start(bool write, char* buffer, uint64_t offset, size
     r.offset = offset + i * block;
     r.bytes = std::min(block, bytes - i * block);
     r.inject_eio = inject && i == 0;
+    r.complete_after = complete_after;
     // Each thread takes a contiguous part of the transfer, as DeepSpeed splits one op.
     workers_[i * threads / requests]->push(std::move(r));
   }

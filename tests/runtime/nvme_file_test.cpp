@@ -1,6 +1,6 @@
 // The NVMe offload's files (under a directory of the build tree): free space checked before a
 // file is made, busy time that counts only transfers outstanding, scratch files that follow no
-// planted link, and submissions the kernel takes in part or fails.
+// planted link, submissions the kernel takes in part or fails, and the injected slow disk.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -204,6 +204,28 @@ TEST(Offload, SubmitErrorNamesFileOffsetAndErrno) {
   const std::string later = transfer_under_fault(file, buffer, 4 * kNvmeAlignment);
   expect_naming(later, "nvme: write of " + path + " at offset 16384 (4096 bytes) failed: ");
   expect_naming(later, "an earlier io_uring_submit of this file failed: Input/output error");
+}
+
+// The injected slow disk (tests of waits): each read takes the time asked at least and moves
+// the same bytes, and a slow-read without its time is refused.
+TEST(Offload, SlowReadTakesItsTimeAndMovesTheSameBytes) {
+  ASSERT_EQ(setenv("ZERO_TEST_NVME_FAULT", "slow-read@0#30", 1), 0);
+  NvmeFile file(nvme_dir() + "/slow_read.swp", 4 * kNvmeAlignment, four_kib_blocks(), 0);
+  ASSERT_EQ(unsetenv("ZERO_TEST_NVME_FAULT"), 0);
+  std::vector<char> memory(5 * kNvmeAlignment);
+  char* buffer = nvme_aligned(memory.data());
+  for (size_t i = 0; i < 2 * kNvmeAlignment; ++i) buffer[i] = static_cast<char>(i % 251);
+  file.wait(file.write(buffer, 0, 2 * kNvmeAlignment));
+  char* back = buffer + 2 * kNvmeAlignment;
+  const auto start = std::chrono::steady_clock::now();
+  file.wait(file.read(back, 0, 2 * kNvmeAlignment));
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(30));
+  EXPECT_TRUE(std::equal(buffer, back, back));
+  ASSERT_EQ(setenv("ZERO_TEST_NVME_FAULT", "slow-read@0", 1), 0);
+  const std::string message =
+      error_of([&] { NvmeFile bad(nvme_dir() + "/slow_read_bad.swp", kNvmeAlignment, {}, 0); });
+  ASSERT_EQ(unsetenv("ZERO_TEST_NVME_FAULT"), 0);
+  expect_naming(message, "slow-read@RANK#MS, got 'slow-read@0'");
 }
 
 }  // namespace

@@ -8,7 +8,9 @@
 // completion) is a zero::Error naming the file, the offset and errno, with the source line.
 // ZERO_TEST_NVME_FAULT=KIND@RANK[#N] (tests only) makes the N-th (default first) read or write
 // transfer of that rank fail with EIO, as a failing disk would; KIND submit makes the N-th
-// io_uring submission fail with EIO, short-submit has the kernel take only its first entry.
+// io_uring submission fail with EIO, short-submit has the kernel take only its first entry;
+// slow-read@RANK#MS makes each read of that rank complete no sooner than MS ms after it started,
+// as a slow disk would (its bytes unchanged).
 //
 // The engine's optimizer and parameter offloads use it (runtime/), and so does the GPT-2's
 // activation-checkpoint spill (models/gpt2_spill.h): one implementation of the I/O, its checks
@@ -114,6 +116,8 @@ class NvmeFile {
   // The injected fault (tests): which kind of transfer, and how many of them to let pass.
   int fault_kind_ = -1;  // 0 read, 1 write, -1 none
   long fault_countdown_ = 0;
+  // The injected slow disk (tests): how long each read takes at least.
+  std::chrono::milliseconds read_delay_{0};
   // The injected submission fault (tests), counted over every worker's submissions: the one it
   // hits fails with EIO (kSubmitFails) or has the kernel take only its first entry
   // (kSubmitShort). injected_submit_fault() says which for the submission about to be made.
