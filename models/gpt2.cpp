@@ -256,18 +256,11 @@ class Gpt2Head : public Module {
     Gpt2Ops& ops = backend_->ops_for(grad_out);
     ops.set_bf16_products(gpt2_detail::bf16_products(params));
     const std::shared_ptr<DeviceContext>& dev = grad_out.device();
+    logits_gradient(ops, grad_out, N, V);
     // ln_f's output gradient over ln_f's output, its last reader (as the blocks do).
     float* const d_norm = norm_.data();
-    if (config_.tensor_parallel_size == 1) {
-      // One call, so that bf16 products can have the logits' gradient made in bf16.
-      ops.lm_head_backward(d_norm, slots_.grad(grads, 2), logits_.data(), lse_.data(),
-                           ops.targets(targets_->ids), position_gradient(grad_out, N), norm_.data(),
-                           slots_.matrix(params, 2, ops), N, C, V);
-    } else {
-      logits_gradient(ops, grad_out, N, V);
-      ops.matmul_backward(d_norm, slots_.grad(grads, 2), nullptr, logits_.data(), norm_.data(),
-                          slots_.matrix(params, 2, ops), N, C, V, WeightLayout::kOutIn);
-    }
+    ops.matmul_backward(d_norm, slots_.grad(grads, 2), nullptr, logits_.data(), norm_.data(),
+                        slots_.matrix(params, 2, ops), N, C, V, WeightLayout::kOutIn);
     // Each rank's columns give a share of ln_f's output gradient: the sum is whole.
     backend_->all_reduce_tensor_parallel(d_norm, norm_.numel(), dev);
     grad_in = Tensor(input_.shape(), dev);
@@ -341,17 +334,11 @@ class Gpt2Head : public Module {
   }
 
  private:
-  // The gradient of one position's loss: d(mean loss)/d(loss of one position) = 1 / N, times
-  // the gradient of the mean.
-  static float position_gradient(const Tensor& grad_out, int N) {
-    ZERO_CHECK(grad_out.numel() == 1, "the GPT-2's output is its loss: its gradient is one value");
-    return grad_out.to_host()[0] / static_cast<float>(N);
-  }
-
-  // The logits' gradient over the logits. The targets forward put in the device's memory are
-  // still there.
+  // The logits' gradient over the logits: d(mean loss)/d(loss of one position) = 1 / N, times
+  // the gradient of the mean. The targets forward put in the device's memory are still there.
   void logits_gradient(Gpt2Ops& ops, const Tensor& grad_out, int N, int V) {
-    const float dloss = position_gradient(grad_out, N);
+    ZERO_CHECK(grad_out.numel() == 1, "the GPT-2's output is its loss: its gradient is one value");
+    const float dloss = grad_out.to_host()[0] / static_cast<float>(N);
     if (config_.tensor_parallel_size == 1) {
       ops.cross_entropy_backward(logits_.data(), logits_.data(), lse_.data(),
                                  ops.targets(targets_->ids), dloss, N, V);

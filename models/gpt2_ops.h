@@ -48,19 +48,6 @@ class Gpt2Ops {
   virtual void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
                                       const int32_t* targets, float dloss, int N, int V) = 0;
 
-  // The LM head's backward from its logits [N, V] (V the padded width) and their lse: the
-  // logits' gradient (cross_entropy_backward, dloss per position), then dinp = dlogits @ W and
-  // dweight += dlogits^T @ inp for the tied [V, C] weight. dinp may be inp. Where the products
-  // run in bf16 (CPU) the gradient is written in bf16 at once and the logits stay; elsewhere it
-  // is made in fp32 in the logits, as the two calls it stands for do.
-  virtual void lm_head_backward(float* dinp, float* dweight, float* logits, const float* lse,
-                                const int32_t* targets, float dloss, const float* inp,
-                                kernels::MatrixWeight weight, int N, int C, int V) {
-    cross_entropy_backward(logits, logits, lse, targets, dloss, N, V);
-    matmul_backward(dinp, dweight, nullptr, logits, inp, weight, N, C, V,
-                    kernels::WeightLayout::kOutIn);
-  }
-
   // The vocabulary-parallel embedding and head (gpt2_tensor_parallel.h): this rank holds rows
   // [first, first + rows) of wte, and the logits of those columns.
   // out[b, t] = wte_rows[token - first] for a token in this rank's rows, else 0; plus wpe[t]

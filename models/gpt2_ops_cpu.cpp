@@ -3,8 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdint>
-#include <vector>
 
 #include "zero/core/check.h"
 #include "zero/kernels/cpu_kernels.h"
@@ -64,22 +62,6 @@ class CpuGpt2Ops : public Gpt2Ops {
   void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
                               const int32_t* targets, float dloss, int N, int V) override {
     kernels::cross_entropy_backward(dlogits, logits, lse, targets, dloss, N, V, V, opt_);
-  }
-  void lm_head_backward(float* dinp, float* dweight, float* logits, const float* lse,
-                        const int32_t* targets, float dloss, const float* inp,
-                        kernels::MatrixWeight weight, int N, int C, int V) override {
-    if (!takes_bf16_weights()) {
-      Gpt2Ops::lm_head_backward(dinp, dweight, logits, lse, targets, dloss, inp, weight, N, C, V);
-      return;
-    }
-    // The products read the gradient in bf16: made so at once, it skips the fp32 gradient's
-    // write and the pass that would round it (the largest tensor of the step, N x V).
-    const size_t n = static_cast<size_t>(N) * static_cast<size_t>(V);
-    if (bf16_logits_gradient_.size() < n) bf16_logits_gradient_.resize(n);
-    kernels::cross_entropy_backward_bf16(bf16_logits_gradient_.data(), logits, lse, targets, dloss,
-                                         N, V, V, opt_);
-    kernels::matmul_backward_bf16_dout(dinp, dweight, bf16_logits_gradient_.data(), inp, weight, N,
-                                       C, V, kernels::WeightLayout::kOutIn, opt_);
   }
   // The vocabulary-parallel operations (tensor parallelism): plain loops.
   void embedding_forward_rows(float* out, const float* tokens, const float* wte_rows,
@@ -151,9 +133,6 @@ class CpuGpt2Ops : public Gpt2Ops {
 
  private:
   kernels::KernelOptions opt_;
-  // lm_head_backward's bf16 gradient, kept between steps so that no step pays for fresh pages
-  // (as the products' rounded operands are; not in the memory plan).
-  std::vector<uint16_t> bf16_logits_gradient_;
 };
 
 }  // namespace

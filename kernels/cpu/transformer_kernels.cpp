@@ -7,7 +7,6 @@
 #include "zero/kernels/transformer_kernels.h"
 
 #include <cstring>
-#include <vector>
 
 #include "transformer_threads.h"
 
@@ -174,29 +173,6 @@ void cross_entropy_backward(float* dlogits, const float* logits, const float* ls
       path.scaled_exp(d, logits + n * Vp, lse[n], dloss, V);
       d[targets[n]] -= dloss;
       std::memset(d + V, 0, static_cast<size_t>(Vp - V) * sizeof(float));
-    }
-  });
-}
-
-// Each row is made in fp32 in a row of the thread's own (L2-sized for a GPT-2 vocabulary) as
-// cross_entropy_backward makes it, then cast: the same bf16 values as rounding its output.
-void cross_entropy_backward_bf16(uint16_t* dlogits, const float* logits, const float* lse,
-                                 const int32_t* targets, float dloss, int N, int V, int Vp,
-                                 const KernelOptions& opt) {
-  check_cross_entropy("cross_entropy_backward_bf16", targets, N, V, Vp);
-  check_buffer(dlogits, product(N, Vp), "cross_entropy_backward_bf16", "dlogits");
-  check_buffer(logits, product(N, Vp), "cross_entropy_backward_bf16", "logits");
-  check_buffer(lse, N, "cross_entropy_backward_bf16", "lse");
-  const TransformerPath& path = active_transformer_path();
-  parallel_for(N, Vp, 1, opt, [&](size_t begin, size_t end) {
-    thread_local std::vector<float> row;
-    row.resize(static_cast<size_t>(V));
-    for (size_t n = begin; n < end; ++n) {
-      path.scaled_exp(row.data(), logits + n * Vp, lse[n], dloss, V);
-      row[static_cast<size_t>(targets[n])] -= dloss;
-      uint16_t* d = dlogits + n * Vp;
-      cast(row.data(), DType::kFloat32, d, DType::kBFloat16, static_cast<size_t>(V));
-      std::memset(d + V, 0, static_cast<size_t>(Vp - V) * sizeof(uint16_t));
     }
   });
 }

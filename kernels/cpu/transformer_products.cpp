@@ -234,14 +234,20 @@ void matmul_forward(float* out, const float* inp, MatrixWeight weight, const flo
                  bias ? 1.0f : 0.0f, out, OC, opt);
 }
 
-namespace {
-
-// dweight and dinp of matmul_backward from dout as given (fp32 values or bf16 bits).
-void matmul_backward_products(float* dinp, float* dweight, Operand d, const float* inp,
-                              MatrixWeight weight, int N, int C, int OC, WeightLayout layout,
-                              const KernelOptions& opt) {
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     MatrixWeight weight, int N, int C, int OC, WeightLayout layout,
+                     const KernelOptions& opt) {
+  check_sizes("matmul_backward", {N, C, OC});
+  check_buffer(dout, product(N, OC), "matmul_backward", "dout");
+  if (dweight != nullptr) check_buffer(inp, product(N, C), "matmul_backward", "inp");
+  if (dinp != nullptr) check_weight(weight, product(C, OC), "matmul_backward");
   const bool in_out = layout == WeightLayout::kInOut;
   const Operand x{inp, product(N, C)}, w{weight.values, product(C, OC), weight.bf16_bits};
+  // dout is an operand of both products: with bf16 products, rounded once for both.
+  Operand d{dout, product(N, OC)};
+#if ZERO_HAVE_DNNL
+  if (products_in_bf16(opt)) d.bf16 = detail::round_to_bf16(2, dout, d.size, opt);
+#endif
   // The weight's gradient first: it is the last reader of inp, which dinp may overwrite.
   if (dweight != nullptr && in_out) {
     // dW [C, OC] += inp^T @ dout.
@@ -250,57 +256,16 @@ void matmul_backward_products(float* dinp, float* dweight, Operand d, const floa
     // dW [OC, C] += dout^T @ inp.
     matrix_product(CblasTrans, CblasNoTrans, OC, C, N, d, OC, x, C, 1.0f, dweight, C, opt);
   }
-  if (dinp) {
-    // dinp [N, C] = dout [N, OC] @ W^T, where W^T is [OC, C].
-    matrix_product(CblasNoTrans, in_out ? CblasTrans : CblasNoTrans, N, C, OC, d, OC, w,
-                   in_out ? OC : C, 0.0f, dinp, C, opt);
-  }
-}
-
-void check_backward_buffers(const char* kernel, const void* dout, const float* inp,
-                            const float* dweight, const float* dinp, const MatrixWeight& weight,
-                            int N, int C, int OC) {
-  check_sizes(kernel, {N, C, OC});
-  check_buffer(dout, product(N, OC), kernel, "dout");
-  if (dweight != nullptr) check_buffer(inp, product(N, C), kernel, "inp");
-  if (dinp != nullptr) check_weight(weight, product(C, OC), kernel);
-}
-
-}  // namespace
-
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     MatrixWeight weight, int N, int C, int OC, WeightLayout layout,
-                     const KernelOptions& opt) {
-  check_backward_buffers("matmul_backward", dout, inp, dweight, dinp, weight, N, C, OC);
-  // dout is an operand of both products: with bf16 products, rounded once for both.
-  Operand d{dout, product(N, OC)};
-#if ZERO_HAVE_DNNL
-  if (products_in_bf16(opt)) d.bf16 = detail::round_to_bf16(2, dout, d.size, opt);
-#endif
   if (dbias) {
     const size_t cols = OC;
     add_column_sums(dbias, N, cols, opt,
                     [&](size_t row, size_t c) { return dout[row * cols + c]; });
   }
-  matmul_backward_products(dinp, dweight, d, inp, weight, N, C, OC, layout, opt);
-}
-
-void matmul_backward_bf16_dout(float* dinp, float* dweight, const uint16_t* dout, const float* inp,
-                               MatrixWeight weight, int N, int C, int OC, WeightLayout layout,
-                               const KernelOptions& opt) {
-  check_backward_buffers("matmul_backward_bf16_dout", dout, inp, dweight, dinp, weight, N, C, OC);
-#if ZERO_HAVE_DNNL
-  const bool in_bf16 = products_in_bf16(opt);
-#else
-  const bool in_bf16 = false;
-#endif
-  ZERO_CHECK(in_bf16,
-             "matmul_backward_bf16_dout: a bf16 dout needs bf16 products "
-             "(KernelOptions.bf16_products on a CPU where bf16_products_in_bf16()); "
-             "these run in fp32");
-  Operand d{nullptr, product(N, OC)};
-  d.bf16 = dout;
-  matmul_backward_products(dinp, dweight, d, inp, weight, N, C, OC, layout, opt);
+  if (dinp) {
+    // dinp [N, C] = dout [N, OC] @ W^T, where W^T is [OC, C].
+    matrix_product(CblasNoTrans, in_out ? CblasTrans : CblasNoTrans, N, C, OC, d, OC, w,
+                   in_out ? OC : C, 0.0f, dinp, C, opt);
+  }
 }
 
 }  // namespace zero::kernels

@@ -86,12 +86,6 @@ void matmul_forward(float* out, const float* inp, MatrixWeight weight, const flo
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      MatrixWeight weight, int N, int C, int OC, WeightLayout layout,
                      const KernelOptions& opt = {});
-// matmul_backward with dout given in bf16 (raw bits), as bf16 products read it
-// (cross_entropy_backward_bf16 writes it so): only where opt.bf16_products and
-// bf16_products_in_bf16(), else a zero::Error; no bias gradient.
-void matmul_backward_bf16_dout(float* dinp, float* dweight, const uint16_t* dout, const float* inp,
-                               MatrixWeight weight, int N, int C, int OC, WeightLayout layout,
-                               const KernelOptions& opt = {});
 
 // GELU with GPT-2's tanh approximation, element-wise over n values; dinp = gelu'(inp) * dout,
 // which may be computed in place (dinp the same buffer as dout or inp).
@@ -121,11 +115,5 @@ void cross_entropy_forward(float* losses, float* lse, const float* logits, const
 void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
                             const int32_t* targets, float dloss, int N, int V, int Vp,
                             const KernelOptions& opt = {});
-// cross_entropy_backward's values rounded to bf16 (raw bits, to nearest even, as cast rounds),
-// for bf16 products to read (matmul_backward_bf16_dout): the LM head's gradient is made in bf16
-// at once instead of written in fp32 and rounded in a second pass. The logits stay as they are.
-void cross_entropy_backward_bf16(uint16_t* dlogits, const float* logits, const float* lse,
-                                 const int32_t* targets, float dloss, int N, int V, int Vp,
-                                 const KernelOptions& opt = {});
 
 }  // namespace zero::kernels
