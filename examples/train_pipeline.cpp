@@ -357,11 +357,17 @@ void check_pipeline_settings(const Flags& f, const TrainingConfig& tc, int world
   refuse(kind == PipelineScheduleKind::kInterleaved && f.pp_regather,
          "--pp-schedule interleaved with --pp-regather");
   refuse(f.cuda, "--device cuda");
+  // (cpu_checkpointing has no effect on the CPU path, the only one a pipeline runs on.)
   const ActivationCheckpointingConfig& ac = tc.activation_checkpointing;
-  // These keep one slot per block, which a second micro-batch in flight would overwrite.
-  refuse(ac.contiguous_memory_optimization, "contiguous_memory_optimization");
-  refuse(ac.cpu_checkpointing, "activation_checkpointing.cpu_checkpointing");
-  refuse(ac.partition_activations, "activation_checkpointing.partition_activations");
+  const bool checkpointed = ac.mode != "none";
+  // The contiguous buffer has a slot per micro-batch in flight, one chunk's; a split backward
+  // keeps a checkpoint for its weight half, which neither it nor a partitioned one provides.
+  const bool split = kind == PipelineScheduleKind::kZeroBubbleH1;
+  refuse(checkpointed && ac.contiguous_memory_optimization &&
+             (split || kind == PipelineScheduleKind::kInterleaved),
+         "contiguous_memory_optimization with --pp-schedule " + f.pp_schedule);
+  refuse(checkpointed && ac.partition_activations && tc.tensor_parallel_size > 1 && split,
+         "activation_checkpointing.partition_activations with --pp-schedule zb-h1");
   // The tensors between stages have one shape, agreed at start: every slice the same size.
   const long data_parallel = world_size / (tc.tensor_parallel_size * tc.pipeline_stages);
   const long slices = static_cast<long>(tc.gradient_accumulation_steps) * data_parallel;

@@ -198,8 +198,10 @@ class Gpt2Task : public TrainTask {
         chunk_actions_ =
             make_pipeline_schedule(kind, stages, micro_batches_, virtual_stages)[stage];
       }
-      // The spill's file gives each micro-batch in flight on a chunk regions of its own.
-      checkpointing_.spill_generations = models::gpt2_spill_generations(in_flight_, chunk_actions_);
+      // The spill's file and the contiguous checkpoint buffer give each micro-batch in flight
+      // on a chunk places of its own.
+      checkpointing_.checkpoint_generations =
+          models::gpt2_checkpoint_generations(in_flight_, chunk_actions_);
     } catch (const Error& e) {
       throw ConfigError(std::string("--pp-schedule: ") + e.what());
     }

@@ -479,7 +479,7 @@ Gpt2 build_gpt2(const Gpt2Config& config, int kernel_threads,
   if (!checkpointing.nvme_path.empty()) {
     shared->spill = std::make_unique<Gpt2CheckpointSpill>(
         checkpointing.nvme_path, checkpointing.spill_aio, checkpointing.spill_rank, slots,
-        checkpointing.spill_generations);
+        checkpointing.checkpoint_generations);
   }
   int slot = 0;
   for (int c = 0; c < chunks; ++c) {
@@ -498,6 +498,7 @@ Gpt2 build_gpt2(const Gpt2Config& config, int kernel_threads,
       Gpt2BlockCheckpointing block_checkpointing;
       block_checkpointing.contiguous_memory = checkpointing.contiguous_memory;
       block_checkpointing.slots = slots;
+      block_checkpointing.generations = checkpointing.checkpoint_generations;
       block_checkpointing.profile = checkpointing.profile;
       block_checkpointing.synchronize = checkpointing.synchronize_boundary;
       block_checkpointing.cpu_checkpointing = checkpointing.cpu_checkpointing;

@@ -13,7 +13,7 @@ using kernels::WeightLayout;
 
 namespace {
 
-// Floats hold integers below 2^24 exactly: take_activations keeps the spill's forward number in
+// Floats hold integers below 2^24 exactly: take_activations keeps the forward number in
 // two such halves.
 constexpr uint64_t kFloatExact = uint64_t{1} << 24;
 
@@ -133,12 +133,22 @@ const Tensor& Gpt2Block::input_holder() const {
   return in_shared_buffer() ? shared_->checkpoints : kept_[kInput];
 }
 
+size_t Gpt2Block::shared_slots() const {
+  return static_cast<size_t>(checkpointing_.slots) *
+         static_cast<size_t>(checkpointing_.generations);
+}
+
+size_t Gpt2Block::checkpoint_slot() const {
+  const uint64_t set = forward_ % static_cast<uint64_t>(checkpointing_.generations);
+  return static_cast<size_t>(set) * static_cast<size_t>(checkpointing_.slots) +
+         static_cast<size_t>(checkpointing_.slot);
+}
+
 float* Gpt2Block::checkpoint_data() {
   if (spills()) return shared_->spill->in_buffer(shared_->spill_buffer, checkpointing_.slot);
   if (!in_shared_buffer()) return kept_[kInput].data();
   Tensor& all = shared_->checkpoints;
-  return all.data() + all.numel() / static_cast<size_t>(checkpointing_.slots) *
-                          static_cast<size_t>(checkpointing_.slot);
+  return all.data() + all.numel() / shared_slots() * checkpoint_slot();
 }
 
 float* Gpt2Block::data_of(int a) {
@@ -153,7 +163,8 @@ void Gpt2Block::keep_piece(const Tensor& in) {
   backend_->activation(shared_->recomputed[kInput], {static_cast<int64_t>(t * piece)}, in.device());
   gpt2_detail::Gpt2Backend::copy_into(shared_->recomputed[kInput].data(), in);
   if (in_shared_buffer()) {
-    backend_->activation(shared_->checkpoints, {checkpointing_.slots, static_cast<int64_t>(piece)},
+    backend_->activation(shared_->checkpoints,
+                         {static_cast<int64_t>(shared_slots()), static_cast<int64_t>(piece)},
                          in.device(), MemoryCategory::kCheckpoint);
   } else {
     backend_->activation(kept_[kInput], {static_cast<int64_t>(piece)}, in.device(),
@@ -177,7 +188,7 @@ uint64_t Gpt2Block::kept_bytes() const {
 uint64_t Gpt2Block::checkpoint_bytes() const {
   if (recompute_ == Recompute::kNone) return 0;
   if (!in_shared_buffer()) return bytes_of(kept_[kInput]);
-  return bytes_of(shared_->checkpoints) / static_cast<uint64_t>(checkpointing_.slots);
+  return bytes_of(shared_->checkpoints) / shared_slots();
 }
 
 bool Gpt2Block::moves_checkpoint() const {
@@ -196,7 +207,7 @@ bool Gpt2Block::spills() const {
 }
 
 void Gpt2Block::fetch_spilled() {
-  spill_transfer_ = shared_->spill->read(checkpoint_data(), checkpointing_.slot, spill_forward_);
+  spill_transfer_ = shared_->spill->read(checkpoint_data(), checkpointing_.slot, forward_);
   fetched_ = true;
 }
 
@@ -224,6 +235,7 @@ void Gpt2Block::forward(const Tensor& in, Tensor& out, const std::vector<ParamRe
   const auto start = std::chrono::steady_clock::now();
   B_ = static_cast<int>(in.shape()[0]);
   T_ = static_cast<int>(in.shape()[1]);
+  forward_ = forwards_++;
   // A checkpointed block's input is its checkpoint: what its recomputation starts from.
   if (partitioned()) {
     keep_piece(in);
@@ -239,18 +251,21 @@ void Gpt2Block::forward(const Tensor& in, Tensor& out, const std::vector<ParamRe
     // Written while the block computes on it, to this forward's generation of the block's
     // regions (gpt2_spill.h); a forward that no backward follows (validation) leaves nothing to
     // hand back.
-    spill_forward_ = spill_forwards_++;
-    spill_transfer_ = spill.write(checkpoint_data(), checkpointing_.slot, spill_forward_);
+    spill_transfer_ = spill.write(checkpoint_data(), checkpointing_.slot, forward_);
     fetched_ = false;
   } else if (in_shared_buffer()) {
     // The first checkpointed block of a micro-batch of another size reallocates the buffer.
-    backend_->activation(shared_->checkpoints, {checkpointing_.slots, B_, T_, C}, in.device(),
-                         MemoryCategory::kCheckpoint);
+    backend_->activation(shared_->checkpoints, {static_cast<int64_t>(shared_slots()), B_, T_, C},
+                         in.device(), MemoryCategory::kCheckpoint);
     gpt2_detail::Gpt2Backend::copy_into(data_of(kInput), in);
   } else {
     backend_->keep_copy(
         kept_[kInput], in,
         recompute_ == Recompute::kNone ? MemoryCategory::kActivation : MemoryCategory::kCheckpoint);
+  }
+  if (in_shared_buffer()) {
+    slot_writers_.resize(static_cast<size_t>(checkpointing_.generations));
+    slot_writers_[forward_ % slot_writers_.size()] = forward_;
   }
   DeviceContext& context = backend_->context_of(in.device());
   if (moves_checkpoint()) {
@@ -331,16 +346,15 @@ void Gpt2Block::run_forward(const std::vector<ParamRef>& params, Tensor* out) {
 }
 
 void Gpt2Block::take_activations(KeptActivations& kept) {
-  ZERO_CHECK(!in_shared_buffer() && !partitioned() && !moves_checkpoint(),
-             "a GPT-2 block keeps its checkpoint in a slot of its own with contiguous_memory_"
-             "optimization, partition_activations or cpu_checkpointing, so it cannot have several "
-             "micro-batches in flight (a pipeline); turn those off");
+  ZERO_CHECK(!moves_checkpoint(),
+             "a GPT-2 block keeps one host copy of its checkpoint with cpu_checkpointing, so it "
+             "cannot have several micro-batches in flight (a pipeline); turn it off");
   kept.clear();
   // The batch's shape, and with the spill which forward's regions hold the checkpoint.
   kept.emplace_back(std::vector<int64_t>{4},
                     std::vector<float>{static_cast<float>(B_), static_cast<float>(T_),
-                                       static_cast<float>(spill_forward_ / kFloatExact),
-                                       static_cast<float>(spill_forward_ % kFloatExact)});
+                                       static_cast<float>(forward_ / kFloatExact),
+                                       static_cast<float>(forward_ % kFloatExact)});
   for (Tensor& tensor : kept_) kept.push_back(std::move(tensor));
   for (Tensor& tensor : kept_) tensor = Tensor();
   for (Tensor& tensor : weight_inputs_) kept.push_back(std::move(tensor));
@@ -354,8 +368,7 @@ void Gpt2Block::restore_activations(KeptActivations& kept) {
   const std::vector<float> header = kept[0].to_host();
   B_ = static_cast<int>(header[0]);
   T_ = static_cast<int>(header[1]);
-  spill_forward_ =
-      static_cast<uint64_t>(header[2]) * kFloatExact + static_cast<uint64_t>(header[3]);
+  forward_ = static_cast<uint64_t>(header[2]) * kFloatExact + static_cast<uint64_t>(header[3]);
   for (int a = 0; a < kBlockActivations; ++a) kept_[a] = std::move(kept[1 + a]);
   for (int i = 0; i < kWeightInputs; ++i) {
     weight_inputs_[i] = std::move(kept[1 + kBlockActivations + i]);
@@ -379,6 +392,14 @@ std::chrono::steady_clock::time_point Gpt2Block::prepare_backward(
     if (!fetched_) fetch_spilled();
     shared_->spill->wait(spill_transfer_);
     if (previous_checkpointed_ != nullptr) previous_checkpointed_->fetch_spilled();
+  }
+  if (in_shared_buffer()) {
+    const uint64_t writer = slot_writers_.at(forward_ % slot_writers_.size());
+    ZERO_CHECK(writer == forward_,
+               "a GPT-2 block's checkpoint of its forward "
+                   << forward_ << " was overwritten by its forward " << writer
+                   << " before its backward: more micro-batches in flight than the "
+                   << checkpointing_.generations << " set(s) of the contiguous checkpoint buffer");
   }
   const auto start = std::chrono::steady_clock::now();
   if (recompute_ == Recompute::kNone) return start;

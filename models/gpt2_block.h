@@ -33,10 +33,13 @@ enum BlockActivation {
 struct Gpt2BlockCheckpointing {
   Recompute recompute = Recompute::kNone;
   // With contiguous_memory, this block's checkpoint is slot `slot` of `slots` in
-  // Gpt2BlockShared::checkpoints.
+  // each of the `generations` sets of Gpt2BlockShared::checkpoints: one set per micro-batch a
+  // pipeline stage holds in flight, its forward k in set k mod generations (as the spill's
+  // regions, gpt2_spill.h).
   bool contiguous_memory = false;
   int slot = 0;
   int slots = 0;
+  int generations = 1;
   bool profile = false;
   bool synchronize = false;  // synchronize_checkpoint_boundary
   bool cpu_checkpointing = false;
@@ -74,8 +77,8 @@ enum BlockParam {
 
 // Buffers every block uses in turn: backward runs one block at a time.
 struct Gpt2BlockShared {
-  // With contiguous_memory: every checkpointed block's input, [slots, N, C]; with partition,
-  // every checkpointed block's piece of it, [slots, P] (gpt2_memory.h).
+  // With contiguous_memory: every checkpointed block's input, [generations x slots, N, C]; with
+  // partition, every checkpointed block's piece of it, [generations x slots, P] (gpt2_memory.h).
   Tensor checkpoints;
   // The recomputed tensors of the checkpointed block being processed (only those its setting
   // recomputes are allocated); with partition, [kInput] is its whole input (t pieces).
@@ -107,9 +110,9 @@ class Gpt2Block : public Module {
   void forward(const Tensor& in, Tensor& out, const std::vector<ParamRef>& params) override;
   void backward(const Tensor& grad_out, Tensor& grad_in, const std::vector<ParamRef>& params,
                 const std::vector<ParamRef>& grads) override;
-  // Several micro-batches in flight: the kept tensors, the batch's shape and, with the NVMe
-  // spill, which forward's regions of the file hold the checkpoint. Not with a checkpoint held in
-  // one slot per block (contiguous_memory, partition_activations, cpu_checkpointing).
+  // Several micro-batches in flight: the kept tensors, the batch's shape and which forward's
+  // checkpoint the block holds (its regions of the spill's file, its slots of the checkpoint
+  // buffer). Not with cpu_checkpointing (one host copy per block).
   void take_activations(KeptActivations& kept) override;
   void restore_activations(KeptActivations& kept) override;
   // Split (ZB-H1): backward_input writes each input gradient into memory of its own instead of
@@ -117,8 +120,8 @@ class Gpt2Block : public Module {
   // of the four products and two LayerNorms for backward_weight; a recomputing block recomputes
   // in backward_input and keeps the recomputed tensors backward_weight reads (all but qkv and the
   // log-sum-exp) until then, in memory of its own, and with the spill a copy of its checkpoint
-  // (the spill's buffer holds other blocks' by then). Not with a checkpoint held in one slot per
-  // block.
+  // (the spill's buffer holds other blocks' by then). Not with a checkpoint held in a slot of
+  // the shared buffer (contiguous_memory, partition_activations) or cpu_checkpointing.
   bool splits_backward() const override { return true; }
   void backward_input(const Tensor& grad_out, Tensor& grad_in,
                       const std::vector<ParamRef>& params) override;
@@ -147,8 +150,13 @@ class Gpt2Block : public Module {
   bool partitioned() const;
   // The tensor whose memory holds this block's checkpoint.
   const Tensor& input_holder() const;
-  // Where this block's checkpoint is: kept_[kInput], or with contiguous_memory its slot.
+  // Where this block's checkpoint is: kept_[kInput], or with contiguous_memory its slot of the
+  // current forward's set.
   float* checkpoint_data();
+  // With contiguous_memory: the slots of Gpt2BlockShared::checkpoints (every set's), and the
+  // index of this block's in the current forward's set.
+  size_t shared_slots() const;
+  size_t checkpoint_slot() const;
   // Where tensor `a` is: at(a)'s memory, or for a contiguous checkpoint this block's slot.
   float* data_of(int a);
   // partition_activations in forward: `in` whole in the shared buffer, this rank's piece of it
@@ -194,11 +202,15 @@ class Gpt2Block : public Module {
   Event checkpoint_copy_;
   bool fetched_ = false;
   Gpt2Block* previous_checkpointed_ = nullptr;
-  // nvme_path: the checkpoint's last transfer to or from the file (fetched_ as above), the
-  // forwards this block ran, and the one whose checkpoint it holds (which regions have it).
+  // nvme_path: the checkpoint's last transfer to or from the file (fetched_ as above).
   NvmeFile::Ticket spill_transfer_;
-  uint64_t spill_forwards_ = 0;
-  uint64_t spill_forward_ = 0;
+  // The forwards this block ran, and the one whose checkpoint it holds (which regions of the
+  // spill's file, which set of the checkpoint buffer); per set of the buffer, the forward that
+  // wrote this block's slot last, so that a checkpoint overwritten before its backward is an
+  // error, never a wrong gradient.
+  uint64_t forwards_ = 0;
+  uint64_t forward_ = 0;
+  std::vector<uint64_t> slot_writers_;
 };
 
 }  // namespace zero::models

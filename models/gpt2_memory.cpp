@@ -88,6 +88,10 @@ bool gpt2_partitions_checkpoints(const Gpt2Config& config, const Gpt2Checkpointi
   return checkpointing.partition_activations && config.tensor_parallel_size > 1;
 }
 
+bool gpt2_checkpoints_in_slots(const Gpt2Checkpointing& checkpointing) {
+  return checkpointing.recompute != Recompute::kNone && checkpointing.contiguous_memory;
+}
+
 uint64_t gpt2_checkpoint_piece(const Gpt2Config& config, int64_t B, int64_t T) {
   const uint64_t whole =
       size_product(size_product(static_cast<uint64_t>(B), static_cast<uint64_t>(T), "the tokens"),
@@ -176,7 +180,7 @@ Gpt2ActivationBytes gpt2_activation_formula(const Gpt2Config& config,
       bytes.blocks[layer] -= one;
       ++checkpointed;
     }
-    spill_sizes(checkpointed, region, checkpointing.spill_generations, &bytes.spill_buffer,
+    spill_sizes(checkpointed, region, checkpointing.checkpoint_generations, &bytes.spill_buffer,
                 &bytes.nvme_checkpoints);
     bytes.checkpoints = bytes.spill_buffer;
   }
@@ -244,7 +248,7 @@ uint64_t Gpt2StageActivationBytes::peak_checkpoints() const {
       buffer, what);
 }
 
-int gpt2_spill_generations(int in_flight, const std::vector<PipelineAction>& chunk_actions) {
+int gpt2_checkpoint_generations(int in_flight, const std::vector<PipelineAction>& chunk_actions) {
   if (chunk_actions.empty()) return in_flight;
   // Per chunk, forwards whose checkpoint is still to be read: by the backward, or by the input
   // half of a split one.
@@ -272,14 +276,25 @@ Gpt2StageActivationBytes gpt2_stage_activation_formula(const Gpt2Config& config,
     bytes.micro_batch = whole;
     return bytes;
   }
-  // Each keeps a block's checkpoint in a slot of its own (gpt2_block.cpp's take_activations),
-  // which a second micro-batch in flight would overwrite; zero-train refuses them with --pp.
-  ZERO_CHECK(!(checkpointing.contiguous_memory || checkpointing.cpu_checkpointing ||
-               gpt2_partitions_checkpoints(config, checkpointing)),
-             "contiguous_memory_optimization, cpu_checkpointing and partition_activations keep "
-             "one slot per block: a pipeline stage cannot hold micro-batches in flight with them");
+  // cpu_checkpointing keeps one host copy per block (gpt2_block.cpp's take_activations), which
+  // a second micro-batch in flight would overwrite; zero-train refuses it with --pp.
+  ZERO_CHECK(!checkpointing.cpu_checkpointing,
+             "cpu_checkpointing keeps one host copy per block: a pipeline stage cannot hold "
+             "micro-batches in flight with it");
+  // The checkpoint buffer has a slot per checkpointed block and micro-batch in flight, all of
+  // them allocated with the first: in_flight micro-batches' checkpoints, as without the buffer.
+  ZERO_CHECK(!gpt2_checkpoints_in_slots(checkpointing) ||
+                 checkpointing.checkpoint_generations == in_flight,
+             "contiguous_memory_optimization keeps a slot per checkpointed block and micro-batch "
+             "in flight: a stage holding "
+                 << in_flight << " micro-batches needs checkpoint_generations " << in_flight
+                 << ", not " << checkpointing.checkpoint_generations);
   Gpt2ActivationBytes& mine = bytes.micro_batch;
   const uint64_t checkpoint = checkpoint_bytes(config, B, T);
+  // What a checkpointed block keeps: its whole input, or with partition_activations its piece.
+  const uint64_t kept_checkpoint = gpt2_partitions_checkpoints(config, checkpointing)
+                                       ? gpt2_checkpoint_piece(config, B, T) * sizeof(float)
+                                       : checkpoint;
   // With the spill a checkpointed block keeps none (whole.blocks has it out already).
   const bool spilled = whole.spill_buffer > 0;
   uint64_t checkpointed = 0;
@@ -302,8 +317,8 @@ Gpt2StageActivationBytes gpt2_stage_activation_formula(const Gpt2Config& config,
         ++checkpointed;
         mine.recompute = whole.recompute;
         if (!spilled) {
-          mine.checkpoints += checkpoint;
-          checkpoints += checkpoint;
+          mine.checkpoints += kept_checkpoint;
+          checkpoints += kept_checkpoint;
         }
       }
     }
@@ -311,9 +326,9 @@ Gpt2StageActivationBytes gpt2_stage_activation_formula(const Gpt2Config& config,
     bytes.chunk_checkpoints.push_back(checkpoints);
   }
   if (spilled && checkpointed > 0) {
-    // The stage's checkpointed blocks spill to a file of their own (spill_generations regions
+    // The stage's checkpointed blocks spill to a file of their own (checkpoint_generations regions
     // each) through one buffer, which its micro-batches and chunks share (gpt2_spill.h).
-    spill_sizes(checkpointed, nvme_align_up(checkpoint), checkpointing.spill_generations,
+    spill_sizes(checkpointed, nvme_align_up(checkpoint), checkpointing.checkpoint_generations,
                 &mine.spill_buffer, &mine.nvme_checkpoints);
     mine.checkpoints = mine.spill_buffer;
   }
@@ -328,9 +343,12 @@ Gpt2StageActivationBytes gpt2_chunked_stage_activation_formula(
     const Gpt2Config& config, const Gpt2Checkpointing& checkpointing,
     const Gpt2PipelineStage& stage, const std::vector<PipelineAction>& actions, int64_t B,
     int64_t T) {
+  const size_t chunks = static_cast<size_t>(stage.chunk_count());
+  ZERO_CHECK(chunks == 1 || !gpt2_checkpoints_in_slots(checkpointing),
+             "contiguous_memory_optimization is not built for a pipeline stage of model chunks "
+             "(interleaved)");
   Gpt2StageActivationBytes bytes =
       gpt2_stage_activation_formula(config, checkpointing, stage, 1, B, T);
-  const size_t chunks = static_cast<size_t>(stage.chunk_count());
   if (chunks == 1) return bytes;
   // Per chunk: (micro-batch, chunk) pairs forwarded and not yet backward, and whether its
   // modules keep the tensors of their last backward (one more set, until its next forward).
@@ -370,6 +388,10 @@ Gpt2StageActivationBytes gpt2_split_stage_activation_formula(
     const Gpt2Config& config, const Gpt2Checkpointing& checkpointing,
     const Gpt2PipelineStage& stage, const std::vector<PipelineStageLoad>& loads, int64_t B,
     int64_t T) {
+  ZERO_CHECK(stage.stages == 1 || !(gpt2_checkpoints_in_slots(checkpointing) ||
+                                    gpt2_partitions_checkpoints(config, checkpointing)),
+             "contiguous_memory_optimization and partition_activations are not built for a "
+             "split backward (zb-h1)");
   Gpt2StageActivationBytes bytes =
       gpt2_stage_activation_formula(config, checkpointing, stage, 1, B, T);
   const char* what = "a split backward's weight inputs";

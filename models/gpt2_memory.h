@@ -73,8 +73,8 @@
 // one buffer of b R + kNvmeBufferSlack bytes (b = 2 regions, or 1 with one checkpointed block;
 // the slack aligns them, zero/runtime/nvme_file.h) instead of being kept: a checkpointed block
 // keeps N C floats fewer, and the file holds L R G bytes for L checkpointed blocks and G
-// generations (Gpt2Checkpointing::spill_generations: 1, or on a pipeline stage the micro-batches
-// one of its chunks holds in flight, each with regions of its own).
+// generations (Gpt2Checkpointing::checkpoint_generations: 1, or on a pipeline stage the
+// micro-batches one of its chunks holds in flight, each with regions of its own).
 //
 // A pipeline stage (Gpt2PipelineStage, gpt2.h) holds, per micro-batch, its own part of that:
 // the embedding's on the first stage, its blocks', the head's on the last (the logits among
@@ -148,10 +148,11 @@ struct Gpt2Checkpointing {
   std::string nvme_path{};
   AioConfig spill_aio{};
   int spill_rank = 0;
-  // The micro-batches whose checkpoints the spill's file holds at once, G regions per
-  // checkpointed block: on a pipeline stage the most one of its chunks holds in flight
-  // (gpt2_spill_generations), 1 without a pipeline.
-  int spill_generations = 1;
+  // The micro-batches whose checkpoints a stage holds at once where they have places of their
+  // own (the spill's file, G regions per checkpointed block; contiguous_memory's buffer and
+  // partition_activations' pieces, G slots per checkpointed block): on a pipeline stage the most
+  // one of its chunks holds in flight (gpt2_checkpoint_generations), 1 without a pipeline.
+  int checkpoint_generations = 1;
   // DeepSpeed's synchronize_checkpoint_boundary: each checkpointed block's forward and backward
   // begin and end with the host waiting until the device has run all the work issued so far, on
   // every stream (DeviceContext::synchronize_device, torch.cuda.synchronize()'s meaning; on the
@@ -165,6 +166,10 @@ bool gpt2_block_checkpointed(const Gpt2Checkpointing& checkpointing, int layer, 
 // Whether the checkpointed blocks of a model of `config` keep their checkpoints partitioned:
 // partition_activations over more than one tensor-parallel rank.
 bool gpt2_partitions_checkpoints(const Gpt2Config& config, const Gpt2Checkpointing& checkpointing);
+
+// Whether the checkpointed blocks keep their checkpoints in slots of the blocks' shared buffer
+// (contiguous_memory): checkpoint_generations slots each.
+bool gpt2_checkpoints_in_slots(const Gpt2Checkpointing& checkpointing);
 
 // Floats of one rank's piece of a partitioned checkpoint of B T positions: ceil(B T C / t).
 uint64_t gpt2_checkpoint_piece(const Gpt2Config& config, int64_t B, int64_t T);
@@ -249,27 +254,28 @@ struct Gpt2StageActivationBytes {
 };
 
 // The formula for one pipeline stage (the whole model's, gpt2_activation_formula, when it is the
-// only stage); with nvme_path, the stage's file holds checkpointing.spill_generations regions
-// per checkpointed block of the stage. Throws zero::Error for in_flight below 1, for layers
-// outside the model and, in a pipeline of several stages, for the settings that keep a block's
-// checkpoint in one slot of its own (contiguous_memory, cpu_checkpointing,
-// partition_activations), which a second micro-batch in flight would overwrite.
+// only stage); with nvme_path, the stage's file holds checkpointing.checkpoint_generations regions
+// per checkpointed block of the stage. With contiguous_memory the stage's checkpoint buffer holds
+// checkpoint_generations slots per checkpointed block, which must be in_flight (one per
+// micro-batch in flight). Throws zero::Error for in_flight below 1, for
+// layers outside the model, for those generations not in_flight and, in a pipeline of several
+// stages, for cpu_checkpointing (built for one micro-batch in flight).
 Gpt2StageActivationBytes gpt2_stage_activation_formula(const Gpt2Config& config,
                                                        const Gpt2Checkpointing& checkpointing,
                                                        const Gpt2PipelineStage& stage,
                                                        int in_flight, int64_t B, int64_t T);
 
-// The generations the NVMe spill of a pipeline stage needs (Gpt2Checkpointing::
-// spill_generations): the most micro-batches one chunk of it holds in flight, `in_flight` for a
-// stage of one chunk (pipeline_micro_batches_in_flight), and for model chunks (`in_flight` then
-// unused) the most forwards of one chunk whose backward, or its input half, has not run over
+// The generations of checkpoint places a pipeline stage needs (Gpt2Checkpointing::
+// checkpoint_generations): the most micro-batches one chunk of it holds in flight, `in_flight`
+// for a stage of one chunk (pipeline_micro_batches_in_flight), and for model chunks (`in_flight`
+// then unused) the most forwards of one chunk whose backward, or its input half, has not run over
 // `chunk_actions`, the stage's list of one step.
-int gpt2_spill_generations(int in_flight, const std::vector<PipelineAction>& chunk_actions);
+int gpt2_checkpoint_generations(int in_flight, const std::vector<PipelineAction>& chunk_actions);
 
 // The same for a stage of model chunks (stage.chunks, interleaved) running `actions`, the
 // stage's list of one step (make_pipeline_schedule's): the largest over its points (the comment
-// at the top). Throws zero::Error as gpt2_stage_activation_formula, and for actions of a chunk
-// the stage does not have.
+// at the top). Throws zero::Error as gpt2_stage_activation_formula, for actions of a chunk the
+// stage does not have, and for checkpoints in slots (gpt2_checkpoints_in_slots) on several chunks.
 Gpt2StageActivationBytes gpt2_chunked_stage_activation_formula(
     const Gpt2Config& config, const Gpt2Checkpointing& checkpointing,
     const Gpt2PipelineStage& stage, const std::vector<PipelineAction>& actions, int64_t B,
@@ -278,7 +284,8 @@ Gpt2StageActivationBytes gpt2_chunked_stage_activation_formula(
 // The same under a schedule that splits backward (ZB-H1): the largest over `loads`, the stage's
 // points (pipeline_stage_loads). A checkpointed block recomputes once, in backward_input, and
 // keeps what backward_weight reads of it until then (weight_inputs), with the spill its
-// checkpoint's copy too.
+// checkpoint's copy too. Checkpoints in slots (gpt2_checkpoints_in_slots) or partitioned are not
+// built for it in a pipeline of several stages (a zero::Error).
 Gpt2StageActivationBytes gpt2_split_stage_activation_formula(
     const Gpt2Config& config, const Gpt2Checkpointing& checkpointing,
     const Gpt2PipelineStage& stage, const std::vector<PipelineStageLoad>& loads, int64_t B,

@@ -11,7 +11,7 @@
 // between one block's forward or one chunk's backward and the next, so the micro-batches of a
 // pipeline stage share the buffer.
 //
-// The G generations (Gpt2Checkpointing::spill_generations; 1 without a pipeline) give each
+// The G generations (Gpt2Checkpointing::checkpoint_generations; 1 without a pipeline) give each
 // micro-batch a pipeline stage holds in flight regions of its own: a block's forward number k
 // (counted from 0) writes generation k mod G. Every schedule zero-train runs with checkpointing
 // takes each chunk's micro-batches backward in the order they went forward, so with at most G of

@@ -31,8 +31,8 @@ zero::models::Gpt2StageActivationBytes activations(const Options& options, const
                                                    zero::models::Recompute recompute, int B) {
   zero::models::Gpt2Checkpointing checkpointing = checkpointing_of(options, recompute);
   // As zero-train: the spill's file holds a region per micro-batch a chunk holds in flight.
-  checkpointing.spill_generations =
-      zero::models::gpt2_spill_generations(plan.in_flight, plan.chunk_actions);
+  checkpointing.checkpoint_generations =
+      zero::models::gpt2_checkpoint_generations(plan.in_flight, plan.chunk_actions);
   if (!plan.split_loads.empty()) {
     return zero::models::gpt2_split_stage_activation_formula(
         options.gpt2, checkpointing, plan.stage, plan.split_loads, B, options.seq_len);

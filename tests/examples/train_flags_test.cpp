@@ -292,21 +292,33 @@ TEST(TrainFlags, VirtualStagesOnlyWithTheInterleavedSchedule) {
   EXPECT_EQ(refusal(flags({"--pp-schedule", "interleaved", "--pp-regather"})),
             "--pp: --pp-schedule interleaved with --pp-regather is not supported with pipeline "
             "parallelism yet");
-  // What keeps one slot per block (a second micro-batch in flight would overwrite it), and a GPU.
+  // A GPU, and what keeps a checkpoint the schedule cannot give a place per micro-batch in
+  // flight: partitioned under ZB-H1's split backward, the contiguous buffer under ZB-H1 or
+  // model chunks. Under 1F1B and GPipe both run.
   // (--device cuda itself is refused before this in a tree built without CUDA.)
   Flags gpu = flags({});
   gpu.cuda = true;
   EXPECT_EQ(refusal(gpu), "--pp: --device cuda is not supported with pipeline parallelism yet");
-  EXPECT_EQ(
-      refusal(flags({"--activation-checkpointing", "full", "--tp", "2", "--partition-activations"}),
-              4),
-      "--pp: activation_checkpointing.partition_activations is not supported with pipeline "
-      "parallelism yet");
-  EXPECT_EQ(refusal(flags({"--activation-checkpointing", "full"}), 2,
-                    [](TrainingConfig& c) {
-                      c.activation_checkpointing.contiguous_memory_optimization = true;
-                    }),
-            "--pp: contiguous_memory_optimization is not supported with pipeline parallelism yet");
+  const std::vector<std::string> partitioned = {"--activation-checkpointing", "full", "--tp", "2",
+                                                "--partition-activations"};
+  EXPECT_EQ(refusal(flags(partitioned), 4), "no refusal");
+  std::vector<std::string> split = partitioned;
+  split.insert(split.end(), {"--pp-schedule", "zb-h1"});
+  EXPECT_EQ(refusal(flags(split), 4),
+            "--pp: activation_checkpointing.partition_activations with --pp-schedule zb-h1 is not "
+            "supported with pipeline parallelism yet");
+  const auto contiguous = [](TrainingConfig& c) {
+    c.activation_checkpointing.contiguous_memory_optimization = true;
+  };
+  EXPECT_EQ(refusal(flags({"--activation-checkpointing", "full"}), 2, contiguous), "no refusal");
+  EXPECT_EQ(refusal(flags({"--activation-checkpointing", "full", "--pp-schedule", "zb-h1"}), 2,
+                    contiguous),
+            "--pp: contiguous_memory_optimization with --pp-schedule zb-h1 is not supported with "
+            "pipeline parallelism yet");
+  EXPECT_EQ(refusal(flags({"--activation-checkpointing", "full", "--pp-schedule", "interleaved"}),
+                    2, contiguous),
+            "--pp: contiguous_memory_optimization with --pp-schedule interleaved is not supported "
+            "with pipeline parallelism yet");
 }
 
 // The flag loop the benchmarks share: values to their parsers, switches set, an unknown flag named

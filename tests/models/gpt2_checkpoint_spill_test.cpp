@@ -126,7 +126,7 @@ TEST(Gpt2Checkpointing, NvmeSpillGivesEachMicroBatchInFlightItsRegions) {
   for (const Recompute recompute : {Recompute::kSelective, Recompute::kFull}) {
     const Gpt2Checkpointing kept{recompute, 0};
     Gpt2Checkpointing spill = spilled(kept);
-    spill.spill_generations = 2;
+    spill.checkpoint_generations = 2;
     SCOPED_TRACE(label(spill));
     uint64_t file_bytes = 0;
     const auto expected = two_in_flight(kept, nullptr);

@@ -148,6 +148,36 @@ if [ -n "$spill_dir" ]; then
   done
 fi
 
+# Checkpoints in the contiguous buffer (contiguous_memory_optimization: a slot per checkpointed
+# block and micro-batch in flight, forward k in set k mod the stage's micro-batches in flight)
+# and, with tensor parallelism, partitioned (partition_activations: a rank's piece travels with
+# its micro-batch), both and each alone: every step's loss, gradient norm and validation loss
+# bitwise the same pipeline keeping whole checkpoints block by block, GPipe (all m in flight)
+# and 1F1B (p - s), full and selective.
+python3 - "$data/adamw.json" "$work" <<'PY'
+import json, sys
+base = json.load(open(sys.argv[1]))
+for name, keys in {"contiguous": {"contiguous_memory_optimization": True},
+                   "partitioned": {"partition_activations": True},
+                   "both": {"contiguous_memory_optimization": True, "partition_activations": True}}.items():
+    json.dump(dict(base, activation_checkpointing=keys), open("%s/%s.json" % (sys.argv[2], name), "w"))
+PY
+slot_variants=(1:1f1b:full:contiguous 3:gpipe:selective:contiguous)
+if [ "$tp" -gt 1 ]; then
+  slot_variants+=(1:gpipe:full:partitioned 3:1f1b:selective:partitioned 2:1f1b:full:both)
+fi
+for variant in "${slot_variants[@]}"; do
+  IFS=: read -r stage schedule mode setting <<<"$variant"
+  flags=(--pp "$pp" --pp-schedule "$schedule" --activation-checkpointing "$mode")
+  run="${variant//:/_}"
+  train "$stage" "whole_$run" "${flags[@]}"
+  train_config="$work/$setting.json" train "$stage" "slots_$run" "${flags[@]}"
+  echo "ZeRO stage $stage, pipeline of $pp, $schedule, $mode checkpoints $setting against kept whole, bitwise:"
+  "$bin/gpt2_golden_check" --expected "$data/expected_fp64.json" \
+    --metrics "$work/slots_$run.jsonl" --reference-tolerance 1e-5 --expect-val 1 \
+    --same-metrics-as "$work/whole_$run.jsonl" --metrics-tolerance 0
+done
+
 # ZB-H1 splits each backward into its input and weight halves and runs the weight halves later,
 # in micro-batch order: bitwise 1F1B's numbers at every stage.
 for stage in 0 1 2 3; do

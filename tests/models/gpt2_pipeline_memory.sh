@@ -44,8 +44,15 @@ fi
 layers=4 heads=4 embd=64 vocab=256 seq=16 micro_batches=4 global_batch=8
 
 for schedule in "${schedules[@]}"; do
-  # RECOMPUTE[:NUMBER_CHECKPOINTS[:spill]]
+  # RECOMPUTE[:NUMBER_CHECKPOINTS[:spill|contiguous|partitioned]]
   checkpointings=(none selective full full:1)
+  # The contiguous buffer (a slot per checkpointed block and micro-batch in flight) and, with
+  # tensor parallelism, partitioned checkpoints (each rank keeps ceil(N C / t) of a checkpoint,
+  # its recompute buffers t of those more): GPipe and 1F1B.
+  if [ "$schedule" = gpipe ] || [ "$schedule" = 1f1b ]; then
+    checkpointings+=(full:0:contiguous)
+    if [ "$tp" -gt 1 ]; then checkpointings+=(selective:0:partitioned); fi
+  fi
   if [ -n "$spill_dir" ] && [ "$schedule" = gpipe ]; then checkpointings+=(selective:0:spill); fi
   if [ -n "$spill_dir" ] && [ "$schedule" = 1f1b ]; then checkpointings+=(full:0:spill); fi
   if [ -n "$spill_dir" ] && [ "$schedule" = zb-h1 ]; then checkpointings+=(selective:0:spill); fi
@@ -58,8 +65,13 @@ for schedule in "${schedules[@]}"; do
     IFS=: read -r recompute number spill <<<"$checkpointing"
     number="${number:-0}" number_flag=() spill_flag=()
     if [ "$number" != 0 ]; then number_flag=(--number-checkpoints "$number"); fi
-    if [ -n "$spill" ]; then
+    if [ "$spill" = spill ]; then
       spill_flag=(--checkpoint-nvme-path "$(mktemp -d "$spill_dir/$schedule.XXXXXX")")
+    elif [ "$spill" = contiguous ]; then
+      echo '{"activation_checkpointing": {"contiguous_memory_optimization": true}}' > "$work/contiguous.json"
+      spill_flag=(--config "$work/contiguous.json")
+    elif [ "$spill" = partitioned ]; then
+      spill_flag=(--partition-activations)
     fi
     run="$work/$schedule-$recompute-$number$spill"
     run_logged "$run.log" "zero-train failed: $schedule, $checkpointing" \
@@ -69,11 +81,12 @@ for schedule in "${schedules[@]}"; do
       --data "$data/tokens.bin" --pp "$pp" --tp "$tp" --pp-schedule "$schedule" --pp-partition uniform \
       --activation-checkpointing "$recompute" "${number_flag[@]}" "${spill_flag[@]}" \
       --metrics "$run.jsonl"
-    if [ -n "$spill" ]; then rmdir "${spill_flag[1]}"; fi
+    if [ "$spill" = spill ]; then rmdir "${spill_flag[1]}"; fi
     python3 - "$run.jsonl" "$np" "$pp" "$tp" "$schedule" "$recompute" "${spill:-kept}" "$number" \
       "$layers" "$heads" "$embd" "$vocab" "$seq" "$micro_batches" "$global_batch" <<'PY'
 import json, sys
-path, schedule, recompute, spill = sys.argv[1], sys.argv[5], sys.argv[6], sys.argv[7] == "spill"
+path, schedule, recompute, setting = sys.argv[1], sys.argv[5], sys.argv[6], sys.argv[7]
+spill = setting == "spill"
 np, p, t, number, L, H, C, V, T, m, batch = map(int, sys.argv[2:5] + sys.argv[8:])
 records = [json.loads(line) for line in open(path)]
 init = next(r for r in records if r["event"] == "init")
@@ -87,6 +100,9 @@ block = {"none": N * (4 * C + 12 * Cl + 4 + Hl), "selective": N * (C + 4 * Cl + 
          "full": N * C}
 if spill:
     block[recompute] -= N * C  # the checkpoint goes to the file
+piece = -(-N * C // t)  # a rank's piece of a partitioned checkpoint
+if setting == "partitioned":
+    block[recompute] += piece - N * C
 def spill_buffer(layers):
     """Bytes of the stage's spill buffer: two regions (one with one checkpointed block) of a
     checkpoint rounded up to 4096 bytes, and the slack that aligns them."""
@@ -96,6 +112,8 @@ def spill_buffer(layers):
     return min(2, checkpointed_here) * -(-4 * N * C // 4096) * 4096 + 4096 - 64
 recompute_buffers = {"none": 0, "selective": N * (3 * C + 8 * Cl + 4),
                      "full": N * (3 * C + 12 * Cl + 4 + Hl)}
+if setting == "partitioned":
+    recompute_buffers[recompute] += t * piece  # the whole input, all-gathered
 # What a checkpointed block recomputes in its backward_input and keeps for its weight half: all
 # it recomputes but qkv and the log-sum-exp (which selective keeps, and full rebuilds in the
 # recompute buffers).
@@ -179,7 +197,8 @@ for s in range(p):
     else:
         expected.append(4 * (k * kept + shared) + spill_buffer(layers))
 label = f"{schedule}, {recompute}" + (f" on {number} block(s)" if number else "")
-label += ", spilled to NVMe" if spill else ""
+label += {"spill": ", spilled to NVMe", "contiguous": ", in the contiguous buffer",
+          "partitioned": ", partitioned"}.get(setting, "")
 if planned != expected:
     sys.exit(f"{label}: planned per stage {planned} B, the formula gives {expected} B")
 steps = [r for r in records if r["event"] == "step"]

@@ -51,19 +51,34 @@ if [[ $rc -ne 0 ]] ||
 fi
 # --inject-fault skip-step, refused once, now fails as without a pipeline:
 # tests/faults' faults_pipeline_rank_skips_step_np2.
-# CPU checkpointing keeps each block's checkpoint in one pinned host slot, which a second
-# micro-batch in flight would overwrite: still refused (the NVMe spill, refused once, runs:
-# gpt2_pipeline.sh holds it bitwise the pipeline keeping its checkpoints; so does ZB-H1 with
-# activation checkpointing, refused once, bitwise without).
+# CPU checkpointing, refused once, has no effect on the CPU path (checkpoints live in host
+# memory already): the pipeline runs and says so, as without a pipeline. (The NVMe spill,
+# refused once, runs: gpt2_pipeline.sh holds it bitwise the pipeline keeping its checkpoints; so
+# does ZB-H1 with activation checkpointing, and the contiguous buffer and partitioned
+# checkpoints under GPipe and 1F1B.)
 echo '{"activation_checkpointing": {"mode": "full", "cpu_checkpointing": true}}' \
   > "$work/cpu_checkpointing.json"
-expect "--pp: activation_checkpointing.cpu_checkpointing is not supported with pipeline parallelism yet" \
-  "${run[@]}" "${model[@]}" --pp 2 --config "$work/cpu_checkpointing.json"
-# The same for a checkpoint in one shared buffer, under ZB-H1 too.
+output="$(timeout 60 "${mpiexec[@]}" "${run[@]}" "${model[@]}" --pp 2 \
+  --config "$work/cpu_checkpointing.json" 2>&1)"
+rc=$?
+if [[ $rc -ne 0 ]] || ! grep -qF "activation_checkpointing.cpu_checkpointing has no effect here" <<<"$output"; then
+  echo "FAIL: --pp with cpu_checkpointing -> exit $rc, expected 0 and the notice; got:"
+  echo "$output" | grep -v "^--\|^ *$" | head -5
+  failures=$((failures + 1))
+fi
+# The contiguous buffer has a slot per micro-batch in flight on a stage of one chunk: not built
+# for ZB-H1's split backward or for model chunks (interleaved); nor partitioned checkpoints for
+# ZB-H1.
 echo '{"activation_checkpointing": {"mode": "selective", "contiguous_memory_optimization": true}}' \
   > "$work/contiguous.json"
-expect "--pp: contiguous_memory_optimization is not supported with pipeline parallelism yet" \
+expect "--pp: contiguous_memory_optimization with --pp-schedule zb-h1 is not supported with pipeline parallelism yet" \
   "${run[@]}" "${model[@]}" --pp 2 --pp-schedule zb-h1 --config "$work/contiguous.json"
+expect "--pp: contiguous_memory_optimization with --pp-schedule interleaved is not supported with pipeline parallelism yet" \
+  "${run[@]}" "${model[@]}" --n-layer 4 --pp 2 --pp-schedule interleaved --config "$work/contiguous.json"
+echo '{"activation_checkpointing": {"mode": "full", "partition_activations": true}}' \
+  > "$work/partitioned.json"
+expect "--pp: activation_checkpointing.partition_activations with --pp-schedule zb-h1 is not supported with pipeline parallelism yet" \
+  -np 4 "$bin/zero-train" "${model[@]}" --tp 2 --pp 2 --pp-schedule zb-h1 --config "$work/partitioned.json"
 expect "--pp: the global batch of 3 does not cut into 2 micro-batches x 1 data-parallel ranks" \
   "${run[@]}" "${model[@]}" --pp 2 --global-batch 3
 expect "--pp-schedule: unknown pipeline schedule 'fifo'" \

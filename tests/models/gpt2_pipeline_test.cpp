@@ -39,9 +39,20 @@ void restore(Harness& h, std::vector<KeptActivations>& kept) {
   for (size_t m = 0; m < kept.size(); ++m) h.model.modules[m].module->restore_activations(kept[m]);
 }
 
+// The contiguous checkpoint buffer with a set per micro-batch in flight (forward k in set k mod
+// 2): bitwise too.
+Gpt2Checkpointing contiguous(Recompute recompute, int generations) {
+  Gpt2Checkpointing c{recompute};
+  c.contiguous_memory = true;
+  c.checkpoint_generations = generations;
+  return c;
+}
+
 TEST(Gpt2Pipeline, MicroBatchesInFlightGiveTheGradientsOfOneAtATime) {
-  for (const Gpt2Checkpointing& c : {Gpt2Checkpointing{}, Gpt2Checkpointing{Recompute::kSelective},
-                                     Gpt2Checkpointing{Recompute::kFull}}) {
+  for (const Gpt2Checkpointing& c :
+       {Gpt2Checkpointing{}, Gpt2Checkpointing{Recompute::kSelective},
+        Gpt2Checkpointing{Recompute::kFull}, contiguous(Recompute::kFull, 2),
+        contiguous(Recompute::kSelective, 2)}) {
     SCOPED_TRACE(label(c));
     Harness one_at_a_time(c), in_flight(c);
     std::vector<float> expected_losses;
@@ -73,7 +84,7 @@ TEST(Gpt2Pipeline, MicroBatchesInFlightGiveTheGradientsOfOneAtATime) {
 // gradients are bitwise the fused backward's.
 TEST(Gpt2Pipeline, SplitBackwardWithRecomputationGivesTheFusedGradients) {
   Gpt2Checkpointing spilled_full = spilled(Gpt2Checkpointing{Recompute::kFull});
-  spilled_full.spill_generations = 2;  // both micro-batches' checkpoints in the file at once
+  spilled_full.checkpoint_generations = 2;  // both micro-batches' checkpoints in the file at once
   for (const Gpt2Checkpointing& c : {Gpt2Checkpointing{}, Gpt2Checkpointing{Recompute::kSelective},
                                      Gpt2Checkpointing{Recompute::kFull}, spilled_full}) {
     SCOPED_TRACE(label(c));
@@ -117,13 +128,26 @@ TEST(Gpt2Pipeline, SplitBackwardWithRecomputationGivesTheFusedGradients) {
   }
 }
 
-TEST(Gpt2Pipeline, ACheckpointInASharedSlotCannotBeInFlightTwice) {
-  Gpt2Checkpointing c{Recompute::kFull};
-  c.contiguous_memory = true;
-  Harness h(c);
+// More micro-batches in flight than the contiguous buffer has sets: the second forward takes
+// the first's slot, and the first's backward stops naming both forwards instead of recomputing
+// from the wrong input. cpu_checkpointing's one host copy per block is refused at once.
+TEST(Gpt2Pipeline, ACheckpointOverwrittenInItsSlotIsAnError) {
+  Harness h(contiguous(Recompute::kFull, 1));
   h.forward(micro_batch(h, 0));
+  std::vector<KeptActivations> first = take(h);
+  h.forward(micro_batch(h, 2));
+  std::vector<KeptActivations> second = take(h);
+  restore(h, first);
+  testing::expect_error_naming([&] { h.backward(); },
+                               "a GPT-2 block's checkpoint of its forward 0 was overwritten by its "
+                               "forward 1 before its backward: more micro-batches in flight than "
+                               "the 1 set(s) of the contiguous checkpoint buffer");
+  Gpt2Checkpointing moved{Recompute::kFull};
+  moved.cpu_checkpointing = true;
+  Harness host(moved);
+  host.forward(micro_batch(host, 0));
   KeptActivations kept;
-  testing::expect_error_naming([&] { h.model.modules[1].module->take_activations(kept); },
+  testing::expect_error_naming([&] { host.model.modules[1].module->take_activations(kept); },
                                "cannot have several micro-batches in flight");
 }
 
@@ -282,14 +306,25 @@ TEST(Gpt2Pipeline, StageFormulasShareTheWholeModelsActivations) {
       EXPECT_EQ(chunked.peak_checkpoints(), 2 * chunked.micro_batch.checkpoints) << s;
     }
   }
-  Gpt2Checkpointing contiguous{Recompute::kFull};
-  contiguous.contiguous_memory = true;
+  // The contiguous buffer with a set per micro-batch in flight holds what the blocks would keep
+  // each; with fewer sets, or cpu_checkpointing's one host copy per block, the plan is refused.
+  const Gpt2PipelineStage first = gpt2_pipeline_stage(config, bounds, 0);
+  const Gpt2StageActivationBytes kept =
+      gpt2_stage_activation_formula(config, Gpt2Checkpointing{Recompute::kFull}, first, 2, 2, kT);
+  const Gpt2StageActivationBytes in_buffer =
+      gpt2_stage_activation_formula(config, contiguous(Recompute::kFull, 2), first, 2, 2, kT);
+  EXPECT_EQ(in_buffer.peak(), kept.peak());
+  EXPECT_EQ(in_buffer.peak_checkpoints(), kept.peak_checkpoints());
   testing::expect_error_naming(
       [&] {
-        gpt2_stage_activation_formula(config, contiguous, gpt2_pipeline_stage(config, bounds, 0), 2,
-                                      2, kT);
+        gpt2_stage_activation_formula(config, contiguous(Recompute::kFull, 1), first, 2, 2, kT);
       },
-      "a pipeline stage cannot hold micro-batches in flight with them");
+      "a stage holding 2 micro-batches needs checkpoint_generations 2, not 1");
+  Gpt2Checkpointing moved{Recompute::kFull};
+  moved.cpu_checkpointing = true;
+  testing::expect_error_naming(
+      [&] { gpt2_stage_activation_formula(config, moved, first, 2, 2, kT); },
+      "cpu_checkpointing keeps one host copy per block");
   testing::expect_error_naming(
       [&] {
         gpt2_stage_activation_formula(config, Gpt2Checkpointing{},
@@ -312,9 +347,9 @@ TEST(Gpt2Pipeline, SpillPlansRegionsPerMicroBatchInFlightAndOneBuffer) {
   for (int s = 0; s < 2; ++s) {
     const int in_flight =
         pipeline_micro_batches_in_flight(PipelineScheduleKind::kOneFOneB, 2, s, 4, 1);
-    EXPECT_EQ(gpt2_spill_generations(in_flight, {}), 2 - s);
+    EXPECT_EQ(gpt2_checkpoint_generations(in_flight, {}), 2 - s);
     Gpt2Checkpointing c = spilled({Recompute::kFull, 0});
-    c.spill_generations = in_flight;
+    c.checkpoint_generations = in_flight;
     const Gpt2StageActivationBytes kept = gpt2_stage_activation_formula(
         config, {Recompute::kFull, 0}, gpt2_pipeline_stage(config, bounds, s), in_flight, 2, kT);
     const Gpt2StageActivationBytes spill = gpt2_stage_activation_formula(
@@ -329,13 +364,14 @@ TEST(Gpt2Pipeline, SpillPlansRegionsPerMicroBatchInFlightAndOneBuffer) {
   // lists decide; the in-flight count is not used).
   const std::vector<std::vector<PipelineAction>> interleaved =
       make_pipeline_schedule(PipelineScheduleKind::kInterleaved, 2, 4, 2);
-  EXPECT_EQ(gpt2_spill_generations(0, interleaved[0]), 4);
-  EXPECT_EQ(gpt2_spill_generations(0, interleaved[1]), 3);
+  EXPECT_EQ(gpt2_checkpoint_generations(0, interleaved[0]), 4);
+  EXPECT_EQ(gpt2_checkpoint_generations(0, interleaved[1]), 3);
   // A split backward reads the checkpoint in its input half: ZB-H1's lists count as 1F1B's.
   const auto zb = make_pipeline_schedule(PipelineScheduleKind::kZeroBubbleH1, 2, 4);
   const auto one_f_one_b = make_pipeline_schedule(PipelineScheduleKind::kOneFOneB, 2, 4);
   for (int s = 0; s < 2; ++s) {
-    EXPECT_EQ(gpt2_spill_generations(0, zb[s]), gpt2_spill_generations(0, one_f_one_b[s])) << s;
+    EXPECT_EQ(gpt2_checkpoint_generations(0, zb[s]), gpt2_checkpoint_generations(0, one_f_one_b[s]))
+        << s;
   }
 }
 

@@ -2,7 +2,8 @@
 # zero-estimate --pp plans each pipeline stage as zero-train --pp then holds it: a 4-layer GPT-2
 # cut into 2 stages on 4 ranks (2 data-parallel ranks per stage), at ZeRO stages 1-3, with gpipe,
 # 1f1b, zb-h1 and interleaved (2 model chunks per stage) and no, selective and full activation
-# checkpointing; and at stage 3 with hybrid sharding (shard groups of 1, 2 replicas). Per pipeline
+# checkpointing; at stage 3 with hybrid sharding (shard groups of 1, 2 replicas); and with tensor
+# parallelism of 2 (one data-parallel rank per stage) and partitioned checkpoints. Per pipeline
 # stage, the
 # estimate's model state and buffer bytes must equal the run's stage_model_state_bytes and
 # stage_buffer_bytes, and its activation
@@ -14,10 +15,10 @@
 set -euo pipefail
 bin="$1" tokens="$2"
 shift 2
-# STAGE SCHEDULE RECOMPUTE [SETTING]: SETTING is spill, hybrid, nvme (the optimizer state) or
-# params (the optimizer state and stage 3's parameters on NVMe).
+# STAGE SCHEDULE RECOMPUTE [SETTING]: SETTING is spill, hybrid, nvme (the optimizer state),
+# params (the optimizer state and stage 3's parameters on NVMe) or partitioned (--tp 2).
 runs=("1 1f1b none" "3 gpipe full" "3 1f1b selective" "2 zb-h1 none" "3 zb-h1 none" "3 zb-h1 full"
-  "3 interleaved selective" "3 1f1b none hybrid")
+  "3 interleaved selective" "3 1f1b none hybrid" "2 1f1b full partitioned")
 spill_dir=
 if [ "$1" != "--" ]; then
   spill_dir="$1"
@@ -42,8 +43,12 @@ for run in "${runs[@]}"; do
   read -r stage schedule recompute setting <<<"$run"
   name="$work/$stage-$schedule-$recompute${setting:+-$setting}"
   # What zero-train is given (flags or a config) and the flags that plan it for zero-estimate.
-  given=() plan=() folder=
+  # 8 sequences over 4 micro-batches and 2 data-parallel ranks: 1 per rank and micro-batch.
+  given=() plan=() folder= micro_batch=1
   case "$setting" in
+    partitioned)
+      # One data-parallel rank per stage: 2 sequences per micro-batch.
+      given=(--tp 2 --partition-activations) plan=("${given[@]}") micro_batch=2 ;;
     spill)
       folder="$(mktemp -d "$spill_dir/XXXXXX")"
       given=(--checkpoint-nvme-path "$folder") plan=("${given[@]}") ;;
@@ -65,8 +70,7 @@ for run in "${runs[@]}"; do
     --pp-schedule "$schedule" --activation-checkpointing "$recompute" "${given[@]}" \
     --metrics "$name.jsonl" > "$name.log" 2>&1 || {
     cat "$name.log"; echo "zero-train failed: $run"; exit 1; }
-  # 8 sequences over 4 micro-batches and 2 data-parallel ranks: 1 per rank and micro-batch.
-  "$bin/zero-estimate" "${size[@]}" --ranks 4 --stage "$stage" --dtype fp32 --micro-batch 1 \
+  "$bin/zero-estimate" "${size[@]}" --ranks 4 --stage "$stage" --dtype fp32 --micro-batch "$micro_batch" \
     --seq-len 16 --pp 2 --pp-schedule "$schedule" --micro-batches 4 "${plan[@]}" \
     > "$name.estimate" || { cat "$name.estimate"; echo "zero-estimate failed: $run"; exit 1; }
   if [ -n "$folder" ]; then rm -rf "$folder"; fi
