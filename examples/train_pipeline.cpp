@@ -360,14 +360,13 @@ void check_pipeline_settings(const Flags& f, const TrainingConfig& tc, int world
   // (cpu_checkpointing has no effect on the CPU path, the only one a pipeline runs on.)
   const ActivationCheckpointingConfig& ac = tc.activation_checkpointing;
   const bool checkpointed = ac.mode != "none";
-  // The contiguous buffer has a slot per micro-batch in flight, one chunk's; a split backward
-  // keeps a checkpoint for its weight half, which neither it nor a partitioned one provides.
-  const bool split = kind == PipelineScheduleKind::kZeroBubbleH1;
+  // The contiguous buffer has a set of slots per micro-batch in flight on a stage of one chunk,
+  // each freed by the backward; a split backward's micro-batches awaiting their weight halves
+  // would need more.
   refuse(checkpointed && ac.contiguous_memory_optimization &&
-             (split || kind == PipelineScheduleKind::kInterleaved),
+             (kind == PipelineScheduleKind::kZeroBubbleH1 ||
+              kind == PipelineScheduleKind::kInterleaved),
          "contiguous_memory_optimization with --pp-schedule " + f.pp_schedule);
-  refuse(checkpointed && ac.partition_activations && tc.tensor_parallel_size > 1 && split,
-         "activation_checkpointing.partition_activations with --pp-schedule zb-h1");
   // The tensors between stages have one shape, agreed at start: every slice the same size.
   const long data_parallel = world_size / (tc.tensor_parallel_size * tc.pipeline_stages);
   const long slices = static_cast<long>(tc.gradient_accumulation_steps) * data_parallel;

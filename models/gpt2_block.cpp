@@ -152,8 +152,11 @@ float* Gpt2Block::checkpoint_data() {
 }
 
 float* Gpt2Block::data_of(int a) {
-  // From backward_input to backward_weight a spilled checkpoint is the block's own copy.
-  if (a == kInput && spills() && kept_[kInput].numel() > 0) return kept_[kInput].data();
+  // From backward_input to backward_weight a spilled or partitioned checkpoint is the block's
+  // own copy of its input.
+  if (a == kInput && weight_inputs_[kInputCopy].numel() > 0) {
+    return weight_inputs_[kInputCopy].data();
+  }
   return a == kInput && !partitioned() ? checkpoint_data() : at(a).data();
 }
 
@@ -484,9 +487,9 @@ void Gpt2Block::backward(const Tensor& grad_out, Tensor& grad_in,
 // the weight half.
 void Gpt2Block::backward_input(const Tensor& grad_out, Tensor& grad_in,
                                const std::vector<ParamRef>& params) {
-  ZERO_CHECK(!in_shared_buffer() && !partitioned() && !moves_checkpoint(),
-             "a GPT-2 block splits its backward (ZB-H1) only with its checkpoint kept by itself "
-             "or spilled: not with contiguous_memory_optimization, partition_activations or "
+  ZERO_CHECK(!in_shared_buffer() && !moves_checkpoint(),
+             "a GPT-2 block splits its backward (ZB-H1) only with its checkpoint kept by itself, "
+             "spilled or partitioned: not with contiguous_memory_optimization or "
              "cpu_checkpointing");
   const int C = config_.n_embd;
   const int Cl = C / config_.tensor_parallel_size;
@@ -500,10 +503,12 @@ void Gpt2Block::backward_input(const Tensor& grad_out, Tensor& grad_in,
     backend_->activation(kept_[a], shape_of(a, B_, T_, C, Cl, NHl), dev);
   }
   const auto start = prepare_backward(grad_out, params);
-  if (spills()) {
-    backend_->activation(kept_[kInput], {B_, T_, C}, dev);
-    gpt2_detail::Gpt2Backend::copy_floats(kept_[kInput].data(), checkpoint_data(),
-                                          kept_[kInput].numel(), dev);
+  if (spills() || partitioned()) {
+    // Read back or rebuilt into a buffer others use next: the weight half gets a copy.
+    Tensor& copy = weight_inputs_[kInputCopy];
+    const float* input = data_of(kInput);
+    backend_->activation(copy, {B_, T_, C}, dev);
+    gpt2_detail::Gpt2Backend::copy_floats(copy.data(), input, copy.numel(), dev);
     fetched_ = false;
   }
   auto w = [&](int i) { return shared_->params.value(params, i); };
@@ -579,10 +584,9 @@ void Gpt2Block::backward_weight(const std::vector<ParamRef>& grads) {
   // The weight half is backward's too (take_gpt2_profile's backward_ms).
   if (checkpointing_.profile) times_.backward_ms += elapsed_ms(start, on);
   for (Tensor& tensor : weight_inputs_) tensor = Tensor();
-  // The recomputed tensors go back to the shared buffers for the next forward, a spilled
-  // checkpoint to the spill's buffer.
+  // The recomputed tensors go back to the shared buffers for the next forward.
   for (int a = kInput; a < kBlockActivations; ++a) {
-    if (!keeps(recompute_, a) || (a == kInput && spills())) kept_[a] = Tensor();
+    if (!keeps(recompute_, a)) kept_[a] = Tensor();
   }
 }
 

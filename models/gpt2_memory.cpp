@@ -388,10 +388,8 @@ Gpt2StageActivationBytes gpt2_split_stage_activation_formula(
     const Gpt2Config& config, const Gpt2Checkpointing& checkpointing,
     const Gpt2PipelineStage& stage, const std::vector<PipelineStageLoad>& loads, int64_t B,
     int64_t T) {
-  ZERO_CHECK(stage.stages == 1 || !(gpt2_checkpoints_in_slots(checkpointing) ||
-                                    gpt2_partitions_checkpoints(config, checkpointing)),
-             "contiguous_memory_optimization and partition_activations are not built for a "
-             "split backward (zb-h1)");
+  ZERO_CHECK(stage.stages == 1 || !gpt2_checkpoints_in_slots(checkpointing),
+             "contiguous_memory_optimization is not built for a split backward (zb-h1)");
   Gpt2StageActivationBytes bytes =
       gpt2_stage_activation_formula(config, checkpointing, stage, 1, B, T);
   const char* what = "a split backward's weight inputs";
@@ -406,12 +404,14 @@ Gpt2StageActivationBytes gpt2_split_stage_activation_formula(
   uint64_t floats = size_product(blocks, size_product(N, 4 * C + 4 * Cl, what), what);
   // And per checkpointed block the tensors it recomputed that the weight half reads: all but qkv
   // and the log-sum-exp (selective keeps those), N (3 C + 8 Cl + 4) with selective and
-  // N (3 C + 9 Cl + 4) with full (the attention's output too); with the spill also its
-  // checkpoint's copy (N C), read back out of the spill's buffer.
-  const uint64_t spilled_copy = checkpointing.nvme_path.empty() ? 0 : C;
+  // N (3 C + 9 Cl + 4) with full (the attention's output too); with the spill or partitioned
+  // also a copy of its input (N C), read back out of the spill's buffer or rebuilt in the
+  // recompute buffers.
+  const bool copies_input =
+      !checkpointing.nvme_path.empty() || gpt2_partitions_checkpoints(config, checkpointing);
   const uint64_t recomputed =
       (checkpointing.recompute == Recompute::kFull ? 3 * C + 9 * Cl + 4 : 3 * C + 8 * Cl + 4) +
-      spilled_copy;
+      (copies_input ? C : 0);
   const std::pair<int, int> layers = stage.chunk_layers(0, config.n_layer);
   for (int layer = layers.first; layer < layers.second; ++layer) {
     if (!gpt2_block_checkpointed(checkpointing, layer, config.n_layer)) continue;

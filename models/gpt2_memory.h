@@ -284,8 +284,9 @@ Gpt2StageActivationBytes gpt2_chunked_stage_activation_formula(
 // The same under a schedule that splits backward (ZB-H1): the largest over `loads`, the stage's
 // points (pipeline_stage_loads). A checkpointed block recomputes once, in backward_input, and
 // keeps what backward_weight reads of it until then (weight_inputs), with the spill its
-// checkpoint's copy too. Checkpoints in slots (gpt2_checkpoints_in_slots) or partitioned are not
-// built for it in a pipeline of several stages (a zero::Error).
+// checkpoint's copy too (and partitioned, a copy of its whole input). Checkpoints in slots
+// (gpt2_checkpoints_in_slots) are not built for it in a pipeline of several stages (a
+// zero::Error).
 Gpt2StageActivationBytes gpt2_split_stage_activation_formula(
     const Gpt2Config& config, const Gpt2Checkpointing& checkpointing,
     const Gpt2PipelineStage& stage, const std::vector<PipelineStageLoad>& loads, int64_t B,

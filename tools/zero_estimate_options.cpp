@@ -142,13 +142,6 @@ void check_pipeline(bool pipeline_flags, std::optional<int> virtual_stages, Opti
   }
   options->data_parallel_ranks = options->ranks / (p * t);
   // What zero-train --pp refuses, so no plan is printed for a run that cannot be.
-  if (options->partition_activations && t > 1 &&
-      zero::parse_pipeline_schedule(options->pipeline_schedule) ==
-          zero::PipelineScheduleKind::kZeroBubbleH1) {
-    usage_error(
-        "--partition-activations with --pp-schedule zb-h1: zero-train does not split a "
-        "partitioned block's backward yet");
-  }
   if (options->gpu || options->offload_cpu) {
     usage_error(std::string(options->gpu ? "--gpu" : "--offload-optimizer cpu (a GPU run)") +
                 " with --pp: zero-train runs pipeline parallelism on the CPU only");

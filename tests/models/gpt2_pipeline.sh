@@ -153,7 +153,8 @@ fi
 # and, with tensor parallelism, partitioned (partition_activations: a rank's piece travels with
 # its micro-batch), both and each alone: every step's loss, gradient norm and validation loss
 # bitwise the same pipeline keeping whole checkpoints block by block, GPipe (all m in flight)
-# and 1F1B (p - s), full and selective.
+# and 1F1B (p - s), full and selective; partitioned also under ZB-H1 (the input half copies
+# the rebuilt input for the weight half).
 python3 - "$data/adamw.json" "$work" <<'PY'
 import json, sys
 base = json.load(open(sys.argv[1]))
@@ -164,7 +165,8 @@ for name, keys in {"contiguous": {"contiguous_memory_optimization": True},
 PY
 slot_variants=(1:1f1b:full:contiguous 3:gpipe:selective:contiguous)
 if [ "$tp" -gt 1 ]; then
-  slot_variants+=(1:gpipe:full:partitioned 3:1f1b:selective:partitioned 2:1f1b:full:both)
+  slot_variants+=(1:gpipe:full:partitioned 3:1f1b:selective:partitioned 2:1f1b:full:both
+    3:zb-h1:full:partitioned)
 fi
 for variant in "${slot_variants[@]}"; do
   IFS=: read -r stage schedule mode setting <<<"$variant"

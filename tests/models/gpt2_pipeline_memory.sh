@@ -49,9 +49,9 @@ for schedule in "${schedules[@]}"; do
   # The contiguous buffer (a slot per checkpointed block and micro-batch in flight) and, with
   # tensor parallelism, partitioned checkpoints (each rank keeps ceil(N C / t) of a checkpoint,
   # its recompute buffers t of those more): GPipe and 1F1B.
-  if [ "$schedule" = gpipe ] || [ "$schedule" = 1f1b ]; then
-    checkpointings+=(full:0:contiguous)
-    if [ "$tp" -gt 1 ]; then checkpointings+=(selective:0:partitioned); fi
+  if [ "$schedule" = gpipe ] || [ "$schedule" = 1f1b ]; then checkpointings+=(full:0:contiguous); fi
+  if [ "$tp" -gt 1 ] && [ "$schedule" != interleaved ]; then
+    checkpointings+=(selective:0:partitioned)
   fi
   if [ -n "$spill_dir" ] && [ "$schedule" = gpipe ]; then checkpointings+=(selective:0:spill); fi
   if [ -n "$spill_dir" ] && [ "$schedule" = 1f1b ]; then checkpointings+=(full:0:spill); fi
@@ -125,12 +125,12 @@ def zero_bubble_peak(s, kept, layers):
     the output gradients the weight half reads (per block those of the MLP's projection, fc
     (4 Cl wide), ln_2, the attention's projection and ln_1; the head's of ln_f, the embedding's
     of its output) and, per checkpointed block, the tensors it recomputed that the weight half
-    reads (with the spill also a copy of its checkpoint, N C); inside a backward_input a block's attention output gradient (N x Cl) too, outweighed
+    reads (with the spill or partitioned also a copy of its input, N C); inside a backward_input a block's attention output gradient (N x Cl) too, outweighed
     on the first stage by the embedding's own, made after it."""
     waiting = len(layers) * N * (4 * C + 4 * Cl) + (N * C if s == 0 else 0)
     waiting += N * C if s == p - 1 else 0
     waiting += len(checkpointed & set(layers)) * (rebuilt_for_weights[recompute] +
-                                                  (N * C if spill else 0))
+                                                  (N * C if setting in ("spill", "partitioned") else 0))
     scratch = N * Cl if layers and s > 0 else 0
     forwarded = awaiting = backward = weight = peak = 0
     def point(extra=0):

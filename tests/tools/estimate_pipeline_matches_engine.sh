@@ -18,7 +18,7 @@ shift 2
 # STAGE SCHEDULE RECOMPUTE [SETTING]: SETTING is spill, hybrid, nvme (the optimizer state),
 # params (the optimizer state and stage 3's parameters on NVMe) or partitioned (--tp 2).
 runs=("1 1f1b none" "3 gpipe full" "3 1f1b selective" "2 zb-h1 none" "3 zb-h1 none" "3 zb-h1 full"
-  "3 interleaved selective" "3 1f1b none hybrid" "2 1f1b full partitioned")
+  "3 interleaved selective" "3 1f1b none hybrid" "2 1f1b full partitioned" "3 zb-h1 selective partitioned")
 spill_dir=
 if [ "$1" != "--" ]; then
   spill_dir="$1"

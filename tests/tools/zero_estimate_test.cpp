@@ -575,10 +575,6 @@ TEST(ZeroEstimate, Gpt2PipelineBadArguments) {
   expect_usage_error({"--params", "1B", "--ranks", "2", "--pp", "2"},
                      "--pp cuts --model gpt2 into pipeline stages; the --params formulas have no "
                      "stages");
-  expect_usage_error(with(gpt2, {"--ranks", "4", "--tp", "2", "--pp", "2", "--micro-batch", "1",
-                                 "--pp-schedule", "zb-h1", "--partition-activations"}),
-                     "--partition-activations with --pp-schedule zb-h1: zero-train does not "
-                     "split a partitioned block's backward yet");
   expect_usage_error(with(gpt2, {"--ranks", "2", "--pp", "2", "--gpu"}),
                      "--gpu with --pp: zero-train runs pipeline parallelism on the CPU only");
   expect_usage_error(with(gpt2, {"--ranks", "2", "--pp", "2", "--offload-optimizer", "cpu"}),
