@@ -353,7 +353,8 @@ void Gpt2Block::take_activations(KeptActivations& kept) {
              "a GPT-2 block keeps one host copy of its checkpoint with cpu_checkpointing, so it "
              "cannot have several micro-batches in flight (a pipeline); turn it off");
   kept.clear();
-  // The batch's shape, and with the spill which forward's regions hold the checkpoint.
+  // The batch's shape, and which forward's checkpoint the block holds (the spill's regions and
+  // the contiguous buffer's slots of that forward have it).
   kept.emplace_back(std::vector<int64_t>{4},
                     std::vector<float>{static_cast<float>(B_), static_cast<float>(T_),
                                        static_cast<float>(forward_ / kFloatExact),
@@ -397,7 +398,8 @@ std::chrono::steady_clock::time_point Gpt2Block::prepare_backward(
     if (previous_checkpointed_ != nullptr) previous_checkpointed_->fetch_spilled();
   }
   if (in_shared_buffer()) {
-    const uint64_t writer = slot_writers_.at(forward_ % slot_writers_.size());
+    ZERO_CHECK(!slot_writers_.empty(), "a GPT-2 block's backward ran before any forward");
+    const uint64_t writer = slot_writers_[forward_ % slot_writers_.size()];
     ZERO_CHECK(writer == forward_,
                "a GPT-2 block's checkpoint of its forward "
                    << forward_ << " was overwritten by its forward " << writer

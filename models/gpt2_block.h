@@ -77,8 +77,9 @@ enum BlockParam {
 
 // Buffers every block uses in turn: backward runs one block at a time.
 struct Gpt2BlockShared {
-  // With contiguous_memory: every checkpointed block's input, [generations x slots, N, C]; with
-  // partition, every checkpointed block's piece of it, [generations x slots, P] (gpt2_memory.h).
+  // With contiguous_memory: every checkpointed block's input, [generations x slots, N, C], or
+  // partitioned its piece of it, [generations x slots, P] (gpt2_memory.h); a partitioned block
+  // without contiguous_memory keeps its piece itself.
   Tensor checkpoints;
   // The recomputed tensors of the checkpointed block being processed (only those its setting
   // recomputes are allocated); with partition, [kInput] is its whole input (t pieces).
