@@ -8,6 +8,7 @@
 # through the pipeline, on the training batch: the reference's next loss); zb-h1 bitwise 1f1b,
 # and at stages 1 and 3 zb-h1 with selective and full activation checkpointing bitwise without.
 # With 2 data-parallel ranks per stage, stage 3 also with hybrid sharding, bitwise without.
+# Checkpoints in the contiguous buffer, and with --tp partitioned, bitwise kept whole.
 # Not bitwise against the job without a pipeline: the pipeline sums the tied wte's two uses after
 # reducing each over its stage, where one model adds them in one buffer before reducing, and adds
 # the stages' parts of the gradient norm in stage order.
