@@ -352,10 +352,6 @@ void check_pipeline_settings(const Flags& f, const TrainingConfig& tc, int world
     throw ConfigError("--pp-virtual-stages " + std::to_string(virtual_stages) +
                       ": --pp-schedule interleaved needs at least 2 model chunks per stage");
   }
-  // Regathering would release and gather each chunk's units apart, which the unit schedule
-  // does not track across chunks.
-  refuse(kind == PipelineScheduleKind::kInterleaved && f.pp_regather,
-         "--pp-schedule interleaved with --pp-regather");
   refuse(f.cuda, "--device cuda");
   // (cpu_checkpointing has no effect on the CPU path, the only one a pipeline runs on.)
   const ActivationCheckpointingConfig& ac = tc.activation_checkpointing;

@@ -270,6 +270,7 @@ ZeroModel::ZeroModel(Communicator& comm, std::vector<NamedModule> modules,
     backward_reads[m] = modules_[m].module->backward_reads_params();
   }
   schedule_ = std::make_unique<UnitSchedule>(*engine_, tied_params, std::move(backward_reads));
+  schedule_->set_module_chunks(chunk_of);
   schedule_->set_hold_through_step(config.grid.pipeline.hold_gathered);
 }
 

@@ -53,6 +53,20 @@ void UnitSchedule::set_backward_reads(int module, bool reads) {
   backward_reads_[module] = reads;
 }
 
+void UnitSchedule::set_module_chunks(const std::vector<int>& chunk_of_module) {
+  const Layout& layout = engine_.layout();
+  ZERO_CHECK(chunk_of_module.size() == backward_reads_.size(),
+             "UnitSchedule: " << chunk_of_module.size() << " module chunks for "
+                              << backward_reads_.size() << " modules");
+  unit_chunks_.clear();
+  if (std::all_of(chunk_of_module.begin(), chunk_of_module.end(), [](int c) { return c == 0; })) {
+    return;
+  }
+  for (const Unit& unit : layout.units()) {
+    unit_chunks_.push_back(unit.persistent ? -1 : chunk_of_module[unit.first_module]);
+  }
+}
+
 bool UnitSchedule::gathered_backward_reads(int unit) const {
   const Layout& layout = engine_.layout();
   const Unit& u = layout.units()[unit];
@@ -104,6 +118,8 @@ void UnitSchedule::prefetch_after(int unit, int direction) {
   const int num_units = static_cast<int>(layout.units().size());
   size_t ahead = 0;
   for (int v = unit + direction; v >= 0 && v < num_units; v += direction) {
+    // Another chunk's units wait for that chunk's own forward or backward.
+    if (!unit_chunks_.empty() && unit_chunks_[v] != unit_chunks_[unit]) break;
     if (direction < 0 && !gathered_backward_reads(v)) continue;
     ahead += layout.units()[v].numel;
     for (int owner : unit_ties_[v]) ahead += layout.units()[owner].numel;
@@ -117,7 +133,8 @@ void UnitSchedule::prefetch_after(int unit, int direction) {
 // budget) instead of being released and gathered again.
 bool UnitSchedule::keep_for_backward(int unit) const {
   const Layout& layout = engine_.layout();
-  if (stage_ != 3 || max_reuse_distance_ == 0) return false;
+  // With model chunks this chunk's backward is not what comes next.
+  if (stage_ != 3 || max_reuse_distance_ == 0 || !unit_chunks_.empty()) return false;
   size_t distance = 0;
   for (size_t v = static_cast<size_t>(unit) + 1; v < layout.units().size(); ++v) {
     distance += layout.units()[v].numel;
@@ -179,8 +196,9 @@ void UnitSchedule::after_forward(int module) {
   let_go(tied_units_[module], u, +1);
   if (!keep_for_backward(u)) release(u);
   // Backward starts with the last module's unit: start its gather now, behind the rest of
-  // forward (the persistent unit, if any, comes after it and is always gathered).
-  if (u == last_module_unit()) prefetch_with_tied(u);
+  // forward (the persistent unit, if any, comes after it and is always gathered). Not with
+  // model chunks, whose backward comes later.
+  if (u == last_module_unit() && unit_chunks_.empty()) prefetch_with_tied(u);
 }
 
 // Stage 3 gathers a unit again for backward only if a module of it reads its values there;

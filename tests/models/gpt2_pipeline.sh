@@ -13,7 +13,7 @@
 # reducing each over its stage, where one model adds them in one buffer before reducing, and adds
 # the stages' parts of the gradient norm in stage order.
 # With --interleaved: Megatron's interleaved schedule (2 model chunks per stage) at every ZeRO
-# stage, bitwise 1F1B on the same 4-layer GPT-2 (the reference's blocks twice over: its 2 layers
+# stage (and stage 3 with --pp-regather), bitwise 1F1B on the same 4-layer GPT-2 (the reference's blocks twice over: its 2 layers
 # cannot fill 4 virtual stages).
 # With --spill-dir DIR (a directory on a disk: O_DIRECT): activation checkpoints spilled to NVMe
 # through the pipeline, bitwise the same pipeline keeping them in memory.
@@ -270,7 +270,8 @@ print("data-parallel collectives and bytes per stage and step, reduced once:", o
 # micro-batch order, and a unit never spans two chunks), and so does each stage's tied wte (on
 # the first stage in chunk 0, on the last in its last chunk): every step's loss, gradient norm
 # and validation loss bitwise 1F1B's at every ZeRO stage. Stage 3 keeps its units gathered
-# through the step and stages 2-3 reduce once; --pp-regather is refused with interleaved.
+# through the step and stages 2-3 reduce once; with --pp-regather stage 3 gathers and reduces
+# per micro-batch, bitwise 1F1B's with --pp-regather.
 if [ "$interleaved" = 1 ]; then
   python3 - "$data/model.safetensors" "$work/model4.safetensors" <<'PY'
 import json, struct, sys
@@ -298,22 +299,28 @@ PY
 c = json.load(open(sys.argv[1]))
 c["flops_profiler"] = {"enabled": True, "profile_step": 3}
 json.dump(c, open(sys.argv[2], "w"))' "$data/adamw.json" "$work/flops.json"
-  for stage in 0 1 2 3; do
+  # STAGE[:FLAG]: at stage 3 also gathering each unit and reducing per micro-batch
+  # (--pp-regather), each chunk's units gathered and released within its own forward and
+  # backward.
+  for variant in 0 1 2 3 3:--pp-regather; do
+    stage="${variant%%:*}" extra=() name="$stage"
+    if [ "$variant" != "$stage" ]; then extra=("${variant#*:}") name="${stage}regather"; fi
     for schedule in 1f1b interleaved; do
-      run="$work/deep$stage$schedule"
+      run="$work/deep$name$schedule"
       config="$data/adamw.json"
       if [ "$stage$schedule" = 0interleaved ] && [ "$tp" = 1 ]; then config="$work/flops.json"; fi
-      run_logged "$run.log" "zero-train failed: 4 layers, stage $stage, $schedule" \
+      run_logged "$run.log" "zero-train failed: 4 layers, stage $stage, $schedule ${extra[*]}" \
         "${mpiexec[@]}" -np "$np" "$bin/zero-train" "${deep_model[@]}" \
         --config "$config" --init-from "$work/model4.safetensors" --stage "$stage" \
         --tp "$tp" --micro-batches "$micro_batches" --steps 3 --metrics "$run.jsonl" \
-        --val-data "$data/tokens.bin" --val-every 1 --pp "$pp" --pp-schedule "$schedule"
+        --val-data "$data/tokens.bin" --val-every 1 --pp "$pp" --pp-schedule "$schedule" \
+        "${extra[@]}"
     done
-    echo "ZeRO stage $stage, 4 layers, pipeline of $pp, interleaved (2 chunks per stage):"
-    grep -E "^pipeline stage" "$work/deep${stage}interleaved.log"
+    echo "ZeRO stage $stage, 4 layers, pipeline of $pp, interleaved (2 chunks per stage) ${extra[*]}:"
+    grep -E "^pipeline stage" "$work/deep${name}interleaved.log"
     # Each micro-batch's activation and its gradient cross the 2 pp - 1 boundaries between the
     # virtual stages, where 1F1B's cross pp - 1.
-    python3 - "$work/deep${stage}1f1b.jsonl" "$work/deep${stage}interleaved.jsonl" "$pp" <<'PY'
+    python3 - "$work/deep${name}1f1b.jsonl" "$work/deep${name}interleaved.jsonl" "$pp" <<'PY'
 import json, sys
 def steps(path):
     return [r for r in map(json.loads, open(path)) if r.get("event") == "step"]
@@ -326,6 +333,16 @@ print("interleaved: every step bitwise 1f1b's:", figures(inter)[-1])
 PY
   done
   if [ "$tp" = 1 ]; then check_flops_profile "$work/deep0interleaved.jsonl" 4; fi
+  # Regathering per micro-batch: more data-parallel collectives on every stage than holding the
+  # units through the step.
+  python3 -c 'import json, sys
+def calls(path):
+    return [r["stage_collectives"] for r in map(json.loads, open(path)) if r.get("event") == "step"][1:]
+held, regathered = calls(sys.argv[1]), calls(sys.argv[2])
+for h, r in zip(held, regathered):
+    assert all(b > a for a, b in zip(h, r)), (held, regathered)
+print("interleaved, stage 3: collectives per stage and step", held[-1], "held,", regathered[-1], "regathered")' \
+    "$work/deep3interleaved.jsonl" "$work/deep3regatherinterleaved.jsonl"
 fi
 
 # fp16 with its dynamic loss scale (on the pipeline of one rank per stage): the loss's gradient

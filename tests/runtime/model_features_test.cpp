@@ -369,6 +369,46 @@ TEST(ModelFeatures, StageThreePrefetchesTiedUnitsWithTheUnitThatTiesThem) {
   model.step();
 }
 
+// Model chunks at stage 3, regathering (an interleaved pipeline stage with --pp-regather): a
+// chunk's forward gathers its own units only, prefetching none of the next chunk's (their
+// forward comes after other micro-batches' work), and gives all of them back at its end,
+// keeping none for its backward and starting none of its gathers; so does its backward. Holding
+// through the step keeps what was gathered.
+TEST(ModelFeatures, StageThreeGathersEachChunkWithinItsOwnForwardAndBackward) {
+  for (bool hold : {false, true}) {
+    SCOPED_TRACE(hold ? "held through the step" : "regathered");
+    std::unique_ptr<Communicator> comm = make_mpi_communicator();
+    std::vector<NamedModule> modules;
+    for (const char* name : {"a", "b", "c", "d"}) {
+      modules.push_back({name, std::make_unique<Shift>(true)});
+    }
+    EngineConfig config;
+    config.stage = 3;
+    config.schedule.prefetch_elements = 1 << 20;  // every unit fits: only the edge stops it
+    config.schedule.max_reuse_distance = 1 << 20;
+    config.grid.pipeline.hold_gathered = hold;
+    ZeroModel model(*comm, std::move(modules), config, {0, 2});
+    const Engine& engine = model.engine();
+    const auto gathered = [&] {
+      std::vector<int> units;
+      for (int u = 0; u < static_cast<int>(engine.layout().units().size()); ++u) {
+        if (engine.is_gathered(u)) units.push_back(u);
+      }
+      return units;
+    };
+    const std::shared_ptr<DeviceContext>& device = engine.device_context();
+    const Tensor out = model.forward(Tensor({4, kD}, inputs(1, 0, 4), device), 0);
+    EXPECT_EQ(gathered(), hold ? std::vector<int>({0, 1}) : std::vector<int>{});
+    model.forward(out, 1);
+    EXPECT_EQ(gathered(), hold ? std::vector<int>({0, 1, 2, 3}) : std::vector<int>{});
+    const std::vector<float> ones(4 * kD, 0.1f);
+    const Tensor grad = model.backward(Tensor({4, kD}, ones, device), 1);
+    EXPECT_EQ(gathered(), hold ? std::vector<int>({0, 1, 2, 3}) : std::vector<int>{});
+    model.backward(grad, 0);
+    model.step();
+  }
+}
+
 class Plain : public Module {
  public:
   Plain(std::vector<ParamDecl> params, std::vector<std::string> tied)

@@ -37,6 +37,11 @@ class UnitSchedule {
                std::vector<bool> backward_reads, Listener listener = {});
 
   void set_backward_reads(int module, bool reads);
+  // An interleaved pipeline stage's model chunks: chunk_of_module[m] for every module. A
+  // chunk's forward and backward run apart from the other chunks' (other micro-batches' in
+  // between), so prefetches stop at the chunk's edge, and the end of a chunk's forward neither
+  // keeps units for its backward nor starts gathering them.
+  void set_module_chunks(const std::vector<int>& chunk_of_module);
   // The units holding what the modules of `module`'s unit (or `module` alone, when it has no
   // unit) tie to, other than that unit.
   const std::vector<int>& tied_units(int module) const { return tied_units_[module]; }
@@ -93,6 +98,9 @@ class UnitSchedule {
   std::vector<bool> gathered_for_backward_;   // per unit: awaiting unit_backward_done
   std::set<int> prefetched_for_ties_;         // tied units prefetch_with_tied started
   bool hold_through_step_ = false;            // set_hold_through_step
+  // set_module_chunks: per unit, its first module's chunk (the persistent unit's -1); empty
+  // for a model of one chunk.
+  std::vector<int> unit_chunks_;
 };
 
 }  // namespace zero
