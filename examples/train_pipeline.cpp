@@ -354,15 +354,6 @@ void check_pipeline_settings(const Flags& f, const TrainingConfig& tc, int world
   }
   refuse(f.cuda, "--device cuda");
   // (cpu_checkpointing has no effect on the CPU path, the only one a pipeline runs on.)
-  const ActivationCheckpointingConfig& ac = tc.activation_checkpointing;
-  const bool checkpointed = ac.mode != "none";
-  // The contiguous buffer has a set of slots per micro-batch in flight on a stage of one chunk,
-  // each freed by the backward; a split backward's micro-batches awaiting their weight halves
-  // would need more.
-  refuse(checkpointed && ac.contiguous_memory_optimization &&
-             (kind == PipelineScheduleKind::kZeroBubbleH1 ||
-              kind == PipelineScheduleKind::kInterleaved),
-         "contiguous_memory_optimization with --pp-schedule " + f.pp_schedule);
   // The tensors between stages have one shape, agreed at start: every slice the same size.
   const long data_parallel = world_size / (tc.tensor_parallel_size * tc.pipeline_stages);
   const long slices = static_cast<long>(tc.gradient_accumulation_steps) * data_parallel;

@@ -13,8 +13,8 @@ namespace zero::examples {
 
 // What a pipelined run does not do (yet): a ConfigError naming the first such flag or config
 // key (--pp-virtual-stages other than 1 without the interleaved schedule or below 2 with it,
-// CUDA, contiguous_memory_optimization under ZB-H1 or interleaved, a global batch that does not
-// cut into equal micro-batches on `world_size` ranks), or nothing.
+// CUDA, a global batch that does not cut into equal micro-batches on `world_size` ranks), or
+// nothing.
 void check_pipeline_settings(const Flags& f, const TrainingConfig& tc, int world_size);
 
 // The training loop of a pipelined run; `grid` has the pipeline's communicators. The task is

@@ -152,8 +152,8 @@ float* Gpt2Block::checkpoint_data() {
 }
 
 float* Gpt2Block::data_of(int a) {
-  // From backward_input to backward_weight a spilled or partitioned checkpoint is the block's
-  // own copy of its input.
+  // From backward_input to backward_weight a checkpoint not kept whole by the block itself
+  // (spilled, partitioned, in the contiguous buffer) is the block's own copy of its input.
   if (a == kInput && weight_inputs_[kInputCopy].numel() > 0) {
     return weight_inputs_[kInputCopy].data();
   }
@@ -489,9 +489,9 @@ void Gpt2Block::backward(const Tensor& grad_out, Tensor& grad_in,
 // the weight half.
 void Gpt2Block::backward_input(const Tensor& grad_out, Tensor& grad_in,
                                const std::vector<ParamRef>& params) {
-  ZERO_CHECK(!in_shared_buffer() && !moves_checkpoint(),
-             "a GPT-2 block splits its backward (ZB-H1) only with its checkpoint kept by itself, "
-             "spilled or partitioned: not with contiguous_memory_optimization or "
+  ZERO_CHECK(!moves_checkpoint(),
+             "a GPT-2 block splits its backward (ZB-H1) only with its checkpoint on the device "
+             "(kept, spilled, partitioned or in the contiguous buffer), not with "
              "cpu_checkpointing");
   const int C = config_.n_embd;
   const int Cl = C / config_.tensor_parallel_size;
@@ -505,8 +505,8 @@ void Gpt2Block::backward_input(const Tensor& grad_out, Tensor& grad_in,
     backend_->activation(kept_[a], shape_of(a, B_, T_, C, Cl, NHl), dev);
   }
   const auto start = prepare_backward(grad_out, params);
-  if (spills() || partitioned()) {
-    // Read back or rebuilt into a buffer others use next: the weight half gets a copy.
+  if (spills() || partitioned() || in_shared_buffer()) {
+    // Read back, rebuilt or in a slot into which others write next: the weight half gets a copy.
     Tensor& copy = weight_inputs_[kInputCopy];
     const float* input = data_of(kInput);
     backend_->activation(copy, {B_, T_, C}, dev);

@@ -120,10 +120,8 @@ class Gpt2Block : public Module {
   // over an activation (the weight half reads the activations), and keeps the output gradients
   // of the four products and two LayerNorms for backward_weight; a recomputing block recomputes
   // in backward_input and keeps the recomputed tensors backward_weight reads (all but qkv and the
-  // log-sum-exp) until then, in memory of its own, and with the spill or partitioned a copy of
-  // its input (the spill's buffer holds other blocks' by then, the whole input is rebuilt in a
-  // shared buffer). Not with a checkpoint held in a slot of the shared buffer (contiguous_memory)
-  // or cpu_checkpointing.
+  // log-sum-exp) until then, in memory of its own, and a copy of its input where its checkpoint
+  // is not a whole tensor of its own (kInputCopy). Not with cpu_checkpointing.
   bool splits_backward() const override { return true; }
   void backward_input(const Tensor& grad_out, Tensor& grad_in,
                       const std::vector<ParamRef>& params) override;
@@ -197,8 +195,9 @@ class Gpt2Block : public Module {
   // Between backward_input and backward_weight: the output gradients the weight half reads (of
   // the MLP's projection, fc, ln_2, the attention's projection, ln_1; qkv's is over kFc) and,
   // where the block's checkpoint is not a whole tensor of its own (spilled: the spill's buffer
-  // holds others' by then; partitioned: the whole input is rebuilt in a shared buffer), a copy
-  // of its input for ln_1's weight gradient.
+  // holds others' by then; partitioned: the whole input is rebuilt in a shared buffer; in the
+  // contiguous buffer: a later forward may take its slot), a copy of its input for ln_1's
+  // weight gradient.
   enum WeightInput { kFcProjOut, kFcOut, kLn2Out, kProjOut, kLn1Out, kInputCopy, kWeightInputs };
   Tensor weight_inputs_[kWeightInputs];
   // cpu_checkpointing: the checkpoint in pinned host memory, its last copy to or from there,

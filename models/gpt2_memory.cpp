@@ -107,7 +107,8 @@ uint64_t Gpt2ActivationBytes::kept() const {
 }
 
 uint64_t Gpt2ActivationBytes::total() const {
-  return embedding + kept() + moving_checkpoints + spill_buffer + recompute + head;
+  return embedding + kept() + moving_checkpoints + spill_buffer + checkpoint_buffer + recompute +
+         head;
 }
 
 Gpt2ActivationBytes gpt2_activation_formula(const Gpt2Config& config,
@@ -224,7 +225,7 @@ uint64_t Gpt2StageActivationBytes::per_micro_batch() const {
 }
 
 uint64_t Gpt2StageActivationBytes::shared() const {
-  return micro_batch.recompute + micro_batch.spill_buffer;
+  return micro_batch.recompute + micro_batch.spill_buffer + micro_batch.checkpoint_buffer;
 }
 
 uint64_t Gpt2StageActivationBytes::peak() const {
@@ -240,8 +241,9 @@ uint64_t Gpt2StageActivationBytes::peak() const {
 
 uint64_t Gpt2StageActivationBytes::peak_checkpoints() const {
   const char* what = "a pipeline stage's checkpoints";
-  // The spill's buffer is the only checkpoint memory there is with it, and the stage's one.
-  const uint64_t buffer = micro_batch.spill_buffer;
+  // The spill's buffer is the only checkpoint memory there is with it, and the stage's one; so
+  // is the contiguous buffer.
+  const uint64_t buffer = micro_batch.spill_buffer + micro_batch.checkpoint_buffer;
   if (!chunk_sets.empty()) return chunk_sets_bytes(chunk_sets, chunk_checkpoints, buffer, what);
   return size_sum(
       size_product(static_cast<uint64_t>(in_flight), micro_batch.checkpoints - buffer, what),
@@ -281,22 +283,17 @@ Gpt2StageActivationBytes gpt2_stage_activation_formula(const Gpt2Config& config,
   ZERO_CHECK(!checkpointing.cpu_checkpointing,
              "cpu_checkpointing keeps one host copy per block: a pipeline stage cannot hold "
              "micro-batches in flight with it");
-  // The checkpoint buffer has a slot per checkpointed block and micro-batch in flight, all of
-  // them allocated with the first: in_flight micro-batches' checkpoints, as without the buffer.
-  ZERO_CHECK(!gpt2_checkpoints_in_slots(checkpointing) ||
-                 checkpointing.checkpoint_generations == in_flight,
-             "contiguous_memory_optimization keeps a slot per checkpointed block and micro-batch "
-             "in flight: a stage holding "
-                 << in_flight << " micro-batches needs checkpoint_generations " << in_flight
-                 << ", not " << checkpointing.checkpoint_generations);
   Gpt2ActivationBytes& mine = bytes.micro_batch;
   const uint64_t checkpoint = checkpoint_bytes(config, B, T);
   // What a checkpointed block keeps: its whole input, or with partition_activations its piece.
   const uint64_t kept_checkpoint = gpt2_partitions_checkpoints(config, checkpointing)
                                        ? gpt2_checkpoint_piece(config, B, T) * sizeof(float)
                                        : checkpoint;
-  // With the spill a checkpointed block keeps none (whole.blocks has it out already).
+  // With the spill a checkpointed block keeps none (whole.blocks has it out already); with the
+  // contiguous buffer its checkpoint is the buffer's, which has checkpoint_generations sets of
+  // the stage's checkpoints, all of them allocated with the first.
   const bool spilled = whole.spill_buffer > 0;
+  const bool in_buffer = gpt2_checkpoints_in_slots(checkpointing);
   uint64_t checkpointed = 0;
   for (int c = 0; c < stage.chunk_count(); ++c) {
     const std::pair<int, int> layers = stage.chunk_layers(c, config.n_layer);
@@ -311,12 +308,15 @@ Gpt2StageActivationBytes gpt2_stage_activation_formula(const Gpt2Config& config,
       chunk += whole.head;
     }
     for (int layer = layers.first; layer < layers.second; ++layer) {
-      mine.blocks.push_back(whole.blocks[static_cast<size_t>(layer)]);
-      chunk += whole.blocks[static_cast<size_t>(layer)];
-      if (gpt2_block_checkpointed(checkpointing, layer, config.n_layer)) {
+      const bool checkpointed_here = gpt2_block_checkpointed(checkpointing, layer, config.n_layer);
+      const uint64_t block = whole.blocks[static_cast<size_t>(layer)] -
+                             (checkpointed_here && in_buffer ? kept_checkpoint : 0);
+      mine.blocks.push_back(block);
+      chunk += block;
+      if (checkpointed_here) {
         ++checkpointed;
         mine.recompute = whole.recompute;
-        if (!spilled) {
+        if (!spilled && !in_buffer) {
           mine.checkpoints += kept_checkpoint;
           checkpoints += kept_checkpoint;
         }
@@ -332,6 +332,13 @@ Gpt2StageActivationBytes gpt2_stage_activation_formula(const Gpt2Config& config,
                 &mine.spill_buffer, &mine.nvme_checkpoints);
     mine.checkpoints = mine.spill_buffer;
   }
+  if (in_buffer && checkpointed > 0) {
+    mine.checkpoint_buffer =
+        size_product(size_product(static_cast<uint64_t>(checkpointing.checkpoint_generations),
+                                  checkpointed, "the contiguous checkpoint buffer"),
+                     kept_checkpoint, "the contiguous checkpoint buffer");
+    mine.checkpoints = mine.checkpoint_buffer;
+  }
   if (stage.chunk_count() == 1) {
     bytes.chunk_bytes.clear();
     bytes.chunk_checkpoints.clear();
@@ -343,12 +350,9 @@ Gpt2StageActivationBytes gpt2_chunked_stage_activation_formula(
     const Gpt2Config& config, const Gpt2Checkpointing& checkpointing,
     const Gpt2PipelineStage& stage, const std::vector<PipelineAction>& actions, int64_t B,
     int64_t T) {
-  const size_t chunks = static_cast<size_t>(stage.chunk_count());
-  ZERO_CHECK(chunks == 1 || !gpt2_checkpoints_in_slots(checkpointing),
-             "contiguous_memory_optimization is not built for a pipeline stage of model chunks "
-             "(interleaved)");
   Gpt2StageActivationBytes bytes =
       gpt2_stage_activation_formula(config, checkpointing, stage, 1, B, T);
+  const size_t chunks = static_cast<size_t>(stage.chunk_count());
   if (chunks == 1) return bytes;
   // Per chunk: (micro-batch, chunk) pairs forwarded and not yet backward, and whether its
   // modules keep the tensors of their last backward (one more set, until its next forward).
@@ -388,8 +392,6 @@ Gpt2StageActivationBytes gpt2_split_stage_activation_formula(
     const Gpt2Config& config, const Gpt2Checkpointing& checkpointing,
     const Gpt2PipelineStage& stage, const std::vector<PipelineStageLoad>& loads, int64_t B,
     int64_t T) {
-  ZERO_CHECK(stage.stages == 1 || !gpt2_checkpoints_in_slots(checkpointing),
-             "contiguous_memory_optimization is not built for a split backward (zb-h1)");
   Gpt2StageActivationBytes bytes =
       gpt2_stage_activation_formula(config, checkpointing, stage, 1, B, T);
   const char* what = "a split backward's weight inputs";
@@ -404,11 +406,12 @@ Gpt2StageActivationBytes gpt2_split_stage_activation_formula(
   uint64_t floats = size_product(blocks, size_product(N, 4 * C + 4 * Cl, what), what);
   // And per checkpointed block the tensors it recomputed that the weight half reads: all but qkv
   // and the log-sum-exp (selective keeps those), N (3 C + 8 Cl + 4) with selective and
-  // N (3 C + 9 Cl + 4) with full (the attention's output too); with the spill or partitioned
-  // also a copy of its input (N C), read back out of the spill's buffer or rebuilt in the
-  // recompute buffers.
-  const bool copies_input =
-      !checkpointing.nvme_path.empty() || gpt2_partitions_checkpoints(config, checkpointing);
+  // N (3 C + 9 Cl + 4) with full (the attention's output too); with the spill, partitioned or in
+  // the contiguous buffer also a copy of its input (N C), read back out of the spill's buffer,
+  // rebuilt in the recompute buffers or out of a slot the next forward may take.
+  const bool copies_input = !checkpointing.nvme_path.empty() ||
+                            gpt2_partitions_checkpoints(config, checkpointing) ||
+                            gpt2_checkpoints_in_slots(checkpointing);
   const uint64_t recomputed =
       (checkpointing.recompute == Recompute::kFull ? 3 * C + 9 * Cl + 4 : 3 * C + 8 * Cl + 4) +
       (copies_input ? C : 0);

@@ -85,8 +85,9 @@
 // backward runs at a time), and allocated only when one of its blocks is checkpointed; so is the
 // spill's buffer (nothing is in flight between one block's forward or one chunk's backward and
 // the next), while its file holds a region per checkpointed block of the stage and micro-batch in
-// flight. Its peak comes at the first backward after its k-th forward: k micro-batches kept,
-// plus those buffers.
+// flight; so is contiguous_memory's buffer, G sets of the stage's checkpoints (G as the spill's
+// regions), allocated with the first. Its peak comes at the first backward after its k-th
+// forward: k micro-batches kept, plus those buffers.
 // A finished backward leaves its micro-batch's tensors in the modules, where the next forward
 // reuses them (Gpt2Backend::activation), so nothing else adds up.
 //
@@ -201,6 +202,10 @@ struct Gpt2ActivationBytes {
   // in the file (counted apart, not in total()).
   uint64_t spill_buffer = 0;
   uint64_t nvme_checkpoints = 0;
+  // With contiguous_memory on a pipeline stage, instead: the buffer of checkpoint_generations
+  // sets of the stage's checkpoints (outside blocks; also `checkpoints`), which its
+  // micro-batches share.
+  uint64_t checkpoint_buffer = 0;
   uint64_t recompute = 0;  // the shared buffers of recomputed tensors
   uint64_t head = 0;
 
@@ -241,8 +246,8 @@ struct Gpt2StageActivationBytes {
 
   // What one micro-batch in flight keeps: micro_batch.total() less shared().
   uint64_t per_micro_batch() const;
-  // What the stage holds once for all its micro-batches: the recompute buffers and the spill's
-  // buffer.
+  // What the stage holds once for all its micro-batches: the recompute buffers, the spill's
+  // buffer and the contiguous checkpoint buffer.
   uint64_t shared() const;
   // The stage's peak: in_flight x per_micro_batch() + awaiting_weight x (per_micro_batch() +
   // weight_inputs) + split_scratch inside a backward_input + shared(); with model chunks, the
@@ -255,11 +260,10 @@ struct Gpt2StageActivationBytes {
 
 // The formula for one pipeline stage (the whole model's, gpt2_activation_formula, when it is the
 // only stage); with nvme_path, the stage's file holds checkpointing.checkpoint_generations regions
-// per checkpointed block of the stage. With contiguous_memory the stage's checkpoint buffer holds
-// checkpoint_generations slots per checkpointed block, which must be in_flight (one per
-// micro-batch in flight). Throws zero::Error for in_flight below 1, for
-// layers outside the model, for those generations not in_flight and, in a pipeline of several
-// stages, for cpu_checkpointing (built for one micro-batch in flight).
+// per checkpointed block of the stage, and with contiguous_memory its checkpoint buffer
+// checkpoint_generations slots per checkpointed block (shared(), the checkpoints left out of
+// the blocks). Throws zero::Error for in_flight below 1, for layers outside the model and, in a
+// pipeline of several stages, for cpu_checkpointing (built for one micro-batch in flight).
 Gpt2StageActivationBytes gpt2_stage_activation_formula(const Gpt2Config& config,
                                                        const Gpt2Checkpointing& checkpointing,
                                                        const Gpt2PipelineStage& stage,
@@ -275,7 +279,7 @@ int gpt2_checkpoint_generations(int in_flight, const std::vector<PipelineAction>
 // The same for a stage of model chunks (stage.chunks, interleaved) running `actions`, the
 // stage's list of one step (make_pipeline_schedule's): the largest over its points (the comment
 // at the top). Throws zero::Error as gpt2_stage_activation_formula, for actions of a chunk the
-// stage does not have, and for checkpoints in slots (gpt2_checkpoints_in_slots) on several chunks.
+// stage does not have.
 Gpt2StageActivationBytes gpt2_chunked_stage_activation_formula(
     const Gpt2Config& config, const Gpt2Checkpointing& checkpointing,
     const Gpt2PipelineStage& stage, const std::vector<PipelineAction>& actions, int64_t B,
@@ -284,9 +288,7 @@ Gpt2StageActivationBytes gpt2_chunked_stage_activation_formula(
 // The same under a schedule that splits backward (ZB-H1): the largest over `loads`, the stage's
 // points (pipeline_stage_loads). A checkpointed block recomputes once, in backward_input, and
 // keeps what backward_weight reads of it until then (weight_inputs), with the spill its
-// checkpoint's copy too (and partitioned, a copy of its whole input). Checkpoints in slots
-// (gpt2_checkpoints_in_slots) are not built for it in a pipeline of several stages (a
-// zero::Error).
+// checkpoint's copy too (partitioned or in the contiguous buffer, a copy of its whole input).
 Gpt2StageActivationBytes gpt2_split_stage_activation_formula(
     const Gpt2Config& config, const Gpt2Checkpointing& checkpointing,
     const Gpt2PipelineStage& stage, const std::vector<PipelineStageLoad>& loads, int64_t B,

@@ -153,9 +153,9 @@ fi
 # block and micro-batch in flight, forward k in set k mod the stage's micro-batches in flight)
 # and, with tensor parallelism, partitioned (partition_activations: a rank's piece travels with
 # its micro-batch), both and each alone: every step's loss, gradient norm and validation loss
-# bitwise the same pipeline keeping whole checkpoints block by block, GPipe (all m in flight)
-# and 1F1B (p - s), full and selective; partitioned also under ZB-H1 (the input half copies
-# the rebuilt input for the weight half).
+# bitwise the same pipeline keeping whole checkpoints block by block, GPipe (all m in flight),
+# 1F1B (p - s) and ZB-H1 (the input half copies the input for the weight half), full and
+# selective. (Interleaved: below, bitwise 1F1B.)
 python3 - "$data/adamw.json" "$work" <<'PY'
 import json, sys
 base = json.load(open(sys.argv[1]))
@@ -164,7 +164,7 @@ for name, keys in {"contiguous": {"contiguous_memory_optimization": True},
                    "both": {"contiguous_memory_optimization": True, "partition_activations": True}}.items():
     json.dump(dict(base, activation_checkpointing=keys), open("%s/%s.json" % (sys.argv[2], name), "w"))
 PY
-slot_variants=(1:1f1b:full:contiguous 3:gpipe:selective:contiguous)
+slot_variants=(1:1f1b:full:contiguous 3:gpipe:selective:contiguous 2:zb-h1:full:contiguous)
 if [ "$tp" -gt 1 ]; then
   slot_variants+=(1:gpipe:full:partitioned 3:1f1b:selective:partitioned 2:1f1b:full:both
     3:zb-h1:full:partitioned)
@@ -299,15 +299,21 @@ PY
 c = json.load(open(sys.argv[1]))
 c["flops_profiler"] = {"enabled": True, "profile_step": 3}
 json.dump(c, open(sys.argv[2], "w"))' "$data/adamw.json" "$work/flops.json"
-  # STAGE[:FLAG]: at stage 3 also gathering each unit and reducing per micro-batch
-  # (--pp-regather), each chunk's units gathered and released within its own forward and
-  # backward.
-  for variant in 0 1 2 3 3:--pp-regather; do
-    stage="${variant%%:*}" extra=() name="$stage"
-    if [ "$variant" != "$stage" ]; then extra=("${variant#*:}") name="${stage}regather"; fi
+  # STAGE[:SETTING]: at stage 3 also gathering each unit and reducing per micro-batch
+  # (regather: --pp-regather), each chunk's units gathered and released within its own forward
+  # and backward; at stage 1 full checkpoints in the contiguous buffer (G sets, G the most
+  # micro-batches one chunk holds in flight).
+  for variant in 0 1 2 3 3:regather 1:contiguous; do
+    stage="${variant%%:*}" extra=() name="$variant" setting_config=
+    case "$variant" in
+      *:regather) extra=(--pp-regather) ;;
+      *:contiguous)
+        extra=(--activation-checkpointing full) setting_config="$work/contiguous.json" ;;
+    esac
+    name="${name//:/}"
     for schedule in 1f1b interleaved; do
       run="$work/deep$name$schedule"
-      config="$data/adamw.json"
+      config="${setting_config:-$data/adamw.json}"
       if [ "$stage$schedule" = 0interleaved ] && [ "$tp" = 1 ]; then config="$work/flops.json"; fi
       run_logged "$run.log" "zero-train failed: 4 layers, stage $stage, $schedule ${extra[*]}" \
         "${mpiexec[@]}" -np "$np" "$bin/zero-train" "${deep_model[@]}" \

@@ -46,10 +46,11 @@ layers=4 heads=4 embd=64 vocab=256 seq=16 micro_batches=4 global_batch=8
 for schedule in "${schedules[@]}"; do
   # RECOMPUTE[:NUMBER_CHECKPOINTS[:spill|contiguous|partitioned]]
   checkpointings=(none selective full full:1)
-  # The contiguous buffer (a slot per checkpointed block and micro-batch in flight) and, with
-  # tensor parallelism, partitioned checkpoints (each rank keeps ceil(N C / t) of a checkpoint,
-  # its recompute buffers t of those more): GPipe and 1F1B.
-  if [ "$schedule" = gpipe ] || [ "$schedule" = 1f1b ]; then checkpointings+=(full:0:contiguous); fi
+  # The contiguous buffer (the stage's, G sets of its checkpoints: G the most micro-batches one
+  # chunk holds from its forward to its backward or input half) and, with tensor parallelism,
+  # partitioned checkpoints (each rank keeps ceil(N C / t) of a checkpoint, its recompute
+  # buffers t of those more).
+  checkpointings+=(full:0:contiguous)
   if [ "$tp" -gt 1 ] && [ "$schedule" != interleaved ]; then
     checkpointings+=(selective:0:partitioned)
   fi
@@ -58,7 +59,7 @@ for schedule in "${schedules[@]}"; do
   if [ -n "$spill_dir" ] && [ "$schedule" = zb-h1 ]; then checkpointings+=(selective:0:spill); fi
   # Interleaved: without recomputation, and with it on the first stage only (its chunk 0).
   if [ "$schedule" = interleaved ]; then
-    checkpointings=(none full:1)
+    checkpointings=(none full:1 selective:0:contiguous)
     if [ -n "$spill_dir" ]; then checkpointings+=(full full:0:spill); fi
   fi
   for checkpointing in "${checkpointings[@]}"; do
@@ -98,8 +99,8 @@ n = number or L
 checkpointed = {j * L // n for j in range(n)} if recompute != "none" else set()
 block = {"none": N * (4 * C + 12 * Cl + 4 + Hl), "selective": N * (C + 4 * Cl + Hl),
          "full": N * C}
-if spill:
-    block[recompute] -= N * C  # the checkpoint goes to the file
+if spill or setting == "contiguous":
+    block[recompute] -= N * C  # the checkpoint goes to the file, or to the stage's buffer
 piece = -(-N * C // t)  # a rank's piece of a partitioned checkpoint
 if setting == "partitioned":
     block[recompute] += piece - N * C
@@ -130,7 +131,7 @@ def zero_bubble_peak(s, kept, layers):
     waiting = len(layers) * N * (4 * C + 4 * Cl) + (N * C if s == 0 else 0)
     waiting += N * C if s == p - 1 else 0
     waiting += len(checkpointed & set(layers)) * (rebuilt_for_weights[recompute] +
-                                                  (N * C if setting in ("spill", "partitioned") else 0))
+                                                  (N * C if setting != "kept" else 0))
     scratch = N * Cl if layers and s > 0 else 0
     forwarded = awaiting = backward = weight = peak = 0
     def point(extra=0):
@@ -164,14 +165,19 @@ def interleaved_peak(s, kept, shared, v=2):
     for k in range(warmup, total):
         actions += [("F", forward_chunk(k)), ("B", backward_chunk(k - warmup))]
     actions += [("B", backward_chunk(k)) for k in range(total - warmup, total)]
-    forwarded, left, peak = [0] * v, [0] * v, 0
+    forwarded, left, peak, most = [0] * v, [0] * v, 0, 0
     for kind, c in actions:
         left[c] = 0  # reused by the forward; replaced by the micro-batch's own in the backward
         forwarded[c] += kind == "F"
+        most = max(most, forwarded[c])
         peak = max(peak, sum(kept[c] * (forwarded[c] + left[c]) for c in range(v)))
         if kind == "B":
             forwarded[c], left[c] = forwarded[c] - 1, 1
-    return peak + shared
+    return peak + shared, most
+
+def checkpoint_buffer(layers, sets):
+    """Floats of the contiguous buffer: `sets` sets of the stage's checkpoints."""
+    return sets * len(checkpointed & set(layers)) * N * C if setting == "contiguous" else 0
 
 expected = []
 for s in range(p):
@@ -184,7 +190,8 @@ for s in range(p):
         kept[1] += N * (2 * C + -(-V // t) + 4) if s == p - 1 else 0
         layers = set(chunks[0]) | set(chunks[1])
         shared = recompute_buffers[recompute] if checkpointed & layers else 0
-        expected.append(4 * interleaved_peak(s, kept, shared) + spill_buffer(layers))
+        peak, sets = interleaved_peak(s, kept, shared)
+        expected.append(4 * (peak + checkpoint_buffer(layers, sets)) + spill_buffer(layers))
         continue
     layers = range(s * L // p, (s + 1) * L // p)
     k = m if schedule == "gpipe" else min(p - s, m)
@@ -192,6 +199,7 @@ for s in range(p):
     kept += N if s == 0 else 0
     kept += N * (2 * C + -(-V // t) + 4) if s == p - 1 else 0
     shared = recompute_buffers[recompute] if checkpointed & set(layers) else 0
+    shared += checkpoint_buffer(layers, min(p - s, m) if schedule == "zb-h1" else k)
     if schedule == "zb-h1":
         expected.append(4 * (zero_bubble_peak(s, kept, layers) + shared) + spill_buffer(layers))
     else:

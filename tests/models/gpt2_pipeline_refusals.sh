@@ -54,8 +54,8 @@ fi
 # CPU checkpointing, refused once, has no effect on the CPU path (checkpoints live in host
 # memory already): the pipeline runs and says so, as without a pipeline. (The NVMe spill,
 # refused once, runs: gpt2_pipeline.sh holds it bitwise the pipeline keeping its checkpoints; so
-# does ZB-H1 with activation checkpointing, the contiguous buffer under GPipe and 1F1B and
-# partitioned checkpoints under those and ZB-H1.)
+# does ZB-H1 with activation checkpointing, and the contiguous buffer and partitioned
+# checkpoints under every schedule.)
 echo '{"activation_checkpointing": {"mode": "full", "cpu_checkpointing": true}}' \
   > "$work/cpu_checkpointing.json"
 output="$(timeout 60 "${mpiexec[@]}" "${run[@]}" "${model[@]}" --pp 2 \
@@ -66,14 +66,6 @@ if [[ $rc -ne 0 ]] || ! grep -qF "activation_checkpointing.cpu_checkpointing has
   echo "$output" | grep -v "^--\|^ *$" | head -5
   failures=$((failures + 1))
 fi
-# The contiguous buffer has a slot per micro-batch in flight on a stage of one chunk: not built
-# for ZB-H1's split backward or for model chunks (interleaved).
-echo '{"activation_checkpointing": {"mode": "selective", "contiguous_memory_optimization": true}}' \
-  > "$work/contiguous.json"
-expect "--pp: contiguous_memory_optimization with --pp-schedule zb-h1 is not supported with pipeline parallelism yet" \
-  "${run[@]}" "${model[@]}" --pp 2 --pp-schedule zb-h1 --config "$work/contiguous.json"
-expect "--pp: contiguous_memory_optimization with --pp-schedule interleaved is not supported with pipeline parallelism yet" \
-  "${run[@]}" "${model[@]}" --n-layer 4 --pp 2 --pp-schedule interleaved --config "$work/contiguous.json"
 expect "--pp: the global batch of 3 does not cut into 2 micro-batches x 1 data-parallel ranks" \
   "${run[@]}" "${model[@]}" --pp 2 --global-batch 3
 expect "--pp-schedule: unknown pipeline schedule 'fifo'" \
