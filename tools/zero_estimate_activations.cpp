@@ -100,6 +100,7 @@ void print_activations(const Options& options, const StagePlan& plan,
     checkpoints += t > 1 ? ", partitioned over " + std::to_string(t) + " tensor-parallel ranks"
                          : ", partition_activations without effect at --tp 1";
   }
+  if (options.contiguous_memory) checkpoints += ", in one contiguous buffer";
   const bool spilled = !options.checkpoint_nvme_path.empty();
   if (spilled) checkpoints += ", spilled to NVMe";
   std::string where;

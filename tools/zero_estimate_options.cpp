@@ -22,6 +22,7 @@ zero::models::Gpt2Checkpointing checkpointing_of(const Options& options,
   // As zero-train: over a group of one the partition is the whole checkpoint, and off.
   checkpointing.partition_activations =
       options.partition_activations && options.gpt2.tensor_parallel_size > 1;
+  checkpointing.contiguous_memory = options.contiguous_memory;
   if (recompute != zero::models::Recompute::kNone) {
     checkpointing.nvme_path = options.checkpoint_nvme_path;
   }
@@ -190,6 +191,10 @@ Options parse_options(const std::vector<std::string>& args) {
       options.partition_activations = true;
       continue;
     }
+    if (flag == "--contiguous-memory-optimization") {
+      options.contiguous_memory = true;
+      continue;
+    }
     const bool model_flag =
         flag == "--model" || flag == "--input-dim" || flag == "--hidden" ||
         flag == "--output-dim" || flag == "--layers" || flag == "--merge-bytes" ||
@@ -321,17 +326,28 @@ Options parse_options(const std::vector<std::string>& args) {
   }
   const bool activation_flags = options.micro_batch > 0 || options.seq_len > 0 ||
                                 options.number_checkpoints > 0 || options.memory_limit > 0 ||
-                                options.partition_activations ||
+                                options.partition_activations || options.contiguous_memory ||
                                 !options.checkpoint_nvme_path.empty();
   if (activation_flags && options.model != "gpt2") {
     usage_error(
         "--micro-batch, --seq-len, --number-checkpoints, --partition-activations, "
-        "--checkpoint-nvme-path and --memory-limit plan the activations of --model gpt2");
+        "--contiguous-memory-optimization, --checkpoint-nvme-path and --memory-limit plan the "
+        "activations of --model gpt2");
   }
   if (activation_flags && options.micro_batch == 0) {
     usage_error(
-        "--seq-len, --number-checkpoints, --partition-activations, --checkpoint-nvme-path and "
-        "--memory-limit need --micro-batch B");
+        "--seq-len, --number-checkpoints, --partition-activations, "
+        "--contiguous-memory-optimization, --checkpoint-nvme-path and --memory-limit need "
+        "--micro-batch B");
+  }
+  // As zero-train: the spill is its own buffer, and it spills whole checkpoints.
+  if (!options.checkpoint_nvme_path.empty() &&
+      (options.contiguous_memory ||
+       (options.partition_activations && options.gpt2.tensor_parallel_size > 1))) {
+    usage_error(std::string("--checkpoint-nvme-path with ") +
+                (options.contiguous_memory ? "--contiguous-memory-optimization"
+                                           : "--partition-activations") +
+                ": zero-train does not spill those checkpoints; choose one");
   }
   if (options.seq_len == 0) options.seq_len = options.gpt2.block_size;
   if (options.seq_len > options.gpt2.block_size) {

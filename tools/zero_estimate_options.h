@@ -49,6 +49,8 @@ inline constexpr const char* kUsage =
     "              (default: --block-size), --number-checkpoints K (default: every block),\n"
     "              --partition-activations (with --tp: each checkpoint split over the T\n"
     "              ranks, the config's activation_checkpointing.partition_activations),\n"
+    "              --contiguous-memory-optimization (the checkpoints in one buffer, the\n"
+    "              config's activation_checkpointing.contiguous_memory_optimization),\n"
     "              --checkpoint-nvme-path DIR (checkpoints spilled to NVMe, as zero-train's)\n"
     "              and --memory-limit BYTES[K|M|G] (which setting fits at each stage, and the\n"
     "              most sequences per rank each one fits)\n"
@@ -84,11 +86,12 @@ struct Options {
   int hpz_partition_size = 1;  // off
   // The GPT-2's activations: sequences per rank (0: not printed), their length (0: block_size),
   // checkpointed blocks (0: every one), whether checkpoints are partitioned over the
-  // tensor-parallel ranks, and the per-rank budget (0: none).
+  // tensor-parallel ranks or in one buffer, and the per-rank budget (0: none).
   int micro_batch = 0;
   int seq_len = 0;
   int number_checkpoints = 0;
   bool partition_activations = false;
+  bool contiguous_memory = false;  // contiguous_memory_optimization
   uint64_t memory_limit = 0;
   // The checkpoints spilled to this directory (zero-train --checkpoint-nvme-path): planned, not
   // touched.

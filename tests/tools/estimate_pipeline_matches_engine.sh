@@ -3,7 +3,8 @@
 # cut into 2 stages on 4 ranks (2 data-parallel ranks per stage), at ZeRO stages 1-3, with gpipe,
 # 1f1b, zb-h1 and interleaved (2 model chunks per stage) and no, selective and full activation
 # checkpointing; at stage 3 with hybrid sharding (shard groups of 1, 2 replicas); and with tensor
-# parallelism of 2 (one data-parallel rank per stage) and partitioned checkpoints. Per pipeline
+# parallelism of 2 (one data-parallel rank per stage) and partitioned checkpoints; and with the
+# checkpoints in the contiguous buffer under zb-h1 and interleaved. Per pipeline
 # stage, the
 # estimate's model state and buffer bytes must equal the run's stage_model_state_bytes and
 # stage_buffer_bytes, and its activation
@@ -16,9 +17,11 @@ set -euo pipefail
 bin="$1" tokens="$2"
 shift 2
 # STAGE SCHEDULE RECOMPUTE [SETTING]: SETTING is spill, hybrid, nvme (the optimizer state),
-# params (the optimizer state and stage 3's parameters on NVMe) or partitioned (--tp 2).
+# params (the optimizer state and stage 3's parameters on NVMe), partitioned (--tp 2) or
+# contiguous (contiguous_memory_optimization).
 runs=("1 1f1b none" "3 gpipe full" "3 1f1b selective" "2 zb-h1 none" "3 zb-h1 none" "3 zb-h1 full"
-  "3 interleaved selective" "3 1f1b none hybrid" "2 1f1b full partitioned" "3 zb-h1 selective partitioned")
+  "3 interleaved selective" "3 1f1b none hybrid" "2 1f1b full partitioned" "3 zb-h1 selective partitioned" "1 zb-h1 full contiguous"
+  "2 interleaved selective contiguous")
 spill_dir=
 if [ "$1" != "--" ]; then
   spill_dir="$1"
@@ -49,6 +52,10 @@ for run in "${runs[@]}"; do
     partitioned)
       # One data-parallel rank per stage: 2 sequences per micro-batch.
       given=(--tp 2 --partition-activations) plan=("${given[@]}") micro_batch=2 ;;
+    contiguous)
+      echo '{"activation_checkpointing": {"contiguous_memory_optimization": true}}' \
+        > "$work/contiguous.json"
+      given=(--config "$work/contiguous.json") plan=(--contiguous-memory-optimization) ;;
     spill)
       folder="$(mktemp -d "$spill_dir/XXXXXX")"
       given=(--checkpoint-nvme-path "$folder") plan=("${given[@]}") ;;

@@ -390,11 +390,20 @@ TEST(ZeroEstimate, Gpt2MemoryLimitNamesTheCheckpointingThatFits) {
 TEST(ZeroEstimate, Gpt2ActivationFlagsNeedTheirContext) {
   expect_usage_error({"--params", "1B", "--ranks", "2", "--micro-batch", "2"},
                      "--micro-batch, --seq-len, --number-checkpoints, --partition-activations, "
-                     "--checkpoint-nvme-path and --memory-limit plan the activations of --model "
-                     "gpt2");
+                     "--contiguous-memory-optimization, --checkpoint-nvme-path and --memory-limit "
+                     "plan the activations of --model gpt2");
   expect_usage_error({"--model", "gpt2", "--ranks", "2", "--seq-len", "16"},
                      "--seq-len, --number-checkpoints, --partition-activations, "
-                     "--checkpoint-nvme-path and --memory-limit need --micro-batch B");
+                     "--contiguous-memory-optimization, --checkpoint-nvme-path and --memory-limit "
+                     "need --micro-batch B");
+  expect_usage_error({"--model", "gpt2", "--ranks", "2", "--contiguous-memory-optimization"},
+                     "--seq-len, --number-checkpoints, --partition-activations, "
+                     "--contiguous-memory-optimization, --checkpoint-nvme-path and --memory-limit "
+                     "need --micro-batch B");
+  expect_usage_error({"--model", "gpt2", "--ranks", "2", "--micro-batch", "2",
+                      "--contiguous-memory-optimization", "--checkpoint-nvme-path", "/tmp"},
+                     "--checkpoint-nvme-path with --contiguous-memory-optimization: zero-train "
+                     "does not spill those checkpoints; choose one");
   expect_usage_error(
       {"--model", "gpt2", "--ranks", "2", "--micro-batch", "2", "--checkpoint-nvme-path", ""},
       "--checkpoint-nvme-path needs a directory, got ''");
