@@ -331,15 +331,16 @@ NvmeFile::NvmeFile(const std::string& path, uint64_t bytes, const AioConfig& aio
                  "short-submit@RANK[#N] or slow-read@RANK#MS, got '"
                      << text << "'");
       if (std::atoi(text.c_str() + at + 1) == rank) {
-        const long countdown = hash == std::string::npos ? 1 : std::atol(text.c_str() + hash + 1);
+        // #N: which transfer or submission fails, or a slow read's milliseconds.
+        const long number = hash == std::string::npos ? 1 : std::atol(text.c_str() + hash + 1);
         if (kind == "slow-read") {
-          read_delay_ = std::chrono::milliseconds(countdown);
+          read_delay_ = std::chrono::milliseconds(number);
         } else if (kind == "read" || kind == "write") {
           fault_kind_ = kind == "write" ? 1 : 0;
-          fault_countdown_ = countdown;
+          fault_countdown_ = number;
         } else {
           submit_fault_ = kind == "submit" ? kSubmitFails : kSubmitShort;
-          submit_countdown_ = countdown;
+          submit_countdown_ = number;
         }
       }
     }

@@ -11,7 +11,6 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -173,9 +172,8 @@ AioConfig four_kib_blocks() {
 // A submission the kernel takes only part of (the first request of four): the rest go again,
 // and the transfer completes with what was written.
 TEST(Offload, ShortSubmitSendsTheRest) {
-  ASSERT_EQ(setenv("ZERO_TEST_NVME_FAULT", "short-submit@0", 1), 0);
+  const ScopedNvmeFault fault("short-submit@0");
   NvmeFile file(nvme_dir() + "/short_submit.swp", 8 * kNvmeAlignment, four_kib_blocks(), 0);
-  ASSERT_EQ(unsetenv("ZERO_TEST_NVME_FAULT"), 0);
   std::vector<char> memory(9 * kNvmeAlignment);
   char* buffer = nvme_aligned(memory.data());
   for (size_t i = 0; i < 4 * kNvmeAlignment; ++i) buffer[i] = static_cast<char>(i / 4096 + 1);
@@ -189,10 +187,9 @@ TEST(Offload, ShortSubmitSendsTheRest) {
 // still holds of them never reaches the kernel, and a later transfer of the file fails naming
 // that error instead of sending them along.
 TEST(Offload, SubmitErrorNamesFileOffsetAndErrno) {
-  ASSERT_EQ(setenv("ZERO_TEST_NVME_FAULT", "submit@0", 1), 0);
+  const ScopedNvmeFault fault("submit@0");
   const std::string path = nvme_dir() + "/submit_error.swp";
   NvmeFile file(path, 8 * kNvmeAlignment, four_kib_blocks(), 0);
-  ASSERT_EQ(unsetenv("ZERO_TEST_NVME_FAULT"), 0);
   std::vector<char> memory(5 * kNvmeAlignment);
   char* buffer = nvme_aligned(memory.data());
   const std::string first = transfer_under_fault(file, buffer, 0);
@@ -209,22 +206,22 @@ TEST(Offload, SubmitErrorNamesFileOffsetAndErrno) {
 // The injected slow disk (tests of waits): each read takes the time asked at least and moves
 // the same bytes, and a slow-read without its time is refused.
 TEST(Offload, SlowReadTakesItsTimeAndMovesTheSameBytes) {
-  ASSERT_EQ(setenv("ZERO_TEST_NVME_FAULT", "slow-read@0#30", 1), 0);
-  NvmeFile file(nvme_dir() + "/slow_read.swp", 4 * kNvmeAlignment, four_kib_blocks(), 0);
-  ASSERT_EQ(unsetenv("ZERO_TEST_NVME_FAULT"), 0);
-  std::vector<char> memory(5 * kNvmeAlignment);
-  char* buffer = nvme_aligned(memory.data());
-  for (size_t i = 0; i < 2 * kNvmeAlignment; ++i) buffer[i] = static_cast<char>(i % 251);
-  file.wait(file.write(buffer, 0, 2 * kNvmeAlignment));
-  char* back = buffer + 2 * kNvmeAlignment;
-  const auto start = std::chrono::steady_clock::now();
-  file.wait(file.read(back, 0, 2 * kNvmeAlignment));
-  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(30));
-  EXPECT_TRUE(std::equal(buffer, back, back));
-  ASSERT_EQ(setenv("ZERO_TEST_NVME_FAULT", "slow-read@0", 1), 0);
+  {
+    const ScopedNvmeFault fault("slow-read@0#30");
+    NvmeFile file(nvme_dir() + "/slow_read.swp", 4 * kNvmeAlignment, four_kib_blocks(), 0);
+    std::vector<char> memory(5 * kNvmeAlignment);
+    char* buffer = nvme_aligned(memory.data());
+    for (size_t i = 0; i < 2 * kNvmeAlignment; ++i) buffer[i] = static_cast<char>(i % 251);
+    file.wait(file.write(buffer, 0, 2 * kNvmeAlignment));
+    char* back = buffer + 2 * kNvmeAlignment;
+    const auto start = std::chrono::steady_clock::now();
+    file.wait(file.read(back, 0, 2 * kNvmeAlignment));
+    EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(30));
+    EXPECT_TRUE(std::equal(buffer, back, back));
+  }
+  const ScopedNvmeFault fault("slow-read@0");
   const std::string message =
       error_of([&] { NvmeFile bad(nvme_dir() + "/slow_read_bad.swp", kNvmeAlignment, {}, 0); });
-  ASSERT_EQ(unsetenv("ZERO_TEST_NVME_FAULT"), 0);
   expect_naming(message, "slow-read@RANK#MS, got 'slow-read@0'");
 }
 

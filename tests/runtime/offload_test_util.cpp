@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <utility>
 
 namespace zero::testing {
@@ -23,20 +24,23 @@ std::string nvme_dir() {
   return dir;
 }
 
+ScopedNvmeFault::ScopedNvmeFault(const std::string& fault) {
+  EXPECT_EQ(setenv("ZERO_TEST_NVME_FAULT", fault.c_str(), 1), 0);
+}
+
+ScopedNvmeFault::~ScopedNvmeFault() {
+  EXPECT_EQ(unsetenv("ZERO_TEST_NVME_FAULT"), 0);
+}
+
 std::string training_error(int stage, int steps, std::function<void(EngineConfig&)> tweak,
                            const std::string& nvme_fault) {
   RunOptions o;
   o.stage = stage;
   o.steps = steps;
   o.tweak = std::move(tweak);
-  if (!nvme_fault.empty()) {
-    EXPECT_EQ(setenv("ZERO_TEST_NVME_FAULT", nvme_fault.c_str(), 1), 0);
-  }
-  const std::string message = error_of([&] { train(o); });
-  if (!nvme_fault.empty()) {
-    EXPECT_EQ(unsetenv("ZERO_TEST_NVME_FAULT"), 0);
-  }
-  return message;
+  std::optional<ScopedNvmeFault> fault;
+  if (!nvme_fault.empty()) fault.emplace(nvme_fault);
+  return error_of([&] { train(o); });
 }
 
 void expect_naming(const std::string& message, const std::string& needle) {

@@ -26,6 +26,16 @@ std::string empty_job_dir(Communicator& comm, const std::string& name);
 // This rank's directory in job_dir(), created when missing.
 std::string nvme_dir();
 
+// ZERO_TEST_NVME_FAULT (the NVMe files' fault switch, read when a file is made:
+// KIND@RANK[#N]) set while this lives, and unset however the scope is left.
+class ScopedNvmeFault {
+ public:
+  explicit ScopedNvmeFault(const std::string& fault);
+  ~ScopedNvmeFault();
+  ScopedNvmeFault(const ScopedNvmeFault&) = delete;
+  ScopedNvmeFault& operator=(const ScopedNvmeFault&) = delete;
+};
+
 // The message of the zero::Error fn throws, or "no error".
 template <typename Fn>
 std::string error_of(Fn fn) {

@@ -81,11 +81,11 @@ TEST(ParamOffload, MemoryOfEachTierIsThePlan) {
     o.tweak = both(nvme(0, false), params_on_nvme(2));
     // Reads of this rank's files take 20 ms at least (a slow disk), so the stream's waits for
     // them are there to count whatever the machine's speed; the bytes are unchanged.
-    const std::string slow_disk =
-        "slow-read@" + std::to_string(make_mpi_communicator()->rank()) + "#20";
-    ASSERT_EQ(setenv("ZERO_TEST_NVME_FAULT", slow_disk.c_str(), 1), 0);
-    const TrainResult run = train(o);
-    ASSERT_EQ(unsetenv("ZERO_TEST_NVME_FAULT"), 0);
+    const TrainResult run = [&] {
+      const ScopedNvmeFault slow_disk("slow-read@" +
+                                      std::to_string(make_mpi_communicator()->rank()) + "#20");
+      return train(o);
+    }();
     EXPECT_EQ(run.model_state_bytes, run.plan.model_state) << what;
     EXPECT_EQ(run.buffer_bytes, run.plan.buffers) << what;
     EXPECT_EQ(run.nvme_bytes, run.plan.nvme) << what;
