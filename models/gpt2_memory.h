@@ -150,9 +150,9 @@ struct Gpt2Checkpointing {
   AioConfig spill_aio{};
   int spill_rank = 0;
   // The micro-batches whose checkpoints a stage holds at once where they have places of their
-  // own (the spill's file, G regions per checkpointed block; contiguous_memory's buffer and
-  // partition_activations' pieces, G slots per checkpointed block): on a pipeline stage the most
-  // one of its chunks holds in flight (gpt2_checkpoint_generations), 1 without a pipeline.
+  // own (the spill's file, G regions per checkpointed block; contiguous_memory's buffer, G slots
+  // per checkpointed block): on a pipeline stage the most one of its chunks holds in flight
+  // (gpt2_checkpoint_generations), 1 without a pipeline.
   int checkpoint_generations = 1;
   // DeepSpeed's synchronize_checkpoint_boundary: each checkpointed block's forward and backward
   // begin and end with the host waiting until the device has run all the work issued so far, on
@@ -278,8 +278,8 @@ int gpt2_checkpoint_generations(int in_flight, const std::vector<PipelineAction>
 
 // The same for a stage of model chunks (stage.chunks, interleaved) running `actions`, the
 // stage's list of one step (make_pipeline_schedule's): the largest over its points (the comment
-// at the top). Throws zero::Error as gpt2_stage_activation_formula, for actions of a chunk the
-// stage does not have.
+// at the top). Throws zero::Error as gpt2_stage_activation_formula, and for actions of a chunk
+// the stage does not have.
 Gpt2StageActivationBytes gpt2_chunked_stage_activation_formula(
     const Gpt2Config& config, const Gpt2Checkpointing& checkpointing,
     const Gpt2PipelineStage& stage, const std::vector<PipelineAction>& actions, int64_t B,
