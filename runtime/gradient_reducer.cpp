@@ -121,7 +121,15 @@ void GradientReducer::ready(int u) {
       pool_.give_back(std::move(g.bucket), bucket_read);
       return;
     }
-    device_.add(g.full.data(), accum_dtype_, g.bucket.data(), config_.precision.dtype, unit.numel);
+    // The step's first micro-batch is the accumulator's first value: copied in (widened), so
+    // that finish_step() need not zero the accumulator for it to be added to.
+    if (accumulate) {
+      device_.add(g.full.data(), accum_dtype_, g.bucket.data(), config_.precision.dtype,
+                  unit.numel);
+    } else {
+      device_.cast(g.bucket.data(), config_.precision.dtype, g.full.data(), accum_dtype_,
+                   unit.numel);
+    }
     pool_.give_back(std::move(g.bucket), CommPoint{device_.record(), nullptr});
   }
   // Stages 0-1 (and 2-3 reducing once) keep whole gradients through accumulation and reduce
@@ -299,7 +307,10 @@ void* GradientReducer::shard(size_t u) {
 void GradientReducer::finish_step() {
   for (size_t u = 0; u < units_.size(); ++u) {
     UnitGrads& g = units_[u];
-    if (!g.full.empty()) device_.zero(g.full.data(), g.full.bytes());
+    // Zeroed where backward adds into it; a bucket's first micro-batch is copied into it.
+    if (!g.full.empty() && (g.persistent || !uses_grad_buckets(config_))) {
+      device_.zero(g.full.data(), g.full.bytes());
+    }
     g.full_reused = false;
     g.micro_batches_done = 0;
     if (!layout_.units()[u].trainable) continue;
