@@ -82,6 +82,11 @@ class Gpt2Embedding : public Module {
     Gpt2Ops& ops = backend_->ops_for(in);
     backend_->keep_copy(tokens_, in);
     ensure(out, {B, T, config_.n_embd}, in.device());
+    if (takes_16bit_table(ops, params[0])) {
+      ops.embedding_forward_16bit(out.data(), in.data(), params[0].data, params[0].dtype,
+                                  slots_.value(params, 1), B, T, config_.n_embd);
+      return;
+    }
     if (config_.tensor_parallel_size == 1) {
       ops.embedding_forward(out.data(), in.data(), slots_.value(params, 0), slots_.value(params, 1),
                             B, T, config_.n_embd);
@@ -100,6 +105,14 @@ class Gpt2Embedding : public Module {
     const int B = static_cast<int>(tokens_.shape()[0]);
     const int T = static_cast<int>(tokens_.shape()[1]);
     Gpt2Ops& ops = backend_->ops_for(grad_out);
+    if (takes_16bit_table(ops, grads[0])) {
+      // The table's gradient goes into its rows directly; wpe's as before.
+      ops.embedding_backward_16bit(grads[0].data, grads[0].dtype, slots_.grad(grads, 1),
+                                   grad_out.data(), tokens_.data(), B, T, config_.n_embd);
+      gpt2_detail::flush_grad(grads[1], slots_.grads[1]);
+      grad_in = Tensor();
+      return;
+    }
     if (config_.tensor_parallel_size == 1) {
       ops.embedding_backward(slots_.grad(grads, 0), slots_.grad(grads, 1), grad_out.data(),
                              tokens_.data(), B, T, config_.n_embd);
@@ -150,6 +163,13 @@ class Gpt2Embedding : public Module {
   uint64_t activation_bytes() const { return bytes_of(tokens_); }
 
  private:
+  // Whether the whole vocabulary's 16-bit table (and its gradient) goes to the ops as it is:
+  // widening all of it, or zeroing and adding a whole fp32 copy of its gradient, costs a pass
+  // over every row for the few thousand a batch names.
+  bool takes_16bit_table(const Gpt2Ops& ops, const ParamRef& table) const {
+    return config_.tensor_parallel_size == 1 && table.dtype != DType::kFloat32 &&
+           ops.embeds_16bit_tables();
+  }
   Gpt2Config config_;
   std::shared_ptr<gpt2_detail::Gpt2Backend> backend_;
   ParamSlots slots_{2};
@@ -235,7 +255,11 @@ class Gpt2Head : public Module {
                           config_.layer_norm_eps);
     ops.matmul_forward(logits_.data(), norm_.data(), slots_.matrix(params, 2, ops), nullptr, N, C,
                        V, WeightLayout::kOutIn);
-    if (config_.tensor_parallel_size == 1) {
+    logits_hold_gradient_ = fuses_loss_gradient(ops);
+    if (logits_hold_gradient_) {
+      ops.cross_entropy_forward_bf16_gradient(losses_.data(), lse_.data(), logits_.data(),
+                                              ops.targets(ids), N, V);
+    } else if (config_.tensor_parallel_size == 1) {
       ops.cross_entropy_forward(losses_.data(), lse_.data(), logits_.data(), ops.targets(ids), N,
                                 V);
     } else {
@@ -256,11 +280,17 @@ class Gpt2Head : public Module {
     Gpt2Ops& ops = backend_->ops_for(grad_out);
     ops.set_bf16_products(gpt2_detail::bf16_products(params));
     const std::shared_ptr<DeviceContext>& dev = grad_out.device();
-    logits_gradient(ops, grad_out, N, V);
     // ln_f's output gradient over ln_f's output, its last reader (as the blocks do).
     float* const d_norm = norm_.data();
-    ops.matmul_backward(d_norm, slots_.grad(grads, 2), nullptr, logits_.data(), norm_.data(),
-                        slots_.matrix(params, 2, ops), N, C, V, WeightLayout::kOutIn);
+    if (fuses_loss_gradient(ops)) {
+      ops.matmul_backward_scaled_bf16(d_norm, slots_.grad(grads, 2), logits_.data(),
+                                      loss_gradient_scale(grad_out, N), norm_.data(),
+                                      slots_.matrix(params, 2, ops), N, C, V, WeightLayout::kOutIn);
+    } else {
+      logits_gradient(ops, grad_out, N, V);
+      ops.matmul_backward(d_norm, slots_.grad(grads, 2), nullptr, logits_.data(), norm_.data(),
+                          slots_.matrix(params, 2, ops), N, C, V, WeightLayout::kOutIn);
+    }
     // Each rank's columns give a share of ln_f's output gradient: the sum is whole.
     backend_->all_reduce_tensor_parallel(d_norm, norm_.numel(), dev);
     grad_in = Tensor(input_.shape(), dev);
@@ -281,10 +311,17 @@ class Gpt2Head : public Module {
     Gpt2Ops& ops = backend_->ops_for(grad_out);
     ops.set_bf16_products(gpt2_detail::bf16_products(params));
     const std::shared_ptr<DeviceContext>& dev = grad_out.device();
-    logits_gradient(ops, grad_out, N, V);
     backend_->activation(d_norm_, {N, C}, dev);
-    ops.matmul_backward(d_norm_.data(), nullptr, nullptr, logits_.data(), nullptr,
-                        slots_.matrix(params, 2, ops), N, C, V, WeightLayout::kOutIn);
+    if (fuses_loss_gradient(ops)) {
+      weight_gradient_scale_ = loss_gradient_scale(grad_out, N);
+      ops.matmul_backward_scaled_bf16(d_norm_.data(), nullptr, logits_.data(),
+                                      weight_gradient_scale_, nullptr,
+                                      slots_.matrix(params, 2, ops), N, C, V, WeightLayout::kOutIn);
+    } else {
+      logits_gradient(ops, grad_out, N, V);
+      ops.matmul_backward(d_norm_.data(), nullptr, nullptr, logits_.data(), nullptr,
+                          slots_.matrix(params, 2, ops), N, C, V, WeightLayout::kOutIn);
+    }
     backend_->all_reduce_tensor_parallel(d_norm_.data(), d_norm_.numel(), dev);
     grad_in = Tensor(input_.shape(), dev);
     ops.layernorm_backward(grad_in.data(), nullptr, nullptr, d_norm_.data(), input_.data(),
@@ -296,15 +333,22 @@ class Gpt2Head : public Module {
     const int N = static_cast<int>(rows_of(input_));
     Gpt2Ops& ops = backend_->ops_for(input_);
     ops.set_bf16_products(gpt2_detail::bf16_products(grads));
-    ops.matmul_backward(nullptr, slots_.grad(grads, 2), nullptr, logits_.data(), norm_.data(),
-                        nullptr, N, C, V, WeightLayout::kOutIn);
+    if (fuses_loss_gradient(ops)) {
+      ops.matmul_backward_scaled_bf16(nullptr, slots_.grad(grads, 2), logits_.data(),
+                                      weight_gradient_scale_, norm_.data(), nullptr, N, C, V,
+                                      WeightLayout::kOutIn);
+    } else {
+      ops.matmul_backward(nullptr, slots_.grad(grads, 2), nullptr, logits_.data(), norm_.data(),
+                          nullptr, N, C, V, WeightLayout::kOutIn);
+    }
     ops.layernorm_backward(nullptr, slots_.grad(grads, 0), slots_.grad(grads, 1), d_norm_.data(),
                            input_.data(), nullptr, mean_.data(), rstd_.data(), N, C);
     slots_.flush(grads);
     d_norm_ = Tensor();
   }
 
-  // The kept tensors and the micro-batch's targets (ids below 2^24 are exact as floats).
+  // The kept tensors, then the micro-batch's targets (ids below 2^24 are exact as floats) and
+  // the scale of the gradient the logits hold between backward_input and backward_weight.
   void take_activations(KeptActivations& kept) override {
     kept.clear();
     for (Tensor* tensor : kept_tensors()) {
@@ -314,19 +358,26 @@ class Gpt2Head : public Module {
     const std::vector<int32_t>& ids = targets_->ids;
     kept.emplace_back(std::vector<int64_t>{static_cast<int64_t>(ids.size())},
                       std::vector<float>(ids.begin(), ids.end()));
+    kept.emplace_back(std::vector<int64_t>{1}, std::vector<float>{weight_gradient_scale_});
   }
   void restore_activations(KeptActivations& kept) override {
     const std::vector<Tensor*> tensors = kept_tensors();
-    ZERO_CHECK(kept.size() == tensors.size() + 1,
+    ZERO_CHECK(kept.size() == tensors.size() + 2,
                "the GPT-2 head got " << kept.size() << " activations back; it gave out "
-                                     << tensors.size() + 1);
+                                     << tensors.size() + 2);
     for (size_t i = 0; i < tensors.size(); ++i) *tensors[i] = std::move(kept[i]);
-    const std::vector<float> ids = kept.back().to_host();
+    const std::vector<float> ids = kept[tensors.size()].to_host();
     targets_->ids.assign(ids.begin(), ids.end());
+    weight_gradient_scale_ = kept.back().to_host()[0];
     kept.clear();
   }
 
-  const Tensor& logits() const { return logits_; }
+  const Tensor& logits() const {
+    ZERO_CHECK(!logits_hold_gradient_,
+               "the GPT-2 head's bf16 products made the loss's gradient in the logits' memory "
+               "during forward: the logits are not kept (run with fp32 products to read them)");
+    return logits_;
+  }
   // What forward keeps for backward (and backward_input for backward_weight).
   uint64_t kept_bytes() const {
     return bytes_of(input_) + bytes_of(norm_) + bytes_of(mean_) + bytes_of(rstd_) +
@@ -334,11 +385,21 @@ class Gpt2Head : public Module {
   }
 
  private:
-  // The logits' gradient over the logits: d(mean loss)/d(loss of one position) = 1 / N, times
-  // the gradient of the mean. The targets forward put in the device's memory are still there.
-  void logits_gradient(Gpt2Ops& ops, const Tensor& grad_out, int N, int V) {
+  // Whether forward makes the loss's gradient with the loss (bf16 products, the whole
+  // vocabulary on this rank): set by the ops and the configuration alone, so forward and
+  // backward agree.
+  bool fuses_loss_gradient(const Gpt2Ops& ops) const {
+    return config_.tensor_parallel_size == 1 && ops.fuses_loss_gradient();
+  }
+  // d(mean loss)/d(loss of one position) = 1 / N, times the gradient of the mean.
+  static float loss_gradient_scale(const Tensor& grad_out, int N) {
     ZERO_CHECK(grad_out.numel() == 1, "the GPT-2's output is its loss: its gradient is one value");
-    const float dloss = grad_out.to_host()[0] / static_cast<float>(N);
+    return grad_out.to_host()[0] / static_cast<float>(N);
+  }
+  // The logits' gradient over the logits. The targets forward put in the device's memory are
+  // still there.
+  void logits_gradient(Gpt2Ops& ops, const Tensor& grad_out, int N, int V) {
+    const float dloss = loss_gradient_scale(grad_out, N);
     if (config_.tensor_parallel_size == 1) {
       ops.cross_entropy_backward(logits_.data(), logits_.data(), lse_.data(),
                                  ops.targets(targets_->ids), dloss, N, V);
@@ -391,6 +452,9 @@ class Gpt2Head : public Module {
   ParamSlots slots_{3};
   Tensor input_, norm_, mean_, rstd_, logits_, losses_, lse_;
   Tensor d_norm_;  // ln_f's output gradient, between backward_input and backward_weight
+  // With the gradient made in forward: its scale, from backward_input to backward_weight.
+  float weight_gradient_scale_ = 0.0f;
+  bool logits_hold_gradient_ = false;  // the last forward's logits were replaced by it
 };
 
 bool gpt2_preset(const std::string& name, Gpt2Config* config) {

@@ -184,7 +184,8 @@ std::vector<ParamSpec> gpt2_param_specs(const Gpt2Config& config,
 uint64_t gpt2_module_copy_bytes(const Gpt2Config& config, DType dtype);
 
 // The logits of the last forward [B * T, vocab], in the device's memory (valid until backward
-// consumes them).
+// consumes them). A zero::Error where the head's bf16 products made the loss's gradient in their
+// place (Gpt2Ops::fuses_loss_gradient: bf16 products without tensor parallelism).
 const Tensor& gpt2_logits(const Gpt2& model);
 
 // FLOPs of one training step (forward and backward) per token, as llm.c and PaLM count them:

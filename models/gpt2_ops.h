@@ -23,6 +23,16 @@ class Gpt2Ops {
                                  const float* wpe, int B, int T, int C) = 0;
   virtual void embedding_backward(float* dwte, float* dwpe, const float* dout, const float* tokens,
                                   int B, int T, int C) = 0;
+  // Whether the embedding takes a 16-bit table and its 16-bit gradient as they are
+  // (kernels::embedding_*_16bit: the rows the tokens name alone), where otherwise the module
+  // widens the whole table into fp32 and scatters into a zeroed fp32 copy of its gradient. The
+  // two below are called only where this is true.
+  virtual bool embeds_16bit_tables() const { return false; }
+  virtual void embedding_forward_16bit(float* out, const float* tokens, const void* wte,
+                                       DType wte_dtype, const float* wpe, int B, int T, int C);
+  virtual void embedding_backward_16bit(void* dwte, DType dwte_dtype, float* dwpe,
+                                        const float* dout, const float* tokens, int B, int T,
+                                        int C);
   virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                                  const float* weight, const float* bias, int N, int C,
                                  float eps) = 0;
@@ -79,6 +89,23 @@ class Gpt2Ops {
   // Whether the products that follow take bf16 weights as they are (kernels::MatrixWeight::bf16):
   // they run in bf16. A module's bf16 working copy then goes to them without an fp32 copy.
   virtual bool takes_bf16_weights() const { return false; }
+
+  // Whether the LM head makes its loss's gradient together with the loss, in bf16: the products
+  // that follow run in bf16 (on the CPU, with the arithmetic), and the gradient they read goes
+  // from the logits' memory to them once, where the separate backward would write fp32 values
+  // for the products to round again. The two below are called only where this is true.
+  virtual bool fuses_loss_gradient() const { return false; }
+  // The losses and lse as cross_entropy_forward, and each row of logits [N, V] replaced by its
+  // unscaled gradient, softmax - [v == target], as bf16 in the row's first half
+  // (kernels::cross_entropy_forward_bf16_gradient).
+  virtual void cross_entropy_forward_bf16_gradient(float* losses, float* lse, float* logits,
+                                                   const int32_t* targets, int N, int V);
+  // matmul_backward (no bias) for the output gradient `scale` times what
+  // cross_entropy_forward_bf16_gradient left in `gradient` ([N, OC] logits).
+  virtual void matmul_backward_scaled_bf16(float* dinp, float* dweight, const float* gradient,
+                                           float scale, const float* inp,
+                                           kernels::MatrixWeight weight, int N, int C, int OC,
+                                           kernels::WeightLayout layout);
 
   // dst[i] += src[i]: the residual connections.
   virtual void add(float* dst, const float* src, size_t n) = 0;

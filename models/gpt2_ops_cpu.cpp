@@ -23,6 +23,15 @@ class CpuGpt2Ops : public Gpt2Ops {
                           int T, int C) override {
     kernels::embedding_backward(dwte, dwpe, dout, tokens, B, T, C, opt_);
   }
+  bool embeds_16bit_tables() const override { return true; }
+  void embedding_forward_16bit(float* out, const float* tokens, const void* wte, DType wte_dtype,
+                               const float* wpe, int B, int T, int C) override {
+    kernels::embedding_forward_16bit(out, tokens, wte, wte_dtype, wpe, B, T, C, opt_);
+  }
+  void embedding_backward_16bit(void* dwte, DType dwte_dtype, float* dwpe, const float* dout,
+                                const float* tokens, int B, int T, int C) override {
+    kernels::embedding_backward_16bit(dwte, dwte_dtype, dwpe, dout, tokens, B, T, C, opt_);
+  }
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                          const float* weight, const float* bias, int N, int C, float eps) override {
     kernels::layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, eps, opt_);
@@ -130,12 +139,54 @@ class CpuGpt2Ops : public Gpt2Ops {
   bool takes_bf16_weights() const override {
     return opt_.bf16_products && kernels::bf16_products_in_bf16();
   }
+  bool fuses_loss_gradient() const override { return takes_bf16_weights(); }
+  void cross_entropy_forward_bf16_gradient(float* losses, float* lse, float* logits,
+                                           const int32_t* targets, int N, int V) override {
+    kernels::cross_entropy_forward_bf16_gradient(losses, lse, logits, targets, N, V, V, opt_);
+  }
+  // The bf16 rows sit in the first half of each fp32 row: 2 V bf16 values apart.
+  void matmul_backward_scaled_bf16(float* dinp, float* dweight, const float* gradient, float scale,
+                                   const float* inp, kernels::MatrixWeight weight, int N, int C,
+                                   int OC, kernels::WeightLayout layout) override {
+    const kernels::ScaledBf16Gradient dout{reinterpret_cast<const uint16_t*>(gradient),
+                                           2 * static_cast<size_t>(OC), scale};
+    kernels::matmul_backward_scaled_bf16(dinp, dweight, dout, inp, weight, N, C, OC, layout, opt_);
+  }
 
  private:
   kernels::KernelOptions opt_;
 };
 
 }  // namespace
+
+void Gpt2Ops::embedding_forward_16bit(float*, const float*, const void*, DType, const float*, int,
+                                      int, int) {
+  ZERO_FAIL(
+      "these GPT-2 operations take no 16-bit embedding table (embeds_16bit_tables() is "
+      "false)");
+}
+
+void Gpt2Ops::embedding_backward_16bit(void*, DType, float*, const float*, const float*, int, int,
+                                       int) {
+  ZERO_FAIL(
+      "these GPT-2 operations take no 16-bit embedding table (embeds_16bit_tables() is "
+      "false)");
+}
+
+void Gpt2Ops::cross_entropy_forward_bf16_gradient(float*, float*, float*, const int32_t*, int,
+                                                  int) {
+  ZERO_FAIL(
+      "these GPT-2 operations do not make the loss's gradient with the loss "
+      "(fuses_loss_gradient() is false)");
+}
+
+void Gpt2Ops::matmul_backward_scaled_bf16(float*, float*, const float*, float, const float*,
+                                          kernels::MatrixWeight, int, int, int,
+                                          kernels::WeightLayout) {
+  ZERO_FAIL(
+      "these GPT-2 operations do not make the loss's gradient with the loss "
+      "(fuses_loss_gradient() is false)");
+}
 
 std::unique_ptr<Gpt2Ops> make_cpu_gpt2_ops(int threads) {
   return std::make_unique<CpuGpt2Ops>(threads);

@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "oneapi/dnnl/dnnl.hpp"
@@ -22,7 +23,9 @@ dnnl::engine& cpu_engine() {
   return engine;
 }
 
-using ShapeKey = std::tuple<bool, bool, int, int, int, int, int, int, float, float>;
+// The sizes, leading dimensions, whether alpha is other than 1 (its value is given at each run:
+// a loss's gradient scale may change from call to call) and beta.
+using ShapeKey = std::tuple<bool, bool, int, int, int, int, int, int, bool, float>;
 
 struct Primitive {
   dnnl::matmul matmul;
@@ -41,13 +44,13 @@ std::shared_ptr<const Primitive> primitive_for(const ShapeKey& key) {
   std::lock_guard<std::mutex> lock(mutex);
   auto found = cache.find(key);
   if (found != cache.end()) return found->second;
-  const auto [trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta] = key;
+  const auto [trans_a, trans_b, M, N, K, lda, ldb, ldc, scaled, beta] = key;
   auto made = std::make_shared<Primitive>();
   made->a = matrix(M, K, trans_a, lda, memory::data_type::bf16);
   made->b = matrix(K, N, trans_b, ldb, memory::data_type::bf16);
   made->c = matrix(M, N, false, ldc, memory::data_type::f32);
   dnnl::primitive_attr attr;
-  if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+  if (scaled) attr.set_output_scales(0, {DNNL_RUNTIME_F32_VAL});
   if (beta != 0.0f) {
     dnnl::post_ops ops;
     ops.append_sum(beta);
@@ -73,12 +76,18 @@ void bf16_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, con
   (void)single_threaded;
   try {
     const std::shared_ptr<const Primitive> p =
-        primitive_for(ShapeKey{trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta});
+        primitive_for(ShapeKey{trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha != 1.0f, beta});
     thread_local dnnl::stream stream(cpu_engine());
     memory a(p->a, cpu_engine(), const_cast<uint16_t*>(A));
     memory b(p->b, cpu_engine(), const_cast<uint16_t*>(B));
     memory c(p->c, cpu_engine(), C);
-    p->matmul.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+    std::unordered_map<int, memory> args = {
+        {DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}};
+    if (alpha != 1.0f) {
+      args.emplace(DNNL_ARG_ATTR_OUTPUT_SCALES,
+                   memory({{1}, memory::data_type::f32, {1}}, cpu_engine(), &alpha));
+    }
+    p->matmul.execute(stream, args);
     stream.wait();
   } catch (const dnnl::error& e) {
     ZERO_FAIL("oneDNN bf16 matmul of [" << M << ", " << K << "] x [" << K << ", " << N

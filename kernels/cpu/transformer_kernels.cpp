@@ -6,7 +6,9 @@
 // over the rows in order, so that no result depends on the thread count.
 #include "zero/kernels/transformer_kernels.h"
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "transformer_threads.h"
 
@@ -58,6 +60,81 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const float
         token_grad[c] += d[c];
         position_grad[c] += d[c];
       }
+    }
+  });
+}
+
+namespace {
+
+void check_16bit(DType dtype, const char* kernel) {
+  ZERO_CHECK(dtype == DType::kBFloat16 || dtype == DType::kFloat16,
+             kernel << ": the table must be bf16 or fp16, got " << dtype_name(dtype));
+}
+
+}  // namespace
+
+void embedding_forward_16bit(float* out, const float* tokens, const void* wte, DType wte_dtype,
+                             const float* wpe, int B, int T, int C, const KernelOptions& opt) {
+  check_sizes("embedding_forward_16bit", {B, T, C});
+  check_16bit(wte_dtype, "embedding_forward_16bit");
+  const size_t rows = product(B, T);
+  check_buffer(out, rows * C, "embedding_forward_16bit", "out");
+  check_buffer(tokens, rows, "embedding_forward_16bit", "tokens");
+  check_buffer(wpe, product(T, C), "embedding_forward_16bit", "wpe");
+  check_buffer(wte, C, "embedding_forward_16bit", "wte");
+  const size_t row_bytes = static_cast<size_t>(C) * 2;
+  parallel_for(rows, C, 1, opt, [&](size_t begin, size_t end) {
+    for (size_t row = begin; row < end; ++row) {
+      const void* token_row =
+          static_cast<const char*>(wte) + static_cast<size_t>(tokens[row]) * row_bytes;
+      const float* position_row = wpe + (row % T) * C;
+      float* o = out + row * C;
+      cast(token_row, wte_dtype, o, DType::kFloat32, static_cast<size_t>(C), KernelOptions{1});
+      for (int c = 0; c < C; ++c) o[c] += position_row[c];
+    }
+  });
+}
+
+void embedding_backward_16bit(void* dwte, DType dwte_dtype, float* dwpe, const float* dout,
+                              const float* tokens, int B, int T, int C, const KernelOptions& opt) {
+  check_sizes("embedding_backward_16bit", {B, T, C});
+  check_16bit(dwte_dtype, "embedding_backward_16bit");
+  const size_t rows = product(B, T);
+  check_buffer(dout, rows * C, "embedding_backward_16bit", "dout");
+  check_buffer(tokens, rows, "embedding_backward_16bit", "tokens");
+  check_buffer(dwpe, product(T, C), "embedding_backward_16bit", "dwpe");
+  parallel_for(C, rows, kColumnGranule, opt, [&](size_t begin, size_t end) {
+    for (size_t row = 0; row < rows; ++row) {
+      const float* d = dout + row * C;
+      float* position_grad = dwpe + (row % T) * C;
+      for (size_t c = begin; c < end; ++c) position_grad[c] += d[c];
+    }
+  });
+  if (dwte == nullptr) return;
+  // The positions grouped by token, each group in position order.
+  std::vector<uint32_t> order(rows);
+  for (size_t row = 0; row < rows; ++row) order[row] = static_cast<uint32_t>(row);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](uint32_t a, uint32_t b) { return tokens[a] < tokens[b]; });
+  std::vector<size_t> group_starts;
+  for (size_t i = 0; i < rows; ++i) {
+    if (i == 0 || tokens[order[i]] != tokens[order[i - 1]]) group_starts.push_back(i);
+  }
+  group_starts.push_back(rows);
+  const size_t row_bytes = static_cast<size_t>(C) * 2;
+  parallel_for(group_starts.size() - 1, C, 1, opt, [&](size_t begin, size_t end) {
+    std::vector<float> sum(static_cast<size_t>(C));
+    for (size_t g = begin; g < end; ++g) {
+      // From 0 and in position order, as into a zeroed fp32 table.
+      std::fill(sum.begin(), sum.end(), 0.0f);
+      for (size_t i = group_starts[g]; i < group_starts[g + 1]; ++i) {
+        const float* d = dout + static_cast<size_t>(order[i]) * C;
+        for (int c = 0; c < C; ++c) sum[c] += d[c];
+      }
+      void* token_grad = static_cast<char*>(dwte) +
+                         static_cast<size_t>(tokens[order[group_starts[g]]]) * row_bytes;
+      accumulate(token_grad, dwte_dtype, sum.data(), DType::kFloat32, static_cast<size_t>(C),
+                 KernelOptions{1});
     }
   });
 }
@@ -173,6 +250,32 @@ void cross_entropy_backward(float* dlogits, const float* logits, const float* ls
       path.scaled_exp(d, logits + n * Vp, lse[n], dloss, V);
       d[targets[n]] -= dloss;
       std::memset(d + V, 0, static_cast<size_t>(Vp - V) * sizeof(float));
+    }
+  });
+}
+
+void cross_entropy_forward_bf16_gradient(float* losses, float* lse, float* logits,
+                                         const int32_t* targets, int N, int V, int Vp,
+                                         const KernelOptions& opt) {
+  check_cross_entropy("cross_entropy_forward_bf16_gradient", targets, N, V, Vp);
+  check_buffer(losses, N, "cross_entropy_forward_bf16_gradient", "losses");
+  check_buffer(lse, N, "cross_entropy_forward_bf16_gradient", "lse");
+  check_buffer(logits, product(N, Vp), "cross_entropy_forward_bf16_gradient", "logits");
+  const TransformerPath& path = active_transformer_path();
+  const size_t padding = static_cast<size_t>(Vp - V) * sizeof(float);
+  parallel_for(N, Vp, 1, opt, [&](size_t begin, size_t end) {
+    // Each row's gradient is made in fp32 in a row of this thread's (a GPT-2 vocabulary's 200 KB
+    // stay in L2), then rounded into the row's first half: rounding in place would overwrite
+    // values not yet read.
+    std::vector<float> gradient(static_cast<size_t>(Vp));
+    for (size_t n = begin; n < end; ++n) {
+      float* row = logits + n * Vp;
+      lse[n] = path.softmax(gradient.data(), row, V);
+      losses[n] = lse[n] - row[targets[n]];
+      gradient[targets[n]] -= 1.0f;
+      std::memset(gradient.data() + V, 0, padding);
+      cast(gradient.data(), DType::kFloat32, row, DType::kBFloat16, static_cast<size_t>(Vp),
+           KernelOptions{1});
     }
   });
 }

@@ -150,7 +150,7 @@ void gelu_backward_vector(float* dinp, const float* inp, const float* dout, size
 
 // --- Softmax primitives ---------------------------------------------------------------------
 
-// logsumexp_row's primitives (transformer_rows.h) on V.
+// logsumexp_row's and softmax_row's primitives (transformer_rows.h) on V.
 template <typename V>
 struct VectorSoftmaxOps {
   static float max(const float* x, size_t n) {
@@ -170,6 +170,12 @@ struct VectorSoftmaxOps {
     });
     return V::horizontal_sum(sum);
   }
+  static void scale(float* y, float factor, size_t n) {
+    const typename V::Vec factor_v = V::set1(factor);
+    vector_steps<V>(0, n, [&](size_t i, auto lanes) {
+      V::store(y, i, V::mul(V::load(y, i, lanes), factor_v), lanes);
+    });
+  }
   static float log(float x) { return logf(x); }
 };
 
@@ -181,8 +187,10 @@ void scaled_exp_vector(float* y, const float* x, float shift, float factor, size
 // The path of traits V.
 template <typename V>
 constexpr TransformerPath transformer_vector_path() {
-  return {layernorm_forward_vector<V>, layernorm_backward_input_vector<V>, gelu_forward_vector<V>,
-          gelu_backward_vector<V>,     logsumexp_row<VectorSoftmaxOps<V>>, scaled_exp_vector<V>};
+  return {
+      layernorm_forward_vector<V>,     layernorm_backward_input_vector<V>, gelu_forward_vector<V>,
+      gelu_backward_vector<V>,         logsumexp_row<VectorSoftmaxOps<V>>, scaled_exp_vector<V>,
+      softmax_row<VectorSoftmaxOps<V>>};
 }
 
 }  // namespace

@@ -38,6 +38,8 @@ struct TransformerPath {
   float (*logsumexp)(const float* x, size_t n);
   // y[i] = exp(x[i] - shift) * factor; y may be x.
   void (*scaled_exp)(float* y, const float* x, float shift, float factor, size_t n);
+  // y = softmax(x) over n values; returns logsumexp(x), the same bits as logsumexp's.
+  float (*softmax)(float* y, const float* x, size_t n);
 };
 
 extern const TransformerPath kTransformerScalarPath;

@@ -49,16 +49,16 @@ constexpr int kGemmMaxBlocks = 64;
 
 // One block of a blocked GEMM: OpenBLAS's sgemm for fp32 operands, oneDNN's bf16 matmul for
 // bf16 ones (raw bits), both single-threaded.
-void gemm_block(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N, int K,
+void gemm_block(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N, int K, float alpha,
                 const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc) {
-  cblas_sgemm(CblasRowMajor, trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+  cblas_sgemm(CblasRowMajor, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 #if ZERO_HAVE_DNNL
-void gemm_block(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N, int K,
+void gemm_block(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N, int K, float alpha,
                 const uint16_t* A, int lda, const uint16_t* B, int ldb, float beta, float* C,
                 int ldc) {
-  detail::bf16_gemm(trans_a == CblasTrans, trans_b == CblasTrans, M, N, K, 1.0f, A, lda, B, ldb,
+  detail::bf16_gemm(trans_a == CblasTrans, trans_b == CblasTrans, M, N, K, alpha, A, lda, B, ldb,
                     beta, C, ldc);
 }
 #endif
@@ -74,12 +74,12 @@ bool cuts_by_rows(int M, int N) {
   return std::is_same<T, uint16_t>::value || M >= N;
 }
 
-// C [M, N] = A [M, K] @ B [K, N] + beta C, row-major, each operand optionally transposed as in
-// cblas_sgemm; A and B fp32, or bf16 (raw bits) for bf16 products.
+// C [M, N] = alpha A [M, K] @ B [K, N] + beta C, row-major, each operand optionally transposed
+// as in cblas_sgemm; A and B fp32, or bf16 (raw bits) for bf16 products.
 template <typename T>
-void blocked_gemm(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N, int K, const T* A,
-                  int lda, const T* B, int ldb, float beta, float* C, int ldc,
-                  const KernelOptions& opt) {
+void blocked_gemm(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N, int K,
+                  float alpha, const T* A, int lda, const T* B, int ldb, float beta, float* C,
+                  int ldc, const KernelOptions& opt) {
   if (M == 0 || N == 0) return;
   if (K == 0) {  // an empty sum; OpenBLAS would reject the leading dimensions of 0
     for (int row = 0; row < M; ++row) {
@@ -101,11 +101,11 @@ void blocked_gemm(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N
       const int size = std::min(block_size, extent - first);
       if (by_rows) {
         const T* a = A + (trans_a == CblasNoTrans ? product(first, lda) : first);
-        gemm_block(trans_a, trans_b, size, N, K, a, lda, B, ldb, beta, C + product(first, ldc),
-                   ldc);
+        gemm_block(trans_a, trans_b, size, N, K, alpha, a, lda, B, ldb, beta,
+                   C + product(first, ldc), ldc);
       } else {
         const T* b = B + (trans_b == CblasNoTrans ? first : product(first, ldb));
-        gemm_block(trans_a, trans_b, M, size, K, A, lda, b, ldb, beta, C + first, ldc);
+        gemm_block(trans_a, trans_b, M, size, K, alpha, A, lda, b, ldb, beta, C + first, ldc);
       }
     }
   });
@@ -155,20 +155,20 @@ bool products_in_bf16(const KernelOptions& opt) {
 
 // The products of matmul_forward and matmul_backward in the precision opt asks for: A and B
 // rounded to bf16 (unless they come rounded) and multiplied in bf16 (fp32 accumulation) where
-// opt.bf16_products and bf16_products_in_bf16(), else fp32.
+// opt.bf16_products and bf16_products_in_bf16(), else fp32. C = alpha A B + beta C.
 void matrix_product(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N, int K,
                     Operand A, int lda, Operand B, int ldb, float beta, float* C, int ldc,
-                    const KernelOptions& opt) {
+                    const KernelOptions& opt, float alpha = 1.0f) {
 #if ZERO_HAVE_DNNL
   if (products_in_bf16(opt)) {
     const uint16_t* a = A.bf16 ? A.bf16 : detail::round_to_bf16(0, A.values, A.size, opt);
     const uint16_t* b = B.bf16 ? B.bf16 : detail::round_to_bf16(1, B.values, B.size, opt);
-    blocked_gemm(trans_a, trans_b, M, N, K, a, lda, b, ldb, beta, C, ldc, opt);
+    blocked_gemm(trans_a, trans_b, M, N, K, alpha, a, lda, b, ldb, beta, C, ldc, opt);
     return;
   }
 #endif
-  blocked_gemm(trans_a, trans_b, M, N, K, fp32_values(A), lda, fp32_values(B), ldb, beta, C, ldc,
-               opt);
+  blocked_gemm(trans_a, trans_b, M, N, K, alpha, fp32_values(A), lda, fp32_values(B), ldb, beta, C,
+               ldc, opt);
 }
 
 // A weight of n values in one dtype or the other, not both and not neither.
@@ -266,6 +266,43 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
     matrix_product(CblasNoTrans, in_out ? CblasTrans : CblasNoTrans, N, C, OC, d, OC, w,
                    in_out ? OC : C, 0.0f, dinp, C, opt);
   }
+}
+
+void matmul_backward_scaled_bf16(float* dinp, float* dweight, ScaledBf16Gradient dout,
+                                 const float* inp, MatrixWeight weight, int N, int C, int OC,
+                                 WeightLayout layout, const KernelOptions& opt) {
+  check_sizes("matmul_backward_scaled_bf16", {N, C, OC});
+  ZERO_CHECK(dout.ld >= static_cast<size_t>(OC),
+             "matmul_backward_scaled_bf16: the gradient's rows lie "
+                 << dout.ld << " apart, fewer than its " << OC << " columns");
+  check_buffer(dout.bits, N == 0 ? 0 : (N - 1) * dout.ld + OC, "matmul_backward_scaled_bf16",
+               "dout");
+  if (dweight != nullptr) check_buffer(inp, product(N, C), "matmul_backward_scaled_bf16", "inp");
+  if (dinp != nullptr) check_weight(weight, product(C, OC), "matmul_backward_scaled_bf16");
+#if ZERO_HAVE_DNNL
+  ZERO_CHECK(products_in_bf16(opt),
+             "matmul_backward_scaled_bf16 needs bf16 products: KernelOptions.bf16_products on a "
+             "CPU where bf16_products_in_bf16()");
+  const bool in_out = layout == WeightLayout::kInOut;
+  const int ld = static_cast<int>(dout.ld);
+  const Operand x{inp, product(N, C)}, w{weight.values, product(C, OC), weight.bf16_bits};
+  const Operand d{nullptr, 0, dout.bits};
+  // The weight's gradient first, as matmul_backward: it is the last reader of inp.
+  if (dweight != nullptr && in_out) {
+    matrix_product(CblasTrans, CblasNoTrans, C, OC, N, x, C, d, ld, 1.0f, dweight, OC, opt,
+                   dout.scale);
+  } else if (dweight != nullptr) {
+    matrix_product(CblasTrans, CblasNoTrans, OC, C, N, d, ld, x, C, 1.0f, dweight, C, opt,
+                   dout.scale);
+  }
+  if (dinp != nullptr) {
+    matrix_product(CblasNoTrans, in_out ? CblasTrans : CblasNoTrans, N, C, OC, d, ld, w,
+                   in_out ? OC : C, 0.0f, dinp, C, opt, dout.scale);
+  }
+#else
+  (void)layout;
+  ZERO_FAIL("matmul_backward_scaled_bf16 needs bf16 products, and this build has no oneDNN");
+#endif
 }
 
 }  // namespace zero::kernels

@@ -87,6 +87,9 @@ struct ScalarOps {
     }
     return sum;
   }
+  static void scale(float* y, float factor, size_t n) {
+    for (size_t i = 0; i < n; ++i) y[i] *= factor;
+  }
   static float log(float x) { return std::log(x); }
 };
 
@@ -98,6 +101,7 @@ void scaled_exp_scalar(float* y, const float* x, float shift, float factor, size
 
 const TransformerPath kTransformerScalarPath = {
     layernorm_forward_scalar, layernorm_backward_input_scalar, gelu_forward_scalar,
-    gelu_backward_scalar,     logsumexp_row<ScalarOps>,        scaled_exp_scalar};
+    gelu_backward_scalar,     logsumexp_row<ScalarOps>,        scaled_exp_scalar,
+    softmax_row<ScalarOps>};
 
 }  // namespace zero::kernels::detail

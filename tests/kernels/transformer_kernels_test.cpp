@@ -97,6 +97,78 @@ TEST_P(TransformerKernelTest, Embedding) {
   }
 }
 
+// The embedding of a 16-bit table (bf16 and fp16) against the fp32 kernels on the table's
+// values: forward the bits of embedding_forward on the widened table; backward the bits of
+// embedding_backward into a zeroed fp32 table added into the 16-bit gradient (rounding once),
+// with the rows no token names left as they were (NaN here, to show they are not read or
+// written), and dwpe as embedding_backward's. A null dwte (a frozen table) gets nothing. The
+// same bits at every thread count.
+TEST_P(TransformerKernelTest, EmbeddingOf16BitTable) {
+  std::mt19937 rng(11);
+  for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+    for (EmbeddingSize s : {EmbeddingSize{1, 1, 3, 2}, EmbeddingSize{5, 67, 301, 97}}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " B=" << s.B << " T=" << s.T
+                                        << " C=" << s.C << " V=" << s.V);
+      const size_t rows = static_cast<size_t>(s.B) * s.T, table = static_cast<size_t>(s.V) * s.C;
+      Floats tokens(rows);
+      // Tokens from the lower half of the vocabulary only: the upper rows are never named.
+      std::uniform_int_distribution<int> token(0, std::max(0, s.V / 2 - 1));
+      for (float& t : tokens) t = static_cast<float>(token(rng));
+      const Floats wpe = random_floats(s.T * s.C, rng, -1, 1);
+      const Floats dout = random_floats(rows * s.C, rng, -1, 1);
+      std::vector<uint16_t> wte(table), dwte_prior(table);
+      Floats wte_values(table), named(s.V, 0.0f);
+      for (size_t i = 0; i < table; ++i) {
+        store_from_float(wte.data(), dtype, i, static_cast<float>(rng() % 2001) / 1000.0f - 1.0f);
+        wte_values[i] = load_as_float(wte.data(), dtype, i);
+        store_from_float(dwte_prior.data(), dtype, i, static_cast<float>(rng() % 2001) / 500.0f);
+      }
+      for (float t : tokens) named[static_cast<size_t>(t)] = 1.0f;
+      Floats out_fp32(rows * s.C), dwte_fp32(table, 0.0f), dwpe_fp32 = wpe;
+      embedding_forward(out_fp32.data(), tokens.data(), wte_values.data(), wpe.data(), s.B, s.T,
+                        s.C);
+      embedding_backward(dwte_fp32.data(), dwpe_fp32.data(), dout.data(), tokens.data(), s.B, s.T,
+                         s.C);
+      std::vector<uint16_t> dwte_expected = dwte_prior;
+      accumulate(dwte_expected.data(), dtype, dwte_fp32.data(), DType::kFloat32, table);
+      for (int v = 0; v < s.V; ++v) {
+        if (named[v] != 0.0f) continue;
+        for (int c = 0; c < s.C; ++c) dwte_expected[static_cast<size_t>(v) * s.C + c] = 0x7fff;
+      }
+
+      for (int t : kThreadCounts) {
+        SCOPED_TRACE(::testing::Message() << t << " threads");
+        Floats out(rows * s.C);
+        embedding_forward_16bit(out.data(), tokens.data(), wte.data(), dtype, wpe.data(), s.B, s.T,
+                                s.C, threads(t));
+        EXPECT_TRUE(same_bits(out, out_fp32));
+        std::vector<uint16_t> dwte = dwte_prior;
+        for (int v = 0; v < s.V; ++v) {
+          if (named[v] != 0.0f) continue;
+          for (int c = 0; c < s.C; ++c) dwte[static_cast<size_t>(v) * s.C + c] = 0x7fff;
+        }
+        Floats dwpe = wpe;
+        embedding_backward_16bit(dwte.data(), dtype, dwpe.data(), dout.data(), tokens.data(), s.B,
+                                 s.T, s.C, threads(t));
+        EXPECT_EQ(dwte, dwte_expected);
+        EXPECT_TRUE(same_bits(dwpe, dwpe_fp32));
+        Floats dwpe_alone = wpe;
+        embedding_backward_16bit(nullptr, dtype, dwpe_alone.data(), dout.data(), tokens.data(), s.B,
+                                 s.T, s.C, threads(t));
+        EXPECT_TRUE(same_bits(dwpe_alone, dwpe_fp32));
+      }
+    }
+  }
+  Floats out(3), tokens(1, 0.0f), wpe(3);
+  const float table[3] = {};
+  ::zero::testing::expect_error_naming(
+      [&] {
+        embedding_forward_16bit(out.data(), tokens.data(), table, DType::kFloat32, wpe.data(), 1, 1,
+                                3);
+      },
+      "embedding_forward_16bit: the table must be bf16 or fp16, got fp32");
+}
+
 struct RowsSize {
   int N, C;
 };
@@ -393,6 +465,56 @@ TEST_P(TransformerKernelTest, CrossEntropy) {
     }
   }
 }
+// The forward with the gradient made in it, rounded to bf16 in each row's first half: the
+// losses and lse bit for bit cross_entropy_forward's on the same path; each gradient value the
+// exact one, softmax - [v == target], within half a bf16 step of it (rounding) plus what fp32
+// leaves (a step of 1 at the target's, where p - 1 cancels); the padding 0; the same bits at
+// every thread count.
+TEST_P(TransformerKernelTest, CrossEntropyWithBf16Gradient) {
+  std::mt19937 rng(16);
+  for (VocabSize s : {VocabSize{1, 1, 1}, VocabSize{3, 7, 16}, VocabSize{5, 30001, 30016}}) {
+    SCOPED_TRACE(::testing::Message() << "N=" << s.N << " V=" << s.V << " Vp=" << s.Vp);
+    const size_t n = static_cast<size_t>(s.N) * s.Vp;
+    const Floats logits = random_floats(n, rng, -4, 4);
+    std::vector<int32_t> targets(s.N);
+    std::uniform_int_distribution<int32_t> target(0, s.V - 1);
+    for (int32_t& t : targets) t = target(rng);
+    const Doubles d_ref =
+        cross_entropy_backward_reference(to_doubles(logits), targets, 1.0, s.N, s.V, s.Vp);
+    Floats losses_unfused(s.N), lse_unfused(s.N);
+    cross_entropy_forward(losses_unfused.data(), lse_unfused.data(), logits.data(), targets.data(),
+                          s.N, s.V, s.Vp);
+
+    Floats first;
+    for (int t : kThreadCounts) {
+      SCOPED_TRACE(::testing::Message() << t << " threads");
+      Floats losses(s.N), lse(s.N), memory = logits;
+      cross_entropy_forward_bf16_gradient(losses.data(), lse.data(), memory.data(), targets.data(),
+                                          s.N, s.V, s.Vp, threads(t));
+      EXPECT_TRUE(same_bits(losses, losses_unfused));
+      EXPECT_TRUE(same_bits(lse, lse_unfused));
+      const uint16_t* bits = reinterpret_cast<const uint16_t*>(memory.data());
+      Floats gradient(n);
+      for (size_t row = 0; row < static_cast<size_t>(s.N); ++row) {
+        for (size_t v = 0; v < static_cast<size_t>(s.Vp); ++v) {
+          gradient[row * s.Vp + v] = bf16_to_float(bits[row * 2 * s.Vp + v]);
+        }
+      }
+      for (size_t i = 0; i < n; ++i) {
+        if (static_cast<int>(i % s.Vp) >= s.V) {
+          ASSERT_EQ(gradient[i], 0.0f) << "padding " << i;
+          continue;
+        }
+        const double bound = std::ldexp(std::abs(d_ref[i]), -8) + std::ldexp(1.0, -23);
+        ASSERT_LE(std::abs(gradient[i] - d_ref[i]), bound)
+            << "value " << i << ": " << gradient[i] << " vs exact " << d_ref[i];
+      }
+      if (t == 1) first = gradient;
+      EXPECT_TRUE(same_bits(gradient, first));
+    }
+  }
+}
+
 // --- The AVX-512 path against the AVX2 path ---------------------------------------------------
 
 // The largest |a - b| over the largest |b|: how far two paths' results of one kernel lie apart,
@@ -687,6 +809,68 @@ TEST(Bf16Products, AttentionMatchesBf16InputsWithFp32Accumulation) {
         EXPECT_TRUE(same_bits(lse, first[1]));
         EXPECT_TRUE(same_bits(dqkv, first[2]));
       }
+    }
+  }
+}
+
+// The LM head's backward from the gradient its forward left in the logits' memory
+// (matmul_backward_scaled_bf16): bf16 rows 2 OC apart, whose gaps hold NaNs that must not be
+// read, scaled in the products. Against the exact products of the bf16 inputs times the scale,
+// within fp32 accumulation and one more rounding for the scale, at a scale that rounds and at
+// one that does not. fp32 products refuse it.
+TEST(Bf16Products, ScaledBf16GradientIsTheScaledProduct) {
+  std::mt19937 rng(31);
+  struct Case {
+    int N, C, OC;
+    WeightLayout layout;
+  };
+  for (Case s :
+       {Case{33, 384, 5003, WeightLayout::kOutIn}, Case{67, 77, 301, WeightLayout::kInOut}}) {
+    SCOPED_TRACE(::testing::Message() << "N=" << s.N << " C=" << s.C << " OC=" << s.OC);
+    const size_t in = static_cast<size_t>(s.N) * s.C, ld = 2 * static_cast<size_t>(s.OC);
+    const Floats x = random_floats(in, rng, -1, 1), w = random_floats(in / s.N * s.OC, rng, -1, 1);
+    const Floats dw_prior = random_floats(w.size(), rng, -1, 1);
+    std::vector<uint16_t> rows(static_cast<size_t>(s.N) * ld, 0x7fc0);  // NaN between the rows
+    Floats dout(static_cast<size_t>(s.N) * s.OC);
+    for (size_t r = 0; r < static_cast<size_t>(s.N); ++r) {
+      for (size_t c = 0; c < static_cast<size_t>(s.OC); ++c) {
+        const uint16_t b = float_to_bf16(static_cast<float>(rng() % 2001) / 1000.0f - 1.0f);
+        rows[r * ld + c] = b;
+        dout[r * s.OC + c] = bf16_to_float(b);
+      }
+    }
+    KernelOptions opt = threads(2);
+    opt.bf16_products = true;
+    if (!bf16_products_in_bf16()) {
+      Floats dx(in);
+      ::zero::testing::expect_error_naming(
+          [&] {
+            matmul_backward_scaled_bf16(dx.data(), nullptr, {rows.data(), ld, 1.0f}, nullptr,
+                                        w.data(), s.N, s.C, s.OC, s.layout, opt);
+          },
+          "matmul_backward_scaled_bf16 needs bf16 products");
+      continue;
+    }
+    const Doubles xr = rounded_to_bf16(x), wr = rounded_to_bf16(w), dr = to_doubles(dout);
+    Doubles dx_exact, dw_exact, db_exact, dx_magnitude, dw_magnitude, db_magnitude;
+    matmul_backward_reference(dx_exact, dw_exact, db_exact, dr, xr, wr, s.N, s.C, s.OC, s.layout);
+    matmul_backward_reference(dx_magnitude, dw_magnitude, db_magnitude, absolute(dr), absolute(xr),
+                              absolute(wr), s.N, s.C, s.OC, s.layout);
+    const auto times = [](Doubles v, double f) {
+      for (double& value : v) value *= f;
+      return v;
+    };
+    const Doubles prior = to_doubles(dw_prior);
+    for (float scale : {0.3f, 0.25f}) {
+      SCOPED_TRACE(::testing::Message() << "scale " << scale);
+      Floats dx(in, 1e30f), dw = dw_prior;
+      matmul_backward_scaled_bf16(dx.data(), dw.data(), {rows.data(), ld, scale}, x.data(),
+                                  w.data(), s.N, s.C, s.OC, s.layout, opt);
+      EXPECT_TRUE(within_fp32_accumulation(dx, times(dx_exact, scale), times(dx_magnitude, scale),
+                                           s.OC + 1));
+      EXPECT_TRUE(within_fp32_accumulation(dw, plus(prior, times(dw_exact, scale)),
+                                           plus(absolute(prior), times(dw_magnitude, scale)),
+                                           s.N + 1));
     }
   }
 }

@@ -188,6 +188,16 @@ for stage in 0 1 2 3; do
     --metrics "$work/pp${stage}zb-h10.jsonl" --same-metrics-as "$work/pp${stage}1f1b0.jsonl" \
     --metrics-tolerance 0
 done
+# In bf16 the head makes the loss's gradient with the loss, in the logits' memory, and both
+# halves scale it inside their products (the weight half by the scale the input half was given,
+# which travels with its micro-batch): ZB-H1 bitwise 1F1B there too.
+for schedule in 1f1b zb-h1; do
+  train 1 "bf16$schedule" --pp "$pp" --pp-schedule "$schedule" --dtype bf16
+done
+echo "ZeRO stage 1, pipeline of $pp, bf16, zb-h1 against 1f1b, bitwise:"
+"$bin/gpt2_golden_check" --expected "$data/expected_fp64.json" \
+  --metrics "$work/bf16zb-h1.jsonl" --reference-tolerance 4e-3 --expect-val 1 \
+  --same-metrics-as "$work/bf161f1b.jsonl" --metrics-tolerance 0
 # With activation checkpointing a block recomputes once, in its input half, and keeps what its
 # weight half reads until then: bitwise ZB-H1 without checkpointing (and so 1F1B), every step's
 # loss, gradient norm and validation loss, at ZeRO stages 1 and 3 (gathering for the

@@ -31,6 +31,18 @@ void embedding_forward(float* out, const float* tokens, const float* wte, const 
 // dwte[token, :] += dout[b, t, :]; dwpe[t, :] += sum over b of dout[b, t, :].
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const float* tokens, int B,
                         int T, int C, const KernelOptions& opt = {});
+// The same with a 16-bit table (bf16 or fp16 bits: a mixed-precision run's working copy and
+// gradient), touching only the rows the tokens name: forward widens those rows alone, where
+// widening the whole table first reads and writes every row (a GPT-2 vocabulary's 50257) for a
+// batch's few thousand. Backward sums each named row's dout rows in fp32 in position order and
+// adds the sum into dwte's row, rounding once, and dwpe (fp32) as embedding_backward: the bits
+// of embedding_backward into a zeroed fp32 table added into dwte, whose other rows it leaves as
+// they are. dwte may be null (a frozen table): only dwpe then.
+void embedding_forward_16bit(float* out, const float* tokens, const void* wte, DType wte_dtype,
+                             const float* wpe, int B, int T, int C, const KernelOptions& opt = {});
+void embedding_backward_16bit(void* dwte, DType dwte_dtype, float* dwpe, const float* dout,
+                              const float* tokens, int B, int T, int C,
+                              const KernelOptions& opt = {});
 
 // out = (inp - mean) * rstd * weight + bias over the last dimension of inp [N, C]; mean and rstd
 // [N] are saved for the backward.
@@ -86,6 +98,19 @@ void matmul_forward(float* out, const float* inp, MatrixWeight weight, const flo
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      MatrixWeight weight, int N, int C, int OC, WeightLayout layout,
                      const KernelOptions& opt = {});
+// An output gradient as cross_entropy_forward_bf16_gradient leaves it: `scale` times the bf16
+// values (raw bits) of a matrix [N, OC] whose rows start `ld` elements apart.
+struct ScaledBf16Gradient {
+  const uint16_t* bits;
+  size_t ld;
+  float scale;
+};
+// matmul_backward without a bias for such a gradient, scaled inside the products (their alpha):
+// dinp = scale dout @ W^T, dweight += scale dout^T @ inp. bf16 products only: a zero::Error
+// where they run in fp32 (opt.bf16_products unset, or !bf16_products_in_bf16()).
+void matmul_backward_scaled_bf16(float* dinp, float* dweight, ScaledBf16Gradient dout,
+                                 const float* inp, MatrixWeight weight, int N, int C, int OC,
+                                 WeightLayout layout, const KernelOptions& opt = {});
 
 // GELU with GPT-2's tanh approximation, element-wise over n values; dinp = gelu'(inp) * dout,
 // which may be computed in place (dinp the same buffer as dout or inp).
@@ -115,5 +140,16 @@ void cross_entropy_forward(float* losses, float* lse, const float* logits, const
 void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
                             const int32_t* targets, float dloss, int N, int V, int Vp,
                             const KernelOptions& opt = {});
+// The forward and the gradient in one pass over the logits, for bf16 products and a loss whose
+// gradient's scale is not known yet: losses and lse as cross_entropy_forward (the same bits),
+// and each row of logits replaced by softmax(row) - [v == target] (0 in the padding), rounded
+// to bf16, in the first half of the row's own memory: a bf16 matrix [N, Vp] with a leading
+// dimension of 2 Vp, which matmul_backward_scaled_bf16 takes. Each row is read from
+// memory once, where the forward, the backward and the products' rounding read the logits
+// three times and write them twice. softmax is exp(x - max) / sum here, exp(x - lse) in
+// cross_entropy_backward: the two round differently in fp32, within one bf16 step after rounding.
+void cross_entropy_forward_bf16_gradient(float* losses, float* lse, float* logits,
+                                         const int32_t* targets, int N, int V, int Vp,
+                                         const KernelOptions& opt = {});
 
 }  // namespace zero::kernels
