@@ -283,13 +283,14 @@ class Gpt2Head : public Module {
     // ln_f's output gradient over ln_f's output, its last reader (as the blocks do).
     float* const d_norm = norm_.data();
     if (fuses_loss_gradient(ops)) {
-      ops.matmul_backward_scaled_bf16(d_norm, slots_.grad(grads, 2), logits_.data(),
+      ops.matmul_backward_scaled_bf16(d_norm, slots_.matrix_grad(grads, 2, ops), logits_.data(),
                                       loss_gradient_scale(grad_out, N), norm_.data(),
                                       slots_.matrix(params, 2, ops), N, C, V, WeightLayout::kOutIn);
     } else {
       logits_gradient(ops, grad_out, N, V);
-      ops.matmul_backward(d_norm, slots_.grad(grads, 2), nullptr, logits_.data(), norm_.data(),
-                          slots_.matrix(params, 2, ops), N, C, V, WeightLayout::kOutIn);
+      ops.matmul_backward(d_norm, slots_.matrix_grad(grads, 2, ops), nullptr, logits_.data(),
+                          norm_.data(), slots_.matrix(params, 2, ops), N, C, V,
+                          WeightLayout::kOutIn);
     }
     // Each rank's columns give a share of ln_f's output gradient: the sum is whole.
     backend_->all_reduce_tensor_parallel(d_norm, norm_.numel(), dev);
@@ -334,12 +335,12 @@ class Gpt2Head : public Module {
     Gpt2Ops& ops = backend_->ops_for(input_);
     ops.set_bf16_products(gpt2_detail::bf16_products(grads));
     if (fuses_loss_gradient(ops)) {
-      ops.matmul_backward_scaled_bf16(nullptr, slots_.grad(grads, 2), logits_.data(),
+      ops.matmul_backward_scaled_bf16(nullptr, slots_.matrix_grad(grads, 2, ops), logits_.data(),
                                       weight_gradient_scale_, norm_.data(), nullptr, N, C, V,
                                       WeightLayout::kOutIn);
     } else {
-      ops.matmul_backward(nullptr, slots_.grad(grads, 2), nullptr, logits_.data(), norm_.data(),
-                          nullptr, N, C, V, WeightLayout::kOutIn);
+      ops.matmul_backward(nullptr, slots_.matrix_grad(grads, 2, ops), nullptr, logits_.data(),
+                          norm_.data(), nullptr, N, C, V, WeightLayout::kOutIn);
     }
     ops.layernorm_backward(nullptr, slots_.grad(grads, 0), slots_.grad(grads, 1), d_norm_.data(),
                            input_.data(), nullptr, mean_.data(), rstd_.data(), N, C);

@@ -436,6 +436,8 @@ void Gpt2Block::backward(const Tensor& grad_out, Tensor& grad_in,
   ops.set_bf16_products(gpt2_detail::bf16_products(params));
   // The products' weight matrices: a bf16 run's working copy as it is where the products take it.
   auto m = [&](int i) { return shared_->params.matrix(params, i, ops); };
+  // Their gradients: a bf16 run's bf16 gradient as it is, added to inside the products.
+  auto gm = [&](int i) { return shared_->params.matrix_grad(grads, i, ops); };
   const std::shared_ptr<DeviceContext>& dev = grad_out.device();
 
   // Each gradient is written into the memory of an activation nothing reads any more, so
@@ -451,20 +453,20 @@ void Gpt2Block::backward(const Tensor& grad_out, Tensor& grad_in,
   // The skip connection carries grad_out to x2 unchanged; the MLP's gradient is added to it.
   Tensor d_x2 = grad_out;
   // Row-parallel: the output gradient is whole on every rank, so is the bias's gradient.
-  ops.matmul_backward(d_hidden, g(kFcProjW), g(kFcProjB), grad_out.data(), p(kGelu), m(kFcProjW), N,
-                      4 * Cl, C, WeightLayout::kInOut);
+  ops.matmul_backward(d_hidden, gm(kFcProjW), g(kFcProjB), grad_out.data(), p(kGelu), m(kFcProjW),
+                      N, 4 * Cl, C, WeightLayout::kInOut);
   ops.gelu_backward(d_hidden, p(kFc), d_hidden, static_cast<size_t>(N) * 4 * Cl);
   // Column-parallel: each rank has its columns' share of the input gradient; the sum is whole.
-  ops.matmul_backward(d_ln2, g(kFcW), g(kFcB), d_hidden, p(kLn2), m(kFcW), N, C, 4 * Cl,
+  ops.matmul_backward(d_ln2, gm(kFcW), g(kFcB), d_hidden, p(kLn2), m(kFcW), N, C, 4 * Cl,
                       WeightLayout::kInOut);
   backend_->all_reduce_tensor_parallel(d_ln2, static_cast<size_t>(N) * C, dev);
   ops.layernorm_backward(d_x2.data(), g(kLn2W), g(kLn2B), d_ln2, p(kX2), w(kLn2W), p(kLn2Mean),
                          p(kLn2Rstd), N, C);
   // The same for the attention half: x's gradient is x2's plus the attention path's.
-  ops.matmul_backward(d_att, g(kProjW), g(kProjB), d_x2.data(), p(kAtt), m(kProjW), N, Cl, C,
+  ops.matmul_backward(d_att, gm(kProjW), g(kProjB), d_x2.data(), p(kAtt), m(kProjW), N, Cl, C,
                       WeightLayout::kInOut);
   ops.attention_backward(d_qkv, d_att, p(kQkv), p(kAtt), p(kLse), B_, T_, Cl, NHl);
-  ops.matmul_backward(d_ln1, g(kQkvW), g(kQkvB), d_qkv, p(kLn1), m(kQkvW), N, C, 3 * Cl,
+  ops.matmul_backward(d_ln1, gm(kQkvW), g(kQkvB), d_qkv, p(kLn1), m(kQkvW), N, C, 3 * Cl,
                       WeightLayout::kInOut);
   backend_->all_reduce_tensor_parallel(d_ln1, static_cast<size_t>(N) * C, dev);
   grad_in = std::move(d_x2);
@@ -570,15 +572,16 @@ void Gpt2Block::backward_weight(const std::vector<ParamRef>& grads) {
   const auto start = std::chrono::steady_clock::now();
   Gpt2Ops& ops = backend_->ops_for(on);
   ops.set_bf16_products(gpt2_detail::bf16_products(grads));
-  ops.matmul_backward(nullptr, g(kFcProjW), g(kFcProjB), d(kFcProjOut), p(kGelu), nullptr, N,
+  auto gm = [&](int i) { return shared_->params.matrix_grad(grads, i, ops); };
+  ops.matmul_backward(nullptr, gm(kFcProjW), g(kFcProjB), d(kFcProjOut), p(kGelu), nullptr, N,
                       4 * Cl, C, WeightLayout::kInOut);
-  ops.matmul_backward(nullptr, g(kFcW), g(kFcB), d(kFcOut), p(kLn2), nullptr, N, C, 4 * Cl,
+  ops.matmul_backward(nullptr, gm(kFcW), g(kFcB), d(kFcOut), p(kLn2), nullptr, N, C, 4 * Cl,
                       WeightLayout::kInOut);
   ops.layernorm_backward(nullptr, g(kLn2W), g(kLn2B), d(kLn2Out), p(kX2), nullptr, p(kLn2Mean),
                          p(kLn2Rstd), N, C);
-  ops.matmul_backward(nullptr, g(kProjW), g(kProjB), d(kProjOut), p(kAtt), nullptr, N, Cl, C,
+  ops.matmul_backward(nullptr, gm(kProjW), g(kProjB), d(kProjOut), p(kAtt), nullptr, N, Cl, C,
                       WeightLayout::kInOut);
-  ops.matmul_backward(nullptr, g(kQkvW), g(kQkvB), p(kFc), p(kLn1), nullptr, N, C, 3 * Cl,
+  ops.matmul_backward(nullptr, gm(kQkvW), g(kQkvB), p(kFc), p(kLn1), nullptr, N, C, 3 * Cl,
                       WeightLayout::kInOut);
   ops.layernorm_backward(nullptr, g(kLn1W), g(kLn1B), d(kLn1Out), p(kInput), nullptr, p(kLn1Mean),
                          p(kLn1Rstd), N, C);

@@ -82,8 +82,10 @@ inline bool bf16_products(const std::vector<ParamRef>& params) {
 struct ParamSlots {
   std::vector<Tensor> values;  // fp32 copies of 16-bit parameters
   std::vector<Tensor> grads;   // fp32 gradients of 16-bit parameters
+  // The gradients the products add into directly (matrix_grad) until the next flush.
+  std::vector<bool> added_directly;
 
-  explicit ParamSlots(size_t count) : values(count), grads(count) {}
+  explicit ParamSlots(size_t count) : values(count), grads(count), added_directly(count, false) {}
   const float* value(const std::vector<ParamRef>& params, size_t i) {
     return params[i].as_f32(values[i]);
   }
@@ -98,8 +100,22 @@ struct ParamSlots {
   float* grad(const std::vector<ParamRef>& grads_in, size_t i) {
     return grad_target(grads_in[i], grads[i]);
   }
+  // A weight matrix's gradient for the products: its bf16 gradient as it is where `ops` take
+  // bf16 weights (the products add into it, rounding each value once), with no fp32 copy to
+  // zero, fill and add; else grad()'s.
+  kernels::MatrixGradient matrix_grad(const std::vector<ParamRef>& grads_in, size_t i,
+                                      const Gpt2Ops& ops) {
+    if (ops.takes_bf16_weights() && grads_in[i].dtype == DType::kBFloat16) {
+      added_directly[i] = true;
+      return kernels::MatrixGradient::bf16(static_cast<uint16_t*>(grads_in[i].data));
+    }
+    return grad(grads_in, i);
+  }
   void flush(const std::vector<ParamRef>& grads_in) {
-    for (size_t i = 0; i < grads_in.size(); ++i) flush_grad(grads_in[i], grads[i]);
+    for (size_t i = 0; i < grads_in.size(); ++i) {
+      if (!added_directly[i]) flush_grad(grads_in[i], grads[i]);
+      added_directly[i] = false;
+    }
   }
 };
 

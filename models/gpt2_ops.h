@@ -43,9 +43,10 @@ class Gpt2Ops {
   virtual void matmul_forward(float* out, const float* inp, kernels::MatrixWeight weight,
                               const float* bias, int N, int C, int OC,
                               kernels::WeightLayout layout) = 0;
-  virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                               const float* inp, kernels::MatrixWeight weight, int N, int C, int OC,
-                               kernels::WeightLayout layout) = 0;
+  // A bf16 weight gradient (kernels::MatrixGradient::bf16) only where takes_bf16_weights().
+  virtual void matmul_backward(float* dinp, kernels::MatrixGradient dweight, float* dbias,
+                               const float* dout, const float* inp, kernels::MatrixWeight weight,
+                               int N, int C, int OC, kernels::WeightLayout layout) = 0;
   virtual void gelu_forward(float* out, const float* inp, size_t n) = 0;
   virtual void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) = 0;
   virtual void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C,
@@ -102,8 +103,8 @@ class Gpt2Ops {
                                                    const int32_t* targets, int N, int V);
   // matmul_backward (no bias) for the output gradient `scale` times what
   // cross_entropy_forward_bf16_gradient left in `gradient` ([N, OC] logits).
-  virtual void matmul_backward_scaled_bf16(float* dinp, float* dweight, const float* gradient,
-                                           float scale, const float* inp,
+  virtual void matmul_backward_scaled_bf16(float* dinp, kernels::MatrixGradient dweight,
+                                           const float* gradient, float scale, const float* inp,
                                            kernels::MatrixWeight weight, int N, int C, int OC,
                                            kernels::WeightLayout layout);
 

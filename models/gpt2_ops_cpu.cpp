@@ -45,9 +45,9 @@ class CpuGpt2Ops : public Gpt2Ops {
                       int N, int C, int OC, kernels::WeightLayout layout) override {
     kernels::matmul_forward(out, inp, weight, bias, N, C, OC, layout, opt_);
   }
-  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                       const float* inp, kernels::MatrixWeight weight, int N, int C, int OC,
-                       kernels::WeightLayout layout) override {
+  void matmul_backward(float* dinp, kernels::MatrixGradient dweight, float* dbias,
+                       const float* dout, const float* inp, kernels::MatrixWeight weight, int N,
+                       int C, int OC, kernels::WeightLayout layout) override {
     kernels::matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, layout, opt_);
   }
   void gelu_forward(float* out, const float* inp, size_t n) override {
@@ -145,9 +145,10 @@ class CpuGpt2Ops : public Gpt2Ops {
     kernels::cross_entropy_forward_bf16_gradient(losses, lse, logits, targets, N, V, V, opt_);
   }
   // The bf16 rows sit in the first half of each fp32 row: 2 V bf16 values apart.
-  void matmul_backward_scaled_bf16(float* dinp, float* dweight, const float* gradient, float scale,
-                                   const float* inp, kernels::MatrixWeight weight, int N, int C,
-                                   int OC, kernels::WeightLayout layout) override {
+  void matmul_backward_scaled_bf16(float* dinp, kernels::MatrixGradient dweight,
+                                   const float* gradient, float scale, const float* inp,
+                                   kernels::MatrixWeight weight, int N, int C, int OC,
+                                   kernels::WeightLayout layout) override {
     const kernels::ScaledBf16Gradient dout{reinterpret_cast<const uint16_t*>(gradient),
                                            2 * static_cast<size_t>(OC), scale};
     kernels::matmul_backward_scaled_bf16(dinp, dweight, dout, inp, weight, N, C, OC, layout, opt_);
@@ -180,8 +181,8 @@ void Gpt2Ops::cross_entropy_forward_bf16_gradient(float*, float*, float*, const 
       "(fuses_loss_gradient() is false)");
 }
 
-void Gpt2Ops::matmul_backward_scaled_bf16(float*, float*, const float*, float, const float*,
-                                          kernels::MatrixWeight, int, int, int,
+void Gpt2Ops::matmul_backward_scaled_bf16(float*, kernels::MatrixGradient, const float*, float,
+                                          const float*, kernels::MatrixWeight, int, int, int,
                                           kernels::WeightLayout) {
   ZERO_FAIL(
       "these GPT-2 operations do not make the loss's gradient with the loss "

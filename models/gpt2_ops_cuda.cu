@@ -52,12 +52,14 @@ class CudaGpt2Ops : public Gpt2Ops {
     check_fp32(weight, "matmul_forward");
     cuda::matmul_forward(out, inp, weight.values, bias, N, C, OC, layout, blas_, stream_);
   }
-  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                       const float* inp, kernels::MatrixWeight weight, int N, int C, int OC,
-                       kernels::WeightLayout layout) override {
+  void matmul_backward(float* dinp, kernels::MatrixGradient dweight, float* dbias,
+                       const float* dout, const float* inp, kernels::MatrixWeight weight, int N,
+                       int C, int OC, kernels::WeightLayout layout) override {
     check_fp32(weight, "matmul_backward");
-    cuda::matmul_backward(dinp, dweight, dbias, dout, inp, weight.values, N, C, OC, layout, blas_,
-                          stream_);
+    ZERO_CHECK(dweight.bf16_bits == nullptr,
+               "matmul_backward: the GPU's products add into fp32 weight gradients only");
+    cuda::matmul_backward(dinp, dweight.values, dbias, dout, inp, weight.values, N, C, OC, layout,
+                          blas_, stream_);
   }
   void gelu_forward(float* out, const float* inp, size_t n) override {
     cuda::gelu_forward(out, inp, n, stream_);

@@ -24,12 +24,13 @@ dnnl::engine& cpu_engine() {
 }
 
 // The sizes, leading dimensions, whether alpha is other than 1 (its value is given at each run:
-// a loss's gradient scale may change from call to call) and beta.
-using ShapeKey = std::tuple<bool, bool, int, int, int, int, int, int, bool, float>;
+// a loss's gradient scale may change from call to call), beta and whether C is bf16.
+using ShapeKey = std::tuple<bool, bool, int, int, int, int, int, int, bool, float, bool>;
 
 struct Primitive {
   dnnl::matmul matmul;
   memory::desc a, b, c;
+  memory::desc scratchpad;  // what one execution needs beside its operands
 };
 
 memory::desc matrix(int rows, int cols, bool transposed, int ld, memory::data_type type) {
@@ -44,12 +45,16 @@ std::shared_ptr<const Primitive> primitive_for(const ShapeKey& key) {
   std::lock_guard<std::mutex> lock(mutex);
   auto found = cache.find(key);
   if (found != cache.end()) return found->second;
-  const auto [trans_a, trans_b, M, N, K, lda, ldb, ldc, scaled, beta] = key;
+  const auto [trans_a, trans_b, M, N, K, lda, ldb, ldc, scaled, beta, c_bf16] = key;
   auto made = std::make_shared<Primitive>();
   made->a = matrix(M, K, trans_a, lda, memory::data_type::bf16);
   made->b = matrix(K, N, trans_b, ldb, memory::data_type::bf16);
-  made->c = matrix(M, N, false, ldc, memory::data_type::f32);
+  made->c = matrix(M, N, false, ldc, c_bf16 ? memory::data_type::bf16 : memory::data_type::f32);
   dnnl::primitive_attr attr;
+  // Our threads run one primitive at once on different blocks: each gives its own scratchpad
+  // (the library's own is one per primitive, which they would share: a bf16 C's fp32
+  // accumulators there came out mixed between the threads' blocks).
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (scaled) attr.set_output_scales(0, {DNNL_RUNTIME_F32_VAL});
   if (beta != 0.0f) {
     dnnl::post_ops ops;
@@ -57,15 +62,19 @@ std::shared_ptr<const Primitive> primitive_for(const ShapeKey& key) {
     attr.set_post_ops(ops);
   }
   dnnl::matmul::desc desc(made->a, made->b, made->c);
-  made->matmul = dnnl::matmul(dnnl::matmul::primitive_desc(desc, attr, cpu_engine()));
+  const dnnl::matmul::primitive_desc pd(desc, attr, cpu_engine());
+  made->matmul = dnnl::matmul(pd);
+  made->scratchpad = pd.scratchpad_desc();
   cache.emplace(key, made);
   return made;
 }
 
 }  // namespace
 
-void bf16_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A,
-               int lda, const uint16_t* B, int ldb, float beta, float* C, int ldc) {
+namespace {
+
+void run_bf16_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A,
+                   int lda, const uint16_t* B, int ldb, float beta, void* C, bool c_bf16, int ldc) {
   if (M == 0 || N == 0) return;
   // oneDNN parallelizes over OpenMP's threads of the calling thread; the callers split the work
   // over their own threads already, so each call runs on one.
@@ -75,14 +84,19 @@ void bf16_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, con
   }();
   (void)single_threaded;
   try {
-    const std::shared_ptr<const Primitive> p =
-        primitive_for(ShapeKey{trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha != 1.0f, beta});
+    const std::shared_ptr<const Primitive> p = primitive_for(
+        ShapeKey{trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha != 1.0f, beta, c_bf16});
     thread_local dnnl::stream stream(cpu_engine());
     memory a(p->a, cpu_engine(), const_cast<uint16_t*>(A));
     memory b(p->b, cpu_engine(), const_cast<uint16_t*>(B));
     memory c(p->c, cpu_engine(), C);
+    thread_local std::vector<uint8_t> scratchpad;
+    if (scratchpad.size() < p->scratchpad.get_size()) scratchpad.resize(p->scratchpad.get_size());
     std::unordered_map<int, memory> args = {
-        {DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}};
+        {DNNL_ARG_SRC, a},
+        {DNNL_ARG_WEIGHTS, b},
+        {DNNL_ARG_DST, c},
+        {DNNL_ARG_SCRATCHPAD, memory(p->scratchpad, cpu_engine(), scratchpad.data())}};
     if (alpha != 1.0f) {
       args.emplace(DNNL_ARG_ATTR_OUTPUT_SCALES,
                    memory({{1}, memory::data_type::f32, {1}}, cpu_engine(), &alpha));
@@ -93,6 +107,18 @@ void bf16_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, con
     ZERO_FAIL("oneDNN bf16 matmul of [" << M << ", " << K << "] x [" << K << ", " << N
                                         << "] failed: " << e.what());
   }
+}
+
+}  // namespace
+
+void bf16_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A,
+               int lda, const uint16_t* B, int ldb, float beta, float* C, int ldc) {
+  run_bf16_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, false, ldc);
+}
+
+void bf16_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A,
+               int lda, const uint16_t* B, int ldb, float beta, uint16_t* C, int ldc) {
+  run_bf16_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, true, ldc);
 }
 
 const uint16_t* round_to_bf16(int slot, const float* x, size_t n, const KernelOptions& opt) {

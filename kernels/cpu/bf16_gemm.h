@@ -18,6 +18,10 @@ namespace zero::kernels::detail {
 // is given at each run.
 void bf16_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A,
                int lda, const uint16_t* B, int ldb, float beta, float* C, int ldc);
+// The same into a bf16 C: each value computed in fp32 (alpha op(A) op(B) + beta C) and rounded
+// to nearest even once, as adding an fp32 product into a bf16 gradient does.
+void bf16_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A,
+               int lda, const uint16_t* B, int ldb, float beta, uint16_t* C, int ldc);
 
 // n values of x rounded to bf16 (opt's threads) into operand buffer `slot` (0-2) of the calling
 // thread, which holds them until its next call with that slot: the products' operands (0 and 1,

@@ -55,8 +55,9 @@ void gemm_block(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N, 
 }
 
 #if ZERO_HAVE_DNNL
+template <typename CT>
 void gemm_block(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N, int K, float alpha,
-                const uint16_t* A, int lda, const uint16_t* B, int ldb, float beta, float* C,
+                const uint16_t* A, int lda, const uint16_t* B, int ldb, float beta, CT* C,
                 int ldc) {
   detail::bf16_gemm(trans_a == CblasTrans, trans_b == CblasTrans, M, N, K, alpha, A, lda, B, ldb,
                     beta, C, ldc);
@@ -75,15 +76,20 @@ bool cuts_by_rows(int M, int N) {
 }
 
 // C [M, N] = alpha A [M, K] @ B [K, N] + beta C, row-major, each operand optionally transposed
-// as in cblas_sgemm; A and B fp32, or bf16 (raw bits) for bf16 products.
-template <typename T>
+// as in cblas_sgemm; A and B fp32, or bf16 (raw bits) for bf16 products, whose C may be bf16 too
+// (a gradient added into: beta 1).
+template <typename T, typename CT>
 void blocked_gemm(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N, int K,
-                  float alpha, const T* A, int lda, const T* B, int ldb, float beta, float* C,
-                  int ldc, const KernelOptions& opt) {
+                  float alpha, const T* A, int lda, const T* B, int ldb, float beta, CT* C, int ldc,
+                  const KernelOptions& opt) {
   if (M == 0 || N == 0) return;
   if (K == 0) {  // an empty sum; OpenBLAS would reject the leading dimensions of 0
-    for (int row = 0; row < M; ++row) {
-      for (int col = 0; col < N; ++col) C[product(row, ldc) + col] *= beta;
+    if constexpr (std::is_same<CT, float>::value) {
+      for (int row = 0; row < M; ++row) {
+        for (int col = 0; col < N; ++col) C[product(row, ldc) + col] *= beta;
+      }
+    } else {
+      ZERO_CHECK(beta == 1.0f, "a bf16 C is only added to (beta 1), got beta " << beta);
     }
     return;
   }
@@ -171,6 +177,51 @@ void matrix_product(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int
                ldc, opt);
 }
 
+#if ZERO_HAVE_DNNL
+// C (bf16) += alpha A B in bf16 products, A and B as matrix_product's: a bf16 gradient added to
+// in the products, each value rounded once.
+void matrix_product_into_bf16(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N, int K,
+                              Operand A, int lda, Operand B, int ldb, uint16_t* C, int ldc,
+                              const KernelOptions& opt, float alpha = 1.0f) {
+  const uint16_t* a = A.bf16 ? A.bf16 : detail::round_to_bf16(0, A.values, A.size, opt);
+  const uint16_t* b = B.bf16 ? B.bf16 : detail::round_to_bf16(1, B.values, B.size, opt);
+  blocked_gemm(trans_a, trans_b, M, N, K, alpha, a, lda, b, ldb, 1.0f, C, ldc, opt);
+}
+#endif
+
+// The weight's gradient of matmul_backward's: dW [C, OC] (in-out layout) += alpha inp^T @ dout,
+// or dW [OC, C] (out-in) += alpha dout^T @ inp, into fp32 or, in bf16 products, bf16.
+void weight_gradient(MatrixGradient dweight, const Operand& x, const Operand& d, int ld_d, int N,
+                     int C, int OC, bool in_out, const KernelOptions& opt, float alpha) {
+  if (dweight.bf16_bits != nullptr) {
+#if ZERO_HAVE_DNNL
+    ZERO_CHECK(products_in_bf16(opt),
+               "a bf16 weight gradient (MatrixGradient::bf16) needs bf16 products: "
+               "KernelOptions.bf16_products on a CPU where bf16_products_in_bf16(); these run in "
+               "fp32");
+    if (in_out) {
+      matrix_product_into_bf16(CblasTrans, CblasNoTrans, C, OC, N, x, C, d, ld_d, dweight.bf16_bits,
+                               OC, opt, alpha);
+    } else {
+      matrix_product_into_bf16(CblasTrans, CblasNoTrans, OC, C, N, d, ld_d, x, C, dweight.bf16_bits,
+                               C, opt, alpha);
+    }
+    return;
+#else
+    ZERO_FAIL(
+        "a bf16 weight gradient (MatrixGradient::bf16) needs bf16 products, and this build "
+        "has no oneDNN");
+#endif
+  }
+  if (in_out) {
+    matrix_product(CblasTrans, CblasNoTrans, C, OC, N, x, C, d, ld_d, 1.0f, dweight.values, OC, opt,
+                   alpha);
+  } else {
+    matrix_product(CblasTrans, CblasNoTrans, OC, C, N, d, ld_d, x, C, 1.0f, dweight.values, C, opt,
+                   alpha);
+  }
+}
+
 // A weight of n values in one dtype or the other, not both and not neither.
 void check_weight(const MatrixWeight& weight, size_t n, const char* kernel) {
   ZERO_CHECK(weight.values == nullptr || weight.bf16_bits == nullptr,
@@ -234,12 +285,14 @@ void matmul_forward(float* out, const float* inp, MatrixWeight weight, const flo
                  bias ? 1.0f : 0.0f, out, OC, opt);
 }
 
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     MatrixWeight weight, int N, int C, int OC, WeightLayout layout,
-                     const KernelOptions& opt) {
+void matmul_backward(float* dinp, MatrixGradient dweight, float* dbias, const float* dout,
+                     const float* inp, MatrixWeight weight, int N, int C, int OC,
+                     WeightLayout layout, const KernelOptions& opt) {
   check_sizes("matmul_backward", {N, C, OC});
   check_buffer(dout, product(N, OC), "matmul_backward", "dout");
-  if (dweight != nullptr) check_buffer(inp, product(N, C), "matmul_backward", "inp");
+  ZERO_CHECK(dweight.values == nullptr || dweight.bf16_bits == nullptr,
+             "matmul_backward: dweight has both fp32 and bf16 values; give one");
+  if (!dweight.empty()) check_buffer(inp, product(N, C), "matmul_backward", "inp");
   if (dinp != nullptr) check_weight(weight, product(C, OC), "matmul_backward");
   const bool in_out = layout == WeightLayout::kInOut;
   const Operand x{inp, product(N, C)}, w{weight.values, product(C, OC), weight.bf16_bits};
@@ -249,13 +302,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
   if (products_in_bf16(opt)) d.bf16 = detail::round_to_bf16(2, dout, d.size, opt);
 #endif
   // The weight's gradient first: it is the last reader of inp, which dinp may overwrite.
-  if (dweight != nullptr && in_out) {
-    // dW [C, OC] += inp^T @ dout.
-    matrix_product(CblasTrans, CblasNoTrans, C, OC, N, x, C, d, OC, 1.0f, dweight, OC, opt);
-  } else if (dweight != nullptr) {
-    // dW [OC, C] += dout^T @ inp.
-    matrix_product(CblasTrans, CblasNoTrans, OC, C, N, d, OC, x, C, 1.0f, dweight, C, opt);
-  }
+  if (!dweight.empty()) weight_gradient(dweight, x, d, OC, N, C, OC, in_out, opt, 1.0f);
   if (dbias) {
     const size_t cols = OC;
     add_column_sums(dbias, N, cols, opt,
@@ -268,7 +315,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
   }
 }
 
-void matmul_backward_scaled_bf16(float* dinp, float* dweight, ScaledBf16Gradient dout,
+void matmul_backward_scaled_bf16(float* dinp, MatrixGradient dweight, ScaledBf16Gradient dout,
                                  const float* inp, MatrixWeight weight, int N, int C, int OC,
                                  WeightLayout layout, const KernelOptions& opt) {
   check_sizes("matmul_backward_scaled_bf16", {N, C, OC});
@@ -277,7 +324,9 @@ void matmul_backward_scaled_bf16(float* dinp, float* dweight, ScaledBf16Gradient
                  << dout.ld << " apart, fewer than its " << OC << " columns");
   check_buffer(dout.bits, N == 0 ? 0 : (N - 1) * dout.ld + OC, "matmul_backward_scaled_bf16",
                "dout");
-  if (dweight != nullptr) check_buffer(inp, product(N, C), "matmul_backward_scaled_bf16", "inp");
+  ZERO_CHECK(dweight.values == nullptr || dweight.bf16_bits == nullptr,
+             "matmul_backward_scaled_bf16: dweight has both fp32 and bf16 values; give one");
+  if (!dweight.empty()) check_buffer(inp, product(N, C), "matmul_backward_scaled_bf16", "inp");
   if (dinp != nullptr) check_weight(weight, product(C, OC), "matmul_backward_scaled_bf16");
 #if ZERO_HAVE_DNNL
   ZERO_CHECK(products_in_bf16(opt),
@@ -288,13 +337,7 @@ void matmul_backward_scaled_bf16(float* dinp, float* dweight, ScaledBf16Gradient
   const Operand x{inp, product(N, C)}, w{weight.values, product(C, OC), weight.bf16_bits};
   const Operand d{nullptr, 0, dout.bits};
   // The weight's gradient first, as matmul_backward: it is the last reader of inp.
-  if (dweight != nullptr && in_out) {
-    matrix_product(CblasTrans, CblasNoTrans, C, OC, N, x, C, d, ld, 1.0f, dweight, OC, opt,
-                   dout.scale);
-  } else if (dweight != nullptr) {
-    matrix_product(CblasTrans, CblasNoTrans, OC, C, N, d, ld, x, C, 1.0f, dweight, C, opt,
-                   dout.scale);
-  }
+  if (!dweight.empty()) weight_gradient(dweight, x, d, ld, N, C, OC, in_out, opt, dout.scale);
   if (dinp != nullptr) {
     matrix_product(CblasNoTrans, in_out ? CblasTrans : CblasNoTrans, N, C, OC, d, ld, w,
                    in_out ? OC : C, 0.0f, dinp, C, opt, dout.scale);

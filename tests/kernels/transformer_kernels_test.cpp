@@ -875,6 +875,68 @@ TEST(Bf16Products, ScaledBf16GradientIsTheScaledProduct) {
   }
 }
 
+// A bf16 weight gradient (MatrixGradient::bf16, a bf16 run's gradient) is added to inside bf16
+// products with the bits of the product into a zeroed fp32 gradient added into it (rounding
+// once), in both layouts, through matmul_backward and matmul_backward_scaled_bf16. fp32
+// products refuse it.
+TEST(Bf16Products, Bf16WeightGradientsGetTheBitsOfAnFp32OneAddedIn) {
+  std::mt19937 rng(37);
+  for (WeightLayout layout : {WeightLayout::kInOut, WeightLayout::kOutIn}) {
+    const int N = 67, C = 384, OC = 301;
+    SCOPED_TRACE(layout == WeightLayout::kInOut ? "in-out" : "out-in");
+    const Floats x = random_floats(static_cast<size_t>(N) * C, rng, -1, 1);
+    const Floats dout = random_floats(static_cast<size_t>(N) * OC, rng, -1, 1);
+    std::vector<uint16_t> prior(static_cast<size_t>(C) * OC);
+    for (uint16_t& b : prior) b = float_to_bf16(static_cast<float>(rng() % 2001) / 1000.0f - 1.0f);
+    std::vector<uint16_t> rows(static_cast<size_t>(N) * 2 * OC, 0x7fc0);
+    for (size_t r = 0; r < static_cast<size_t>(N); ++r) {
+      for (size_t c = 0; c < static_cast<size_t>(OC); ++c) {
+        rows[r * 2 * OC + c] = float_to_bf16(dout[r * OC + c]);
+      }
+    }
+    KernelOptions opt = threads(2);
+    opt.bf16_products = true;
+    if (!bf16_products_in_bf16()) {
+      std::vector<uint16_t> dw = prior;
+      ::zero::testing::expect_error_naming(
+          [&] {
+            matmul_backward(nullptr, MatrixGradient::bf16(dw.data()), nullptr, dout.data(),
+                            x.data(), nullptr, N, C, OC, layout, opt);
+          },
+          "a bf16 weight gradient (MatrixGradient::bf16) needs bf16 products");
+      continue;
+    }
+    const auto added_in = [&](const Floats& fp32) {
+      std::vector<uint16_t> out = prior;
+      accumulate(out.data(), DType::kBFloat16, fp32.data(), DType::kFloat32, fp32.size());
+      return out;
+    };
+    Floats fp32(prior.size(), 0.0f);
+    matmul_backward(nullptr, fp32.data(), nullptr, dout.data(), x.data(), nullptr, N, C, OC, layout,
+                    opt);
+    std::vector<uint16_t> dw = prior;
+    matmul_backward(nullptr, MatrixGradient::bf16(dw.data()), nullptr, dout.data(), x.data(),
+                    nullptr, N, C, OC, layout, opt);
+    EXPECT_EQ(dw, added_in(fp32));
+    Floats fp32_scaled(prior.size(), 0.0f);
+    matmul_backward_scaled_bf16(nullptr, fp32_scaled.data(), {rows.data(), 2 * size_t{OC}, 0.3f},
+                                x.data(), nullptr, N, C, OC, layout, opt);
+    std::vector<uint16_t> dw_scaled = prior;
+    matmul_backward_scaled_bf16(nullptr, MatrixGradient::bf16(dw_scaled.data()),
+                                {rows.data(), 2 * size_t{OC}, 0.3f}, x.data(), nullptr, N, C, OC,
+                                layout, opt);
+    EXPECT_EQ(dw_scaled, added_in(fp32_scaled));
+    // fp32 products do not take it.
+    opt.bf16_products = false;
+    ::zero::testing::expect_error_naming(
+        [&] {
+          matmul_backward(nullptr, MatrixGradient::bf16(dw.data()), nullptr, dout.data(), x.data(),
+                          nullptr, N, C, OC, layout, opt);
+        },
+        "a bf16 weight gradient (MatrixGradient::bf16) needs bf16 products");
+  }
+}
+
 // A weight given as bf16 (MatrixWeight::bf16, a bf16 run's working copy) gives in bf16 products
 // the bits of the same values given as fp32: they are the rounded operand as they are. fp32
 // products (bf16_products off, or a CPU without bf16 arithmetic) refuse it.

@@ -95,9 +95,24 @@ void matmul_forward(float* out, const float* inp, MatrixWeight weight, const flo
 // in the weight's layout (skipped when dweight is null; inp is then not read); dbias += the
 // column sums of dout (skipped when dbias is null). dinp may be inp itself: the gradients of the
 // weight and bias are complete before dinp is written.
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     MatrixWeight weight, int N, int C, int OC, WeightLayout layout,
-                     const KernelOptions& opt = {});
+// The weight's gradient that matmul_backward adds into: fp32, or in bf16 products a bf16 run's
+// bf16 gradient as it is (MatrixGradient::bf16), added to inside the products, each value the
+// fp32 sum rounded once: the bits of adding an fp32 product into it, without the fp32 copy to
+// zero, fill and add. A bf16 gradient for fp32 products is a zero::Error.
+struct MatrixGradient {
+  MatrixGradient(float* fp32) : values(fp32) {}  // NOLINT(google-explicit-constructor)
+  static MatrixGradient bf16(uint16_t* bits) {
+    MatrixGradient gradient(nullptr);
+    gradient.bf16_bits = bits;
+    return gradient;
+  }
+  bool empty() const { return values == nullptr && bf16_bits == nullptr; }
+  float* values = nullptr;
+  uint16_t* bf16_bits = nullptr;
+};
+void matmul_backward(float* dinp, MatrixGradient dweight, float* dbias, const float* dout,
+                     const float* inp, MatrixWeight weight, int N, int C, int OC,
+                     WeightLayout layout, const KernelOptions& opt = {});
 // An output gradient as cross_entropy_forward_bf16_gradient leaves it: `scale` times the bf16
 // values (raw bits) of a matrix [N, OC] whose rows start `ld` elements apart.
 struct ScaledBf16Gradient {
@@ -108,7 +123,7 @@ struct ScaledBf16Gradient {
 // matmul_backward without a bias for such a gradient, scaled inside the products (their alpha):
 // dinp = scale dout @ W^T, dweight += scale dout^T @ inp. bf16 products only: a zero::Error
 // where they run in fp32 (opt.bf16_products unset, or !bf16_products_in_bf16()).
-void matmul_backward_scaled_bf16(float* dinp, float* dweight, ScaledBf16Gradient dout,
+void matmul_backward_scaled_bf16(float* dinp, MatrixGradient dweight, ScaledBf16Gradient dout,
                                  const float* inp, MatrixWeight weight, int N, int C, int OC,
                                  WeightLayout layout, const KernelOptions& opt = {});
 
