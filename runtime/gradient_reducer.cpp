@@ -105,6 +105,10 @@ void GradientReducer::ready(int u) {
     pool_.give_back(std::move(g.bucket), bucket_read);
     return;
   }
+  // No gradient asked for in this micro-batch (grads_ready without grad()): a zeroed bucket
+  // stands for it, so that the accumulator starts from 0 (not the last step's sum) and the
+  // reduction finds its buffers.
+  if (uses_grad_buckets(config_) && g.bucket.empty()) g.bucket = pool_.acquire(/*zeroed=*/true);
   if (!g.bucket.empty()) {
     // This micro-batch's gradient into the accumulator of another dtype.
     if (last && wire_ == config_.precision.dtype) {

@@ -434,6 +434,54 @@ TEST(Engine, PrimitivesRejectMisuse) {
   EXPECT_EQ(stats.grad_norm, 0.0f);
 }
 
+// In bf16 with fp32 accumulation at stages 0-1, a unit's first micro-batch is copied into its
+// fp32 accumulator rather than added to a zeroed one; a unit whose backward asked for no
+// gradient (grads_ready without grad) still reduces 0, not the last step's sum.
+TEST(Engine, AUnitWithoutGradientAfterAStepWithOneReducesZero) {
+  std::unique_ptr<Communicator> comm = make_mpi_communicator();
+  for (int stage : {0, 1}) {
+    SCOPED_TRACE(::testing::Message() << "stage " << stage);
+    EngineConfig config;
+    config.stage = stage;
+    config.precision.dtype = DType::kBFloat16;
+    Engine engine(*comm, two_units(), config);
+    for (int p : {0, 1}) {
+      uint16_t* g = static_cast<uint16_t*>(engine.grad(p));
+      for (int i = 0; i < 8; ++i) g[i] = float_to_bf16(1.0f);
+      engine.grads_ready(p);
+    }
+    EXPECT_GT(engine.step().grad_norm, 0.0f);
+    engine.grads_ready(0);
+    engine.grads_ready(1);
+    EXPECT_EQ(engine.step().grad_norm, 0.0f);
+  }
+  // With two micro-batches: a step with a gradient of 1 in each, then one whose first
+  // micro-batch has none: the second step's sum is half the first's.
+  for (int stage : {0, 1}) {
+    SCOPED_TRACE(::testing::Message() << "stage " << stage << ", 2 micro-batches");
+    EngineConfig config;
+    config.stage = stage;
+    config.precision.dtype = DType::kBFloat16;
+    config.micro_batches = 2;
+    Engine engine(*comm, two_units(), config);
+    const auto micro_batch = [&](bool with_gradient) {
+      for (int p : {0, 1}) {
+        if (with_gradient) {
+          uint16_t* g = static_cast<uint16_t*>(engine.grad(p));
+          for (int i = 0; i < 8; ++i) g[i] = float_to_bf16(1.0f);
+        }
+        engine.grads_ready(p);
+      }
+    };
+    micro_batch(true);
+    micro_batch(true);
+    const float full = engine.step().grad_norm;
+    micro_batch(false);
+    micro_batch(true);
+    EXPECT_EQ(engine.step().grad_norm, 0.5f * full);
+  }
+}
+
 // A stage-3 unit prefetched when a state load comes (a model wrapped, then its weights loaded)
 // stays gathered with the loaded values; its release gives the buffer back.
 TEST(Engine, StateLoadedRefreshesAPrefetchedStage3Unit) {

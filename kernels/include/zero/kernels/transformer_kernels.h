@@ -91,10 +91,6 @@ struct MatrixWeight {
 // out[N, OC] = inp[N, C] @ W + bias (bias may be null).
 void matmul_forward(float* out, const float* inp, MatrixWeight weight, const float* bias, int N,
                     int C, int OC, WeightLayout layout, const KernelOptions& opt = {});
-// dinp = dout @ W^T (skipped when dinp is null; weight is then not read); dweight += inp^T @ dout
-// in the weight's layout (skipped when dweight is null; inp is then not read); dbias += the
-// column sums of dout (skipped when dbias is null). dinp may be inp itself: the gradients of the
-// weight and bias are complete before dinp is written.
 // The weight's gradient that matmul_backward adds into: fp32, or in bf16 products a bf16 run's
 // bf16 gradient as it is (MatrixGradient::bf16), added to inside the products, each value the
 // fp32 sum rounded once: the bits of adding an fp32 product into it, without the fp32 copy to
@@ -110,6 +106,10 @@ struct MatrixGradient {
   float* values = nullptr;
   uint16_t* bf16_bits = nullptr;
 };
+// dinp = dout @ W^T (skipped when dinp is null; weight is then not read); dweight += inp^T @ dout
+// in the weight's layout (skipped when dweight is empty; inp is then not read); dbias += the
+// column sums of dout (skipped when dbias is null). dinp may be inp itself: the gradients of the
+// weight and bias are complete before dinp is written.
 void matmul_backward(float* dinp, MatrixGradient dweight, float* dbias, const float* dout,
                      const float* inp, MatrixWeight weight, int N, int C, int OC,
                      WeightLayout layout, const KernelOptions& opt = {});
@@ -121,7 +121,8 @@ struct ScaledBf16Gradient {
   float scale;
 };
 // matmul_backward without a bias for such a gradient, scaled inside the products (their alpha):
-// dinp = scale dout @ W^T, dweight += scale dout^T @ inp. bf16 products only: a zero::Error
+// dinp = scale dout @ W^T, dweight += scale dout^T @ inp (dinp may be inp itself, as in
+// matmul_backward: the weight's gradient is complete first). bf16 products only: a zero::Error
 // where they run in fp32 (opt.bf16_products unset, or !bf16_products_in_bf16()).
 void matmul_backward_scaled_bf16(float* dinp, MatrixGradient dweight, ScaledBf16Gradient dout,
                                  const float* inp, MatrixWeight weight, int N, int C, int OC,
