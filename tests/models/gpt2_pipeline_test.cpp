@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "models/token_data.h"
 #include "tests/expect_error.h"
 #include "tests/models/gpt2_harness.h"
+#include "zero/kernels/transformer_kernels.h"
 #include "zero/runtime/nvme_file.h"
 
 namespace zero::models::gpt2_test {
@@ -125,6 +127,97 @@ TEST(Gpt2Pipeline, SplitBackwardWithRecomputationGivesTheFusedGradients) {
     backward_weight();
     EXPECT_EQ(losses, expected_losses);
     for (const auto& [name, grad] : fused.grads) EXPECT_EQ(split.grads.at(name), grad) << name;
+  }
+}
+
+// The bf16 working copies of a harness's parameters and gradients, as a bf16 run's engine holds
+// them, and the modules' refs to them.
+struct Bf16Params {
+  std::map<std::string, std::vector<uint16_t>> values, grads;
+  explicit Bf16Params(const Harness& h) {
+    for (const auto& [name, v] : h.values) {
+      for (float x : v) values[name].push_back(float_to_bf16(x));
+      grads[name].assign(v.size(), 0);
+    }
+  }
+  std::vector<ParamRef> refs(Harness& h, size_t m,
+                             std::map<std::string, std::vector<uint16_t>>& store) {
+    std::vector<ParamRef> out;
+    for (const std::string& name : h.names[m]) {
+      std::vector<uint16_t>& v = store.at(name);
+      out.push_back(ParamRef{v.data(), DType::kBFloat16, &h.shapes.at(name), v.size(), h.cpu});
+    }
+    return out;
+  }
+};
+
+// In bf16 the head makes the loss's gradient in forward and each backward half scales it by the
+// loss's gradient given to backward_input; the weight half runs later, after the other
+// micro-batch's input half, so that scale travels with its micro-batch. Two micro-batches
+// whose losses weigh 1 and 0.5: ZB-H1's order gives the bits of the whole backward's.
+TEST(Gpt2Pipeline, Bf16SplitBackwardScalesEachMicroBatchByItsOwnLossGradient) {
+  if (!kernels::bf16_products_in_bf16()) {
+    GTEST_SKIP() << "the head makes the loss's gradient in forward only with bf16 products in "
+                    "bf16: "
+                 << kernels::bf16_products_description();
+  }
+  Harness fused, split;
+  Bf16Params fused_params(fused), split_params(split);
+  const auto forward = [](Harness& h, Bf16Params& p, int first) {
+    Tensor current = micro_batch(h, first);
+    for (size_t m = 0; m < h.model.modules.size(); ++m) {
+      Tensor out;
+      h.model.modules[m].module->forward(current, out, p.refs(h, m, p.values));
+      current = std::move(out);
+    }
+    return current.to_host()[0];
+  };
+  const std::vector<float> weights = {1.0f, 0.5f};
+  std::vector<float> expected_losses;
+  for (int k : {0, 1}) {
+    expected_losses.push_back(forward(fused, fused_params, 2 * k));
+    Tensor current({1}, {weights[k]});
+    for (size_t m = fused.model.modules.size(); m-- > 0;) {
+      Tensor grad_in;
+      fused.model.modules[m].module->backward(current, grad_in,
+                                              fused_params.refs(fused, m, fused_params.values),
+                                              fused_params.refs(fused, m, fused_params.grads));
+      current = std::move(grad_in);
+    }
+  }
+  const auto backward_input = [&](float weight) {
+    Tensor current({1}, {weight});
+    for (size_t m = split.model.modules.size(); m-- > 0;) {
+      Tensor grad_in;
+      split.model.modules[m].module->backward_input(
+          current, grad_in, split_params.refs(split, m, split_params.values));
+      current = std::move(grad_in);
+    }
+  };
+  const auto backward_weight = [&] {
+    for (size_t m = split.model.modules.size(); m-- > 0;) {
+      split.model.modules[m].module->backward_weight(
+          split_params.refs(split, m, split_params.grads));
+    }
+  };
+  std::vector<float> losses;
+  losses.push_back(forward(split, split_params, 0));
+  std::vector<KeptActivations> first = take(split);
+  losses.push_back(forward(split, split_params, 2));
+  std::vector<KeptActivations> second = take(split);
+  restore(split, first);
+  backward_input(weights[0]);
+  first = take(split);
+  restore(split, second);
+  backward_input(weights[1]);
+  second = take(split);
+  restore(split, first);
+  backward_weight();
+  restore(split, second);
+  backward_weight();
+  EXPECT_EQ(losses, expected_losses);
+  for (const auto& [name, grad] : fused_params.grads) {
+    EXPECT_EQ(split_params.grads.at(name), grad) << name;
   }
 }
 
