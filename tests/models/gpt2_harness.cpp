@@ -117,6 +117,33 @@ void Harness::backward() {
   }
 }
 
+Bf16Params::Bf16Params(const Harness& h) {
+  for (const auto& [name, v] : h.values) {
+    for (float x : v) values[name].push_back(float_to_bf16(x));
+    grads[name].assign(v.size(), 0);
+  }
+}
+
+std::vector<ParamRef> Bf16Params::refs(Harness& h, size_t module,
+                                       std::map<std::string, std::vector<uint16_t>>& store) {
+  std::vector<ParamRef> out;
+  for (const std::string& name : h.names[module]) {
+    std::vector<uint16_t>& v = store.at(name);
+    out.push_back(ParamRef{v.data(), DType::kBFloat16, &h.shapes.at(name), v.size(), h.cpu});
+  }
+  return out;
+}
+
+float Bf16Params::forward(Harness& h, const Tensor& tokens) {
+  Tensor current = tokens;
+  for (size_t m = 0; m < h.model.modules.size(); ++m) {
+    Tensor out;
+    h.model.modules[m].module->forward(current, out, refs(h, m, values));
+    current = std::move(out);
+  }
+  return current.to_host()[0];
+}
+
 Tensor reference_batch(Harness& h, int B, int T) {
   const TokenData data(kData + "tokens.bin");
   Tensor tokens({B, T});

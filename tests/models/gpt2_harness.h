@@ -53,6 +53,18 @@ struct Harness {
   void backward();
 };
 
+// A harness's parameters and gradients as a bf16 run's engine holds them (bf16 working copies of
+// the values, zeroed bf16 gradients), and the modules' refs to them.
+struct Bf16Params {
+  std::map<std::string, std::vector<uint16_t>> values, grads;
+
+  explicit Bf16Params(const Harness& h);
+  std::vector<ParamRef> refs(Harness& h, size_t module,
+                             std::map<std::string, std::vector<uint16_t>>& store);
+  // Forward over `tokens` on these values: the mean loss.
+  float forward(Harness& h, const Tensor& tokens);
+};
+
 // The first B sequences of T tokens of the reference batch, with their targets set in h's model.
 Tensor reference_batch(Harness& h, int B, int T);
 

@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <map>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,6 +39,30 @@ std::vector<KeptActivations> take(Harness& h) {
 
 void restore(Harness& h, std::vector<KeptActivations>& kept) {
   for (size_t m = 0; m < kept.size(); ++m) h.model.modules[m].module->restore_activations(kept[m]);
+}
+
+// ZB-H1's order on one stage for micro-batches 0 and 1: both forwards (forward(k) returns k's
+// loss), both input halves, then both weight halves, each micro-batch's tensors moved out
+// between its halves. The losses in order.
+std::vector<float> in_zb_h1_order(Harness& h, const std::function<float(int)>& forward,
+                                  const std::function<void(int)>& backward_input,
+                                  const std::function<void()>& backward_weight) {
+  std::vector<float> losses;
+  losses.push_back(forward(0));
+  std::vector<KeptActivations> first = take(h);
+  losses.push_back(forward(1));
+  std::vector<KeptActivations> second = take(h);
+  restore(h, first);
+  backward_input(0);
+  first = take(h);
+  restore(h, second);
+  backward_input(1);
+  second = take(h);
+  restore(h, first);
+  backward_weight();
+  restore(h, second);
+  backward_weight();
+  return losses;
 }
 
 // The contiguous checkpoint buffer with a set per micro-batch in flight (forward k in set k mod
@@ -96,7 +120,7 @@ TEST(Gpt2Pipeline, SplitBackwardWithRecomputationGivesTheFusedGradients) {
       expected_losses.push_back(fused.forward(micro_batch(fused, first)));
       fused.backward();
     }
-    auto backward_input = [&split] {
+    auto backward_input = [&split](int) {
       Tensor current({1}, {1.0f});
       for (size_t m = split.model.modules.size(); m-- > 0;) {
         Tensor grad_in;
@@ -110,46 +134,13 @@ TEST(Gpt2Pipeline, SplitBackwardWithRecomputationGivesTheFusedGradients) {
         split.model.modules[m].module->backward_weight(split.refs(m, split.grads));
       }
     };
-    std::vector<float> losses;
-    losses.push_back(split.forward(micro_batch(split, 0)));
-    std::vector<KeptActivations> first = take(split);
-    losses.push_back(split.forward(micro_batch(split, 2)));
-    std::vector<KeptActivations> second = take(split);
-    restore(split, first);
-    backward_input();
-    first = take(split);
-    restore(split, second);
-    backward_input();
-    second = take(split);
-    restore(split, first);
-    backward_weight();
-    restore(split, second);
-    backward_weight();
+    const std::vector<float> losses = in_zb_h1_order(
+        split, [&split](int k) { return split.forward(micro_batch(split, 2 * k)); }, backward_input,
+        backward_weight);
     EXPECT_EQ(losses, expected_losses);
     for (const auto& [name, grad] : fused.grads) EXPECT_EQ(split.grads.at(name), grad) << name;
   }
 }
-
-// The bf16 working copies of a harness's parameters and gradients, as a bf16 run's engine holds
-// them, and the modules' refs to them.
-struct Bf16Params {
-  std::map<std::string, std::vector<uint16_t>> values, grads;
-  explicit Bf16Params(const Harness& h) {
-    for (const auto& [name, v] : h.values) {
-      for (float x : v) values[name].push_back(float_to_bf16(x));
-      grads[name].assign(v.size(), 0);
-    }
-  }
-  std::vector<ParamRef> refs(Harness& h, size_t m,
-                             std::map<std::string, std::vector<uint16_t>>& store) {
-    std::vector<ParamRef> out;
-    for (const std::string& name : h.names[m]) {
-      std::vector<uint16_t>& v = store.at(name);
-      out.push_back(ParamRef{v.data(), DType::kBFloat16, &h.shapes.at(name), v.size(), h.cpu});
-    }
-    return out;
-  }
-};
 
 // In bf16 the head makes the loss's gradient in forward and each backward half scales it by the
 // loss's gradient given to backward_input; the weight half runs later, after the other
@@ -163,19 +154,10 @@ TEST(Gpt2Pipeline, Bf16SplitBackwardScalesEachMicroBatchByItsOwnLossGradient) {
   }
   Harness fused, split;
   Bf16Params fused_params(fused), split_params(split);
-  const auto forward = [](Harness& h, Bf16Params& p, int first) {
-    Tensor current = micro_batch(h, first);
-    for (size_t m = 0; m < h.model.modules.size(); ++m) {
-      Tensor out;
-      h.model.modules[m].module->forward(current, out, p.refs(h, m, p.values));
-      current = std::move(out);
-    }
-    return current.to_host()[0];
-  };
   const std::vector<float> weights = {1.0f, 0.5f};
   std::vector<float> expected_losses;
   for (int k : {0, 1}) {
-    expected_losses.push_back(forward(fused, fused_params, 2 * k));
+    expected_losses.push_back(fused_params.forward(fused, micro_batch(fused, 2 * k)));
     Tensor current({1}, {weights[k]});
     for (size_t m = fused.model.modules.size(); m-- > 0;) {
       Tensor grad_in;
@@ -185,8 +167,8 @@ TEST(Gpt2Pipeline, Bf16SplitBackwardScalesEachMicroBatchByItsOwnLossGradient) {
       current = std::move(grad_in);
     }
   }
-  const auto backward_input = [&](float weight) {
-    Tensor current({1}, {weight});
+  const auto backward_input = [&](int k) {
+    Tensor current({1}, {weights[k]});
     for (size_t m = split.model.modules.size(); m-- > 0;) {
       Tensor grad_in;
       split.model.modules[m].module->backward_input(
@@ -200,21 +182,9 @@ TEST(Gpt2Pipeline, Bf16SplitBackwardScalesEachMicroBatchByItsOwnLossGradient) {
           split_params.refs(split, m, split_params.grads));
     }
   };
-  std::vector<float> losses;
-  losses.push_back(forward(split, split_params, 0));
-  std::vector<KeptActivations> first = take(split);
-  losses.push_back(forward(split, split_params, 2));
-  std::vector<KeptActivations> second = take(split);
-  restore(split, first);
-  backward_input(weights[0]);
-  first = take(split);
-  restore(split, second);
-  backward_input(weights[1]);
-  second = take(split);
-  restore(split, first);
-  backward_weight();
-  restore(split, second);
-  backward_weight();
+  const std::vector<float> losses = in_zb_h1_order(
+      split, [&](int k) { return split_params.forward(split, micro_batch(split, 2 * k)); },
+      backward_input, backward_weight);
   EXPECT_EQ(losses, expected_losses);
   for (const auto& [name, grad] : fused_params.grads) {
     EXPECT_EQ(split_params.grads.at(name), grad) << name;

@@ -122,27 +122,8 @@ TEST(Gpt2, Bf16HeadMakesTheLossGradientInTheLogitsMemory) {
   Harness h;
   const int B = config["batch"], T = config["seq_len"];
   const Tensor tokens = reference_batch(h, B, T);
-  // bf16 working copies of the parameters and gradients, as a bf16 run's engine holds them.
-  std::map<std::string, std::vector<uint16_t>> values, grads;
-  for (const auto& [name, v] : h.values) {
-    for (float x : v) values[name].push_back(float_to_bf16(x));
-    grads[name].assign(v.size(), 0);
-  }
-  const auto refs = [&](size_t m, std::map<std::string, std::vector<uint16_t>>& store) {
-    std::vector<ParamRef> out;
-    for (const std::string& name : h.names[m]) {
-      std::vector<uint16_t>& v = store.at(name);
-      out.push_back(ParamRef{v.data(), DType::kBFloat16, &h.shapes.at(name), v.size(), h.cpu});
-    }
-    return out;
-  };
-  Tensor current = tokens;
-  for (size_t m = 0; m < h.model.modules.size(); ++m) {
-    Tensor out;
-    h.model.modules[m].module->forward(current, out, refs(m, values));
-    current = std::move(out);
-  }
-  const double loss = current.to_host()[0];
+  gpt2_test::Bf16Params bf16(h);
+  const double loss = bf16.forward(h, tokens);
   EXPECT_NEAR(loss, step0["loss"].get<double>(), 1e-2 * step0["loss"].get<double>());
   if (kernels::bf16_products_in_bf16()) {
     testing::expect_error_naming([&] { (void)gpt2_logits(h.model); },
@@ -150,15 +131,16 @@ TEST(Gpt2, Bf16HeadMakesTheLossGradientInTheLogitsMemory) {
   } else {
     EXPECT_EQ(gpt2_logits(h.model).numel(), static_cast<size_t>(B * T) * h.config.vocab_size);
   }
-  current = Tensor({1}, {1.0f});
+  Tensor current({1}, {1.0f});
   for (size_t m = h.model.modules.size(); m-- > 0;) {
     Tensor grad_in;
-    h.model.modules[m].module->backward(current, grad_in, refs(m, values), refs(m, grads));
+    h.model.modules[m].module->backward(current, grad_in, bf16.refs(h, m, bf16.values),
+                                        bf16.refs(h, m, bf16.grads));
     current = std::move(grad_in);
   }
   for (const auto& [name, expected] : step0["grad_l2"].items()) {
     std::vector<float> grad;
-    for (uint16_t bits : grads.at(name)) grad.push_back(bf16_to_float(bits));
+    for (uint16_t bits : bf16.grads.at(name)) grad.push_back(bf16_to_float(bits));
     EXPECT_NEAR(l2(grad), expected.get<double>(), 2e-2 * expected.get<double>()) << name;
   }
 }
