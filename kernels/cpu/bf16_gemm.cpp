@@ -52,7 +52,7 @@ std::shared_ptr<const Primitive> primitive_for(const ShapeKey& key) {
   made->c = matrix(M, N, false, ldc, c_bf16 ? memory::data_type::bf16 : memory::data_type::f32);
   dnnl::primitive_attr attr;
   // Our threads run one primitive at once on different blocks: each gives its own scratchpad
-  // (the library's own is one per primitive, which they would share: a bf16 C's fp32
+  // (the library's own is shared, per primitive or by all as oneDNN was built: a bf16 C's fp32
   // accumulators there came out mixed between the threads' blocks).
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (scaled) attr.set_output_scales(0, {DNNL_RUNTIME_F32_VAL});
@@ -68,10 +68,6 @@ std::shared_ptr<const Primitive> primitive_for(const ShapeKey& key) {
   cache.emplace(key, made);
   return made;
 }
-
-}  // namespace
-
-namespace {
 
 void run_bf16_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A,
                    int lda, const uint16_t* B, int ldb, float beta, void* C, bool c_bf16, int ldc) {
