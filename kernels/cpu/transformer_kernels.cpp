@@ -43,6 +43,27 @@ void embedding_forward(float* out, const float* tokens, const float* wte, const 
 
 // A token's row of dwte gathers every position holding it, so threads split the columns and
 // each walks all positions in order.
+namespace {
+
+// dwpe[t, :] += dout[row, :] for each of `rows` rows, t = row % T, in row order per column.
+void add_position_gradients(float* dwpe, const float* dout, size_t rows, int T, int C,
+                            const KernelOptions& opt) {
+  parallel_for(C, rows, kColumnGranule, opt, [&](size_t begin, size_t end) {
+    for (size_t row = 0; row < rows; ++row) {
+      const float* d = dout + row * C;
+      float* position_grad = dwpe + (row % T) * C;
+      for (size_t c = begin; c < end; ++c) position_grad[c] += d[c];
+    }
+  });
+}
+
+void check_16bit(DType dtype, const char* kernel) {
+  ZERO_CHECK(dtype == DType::kBFloat16 || dtype == DType::kFloat16,
+             kernel << ": the table must be bf16 or fp16, got " << dtype_name(dtype));
+}
+
+}  // namespace
+
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const float* tokens, int B,
                         int T, int C, const KernelOptions& opt) {
   check_sizes("embedding_backward", {B, T, C});
@@ -55,23 +76,11 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const float
     for (size_t row = 0; row < rows; ++row) {
       const float* d = dout + row * C;
       float* token_grad = dwte + static_cast<size_t>(tokens[row]) * C;
-      float* position_grad = dwpe + (row % T) * C;
-      for (size_t c = begin; c < end; ++c) {
-        token_grad[c] += d[c];
-        position_grad[c] += d[c];
-      }
+      for (size_t c = begin; c < end; ++c) token_grad[c] += d[c];
     }
   });
+  add_position_gradients(dwpe, dout, rows, T, C, opt);
 }
-
-namespace {
-
-void check_16bit(DType dtype, const char* kernel) {
-  ZERO_CHECK(dtype == DType::kBFloat16 || dtype == DType::kFloat16,
-             kernel << ": the table must be bf16 or fp16, got " << dtype_name(dtype));
-}
-
-}  // namespace
 
 void embedding_forward_16bit(float* out, const float* tokens, const void* wte, DType wte_dtype,
                              const float* wpe, int B, int T, int C, const KernelOptions& opt) {
@@ -103,13 +112,7 @@ void embedding_backward_16bit(void* dwte, DType dwte_dtype, float* dwpe, const f
   check_buffer(dout, rows * C, "embedding_backward_16bit", "dout");
   check_buffer(tokens, rows, "embedding_backward_16bit", "tokens");
   check_buffer(dwpe, product(T, C), "embedding_backward_16bit", "dwpe");
-  parallel_for(C, rows, kColumnGranule, opt, [&](size_t begin, size_t end) {
-    for (size_t row = 0; row < rows; ++row) {
-      const float* d = dout + row * C;
-      float* position_grad = dwpe + (row % T) * C;
-      for (size_t c = begin; c < end; ++c) position_grad[c] += d[c];
-    }
-  });
+  add_position_gradients(dwpe, dout, rows, T, C, opt);
   if (dwte == nullptr) return;
   // The positions grouped by token, each group in position order.
   std::vector<uint32_t> order(rows);

@@ -161,9 +161,11 @@ bool products_in_bf16(const KernelOptions& opt) {
 
 // The products of matmul_forward and matmul_backward in the precision opt asks for: A and B
 // rounded to bf16 (unless they come rounded) and multiplied in bf16 (fp32 accumulation) where
-// opt.bf16_products and bf16_products_in_bf16(), else fp32. C = alpha A B + beta C.
+// opt.bf16_products and bf16_products_in_bf16(), else fp32. C = alpha A B + beta C, C fp32 or,
+// in bf16 products only, bf16 (a bf16 weight gradient added into, each value rounded once).
+template <typename CT>
 void matrix_product(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N, int K,
-                    Operand A, int lda, Operand B, int ldb, float beta, float* C, int ldc,
+                    Operand A, int lda, Operand B, int ldb, float beta, CT* C, int ldc,
                     const KernelOptions& opt, float alpha = 1.0f) {
 #if ZERO_HAVE_DNNL
   if (products_in_bf16(opt)) {
@@ -173,53 +175,41 @@ void matrix_product(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int
     return;
   }
 #endif
-  blocked_gemm(trans_a, trans_b, M, N, K, alpha, fp32_values(A), lda, fp32_values(B), ldb, beta, C,
-               ldc, opt);
+  if constexpr (std::is_same<CT, uint16_t>::value) {
+    ZERO_FAIL(
+        "a bf16 weight gradient (MatrixGradient::bf16) needs bf16 products: "
+        "KernelOptions.bf16_products on a CPU where bf16_products_in_bf16(); these run in fp32");
+  } else {
+    blocked_gemm(trans_a, trans_b, M, N, K, alpha, fp32_values(A), lda, fp32_values(B), ldb, beta,
+                 C, ldc, opt);
+  }
 }
-
-#if ZERO_HAVE_DNNL
-// C (bf16) += alpha A B in bf16 products, A and B as matrix_product's: a bf16 gradient added to
-// in the products, each value rounded once.
-void matrix_product_into_bf16(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N, int K,
-                              Operand A, int lda, Operand B, int ldb, uint16_t* C, int ldc,
-                              const KernelOptions& opt, float alpha = 1.0f) {
-  const uint16_t* a = A.bf16 ? A.bf16 : detail::round_to_bf16(0, A.values, A.size, opt);
-  const uint16_t* b = B.bf16 ? B.bf16 : detail::round_to_bf16(1, B.values, B.size, opt);
-  blocked_gemm(trans_a, trans_b, M, N, K, alpha, a, lda, b, ldb, 1.0f, C, ldc, opt);
-}
-#endif
 
 // The weight's gradient of matmul_backward's: dW [C, OC] (in-out layout) += alpha inp^T @ dout,
 // or dW [OC, C] (out-in) += alpha dout^T @ inp, into fp32 or, in bf16 products, bf16.
+template <typename CT>
+void weight_gradient(CT* dW, const Operand& x, const Operand& d, int ld_d, int N, int C, int OC,
+                     bool in_out, const KernelOptions& opt, float alpha) {
+  if (in_out) {
+    matrix_product(CblasTrans, CblasNoTrans, C, OC, N, x, C, d, ld_d, 1.0f, dW, OC, opt, alpha);
+  } else {
+    matrix_product(CblasTrans, CblasNoTrans, OC, C, N, d, ld_d, x, C, 1.0f, dW, C, opt, alpha);
+  }
+}
+
 void weight_gradient(MatrixGradient dweight, const Operand& x, const Operand& d, int ld_d, int N,
                      int C, int OC, bool in_out, const KernelOptions& opt, float alpha) {
   if (dweight.bf16_bits != nullptr) {
-#if ZERO_HAVE_DNNL
-    ZERO_CHECK(products_in_bf16(opt),
-               "a bf16 weight gradient (MatrixGradient::bf16) needs bf16 products: "
-               "KernelOptions.bf16_products on a CPU where bf16_products_in_bf16(); these run in "
-               "fp32");
-    if (in_out) {
-      matrix_product_into_bf16(CblasTrans, CblasNoTrans, C, OC, N, x, C, d, ld_d, dweight.bf16_bits,
-                               OC, opt, alpha);
-    } else {
-      matrix_product_into_bf16(CblasTrans, CblasNoTrans, OC, C, N, d, ld_d, x, C, dweight.bf16_bits,
-                               C, opt, alpha);
-    }
-    return;
-#else
-    ZERO_FAIL(
-        "a bf16 weight gradient (MatrixGradient::bf16) needs bf16 products, and this build "
-        "has no oneDNN");
-#endif
-  }
-  if (in_out) {
-    matrix_product(CblasTrans, CblasNoTrans, C, OC, N, x, C, d, ld_d, 1.0f, dweight.values, OC, opt,
-                   alpha);
+    weight_gradient(dweight.bf16_bits, x, d, ld_d, N, C, OC, in_out, opt, alpha);
   } else {
-    matrix_product(CblasTrans, CblasNoTrans, OC, C, N, d, ld_d, x, C, 1.0f, dweight.values, C, opt,
-                   alpha);
+    weight_gradient(dweight.values, x, d, ld_d, N, C, OC, in_out, opt, alpha);
   }
+}
+
+// A weight gradient in one dtype or the other, not both.
+void check_weight_gradient(const MatrixGradient& dweight, const char* kernel) {
+  ZERO_CHECK(dweight.values == nullptr || dweight.bf16_bits == nullptr,
+             kernel << ": dweight has both fp32 and bf16 values; give one");
 }
 
 // A weight of n values in one dtype or the other, not both and not neither.
@@ -290,8 +280,7 @@ void matmul_backward(float* dinp, MatrixGradient dweight, float* dbias, const fl
                      WeightLayout layout, const KernelOptions& opt) {
   check_sizes("matmul_backward", {N, C, OC});
   check_buffer(dout, product(N, OC), "matmul_backward", "dout");
-  ZERO_CHECK(dweight.values == nullptr || dweight.bf16_bits == nullptr,
-             "matmul_backward: dweight has both fp32 and bf16 values; give one");
+  check_weight_gradient(dweight, "matmul_backward");
   if (!dweight.empty()) check_buffer(inp, product(N, C), "matmul_backward", "inp");
   if (dinp != nullptr) check_weight(weight, product(C, OC), "matmul_backward");
   const bool in_out = layout == WeightLayout::kInOut;
@@ -324,8 +313,7 @@ void matmul_backward_scaled_bf16(float* dinp, MatrixGradient dweight, ScaledBf16
                  << dout.ld << " apart, fewer than its " << OC << " columns");
   check_buffer(dout.bits, N == 0 ? 0 : (N - 1) * dout.ld + OC, "matmul_backward_scaled_bf16",
                "dout");
-  ZERO_CHECK(dweight.values == nullptr || dweight.bf16_bits == nullptr,
-             "matmul_backward_scaled_bf16: dweight has both fp32 and bf16 values; give one");
+  check_weight_gradient(dweight, "matmul_backward_scaled_bf16");
   if (!dweight.empty()) check_buffer(inp, product(N, C), "matmul_backward_scaled_bf16", "inp");
   if (dinp != nullptr) check_weight(weight, product(C, OC), "matmul_backward_scaled_bf16");
 #if ZERO_HAVE_DNNL
@@ -344,6 +332,7 @@ void matmul_backward_scaled_bf16(float* dinp, MatrixGradient dweight, ScaledBf16
   }
 #else
   (void)layout;
+  (void)opt;
   ZERO_FAIL("matmul_backward_scaled_bf16 needs bf16 products, and this build has no oneDNN");
 #endif
 }
