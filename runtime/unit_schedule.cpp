@@ -91,6 +91,10 @@ void UnitSchedule::release(int unit) {
   engine_.release(unit);
 }
 
+int UnitSchedule::last_module() const {
+  return static_cast<int>(backward_reads_.size()) - 1;
+}
+
 int UnitSchedule::last_module_unit() const {
   const Layout& layout = engine_.layout();
   const int n = static_cast<int>(layout.units().size());
@@ -143,6 +147,31 @@ bool UnitSchedule::keep_for_backward(int unit) const {
   return distance < max_reuse_distance_ && in_budget;
 }
 
+// Whether backward, coming right after this forward, starts by prefetching `unit` (it is in
+// the prefetch window behind the unit backward starts with) while every unit after it in
+// forward is gathered already: then holding it on costs no buffer the plan does not have at
+// backward's start, and releasing it would only gather it again.
+bool UnitSchedule::backward_prefetches(int unit) const {
+  const int last = last_module_unit();
+  if (stage_ != 3 || !backward_comes_next() || unit >= last) return false;
+  const Layout& layout = engine_.layout();
+  for (int v = unit + 1; v <= last; ++v) {
+    if (!engine_.is_gathered(v)) return false;
+    for (int owner : unit_ties_[v]) {
+      if (!engine_.is_gathered(owner)) return false;
+    }
+  }
+  size_t ahead = 0;
+  for (int v = last - 1; v >= unit; --v) {
+    if (!gathered_backward_reads(v)) continue;
+    ahead += layout.units()[v].numel;
+    for (int owner : unit_ties_[v]) ahead += layout.units()[owner].numel;
+    if (v != last - 1 && ahead > prefetch_elements_) return false;
+    if (v == unit) return true;
+  }
+  return false;
+}
+
 // The tied units are gathered for the whole of their user: before its prefetches take the
 // planned buffers. The first hold of one that was not gathered for its own use (prefetched
 // for it, or not gathered at all) makes it the ties' to release; one gathered already for its
@@ -185,20 +214,34 @@ void UnitSchedule::before_forward(int module) {
   if (first_of_unit) prefetch_after(u, +1);
 }
 
+bool UnitSchedule::backward_comes_next() const {
+  return unit_chunks_.empty() && engine_.config().grid.pipeline.stages == nullptr;
+}
+
 void UnitSchedule::after_forward(int module) {
   const Layout& layout = engine_.layout();
   const int u = layout.unit_of_module(module);
-  if (u < 0) {
-    let_go(tied_units_[module], u, +1);
+  if (u >= 0 && layout.units()[u].last_module != module) return;
+  // Backward starts with the last module and the last unit (only modules without a unit of
+  // their own may come after it), reading them and what they tie to: they stay gathered, where
+  // releasing them would only gather them again (FSDP keeps its root unsharded after forward for
+  // the same reason), and their ties' holds carry over to their backward. After the last
+  // module, the unit backward needs next starts gathering behind the rest of forward.
+  if (backward_comes_next() && (module == last_module() || u == last_module_unit())) {
+    carried_modules_.insert(module);
+    if (u >= 0) {
+      gathered_for_backward_[u] = true;
+      if (module == last_module()) prefetch_after(u, -1);
+    }
     return;
   }
-  if (layout.units()[u].last_module != module) return;
   let_go(tied_units_[module], u, +1);
-  if (!keep_for_backward(u)) release(u);
-  // Backward starts with the last module's unit: start its gather now, behind the rest of
-  // forward (the persistent unit, if any, comes after it and is always gathered). Not with
-  // model chunks, whose backward comes later.
-  if (u == last_module_unit() && unit_chunks_.empty()) prefetch_with_tied(u);
+  if (u < 0) return;
+  if (backward_prefetches(u)) {
+    gathered_for_backward_[u] = true;
+  } else if (!keep_for_backward(u)) {
+    release(u);
+  }
 }
 
 // Stage 3 gathers a unit again for backward only if a module of it reads its values there;
@@ -211,7 +254,9 @@ bool UnitSchedule::before_backward(int module) {
     gather(u);
     gathered_for_backward_[u] = true;
   }
-  if (last_of_unit || u < 0) hold(tied_units_[module]);
+  if (carried_modules_.erase(module) == 0 && (last_of_unit || u < 0)) {
+    hold(tied_units_[module]);
+  }
   if (last_of_unit) prefetch_after(u, -1);
   return u < 0 || engine_.is_gathered(u);
 }
@@ -233,6 +278,7 @@ void UnitSchedule::unit_backward_done(int unit) {
 }
 
 void UnitSchedule::release_left_over() {
+  carried_modules_.clear();
   for (size_t u = 0; u < gathered_for_backward_.size(); ++u) {
     if (!gathered_for_backward_[u] && tie_holds_[u] == 0 && !gathered_for_ties_[u]) continue;
     gathered_for_backward_[u] = false;

@@ -263,7 +263,9 @@ ShiftRun train_shifted(int stage, bool shift_reads) {
   const Net net;
   const std::vector<ParamDecl> dense = {declare(Decl{"w", {kD, kD}, 0.3f}, "w", net, true),
                                         declare(Decl{"b", {kD}, 0.1f}, "b", net, true)};
+  // Two units after the shift: backward keeps the last two gathered from forward.
   modules.push_back({"h", std::make_unique<Dense>(dense, kD, kD, true)});
+  modules.push_back({"g", std::make_unique<Dense>(dense, kD, kD, true)});
   EngineConfig config;
   config.stage = stage;
   ZeroModel model(*comm, std::move(modules), config);
@@ -367,6 +369,59 @@ TEST(ModelFeatures, StageThreePrefetchesTiedUnitsWithTheUnitThatTiesThem) {
   model.backward(Tensor({4, kD}, std::vector<float>(4 * kD, 0.1f), device));
   EXPECT_FALSE(model.engine().is_gathered(tied)) << "the tied unit was never given back";
   model.step();
+}
+
+// Backward starts with what forward ended with: stage 3 keeps the last unit and what the last
+// module ties to gathered from forward into backward, and the unit backward prefetches first
+// when it is gathered at that point anyway, instead of releasing them and gathering them again.
+// A forward that no backward follows (a validation batch) gives them back at the next forward.
+// All-gathers per step, with the previous step's prefetch of the first unit: a chain of four
+// units gathers units 1-3 in forward, 1 and 0 in backward, and 0 after the step; with the
+// last module tied to the first unit and two buffers planned, forward gathers units 1, 2, the
+// tie and the head, backward 2, 1 and 0 (the tie, given back after the head's backward).
+TEST(ModelFeatures, StageThreeKeepsWhatBackwardStartsWithGatheredFromForward) {
+  for (bool tied : {false, true}) {
+    SCOPED_TRACE(tied ? "the last module ties to the first unit" : "a chain of four units");
+    std::unique_ptr<Communicator> comm = make_mpi_communicator();
+    std::vector<NamedModule> modules;
+    for (const char* name : {"shift", "a", "b", "c"}) {
+      if (tied && std::string(name) == "c") {
+        modules.push_back({"head", std::make_unique<TiedHead>()});
+      } else {
+        modules.push_back({name, std::make_unique<Shift>(true)});
+      }
+    }
+    EngineConfig config;
+    config.stage = 3;
+    ZeroModel model(*comm, std::move(modules), config);
+    Engine& engine = model.engine();
+    const auto gathered = [&] {
+      std::vector<int> units;
+      for (int u = 0; u < static_cast<int>(engine.layout().units().size()); ++u) {
+        if (engine.is_gathered(u)) units.push_back(u);
+      }
+      return units;
+    };
+    const auto all_gathers = [&] {
+      return engine.communicator().counters().calls[static_cast<size_t>(CollectiveOp::kAllGather)];
+    };
+    const std::shared_ptr<DeviceContext>& device = engine.device_context();
+    const Tensor input({4, kD}, inputs(1, 0, 4), device);
+    model.forward(input);  // no backward follows
+    for (int step = 1; step <= 2; ++step) {
+      const uint64_t before = all_gathers();
+      model.forward(input);
+      EXPECT_EQ(gathered(), tied ? std::vector<int>({0, 3}) : std::vector<int>({2, 3}))
+          << "after forward, step " << step;
+      model.backward(Tensor({4, kD}, std::vector<float>(4 * kD, 0.1f), device));
+      EXPECT_EQ(gathered(), std::vector<int>{}) << "after backward, step " << step;
+      model.step();
+      EXPECT_EQ(gathered(), std::vector<int>{0}) << "after step " << step;
+      if (step == 2 && zero::testing::world_size() > 1) {
+        EXPECT_EQ(all_gathers() - before, tied ? 8u : 6u);
+      }
+    }
+  }
 }
 
 // Model chunks at stage 3, regathering (an interleaved pipeline stage with --pp-regather): a

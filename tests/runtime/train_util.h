@@ -41,6 +41,7 @@ struct TrainResult {
   std::vector<StepStats> stats;  // per step, what the engine returned
   uint64_t peak_bytes = 0;       // the engine allocator's peak over the run
   size_t units = 0;
+  std::vector<size_t> unit_numels;  // padded, in unit order
   uint64_t model_state_bytes = 0;
   uint64_t pinned_host_bytes = 0;
   uint64_t pageable_host_bytes = 0;
@@ -76,6 +77,16 @@ struct RunOptions {
 
 // Reduce-scatters, all-gathers and all-reduces `comm` has run: what the shared-memory path
 // either stages or runs straight on node-shared buffers.
+// Stage 3's backward gathers again every unit of the MLP but the last two: the last, which it
+// starts with, and the one before, which it prefetches first, stay gathered from forward
+// (UnitSchedule). Its fraction of the padded parameters.
+inline double stage3_backward_gathered_fraction(const TrainResult& run) {
+  const std::vector<size_t>& numels = run.unit_numels;
+  size_t regathered = 0;
+  for (size_t u = 0; u + 2 < numels.size(); ++u) regathered += numels[u];
+  return static_cast<double>(regathered) / static_cast<double>(run.padded_params);
+}
+
 inline uint64_t moved_collectives(const Communicator& comm) {
   const CommCounters& c = comm.counters();
   return c.calls[static_cast<size_t>(CollectiveOp::kReduceScatter)] +
@@ -158,6 +169,7 @@ inline TrainResult train(const RunOptions& o) {
     run.trace = model.engine().trace().spans();
     run.peak_bytes = model.engine().allocator().stats().peak_total;
     run.units = model.engine().layout().units().size();
+    for (const Unit& unit : model.engine().layout().units()) run.unit_numels.push_back(unit.numel);
   }
   return run;
 }

@@ -6,11 +6,14 @@
 // the units after it are prefetched while they fit in stage3_prefetch_bucket_size elements (at
 // least the next one), each after the units its modules tie to (a tied unit's own forward is
 // long past when its user needs it). Units that tie are gathered around their user's forward
-// and backward. At the end of forward, a unit whose reuse in backward comes within
-// stage3_max_reuse_distance elements stays gathered (within stage3_max_live_parameters). In
-// backward a unit is gathered again only if a module of it reads its values there (or it is
-// still gathered), and released once its gradients are handed to the engine. Persistent units
-// are always gathered. At stages 0-2 every unit stays gathered and the calls change nothing.
+// and backward. At the end of forward, the last unit and what it and the modules after it tie
+// to stay gathered for backward, which starts with them, and so do the units backward
+// prefetches first, or they start gathering (not in a pipeline stage, where other micro-batches
+// come between); any other unit whose reuse in backward comes within stage3_max_reuse_distance
+// elements stays gathered (within stage3_max_live_parameters). In backward a unit is gathered
+// again only if a module of it reads its values there (or it is still gathered), and released
+// once its gradients are handed to the engine. Persistent units are always gathered. At stages
+// 0-2 every unit stays gathered and the calls change nothing.
 #pragma once
 
 #include <functional>
@@ -74,13 +77,16 @@ class UnitSchedule {
  private:
   bool gathered_backward_reads(int unit) const;
   bool keep_for_backward(int unit) const;
+  bool backward_prefetches(int unit) const;
   void gather(int unit);
   void release(int unit);
   void prefetch_with_tied(int unit);
   void prefetch_after(int unit, int direction);
   void hold(const std::vector<int>& units);
   void let_go(const std::vector<int>& units, int unit, int direction);
+  int last_module() const;
   int last_module_unit() const;
+  bool backward_comes_next() const;
 
   Engine& engine_;
   Listener listener_;
@@ -98,6 +104,7 @@ class UnitSchedule {
   std::vector<bool> gathered_for_backward_;   // per unit: awaiting unit_backward_done
   std::set<int> prefetched_for_ties_;         // tied units prefetch_with_tied started
   bool hold_through_step_ = false;            // set_hold_through_step
+  std::set<int> carried_modules_;             // modules whose ties' holds forward passed on
   // set_module_chunks: per unit, its first module's chunk (the persistent unit's -1); empty
   // for a model of one chunk.
   std::vector<int> unit_chunks_;
