@@ -24,12 +24,14 @@ dnnl::engine& cpu_engine() {
 }
 
 // The sizes, leading dimensions, whether alpha is other than 1 (its value is given at each run:
-// a loss's gradient scale may change from call to call), beta and whether C is bf16.
-using ShapeKey = std::tuple<bool, bool, int, int, int, int, int, int, bool, float, bool>;
+// a loss's gradient scale may change from call to call), beta, whether C is bf16 and whether a
+// bias is added.
+using ShapeKey = std::tuple<bool, bool, int, int, int, int, int, int, bool, float, bool, bool>;
 
 struct Primitive {
   dnnl::matmul matmul;
   memory::desc a, b, c;
+  memory::desc bias;        // [1, N] fp32, broadcast over the rows (empty: none)
   memory::desc scratchpad;  // what one execution needs beside its operands
 };
 
@@ -45,7 +47,7 @@ std::shared_ptr<const Primitive> primitive_for(const ShapeKey& key) {
   std::lock_guard<std::mutex> lock(mutex);
   auto found = cache.find(key);
   if (found != cache.end()) return found->second;
-  const auto [trans_a, trans_b, M, N, K, lda, ldb, ldc, scaled, beta, c_bf16] = key;
+  const auto [trans_a, trans_b, M, N, K, lda, ldb, ldc, scaled, beta, c_bf16, has_bias] = key;
   auto made = std::make_shared<Primitive>();
   made->a = matrix(M, K, trans_a, lda, memory::data_type::bf16);
   made->b = matrix(K, N, trans_b, ldb, memory::data_type::bf16);
@@ -61,7 +63,10 @@ std::shared_ptr<const Primitive> primitive_for(const ShapeKey& key) {
     ops.append_sum(beta);
     attr.set_post_ops(ops);
   }
-  dnnl::matmul::desc desc(made->a, made->b, made->c);
+  if (has_bias) made->bias = memory::desc({1, N}, memory::data_type::f32, {N, 1});
+  const dnnl::matmul::desc desc = has_bias
+                                      ? dnnl::matmul::desc(made->a, made->b, made->bias, made->c)
+                                      : dnnl::matmul::desc(made->a, made->b, made->c);
   const dnnl::matmul::primitive_desc pd(desc, attr, cpu_engine());
   made->matmul = dnnl::matmul(pd);
   made->scratchpad = pd.scratchpad_desc();
@@ -70,8 +75,12 @@ std::shared_ptr<const Primitive> primitive_for(const ShapeKey& key) {
 }
 
 void run_bf16_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A,
-                   int lda, const uint16_t* B, int ldb, float beta, void* C, bool c_bf16, int ldc) {
+                   int lda, const uint16_t* B, int ldb, float beta, void* C, bool c_bf16, int ldc,
+                   const float* bias) {
   if (M == 0 || N == 0) return;
+  // oneDNN would scale the bias with the products.
+  ZERO_CHECK(bias == nullptr || alpha == 1.0f,
+             "bf16_gemm: a bias goes with alpha 1 only, got alpha " << alpha);
   // oneDNN parallelizes over OpenMP's threads of the calling thread; the callers split the work
   // over their own threads already, so each call runs on one.
   thread_local const bool single_threaded = [] {
@@ -80,8 +89,8 @@ void run_bf16_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
   }();
   (void)single_threaded;
   try {
-    const std::shared_ptr<const Primitive> p = primitive_for(
-        ShapeKey{trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha != 1.0f, beta, c_bf16});
+    const std::shared_ptr<const Primitive> p = primitive_for(ShapeKey{
+        trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha != 1.0f, beta, c_bf16, bias != nullptr});
     thread_local dnnl::stream stream(cpu_engine());
     memory a(p->a, cpu_engine(), const_cast<uint16_t*>(A));
     memory b(p->b, cpu_engine(), const_cast<uint16_t*>(B));
@@ -93,6 +102,9 @@ void run_bf16_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
         {DNNL_ARG_WEIGHTS, b},
         {DNNL_ARG_DST, c},
         {DNNL_ARG_SCRATCHPAD, memory(p->scratchpad, cpu_engine(), scratchpad.data())}};
+    if (bias != nullptr) {
+      args.emplace(DNNL_ARG_BIAS, memory(p->bias, cpu_engine(), const_cast<float*>(bias)));
+    }
     if (alpha != 1.0f) {
       args.emplace(DNNL_ARG_ATTR_OUTPUT_SCALES,
                    memory({{1}, memory::data_type::f32, {1}}, cpu_engine(), &alpha));
@@ -108,13 +120,14 @@ void run_bf16_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
 }  // namespace
 
 void bf16_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A,
-               int lda, const uint16_t* B, int ldb, float beta, float* C, int ldc) {
-  run_bf16_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, false, ldc);
+               int lda, const uint16_t* B, int ldb, float beta, float* C, int ldc,
+               const float* bias) {
+  run_bf16_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, false, ldc, bias);
 }
 
 void bf16_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A,
                int lda, const uint16_t* B, int ldb, float beta, uint16_t* C, int ldc) {
-  run_bf16_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, true, ldc);
+  run_bf16_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, true, ldc, nullptr);
 }
 
 const uint16_t* round_to_bf16(int slot, const float* x, size_t n, const KernelOptions& opt) {

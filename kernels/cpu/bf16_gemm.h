@@ -10,14 +10,16 @@
 
 namespace zero::kernels::detail {
 
-// C [M, N] = alpha op(A) [M, K] op(B) [K, N] + beta C, row-major, A and B bf16 (raw bits), C
-// fp32; op transposes when trans_* is set, as cblas_sgemm's. Runs on the calling thread alone
-// (oneDNN's own threads are held to 1), so callers split the work as they do OpenBLAS's. The
-// primitive of each distinct shape (sizes, leading dimensions, whether alpha is 1, beta, C's
-// dtype) is created once and reused (creating one costs far more than running a small one);
-// alpha's value is given at each run.
+// C [M, N] = alpha op(A) [M, K] op(B) [K, N] + bias + beta C, row-major, A and B bf16 (raw
+// bits), C fp32, bias (optional, with alpha 1 only) fp32 [N], added to every row in fp32 after
+// the products' sum, before beta C; op transposes when trans_* is set, as cblas_sgemm's. Runs on
+// the calling thread alone (oneDNN's own threads are held to 1), so callers split the work as
+// they do OpenBLAS's. The primitive of each distinct shape (sizes, leading dimensions, whether
+// alpha is 1, beta, C's dtype, whether there is a bias) is created once and reused (creating one
+// costs far more than running a small one); alpha's value is given at each run.
 void bf16_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A,
-               int lda, const uint16_t* B, int ldb, float beta, float* C, int ldc);
+               int lda, const uint16_t* B, int ldb, float beta, float* C, int ldc,
+               const float* bias = nullptr);
 // The same into a bf16 C: each value computed in fp32 (alpha op(A) op(B) + beta C) and rounded
 // to nearest even once, as adding an fp32 product into a bf16 gradient does.
 void bf16_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A,

@@ -50,15 +50,24 @@ constexpr int kGemmMaxBlocks = 64;
 // One block of a blocked GEMM: OpenBLAS's sgemm for fp32 operands, oneDNN's bf16 matmul for
 // bf16 ones (raw bits), both single-threaded.
 void gemm_block(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N, int K, float alpha,
-                const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+                const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc,
+                const float* bias) {
+  ZERO_CHECK(bias == nullptr, "internal error: OpenBLAS's sgemm adds no bias");
   cblas_sgemm(CblasRowMajor, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 #if ZERO_HAVE_DNNL
-template <typename CT>
 void gemm_block(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N, int K, float alpha,
-                const uint16_t* A, int lda, const uint16_t* B, int ldb, float beta, CT* C,
-                int ldc) {
+                const uint16_t* A, int lda, const uint16_t* B, int ldb, float beta, float* C,
+                int ldc, const float* bias) {
+  detail::bf16_gemm(trans_a == CblasTrans, trans_b == CblasTrans, M, N, K, alpha, A, lda, B, ldb,
+                    beta, C, ldc, bias);
+}
+
+void gemm_block(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N, int K, float alpha,
+                const uint16_t* A, int lda, const uint16_t* B, int ldb, float beta, uint16_t* C,
+                int ldc, const float* bias) {
+  ZERO_CHECK(bias == nullptr, "internal error: a bf16 C takes no bias");
   detail::bf16_gemm(trans_a == CblasTrans, trans_b == CblasTrans, M, N, K, alpha, A, lda, B, ldb,
                     beta, C, ldc);
 }
@@ -77,12 +86,14 @@ bool cuts_by_rows(int M, int N) {
 
 // C [M, N] = alpha A [M, K] @ B [K, N] + beta C, row-major, each operand optionally transposed
 // as in cblas_sgemm; A and B fp32, or bf16 (raw bits) for bf16 products, whose C may be bf16 too
-// (a gradient added into: beta 1).
+// (a gradient added into: beta 1), and whose fp32 C may take a bias [N] added to every row
+// (alpha 1).
 template <typename T, typename CT>
 void blocked_gemm(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N, int K,
                   float alpha, const T* A, int lda, const T* B, int ldb, float beta, CT* C, int ldc,
-                  const KernelOptions& opt) {
+                  const KernelOptions& opt, const float* bias = nullptr) {
   if (M == 0 || N == 0) return;
+  ZERO_CHECK(bias == nullptr || K > 0, "internal error: an empty product adds no bias");
   if (K == 0) {  // an empty sum; OpenBLAS would reject the leading dimensions of 0
     if constexpr (std::is_same<CT, float>::value) {
       for (int row = 0; row < M; ++row) {
@@ -108,10 +119,11 @@ void blocked_gemm(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N
       if (by_rows) {
         const T* a = A + (trans_a == CblasNoTrans ? product(first, lda) : first);
         gemm_block(trans_a, trans_b, size, N, K, alpha, a, lda, B, ldb, beta,
-                   C + product(first, ldc), ldc);
+                   C + product(first, ldc), ldc, bias);
       } else {
         const T* b = B + (trans_b == CblasNoTrans ? first : product(first, ldb));
-        gemm_block(trans_a, trans_b, M, size, K, alpha, A, lda, b, ldb, beta, C + first, ldc);
+        gemm_block(trans_a, trans_b, M, size, K, alpha, A, lda, b, ldb, beta, C + first, ldc,
+                   bias != nullptr ? bias + first : nullptr);
       }
     }
   });
@@ -159,19 +171,31 @@ bool products_in_bf16(const KernelOptions& opt) {
 }
 #endif
 
+// Whether matrix_product adds a bias itself: oneDNN's bf16 products add it to their sums as they
+// store them, where OpenBLAS's sgemm needs it written into C first (beta 1), one more pass over C.
+bool adds_bias(const KernelOptions& opt) {
+#if ZERO_HAVE_DNNL
+  return products_in_bf16(opt);
+#else
+  (void)opt;
+  return false;
+#endif
+}
+
 // The products of matmul_forward and matmul_backward in the precision opt asks for: A and B
 // rounded to bf16 (unless they come rounded) and multiplied in bf16 (fp32 accumulation) where
-// opt.bf16_products and bf16_products_in_bf16(), else fp32. C = alpha A B + beta C, C fp32 or,
-// in bf16 products only, bf16 (a bf16 weight gradient added into, each value rounded once).
+// opt.bf16_products and bf16_products_in_bf16(), else fp32. C = alpha A B + bias + beta C, C fp32
+// or, in bf16 products only, bf16 (a bf16 weight gradient added into, each value rounded once);
+// a bias [N] only where adds_bias(opt).
 template <typename CT>
 void matrix_product(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N, int K,
                     Operand A, int lda, Operand B, int ldb, float beta, CT* C, int ldc,
-                    const KernelOptions& opt, float alpha = 1.0f) {
+                    const KernelOptions& opt, float alpha = 1.0f, const float* bias = nullptr) {
 #if ZERO_HAVE_DNNL
   if (products_in_bf16(opt)) {
     const uint16_t* a = A.bf16 ? A.bf16 : detail::round_to_bf16(0, A.values, A.size, opt);
     const uint16_t* b = B.bf16 ? B.bf16 : detail::round_to_bf16(1, B.values, B.size, opt);
-    blocked_gemm(trans_a, trans_b, M, N, K, alpha, a, lda, b, ldb, beta, C, ldc, opt);
+    blocked_gemm(trans_a, trans_b, M, N, K, alpha, a, lda, b, ldb, beta, C, ldc, opt, bias);
     return;
   }
 #endif
@@ -260,8 +284,10 @@ void matmul_forward(float* out, const float* inp, MatrixWeight weight, const flo
   check_buffer(out, product(N, OC), "matmul_forward", "out");
   check_buffer(inp, product(N, C), "matmul_forward", "inp");
   check_weight(weight, product(C, OC), "matmul_forward");
-  // The bias is written first and the GEMM adds onto it (beta = 1).
-  if (bias) {
+  // Where the product cannot add the bias, it is written first and the GEMM adds onto it (beta 1):
+  // either way each output is the products' sum plus the bias, one fp32 addition.
+  const bool bias_in_product = bias != nullptr && C > 0 && adds_bias(opt);
+  if (bias != nullptr && !bias_in_product) {
     parallel_for(N, OC, 1, opt, [&](size_t begin, size_t end) {
       for (size_t row = begin; row < end; ++row) {
         std::memcpy(out + row * OC, bias, static_cast<size_t>(OC) * sizeof(float));
@@ -272,7 +298,8 @@ void matmul_forward(float* out, const float* inp, MatrixWeight weight, const flo
   matrix_product(CblasNoTrans, in_out ? CblasNoTrans : CblasTrans, N, OC, C,
                  Operand{inp, product(N, C)}, C,
                  Operand{weight.values, product(C, OC), weight.bf16_bits}, in_out ? OC : C,
-                 bias ? 1.0f : 0.0f, out, OC, opt);
+                 bias != nullptr && !bias_in_product ? 1.0f : 0.0f, out, OC, opt, 1.0f,
+                 bias_in_product ? bias : nullptr);
 }
 
 void matmul_backward(float* dinp, MatrixGradient dweight, float* dbias, const float* dout,

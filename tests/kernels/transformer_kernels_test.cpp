@@ -691,6 +691,12 @@ TEST(Bf16Products, MatmulMatchesBf16InputsWithFp32Accumulation) {
       Floats out(out_n, 1e30f), dx(in, 1e30f), dw = dw_prior, db(s.OC, 0.0f);
       matmul_forward(out.data(), x.data(), w.data(), bias.data(), s.N, s.C, s.OC, s.layout, opt);
       EXPECT_TRUE(within_fp32_accumulation(out, out_exact, out_magnitude, s.C));
+      // The bias is added to the products' fp32 sum once, however the product takes it.
+      Floats out_nobias(out_n, 1e30f);
+      matmul_forward(out_nobias.data(), x.data(), w.data(), nullptr, s.N, s.C, s.OC, s.layout,
+                     opt);
+      for (size_t i = 0; i < out_n; ++i) out_nobias[i] += bias[i % s.OC];
+      EXPECT_TRUE(same_bits(out, out_nobias));
       matmul_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), s.N, s.C,
                       s.OC, s.layout, opt);
       EXPECT_TRUE(within_fp32_accumulation(dx, dx_exact, dx_magnitude, s.OC));
