@@ -252,7 +252,8 @@ bool fit_host_budget(const Flags& f, const TrainTask& task, int ranks_on_node, i
   const std::string source =
       f.memory_limit > 0 ? "--memory-limit" : "available memory over the ranks on this node";
   const uint64_t activations = task.activation_bytes(config->micro_batch_per_rank);
-  const uint64_t module_copies = task.module_bytes(config->engine.precision.dtype);
+  const uint64_t module_copies =
+      task.module_bytes(config->engine.precision.dtype, config->engine.device.is_cuda());
   const uint64_t outside_engine = activations + module_copies;
   // Collective: pipeline stages hold different activations (and nodes may give their ranks
   // different budgets), so every rank stops when one does not fit, and the first such one says

@@ -92,7 +92,7 @@ class MlpTask : public TrainTask {
   std::vector<NvmeFileNeed> nvme_files(int64_t) const override { return {}; }
   // Each Linear computes its weight and bias gradients into fp32 tensors of its own, then adds
   // them into the engine's; with 16-bit storage it also converts its parameters to fp32.
-  uint64_t module_bytes(DType dtype) const override {
+  uint64_t module_bytes(DType dtype, bool) const override {
     uint64_t params = 0;
     for (const ParamSpec& spec : models::mlp_param_specs(config_)) params += numel(spec);
     return params * sizeof(float) * (dtype == DType::kFloat32 ? 1 : 2);
@@ -430,8 +430,8 @@ class Gpt2Task : public TrainTask {
   }
   // fp32 kernels add gradients straight into fp32 storage; with 16-bit storage each module keeps
   // fp32 copies of its parameters and of their gradients (gpt2.cpp's ParamSlots).
-  uint64_t module_bytes(DType dtype) const override {
-    return models::gpt2_module_copy_bytes(config_, dtype);
+  uint64_t module_bytes(DType dtype, bool on_gpu) const override {
+    return models::gpt2_module_copy_bytes(config_, dtype, on_gpu);
   }
 
  private:
@@ -555,7 +555,7 @@ uint64_t saturating_sum(uint64_t a, uint64_t b) {
 std::string out_of_memory_advice(const TrainTask& task, const EngineConfig& engine,
                                  int data_parallel_size, int64_t samples, uint64_t budget) {
   const uint64_t activations = task.activation_bytes(samples);
-  const uint64_t module_copies = task.module_bytes(engine.precision.dtype);
+  const uint64_t module_copies = task.module_bytes(engine.precision.dtype, engine.device.is_cuda());
   const uint64_t least_activations = task.least_activation_bytes(samples);
   // The engine's own plan comes on top: advice that leaves no room for it is no plan at all.
   const int ranks = sharding_group_size(engine, data_parallel_size);

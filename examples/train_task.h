@@ -85,10 +85,10 @@ class TrainTask : public models::MicroBatchSource {
   // The files the model makes under an NVMe path for `samples` per micro-batch (the GPT-2's
   // activation spill); none for most.
   virtual std::vector<NvmeFileNeed> nvme_files(int64_t samples_per_micro_batch) const = 0;
-  // Host memory the modules keep beside the engine's for the run: their fp32 working copies of
+  // Memory the modules keep beside the engine's for the run: their fp32 working copies of
   // parameters and gradients (what a module computes in before adding it into the engine's
-  // storage), for the working dtype.
-  virtual uint64_t module_bytes(DType dtype) const = 0;
+  // storage), for the working dtype, on a GPU (`on_gpu`) or this CPU.
+  virtual uint64_t module_bytes(DType dtype, bool on_gpu) const = 0;
   // Lines for the memory summary at start: the activations of a micro-batch of `samples`, by
   // where they are held; empty when the model does not count them.
   virtual std::string activation_summary(int64_t samples_per_micro_batch) const = 0;

@@ -183,10 +183,11 @@ void train(const Flags& f, const zero::TrainingConfig& tc, zero::examples::Train
   // The resident memory a rank should peak at: its start, the engine's plan, and the task's
   // activations and batch data. The step records put the measured peak beside it.
   const uint64_t baseline_resident_max = max_over_ranks(host, baseline_resident);
-  const uint64_t planned_resident = max_over_ranks(
-      host, baseline_resident + engine.model_state_bytes() + engine.buffer_bytes() +
-                engine.pinned_host_bytes() + engine.pageable_host_bytes() +
-                task.activation_bytes(per_micro_batch) + task.module_bytes(config.precision.dtype));
+  const uint64_t planned_resident =
+      max_over_ranks(host, baseline_resident + engine.model_state_bytes() + engine.buffer_bytes() +
+                               engine.pinned_host_bytes() + engine.pageable_host_bytes() +
+                               task.activation_bytes(per_micro_batch) +
+                               task.module_bytes(config.precision.dtype, config.device.is_cuda()));
   if (leader) {
     // Slices differ by one sample when the batch does not divide (see batch_slice).
     const long smallest = tc.train_batch_size / (static_cast<long>(micro_batches) * world);

@@ -10,6 +10,7 @@
 #include "models/gpt2_common.h"
 #include "models/gpt2_tensor_parallel.h"
 #include "zero/core/check.h"
+#include "zero/kernels/transformer_kernels.h"
 #include "zero/runtime/device.h"
 
 namespace zero::models {
@@ -161,6 +162,7 @@ class Gpt2Embedding : public Module {
   }
 
   uint64_t activation_bytes() const { return bytes_of(tokens_); }
+  uint64_t copy_bytes() const { return slots_.bytes(); }
 
  private:
   // Whether the whole vocabulary's 16-bit table (and its gradient) goes to the ops as it is:
@@ -380,6 +382,7 @@ class Gpt2Head : public Module {
     return logits_;
   }
   // What forward keeps for backward (and backward_input for backward_weight).
+  uint64_t copy_bytes() const { return slots_.bytes(); }
   uint64_t kept_bytes() const {
     return bytes_of(input_) + bytes_of(norm_) + bytes_of(mean_) + bytes_of(rstd_) +
            bytes_of(logits_) + bytes_of(losses_) + bytes_of(lse_) + bytes_of(d_norm_);
@@ -659,21 +662,37 @@ std::vector<ParamSpec> gpt2_param_specs(const Gpt2Config& config,
   return specs;
 }
 
-uint64_t gpt2_module_copy_bytes(const Gpt2Config& config, DType dtype) {
+uint64_t gpt2_module_copy_bytes(const Gpt2Config& config, DType dtype, bool on_gpu) {
   if (dtype == DType::kFloat32) return 0;
-  // The embedding's and the head's own copies (the head's of the tied wte too), and one set the
-  // blocks share (Gpt2BlockShared::params): the parameters of every module but the blocks
-  // after the first.
-  uint64_t params = 0;
-  uint64_t wte = 0;
+  // What the modules read as it is (ParamSlots): on the CPU the embedding's 16-bit table
+  // (without tensor parallelism), and where bf16 products run in bf16 the weight matrices, the
+  // blocks' and the head's (wte). Everything else of the embedding, the head and one block (the
+  // blocks share one set, Gpt2BlockShared::params) is copied, values and gradients.
+  const bool table_as_is = !on_gpu && config.tensor_parallel_size == 1;
+  const bool matrices_as_is =
+      !on_gpu && dtype == DType::kBFloat16 && kernels::bf16_products_in_bf16();
+  uint64_t copied = 0;
   for (const ParamSpec& spec : gpt2_param_specs(config)) {
     uint64_t n = 1;
     for (int64_t d : spec.shape) n *= static_cast<uint64_t>(d);
-    if (spec.name == "wte.weight") wte = n;
-    if (spec.name.rfind("h.", 0) == 0 && spec.name.rfind("h.0.", 0) != 0) continue;
-    params += n;
+    const bool first_block = spec.name.rfind("h.0.", 0) == 0;
+    if (spec.name.rfind("h.", 0) == 0 && !first_block) continue;
+    if (spec.name == "wte.weight") {
+      if (!table_as_is) copied += n;     // the embedding's
+      if (!matrices_as_is) copied += n;  // the head's
+      continue;
+    }
+    if (first_block && spec.shape.size() == 2 && matrices_as_is) continue;
+    copied += n;
   }
-  return (params + wte) * 2 * sizeof(float);
+  return copied * 2 * sizeof(float);
+}
+
+uint64_t gpt2_held_module_copies(const Gpt2& model) {
+  uint64_t bytes = model.shared->params.bytes();
+  if (model.embedding) bytes += model.embedding->copy_bytes();
+  if (model.head) bytes += model.head->copy_bytes();
+  return bytes;
 }
 
 const Tensor& gpt2_logits(const Gpt2& model) {

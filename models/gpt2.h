@@ -178,10 +178,17 @@ Gpt2ActivationBytes gpt2_held_activations(const Gpt2& model);
 std::vector<ParamSpec> gpt2_param_specs(const Gpt2Config& config,
                                         const Gpt2PipelineStage& pipeline_stage = {});
 
-// Host bytes the modules keep beside the engine's storage for a working dtype: none for fp32
-// (the kernels add into fp32 storage); else fp32 copies of parameters and their gradients: the
-// embedding's and the head's (each of wte), and one block's, which the blocks share.
-uint64_t gpt2_module_copy_bytes(const Gpt2Config& config, DType dtype);
+// Bytes the modules keep beside the engine's storage for a working dtype, on a GPU (`on_gpu`)
+// or this CPU: none for fp32 (the kernels add into fp32 storage); else fp32 copies of
+// parameters and their gradients, the embedding's and the head's (each of wte) and one block's,
+// which the blocks share, but for what the kernels take as it is: on the CPU the embedding's
+// 16-bit table, and where this CPU runs bf16 products in bf16 the weight matrices.
+uint64_t gpt2_module_copy_bytes(const Gpt2Config& config, DType dtype, bool on_gpu);
+
+// The copies the model's modules hold now, counted from their tensors: after a forward and
+// backward, gpt2_module_copy_bytes(config, dtype, on_gpu) of a whole model. Valid while the
+// modules live.
+uint64_t gpt2_held_module_copies(const Gpt2& model);
 
 // The logits of the last forward [B * T, vocab], in the device's memory (valid until backward
 // consumes them). A zero::Error where the head's bf16 products made the loss's gradient in their

@@ -117,6 +117,13 @@ struct ParamSlots {
       added_directly[i] = false;
     }
   }
+  // The copies' bytes (gpt2_held_module_copies).
+  uint64_t bytes() const {
+    uint64_t total = 0;
+    for (const Tensor& t : values) total += t.numel() * sizeof(float);
+    for (const Tensor& t : grads) total += t.numel() * sizeof(float);
+    return total;
+  }
 };
 
 // The operations of the memory a module's activations live in, made at first use and shared by

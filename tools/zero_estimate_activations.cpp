@@ -22,8 +22,9 @@ uint64_t uncounted_bytes(const Options& options, const StagePlan& plan, int B) {
           ? zero::models::gpt2_stage_uncounted_activation_bytes(options.gpt2, plan.stage,
                                                                 plan.in_flight, B, options.seq_len)
           : zero::models::gpt2_uncounted_activation_bytes(options.gpt2, B, options.seq_len);
-  return zero::size_sum(between, zero::models::gpt2_module_copy_bytes(options.gpt2, options.dtype),
-                        "the bytes beside the activations");
+  return zero::size_sum(
+      between, zero::models::gpt2_module_copy_bytes(options.gpt2, options.dtype, options.gpu),
+      "the bytes beside the activations");
 }
 
 // The activations of `recompute` and B sequences: the whole model's, or the stage's peak.

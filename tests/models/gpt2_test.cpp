@@ -143,6 +143,20 @@ TEST(Gpt2, Bf16HeadMakesTheLossGradientInTheLogitsMemory) {
     for (uint16_t bits : bf16.grads.at(name)) grad.push_back(bf16_to_float(bits));
     EXPECT_NEAR(l2(grad), expected.get<double>(), 2e-2 * expected.get<double>()) << name;
   }
+  // The fp32 copies the modules made are what zero-train's budget and zero-estimate count.
+  EXPECT_EQ(gpt2_held_module_copies(h.model),
+            gpt2_module_copy_bytes(h.config, DType::kBFloat16, /*on_gpu=*/false));
+}
+
+// An fp32 run's modules add into the engine's storage and read it as it is: no copies, as
+// counted.
+TEST(Gpt2, Fp32ModulesMakeNoCopies) {
+  Harness h;
+  const nlohmann::json config = read_json(kData + "config.json");
+  h.forward(reference_batch(h, config["batch"], config["seq_len"]));
+  h.backward();
+  EXPECT_EQ(gpt2_held_module_copies(h.model), 0u);
+  EXPECT_EQ(gpt2_module_copy_bytes(h.config, DType::kFloat32, /*on_gpu=*/false), 0u);
 }
 
 TEST(Gpt2, PresetsAndConfigChecks) {
