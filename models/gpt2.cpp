@@ -381,8 +381,8 @@ class Gpt2Head : public Module {
                "during forward: the logits are not kept (run with fp32 products to read them)");
     return logits_;
   }
-  // What forward keeps for backward (and backward_input for backward_weight).
   uint64_t copy_bytes() const { return slots_.bytes(); }
+  // What forward keeps for backward (and backward_input for backward_weight).
   uint64_t kept_bytes() const {
     return bytes_of(input_) + bytes_of(norm_) + bytes_of(mean_) + bytes_of(rstd_) +
            bytes_of(logits_) + bytes_of(losses_) + bytes_of(lse_) + bytes_of(d_norm_);
