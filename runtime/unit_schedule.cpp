@@ -114,12 +114,13 @@ void UnitSchedule::prefetch_with_tied(int unit) {
   engine_.prefetch(unit);
 }
 
-// Starts the all-gathers of the units after `unit` in `direction`: at least the next one, and
-// more while they fit in stage3_prefetch_bucket_size elements (the engine also holds them to
-// the live budget). Backward skips the units it will not gather.
-void UnitSchedule::prefetch_after(int unit, int direction) {
+// The units prefetched after `unit` in `direction`: at least the next one, and more while they
+// fit in stage3_prefetch_bucket_size elements, within `unit`'s chunk. Backward skips the units
+// it will not gather.
+std::vector<int> UnitSchedule::prefetch_window(int unit, int direction) const {
   const Layout& layout = engine_.layout();
   const int num_units = static_cast<int>(layout.units().size());
+  std::vector<int> window;
   size_t ahead = 0;
   for (int v = unit + direction; v >= 0 && v < num_units; v += direction) {
     // Another chunk's units wait for that chunk's own forward or backward.
@@ -128,8 +129,14 @@ void UnitSchedule::prefetch_after(int unit, int direction) {
     ahead += layout.units()[v].numel;
     for (int owner : unit_ties_[v]) ahead += layout.units()[owner].numel;
     if (v != unit + direction && ahead > prefetch_elements_) break;
-    prefetch_with_tied(v);
+    window.push_back(v);
   }
+  return window;
+}
+
+// Starts the all-gathers of prefetch_window (the engine also holds them to the live budget).
+void UnitSchedule::prefetch_after(int unit, int direction) {
+  for (int v : prefetch_window(unit, direction)) prefetch_with_tied(v);
 }
 
 // stage3_max_reuse_distance: at the end of forward, backward needs the last units again first;
@@ -154,22 +161,14 @@ bool UnitSchedule::keep_for_backward(int unit) const {
 bool UnitSchedule::backward_prefetches(int unit) const {
   const int last = last_module_unit();
   if (stage_ != 3 || !backward_comes_next() || unit >= last) return false;
-  const Layout& layout = engine_.layout();
   for (int v = unit + 1; v <= last; ++v) {
     if (!engine_.is_gathered(v)) return false;
     for (int owner : unit_ties_[v]) {
       if (!engine_.is_gathered(owner)) return false;
     }
   }
-  size_t ahead = 0;
-  for (int v = last - 1; v >= unit; --v) {
-    if (!gathered_backward_reads(v)) continue;
-    ahead += layout.units()[v].numel;
-    for (int owner : unit_ties_[v]) ahead += layout.units()[owner].numel;
-    if (v != last - 1 && ahead > prefetch_elements_) return false;
-    if (v == unit) return true;
-  }
-  return false;
+  const std::vector<int> window = prefetch_window(last, -1);
+  return std::find(window.begin(), window.end(), unit) != window.end();
 }
 
 // The tied units are gathered for the whole of their user: before its prefetches take the

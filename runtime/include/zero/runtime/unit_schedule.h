@@ -81,6 +81,7 @@ class UnitSchedule {
   void gather(int unit);
   void release(int unit);
   void prefetch_with_tied(int unit);
+  std::vector<int> prefetch_window(int unit, int direction) const;
   void prefetch_after(int unit, int direction);
   void hold(const std::vector<int>& units);
   void let_go(const std::vector<int>& units, int unit, int direction);
