@@ -221,6 +221,20 @@ TEST(ModelFeatures, CheckpointsSaveAndRestoreFrozenValues) {
 
 // y = x + b: backward's gradients (db = the column sums of gy, dx = gy) need no value of b, and
 // the module can say so.
+// The units `engine` holds gathered (or being gathered) now, in order.
+std::vector<int> gathered_units(const Engine& engine) {
+  std::vector<int> units;
+  for (int u = 0; u < static_cast<int>(engine.layout().units().size()); ++u) {
+    if (engine.is_gathered(u)) units.push_back(u);
+  }
+  return units;
+}
+
+// The all-gathers the engine's communicator has run.
+uint64_t all_gather_calls(Engine& engine) {
+  return engine.communicator().counters().calls[static_cast<size_t>(CollectiveOp::kAllGather)];
+}
+
 class Shift : public Module {
  public:
   explicit Shift(bool reads) : reads_(reads) {}
@@ -270,10 +284,7 @@ ShiftRun train_shifted(int stage, bool shift_reads) {
   config.stage = stage;
   ZeroModel model(*comm, std::move(modules), config);
   const std::shared_ptr<DeviceContext>& device = model.engine().device_context();
-  const auto all_gathers = [&model] {
-    return model.engine().communicator().counters().calls[static_cast<size_t>(
-        CollectiveOp::kAllGather)];
-  };
+  const auto all_gathers = [&model] { return all_gather_calls(model.engine()); };
   ShiftRun run;
   uint64_t after_first = 0;
   for (int step = 1; step <= 3; ++step) {
@@ -395,16 +406,8 @@ TEST(ModelFeatures, StageThreeKeepsWhatBackwardStartsWithGatheredFromForward) {
     config.stage = 3;
     ZeroModel model(*comm, std::move(modules), config);
     Engine& engine = model.engine();
-    const auto gathered = [&] {
-      std::vector<int> units;
-      for (int u = 0; u < static_cast<int>(engine.layout().units().size()); ++u) {
-        if (engine.is_gathered(u)) units.push_back(u);
-      }
-      return units;
-    };
-    const auto all_gathers = [&] {
-      return engine.communicator().counters().calls[static_cast<size_t>(CollectiveOp::kAllGather)];
-    };
+    const auto gathered = [&] { return gathered_units(engine); };
+    const auto all_gathers = [&] { return all_gather_calls(engine); };
     const std::shared_ptr<DeviceContext>& device = engine.device_context();
     const Tensor input({4, kD}, inputs(1, 0, 4), device);
     model.forward(input);  // no backward follows
@@ -444,13 +447,7 @@ TEST(ModelFeatures, StageThreeGathersEachChunkWithinItsOwnForwardAndBackward) {
     config.grid.pipeline.hold_gathered = hold;
     ZeroModel model(*comm, std::move(modules), config, {0, 2});
     const Engine& engine = model.engine();
-    const auto gathered = [&] {
-      std::vector<int> units;
-      for (int u = 0; u < static_cast<int>(engine.layout().units().size()); ++u) {
-        if (engine.is_gathered(u)) units.push_back(u);
-      }
-      return units;
-    };
+    const auto gathered = [&] { return gathered_units(engine); };
     const std::shared_ptr<DeviceContext>& device = engine.device_context();
     const Tensor out = model.forward(Tensor({4, kD}, inputs(1, 0, 4), device), 0);
     EXPECT_EQ(gathered(), hold ? std::vector<int>({0, 1}) : std::vector<int>{});
