@@ -11,6 +11,7 @@
 #include <mutex>
 #include <thread>
 #include <utility>
+#include <vector>
 
 namespace zero {
 
@@ -22,14 +23,41 @@ struct Event::State {
   std::exception_ptr error;  // set when the work before the event threw
   // Set for an event of a device stream: then completion is the device's, not `done`.
   std::shared_ptr<const DeviceEvent> device;
+  double started_us = 0.0;  // see Event::started_us
+  double finished_us = 0.0;
+  std::vector<std::function<void(double, double)>> callbacks;  // run once, at completion
+
+  void start() {
+    const double now = steady_now_us();
+    std::lock_guard<std::mutex> lock(mutex);
+    started_us = now;
+  }
 
   void complete(std::exception_ptr e) {
+    const double now = steady_now_us();
+    std::vector<std::function<void(double, double)>> to_run;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      finished_us = now;
+      to_run.swap(callbacks);
+    }
+    // Before `done`, so that a waiter woken by it sees what the callbacks did. One registered
+    // meanwhile still finds the event not done and is taken below.
+    for (const auto& callback : to_run) callback(started_us, now);
     {
       std::lock_guard<std::mutex> lock(mutex);
       done = true;
       error = std::move(e);
+      to_run.clear();
+      to_run.swap(callbacks);
     }
     completed.notify_all();
+    for (const auto& callback : to_run) callback(started_us, now);
+  }
+
+  static double steady_now_us() {
+    using namespace std::chrono;
+    return duration<double, std::micro>(steady_clock::now().time_since_epoch()).count();
   }
 };
 
@@ -71,6 +99,31 @@ bool Event::done() const {
   return state_->done;
 }
 
+double Event::started_us() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->started_us;
+}
+
+double Event::finished_us() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->finished_us;
+}
+
+void Event::on_complete(std::function<void(double, double)> callback) const {
+  double started = 0.0;
+  double finished = 0.0;
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    if (!state_->done) {
+      state_->callbacks.push_back(std::move(callback));
+      return;
+    }
+    started = state_->started_us;
+    finished = state_->finished_us;
+  }
+  callback(started, finished);
+}
+
 const DeviceEvent* Event::device_event() const {
   return state_->device.get();
 }
@@ -97,6 +150,7 @@ class CpuBackend final : public Stream::Backend {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       queue_.push_back({std::move(work), state});
+      last_ = state;
     }
     queue_changed_.notify_one();
     return Event(std::move(state));
@@ -112,8 +166,11 @@ class CpuBackend final : public Stream::Backend {
     enqueue([event] { event.wait(); });
   }
 
+  // One worker runs the items in order, so the last one's completion is everyone's. An item
+  // that failed, or followed a failure, carries the error: the recorded event rethrows it.
   Event record() override {
-    return enqueue([] {});
+    std::lock_guard<std::mutex> lock(mutex_);
+    return last_ ? Event(last_) : Event();
   }
 
   void synchronize() override { record().wait(); }
@@ -144,6 +201,7 @@ class CpuBackend final : public Stream::Backend {
         queue_.pop_front();
         item_delay = delay_;
       }
+      item.event->start();
       // A failed stream stays failed: what follows may depend on the work that threw, so it
       // is not run, and its event reports the original error.
       if (!failure_) {
@@ -158,9 +216,10 @@ class CpuBackend final : public Stream::Backend {
     }
   }
 
-  std::mutex mutex_;  // guards queue_, stopping_ and delay_
+  std::mutex mutex_;  // guards queue_, last_, stopping_ and delay_
   std::condition_variable queue_changed_;
   std::deque<Item> queue_;
+  std::shared_ptr<Event::State> last_;  // the event of the item enqueued last
   bool stopping_ = false;
   std::chrono::microseconds delay_{0};
 

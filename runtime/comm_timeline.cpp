@@ -4,24 +4,17 @@
 
 namespace zero {
 
-CommPoint CommTimeline::point(Stream& on) {
-  if (on.native_handle() != nullptr) return CommPoint{on.record(), nullptr};
-  auto done_us = std::make_shared<double>(0.0);
-  Event e = on.enqueue([done_us] { *done_us = Trace::now_us(); });
-  return CommPoint{std::move(e), std::move(done_us)};
-}
-
 // The wait includes the time this thread takes to be woken (ranks outnumber cores here): the
 // step pays it too.
 void CommTimeline::wait(const CommPoint& point, double needed_us) {
   if (needed_us < 0.0) needed_us = Trace::now_us();
-  if (!point.done_us) {
+  if (point.event.device_event() != nullptr) {
     device_.wait(point.event);  // a device stream: no host-side figure
     return;
   }
   const bool had_arrived = point.event.done();
   device_.wait(point.event);  // rethrows a failed collective's error
-  const double until_us = had_arrived ? *point.done_us : Trace::now_us();
+  const double until_us = had_arrived ? point.event.finished_us() : Trace::now_us();
   wait_us_ += std::max(0.0, until_us - needed_us);
 }
 

@@ -19,33 +19,30 @@ class CommTimeline {
   CommTimeline(DeviceContext& device, Trace& trace, bool overlap_comm)
       : device_(device), trace_(trace), overlap_comm_(overlap_comm) {}
 
-  // Wraps a collective issued on stream `on` with markers that run on that stream right before
-  // and after it: the step's comm_busy_ms is what ran between them, and the trace holds when
-  // the collective really ran, not when it was queued. The end marker is the point returned,
-  // so whoever waits for the collective also waits until its span is closed, and a compute
-  // span that starts after the wait cannot look overlapped. (CUDA runs enqueued host work at
-  // issue, so there the figures would be issue times: only the CPU stream measures.)
+  // A collective issued on stream `on`: the step's comm_busy_ms counts what its item took on
+  // the stream, from when the worker took it up until it finished, and the trace holds when it
+  // really ran, not when it was queued. The stream stamps both ends itself, so no marker item
+  // sits beside the collective (an item costs the stream a turn of its worker, and the test
+  // delay, as much as a small collective). (CUDA runs enqueued host work at issue, so there the
+  // figures would be issue times: only the CPU stream measures.)
   template <typename Issue>
   CommPoint traced(Stream& on, const char* name, uint64_t bytes, Issue issue) {
     ++collectives_issued_;
-    if (on.native_handle() != nullptr) return CommPoint{issue(), nullptr};
-    auto begin_us = std::make_shared<double>(0.0);
-    on.enqueue([begin_us] { *begin_us = Trace::now_us(); });
-    issue();
-    Trace* t = trace_.enabled() ? &trace_ : nullptr;
-    std::shared_ptr<std::atomic<int64_t>> busy = busy_us_;
-    std::string span_name = name;
-    auto end_us = std::make_shared<double>(0.0);
-    Event end = on.enqueue([t, busy, begin_us, end_us, span_name, bytes] {
-      *end_us = Trace::now_us();
-      busy->fetch_add(static_cast<int64_t>(*end_us - *begin_us));
-      if (t) t->add(TraceSpan{span_name, true, *begin_us, *end_us, bytes});
-    });
-    return CommPoint{std::move(end), std::move(end_us)};
+    Event done = issue();
+    if (on.native_handle() == nullptr) {
+      Trace* t = trace_.enabled() ? &trace_ : nullptr;
+      std::shared_ptr<std::atomic<int64_t>> busy = busy_us_;
+      std::string span_name = name;
+      done.on_complete([t, busy, span_name, bytes](double begin_us, double end_us) {
+        busy->fetch_add(static_cast<int64_t>(end_us - begin_us));
+        if (t) t->add(TraceSpan{span_name, true, begin_us, end_us, bytes});
+      });
+    }
+    return CommPoint{std::move(done)};
   }
 
-  // The current end of stream `on`, stamped when the stream gets there.
-  CommPoint point(Stream& on);
+  // The current end of stream `on`: its last item, which the stream stamps when it has run.
+  CommPoint point(Stream& on) { return CommPoint{on.record()}; }
 
   // The one place compute waits for communication. comm_wait_ms adds how long compute was
   // exposed to it, by the wall clock: from when compute needed the result (`needed_us`; now,
@@ -70,7 +67,7 @@ class CommTimeline {
   bool overlap_comm_;
   int collectives_issued_ = 0;
   double wait_us_ = 0.0;
-  // Added by markers on the communication streams, hence shared with their closures and atomic.
+  // Added on the communication streams' workers, hence shared with their callbacks and atomic.
   std::shared_ptr<std::atomic<int64_t>> busy_us_ = std::make_shared<std::atomic<int64_t>>(0);
 };
 

@@ -136,7 +136,7 @@ void Engine::Impl::release(int u) {
   UnitState& s = units[u];
   if (config.stage != 3 || s.persistent || s.params == ParamState::kSharded) return;
   timeline.wait(s.params_ready);
-  param_pool.give_back(std::move(s.params_full), CommPoint{device->record(), nullptr});
+  param_pool.give_back(std::move(s.params_full), CommPoint{device->record()});
   transition(s.params, {ParamState::kGathering, ParamState::kGathered}, ParamState::kSharded, u,
              "release");
   live -= layout.units()[u].numel;

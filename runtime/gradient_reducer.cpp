@@ -134,7 +134,7 @@ void GradientReducer::ready(int u) {
       device_.cast(g.bucket.data(), config_.precision.dtype, g.full.data(), accum_dtype_,
                    unit.numel);
     }
-    pool_.give_back(std::move(g.bucket), CommPoint{device_.record(), nullptr});
+    pool_.give_back(std::move(g.bucket), CommPoint{device_.record()});
   }
   // Stages 0-1 (and 2-3 reducing once) keep whole gradients through accumulation and reduce
   // them after the last micro-batch: in place at stage 1, whose reduced slice lands at the

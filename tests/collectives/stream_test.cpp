@@ -1,4 +1,5 @@
-// The CPU stream and event: order, cross-stream waits, errors, record/synchronize, shutdown.
+// The CPU stream and event: order, cross-stream waits, errors, record/synchronize, the
+// stamps and completion callbacks of items, shutdown.
 #include "zero/collectives/stream.h"
 
 #include <gtest/gtest.h>
@@ -50,6 +51,64 @@ TEST(Stream, RecordOnIdleStreamCompletes) {
   Stream stream("idle");
   stream.record().wait();
   stream.synchronize();
+}
+
+TEST(Stream, RecordAddsNoItem) {
+  // With a delay before every item, an item of its own would make the recorded point (and
+  // every wait for it) a delay later than the work before it.
+  Stream stream("record");
+  stream.set_delay_for_testing(milliseconds(30));
+  Event work = stream.enqueue([] {});
+  Event recorded = stream.record();
+  recorded.wait();
+  EXPECT_TRUE(work.done());
+  EXPECT_EQ(recorded.finished_us(), work.finished_us());
+  Stream idle("idle");
+  EXPECT_TRUE(idle.record().done());
+}
+
+TEST(Stream, StampsWhenEachItemRan) {
+  Stream stream("stamps");
+  stream.set_delay_for_testing(milliseconds(20));
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  Event first = stream.enqueue([gate] { gate.wait(); });
+  Event second = stream.enqueue([] {});
+  EXPECT_EQ(second.started_us(), 0.0);  // not taken up yet
+  std::this_thread::sleep_for(milliseconds(40));
+  release.set_value();
+  second.wait();
+  // Taken up before its delay (the delay stands for the work being slower), and only after the
+  // item before it had finished.
+  EXPECT_GE(second.finished_us() - second.started_us(), 20000.0);
+  EXPECT_GE(second.started_us(), first.finished_us());
+  EXPECT_GE(first.finished_us() - first.started_us(), 40000.0);
+  EXPECT_EQ(Event().started_us(), 0.0);
+}
+
+TEST(Stream, CompletionCallbackRunsBeforeWaitersWake) {
+  Stream stream("callbacks");
+  stream.set_delay_for_testing(milliseconds(10));
+  for (int round = 0; round < 20; ++round) {
+    Event e = stream.enqueue([] {});
+    std::atomic<double> seen_begin{-1.0};
+    std::atomic<double> seen_end{-1.0};
+    e.on_complete([&](double begin_us, double end_us) {
+      seen_begin = begin_us;
+      seen_end = end_us;
+    });
+    e.wait();
+    // Run on the worker before the event completed, with the item's own stamps.
+    EXPECT_EQ(seen_begin.load(), e.started_us());
+    EXPECT_EQ(seen_end.load(), e.finished_us());
+  }
+  // On a complete event the callback runs at once, on this thread.
+  Event done = stream.enqueue([] {});
+  done.wait();
+  const std::thread::id me = std::this_thread::get_id();
+  std::thread::id ran_on;
+  done.on_complete([&](double, double) { ran_on = std::this_thread::get_id(); });
+  EXPECT_EQ(ran_on, me);
 }
 
 TEST(Stream, WaitOrdersAcrossStreams) {

@@ -42,6 +42,19 @@ class Event {
   // True once complete (never blocks).
   bool done() const;
 
+  // For the event of an item run by a CPU stream's worker: when the worker took the item up
+  // (before any test delay, which stands for the work being slower) and when it finished, in
+  // microseconds of std::chrono::steady_clock since its epoch. 0 until then, and always 0 for a
+  // default-constructed or device event. What a collective cost its stream, without a marker.
+  double started_us() const;
+  double finished_us() const;
+
+  // Runs callback(started_us(), finished_us()) once the item has run: on the CPU stream's
+  // worker before the event completes (whoever wakes from wait() sees what the callback did),
+  // or at once on this thread when it is complete already. Not for device events. A callback
+  // must not throw, nor wait for its own stream.
+  void on_complete(std::function<void(double started_us, double finished_us)> callback) const;
+
   // The device completion behind this event, or null for a CPU event.
   const DeviceEvent* device_event() const;
 
@@ -90,7 +103,8 @@ class Stream {
   // calling thread until the event completes, which keeps the order just the same.
   void wait(const Event& event);
 
-  // An event that completes when everything enqueued so far has run.
+  // An event that completes when everything enqueued so far has run. On a CPU stream it is the
+  // last item's own event (or a complete one on a stream never used): recording adds no item.
   Event record();
 
   // Blocks until everything enqueued so far has run; rethrows a stored error.
