@@ -23,8 +23,10 @@ class CommTimeline {
   // the stream, from when the worker took it up until it finished, and the trace holds when it
   // really ran, not when it was queued. The stream stamps both ends itself, so no marker item
   // sits beside the collective (an item costs the stream a turn of its worker, and the test
-  // delay, as much as a small collective). (CUDA runs enqueued host work at issue, so there the
-  // figures would be issue times: only the CPU stream measures.)
+  // delay, as much as a small collective). The callback that counts them runs before the event
+  // completes: whoever waits for the collective finds its span closed, so a compute span that
+  // starts after the wait cannot look overlapped. (CUDA runs enqueued host work at issue, so
+  // there the figures would be issue times: only the CPU stream measures.)
   template <typename Issue>
   CommPoint traced(Stream& on, const char* name, uint64_t bytes, Issue issue) {
     ++collectives_issued_;
