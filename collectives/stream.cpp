@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "zero/core/check.h"
+
 namespace zero {
 
 // Shared between the stream that completes the event and every copy of the Event handle.
@@ -33,26 +35,26 @@ struct Event::State {
     started_us = now;
   }
 
+  // Callbacks run before `done`, so that a waiter woken by it sees what they did; one registered
+  // while they run finds the event not done yet and is run in the next round. Done is set in the
+  // same critical section that finds no callback left, so none can slip in after it unrun. An
+  // item that failed, or was skipped after a failure, did not run: its callbacks are dropped.
   void complete(std::exception_ptr e) {
     const double now = steady_now_us();
-    std::vector<std::function<void(double, double)>> to_run;
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      finished_us = now;
+    std::unique_lock<std::mutex> lock(mutex);
+    finished_us = now;
+    while (!e && !callbacks.empty()) {
+      std::vector<std::function<void(double, double)>> to_run;
       to_run.swap(callbacks);
+      lock.unlock();
+      for (const auto& callback : to_run) callback(started_us, now);
+      lock.lock();
     }
-    // Before `done`, so that a waiter woken by it sees what the callbacks did. One registered
-    // meanwhile still finds the event not done and is taken below.
-    for (const auto& callback : to_run) callback(started_us, now);
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      done = true;
-      error = std::move(e);
-      to_run.clear();
-      to_run.swap(callbacks);
-    }
+    callbacks.clear();
+    done = true;
+    error = std::move(e);
+    lock.unlock();
     completed.notify_all();
-    for (const auto& callback : to_run) callback(started_us, now);
   }
 
   static double steady_now_us() {
@@ -110,6 +112,8 @@ double Event::finished_us() const {
 }
 
 void Event::on_complete(std::function<void(double, double)> callback) const {
+  ZERO_CHECK(state_->device == nullptr,
+             "Event::on_complete on a device event: it would never run (CPU stream events only)");
   double started = 0.0;
   double finished = 0.0;
   {
@@ -118,6 +122,7 @@ void Event::on_complete(std::function<void(double, double)> callback) const {
       state_->callbacks.push_back(std::move(callback));
       return;
     }
+    if (state_->error) return;  // the item did not run
     started = state_->started_us;
     finished = state_->finished_us;
   }

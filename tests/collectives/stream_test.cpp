@@ -111,6 +111,37 @@ TEST(Stream, CompletionCallbackRunsBeforeWaitersWake) {
   EXPECT_EQ(ran_on, me);
 }
 
+TEST(Stream, CompletionCallbackRegisteredWhileOthersRunStillRunsBeforeWaitersWake) {
+  Stream stream("late callback");
+  std::atomic<bool> first_running{false};
+  std::atomic<bool> second_ran{false};
+  Event e = stream.enqueue([] { std::this_thread::sleep_for(milliseconds(10)); });
+  e.on_complete([&](double, double) {
+    first_running = true;
+    std::this_thread::sleep_for(milliseconds(50));
+  });
+  while (!first_running) std::this_thread::sleep_for(milliseconds(1));
+  // The event is not complete yet: this one joins the callbacks still to run before it is.
+  e.on_complete([&](double, double) {
+    std::this_thread::sleep_for(milliseconds(20));
+    second_ran = true;
+  });
+  e.wait();
+  EXPECT_TRUE(second_ran.load());
+}
+
+TEST(Stream, CompletionCallbackSkipsItemsThatDidNotRun) {
+  Stream stream("failing");
+  std::atomic<int> ran{0};
+  Event failed = stream.enqueue([] { throw std::runtime_error("boom"); });
+  Event skipped = stream.enqueue([] {});
+  failed.on_complete([&](double, double) { ran += 1; });
+  skipped.on_complete([&](double, double) { ran += 1; });
+  EXPECT_THROW(skipped.wait(), std::runtime_error);
+  failed.on_complete([&](double, double) { ran += 1; });  // complete already
+  EXPECT_EQ(ran.load(), 0);
+}
+
 TEST(Stream, WaitOrdersAcrossStreams) {
   // The producer is slowed down; without the wait the consumer would read the old value.
   Stream producer("producer");

@@ -51,8 +51,9 @@ class Event {
 
   // Runs callback(started_us(), finished_us()) once the item has run: on the CPU stream's
   // worker before the event completes (whoever wakes from wait() sees what the callback did),
-  // or at once on this thread when it is complete already. Not for device events. A callback
-  // must not throw, nor wait for its own stream.
+  // or at once on this thread when it is complete already. Never for an item that failed or
+  // was skipped after a failure. CPU stream events only (a device event is an error). A
+  // callback must not throw, nor wait for its own stream.
   void on_complete(std::function<void(double started_us, double finished_us)> callback) const;
 
   // The device completion behind this event, or null for a CPU event.
